@@ -1,0 +1,176 @@
+"""The library API: explain images (or ready-made input batches) with one or more CAM methods.
+
+>>> from gradcam_cli import Explainer, load_model
+>>> explainer = Explainer(load_model("efficientnet_lite0"))
+>>> result = explainer.explain("cat.jpg")
+>>> result.predictions[0].name, result.explanations[0].saliency.shape
+('Egyptian cat', torch.Size([300, 451]))
+>>> result.overlay().save("cat_gradcam.png")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from PIL import Image
+from torch import nn
+
+from .engine import LayerCapture
+from .errors import UsageError, suggest
+from .images import InputSpec, load_image, to_input_tensor, to_pixel_tensor
+from .layers import default_layer, inspect_layers, resolve_layer
+from .maps import to_image_maps
+from .methods import METHODS
+from .models import LoadedModel
+from .render import blend, colormap_table
+
+TOP_PREDICTIONS = 5
+
+
+@dataclass
+class Prediction:
+    """A class the model scored: index, name and softmax probability."""
+
+    index: int
+    name: str
+    probability: float
+
+
+@dataclass
+class Explanation:
+    """One saliency map: which method, which target class, the (H, W) map in [0, 1]."""
+
+    method: str
+    target: Prediction
+    saliency: torch.Tensor
+
+
+@dataclass
+class ImageExplanation:
+    """Everything explained about one image."""
+
+    predictions: list[Prediction]
+    explanations: list[Explanation]
+    pixels: torch.Tensor | None = field(default=None, repr=False)
+
+    def overlay(self, index: int = 0, alpha: float = 0.5, colormap: str = "jet") -> Image.Image:
+        """The ``index``-th explanation blended over the image, as a PIL image."""
+        if self.pixels is None:
+            raise ValueError("this result was computed from a tensor; no pixels to draw on")
+        saliency = self.explanations[index].saliency
+        table = colormap_table(colormap, saliency.device)
+        return Image.fromarray(blend(self.pixels, saliency, table, alpha).cpu().numpy())
+
+
+class Explainer:
+    """Explain a classifier's decisions at one or more layers.
+
+    ``model``: a :class:`LoadedModel` (from :func:`load_model`) or any ``nn.Module`` classifier.
+    ``layers``: dotted module names; ``None`` picks the last spatial layer. ``methods``: names from ``METHODS``.
+    ``device``: where to run; ``None`` keeps the model where it is.
+    """
+
+    def __init__(
+        self,
+        model: LoadedModel | nn.Module,
+        layers: str | Sequence[str] | None = None,
+        methods: str | Sequence[str] = "gradcam",
+        device: torch.device | str | None = None,
+    ) -> None:
+        if isinstance(model, nn.Module):
+            model = LoadedModel(model, type(model).__name__, "custom", None, InputSpec())
+        self.model = model
+        if device is not None:
+            model.module.to(device)
+        self.device = next(model.module.parameters(), torch.empty(0)).device
+        self.methods = [methods] if isinstance(methods, str) else list(methods)
+        for method in self.methods:
+            if method not in METHODS:
+                raise UsageError(f"unknown method {method!r}.{suggest(method, METHODS)}")
+        if layers is None:
+            layers = [self._default_layer()]
+        self.layer_names = [layers] if isinstance(layers, str) else list(layers)
+        self.layers = {name: resolve_layer(model.module, name) for name in self.layer_names}
+        self.layer_calls: dict[str, int] = {}
+
+    def _default_layer(self) -> str:
+        spec = self.model.input_spec
+        height, width = spec.fixed_size or (spec.size, spec.size)
+        example = torch.zeros(1, 3, height, width, device=self.device)
+        return default_layer(self.model.module, inspect_layers(self.model.module, example))
+
+    def prediction(self, index: int, probability: float) -> Prediction:
+        """A :class:`Prediction` with the model's name for class ``index``."""
+        return Prediction(index, self.model.class_name(index), probability)
+
+    def compute(
+        self, inputs: torch.Tensor, target: int | None = None, top_k: int = 1
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, list[list[torch.Tensor]]]]:
+        """Forward and backward passes for a batch of equally sized inputs.
+
+        Returns ``(probabilities (N, classes), targets (N, K), cams)`` where ``cams[method][k][l]`` is the coarse
+        (N, h, w) map of target ``k`` at layer ``l``. ``target`` fixes the class for every sample; otherwise
+        each sample's own top ``top_k`` classes are explained.
+        """
+        inputs = inputs.to(self.device)
+        with LayerCapture(self.model.module, self.layers) as capture:
+            logits = capture.forward(inputs)
+            self.layer_calls = capture.calls()
+            targets = self._targets(logits, target, top_k)
+            activations = capture.activations()
+            cams: dict[str, list[list[torch.Tensor]]] = {method: [] for method in self.methods}
+            for k in range(targets.shape[1]):
+                score = logits.gather(1, targets[:, k : k + 1]).sum()
+                gradients = capture.gradients(score, retain_graph=k < targets.shape[1] - 1)
+                for method in self.methods:
+                    cams[method].append(
+                        [METHODS[method](activations[n], gradients[n]).detach() for n in self.layer_names]
+                    )
+            probabilities = logits.detach().float().softmax(dim=1)
+        return probabilities, targets, cams
+
+    def explain_batch(
+        self,
+        inputs: torch.Tensor,
+        sizes: Sequence[tuple[int, int]] | None = None,
+        target: int | None = None,
+        top_k: int = 1,
+    ) -> list[ImageExplanation]:
+        """Explain a batch; each sample's maps are upsampled to its entry in ``sizes`` (default: input size)."""
+        probabilities, targets, cams = self.compute(inputs, target, top_k)
+        sizes = sizes or [tuple(inputs.shape[-2:])] * inputs.shape[0]
+        top_p, top_i = probabilities.topk(min(TOP_PREDICTIONS, probabilities.shape[1]), dim=1)
+        results = []
+        for i, size in enumerate(sizes):
+            predictions = [self.prediction(int(c), float(p)) for p, c in zip(top_p[i], top_i[i], strict=True)]
+            explanations = []
+            for k in range(targets.shape[1]):
+                class_index = int(targets[i, k])
+                chosen = self.prediction(class_index, float(probabilities[i, class_index]))
+                for method in self.methods:
+                    saliency = to_image_maps([cam[i : i + 1] for cam in cams[method][k]], size)[0]
+                    explanations.append(Explanation(method, chosen, saliency))
+            results.append(ImageExplanation(predictions, explanations))
+        return results
+
+    def explain(self, image: str | Path | Image.Image, target: int | None = None, top_k: int = 1) -> ImageExplanation:
+        """Explain one image (path or PIL image); maps come at the image's own resolution."""
+        if not isinstance(image, Image.Image):
+            image = load_image(image)
+        batch = to_input_tensor(image, self.model.input_spec).unsqueeze(0)
+        result = self.explain_batch(batch, [(image.height, image.width)], target, top_k)[0]
+        result.pixels = to_pixel_tensor(image)
+        return result
+
+    def _targets(self, logits: torch.Tensor, target: int | None, top_k: int) -> torch.Tensor:
+        classes = logits.shape[1]
+        if target is not None:
+            if not 0 <= target < classes:
+                raise UsageError(f"target class {target} is out of range: the model has {classes} classes")
+            return torch.full((logits.shape[0], 1), target, dtype=torch.long, device=logits.device)
+        if not 1 <= top_k <= classes:
+            raise UsageError(f"--top-k must be between 1 and {classes}")
+        return logits.detach().topk(top_k, dim=1).indices

@@ -1,0 +1,109 @@
+"""Colour-mapping saliency maps, blending overlays, and writing files atomically."""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import UsageError, suggest
+
+
+@functools.lru_cache(maxsize=16)
+def _colormap_table(name: str) -> np.ndarray:
+    import matplotlib
+
+    try:
+        cmap = matplotlib.colormaps[name]
+    except KeyError:
+        raise UsageError(f"unknown colormap {name!r}.{suggest(name, list(matplotlib.colormaps))}") from None
+    return cmap(np.linspace(0.0, 1.0, 256))[:, :3].astype(np.float32)
+
+
+def colormap_table(name: str, device: torch.device | str = "cpu") -> torch.Tensor:
+    """A (256, 3) float lookup table in [0, 1] for a matplotlib colormap."""
+    return torch.from_numpy(_colormap_table(name)).to(device)
+
+
+def colorize(saliency: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Map an (H, W) float map in [0, 1] through a colour table: (H, W, 3) float in [0, 1].
+
+    Indices come from the float map (clamped, then rounded), so 1.0 is the table's top colour: no uint8 wrap.
+    """
+    index = (saliency.clamp(0.0, 1.0) * (table.shape[0] - 1)).round().long()
+    return table[index]
+
+
+def blend(pixels: torch.Tensor, saliency: torch.Tensor, table: torch.Tensor, alpha: float) -> torch.Tensor:
+    """Overlay: (1 - alpha) * image + alpha * colour(map), as an (H, W, 3) uint8 tensor."""
+    heat = colorize(saliency, table)
+    image = pixels.to(heat.device, torch.float32) / 255.0
+    mixed = (1.0 - alpha) * image + alpha * heat
+    return (mixed * 255.0).round().clamp(0, 255).to(torch.uint8)
+
+
+TEMP_MARKER = ".gradcam-tmp-"
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, then rename it over ``path``.
+
+    The bytes are encoded before the temporary file exists and go out in one write, so a killed run leaves
+    either no file or the complete one under the final name; a temporary file survives only a kill inside
+    that one write-and-rename, and :func:`remove_stale_temporaries` clears such leftovers on the next run.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}{TEMP_MARKER}", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp_name, 0o666 & ~_umask())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def remove_stale_temporaries(folder: Path) -> int:
+    """Delete temporary files a killed run left under ``folder``; return how many."""
+    removed = 0
+    if folder.is_dir():
+        for stale in folder.rglob(f".*{TEMP_MARKER}*"):
+            stale.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+@functools.lru_cache(maxsize=1)
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def encode_image(pixels: torch.Tensor, suffix: str, quality: int = 90) -> bytes:
+    """Encode an (H, W, 3) uint8 tensor as PNG, JPEG or WebP bytes (format from ``suffix``)."""
+    from PIL import Image
+
+    fmt = {".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP"}.get(suffix.lower(), "PNG")
+    buffer = io.BytesIO()
+    options = {"quality": quality} if fmt != "PNG" else {"compress_level": 1}
+    Image.fromarray(pixels.cpu().numpy()).save(buffer, format=fmt, **options)
+    return buffer.getvalue()
+
+
+def save_image(pixels: torch.Tensor, path: Path, quality: int = 90) -> None:
+    """Write an (H, W, 3) uint8 tensor as an image (format from the suffix) atomically."""
+    write_atomic(path, encode_image(pixels, path.suffix, quality))
+
+
+def save_array(saliency: torch.Tensor, path: Path) -> None:
+    """Write a map as a float32 ``.npy`` atomically."""
+    buffer = io.BytesIO()
+    np.save(buffer, saliency.detach().cpu().numpy().astype(np.float32))
+    write_atomic(path, buffer.getvalue())
