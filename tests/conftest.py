@@ -1,0 +1,41 @@
+"""Shared fixtures: the shipped sample photos, the pretrained EfficientNet-Lite0, the colour-square model."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE_DIR = ROOT / "sample_images"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# Boxes (x1, y1, x2, y2) around the main object of each sample photo, in original pixel coordinates.
+OBJECT_BOXES = {
+    "chelsea.jpg": (40, 0, 420, 300),
+}
+
+
+@pytest.fixture(scope="session")
+def sample_dir() -> Path:
+    return SAMPLE_DIR
+
+
+@pytest.fixture(scope="session")
+def lite0():
+    """The ImageNet-pretrained EfficientNet-Lite0 (installed from PyPI, no network needed)."""
+    from gradcam_cli import load_model
+
+    return load_model("efficientnet_lite0")
+
+
+@pytest.fixture
+def square_model():
+    """The hand-built colour detector wrapped as a LoadedModel (no normalisation, classes red/green/blue)."""
+    from square_model import CLASSES, build
+
+    from gradcam_cli.images import InputSpec
+    from gradcam_cli.models import LoadedModel
+
+    return LoadedModel(build(), "colour-detector", "none", list(CLASSES), InputSpec(mean=(0, 0, 0), std=(1, 1, 1)))
