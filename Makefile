@@ -23,10 +23,10 @@ test: install  ## the whole suite (slow cases included)
 test-quick: install  ## the quick subset: no many-architecture sweeps, no subprocess smoke runs
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
-demo: install  ## explain the sample photos with the ImageNet-pretrained EfficientNet-Lite0
+demo: install  ## explain the sample photos with the ImageNet-pretrained EfficientNet-Lite0: overlays, panels, gallery
 	$(BIN)/gradcam sample_images --model efficientnet_lite0 --output-dir gradcam_out/demo --top-k 2 \
-		--manifest gradcam_out/demo/manifest.jsonl
-	@echo "overlays written to gradcam_out/demo/"
+		--format jpg --quality 85 --panel --report --manifest gradcam_out/demo/manifest.jsonl
+	@echo "overlays and panels written to gradcam_out/demo/; open gradcam_out/demo/index.html"
 
 lint: install
 	$(BIN)/ruff check gradcam_cli tests benchmarks

@@ -1,10 +1,29 @@
-"""Explaining many images: streaming decode, shape-bucketed batches, atomic writes, one record per output."""
+"""Explaining many images: streaming decode, shape-bucketed batches, background writes, one record per output.
+
+The pipeline, for ``gradcam DIR`` and :class:`BatchRunner`:
+
+1. A torch ``DataLoader`` decodes images in worker processes (``workers``), each into a network input and its
+   pixels (downscaled to ``max_side`` when larger).
+2. :func:`bucketed` groups inputs of the same resized shape into batches of up to ``batch_size``: images of
+   different sizes never share a batch, so batching changes no result. Few samples wait (a bounded number and
+   a bounded number of pixels), so memory does not grow with the number of images.
+3. The main thread runs the model on each batch (forward, then one backward pass per target).
+4. Writer threads blend, encode and atomically write each image's files while the next batch computes; at most
+   a bounded number of images wait for them.
+
+Every file the batch writes is an :class:`OutputKind`; :meth:`BatchRunner.output_kinds` lists them, and new
+kinds plug in there (naming, writing, and --skip-existing all follow from the kind).
+"""
 
 from __future__ import annotations
 
+import math
 import os
+import re
+import stat
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,10 +33,17 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .discovery import InputImage, output_path
-from .errors import GradcamError
-from .explain import Explainer, ImageExplanation, Prediction
+from .errors import GradcamError, ImageError
+from .explain import Explainer, Explanation, ImageExplanation, Prediction
 from .images import InputSpec, load_image, to_input_tensor, to_pixel_tensor
-from .render import blend, colormap_table, save_array, save_image
+from .render import blend, colormap_table, heatmap_image, save_array, save_image
+
+DEFAULT_MAX_SIDE = 4096
+"""Images whose longer side is larger are downscaled to it before explaining (``--max-side``; 0: no cap)."""
+WAITING_PIXELS = 64_000_000
+"""At most about this many image pixels wait in shape buckets, and as many again for the writers."""
+BLEND_CHUNK_PIXELS = 1 << 20
+"""Overlays of large images are blended this many pixels at a time, so blending needs little memory."""
 
 
 @dataclass
@@ -34,6 +60,12 @@ class RunOptions:
     batch_size: int = 8
     workers: int = 0
     skip_existing: bool = False
+    quality: int = 90  # JPEG/WebP quality of overlays, heatmaps and panels
+    save_heatmap: bool = False  # also write the colour-mapped map alone
+    panel: bool = False  # also write one matplotlib panel per image (see panels.py)
+    report: bool = False  # also write gallery thumbnails (index.html itself is written from the records at the end)
+    max_side: int | None = DEFAULT_MAX_SIDE  # downscale larger images to this longer side first (None/0: never)
+    writers: int = 2  # threads that blend, encode and write outputs while the model runs
 
 
 @dataclass
@@ -53,6 +85,119 @@ class Record:
 
 
 @dataclass
+class WriteJob:
+    """What an :class:`OutputKind` writes from: one image, its result, and (per-explanation kinds) one explanation.
+
+    ``overlay`` is blended on first use and shared by the kinds that need it (the overlay file, its thumbnail).
+    """
+
+    runner: BatchRunner
+    image: InputImage
+    pixels: torch.Tensor
+    result: ImageExplanation
+    explanation: Explanation | None = None
+    _overlay: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def overlay(self) -> torch.Tensor:
+        if self._overlay is None:
+            assert self.explanation is not None
+            options = self.runner.options
+            self._overlay = blend_in_chunks(self.pixels, self.explanation.saliency, self.runner.table, options.alpha)
+        return self._overlay
+
+
+@dataclass(frozen=True)
+class OutputKind:
+    """One kind of file the batch writes: the extension point for new outputs.
+
+    ``path(runner, image, explanation)`` names the file; per-image kinds (``per_explanation=False``) are called
+    with ``explanation=None``. ``write(job, path)`` renders and writes it atomically on a writer thread.
+    ``listed`` kinds appear in the records' ``outputs`` (per-image ones in every row of the image) and must all
+    exist for ``--skip-existing`` to skip an image; unlisted ones (thumbnails) are extras.
+    """
+
+    name: str
+    per_explanation: bool
+    path: Callable[[BatchRunner, InputImage, Explanation | None], Path]
+    write: Callable[[WriteJob, Path], None]
+    listed: bool = True
+
+
+def _overlay_path(runner: BatchRunner, image: InputImage, explanation: Explanation | None) -> Path:
+    assert explanation is not None
+    target, options = explanation.target, runner.options
+    return output_path(
+        options.output_dir, image, explanation.method, target.index, target.name, f".{options.image_format}"
+    )
+
+
+def _write_overlay(job: WriteJob, path: Path) -> None:
+    save_image(job.overlay, path, job.runner.options.quality)
+
+
+def _write_raw(job: WriteJob, path: Path) -> None:
+    assert job.explanation is not None
+    save_array(job.explanation.saliency, path)
+
+
+def _heatmap_path(runner: BatchRunner, image: InputImage, explanation: Explanation | None) -> Path:
+    from .panels import heatmap_path
+
+    assert explanation is not None
+    return heatmap_path(runner.options.output_dir, image, explanation, f".{runner.options.image_format}")
+
+
+def _write_heatmap(job: WriteJob, path: Path) -> None:
+    assert job.explanation is not None
+    save_image(heatmap_image(job.explanation.saliency, job.runner.table).cpu(), path, job.runner.options.quality)
+
+
+def _thumbnail_path(runner: BatchRunner, image: InputImage, explanation: Explanation | None) -> Path:
+    from .gallery import thumbnail_path
+
+    return thumbnail_path(runner.options.output_dir, _overlay_path(runner, image, explanation))
+
+
+def _write_thumbnail(job: WriteJob, path: Path) -> None:
+    from .gallery import save_thumbnail
+
+    save_thumbnail(job.overlay, path)
+
+
+def _panel_path(runner: BatchRunner, image: InputImage, _explanation: Explanation | None) -> Path:
+    from .panels import panel_path
+
+    return panel_path(runner.options.output_dir, image, f".{runner.options.image_format}")
+
+
+def _write_panel(job: WriteJob, path: Path) -> None:
+    from .panels import save_panel
+
+    o = job.runner.options
+    save_panel(path, job.pixels, job.result.explanations, o.colormap, o.alpha, job.image.path.name, o.quality)
+
+
+OVERLAY = OutputKind("overlay", True, _overlay_path, _write_overlay)
+RAW = OutputKind("raw", True, lambda r, i, e: _overlay_path(r, i, e).with_suffix(".npy"), _write_raw)
+HEATMAP = OutputKind("heatmap", True, _heatmap_path, _write_heatmap)
+THUMBNAIL = OutputKind("thumbnail", True, _thumbnail_path, _write_thumbnail, listed=False)
+PANEL = OutputKind("panel", False, _panel_path, _write_panel)
+
+
+def blend_in_chunks(pixels: torch.Tensor, saliency: torch.Tensor, table: torch.Tensor, alpha: float) -> torch.Tensor:
+    """:func:`~gradcam_cli.render.blend` on the CPU, a band of rows at a time (same result, bounded memory)."""
+    height, width = pixels.shape[:2]
+    rows = max(1, BLEND_CHUNK_PIXELS // max(1, width))
+    if height <= rows:
+        return blend(pixels, saliency, table, alpha).cpu()
+    out = torch.empty((height, width, 3), dtype=torch.uint8)
+    for top in range(0, height, rows):
+        out[top : top + rows] = blend(pixels[top : top + rows], saliency[top : top + rows], table, alpha).cpu()
+    return out
+
+
+@dataclass
 class _Sample:
     index: int
     tensor: torch.Tensor | None
@@ -61,21 +206,44 @@ class _Sample:
 
 
 class _ImageDataset(Dataset):
-    def __init__(self, images: Sequence[InputImage], spec: InputSpec) -> None:
+    def __init__(self, images: Sequence[InputImage], spec: InputSpec, max_side: int | None) -> None:
         self.images = images
         self.spec = spec
+        self.max_side = max_side
 
     def __len__(self) -> int:
         return len(self.images)
 
     def __getitem__(self, index: int) -> _Sample:
+        path = self.images[index].path
         try:
-            image = load_image(self.images[index].path)
+            _check_regular_file(path)
+            image = load_image(path, self.max_side)
             return _Sample(index, to_input_tensor(image, self.spec), to_pixel_tensor(image), None)
         except GradcamError as error:
             return _Sample(index, None, None, str(error))
         except Exception as error:  # a worker must never die on one bad file
-            return _Sample(index, None, None, f"{self.images[index].path}: {type(error).__name__}: {error}")
+            return _Sample(index, None, None, f"{path}: {type(error).__name__}: {error}")
+
+
+def _check_regular_file(path: Path) -> None:
+    """Refuse what is not a regular file before opening it: a FIFO or device named x.jpg would block or never end."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise ImageError(f"{path}: broken symbolic link (to {os.readlink(path)})") from None
+        raise ImageError(f"{path}: no such file") from None
+    except PermissionError:
+        raise ImageError(f"{path}: permission denied") from None
+    except OSError as error:  # e.g. a symlink loop
+        raise ImageError(f"{path}: {error.strerror or error}") from None
+    if stat.S_ISDIR(mode):
+        raise ImageError(f"{path}: is a directory")
+    if not stat.S_ISREG(mode):
+        raise ImageError(f"{path}: not a regular file")
+    if not os.access(path, os.R_OK):
+        raise ImageError(f"{path}: permission denied")
 
 
 def _keep_sample(sample: _Sample) -> _Sample:
@@ -84,17 +252,24 @@ def _keep_sample(sample: _Sample) -> _Sample:
 
 def default_workers() -> int:
     """Decoding processes: one per spare core, at most four (none on a single core)."""
-    return max(0, min(4, (os.cpu_count() or 1) - 1))
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(0, min(4, cores - 1))
 
 
-def bucketed(samples: Iterator[_Sample], batch_size: int) -> Iterator[list[_Sample]]:
+def bucketed(
+    samples: Iterable[_Sample], batch_size: int, max_waiting_pixels: int = WAITING_PIXELS
+) -> Iterator[list[_Sample]]:
     """Group samples whose inputs have the same shape into batches of at most ``batch_size``.
 
-    Failed samples come out alone at once. At most ``4 * batch_size`` samples wait in buckets, so memory does not
-    grow with the number of images: past that, the fullest bucket is flushed.
+    Failed samples come out alone at once. At most ``4 * batch_size`` samples, holding at most about
+    ``max_waiting_pixels`` image pixels, wait in buckets, so memory does not grow with the number of images:
+    past either limit, the fullest bucket is flushed. What is left comes out at the end.
     """
     buckets: dict[tuple[int, ...], list[_Sample]] = {}
-    waiting = 0
+    waiting = waiting_pixels = 0
     for sample in samples:
         if sample.tensor is None:
             yield [sample]
@@ -102,34 +277,75 @@ def bucketed(samples: Iterator[_Sample], batch_size: int) -> Iterator[list[_Samp
         bucket = buckets.setdefault(tuple(sample.tensor.shape), [])
         bucket.append(sample)
         waiting += 1
-        if len(bucket) >= batch_size or waiting >= 4 * batch_size:
+        waiting_pixels += _pixel_count(sample)
+        while buckets and (
+            len(bucket) >= batch_size or waiting >= 4 * batch_size or waiting_pixels > max_waiting_pixels
+        ):
             fullest = max(buckets, key=lambda shape: len(buckets[shape]))
             flushed = buckets.pop(fullest)
             waiting -= len(flushed)
+            waiting_pixels -= sum(_pixel_count(s) for s in flushed)
             yield flushed
+            bucket = buckets.get(tuple(sample.tensor.shape), [])
     yield from (bucket for bucket in buckets.values() if bucket)
 
 
-def expected_outputs_exist(image: InputImage, options: RunOptions, methods: Sequence[str]) -> bool:
-    """Whether a previous run already wrote every output for ``image`` (for ``--skip-existing``)."""
-    folder = options.output_dir / image.output_stem.parent
-    wanted = 1 if options.target is not None else options.top_k
-    suffixes = [f".{options.image_format}"] + ([".npy"] if options.save_raw else [])
-    for method in methods:
-        for suffix in suffixes:
-            pattern = f"{glob_escape(image.output_stem.name)}_{method}_*{suffix}"
-            if len(list(folder.glob(pattern))) < wanted:
-                return False
-    return True
+def _pixel_count(sample: _Sample) -> int:
+    return 0 if sample.pixels is None else sample.pixels.shape[0] * sample.pixels.shape[1]
 
 
-def glob_escape(text: str) -> str:
-    """Escape glob metacharacters in a literal file-name part."""
-    return "".join(f"[{ch}]" if ch in "*?[]" else ch for ch in text)
+_TARGET_TAIL = re.compile(r"\d+-[a-z0-9+-]+")
+_PROBE_TARGET = Prediction(0, "x", 0.0)
+_PROBE_MARK = "_0-x"
+
+
+class _OutputIndex:
+    """The names in each output folder, listed once: ``--skip-existing`` over N images costs one listing per
+    folder, not a directory scan per image.
+
+    Per-explanation outputs are named ``<prefix>_<class index>-<class slug><ending>``; :meth:`matches` finds every
+    name with a given prefix and ending, whatever the class.
+    """
+
+    def __init__(self) -> None:
+        self._names: dict[Path, set[str]] = {}
+        self._by_prefix: dict[tuple[Path, str], dict[str, list[str]]] = {}
+
+    def names(self, folder: Path) -> set[str]:
+        if folder not in self._names:
+            try:
+                self._names[folder] = {entry.name for entry in os.scandir(folder) if entry.is_file()}
+            except OSError:
+                self._names[folder] = set()
+        return self._names[folder]
+
+    def matches(self, folder: Path, prefix: str, ending: str) -> list[str]:
+        key = (folder, ending)
+        if key not in self._by_prefix:
+            index: dict[str, list[str]] = {}
+            for name in self.names(folder):
+                if not name.endswith(ending):
+                    continue
+                head, _, tail = name[: len(name) - len(ending)].rpartition("_")
+                if head and _TARGET_TAIL.fullmatch(tail):
+                    index.setdefault(head, []).append(name)
+            self._by_prefix[key] = index
+        return sorted(self._by_prefix[key].get(prefix, []))
+
+
+@dataclass
+class _Pending:
+    """An image handed to the writers (or failed before that): its rows, once ``future`` is done."""
+
+    image: InputImage
+    rows: list[Record]
+    future: Future[tuple[float, str | None]] | None = None
+    pixels: int = 0
+    seconds: float = 0.0
 
 
 class BatchRunner:
-    """Run an :class:`Explainer` over many images and write overlays (and raw maps) for each."""
+    """Run an :class:`Explainer` over many images and write overlays (and the other outputs) for each."""
 
     def __init__(self, explainer: Explainer, options: RunOptions) -> None:
         self.explainer = explainer
@@ -137,43 +353,118 @@ class BatchRunner:
         self.table = colormap_table(options.colormap, explainer.device)
         self.model_name = explainer.model.name
         self.layer_label = "+".join(explainer.layer_names)
+        self.kinds = self.output_kinds()
+
+    def output_kinds(self) -> list[OutputKind]:
+        """The files written for each image, in the order they are listed in a record's ``outputs``."""
+        o = self.options
+        kinds = [OVERLAY]
+        kinds += [RAW] if o.save_raw else []
+        kinds += [HEATMAP] if o.save_heatmap else []
+        kinds += [THUMBNAIL] if o.report else []
+        kinds += [PANEL] if o.panel else []
+        return kinds
 
     def run(self, images: Sequence[InputImage], on_image: Callable[[], Any] | None = None) -> Iterator[Record]:
-        """Yield records as images finish; ``on_image`` is called once per image (for progress bars)."""
-        inputs = {image.path.resolve() for image in images}
+        """Yield records as images finish, in a stable order; ``on_image`` is called once per image (progress)."""
+        inputs = {os.path.realpath(image.path) for image in images}
         todo = []
+        index = _OutputIndex()
         for image in images:
-            if self.options.skip_existing and expected_outputs_exist(image, self.options, self.explainer.methods):
-                yield Record(str(image.path), "skipped", self.model_name, self.layer_label)
+            found = self.existing_outputs(image, index) if self.options.skip_existing else None
+            if found is not None:
+                yield Record(str(image.path), "skipped", self.model_name, self.layer_label, outputs=found)
                 if on_image:
                     on_image()
             else:
                 todo.append(image)
         if not todo:
             return
+        workers = min(self.options.workers, len(todo))
         loader = DataLoader(
-            _ImageDataset(todo, self.explainer.model.input_spec),
+            _ImageDataset(todo, self.explainer.model.input_spec, self.options.max_side or None),
             batch_size=None,
-            num_workers=self.options.workers,
+            num_workers=workers,
             collate_fn=_keep_sample,
+            prefetch_factor=max(2, math.ceil(self.options.batch_size / workers)) if workers else None,
         )
-        with ThreadPoolExecutor(max_workers=2) as writer:
-            for batch in bucketed(iter(loader), self.options.batch_size):
-                started = time.perf_counter()
-                records = self._process(batch, todo, inputs, writer)
-                seconds = (time.perf_counter() - started) / len(batch)
-                for record in records:
-                    record.seconds = round(seconds, 4)
-                    yield record
-                if on_image:
-                    for _ in batch:
-                        on_image()
+        samples = iter(loader)  # worker processes start here, before any writer thread exists
+        limit_images = self.options.batch_size + 2 * self.options.writers
+        pending: deque[_Pending] = deque()
+        with ThreadPoolExecutor(max_workers=self.options.writers, thread_name_prefix="gradcam-writer") as pool:
+            for batch in bucketed(_decoded(samples), self.options.batch_size):
+                for item in self._process(batch, todo, inputs, pool):
+                    pending.append(item)
+                    # Hand back finished images; wait for the oldest while too many images or pixels are queued.
+                    while pending and (
+                        _done(pending[0])
+                        or len(pending) > limit_images
+                        or sum(p.pixels for p in pending) > WAITING_PIXELS
+                    ):
+                        yield from self._finish(pending.popleft(), on_image)
+            while pending:
+                yield from self._finish(pending.popleft(), on_image)
+
+    def existing_outputs(self, image: InputImage, index: _OutputIndex | None = None) -> list[str] | None:
+        """The outputs a previous run wrote for ``image`` if all of them exist, else ``None`` (--skip-existing).
+
+        Without ``--target-class``, each method's listed per-explanation kinds must exist for ``top_k`` classes
+        (whichever they were); per-image kinds must exist as named.
+        """
+        index = index or _OutputIndex()
+        o = self.options
+        found: list[str] = []
+        folder: Path | None = None
+        for method in self.explainer.methods:
+            for kind in self.kinds:
+                if not kind.listed or not kind.per_explanation:
+                    continue
+                if o.target is not None:
+                    target = self.explainer.prediction(o.target, 0.0)
+                    path = kind.path(self, image, Explanation(method, target, torch.empty(0)))
+                    if path.name not in index.names(path.parent):
+                        return None
+                    found.append(str(path))
+                    continue
+                probe = kind.path(self, image, Explanation(method, _PROBE_TARGET, torch.empty(0)))
+                cut = probe.name.rfind(_PROBE_MARK)
+                if cut < 0:
+                    continue  # a kind not named by class: cannot be matched without knowing the class
+                folder = probe.parent
+                names = index.matches(folder, probe.name[:cut], probe.name[cut + len(_PROBE_MARK) :])
+                if len(names) < o.top_k:
+                    return None
+                found.extend(str(folder / name) for name in names)
+        for kind in self.kinds:
+            if kind.listed and not kind.per_explanation:
+                path = kind.path(self, image, None)
+                if path.name not in index.names(path.parent):
+                    return None
+                found.append(str(path))
+        return found
+
+    def _finish(self, item: _Pending, on_image: Callable[[], Any] | None) -> Iterator[Record]:
+        rows = item.rows
+        seconds = item.seconds
+        if item.future is not None:
+            write_seconds, error = item.future.result()
+            seconds += write_seconds
+            if error is not None:
+                rows = [self._error(item.image, error)]
+        for row in rows:
+            row.seconds = round(seconds, 4)
+        item.rows = []
+        yield from rows
+        if on_image:
+            on_image()
 
     def _process(
-        self, batch: list[_Sample], images: Sequence[InputImage], inputs: set[Path], writer: ThreadPoolExecutor
-    ) -> list[Record]:
+        self, batch: list[_Sample], images: Sequence[InputImage], inputs: set[str], pool: ThreadPoolExecutor
+    ) -> list[_Pending]:
         if batch[0].tensor is None:
-            return [self._error(images[batch[0].index], batch[0].error or "unreadable")]
+            image = images[batch[0].index]
+            return [_Pending(image, [self._error(image, batch[0].error or f"{image.path}: unreadable")])]
+        started = time.perf_counter()
         sizes = [tuple(sample.pixels.shape[:2]) for sample in batch]
         try:
             results = self.explainer.explain_batch(
@@ -183,46 +474,31 @@ class BatchRunner:
             raise
         except Exception as error:
             if len(batch) == 1:
-                return [self._error(images[batch[0].index], f"{type(error).__name__}: {error}")]
-            return [record for sample in batch for record in self._process([sample], images, inputs, writer)]
-        records = []
+                image = images[batch[0].index]
+                return [_Pending(image, [self._error(image, f"{image.path}: {type(error).__name__}: {error}")])]
+            return [item for sample in batch for item in self._process([sample], images, inputs, pool)]
+        seconds = (time.perf_counter() - started) / len(batch)
+        items = []
         for sample, result in zip(batch, results, strict=True):
-            image = images[sample.index]
-            rows = self._write(image, sample.pixels, result, inputs, writer)
-            records.extend(rows)
-        return records
+            item = self._submit(images[sample.index], sample.pixels, result, inputs, pool)
+            item.seconds = seconds
+            items.append(item)
+        return items
 
-    def _write(
+    def _submit(
         self,
         image: InputImage,
         pixels: torch.Tensor,
         result: ImageExplanation,
-        inputs: set[Path],
-        writer: ThreadPoolExecutor,
-    ) -> list[Record]:
+        inputs: set[str],
+        pool: ThreadPoolExecutor,
+    ) -> _Pending:
+        """Name this image's files and rows, and hand the writing to a writer thread."""
+        files: list[tuple[OutputKind, Path, Explanation | None]] = []
         rows = []
-        pending: list[Future[None]] = []
         for explanation in result.explanations:
-            target = explanation.target
-            overlay_path = output_path(
-                self.options.output_dir,
-                image,
-                explanation.method,
-                target.index,
-                target.name,
-                f".{self.options.image_format}",
-            )
-            paths = [overlay_path]
-            if self.options.save_raw:
-                paths.append(overlay_path.with_suffix(".npy"))
-            clash = next((p for p in paths if p.resolve() in inputs), None)
-            if clash is not None:
-                rows.append(self._error(image, f"refusing to overwrite input file {clash}"))
-                continue
-            overlay = blend(pixels, explanation.saliency, self.table, self.options.alpha).cpu()
-            pending.append(writer.submit(save_image, overlay, overlay_path))
-            if self.options.save_raw:
-                pending.append(writer.submit(save_array, explanation.saliency, paths[1]))
+            named = [(kind, kind.path(self, image, explanation)) for kind in self.kinds if kind.per_explanation]
+            files.extend((kind, path, explanation) for kind, path in named)
             rows.append(
                 Record(
                     str(image.path),
@@ -230,17 +506,61 @@ class BatchRunner:
                     self.model_name,
                     self.layer_label,
                     explanation.method,
-                    target,
+                    explanation.target,
                     result.predictions,
-                    [str(p) for p in paths],
+                    [str(path) for kind, path in named if kind.listed],
                 )
             )
-        try:
-            for future in pending:
-                future.result()
-        except OSError as error:
-            return [self._error(image, f"cannot write output: {error.strerror or error}")]
-        return rows
+        for kind in self.kinds:
+            if not kind.per_explanation:
+                path = kind.path(self, image, None)
+                files.append((kind, path, None))
+                for row in rows if kind.listed else []:
+                    row.outputs.append(str(path))
+        clash = next((path for _, path, _ in files if os.path.realpath(path) in inputs), None)
+        if clash is not None:
+            return _Pending(image, [self._error(image, f"{image.path}: refusing to overwrite input file {clash}")])
+        future = pool.submit(self._write_files, image, pixels, result, files)
+        return _Pending(image, rows, future, pixels=pixels.shape[0] * pixels.shape[1])
+
+    def _write_files(
+        self,
+        image: InputImage,
+        pixels: torch.Tensor,
+        result: ImageExplanation,
+        files: list[tuple[OutputKind, Path, Explanation | None]],
+    ) -> tuple[float, str | None]:
+        """Runs on a writer thread: every file of one image. Returns (seconds, error message or None)."""
+        started = time.perf_counter()
+        jobs: dict[int, WriteJob] = {}
+        for kind, path, explanation in files:
+            job = jobs.get(id(explanation))
+            if job is None:
+                job = jobs[id(explanation)] = WriteJob(self, image, pixels, result, explanation)
+            try:
+                kind.write(job, path)
+            except OSError as error:
+                return time.perf_counter() - started, f"{image.path}: cannot write {path}: {error.strerror or error}"
+            except Exception as error:
+                reason = f"{type(error).__name__}: {error}"
+                return time.perf_counter() - started, f"{image.path}: cannot write {path}: {reason}"
+        return time.perf_counter() - started, None
 
     def _error(self, image: InputImage, message: str) -> Record:
         return Record(str(image.path), "error", self.model_name, self.layer_label, error=message)
+
+
+def _done(item: _Pending) -> bool:
+    return item.future is None or item.future.done()
+
+
+def _decoded(samples: Iterator[_Sample]) -> Iterator[_Sample]:
+    """Samples from the loader; a crashed decoding process ends the run with a one-line error, not a traceback."""
+    while True:
+        try:
+            sample = next(samples)
+        except StopIteration:
+            return
+        except RuntimeError as error:  # e.g. "DataLoader worker (pid N) is killed by signal: ..."
+            raise ImageError(f"a decoding process failed: {str(error).splitlines()[0]}") from error
+        yield sample

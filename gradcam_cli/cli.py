@@ -20,6 +20,11 @@ if TYPE_CHECKING:
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
 EXIT_CODES_HELP = "Exit codes: 0 all images explained; 1 some image failed; 2 usage error; 3 model/weights unavailable."
+METHOD_HELP = (
+    "CAM method(s), comma-separated; each writes its own output: gradcam, gradcam++, xgradcam, hirescam, layercam "
+    "(one backward pass per target, shared), eigencam (no backward pass, class-agnostic), scorecam (no backward "
+    "pass but one extra forward pass per channel of the layer, e.g. 2048 for resnet50 layer4, batched 32 at a time)."
+)
 
 
 class Reporter:
@@ -86,19 +91,60 @@ def explain(
     top_k: Annotated[
         int, typer.Option("--top-k", "-k", help="Explain each of the top K classes (one output each).", min=1)
     ] = 1,
-    method: Annotated[str, typer.Option(help="CAM method(s), comma-separated.")] = "gradcam",
+    method: Annotated[str, typer.Option(help=METHOD_HELP)] = "gradcam",
+    aug_smooth: Annotated[
+        bool,
+        typer.Option(
+            "--aug-smooth",
+            help="Average each map over flipped and rescaled inputs (x0.75, x1, x1.25; 6 passes; flips only for "
+            "fixed-size models such as ViT), each mapped back to the image first.",
+        ),
+    ] = False,
+    eigen_smooth: Annotated[
+        bool,
+        typer.Option(
+            "--eigen-smooth",
+            help="Use the first principal component of the weighted activations instead of their sum (less noise).",
+        ),
+    ] = False,
     alpha: Annotated[float, typer.Option(help="Heatmap opacity in the overlay.", min=0.0, max=1.0)] = 0.5,
     colormap: Annotated[str, typer.Option(help="Any matplotlib colormap name.")] = "jet",
     image_format: Annotated[str, typer.Option("--format", help="Overlay file format: png, jpg or webp.")] = "png",
     save_raw: Annotated[
         bool, typer.Option("--save-raw", help="Also save each map as float32 .npy (H x W, [0,1]).")
     ] = False,
+    save_heatmap: Annotated[
+        bool, typer.Option("--save-heatmap", help="Also save the colour-mapped heatmap alone (in --format).")
+    ] = False,
+    quality: Annotated[
+        int, typer.Option(help="JPEG/WebP quality of overlays, heatmaps and panels (1-100).", min=1, max=100)
+    ] = 90,
+    panel: Annotated[
+        bool,
+        typer.Option(
+            "--panel",
+            help="Also save a figure per image: image | heatmap with colorbar | overlay "
+            "(a grid, rows classes x columns methods, with --top-k or several methods).",
+        ),
+    ] = False,
+    report: Annotated[
+        bool, typer.Option("--report", help="Write an HTML gallery of the run, OUTPUT_DIR/index.html.")
+    ] = False,
+    every: Annotated[int, typer.Option(help="Videos: explain every Nth frame and hold its map in between.", min=1)] = 1,
     output_dir: Annotated[
         Path, typer.Option("--output-dir", "-o", help="Where outputs go (input tree mirrored).")
     ] = Path("gradcam_out"),
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")] = "auto",
     input_size: Annotated[int, typer.Option(help="Shorter side of the network input, in pixels.", min=16)] = 224,
     batch_size: Annotated[int, typer.Option(help="Images per forward pass.", min=1)] = 8,
+    max_side: Annotated[
+        int,
+        typer.Option(
+            help="Downscale images whose longer side is larger to this first, so overlays and maps are at most this "
+            "big (0: never; see Batch processing in the README).",
+            min=0,
+        ),
+    ] = 4096,
     workers: Annotated[
         int | None, typer.Option(help="Decoding processes (default: spare cores, at most 4).", min=0)
     ] = None,
@@ -154,11 +200,16 @@ def _run(reporter: Reporter, args: dict) -> int:
     if not args["inputs"] and not args["list_layers"]:
         raise UsageError("no input given; try: gradcam IMAGE_OR_DIR [--layer NAME], or gradcam --help")
 
-    from .discovery import discover
+    from .discovery import VIDEO_SUFFIXES, discover
 
-    images = discover(args["inputs"], exclude=args["output_dir"]) if args["inputs"] else []
-    if args["inputs"] and not images:
+    # Video files (by suffix) go to the video runner; everything else is discovered as images.
+    videos = [raw for raw in args["inputs"] or [] if Path(raw).suffix.lower() in VIDEO_SUFFIXES and Path(raw).is_file()]
+    others = [raw for raw in args["inputs"] or [] if raw not in videos]
+    warn = lambda message: reporter.info(f"warning: {message}")  # noqa: E731
+    images = discover(others, exclude=args["output_dir"], warn=warn) if others else []
+    if args["inputs"] and not images and not videos:
         raise UsageError(f"no images found in {' '.join(args['inputs'])}")
+    args["videos"] = discover(videos) if videos else []
 
     explainer = _build_explainer(reporter, args, methods)
     if args["list_layers"]:
@@ -170,11 +221,16 @@ def _run(reporter: Reporter, args: dict) -> int:
 def _build_explainer(reporter: Reporter, args: dict, methods: list[str]) -> Explainer:
     from .devices import resolve_device
     from .explain import Explainer
-    from .models import load_model
+    from .models import load_model, resolve_target
 
     device = resolve_device(args["device"])
     loaded = load_model(args["model"], args["weights"], args["num_classes"], args["labels"], args["input_size"])
-    explainer = Explainer(loaded, args["layer"] or None, methods, device)
+    resolve_target(loaded, args["target_class"])  # a bad --target-class fails before anything is announced
+    explainer = Explainer(
+        loaded, args["layer"] or None, methods, device, aug_smooth=args["aug_smooth"], eigen_smooth=args["eigen_smooth"]
+    )
+    if "scorecam" in methods:
+        explainer.progress = _PassProgress(reporter)
     if not args["layer"] and not args["list_layers"]:
         reporter.info(f"using layer {explainer.layer_names[0]} (last spatial layer; choose with --layer)")
     reporter.detail(f"model {loaded.name} ({loaded.weights}) on {device}")
@@ -205,7 +261,8 @@ def _print_layers(explainer: Explainer, image_path: Path | None, as_json: bool) 
         print(_layer_line(info, chosen))
     if not as_json:
         print(
-            "\n* default layer   + candidate (4-D output, spatial size > 1x1)   xN: runs N times per forward "
+            "\n* default layer   + candidate (spatial output: N,C,H,W, channel-last N,H,W,C or ViT tokens N,L,C; "
+            "more than one position)   xN: runs N times per forward "
             "(its last call is explained)"
         )
 
@@ -246,25 +303,43 @@ def _explain_all(reporter: Reporter, explainer: Explainer, images: list, args: d
         batch_size=args["batch_size"],
         workers=default_workers() if args["workers"] is None else args["workers"],
         skip_existing=args["skip_existing"],
+        max_side=args["max_side"] or None,
+        quality=args["quality"],
+        save_heatmap=args["save_heatmap"],
+        panel=args["panel"],
+        report=args["report"],
     )
     runner = BatchRunner(explainer, options)
     remove_stale_temporaries(options.output_dir)
     counts = {"ok": 0, "error": 0, "skipped": 0}
     started = time.perf_counter()
-    single = len(images) == 1
+    videos = args.get("videos") or []
+    single = len(images) + len(videos) == 1
+    records: list[Record] = []  # kept for --report's gallery
     with ExitStack() as stack:
+        if args["report"]:
+            stack.callback(_write_report, reporter, records, options.output_dir)
         writer = stack.enter_context(ManifestWriter(args["manifest"])) if args["manifest"] else None
-        progress = stack.enter_context(_progress(reporter, len(images)))
         seen: set[str] = set()
-        for record in runner.run(images, on_image=progress):
+
+        def handle(record: Record) -> None:
             if writer:
                 writer.write(record)
             reporter.record(record)
+            if args["report"]:
+                records.append(record)
             first_row = record.input not in seen
             seen.add(record.input)
             if first_row:
                 counts[record.status] += 1
             _report_record(reporter, record, single, first_row)
+
+        if images:
+            with _progress(reporter, len(images)) as progress:
+                for record in runner.run(images, on_image=progress):
+                    handle(record)
+        if videos:
+            _explain_videos(reporter, explainer, options, videos, args["every"], handle)
     elapsed = time.perf_counter() - started
     if not single:
         done = counts["ok"] + counts["error"]
@@ -273,6 +348,31 @@ def _explain_all(reporter: Reporter, explainer: Explainer, images: list, args: d
             f"in {elapsed:.1f}s ({done / elapsed if elapsed else 0:.2f} images/s)"
         )
     return EXIT_IMAGE_FAILED if counts["error"] else EXIT_OK
+
+
+def _explain_videos(
+    reporter: Reporter, explainer: Explainer, options: Any, videos: list, every: int, handle: Any
+) -> None:
+    """Explain each video clip with a per-clip frame progress bar, passing its records to ``handle``."""
+    from .video import VideoRunner, probe
+
+    runner = VideoRunner(explainer, options, every)
+    for video in videos:
+        try:
+            frames = probe(video.path).frames
+        except GradcamError:
+            frames = 0
+        with _progress(reporter, frames, f"{video.path.name}: frames") as progress:
+            for record in runner.run(video, on_frame=progress):
+                handle(record)
+
+
+def _write_report(reporter: Reporter, records: list[Record], output_dir: Path) -> None:
+    """--report: the gallery of this run's records, written at the end (also after an interrupt or error)."""
+    from .gallery import write_gallery
+
+    if records:
+        reporter.info(f"gallery written to {write_gallery(records, output_dir)}")
 
 
 def _report_record(reporter: Reporter, record: Record, single: bool, first_row: bool) -> None:
@@ -287,18 +387,18 @@ def _report_record(reporter: Reporter, record: Record, single: bool, first_row: 
         for rank, p in enumerate(record.predictions, 1):
             reporter.result(f"  {rank}. {p.name:<30} {p.probability:7.2%}  (class {p.index})")
     target = record.target
-    label = f"{target.name} ({target.probability:.1%})" if target else ""
+    label = f"{target.name} ({target.probability:.1%})" if target else "each frame's own top class"
     line = f"{record.method} for {label} -> {record.outputs[0]}"
     reporter.result(f"  {line}" if single else f"{record.input}: {line}")
 
 
-def _rate_column() -> Any:  # built lazily: rich loads only when a bar is shown
+def _rate_column(unit: str = "img") -> Any:  # built lazily: rich loads only when a bar is shown
     from rich.progress import ProgressColumn
     from rich.text import Text
 
     class RateColumn(ProgressColumn):
         def render(self, task: Any) -> Text:
-            return Text(f"{task.speed:.1f} img/s" if task.speed else "")
+            return Text(f"{task.speed:.1f} {unit}/s" if task.speed else "")
 
     return RateColumn()
 
@@ -306,9 +406,10 @@ def _rate_column() -> Any:  # built lazily: rich loads only when a bar is shown
 class _progress:
     """A rich progress bar on stderr when it is a terminal and not --quiet; otherwise a no-op callback."""
 
-    def __init__(self, reporter: Reporter, total: int) -> None:
+    def __init__(self, reporter: Reporter, total: int, label: str = "explaining") -> None:
         self.enabled = total > 1 and not reporter.quiet and sys.stderr.isatty()
         self.total = total
+        self.label = label
 
     def __enter__(self) -> _progress:
         if self.enabled:
@@ -316,16 +417,18 @@ class _progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self.bar = Progress(
-                TextColumn("explaining"),
+                TextColumn("{task.description}"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                _rate_column(),
+                _rate_column("frames" if self.label.endswith("frames") else "img"),
                 TimeRemainingColumn(),
                 console=Console(stderr=True),
                 transient=True,
+                redirect_stdout=sys.stdout.isatty(),  # piped results (--json) must stay on stdout, not the bar's stderr
             )
             self.bar.__enter__()
-            self.task = self.bar.add_task("explaining", total=self.total)
+            self.task = self.bar.add_task(self.label, total=self.total)
+            _progress.active = self
         return self
 
     def __call__(self) -> None:
@@ -334,9 +437,51 @@ class _progress:
 
     def __exit__(self, *exc_info: object) -> None:
         if self.enabled:
+            _progress.active = None
             self.bar.__exit__(*exc_info)
+
+    active: _progress | None = None
+    """The bar on screen, if any: scorecam's forward passes show as a second row in it."""
+
+
+class _PassProgress:
+    """scorecam's masked forward passes as a transient bar on stderr (terminal and not --quiet only): a row of
+    its own under the image bar when that shows, else a bar of its own."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter = reporter
+        self.own: _progress | None = None
+        self.bar: Any = None
+        self.task: Any = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.task is None:
+            if done >= total or self.reporter.quiet or not sys.stderr.isatty():
+                return
+            host = _progress.active
+            if host is None:
+                self.own = _progress(self.reporter, total, "scorecam passes").__enter__()
+                if not self.own.enabled:
+                    self.own = None
+                    return
+                self.bar, self.task = self.own.bar, self.own.task
+            else:
+                self.bar, self.task = host.bar, host.bar.add_task("scorecam passes", total=total)
+        self.bar.update(self.task, completed=done)
+        if done >= total:
+            if self.own is not None:
+                self.own.__exit__(None, None, None)
+                self.own = None
+            else:
+                self.bar.remove_task(self.task)
+            self.task = None
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point; ``gradcam eval ...`` goes to :mod:`gradcam_cli.cli_eval`."""
+    if sys.argv[1:2] == ["eval"]:
+        from .cli_eval import main as eval_main
+
+        eval_main()
+        return
     app(prog_name="gradcam")

@@ -120,6 +120,16 @@ class LayerCapture:
             grads[record.name] = torch.zeros_like(record.leaf) if grad is None else grad
         return grads
 
+    def forward_unhooked(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Logits of an extra forward pass with the hooks removed and autograd off (Score-CAM's masked inputs).
+
+        Recorded activations, leaves and graph from the last :meth:`forward` stay usable for :meth:`gradients`.
+        """
+        self._remove_hooks()
+        with torch.no_grad():
+            logits = self.model(inputs)
+        return logits if isinstance(logits, torch.Tensor) else _first_tensor(logits)
+
     def activations(self) -> dict[str, torch.Tensor]:
         """Feature maps of each target layer's last call, as the layer produced them."""
         return {name: record.activations for name, record in self.records.items()}

@@ -23,9 +23,19 @@ from .errors import UsageError, suggest
 from .images import InputSpec, load_image, to_input_tensor, to_pixel_tensor
 from .layers import default_layer, inspect_layers, resolve_layer
 from .maps import to_image_maps
-from .methods import METHODS
+from .methods import (
+    CLASS_AGNOSTIC,
+    METHODS,
+    SCORECAM_BATCH_SIZE,
+    USES_GRADIENTS,
+    USES_MODEL,
+    MaskedScores,
+    ProgressCallback,
+)
 from .models import LoadedModel
 from .render import blend, colormap_table
+from .reshape import spatial
+from .smoothing import IDENTITY, augmentations, average_views
 
 TOP_PREDICTIONS = 5
 
@@ -69,8 +79,15 @@ class Explainer:
     """Explain a classifier's decisions at one or more layers.
 
     ``model``: a :class:`LoadedModel` (from :func:`load_model`) or any ``nn.Module`` classifier.
-    ``layers``: dotted module names; ``None`` picks the last spatial layer. ``methods``: names from ``METHODS``.
+    ``layers``: dotted module names; ``None`` picks the last spatial layer. Several layers fuse into one map per
+    method: the mean of the per-layer maps, each normalised to [0, 1], normalised again.
+    ``methods``: names from ``METHODS``; they share one forward pass and one backward pass per target.
     ``device``: where to run; ``None`` keeps the model where it is.
+    ``aug_smooth``: average over flipped and rescaled inputs; ``eigen_smooth``: first principal component of the
+    weighted activations instead of their sum (see :mod:`gradcam_cli.smoothing`). ``score_batch_size``: masked
+    inputs per forward pass in scorecam; ``progress``: called as ``progress(done, total)`` during scorecam's
+    forward passes (``None``: silent).
+    Layers whose output is channel-last (Swin) or a token sequence (ViT) are reshaped to (N, C, h, w) first.
     """
 
     def __init__(
@@ -79,6 +96,11 @@ class Explainer:
         layers: str | Sequence[str] | None = None,
         methods: str | Sequence[str] = "gradcam",
         device: torch.device | str | None = None,
+        *,
+        aug_smooth: bool = False,
+        eigen_smooth: bool = False,
+        score_batch_size: int = SCORECAM_BATCH_SIZE,
+        progress: ProgressCallback | None = None,
     ) -> None:
         if isinstance(model, nn.Module):
             model = LoadedModel(model, type(model).__name__, "custom", None, InputSpec())
@@ -95,6 +117,10 @@ class Explainer:
         self.layer_names = [layers] if isinstance(layers, str) else list(layers)
         self.layers = {name: resolve_layer(model.module, name) for name in self.layer_names}
         self.layer_calls: dict[str, int] = {}
+        self.aug_smooth = aug_smooth
+        self.eigen_smooth = eigen_smooth
+        self.score_batch_size = score_batch_size
+        self.progress = progress
 
     def _default_layer(self) -> str:
         spec = self.model.input_spec
@@ -112,22 +138,64 @@ class Explainer:
         """Forward and backward passes for a batch of equally sized inputs.
 
         Returns ``(probabilities (N, classes), targets (N, K), cams)`` where ``cams[method][k][l]`` is the coarse
-        (N, h, w) map of target ``k`` at layer ``l``. ``target`` fixes the class for every sample; otherwise
-        each sample's own top ``top_k`` classes are explained.
+        (N, h, w) map of target ``k`` at layer ``l`` (with ``aug_smooth``: the average of the views' maps at the
+        input's size). ``target`` fixes the class for every sample; otherwise each sample's own top ``top_k``
+        classes are explained.
         """
         inputs = inputs.to(self.device)
+        probabilities, targets, cams = self._compute_view(inputs, target, top_k)
+        if not self.aug_smooth:
+            return probabilities, targets, cams
+        size = tuple(inputs.shape[-2:])
+        views = [(IDENTITY, cams)]
+        for view in augmentations(self.model.input_spec.fixed_size is not None)[1:]:
+            views.append((view, self._compute_view(view.apply(inputs), targets=targets)[2]))
+        smoothed = {
+            method: [
+                [average_views([(view, c[method][k][i]) for view, c in views], size) for i in range(len(self.layers))]
+                for k in range(targets.shape[1])
+            ]
+            for method in self.methods
+        }
+        return probabilities, targets, smoothed
+
+    def _compute_view(
+        self, inputs: torch.Tensor, target: int | None = None, top_k: int = 1, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, list[list[torch.Tensor]]]]:
+        """One forward pass, one backward pass per target if a method needs gradients, then every method."""
+        size = tuple(inputs.shape[-2:])
         with LayerCapture(self.model.module, self.layers) as capture:
             logits = capture.forward(inputs)
             self.layer_calls = capture.calls()
-            targets = self._targets(logits, target, top_k)
-            activations = capture.activations()
+            if targets is None:
+                targets = self._targets(logits, target, top_k)
+            activations = {n: spatial(a, size, n) for n, a in capture.activations().items()}
+            need_gradients = any(method in USES_GRADIENTS for method in self.methods)
             cams: dict[str, list[list[torch.Tensor]]] = {method: [] for method in self.methods}
             for k in range(targets.shape[1]):
-                score = logits.gather(1, targets[:, k : k + 1]).sum()
-                gradients = capture.gradients(score, retain_graph=k < targets.shape[1] - 1)
+                gradients: dict[str, torch.Tensor | None] = dict.fromkeys(self.layer_names)
+                if need_gradients:
+                    score = logits.gather(1, targets[:, k : k + 1]).sum()
+                    raw = capture.gradients(score, retain_graph=k < targets.shape[1] - 1)
+                    gradients = {n: spatial(g, size, n) for n, g in raw.items()}
                 for method in self.methods:
+                    if method in CLASS_AGNOSTIC and k > 0:
+                        cams[method].append(cams[method][0])
+                        continue
+                    extra = ()
+                    if method in USES_MODEL:
+                        extra = (
+                            MaskedScores(
+                                capture.forward_unhooked, inputs, targets[:, k], self.score_batch_size, self.progress
+                            ),
+                        )
                     cams[method].append(
-                        [METHODS[method](activations[n], gradients[n]).detach() for n in self.layer_names]
+                        [
+                            METHODS[method](activations[n], gradients[n], *extra, eigen_smooth=self.eigen_smooth)
+                            .detach()
+                            .float()
+                            for n in self.layer_names
+                        ]
                     )
             probabilities = logits.detach().float().softmax(dim=1)
         return probabilities, targets, cams

@@ -16,6 +16,8 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 MAX_IMAGE_PIXELS = 64_000_000
 """Images with more pixels are refused before decoding (a 48 MP photo passes; decompression bombs do not)."""
+MAX_ASPECT = 4
+"""The network input's longer side is at most this many times ``InputSpec.size`` (see ``resized_shape``)."""
 
 
 @dataclass(frozen=True)
@@ -26,17 +28,30 @@ class InputSpec:
     fixed_size: tuple[int, int] | None = None
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
+    max_side: int | None = None
+    """Longest side of the network input; ``None``: ``MAX_ASPECT * size`` (896 for 224)."""
 
     def resized_shape(self, height: int, width: int) -> tuple[int, int]:
-        """(H, W) of the network input for an image of ``height`` x ``width``: aspect kept, shorter side = size."""
+        """(H, W) of the network input for an image of ``height`` x ``width``: aspect kept, shorter side = size.
+
+        Extreme aspect ratios are capped: the longer side never exceeds ``max_side`` (a 4000 x 40 strip becomes
+        896 x 9, not 22400 x 224), so one odd image cannot blow up time or memory; its shorter side is then
+        below ``size``.
+        """
         if self.fixed_size is not None:
             return self.fixed_size
-        scale = self.size / min(height, width)
+        longest = self.max_side or MAX_ASPECT * self.size
+        scale = min(self.size / min(height, width), longest / max(height, width))
         return max(1, round(height * scale)), max(1, round(width * scale))
 
 
-def load_image(path: str | Path) -> Image.Image:
-    """Open an image as RGB with its EXIF orientation applied; raise ImageError with a one-line reason."""
+def load_image(path: str | Path, max_side: int | None = None) -> Image.Image:
+    """Open an image as RGB with its EXIF orientation applied; raise ImageError with a one-line reason.
+
+    ``max_side``: downscale images whose longer side is larger to exactly that (aspect kept). A JPEG is then
+    decoded at 1/2, 1/4 or 1/8 scale where that still leaves at least ``max_side`` pixels (``Image.draft``),
+    so a 48 MP photo costs a fraction of its full decode.
+    """
     path = Path(path)
     try:
         with warnings.catch_warnings():
@@ -45,8 +60,13 @@ def load_image(path: str | Path) -> Image.Image:
                 if image.width * image.height > MAX_IMAGE_PIXELS:
                     raise Image.DecompressionBombError(path)
                 image.seek(0)
+                if max_side and max(image.size) > max_side:
+                    image.draft(None, fit_within(image.size, max_side))
                 image = ImageOps.exif_transpose(image)
-                return image.convert("RGB")
+                image = image.convert("RGB")
+                if max_side and max(image.size) > max_side:
+                    image = image.resize(fit_within(image.size, max_side), Image.Resampling.BILINEAR, reducing_gap=3.0)
+                return image
     except FileNotFoundError as error:
         raise ImageError(f"{path}: no such file") from error
     except IsADirectoryError as error:
@@ -59,6 +79,12 @@ def load_image(path: str | Path) -> Image.Image:
         raise ImageError(f"{path}: too many pixels (limit {MAX_IMAGE_PIXELS:,}); resize it first") from error
     except (OSError, SyntaxError, ValueError) as error:
         raise ImageError(f"{path}: unreadable image ({error})") from error
+
+
+def fit_within(size: tuple[int, int], max_side: int) -> tuple[int, int]:
+    """(W, H) ``size`` scaled so that its longer side is ``max_side``, aspect kept (each side at least 1)."""
+    scale = max_side / max(size)
+    return max(1, round(size[0] * scale)), max(1, round(size[1] * scale))
 
 
 def to_input_tensor(image: Image.Image, spec: InputSpec) -> torch.Tensor:

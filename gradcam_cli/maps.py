@@ -8,14 +8,20 @@ import torch
 import torch.nn.functional as F
 
 NORMALISE_EPS = 1e-12
+CONSTANT_RTOL = 1e-5
+"""A map whose values differ by less than this fraction of their magnitude counts as constant: bilinear
+upsampling of a constant float32 map leaves a few ulps of noise, which min-max scaling would blow up to [0, 1]."""
 
 
 def normalise(maps: torch.Tensor, eps: float = NORMALISE_EPS) -> torch.Tensor:
-    """Min-max normalise each map of an (N, H, W) batch to [0, 1]; a constant map becomes all zeros."""
+    """Min-max normalise each map of an (N, H, W) batch to [0, 1]; a constant (or all-zero) map becomes all zeros."""
     flat = maps.flatten(1)
     low = flat.min(dim=1).values.view(-1, 1, 1)
-    span = (flat.max(dim=1).values.view(-1, 1, 1) - low).clamp_min(eps)
-    return ((maps - low) / span).clamp_(0.0, 1.0)
+    high = flat.max(dim=1).values.view(-1, 1, 1)
+    span = high - low
+    constant = span <= eps + CONSTANT_RTOL * torch.maximum(high.abs(), low.abs())
+    scaled = (maps - low) / torch.where(constant, torch.ones_like(span), span)
+    return scaled.masked_fill_(constant, 0.0).clamp_(0.0, 1.0)
 
 
 def upsample(maps: torch.Tensor, size: Sequence[int]) -> torch.Tensor:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import pickle
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,11 @@ def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError as error:
         raise UsageError(f"weights file {path} does not exist") from error
+    except pickle.UnpicklingError as error:
+        raise ModelLoadError(
+            f"cannot load weights from {path}: not a plain state dict of tensors (weights are loaded with "
+            "weights_only=True, which refuses pickled Python objects); save model.state_dict() instead"
+        ) from error
     except Exception as error:
         raise ModelLoadError(f"cannot load weights from {path}: {_first_line(error)}") from error
     for key in ("state_dict", "model", "model_state_dict"):
@@ -185,7 +191,9 @@ def _torchvision_weights_only() -> Iterator[None]:
 
     def get_state_dict(self: WeightsEnum, *args: Any, **kwargs: Any) -> dict[str, Any]:
         kwargs["weights_only"] = True
-        return load_state_dict_from_url(self.url, *args, **kwargs)
+        # torch.hub announces a download on stdout, which must stay clean for --json: send it to stderr
+        with redirect_stdout(sys.stderr):
+            return load_state_dict_from_url(self.url, *args, **kwargs)
 
     original = WeightsEnum.get_state_dict
     WeightsEnum.get_state_dict = get_state_dict  # type: ignore[method-assign]

@@ -1,0 +1,218 @@
+"""--report: a static, self-contained index.html built from the run's records, checked in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from gradcam_cli.batch import Record
+from gradcam_cli.explain import Prediction
+from gradcam_cli.gallery import PAGE_SIZE, gallery_entries, thumbnail_path, write_gallery
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def _record(name: str, out: Path, k: int = 0, status: str = "ok", error: str | None = None) -> Record:
+    predictions = [Prediction(i, f"class {i}", 0.5 / (i + 1)) for i in range(5)]
+    if status != "ok":
+        return Record(name, status, "m", "layer4", error=error)
+    stem = Path(name).stem
+    outputs = [str(out / f"{stem}_gradcam_{k}-class-{k}.png"), str(out / f"{stem}_panel.png")]
+    return Record(name, "ok", "m", "layer4", "gradcam", predictions[k], predictions, outputs)
+
+
+def _data(page: str) -> list[dict]:
+    match = re.search(r'<script id="gallery-data" type="application/json">(.*?)</script>', page, re.S)
+    assert match
+    return json.loads(match.group(1))
+
+
+def test_entries_merge_rows_per_image_and_link_relatively(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    records = [
+        _record("imgs/b cat#1.jpg", out, 0),
+        _record("imgs/b cat#1.jpg", out, 1),
+        _record("imgs/a.jpg", out, 0),
+        _record("imgs/broken.jpg", out, status="error", error="imgs/broken.jpg: not an image"),
+        Record("imgs/old.jpg", "skipped", "m", "layer4"),
+    ]
+    entries = gallery_entries(records, out)
+    assert [e["name"] for e in entries] == ["imgs/a.jpg", "imgs/b cat#1.jpg", "imgs/broken.jpg", "imgs/old.jpg"]
+    cat = entries[1]
+    assert cat["status"] == "ok" and len(cat["views"]) == 2
+    assert cat["views"][1]["target"] == ["class 1", 0.25, 1]
+    assert cat["views"][0]["href"] == "b%20cat%231_gradcam_0-class-0.png"  # relative and percent-encoded
+    assert cat["files"] == [["panel", "b%20cat%231_panel.png"]]  # the per-image panel once, not per row
+    assert cat["src"] == "../imgs/b%20cat%231.jpg" or cat["src"].endswith("imgs/b%20cat%231.jpg")
+    assert entries[2]["status"] == "error" and entries[2]["error"].endswith("not an image")
+    assert entries[3]["status"] == "skipped"
+
+
+def test_page_is_self_contained_and_never_embeds_images(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    overlay = out / "a_gradcam_0-class-0.png"
+    out.mkdir()
+    Image.fromarray(np.full((300, 400, 3), 200, np.uint8)).save(overlay)
+    records = [_record("a.jpg", out), _record("bad.jpg", out, status="error", error="</script><b>boom</b>")]
+    path = write_gallery(records, out)
+    page = path.read_text()
+    assert path == out / "index.html"
+    assert "base64" not in page and "data:image" not in page
+    assert not re.search(r'(src|href)="(https?:)?//', page)  # no external resources
+    assert "</script><b>" not in page and "&lt;/script&gt;&lt;b&gt;boom" in page  # escaped in HTML and JSON
+    assert 'loading: "lazy"' in page
+    thumb = thumbnail_path(out, overlay)  # made from the overlay file, since no run wrote it
+    assert thumb == out / "_thumbs" / "a_gradcam_0-class-0.jpg" and thumb.is_file()
+    with Image.open(thumb) as image:
+        assert max(image.size) <= 192
+    assert _data(page)[0]["views"][0]["thumb"] == "_thumbs/a_gradcam_0-class-0.jpg"
+    assert sorted(p.name for p in out.iterdir()) == ["_thumbs", "a_gradcam_0-class-0.png", "index.html"]
+
+
+def test_many_images_stay_small(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    records = [_record(f"d{i // 100}/img{i:05d}.jpg", out / f"d{i // 100}", k) for i in range(1000) for k in (0, 1)]
+    page = write_gallery(records, out).read_text()
+    assert len(_data(page)) == 1000
+    assert len(page) < 1_000 * 1_000  # under 1 kB per image (two views each): links and captions, never pixels
+
+
+# ---------------------------------------------------------------------------------------------- headless Chromium
+
+
+def _ensure_chromium() -> str:
+    if os.path.exists(CHROMIUM):
+        return CHROMIUM
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip("chromium is not installed and cannot be installed here (needs root and apt-get)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for command in (["apt-get", "update"], ["apt-get", "install", "-y", "chromium", "chromium-driver"]):
+        try:
+            result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            pytest.skip(f"chromium could not be installed: {' '.join(command)}: {error}")
+        if result.returncode != 0:
+            pytest.skip(f"chromium could not be installed: {' '.join(command)}: {result.stderr.strip()[-300:]}")
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("chromium could not be installed: apt-get succeeded but /usr/bin/chromium is missing")
+    return CHROMIUM
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    return _ensure_chromium()
+
+
+def _browse(chromium: str, tmp_path: Path, url: str, *extra: str) -> str:
+    profile = tmp_path / f"profile-{time.monotonic_ns()}"
+    command = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        *extra,
+        url,
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+def _shown(dom: str) -> tuple[int, int]:
+    match = re.search(r'id="cards"[^>]*data-shown="(\d+)"[^>]*data-total="(\d+)"', dom)
+    assert match, "the gallery script did not run"
+    return int(match.group(1)), int(match.group(2))
+
+
+@pytest.mark.slow
+def test_gallery_of_a_real_run_in_headless_chromium(tmp_path: Path, chromium: str) -> None:
+    """gradcam DIR --report --panel: Chromium shows one card per input (the failure too) and a non-blank page."""
+    from square_model import square_image
+    from typer.testing import CliRunner
+
+    from gradcam_cli.cli import app
+
+    images = tmp_path / "in"
+    images.mkdir()
+    for colour, box in (("red", (20, 20, 120, 120)), ("green", (200, 100, 300, 200)), ("blue", (300, 40, 400, 140))):
+        square_image(box=box, colour=colour).save(images / f"{colour}.png")
+    (images / "broken.png").write_bytes(b"not a png")
+    out = tmp_path / "out"
+    model = Path(__file__).with_name("square_model.py")
+    result = CliRunner().invoke(
+        app,
+        [
+            str(images),
+            "--model",
+            f"{model}:build",
+            "--weights",
+            "none",
+            "--layer",
+            "features",
+            "-o",
+            str(out),
+            "--top-k",
+            "2",
+            "--report",
+            "--panel",
+            "--workers",
+            "0",
+            "--labels",
+            str(_labels(tmp_path)),
+        ],
+    )
+    assert result.exit_code == 1, result.output  # the broken file fails; the rest is explained
+    index = out / "index.html"
+    assert index.is_file()
+    assert len(list((out / "_thumbs").glob("*.jpg"))) == 3 * 2
+
+    dom = _browse(chromium, tmp_path, index.as_uri(), "--dump-dom")
+    assert _shown(dom) == (4, 4)
+    assert dom.count('<article class="card') == 4
+    assert dom.count('<article class="card error"') == 1
+    assert dom.count('loading="lazy"') == 3 * 2
+    assert "1 failed" in dom and "broken.png" in dom
+    assert "showing 1\u20134 of 4 images" in dom
+
+    shot = tmp_path / "shot.png"
+    _browse(chromium, tmp_path, index.as_uri(), f"--screenshot={shot}", "--window-size=1200,900")
+    with Image.open(shot) as image:
+        pixels = np.asarray(image.convert("RGB"), dtype=np.float32)
+    assert pixels.shape[:2] == (900, 1200)
+    assert pixels.std() > 20  # not a blank page
+    saturated = (pixels.max(axis=2) - pixels.min(axis=2)) > 100
+    assert saturated.mean() > 0.01  # the coloured overlay thumbnails are drawn
+
+
+@pytest.mark.slow
+def test_ten_thousand_entries_page_in_headless_chromium(tmp_path: Path, chromium: str) -> None:
+    out = tmp_path / "out"
+    records = [_record(f"d/img{i:05d}.jpg", out, 0) for i in range(10_000)]
+    started = time.perf_counter()
+    index = write_gallery(records, out)
+    assert time.perf_counter() - started < 30  # about 1 s on an idle core
+    assert index.stat().st_size < 6_000_000
+    assert _shown(_browse(chromium, tmp_path, index.as_uri(), "--dump-dom")) == (PAGE_SIZE, 10_000)
+    dom = _browse(chromium, tmp_path, index.as_uri() + "#page=167", "--dump-dom")
+    assert _shown(dom) == (10_000 - 166 * PAGE_SIZE, 10_000)
+    assert "showing 9961\u201310000 of 10000 images (page 167 of 167)" in dom
+
+
+def _labels(tmp_path: Path) -> Path:
+    path = tmp_path / "labels.txt"
+    path.write_text("red\ngreen\nblue\n")
+    return path

@@ -1,0 +1,163 @@
+"""Video: `gradcam clip.mp4` writes an overlay clip with the input's frame rate, size and frame count."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+cv2 = pytest.importorskip("cv2")
+
+from gradcam_cli.batch import RunOptions  # noqa: E402
+from gradcam_cli.discovery import InputImage  # noqa: E402
+from gradcam_cli.explain import Explainer  # noqa: E402
+from gradcam_cli.video import VideoRunner, probe  # noqa: E402
+
+FRAMES, WIDTH, HEIGHT, FPS, SIDE = 20, 96, 64, 12.0, 16
+
+
+def _square_x(frame: int) -> int:
+    return 4 + 4 * frame  # the red square's left edge moves 4 px right per frame
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """20 frames, 96x64, 12 fps: a grey field with a 16 px red square moving left to right."""
+    path = tmp_path_factory.mktemp("video") / "clip.mp4"
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), FPS, (WIDTH, HEIGHT))
+    assert writer.isOpened()
+    for frame in range(FRAMES):
+        image = np.full((HEIGHT, WIDTH, 3), 128, np.uint8)
+        image[24 : 24 + SIDE, _square_x(frame) : _square_x(frame) + SIDE] = (20, 20, 230)  # BGR red
+        writer.write(image)
+    writer.release()
+    return path
+
+
+@pytest.fixture
+def explainer(square_model) -> Explainer:
+    return Explainer(square_model, "features")
+
+
+def _read(path: Path | str) -> list[np.ndarray]:
+    capture = cv2.VideoCapture(str(path))
+    frames = []
+    while True:
+        ok, frame = capture.read()
+        if not ok:
+            break
+        frames.append(frame)
+    capture.release()
+    return frames
+
+
+def _peak_x(frame: np.ndarray) -> float:
+    """Column of the brightest region of a grey-colormap, alpha=1 overlay (the map itself): plateau centre."""
+    grey = cv2.GaussianBlur(frame[:, :, 1].astype(np.float32), (5, 5), 0)
+    columns = np.nonzero(grey >= grey.max() - 2)[1]
+    return float(columns.mean())
+
+
+def _run(explainer: Explainer, clip: Path, out: Path, every: int, **options) -> tuple[list, list[int]]:
+    calls: list[int] = []
+    run_options = RunOptions(output_dir=out, alpha=1.0, colormap="gray", target=0, **options)
+    runner = VideoRunner(explainer, run_options, every=every)
+    records = runner.run(InputImage(clip, Path("clip")), on_frame=lambda: calls.append(1))
+    return records, calls
+
+
+def test_overlay_video_keeps_rate_size_and_frames_and_the_map_follows_the_square(
+    explainer: Explainer, clip: Path, tmp_path: Path
+) -> None:
+    records, calls = _run(explainer, clip, tmp_path, every=1)
+    assert [r.status for r in records] == ["ok"]
+    output = Path(records[0].outputs[0])
+    assert output.name == "clip_gradcam_0-red.mp4"
+    info = probe(output)
+    assert (info.fps, info.width, info.height) == (FPS, WIDTH, HEIGHT)
+    frames = _read(output)
+    assert len(frames) == FRAMES and len(calls) == FRAMES  # progress: one call per frame
+    for number, frame in enumerate(frames):
+        centre = _square_x(number) + SIDE / 2
+        assert abs(_peak_x(frame) - centre) <= 4, number
+    assert records[0].target.name == "red"
+    assert [p.name for p in tmp_path.iterdir()] == [output.name]  # no temporaries left
+
+
+@pytest.mark.parametrize("every", [5, 40])  # 40: frames stream out behind each explained frame (no buffering)
+def test_every_n_explains_every_nth_frame_and_holds_the_map(
+    explainer: Explainer, clip: Path, tmp_path: Path, every: int
+) -> None:
+    records, calls = _run(explainer, clip, tmp_path, every=every)
+    frames = _read(records[0].outputs[0])
+    assert len(frames) == FRAMES and len(calls) == FRAMES
+    for number, frame in enumerate(frames):
+        key = number - number % every  # the explained frame whose map this frame shows
+        assert abs(_peak_x(frame) - (_square_x(key) + SIDE / 2)) <= 4, number
+        if number % every:
+            held = frames[key].astype(np.float32)
+            assert np.abs(frame.astype(np.float32) - held).mean() < 3  # alpha=1: the held map, unchanged
+
+
+def test_top_k_writes_one_video_per_rank_and_report_thumbnails(explainer: Explainer, clip: Path, tmp_path: Path):
+    options = RunOptions(output_dir=tmp_path, top_k=2, report=True)
+    records = VideoRunner(explainer, options, every=4).run(InputImage(clip, Path("sub/clip")))
+    names = [Path(r.outputs[0]).name for r in records]
+    assert names == ["clip_gradcam_top1.mp4", "clip_gradcam_top2.mp4"]
+    assert all(len(_read(r.outputs[0])) == FRAMES for r in records)
+    assert records[0].predictions[0].name == "red"  # mean over the explained frames
+    assert sorted(p.name for p in (tmp_path / "_thumbs" / "sub").iterdir()) == [
+        "clip_gradcam_top1.jpg",
+        "clip_gradcam_top2.jpg",
+    ]
+
+
+def test_unreadable_video_is_one_error_and_leaves_nothing(explainer: Explainer, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.mp4"
+    bad.write_bytes(b"\x00" * 1000)
+    out = tmp_path / "out"
+    records, _ = _run(explainer, bad, out, every=1)
+    assert [r.status for r in records] == ["error"]
+    assert "bad.mp4" in records[0].error
+    assert not out.exists() or not any(out.rglob("*.mp4"))
+
+
+def test_cli_routes_videos_by_suffix(clip: Path, tmp_path: Path) -> None:
+    """`gradcam clip.mp4 IMAGE --report`: the clip goes to the video runner, the image to the batch runner."""
+    from square_model import square_image
+    from typer.testing import CliRunner
+
+    from gradcam_cli.cli import app
+
+    image = tmp_path / "still.png"
+    square_image().save(image)
+    out = tmp_path / "out"
+    model = Path(__file__).with_name("square_model.py")
+    result = CliRunner().invoke(
+        app,
+        [
+            str(clip),
+            str(image),
+            "--model",
+            f"{model}:build",
+            "--weights",
+            "none",
+            "--layer",
+            "features",
+            "-o",
+            str(out),
+            "--every",
+            "3",
+            "--report",
+            "--workers",
+            "0",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert probe(out / "clip_gradcam_top1.mp4").width == WIDTH
+    assert len(_read(out / "clip_gradcam_top1.mp4")) == FRAMES
+    assert len(list(out.glob("still_gradcam_*.png"))) == 1
+    page = (out / "index.html").read_text()
+    assert "clip_gradcam_top1.mp4" in page and "still_gradcam_" in page
