@@ -229,7 +229,7 @@ class _ImageDataset(Dataset):
 def _check_regular_file(path: Path) -> None:
     """Refuse what is not a regular file before opening it: a FIFO or device named x.jpg would block or never end."""
     try:
-        mode = os.stat(path).st_mode
+        info = os.stat(path)
     except FileNotFoundError:
         if os.path.islink(path):
             raise ImageError(f"{path}: broken symbolic link (to {os.readlink(path)})") from None
@@ -238,10 +238,13 @@ def _check_regular_file(path: Path) -> None:
         raise ImageError(f"{path}: permission denied") from None
     except OSError as error:  # e.g. a symlink loop
         raise ImageError(f"{path}: {error.strerror or error}") from None
+    mode = info.st_mode
     if stat.S_ISDIR(mode):
         raise ImageError(f"{path}: is a directory")
     if not stat.S_ISREG(mode):
         raise ImageError(f"{path}: not a regular file")
+    if info.st_size == 0:
+        raise ImageError(f"{path}: empty file (0 bytes)")
     if not os.access(path, os.R_OK):
         raise ImageError(f"{path}: permission denied")
 

@@ -42,7 +42,9 @@ def evaluate(
     model: Annotated[
         str,
         typer.Option(
-            "--model", "-m", help="torchvision model name, efficientnet_lite0, package.module:factory or file.py:factory."
+            "--model",
+            "-m",
+            help="torchvision model name, efficientnet_lite0, package.module:factory or file.py:factory",
         ),
     ] = "resnet50",
     weights: Annotated[
@@ -56,6 +58,12 @@ def evaluate(
         list[str] | None,
         typer.Option("--layer", "-l", help="Dotted module name (repeatable). Default: the last spatial layer."),
     ] = None,
+    aug_smooth: Annotated[
+        bool, typer.Option("--aug-smooth", help="Average each map over flipped and rescaled inputs (as gradcam).")
+    ] = False,
+    eigen_smooth: Annotated[
+        bool, typer.Option("--eigen-smooth", help="First principal component instead of the weighted sum.")
+    ] = False,
     target_class: Annotated[
         str | None,
         typer.Option("--target-class", "-t", help="Class to explain: index or name. Default: the top prediction."),
@@ -208,9 +216,7 @@ def format_report(report: EvalReport) -> list[str]:
     for method, s in summaries.items():
         sanity = s.get("sanity")
         if sanity:
-            stages = ", ".join(
-                f"top {k}: {_fmt(rho, '{:.2f}')}" for k, rho in enumerate(sanity["spearman"], 1)
-            )
+            stages = ", ".join(f"top {k}: {_fmt(rho, '{:.2f}')}" for k, rho in enumerate(sanity["spearman"], 1))
             verdict = (
                 f"FLAGGED: maps barely change when the model is randomised (rho > {sanity['threshold']})"
                 if sanity["flagged"]
@@ -224,7 +230,10 @@ def format_report(report: EvalReport) -> list[str]:
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
     return [
-        "  ".join(cell.ljust(width) if i == 0 else cell.rjust(width) for i, (cell, width) in enumerate(zip(row, widths, strict=True))).rstrip()
+        "  ".join(
+            cell.ljust(width) if i == 0 else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
         for row in [header, *rows]
     ]
 

@@ -161,7 +161,9 @@ class LayerCapture:
                 )
             record.calls += 1
             record.activations = output.detach()
-            record.leaf = output.detach().requires_grad_(True)
+            # The first target layer starts the graph with a fresh leaf; a target layer downstream of it keeps its
+            # output connected, so that gradients still reach the earlier one (--layer layer3 --layer layer4).
+            record.leaf = output if output.requires_grad else output.detach().requires_grad_(True)
             if tensor_mode:
                 record.leaf.register_hook(save_gradient)
                 return record.leaf.clone()

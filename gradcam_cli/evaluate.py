@@ -52,8 +52,6 @@ BLUR_KERNEL = 11
 BLUR_SIGMA = 5.0
 SANITY_THRESHOLD = 0.9
 """Mean Spearman correlation above which a method's maps 'barely change' when the model is randomised."""
-EXPLAINER_SETTINGS = ("aug_smooth", "eigen_smooth", "score_batch_size")
-"""Explainer options the randomised copies of the sanity check inherit."""
 OUTSIDE_THRESHOLD = 0.5
 """Images with less than this share of the map's energy inside the boxes are listed as 'evidence outside'."""
 
@@ -446,9 +444,16 @@ class Evaluator:
             for depth, name in enumerate(names[:stage]):
                 reinitialise(module.get_submodule(name), self.options.seed + depth)
             module.to(self.explainer.device)
-            copy_model = replace(loaded, module=module)
-            settings = {name: getattr(self.explainer, name) for name in EXPLAINER_SETTINGS if hasattr(self.explainer, name)}
-            self.randomised.append(Explainer(copy_model, self.explainer.layer_names, self.explainer.methods, **settings))
+            self.randomised.append(
+                Explainer(
+                    replace(loaded, module=module),
+                    self.explainer.layer_names,
+                    self.explainer.methods,
+                    aug_smooth=self.explainer.aug_smooth,
+                    eigen_smooth=self.explainer.eigen_smooth,
+                    score_batch_size=self.explainer.score_batch_size,
+                )
+            )
 
     def run(
         self,
@@ -530,7 +535,9 @@ class Evaluator:
             if kind == "masked":
                 return image * maps[method]
             perturbed = ranks[method] < counts[k]
-            return torch.where(perturbed, baseline, image) if kind == "deletion" else torch.where(perturbed, image, blurred)
+            if kind == "deletion":
+                return torch.where(perturbed, baseline, image)
+            return torch.where(perturbed, image, blurred)
 
         jobs: list[tuple] = [("baseline",), ("blurred",)]
         for method in maps:

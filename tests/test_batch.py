@@ -1,0 +1,361 @@
+"""Batch processing: shape buckets that change no result, bounded memory, isolation of bad files, resume, CLI."""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from square_model import square_image
+from typer.testing import CliRunner
+
+from gradcam_cli import Explainer, load_model
+from gradcam_cli.batch import BatchRunner, OutputKind, RunOptions, _Sample, bucketed
+from gradcam_cli.cli import app
+from gradcam_cli.discovery import discover
+from gradcam_cli.images import InputSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+SQUARE_MODEL = f"{ROOT / 'tests' / 'square_model.py'}:build"
+
+
+def gradcam_command() -> list[str]:
+    script = Path(sys.executable).parent / "gradcam"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "gradcam_cli"]
+
+
+def photo(size: tuple[int, int], seed: int = 0) -> Image.Image:
+    """A sample photo resized to ``size`` (W, H) with a little noise: real structure, different per seed."""
+    names = sorted((ROOT / "sample_images").glob("*.jpg"))
+    image = Image.open(names[seed % len(names)]).convert("RGB").resize(size, Image.Resampling.BILINEAR)
+    noise = np.random.default_rng(seed).normal(0, 4, (size[1], size[0], 3))
+    return Image.fromarray(np.clip(np.asarray(image) + noise, 0, 255).astype(np.uint8))
+
+
+def png_header_only(width: int, height: int) -> bytes:
+    """A PNG that claims width x height pixels in a few bytes: a decompression bomb's calling card."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+
+
+def jpeg_bytes(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def make_bad_files(folder: Path) -> dict[str, str]:
+    """Every kind of bad file a real folder holds, with a word its error message must contain."""
+    folder.mkdir(parents=True, exist_ok=True)
+    good = jpeg_bytes(square_image())
+    (folder / "truncated.jpg").write_bytes(good[: len(good) // 2])
+    (folder / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n" + os.urandom(2000))
+    (folder / "notes.jpg").write_text("this is not an image\n")
+    (folder / "empty.png").write_bytes(b"")
+    (folder / "bomb.png").write_bytes(png_header_only(20_000, 20_000))
+    os.symlink(folder / "gone.jpg", folder / "dangling.jpg")
+    os.mkfifo(folder / "pipe.jpg")  # would block forever if opened
+    return {
+        "truncated.jpg": "truncated",
+        "corrupt.png": "",
+        "notes.jpg": "not an image",
+        "empty.png": "empty",
+        "bomb.png": "too many pixels",
+        "dangling.jpg": "broken symbolic link",
+        "pipe.jpg": "not a regular file",
+    }
+
+
+@pytest.fixture(scope="module")
+def resnet18():
+    torch.manual_seed(0)
+    # random weights, BatchNorm in eval mode while explaining; a 112-pixel input keeps the test quick
+    return load_model("resnet18", "none", input_size=112)
+
+
+def test_mixed_sizes_batched_give_the_same_maps_as_each_image_alone(tmp_path, resnet18):
+    # 640x480 and 320x240 share a resized shape (112 x 149), so they share a batch; the others get their own.
+    sizes = [(320, 240), (640, 480), (320, 240), (240, 320), (320, 240), (240, 320), (300, 300), (301, 300)]
+    for i, size in enumerate(sizes):
+        photo(size, seed=i).save(tmp_path / f"img{i}.png")
+    explainer = Explainer(resnet18, "layer4")
+    options = RunOptions(output_dir=tmp_path / "out", save_raw=True, batch_size=4, workers=1, top_k=2)
+    records = list(BatchRunner(explainer, options).run(discover([tmp_path], exclude=tmp_path / "out")))
+    assert len(records) == 2 * len(sizes) and all(r.status == "ok" for r in records), records
+    alone_results = {}
+    for record in records:
+        if record.input not in alone_results:
+            alone_results[record.input] = explainer.explain(record.input, top_k=2)
+        alone = alone_results[record.input]
+        (match,) = [e for e in alone.explanations if e.target.index == record.target.index]
+        batched = np.load(record.outputs[1])
+        assert batched.shape == tuple(match.saliency.shape)
+        assert np.abs(batched - match.saliency.numpy()).max() <= 1e-4, record.input
+        assert batched.max() == pytest.approx(1.0)  # a real map, not a constant
+        assert abs(record.target.probability - match.target.probability) < 1e-5
+
+
+def fake_sample(index: int, shape: tuple[int, int], pixels: int = 100) -> _Sample:
+    return _Sample(index, torch.zeros(3, *shape), torch.zeros(pixels, 1, 3, dtype=torch.uint8), None)
+
+
+def test_buckets_hold_one_shape_each_and_never_hold_many_samples():
+    shapes = [(224, 224 + (i * 7919) % 5) for i in range(500)]  # five shapes, interleaved
+    pulled = 0
+
+    def stream():
+        nonlocal pulled
+        for i, shape in enumerate(shapes):
+            pulled += 1
+            yield fake_sample(i, shape) if i % 50 else _Sample(i, None, None, "bad")
+
+    emitted = []
+    for batch in bucketed(stream(), batch_size=8):
+        assert len(batch) <= 8
+        assert len({tuple(s.tensor.shape) if s.tensor is not None else None for s in batch}) == 1
+        emitted.extend(s.index for s in batch)
+        assert pulled - len(emitted) <= 4 * 8  # samples waiting in buckets stay bounded
+    assert sorted(emitted) == list(range(500))
+
+
+def test_buckets_flush_early_when_images_are_large():
+    stream = (fake_sample(i, (224, 224 + i), pixels=30_000_000) for i in range(5))
+    batches = list(bucketed(stream, batch_size=8, max_waiting_pixels=64_000_000))
+    assert max(len(b) for b in batches) == 1 and len(batches) == 5
+
+
+def test_network_input_of_extreme_aspect_ratios_is_capped():
+    assert InputSpec().resized_shape(40, 4000) == (9, 896)
+    assert InputSpec().resized_shape(4000, 1) == (896, 1)
+    assert InputSpec().resized_shape(480, 640) == (224, 299)
+
+
+def test_extreme_aspect_ratio_images_are_explained(tmp_path, square_model):
+    square_image(size=(4000, 40), box=(3000, 5, 3030, 35)).save(tmp_path / "strip.png")
+    square_image(size=(30, 2000), box=(5, 100, 25, 120), colour="green").save(tmp_path / "pole.png")
+    options = RunOptions(output_dir=tmp_path / "out", save_raw=True)
+    images = discover([tmp_path / "strip.png", tmp_path / "pole.png"])
+    records = list(BatchRunner(Explainer(square_model, "features"), options).run(images))
+    assert [r.status for r in records] == ["ok", "ok"], records
+    assert Image.open(records[0].outputs[0]).size == (4000, 40)
+    saliency = np.load(records[0].outputs[1])
+    assert 2990 <= np.unravel_index(saliency.argmax(), saliency.shape)[1] <= 3040  # the map still finds the square
+
+
+@pytest.mark.slow
+def test_a_48_megapixel_photo_is_downscaled_to_max_side_not_refused(tmp_path, square_model):
+    big = Image.new("RGB", (8000, 6000), (128, 128, 128))
+    big.paste((230, 20, 20), (6000, 1000, 6400, 1400))
+    big.save(tmp_path / "big.jpg", quality=85)
+    del big
+    options = RunOptions(output_dir=tmp_path / "out", save_raw=True, image_format="jpg")
+    started = time.perf_counter()
+    (record,) = BatchRunner(Explainer(square_model, "features"), options).run(discover([tmp_path / "big.jpg"]))
+    assert record.status == "ok", record.error
+    assert Image.open(record.outputs[0]).size == (4096, 3072)
+    assert np.load(record.outputs[1]).shape == (3072, 4096)
+    assert time.perf_counter() - started < 60
+
+
+def run_batch(explainer: Explainer, inputs: list[Path], **options) -> list:
+    out = options.pop("output_dir")
+    runner = BatchRunner(explainer, RunOptions(output_dir=out, **options))
+    return list(runner.run(discover(inputs, exclude=out)))
+
+
+def test_bad_files_each_give_one_error_row_and_the_batch_goes_on(tmp_path, square_model, monkeypatch):
+    folder = tmp_path / "in"
+    bad = make_bad_files(folder)
+    for i in range(3):
+        square_image().save(folder / f"good{i}.png")
+    unreadable = folder / "locked.jpg"
+    unreadable.write_bytes(jpeg_bytes(square_image()))
+    if os.geteuid() == 0:  # root reads a chmod 000 file: make opening it fail as it would for anyone else
+        real_open = Image.open
+
+        def locked_open(fp, *args, **kwargs):
+            if Path(fp) == unreadable:
+                raise PermissionError(13, "Permission denied", str(fp))
+            return real_open(fp, *args, **kwargs)
+
+        monkeypatch.setattr(Image, "open", locked_open)
+    unreadable.chmod(0)
+    bad["locked.jpg"] = "permission denied"
+    try:
+        records = run_batch(Explainer(square_model, "features"), [folder], output_dir=tmp_path / "out", workers=0)
+    finally:
+        unreadable.chmod(0o644)
+    by_name = {Path(r.input).name: r for r in records}
+    assert len(records) == len(by_name) == len(bad) + 3
+    for name, word in bad.items():
+        row = by_name[name]
+        assert row.status == "error" and row.outputs == [], name
+        assert name in row.error and word in row.error.lower(), row.error
+        assert "\n" not in row.error
+    assert all(by_name[f"good{i}.png"].status == "ok" for i in range(3))
+
+
+def test_decoding_in_worker_processes_isolates_bad_files_too(tmp_path, square_model):
+    folder = tmp_path / "in"
+    make_bad_files(folder)
+    square_image().save(folder / "good.png")
+    records = run_batch(Explainer(square_model, "features"), [folder], output_dir=tmp_path / "out", workers=2)
+    assert sorted(r.status for r in records).count("ok") == 1
+    assert all(r.error for r in records if r.status == "error")
+
+
+def test_an_input_file_is_never_overwritten(tmp_path, square_model):
+    square_image().save(tmp_path / "x.png")
+    victim = tmp_path / "x_gradcam_0-red.png"  # exactly the name x.png's overlay would get
+    victim.write_bytes(b"precious")
+    records = run_batch(
+        Explainer(square_model, "features"), [tmp_path / "x.png", victim], output_dir=tmp_path, target=0
+    )
+    (row,) = [r for r in records if r.input == str(tmp_path / "x.png")]
+    assert row.status == "error" and "refusing to overwrite" in row.error
+    assert victim.read_bytes() == b"precious"
+
+
+def test_write_failures_are_an_error_row_not_a_crash(tmp_path, square_model):
+    (tmp_path / "in" / "sub").mkdir(parents=True)
+    square_image().save(tmp_path / "in" / "sub" / "a.png")
+    square_image().save(tmp_path / "in" / "b.png")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "sub").write_text("a file where the output folder should be")
+    records = run_batch(Explainer(square_model, "features"), [tmp_path / "in"], output_dir=out)
+    status = {Path(r.input).name: r for r in records}
+    assert status["b.png"].status == "ok"
+    assert status["a.png"].status == "error" and "cannot write" in status["a.png"].error
+
+
+def test_skip_existing_skips_only_images_whose_outputs_all_exist(tmp_path, square_model):
+    for i in range(4):
+        square_image(colour=["red", "green", "blue", "red"][i]).save(tmp_path / f"img{i}.png")
+    explainer = Explainer(square_model, "features")
+    out = tmp_path / "out"
+    first = run_batch(explainer, [tmp_path], output_dir=out, save_raw=True, top_k=2)
+    assert len(first) == 8 and all(r.status == "ok" for r in first)
+    next(out.glob("img1_gradcam_*.npy")).unlink()
+    again = run_batch(explainer, [tmp_path], output_dir=out, save_raw=True, top_k=2, skip_existing=True)
+    statuses = {Path(r.input).name: r.status for r in again}
+    assert statuses == {"img0.png": "skipped", "img1.png": "ok", "img2.png": "skipped", "img3.png": "skipped"}
+    skipped = next(r for r in again if r.status == "skipped")
+    assert len(skipped.outputs) == 4 and all(Path(p).exists() for p in skipped.outputs)
+    # asking for more classes than were written: nothing is complete
+    more = run_batch(explainer, [tmp_path], output_dir=out, save_raw=True, top_k=3, skip_existing=True)
+    assert all(r.status == "ok" for r in more)
+
+
+def test_writers_lag_the_model_by_a_bounded_number_of_images(tmp_path, square_model):
+    for i in range(40):
+        square_image(size=(64, 48)).save(tmp_path / f"i{i:02d}.png")
+
+    def slow_write(job, path):
+        time.sleep(0.002)
+
+    class Counting(BatchRunner):
+        submitted = 0
+
+        def output_kinds(self):
+            return [OutputKind("slow", True, lambda r, i, e: r.options.output_dir / f"{i.output_stem}.x", slow_write)]
+
+        def _submit(self, *args):
+            Counting.submitted += 1
+            return super()._submit(*args)
+
+    options = RunOptions(output_dir=tmp_path / "out", batch_size=4, writers=1)
+    finished, lag = 0, 0
+    for _ in Counting(Explainer(square_model, "features"), options).run(discover([tmp_path])):
+        finished += 1
+        lag = max(lag, Counting.submitted - finished)
+    assert finished == 40
+    assert lag <= options.batch_size + 2 * options.writers + 1
+
+
+def cli(*args: str):
+    return CliRunner().invoke(app, [*args])
+
+
+def test_cli_exit_codes_and_one_stderr_line_per_bad_file(tmp_path):
+    folder = tmp_path / "in"
+    bad = make_bad_files(folder)
+    square_image().save(folder / "good.png")
+    out = tmp_path / "out"
+    result = cli(str(folder), "-m", SQUARE_MODEL, "-o", str(out), "--workers", "0")
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == len(bad)
+    for name in bad:
+        assert sum(name in line for line in lines) == 1, name
+    assert "1 ok, 7 failed, 0 skipped" in result.stderr
+    assert "images/s" in result.stderr
+    ok = cli(str(folder / "good.png"), "-m", SQUARE_MODEL, "-o", str(out), "--workers", "0", "-q")
+    assert ok.exit_code == 0 and ok.stderr == ""
+    usage = cli(str(tmp_path / "missing"), "-m", SQUARE_MODEL)
+    assert usage.exit_code == 2 and "no such file" in usage.stderr
+    bad_option = cli(str(folder), "-m", SQUARE_MODEL, "--batch-size", "0")
+    assert bad_option.exit_code == 2
+
+
+@pytest.mark.slow
+def test_installed_cli_reports_bad_files_without_tracebacks(tmp_path):
+    folder = tmp_path / "in"
+    bad = make_bad_files(folder)
+    for i in range(3):
+        square_image().save(folder / f"good{i}.png")
+    command = [*gradcam_command(), str(folder), "-m", SQUARE_MODEL, "-o", str(tmp_path / "out"), "--workers", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert sorted(next(n for n in bad if n in line) for line in errors) == sorted(bad)
+    assert result.stderr.strip().splitlines()[-1].startswith("done: 3 ok, 7 failed, 0 skipped in ")
+    assert "\x1b[" not in result.stderr  # no progress bar when stderr is not a terminal
+
+
+@pytest.mark.slow
+def test_progress_bar_shows_on_a_terminal_only(tmp_path):
+    import pty
+
+    for i in range(12):
+        square_image(size=(64, 48)).save(tmp_path / f"i{i}.png")
+    base = [*gradcam_command(), str(tmp_path), "-m", SQUARE_MODEL, "-o", str(tmp_path / "out"), "--workers", "0"]
+    shown = _stderr_on_a_terminal([*base, "--batch-size", "1"], pty)
+    assert "12/12" in shown and "img/s" in shown and "done: 12 ok, 0 failed, 0 skipped" in shown
+    quiet = _stderr_on_a_terminal([*base, "-q"], pty)
+    assert "12/12" not in quiet and "done:" not in quiet
+
+
+def _stderr_on_a_terminal(command: list[str], pty) -> str:
+    main, child = pty.openpty()
+    env = {**os.environ, "COLUMNS": "120", "TERM": "xterm"}
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=child, env=env)
+    os.close(child)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    process.wait(timeout=120)
+    os.close(main)
+    assert process.returncode == 0
+    return b"".join(chunks).decode(errors="replace")

@@ -1,0 +1,161 @@
+"""The --manifest record (JSON lines or CSV), and resuming a killed run with --skip-existing."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from square_model import square_image
+from typer.testing import CliRunner
+
+from gradcam_cli.batch import Record
+from gradcam_cli.cli import app
+from gradcam_cli.errors import UsageError
+from gradcam_cli.explain import Prediction
+from gradcam_cli.manifest import CSV_FIELDS, ManifestWriter
+from gradcam_cli.render import TEMP_MARKER
+
+ROOT = Path(__file__).resolve().parent.parent
+SQUARE_MODEL = f"{ROOT / 'tests' / 'square_model.py'}:build"
+FIELDS = ["input", "status", "error", "outputs", "predictions", "target", "method", "layer", "model", "seconds"]
+
+
+def gradcam_command() -> list[str]:
+    script = Path(sys.executable).parent / "gradcam"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "gradcam_cli"]
+
+
+def sample_records() -> list[Record]:
+    red = Prediction(0, "red", 0.9)
+    return [
+        Record("a.png", "ok", "m", "features", "gradcam", red, [red], ["out/a_gradcam_0-red.png"], None, 0.01),
+        Record("b.png", "error", "m", "features", error='b.png: not an image, "quoted", comma'),
+        Record("c.png", "skipped", "m", "features", outputs=["out/c_gradcam_0-red.png"]),
+    ]
+
+
+def test_jsonl_rows_have_every_field(tmp_path):
+    path = tmp_path / "deep" / "m.jsonl"
+    with ManifestWriter(path) as writer:
+        for record in sample_records():
+            writer.write(record)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [list(row) for row in rows] == [FIELDS] * 3 and CSV_FIELDS == FIELDS
+    assert rows[0]["target"] == {"index": 0, "name": "red", "probability": 0.9}
+    assert rows[1]["status"] == "error" and rows[1]["outputs"] == []
+    assert rows[2]["status"] == "skipped"
+
+
+def test_csv_rows_round_trip_with_json_cells(tmp_path):
+    path = tmp_path / "m.CSV"
+    with ManifestWriter(path) as writer:
+        for record in sample_records():
+            writer.write(record)
+    with path.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(rows[0]) == FIELDS and len(rows) == 3
+    assert json.loads(rows[0]["outputs"]) == ["out/a_gradcam_0-red.png"]
+    assert json.loads(rows[0]["target"])["name"] == "red"
+    assert rows[1]["error"] == 'b.png: not an image, "quoted", comma'
+    assert rows[1]["target"] == "" and float(rows[0]["seconds"]) == 0.01
+
+
+def test_other_suffixes_are_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match=r"\.jsonl or \.csv"):
+        ManifestWriter(tmp_path / "m.json")
+
+
+def test_cli_manifest_has_one_row_per_image_target_and_method(tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i, colour in enumerate(["red", "green", "blue"]):
+        square_image(colour=colour).save(folder / f"sq{i}.png")
+    (folder / "broken.jpg").write_text("nope")
+    manifest = tmp_path / "run.jsonl"
+    args = [str(folder), "-m", SQUARE_MODEL, "-o", str(tmp_path / "out"), "--workers", "0", "--top-k", "2"]
+    result = CliRunner().invoke(app, [*args, "--save-raw", "--manifest", str(manifest)])
+    assert result.exit_code == 1, result.output
+    rows = [json.loads(line) for line in manifest.read_text().splitlines()]
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert len(ok) == 6 and len(rows) == 7
+    for row in ok:
+        assert row["method"] == "gradcam" and row["layer"] == "features" and row["model"] == SQUARE_MODEL
+        assert len(row["outputs"]) == 2 and all(Path(p).exists() for p in row["outputs"])
+        assert row["outputs"][1].endswith(".npy") and row["seconds"] > 0
+        assert row["target"]["index"] in [p["index"] for p in row["predictions"]]
+    for i in range(3):  # two rows (the top two classes) per image
+        assert len({r["target"]["index"] for r in ok if r["input"] == str(folder / f"sq{i}.png")}) == 2
+    (error,) = [r for r in rows if r["status"] == "error"]
+    assert "broken.jpg" in error["error"] and error["input"].endswith("broken.jpg")
+
+    again = CliRunner().invoke(app, [*args, "--save-raw", "--skip-existing", "--manifest", str(tmp_path / "m.csv")])
+    assert again.exit_code == 1
+    with (tmp_path / "m.csv").open(newline="") as handle:
+        statuses = sorted(row["status"] for row in csv.DictReader(handle))
+    assert statuses == ["error", "skipped", "skipped", "skipped"]
+
+
+def _complete(path: Path) -> None:
+    """Raise unless ``path`` is a whole output: an image that decodes fully, or an .npy that loads."""
+    if path.suffix == ".npy":
+        array = np.load(path)
+        assert array.ndim == 2 and np.isfinite(array).all()
+    elif path.suffix != ".jsonl":
+        with Image.open(path) as image:
+            image.load()
+
+
+@pytest.mark.slow
+def test_a_run_killed_midway_leaves_only_complete_files_and_resumes(tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    count = 40
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        noise = rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)  # noisy images: each PNG takes a while
+        image = np.asarray(square_image(size=(640, 480), colour=["red", "green", "blue"][i % 3]))
+        Image.fromarray(((image.astype(np.uint16) * 3 + noise) // 4).astype(np.uint8)).save(folder / f"im{i:02d}.png")
+    out = tmp_path / "out"
+    base = [*gradcam_command(), str(folder), "-m", SQUARE_MODEL, "-o", str(out), "--save-raw", "--batch-size", "2"]
+    process = subprocess.Popen(
+        [*base, "--manifest", str(out / "first.jsonl"), "--workers", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(list(out.glob("*.npy"))) < 6 and process.poll() is None:
+        time.sleep(0.005)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    assert process.returncode == -signal.SIGKILL, "the run finished before it could be killed: use more images"
+    finished = list(out.glob("*.png")) + list(out.glob("*.npy"))
+    assert 0 < len(finished) < 2 * count
+    for path in finished:
+        _complete(path)
+    leftovers = [p for p in out.rglob("*") if TEMP_MARKER in p.name]
+    assert leftovers == [], "a killed run left temporary files"
+
+    result = subprocess.run(
+        [*base, "--skip-existing", "--manifest", str(out / "resume.jsonl")], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in (out / "resume.jsonl").read_text().splitlines()]
+    assert len(rows) == count and {row["status"] for row in rows} == {"ok", "skipped"}
+    skipped = sum(row["status"] == "skipped" for row in rows)
+    assert skipped >= 1
+    for i in range(count):
+        (overlay,) = out.glob(f"im{i:02d}_gradcam_*.png")
+        (raw,) = out.glob(f"im{i:02d}_gradcam_*.npy")
+        _complete(overlay)
+        _complete(raw)
+    assert not [p for p in out.rglob("*") if TEMP_MARKER in p.name]
+    assert os.path.getsize(out / "resume.jsonl") > 0
