@@ -144,12 +144,18 @@ def _run(reporter: Reporter, args: dict[str, Any]) -> int:
         reporter.error(failure.error or f"{failure.image}: failed")
     if report.unmatched_boxes:
         reporter.info(f"{report.unmatched_boxes} box(es) name no input image and were ignored")
+    unboxed = [image for image in report.ok if not any(s.boxes for s in image.methods.values())]
+    if boxes and unboxed:
+        reporter.info(f"{len(unboxed)} image(s) have no boxes: scored for faithfulness only")
     if args["as_json"]:
         print(json.dumps(report.to_dict()), flush=True)
     for line in format_report(report):
         reporter.result(line)
     if plot is not None and report.ok:
-        write_plot(report, plot)
+        try:
+            write_plot(report, plot)
+        except OSError as error:
+            raise UsageError(f"cannot write --plot {plot}: {error.strerror or error}") from error
         reporter.info(f"curves plotted to {plot}")
     reporter.info(f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {elapsed:.1f}s")
     return EXIT_IMAGE_FAILED if report.failed else EXIT_OK

@@ -132,8 +132,8 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
     """
     if a.shape != b.shape:
         raise ValueError(f"maps differ in shape: {tuple(a.shape)} vs {tuple(b.shape)}")
-    ra = average_ranks(a.flatten().float())
-    rb = average_ranks(b.flatten().to(a.device).float())
+    ra = average_ranks(a.detach().flatten().float().cpu())  # on the CPU: float64 ranks (MPS has no float64)
+    rb = average_ranks(b.detach().flatten().float().cpu())
     ra, rb = ra - ra.mean(), rb - rb.mean()
     norm_a, norm_b = float(ra.norm()), float(rb.norm())
     if norm_a == 0.0 or norm_b == 0.0:

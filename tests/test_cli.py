@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.error
@@ -85,7 +86,7 @@ def test_json_lines_one_per_image_and_target(tmp_path, images):
     assert len(rows) == 2 * 2
     assert {Path(r["input"]).name for r in rows} == {"wide.png", "tall.png"}
     for row in rows:
-        assert JSON_KEYS <= row.keys()
+        assert row.keys() >= JSON_KEYS
         assert row["model"] == "resnet18" and row["layer"] == "layer4" and row["method"] == "gradcam"
         predictions = row["predictions"]
         assert len(predictions) == 5
@@ -130,7 +131,9 @@ def test_top_k_writes_one_distinct_overlay_per_class(images, labels, tmp_path):
 
 def test_target_class_by_name(images, labels, tmp_path):
     out = tmp_path / "out"
-    result = run(images / "wide.png", *square_args(labels, out, "--target-class", "RED", "--json", "--layer", "features"))
+    result = run(
+        images / "wide.png", *square_args(labels, out, "--target-class", "RED", "--json", "--layer", "features")
+    )
     assert result.exit_code == EXIT_OK, result.output
     (row,) = json_rows(result)
     assert row["target"]["index"] == 0 and row["target"]["name"] == "red"
@@ -146,6 +149,8 @@ def test_list_layers_shows_every_module_shape_default_and_repeats(tmp_path):
     rows = {line[2:].split()[0]: line for line in table.splitlines()}  # "M name type shape [xN]"
     names = {name for name, _ in torchvision.models.resnet18().named_modules() if name}
     assert names <= rows.keys()
+    shape = re.compile(r"\s1x\d+(x\d+)*\s")  # every module ran, so every line has its output shape
+    assert all(shape.search(rows[name] + " ") for name in names), [rows[n] for n in names if not shape.search(rows[n])]
     assert [name for name, line in rows.items() if line.startswith("*")] == ["layer4"]
     assert "1x512x7x7" in rows["layer4"]
     assert rows["layer4.1.relu"].rstrip().endswith("x2")  # runs twice per forward
@@ -225,7 +230,9 @@ def test_cuda_without_cuda_is_a_one_line_usage_error(images, labels, tmp_path, m
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     result = run(images / "wide.png", *square_args(labels, tmp_path / "out", "--device", "cuda"))
     assert result.exit_code == EXIT_USAGE
-    assert stderr_lines(result) == ["error: --device cuda was asked for, but no CUDA GPU is available; use --device cpu"]
+    assert stderr_lines(result) == [
+        "error: --device cuda was asked for, but no CUDA GPU is available; use --device cpu"
+    ]
 
 
 def test_outputs_are_never_written_over_an_input(images, labels):
@@ -256,7 +263,9 @@ def test_help_does_not_import_torch():
         "try:\n    c.main()\nexcept SystemExit:\n    pass\n"
         "print('torch' in sys.modules)"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(), timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(), timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert "--layer" in done.stdout and "Exit codes" in done.stdout
     assert done.stdout.strip().splitlines()[-1] == "False"

@@ -69,7 +69,9 @@ def capture(model: nn.Module, layer: str, inputs: torch.Tensor, cls: int) -> tup
 
 def tiny_densenet() -> nn.Module:
     """torchvision's DenseNet class (its forward does ``F.relu(features, inplace=True)``), small."""
-    return torchvision.models.DenseNet(growth_rate=8, block_config=(2, 2), num_init_features=16, bn_size=2, num_classes=10)
+    return torchvision.models.DenseNet(
+        growth_rate=8, block_config=(2, 2), num_init_features=16, bn_size=2, num_classes=10
+    )
 
 
 @pytest.fixture(scope="module")

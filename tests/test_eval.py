@@ -322,6 +322,11 @@ def test_cli_eval_errors(monkeypatch, capsys, square_dir: Path) -> None:
     code, _, err = run_cli(monkeypatch, capsys, "eval", *common, "--plot", "curves.gif")
     assert code == EXIT_USAGE and "--plot curves.gif" in err
 
+    blocker = square_dir.parent / "file.txt"
+    blocker.write_text("a file where the plot's folder should be")
+    code, _, err = run_cli(monkeypatch, capsys, "eval", *common, "--quiet", "--plot", str(blocker / "curves.png"))
+    assert code == EXIT_USAGE and err.startswith(f"error: cannot write --plot {blocker / 'curves.png'}")
+
     nowhere = square_dir.parent / "nowhere.csv"
     nowhere.write_text("zzz.png,1,2,30,40\n")
     code, _, err = run_cli(monkeypatch, capsys, "eval", *common, "--boxes", str(nowhere))

@@ -245,7 +245,7 @@ def test_target_by_index_or_case_insensitive_name(imagenet_model, text, index):
 
 
 def test_target_name_typo_gets_a_suggestion(imagenet_model):
-    with pytest.raises(UsageError, match="unknown class 'egyptain cat'. Did you mean: Egyptian cat"):
+    with pytest.raises(UsageError, match=r"unknown class 'egyptain cat'\. Did you mean: Egyptian cat"):
         resolve_target(imagenet_model, "egyptain cat")
 
 

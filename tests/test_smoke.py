@@ -48,7 +48,7 @@ def test_installed_cli_explains_the_sample_photos_and_finds_the_cat(tmp_path):
             assert drawn.size == original.size
         saliency = np.load(raw)
         assert saliency.dtype == np.float32 and saliency.shape == original.size[::-1]
-        assert 0.0 <= saliency.min() and saliency.max() == pytest.approx(1.0)
+        assert saliency.min() >= 0.0 and saliency.max() == pytest.approx(1.0)
 
     chelsea = next(r for r in rows if r["input"].endswith("chelsea.jpg"))
     top1 = chelsea["predictions"][0]

@@ -1,0 +1,90 @@
+"""Each CAM method's cost relative to a plain forward pass: ResNet-50 (random weights), one 224x224 image.
+
+The baseline is ``model(x)`` under ``torch.no_grad()``. A method's time is :meth:`Explainer.compute` for one
+target (hooks, forward, the backward pass if the method needs one, the method itself; no upsampling or file
+writing). Times are medians over ``--repeats`` runs after a warm-up; scorecam (2,048 masked forward passes,
+batched ``--score-batch-size`` at a time) runs ``--scorecam-repeats`` times without a warm-up.
+
+Usage: ``python benchmarks/bench_methods.py [--device cpu|cuda] [--repeats N] [--skip-scorecam]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torchvision
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gradcam_cli.explain import Explainer
+from gradcam_cli.methods import METHODS, SCORECAM_BATCH_SIZE
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(function, device: torch.device, repeats: int, warm_up: bool = True) -> float:
+    """Median wall time of ``function()`` over ``repeats`` runs, after one warm-up run."""
+    if warm_up:
+        function()
+        _sync(device)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        function()
+        _sync(device)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--scorecam-repeats", type=int, default=1)
+    parser.add_argument("--score-batch-size", type=int, default=SCORECAM_BATCH_SIZE)
+    parser.add_argument("--skip-scorecam", action="store_true")
+    args = parser.parse_args()
+
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50(weights=None).eval().to(device)
+    inputs = torch.randn(1, 3, 224, 224, device=device)
+    with torch.no_grad():
+        target = int(model(inputs).argmax())
+
+    def forward() -> None:
+        with torch.no_grad():
+            model(inputs)
+
+    baseline = timed(forward, device, args.repeats)
+    threads = f", {torch.get_num_threads()} CPU threads" if device.type == "cpu" else ""
+    print(f"resnet50 (random weights), 1x3x224x224 on {device}{threads}; layer4; one target")
+    print(f"{'plain forward pass':<34} {baseline * 1000:9.1f} ms   1.00x")
+
+    cases: list[tuple[str, list[str], dict]] = [(name, [name], {}) for name in METHODS]
+    cases += [
+        ("5 gradient methods, one run", ["gradcam", "gradcam++", "xgradcam", "hirescam", "layercam"], {}),
+        ("gradcam --eigen-smooth", ["gradcam"], {"eigen_smooth": True}),
+        ("gradcam --aug-smooth", ["gradcam"], {"aug_smooth": True}),
+    ]
+    for label, methods, options in cases:
+        if args.skip_scorecam and "scorecam" in methods:
+            continue
+        explainer = Explainer(model, "layer4", methods, score_batch_size=args.score_batch_size, **options)
+        many = "scorecam" in methods  # 2,048 forward passes: no separate warm-up run needed
+        repeats = args.scorecam_repeats if many else args.repeats
+        seconds = timed(lambda e=explainer: e.compute(inputs, target=target), device, repeats, warm_up=not many)
+        print(f"{label:<34} {seconds * 1000:9.1f} ms {seconds / baseline:7.2f}x", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
