@@ -357,6 +357,7 @@ class BatchRunner:
         self.model_name = explainer.model.name
         self.layer_label = "+".join(explainer.layer_names)
         self.kinds = self.output_kinds()
+        self._channels_last = explainer.device.type == "cpu"
 
     def output_kinds(self) -> list[OutputKind]:
         """The files written for each image, in the order they are listed in a record's ``outputs``."""
@@ -470,9 +471,7 @@ class BatchRunner:
         started = time.perf_counter()
         sizes = [tuple(sample.pixels.shape[:2]) for sample in batch]
         try:
-            results = self.explainer.explain_batch(
-                torch.stack([sample.tensor for sample in batch]), sizes, self.options.target, self.options.top_k
-            )
+            results = self._explain(torch.stack([sample.tensor for sample in batch]), sizes)
         except GradcamError:
             raise
         except Exception as error:
@@ -487,6 +486,22 @@ class BatchRunner:
             item.seconds = seconds
             items.append(item)
         return items
+
+    def _explain(self, inputs: torch.Tensor, sizes: list[tuple[int, ...]]) -> list[ImageExplanation]:
+        """The explainer on one batch. On the CPU the batch goes in channels-last: oneDNN's convolutions run about
+        a fifth faster so, and the maps differ from a contiguous input's by about 1e-6. A model that cannot take
+        such an input (one that calls ``.view`` on it) gets contiguous batches from then on."""
+        o = self.options
+        if self._channels_last and inputs.dim() == 4:
+            try:
+                return self.explainer.explain_batch(
+                    inputs.contiguous(memory_format=torch.channels_last), sizes, o.target, o.top_k
+                )
+            except GradcamError:
+                raise
+            except Exception:
+                self._channels_last = False
+        return self.explainer.explain_batch(inputs, sizes, o.target, o.top_k)
 
     def _submit(
         self,

@@ -7,7 +7,9 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-NORMALISE_EPS = 1e-12
+NORMALISE_EPS = 1.1754944e-38
+"""Absolute floor for a map's span (float32's smallest normal number): any larger span is scaled to [0, 1], since
+a map's magnitude carries no meaning (random-weight EfficientNet-B0 maps peak at ~1e-15 and are still maps)."""
 CONSTANT_RTOL = 1e-5
 """A map whose values differ by less than this fraction of their magnitude counts as constant: bilinear
 upsampling of a constant float32 map leaves a few ulps of noise, which min-max scaling would blow up to [0, 1]."""
