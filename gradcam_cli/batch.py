@@ -67,6 +67,9 @@ class RunOptions:
     max_side: int | None = DEFAULT_MAX_SIDE  # downscale larger images to this longer side first (None/0: never)
     writers: int = 2  # threads that blend, encode and write outputs while the model runs
 
+    def __post_init__(self) -> None:
+        self.output_dir = Path(self.output_dir)
+
 
 @dataclass
 class Record:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -479,6 +480,9 @@ class _PassProgress:
 
 def main() -> None:
     """Console-script entry point; ``gradcam eval ...`` goes to :mod:`gradcam_cli.cli_eval`."""
+    # Before torch loads OpenMP: threads that wait sleep instead of spinning. Spinning threads fight the decoding
+    # processes, the writer threads and any other program for the cores (several times slower on a busy machine).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if sys.argv[1:2] == ["eval"]:
         from .cli_eval import main as eval_main
 

@@ -48,9 +48,10 @@ class InputSpec:
 def load_image(path: str | Path, max_side: int | None = None) -> Image.Image:
     """Open an image as RGB with its EXIF orientation applied; raise ImageError with a one-line reason.
 
-    ``max_side``: downscale images whose longer side is larger to exactly that (aspect kept). A JPEG is then
-    decoded at 1/2, 1/4 or 1/8 scale where that still leaves at least ``max_side`` pixels (``Image.draft``),
-    so a 48 MP photo costs a fraction of its full decode.
+    ``max_side``: shrink images whose longer side is larger by the smallest whole factor that brings it within
+    ``max_side`` (8000 x 6000 becomes 4000 x 3000 at 4096), averaging each factor x factor block. A JPEG is
+    decoded at 1/2, 1/4 or 1/8 scale directly where that fits (``Image.draft``), so a 48 MP photo costs a
+    fraction of its full decode.
     """
     path = Path(path)
     try:
@@ -60,13 +61,13 @@ def load_image(path: str | Path, max_side: int | None = None) -> Image.Image:
                 if image.width * image.height > MAX_IMAGE_PIXELS:
                     raise Image.DecompressionBombError(path)
                 image.seek(0)
-                if max_side and max(image.size) > max_side:
-                    image.draft(None, fit_within(image.size, max_side))
+                factor = shrink_factor(image.size, max_side)
+                if factor > 1:
+                    image.draft(None, (-(-image.width // factor), -(-image.height // factor)))
                 image = ImageOps.exif_transpose(image)
                 image = image.convert("RGB")
-                if max_side and max(image.size) > max_side:
-                    image = image.resize(fit_within(image.size, max_side), Image.Resampling.BILINEAR, reducing_gap=3.0)
-                return image
+                factor = shrink_factor(image.size, max_side)
+                return image.reduce(factor) if factor > 1 else image
     except FileNotFoundError as error:
         raise ImageError(f"{path}: no such file") from error
     except IsADirectoryError as error:
@@ -81,10 +82,9 @@ def load_image(path: str | Path, max_side: int | None = None) -> Image.Image:
         raise ImageError(f"{path}: unreadable image ({error})") from error
 
 
-def fit_within(size: tuple[int, int], max_side: int) -> tuple[int, int]:
-    """(W, H) ``size`` scaled so that its longer side is ``max_side``, aspect kept (each side at least 1)."""
-    scale = max_side / max(size)
-    return max(1, round(size[0] * scale)), max(1, round(size[1] * scale))
+def shrink_factor(size: tuple[int, int], max_side: int | None) -> int:
+    """The smallest whole factor that brings the longer side of ``size`` within ``max_side`` (1: none needed)."""
+    return max(1, -(-max(size) // max_side)) if max_side else 1
 
 
 def to_input_tensor(image: Image.Image, spec: InputSpec) -> torch.Tensor:

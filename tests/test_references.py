@@ -42,9 +42,9 @@ in-place bug), so each model's BatchNorm running statistics are first calibrated
 activations and logits everywhere. A random net can also give an all-zero ReLU map for a class, making Pearson
 undefined: every map is asserted finite and clearly non-constant before its Pearson is computed.
 
-Cost. Each model is built once per module. The broad sweep is marked ``slow``; ``resnet18`` (``layer4``, and
-``layer4.1.bn2`` followed by ``out += identity``, square and non-square) stays in the quick subset, so that it too
-proves correctness, in-place handling included.
+Cost. Each model is built once per module. The broad sweep is marked ``slow``; ``resnet18`` (``layer4`` at 224x224
+and 224x320, and ``layer4.1.bn2`` followed by ``out += identity``) stays in the quick subset, so that it too proves
+correctness, in-place handling included.
 """
 
 from __future__ import annotations
@@ -172,8 +172,16 @@ def _calibrate_batchnorm(model: nn.Module) -> None:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _release_models():
+def _one_thread_and_release_models():
+    """One intra-op thread while this module runs; afterwards, the models are freed and the thread count restored.
+
+    Many small passes: on a busy 2-core machine (load 7), OpenMP's spin-waiting threads made this module take
+    343 s of wall time with 2 threads against 43 s with one (about 30 s of CPU either way, less the spinning).
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     yield
+    torch.set_num_threads(threads)
     _MODELS.clear()
     _OURS.clear()
     _AUTOGRAD.clear()
