@@ -399,16 +399,21 @@ class BatchRunner:
         limit_images = self.options.batch_size + 2 * self.options.writers
         pending: deque[_Pending] = deque()
         with ThreadPoolExecutor(max_workers=self.options.writers, thread_name_prefix="gradcam-writer") as pool:
-            for batch in bucketed(_decoded(samples), self.options.batch_size):
-                for item in self._process(batch, todo, inputs, pool):
-                    pending.append(item)
-                    # Hand back finished images; wait for the oldest while too many images or pixels are queued.
-                    while pending and (
-                        _done(pending[0])
-                        or len(pending) > limit_images
-                        or sum(p.pixels for p in pending) > WAITING_PIXELS
-                    ):
-                        yield from self._finish(pending.popleft(), on_image)
+            try:
+                for batch in bucketed(_decoded(samples), self.options.batch_size):
+                    for item in self._process(batch, todo, inputs, pool):
+                        pending.append(item)
+                        # Hand back finished images; wait for the oldest while too many images or pixels are queued.
+                        while pending and (
+                            _done(pending[0])
+                            or len(pending) > limit_images
+                            or sum(p.pixels for p in pending) > WAITING_PIXELS
+                        ):
+                            yield from self._finish(pending.popleft(), on_image)
+            except KeyboardInterrupt:  # Ctrl-C: what the writers have in hand is finished and recorded first
+                while pending:
+                    yield from self._finish(pending.popleft(), on_image)
+                raise
             while pending:
                 yield from self._finish(pending.popleft(), on_image)
 

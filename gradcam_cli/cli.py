@@ -141,8 +141,8 @@ def explain(
     max_side: Annotated[
         int,
         typer.Option(
-            help="Downscale images whose longer side is larger to this first, so overlays and maps are at most this "
-            "big (0: never; see Batch processing in the README).",
+            help="Shrink images whose longer side is larger by a whole factor first, so overlays and maps are at "
+            "most this big (0: never; see Batch processing in the README).",
             min=0,
         ),
     ] = 4096,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 from dataclasses import asdict
 from pathlib import Path
@@ -33,7 +34,8 @@ def record_to_dict(record: Record) -> dict[str, Any]:
     row = asdict(record)
     for prediction in [row["target"], *row["predictions"]]:
         if prediction is not None:
-            prediction["probability"] = round(prediction["probability"], 6)
+            probability = prediction["probability"]
+            prediction["probability"] = round(probability, 6) if math.isfinite(probability) else None  # valid JSON
     return {key: row[key] for key in CSV_FIELDS}
 
 
@@ -62,12 +64,19 @@ class ManifestWriter:
             cells = [json.dumps(v) if isinstance(v, (list, dict)) else ("" if v is None else v) for v in row.values()]
             self._write_csv(cells)
         else:
-            os.write(self.fd, (json.dumps(row) + "\n").encode())
+            self._write_all((json.dumps(row) + "\n").encode())
 
     def _write_csv(self, cells: list[Any]) -> None:
         buffer = io.StringIO()
         csv.writer(buffer, lineterminator="\n").writerow(cells)
-        os.write(self.fd, buffer.getvalue().encode())
+        # surrogateescape: a file name that is not valid UTF-8 is written back as the bytes it had
+        self._write_all(buffer.getvalue().encode("utf-8", "surrogateescape"))
+
+    def _write_all(self, data: bytes) -> None:
+        """One ``write`` per row, so rows never interleave or tear; the loop only matters for a full disk."""
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view) :]
 
     def __enter__(self) -> ManifestWriter:
         return self

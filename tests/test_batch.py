@@ -165,8 +165,11 @@ def test_a_48_megapixel_photo_is_downscaled_to_max_side_not_refused(tmp_path, sq
     started = time.perf_counter()
     (record,) = BatchRunner(Explainer(square_model, "features"), options).run(discover([tmp_path / "big.jpg"]))
     assert record.status == "ok", record.error
-    assert Image.open(record.outputs[0]).size == (4096, 3072)
-    assert np.load(record.outputs[1]).shape == (3072, 4096)
+    assert Image.open(record.outputs[0]).size == (4000, 3000)  # halved: the smallest whole factor within 4096
+    assert np.load(record.outputs[1]).shape == (3000, 4000)
+    saliency = np.load(record.outputs[1])
+    y, x = np.unravel_index(saliency.argmax(), saliency.shape)
+    assert 3000 - 20 <= x <= 3200 + 20 and 500 - 20 <= y <= 700 + 20  # the red square, at half scale
     assert time.perf_counter() - started < 60
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -158,4 +157,19 @@ def test_a_run_killed_midway_leaves_only_complete_files_and_resumes(tmp_path):
         _complete(overlay)
         _complete(raw)
     assert not [p for p in out.rglob("*") if TEMP_MARKER in p.name]
-    assert os.path.getsize(out / "resume.jsonl") > 0
+
+    # Ctrl-C instead: exit code 130, and every image whose files were written has its row
+    interrupted = tmp_path / "interrupted"
+    command = [*gradcam_command(), str(folder), "-m", SQUARE_MODEL, "-o", str(interrupted), "--batch-size", "2"]
+    command += ["--manifest", str(tmp_path / "ctrl-c.jsonl")]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(list(interrupted.glob("*.png"))) < 4 and process.poll() is None:
+        time.sleep(0.005)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and "interrupted" in stderr
+    rows = [json.loads(line) for line in (tmp_path / "ctrl-c.jsonl").read_text().splitlines()]
+    written = sorted(p.name for p in interrupted.glob("*.png"))
+    assert sorted(Path(row["outputs"][0]).name for row in rows) == written
