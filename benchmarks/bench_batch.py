@@ -244,7 +244,7 @@ def stage_profile(explainer, paths: list[Path]) -> None:
     """Single-threaded cost of each stage of one image (a batch of 8 for the model), in milliseconds."""
     import torch
 
-    from gradcam_cli.batch import blend_in_chunks
+    from gradcam_cli.batch import Blender
     from gradcam_cli.images import load_image, to_input_tensor, to_pixel_tensor
     from gradcam_cli.render import encode_image
 
@@ -272,7 +272,8 @@ def stage_profile(explainer, paths: list[Path]) -> None:
 
     table = colormap_table("jet")
     saliency = results[0].explanations[0].saliency
-    overlay = timed("blend overlay", lambda: blend_in_chunks(pixels, saliency, table, 0.5), repeat=10)
+    blender = Blender(table, 0.5)
+    overlay = timed("blend overlay", lambda: blender(pixels, saliency), repeat=10)
     timed("encode PNG", lambda: encode_image(overlay, ".png"), repeat=10)
     timed("encode JPEG", lambda: encode_image(overlay, ".jpg"), repeat=10)
     print(f"where one image's time goes (threads: torch {torch.get_num_threads()}, single calls):")

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -105,8 +106,7 @@ class WriteJob:
     def overlay(self) -> torch.Tensor:
         if self._overlay is None:
             assert self.explanation is not None
-            options = self.runner.options
-            self._overlay = blend_in_chunks(self.pixels, self.explanation.saliency, self.runner.table, options.alpha)
+            self._overlay = self.runner.blender(self.pixels, self.explanation.saliency)
         return self._overlay
 
 
@@ -188,16 +188,43 @@ THUMBNAIL = OutputKind("thumbnail", True, _thumbnail_path, _write_thumbnail, lis
 PANEL = OutputKind("panel", False, _panel_path, _write_panel)
 
 
-def blend_in_chunks(pixels: torch.Tensor, saliency: torch.Tensor, table: torch.Tensor, alpha: float) -> torch.Tensor:
-    """:func:`~gradcam_cli.render.blend` on the CPU, a band of rows at a time (same result, bounded memory)."""
-    height, width = pixels.shape[:2]
-    rows = max(1, BLEND_CHUNK_PIXELS // max(1, width))
-    if height <= rows:
-        return blend(pixels, saliency, table, alpha).cpu()
-    out = torch.empty((height, width, 3), dtype=torch.uint8)
-    for top in range(0, height, rows):
-        out[top : top + rows] = blend(pixels[top : top + rows], saliency[top : top + rows], table, alpha).cpu()
-    return out
+class Blender:
+    """:func:`~gradcam_cli.render.blend`, bit for bit, by table look-up: a few times faster, and in small memory.
+
+    ``blend`` is a function of each pixel's value (0-255, per channel) and its colour index (the map value scaled
+    to the table), so ``blend`` itself, run once over every (index, value) pair, gives a table from which an
+    overlay is two integer operations and a gather per channel. Large images go a band of rows at a time.
+    """
+
+    def __init__(self, table: torch.Tensor, alpha: float) -> None:
+        self.table, self.alpha = table, alpha
+        size = table.shape[0]
+        levels = torch.arange(size, dtype=torch.float32).view(size, 1).expand(size, 256) / (size - 1)
+        values = torch.arange(256, dtype=torch.uint8).view(1, 256, 1).expand(size, 256, 3).contiguous()
+        exact = bool((self._index(levels) == torch.arange(size, dtype=torch.int32).view(size, 1)).all())
+        lut = blend(values, levels, table.cpu(), alpha).numpy()  # (colour index, pixel value, channel)
+        self.lut = np.ascontiguousarray(lut.transpose(0, 2, 1)).reshape(-1) if exact else None
+        self.offsets = np.arange(3, dtype=np.int32) * 256
+
+    def _index(self, saliency: torch.Tensor) -> torch.Tensor:
+        """The colour index exactly as :func:`~gradcam_cli.render.colorize` computes it."""
+        return (saliency.clamp(0.0, 1.0) * (self.table.shape[0] - 1)).round().to(torch.int32)
+
+    def __call__(self, pixels: torch.Tensor, saliency: torch.Tensor) -> torch.Tensor:
+        """The (H, W, 3) uint8 overlay of (H, W, 3) uint8 ``pixels`` and an (H, W) map in [0, 1], on the CPU."""
+        height, width = pixels.shape[:2]
+        rows = max(1, BLEND_CHUNK_PIXELS // max(1, width))
+        out = torch.empty((height, width, 3), dtype=torch.uint8)
+        for top in range(0, height, rows):
+            out[top : top + rows] = self._blend(pixels[top : top + rows], saliency[top : top + rows])
+        return out
+
+    def _blend(self, pixels: torch.Tensor, saliency: torch.Tensor) -> torch.Tensor:
+        if self.lut is None or saliency.device.type != "cpu" or pixels.dtype != torch.uint8:
+            return blend(pixels, saliency, self.table, self.alpha).cpu()
+        index = self._index(saliency.detach()).numpy()
+        flat = index[..., None] * (3 * 256) + self.offsets + pixels.numpy()
+        return torch.from_numpy(np.take(self.lut, flat))
 
 
 @dataclass
@@ -357,6 +384,7 @@ class BatchRunner:
         self.explainer = explainer
         self.options = options
         self.table = colormap_table(options.colormap, explainer.device)
+        self.blender = Blender(self.table, options.alpha)
         self.model_name = explainer.model.name
         self.layer_label = "+".join(explainer.layer_names)
         self.kinds = self.output_kinds()

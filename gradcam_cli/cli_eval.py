@@ -6,7 +6,6 @@ cannot be a typer subcommand beside it).
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import sys
@@ -20,7 +19,7 @@ from .cli import Reporter, _build_explainer, _progress
 from .errors import EXIT_IMAGE_FAILED, EXIT_INTERRUPTED, EXIT_OK, GradcamError, UsageError
 
 if TYPE_CHECKING:
-    from .evaluate import EvalReport
+    from .eval_report import EvalReport
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
@@ -118,8 +117,10 @@ def _run(reporter: Reporter, args: dict[str, Any]) -> int:
     if plot is not None and plot.suffix.lower() not in PLOT_FORMATS:
         raise UsageError(f"--plot {plot}: use a file ending in {', '.join(PLOT_FORMATS)}")
 
+    from .boxes import read_boxes
     from .discovery import discover
-    from .evaluate import EvalOptions, Evaluator, read_boxes
+    from .eval_report import EvalOptions, write_plot
+    from .evaluate import Evaluator
     from .models import resolve_target
 
     images = discover(args["inputs"])
@@ -242,37 +243,6 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
         ).rstrip()
         for row in [header, *rows]
     ]
-
-
-def write_plot(report: EvalReport, path: Path) -> None:
-    """Plot each method's mean deletion and insertion curves (Agg canvas, no pyplot) and write the file atomically."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    from .render import write_atomic
-
-    figure = Figure(figsize=(10, 4), layout="constrained")
-    FigureCanvasAgg(figure)
-    axes = figure.subplots(1, 2, sharey=True)
-    for method in report.methods:
-        s = report.summary(method)
-        if not s.get("images"):
-            continue
-        for ax, kind in zip(axes, ("deletion", "insertion"), strict=True):
-            curve = s[f"{kind}_curve"]
-            fractions = [k / (len(curve) - 1) for k in range(len(curve))]
-            ax.plot(fractions, curve, label=f"{method} (AUC {s[f'{kind}_auc']:.3f})")
-    for ax, kind in zip(axes, ("deletion", "insertion"), strict=True):
-        ax.set_title(f"{kind.capitalize()} ({'lower' if kind == 'deletion' else 'higher'} AUC is better)")
-        ax.set_xlabel(f"fraction of pixels {'removed' if kind == 'deletion' else 'inserted'}")
-        ax.set_xlim(0, 1)
-        ax.grid(alpha=0.3)
-        ax.legend()
-    axes[0].set_ylabel("probability of the explained class")
-    figure.suptitle(f"{report.model}: mean over {len(report.ok)} image(s)")
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format=path.suffix.lower().lstrip("."))
-    write_atomic(path, buffer.getvalue())
 
 
 def main(argv: list[str] | None = None) -> None:

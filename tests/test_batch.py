@@ -173,6 +173,21 @@ def test_a_48_megapixel_photo_is_downscaled_to_max_side_not_refused(tmp_path, sq
     assert time.perf_counter() - started < 60
 
 
+@pytest.mark.parametrize(("colormap", "alpha"), [("jet", 0.5), ("viridis", 0.3), ("gray", 1.0), ("magma", 0.0)])
+def test_table_blending_equals_render_blend_bit_for_bit(colormap, alpha, monkeypatch):
+    import gradcam_cli.batch as batch_module
+    from gradcam_cli.render import blend, colormap_table
+
+    monkeypatch.setattr(batch_module, "BLEND_CHUNK_PIXELS", 1000)  # several bands of rows
+    rng = np.random.default_rng(0)
+    pixels = torch.from_numpy(rng.integers(0, 256, (97, 61, 3), dtype=np.uint8))
+    saliency = torch.from_numpy(rng.uniform(-0.2, 1.2, (97, 61)).astype(np.float32))
+    saliency[0, :4] = torch.tensor([0.0, 1.0, 0.5, 127.5 / 255])
+    table = colormap_table(colormap)
+    expected = blend(pixels, saliency, table, alpha)
+    assert torch.equal(batch_module.Blender(table, alpha)(pixels, saliency), expected)
+
+
 def run_batch(explainer: Explainer, inputs: list[Path], **options) -> list:
     out = options.pop("output_dir")
     runner = BatchRunner(explainer, RunOptions(output_dir=out, **options))

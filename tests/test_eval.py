@@ -13,17 +13,11 @@ import torch
 from square_model import square_image
 
 from gradcam_cli import cli
+from gradcam_cli.boxes import GroundTruthBox, match_boxes, read_boxes
 from gradcam_cli.discovery import discover
 from gradcam_cli.errors import EXIT_IMAGE_FAILED, EXIT_OK, EXIT_USAGE, UsageError
-from gradcam_cli.evaluate import (
-    EvalOptions,
-    Evaluator,
-    GroundTruthBox,
-    match_boxes,
-    parameterised_modules,
-    read_boxes,
-    reinitialise,
-)
+from gradcam_cli.eval_report import EvalOptions
+from gradcam_cli.evaluate import Evaluator, parameterised_modules, reinitialise
 from gradcam_cli.explain import Explainer
 
 SQUARE_MODEL = f"{Path(__file__).resolve().parent / 'square_model.py'}:build"
