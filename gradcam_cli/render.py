@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import os
@@ -109,7 +110,8 @@ def _link_unnamed(fd: int, path: Path) -> bool:
         except FileExistsError:
             return False
         except OSError:
-            _LINKERS.remove(method)  # not possible here: do not try it again
+            with contextlib.suppress(ValueError):  # another writer thread may have dropped it already
+                _LINKERS.remove(method)  # not possible here: do not try it again
     _unnamed_files[0] = False  # neither works here: use temporary names from now on
     return False
 

@@ -188,6 +188,23 @@ def test_table_blending_equals_render_blend_bit_for_bit(colormap, alpha, monkeyp
     assert torch.equal(batch_module.Blender(table, alpha)(pixels, saliency), expected)
 
 
+@pytest.mark.parametrize("unnamed", [True, False])
+def test_atomic_writes_from_many_threads_at_once(tmp_path, monkeypatch, unnamed):
+    from concurrent.futures import ThreadPoolExecutor
+
+    import gradcam_cli.render as render
+
+    monkeypatch.setattr(render, "_LINKERS", list(render._LINKERS))  # first calls find out which linker works
+    monkeypatch.setattr(render, "_unnamed_files", [unnamed and render._unnamed_files[0]])
+    payloads = {tmp_path / "sub" / f"f{i}.bin": os.urandom(1000 + i) for i in range(64)}
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "f0.bin").write_bytes(b"old")  # one replaces an existing file
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda item: render.write_atomic(*item), payloads.items()))
+    assert all(path.read_bytes() == data for path, data in payloads.items())
+    assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == sorted(p.name for p in payloads)
+
+
 def run_batch(explainer: Explainer, inputs: list[Path], **options) -> list:
     out = options.pop("output_dir")
     runner = BatchRunner(explainer, RunOptions(output_dir=out, **options))

@@ -65,13 +65,14 @@ ARCHITECTURES = [
 """No in-place op after the target layer in any of these (pytorch-grad-cam's tensor hooks need that)."""
 SCORECAM_ARCHITECTURES = [
     ("regnet_y_400mf", "trunk_output"),
-    ("shufflenet_v2_x1_0", "conv5"),
-    ("mobilenet_v3_small", "features"),
+    ("regnet_x_400mf", "trunk_output"),
+    ("alexnet", "features"),
     ("mnasnet0_5", "layers"),
     ("squeezenet1_1", "features"),
 ]
 """Score-CAM costs one forward pass per channel, twice (ours, then the reference's unbatched loop): light networks
-(ResNet-18 alone would take minutes on two CPU cores)."""
+(ResNet-18 alone takes minutes on two CPU cores), whose layers' channel sums are positive (on random-weight
+MobileNetV3-Small they are all negative, so with near-uniform weights every Score-CAM map is ReLU(negative) = 0)."""
 XGRADCAM_EPS_NEGLIGIBLE = [("resnet18", "layer4"), ("resnet50", "layer4"), ("convnext_tiny", "features")]
 REQUIRED = 0.999
 
