@@ -109,11 +109,12 @@ def test_mixed_sizes_batched_give_the_same_maps_as_each_image_alone(tmp_path, re
 
 
 def fake_sample(index: int, shape: tuple[int, int], pixels: int = 100) -> _Sample:
-    return _Sample(index, torch.zeros(3, *shape), torch.zeros(pixels, 1, 3, dtype=torch.uint8), None)
+    """A decoded sample with an input of ``shape`` and ``pixels`` pixels (a stride-0 view: no memory used)."""
+    return _Sample(index, torch.zeros(3, *shape), torch.zeros(1, 1, 3, dtype=torch.uint8).expand(pixels, 1, 3), None)
 
 
 def test_buckets_hold_one_shape_each_and_never_hold_many_samples():
-    shapes = [(224, 224 + (i * 7919) % 5) for i in range(500)]  # five shapes, interleaved
+    shapes = [(4, 4 + (i * 7919) % 5) for i in range(500)]  # five shapes, interleaved
     pulled = 0
 
     def stream():
@@ -132,7 +133,7 @@ def test_buckets_hold_one_shape_each_and_never_hold_many_samples():
 
 
 def test_buckets_flush_early_when_images_are_large():
-    stream = (fake_sample(i, (224, 224 + i), pixels=30_000_000) for i in range(5))
+    stream = (fake_sample(i, (4, 4 + i), pixels=30_000_000) for i in range(5))
     batches = list(bucketed(stream, batch_size=8, max_waiting_pixels=64_000_000))
     assert max(len(b) for b in batches) == 1 and len(batches) == 5
 

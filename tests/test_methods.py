@@ -65,7 +65,7 @@ ARCHITECTURES = [
 """No in-place op after the target layer in any of these (pytorch-grad-cam's tensor hooks need that)."""
 SCORECAM_ARCHITECTURES = [
     ("regnet_y_400mf", "trunk_output"),
-    ("regnet_x_400mf", "trunk_output"),
+    ("squeezenet1_0", "features"),
     ("alexnet", "features"),
     ("mnasnet0_5", "layers"),
     ("squeezenet1_1", "features"),
