@@ -2,8 +2,9 @@
 
 The baseline is ``model(x)`` under ``torch.no_grad()``. A method's time is :meth:`Explainer.compute` for one
 target (hooks, forward, the backward pass if the method needs one, the method itself; no upsampling or file
-writing). Times are medians over ``--repeats`` runs after a warm-up; scorecam (2,048 masked forward passes,
-batched ``--score-batch-size`` at a time) runs ``--scorecam-repeats`` times without a warm-up.
+writing). Each case is timed in alternation with the plain forward pass, so that a busy machine slows both alike;
+times are medians over ``--repeats`` rounds after a warm-up; scorecam (2,048 masked forward passes, batched
+``--score-batch-size`` at a time) runs ``--scorecam-repeats`` times without a warm-up.
 
 Usage: ``python benchmarks/bench_methods.py [--device cpu|cuda] [--repeats N] [--skip-scorecam]``.
 """
@@ -30,18 +31,26 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(function, device: torch.device, repeats: int, warm_up: bool = True) -> float:
-    """Median wall time of ``function()`` over ``repeats`` runs, after one warm-up run."""
+def _seconds(function, device: torch.device) -> float:
+    started = time.perf_counter()
+    function()
+    _sync(device)
+    return time.perf_counter() - started
+
+
+def paired(function, baseline, device: torch.device, repeats: int, warm_up: bool = True) -> tuple[float, float]:
+    """Median times of ``function()`` and of ``baseline()``, measured in alternation (so that a busy machine
+    slows both alike), after one warm-up run of each."""
     if warm_up:
         function()
-        _sync(device)
-    times = []
+    baseline()
+    _sync(device)
+    method_times, baseline_times = [], []
     for _ in range(repeats):
-        started = time.perf_counter()
-        function()
-        _sync(device)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+        baseline_times.append(_seconds(baseline, device))
+        method_times.append(_seconds(function, device))
+        baseline_times.append(_seconds(baseline, device))
+    return statistics.median(method_times), statistics.median(baseline_times)
 
 
 def main() -> int:
@@ -64,10 +73,9 @@ def main() -> int:
         with torch.no_grad():
             model(inputs)
 
-    baseline = timed(forward, device, args.repeats)
     threads = f", {torch.get_num_threads()} CPU threads" if device.type == "cpu" else ""
     print(f"resnet50 (random weights), 1x3x224x224 on {device}{threads}; layer4; one target")
-    print(f"{'plain forward pass':<34} {baseline * 1000:9.1f} ms   1.00x")
+    print(f"{'case':<34} {'time':>12} {'forward':>10}  ratio")
 
     cases: list[tuple[str, list[str], dict]] = [(name, [name], {}) for name in METHODS]
     cases += [
@@ -81,8 +89,10 @@ def main() -> int:
         explainer = Explainer(model, "layer4", methods, score_batch_size=args.score_batch_size, **options)
         many = "scorecam" in methods  # 2,048 forward passes: no separate warm-up run needed
         repeats = args.scorecam_repeats if many else args.repeats
-        seconds = timed(lambda e=explainer: e.compute(inputs, target=target), device, repeats, warm_up=not many)
-        print(f"{label:<34} {seconds * 1000:9.1f} ms {seconds / baseline:7.2f}x", flush=True)
+        seconds, baseline = paired(
+            lambda e=explainer: e.compute(inputs, target=target), forward, device, repeats, warm_up=not many
+        )
+        print(f"{label:<34} {seconds * 1000:9.1f} ms {baseline * 1000:7.1f} ms {seconds / baseline:7.2f}x", flush=True)
     return 0
 
 

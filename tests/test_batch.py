@@ -206,6 +206,29 @@ def test_atomic_writes_from_many_threads_at_once(tmp_path, monkeypatch, unnamed)
     assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == sorted(p.name for p in payloads)
 
 
+class FlattensItsInput(torch.nn.Module):
+    """A model whose forward uses ``.view`` on its input, which a channels-last batch cannot satisfy."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.head = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, c, h, w = x.shape
+        x = x.view(n, c, h * w).view(n, c, h, w)
+        return self.head(self.features(x).mean(dim=(2, 3)))
+
+
+def test_models_that_need_contiguous_inputs_still_work(tmp_path):
+    for i in range(3):
+        square_image().save(tmp_path / f"a{i}.png")
+    runner = BatchRunner(Explainer(FlattensItsInput(), "features"), RunOptions(output_dir=tmp_path / "out"))
+    records = list(runner.run(discover([tmp_path], exclude=tmp_path / "out")))
+    assert [r.status for r in records] == ["ok"] * 3, records
+    assert not runner._channels_last
+
+
 def run_batch(explainer: Explainer, inputs: list[Path], **options) -> list:
     out = options.pop("output_dir")
     runner = BatchRunner(explainer, RunOptions(output_dir=out, **options))
