@@ -20,11 +20,14 @@ from __future__ import annotations
 import math
 import os
 import re
+import signal
 import stat
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -415,6 +418,16 @@ class BatchRunner:
                 todo.append(image)
         if not todo:
             return
+        with _deferred_interrupt() as interrupted:
+            yield from self._run(todo, inputs, on_image, interrupted)
+
+    def _run(
+        self,
+        todo: list[InputImage],
+        inputs: set[str],
+        on_image: Callable[[], Any] | None,
+        interrupted: Callable[[], bool],
+    ) -> Iterator[Record]:
         workers = min(self.options.workers, len(todo))
         loader = DataLoader(
             _ImageDataset(todo, self.explainer.model.input_spec, self.options.max_side or None),
@@ -429,6 +442,8 @@ class BatchRunner:
         with ThreadPoolExecutor(max_workers=self.options.writers, thread_name_prefix="gradcam-writer") as pool:
             try:
                 for batch in bucketed(_decoded(samples), self.options.batch_size):
+                    if interrupted():
+                        break
                     for item in self._process(batch, todo, inputs, pool):
                         pending.append(item)
                         # Hand back finished images; wait for the oldest while too many images or pixels are queued.
@@ -438,12 +453,14 @@ class BatchRunner:
                             or sum(p.pixels for p in pending) > WAITING_PIXELS
                         ):
                             yield from self._finish(pending.popleft(), on_image)
-            except KeyboardInterrupt:  # Ctrl-C: what the writers have in hand is finished and recorded first
+            except KeyboardInterrupt:  # a second Ctrl-C: stop now, but record what the writers finish anyway
                 while pending:
                     yield from self._finish(pending.popleft(), on_image)
                 raise
-            while pending:
+            while pending:  # also after a first Ctrl-C: what the writers have in hand is finished and recorded
                 yield from self._finish(pending.popleft(), on_image)
+        if interrupted():
+            raise KeyboardInterrupt
 
     def existing_outputs(self, image: InputImage, index: _OutputIndex | None = None) -> list[str] | None:
         """The outputs a previous run wrote for ``image`` if all of them exist, else ``None`` (--skip-existing).
@@ -602,6 +619,29 @@ class BatchRunner:
 
     def _error(self, image: InputImage, message: str) -> Record:
         return Record(str(image.path), "error", self.model_name, self.layer_label, error=message)
+
+
+@contextmanager
+def _deferred_interrupt() -> Iterator[Callable[[], bool]]:
+    """While a batch runs, the first Ctrl-C only asks to stop: the batch in hand is finished, written and recorded,
+    then :class:`KeyboardInterrupt` is raised. A second Ctrl-C interrupts at once. Only in the main thread, and only
+    where Ctrl-C has Python's default meaning (a notebook's own handler is left alone)."""
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield lambda: False
+        return
+    asked: list[bool] = []
+
+    def on_interrupt(_signum: int, _frame: object) -> None:
+        asked.append(True)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield lambda: bool(asked)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _done(item: _Pending) -> bool:

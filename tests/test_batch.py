@@ -216,7 +216,7 @@ class FlattensItsInput(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, c, h, w = x.shape
-        x = x.view(n, c, h * w).view(n, c, h, w)
+        x = x.view(n, c * h * w).view(n, c, h, w)
         return self.head(self.features(x).mean(dim=(2, 3)))
 
 
