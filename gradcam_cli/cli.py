@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from .errors import EXIT_IMAGE_FAILED, EXIT_INTERRUPTED, EXIT_OK, GradcamError, UsageError
+from .errors import EXIT_IMAGE_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, GradcamError, UsageError
 
 if TYPE_CHECKING:
     from .batch import Record
@@ -488,4 +488,21 @@ def main() -> None:
 
         eval_main()
         return
-    app(prog_name="gradcam")
+    run_app(app, "gradcam", sys.argv[1:])
+
+
+def run_app(typer_app: typer.Typer, prog_name: str, args: list[str]) -> None:
+    """Run a typer app; option-parsing mistakes end in one line on stderr and exit 2, not click's usage block."""
+    try:
+        code = typer_app(args=args, prog_name=prog_name, standalone_mode=False)
+    except Exception as error:
+        # click's ClickException (typer >= 0.2x vendors click): duck-typed so that every typer version works.
+        if type(error).__name__ == "Abort":
+            print("error: interrupted", file=sys.stderr)
+            code = EXIT_INTERRUPTED
+        elif hasattr(error, "format_message"):
+            print(f"error: {error.format_message()} (see {prog_name} --help)", file=sys.stderr)
+            code = getattr(error, "exit_code", EXIT_USAGE)
+        else:
+            raise
+    sys.exit(code or EXIT_OK)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from .cli import Reporter, _build_explainer, _progress
+from .cli import Reporter, _build_explainer, _progress, run_app
 from .errors import EXIT_IMAGE_FAILED, EXIT_INTERRUPTED, EXIT_OK, GradcamError, UsageError
 
 if TYPE_CHECKING:
@@ -247,4 +247,4 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     """Run ``gradcam eval`` with ``argv`` (default: the process arguments after ``eval``)."""
-    app(args=sys.argv[2:] if argv is None else argv, prog_name="gradcam eval")
+    run_app(app, "gradcam eval", sys.argv[2:] if argv is None else argv)

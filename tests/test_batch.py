@@ -108,6 +108,23 @@ def test_mixed_sizes_batched_give_the_same_maps_as_each_image_alone(tmp_path, re
         assert abs(record.target.probability - match.target.probability) < 1e-5
 
 
+def test_every_format_in_any_case_is_read_from_its_content(tmp_path, square_model):
+    red = square_image(colour="red")
+    red.save(tmp_path / "a.JPG", "JPEG", quality=95)
+    red.save(tmp_path / "b.Jpeg", "JPEG", quality=95)
+    red.save(tmp_path / "c.TIFF", "TIFF")
+    red.save(tmp_path / "d.bmp", "BMP")
+    red.save(tmp_path / "e.WebP", "WEBP", lossless=True)
+    red.save(tmp_path / "disguised.jpg", "PNG")  # a PNG named .jpg
+    green = square_image(colour="green")
+    red.save(tmp_path / "f.gif", "GIF", save_all=True, append_images=[green])  # the first frame is explained
+    records = run_batch(Explainer(square_model, "features"), [tmp_path], output_dir=tmp_path / "out")
+    assert len(records) == 7
+    for record in records:
+        assert record.status == "ok", record.error
+        assert record.target.name == "red", record.input
+
+
 def fake_sample(index: int, shape: tuple[int, int], pixels: int = 100) -> _Sample:
     """A decoded sample with an input of ``shape`` and ``pixels`` pixels (a stride-0 view: no memory used)."""
     return _Sample(index, torch.zeros(3, *shape), torch.zeros(1, 1, 3, dtype=torch.uint8).expand(pixels, 1, 3), None)
