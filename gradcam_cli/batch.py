@@ -3,7 +3,7 @@
 The pipeline, for ``gradcam DIR`` and :class:`BatchRunner`:
 
 1. A torch ``DataLoader`` decodes images in worker processes (``workers``), each into a network input and its
-   pixels (downscaled to ``max_side`` when larger).
+   pixels (shrunk by a whole factor to fit within ``max_side`` when larger).
 2. :func:`bucketed` groups inputs of the same resized shape into batches of up to ``batch_size``: images of
    different sizes never share a batch, so batching changes no result. Few samples wait (a bounded number and
    a bounded number of pixels), so memory does not grow with the number of images.
@@ -43,7 +43,7 @@ from .images import InputSpec, load_image, to_input_tensor, to_pixel_tensor
 from .render import blend, colormap_table, heatmap_image, save_array, save_image
 
 DEFAULT_MAX_SIDE = 4096
-"""Images whose longer side is larger are downscaled to it before explaining (``--max-side``; 0: no cap)."""
+"""Images whose longer side is larger are shrunk by a whole factor to fit first (``--max-side``; 0: never)."""
 WAITING_PIXELS = 64_000_000
 """At most about this many image pixels wait in shape buckets, and as many again for the writers."""
 BLEND_CHUNK_PIXELS = 1 << 20
