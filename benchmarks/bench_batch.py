@@ -4,7 +4,8 @@ On a generated folder of JPEG photos (640 x 480: crops of the sample photos with
 weights (no download; speed does not depend on the weights):
 
   (a) decode + resize + forward only: a plain loop of our own (PIL decode, resize to the same 224 x 299 input,
-      batches of 8, ``torch.inference_mode``), the floor for any tool that must at least run the model;
+      batches of 4 as gradcam uses on the CPU, ``torch.inference_mode``), the floor for any tool that must at
+      least run the model;
   (b) a straightforward pytorch-grad-cam loop, as its README shows: per image cv2.imread, GradCAM on layer4,
       show_cam_on_image, cv2.imwrite of one overlay (fed the same 224 x 299 input, the map resized back up);
   (c) ``gradcam DIR``: the installed CLI as a subprocess with its defaults, timed by its own summary line (from
@@ -41,7 +42,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = sorted((ROOT / "sample_images").glob("*.jpg"))
 SIZE = (640, 480)
-BATCH = 8
+BATCH = 4  # as gradcam's default on the CPU
 
 
 def make_photos(folder: Path, count: int, size: tuple[int, int] = SIZE, seed: int = 0) -> list[Path]:
@@ -125,14 +126,14 @@ def baseline_pytorch_grad_cam(model, paths: list[Path], out: Path) -> float:
 
 def gradcam_library(explainer, folder: Path, out: Path) -> float:
     """Images per second for BatchRunner over ``folder`` with the CLI's defaults (as ``gradcam DIR`` runs it)."""
-    from gradcam_cli.batch import BatchRunner, RunOptions, default_workers
+    from gradcam_cli.batch import BatchRunner, RunOptions, default_batch_size, default_workers
     from gradcam_cli.discovery import discover
     from gradcam_cli.render import remove_stale_temporaries
 
     started = time.perf_counter()
     images = discover([folder], exclude=out)
     remove_stale_temporaries(out)
-    options = RunOptions(output_dir=out, workers=default_workers())
+    options = RunOptions(output_dir=out, workers=default_workers(), batch_size=default_batch_size(explainer.device))
     records = list(BatchRunner(explainer, options).run(images))
     elapsed = time.perf_counter() - started
     assert all(record.status == "ok" for record in records), records[:3]

@@ -295,6 +295,12 @@ def default_workers() -> int:
     return max(0, min(4, cores - 1))
 
 
+def default_batch_size(device: torch.device) -> int:
+    """Images per forward pass: 4 on the CPU (measured a little faster than 8 with resnet50 on 2 cores: smaller
+    activations stay in cache), 16 on a GPU."""
+    return 4 if device.type == "cpu" else 16
+
+
 def bucketed(
     samples: Iterable[_Sample], batch_size: int, max_waiting_pixels: int = WAITING_PIXELS
 ) -> Iterator[list[_Sample]]:

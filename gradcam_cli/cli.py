@@ -137,7 +137,9 @@ def explain(
     ] = Path("gradcam_out"),
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")] = "auto",
     input_size: Annotated[int, typer.Option(help="Shorter side of the network input, in pixels.", min=16)] = 224,
-    batch_size: Annotated[int, typer.Option(help="Images per forward pass.", min=1)] = 8,
+    batch_size: Annotated[
+        int | None, typer.Option(help="Images per forward pass (default: 4 on the CPU, 16 on a GPU).", min=1)
+    ] = None,
     max_side: Annotated[
         int,
         typer.Option(
@@ -288,7 +290,7 @@ def _layer_line(info: LayerInfo, chosen: str) -> str:
 def _explain_all(reporter: Reporter, explainer: Explainer, images: list, args: dict, image_format: str) -> int:
     from contextlib import ExitStack
 
-    from .batch import BatchRunner, RunOptions, default_workers
+    from .batch import BatchRunner, RunOptions, default_batch_size, default_workers
     from .manifest import ManifestWriter
     from .models import resolve_target
     from .render import remove_stale_temporaries
@@ -301,7 +303,7 @@ def _explain_all(reporter: Reporter, explainer: Explainer, images: list, args: d
         image_format=image_format,
         target=resolve_target(explainer.model, args["target_class"]),
         top_k=args["top_k"],
-        batch_size=args["batch_size"],
+        batch_size=args["batch_size"] or default_batch_size(explainer.device),
         workers=default_workers() if args["workers"] is None else args["workers"],
         skip_existing=args["skip_existing"],
         max_side=args["max_side"] or None,
