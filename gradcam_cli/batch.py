@@ -19,35 +19,32 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import signal
-import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from .discovery import InputImage, output_path
-from .errors import GradcamError, ImageError
+from .discovery import InputImage
+from .errors import GradcamError
 from .explain import Explainer, Explanation, ImageExplanation, Prediction
-from .images import InputSpec, load_image, to_input_tensor, to_pixel_tensor
-from .render import blend, colormap_table, heatmap_image, save_array, save_image
+from .loading import WAITING_PIXELS, _decoded, _ImageDataset, _keep_sample, _Sample, bucketed
+from .outputs import HEATMAP, OVERLAY, PANEL, RAW, THUMBNAIL, Blender, OutputKind, WriteJob, _OutputIndex
+from .render import colormap_table
 
 DEFAULT_MAX_SIDE = 4096
 """Images whose longer side is larger are shrunk by a whole factor to fit first (``--max-side``; 0: never)."""
-WAITING_PIXELS = 64_000_000
-"""At most about this many image pixels wait in shape buckets, and as many again for the writers."""
-BLEND_CHUNK_PIXELS = 1 << 20
-"""Overlays of large images are blended this many pixels at a time, so blending needs little memory."""
+
+_PROBE_TARGET = Prediction(0, "x", 0.0)
+_PROBE_MARK = "_0-x"
 
 
 @dataclass
@@ -89,290 +86,6 @@ class Record:
     outputs: list[str] = field(default_factory=list)
     error: str | None = None
     seconds: float = 0.0
-
-
-@dataclass
-class WriteJob:
-    """What an :class:`OutputKind` writes from: one image, its result, and (per-explanation kinds) one explanation.
-
-    ``overlay`` is blended on first use and shared by the kinds that need it (the overlay file, its thumbnail).
-    """
-
-    runner: BatchRunner
-    image: InputImage
-    pixels: torch.Tensor
-    result: ImageExplanation
-    explanation: Explanation | None = None
-    _overlay: torch.Tensor | None = field(default=None, repr=False)
-
-    @property
-    def overlay(self) -> torch.Tensor:
-        if self._overlay is None:
-            assert self.explanation is not None
-            self._overlay = self.runner.blender(self.pixels, self.explanation.saliency)
-        return self._overlay
-
-
-@dataclass(frozen=True)
-class OutputKind:
-    """One kind of file the batch writes: the extension point for new outputs.
-
-    ``path(runner, image, explanation)`` names the file; per-image kinds (``per_explanation=False``) are called
-    with ``explanation=None``. ``write(job, path)`` renders and writes it atomically on a writer thread.
-    ``listed`` kinds appear in the records' ``outputs`` (per-image ones in every row of the image) and must all
-    exist for ``--skip-existing`` to skip an image; unlisted ones (thumbnails) are extras.
-    """
-
-    name: str
-    per_explanation: bool
-    path: Callable[[BatchRunner, InputImage, Explanation | None], Path]
-    write: Callable[[WriteJob, Path], None]
-    listed: bool = True
-
-
-def _overlay_path(runner: BatchRunner, image: InputImage, explanation: Explanation | None) -> Path:
-    assert explanation is not None
-    target, options = explanation.target, runner.options
-    return output_path(
-        options.output_dir, image, explanation.method, target.index, target.name, f".{options.image_format}"
-    )
-
-
-def _write_overlay(job: WriteJob, path: Path) -> None:
-    save_image(job.overlay, path, job.runner.options.quality)
-
-
-def _write_raw(job: WriteJob, path: Path) -> None:
-    assert job.explanation is not None
-    save_array(job.explanation.saliency, path)
-
-
-def _heatmap_path(runner: BatchRunner, image: InputImage, explanation: Explanation | None) -> Path:
-    from .panels import heatmap_path
-
-    assert explanation is not None
-    return heatmap_path(runner.options.output_dir, image, explanation, f".{runner.options.image_format}")
-
-
-def _write_heatmap(job: WriteJob, path: Path) -> None:
-    assert job.explanation is not None
-    save_image(heatmap_image(job.explanation.saliency, job.runner.table).cpu(), path, job.runner.options.quality)
-
-
-def _thumbnail_path(runner: BatchRunner, image: InputImage, explanation: Explanation | None) -> Path:
-    from .gallery import thumbnail_path
-
-    return thumbnail_path(runner.options.output_dir, _overlay_path(runner, image, explanation))
-
-
-def _write_thumbnail(job: WriteJob, path: Path) -> None:
-    from .gallery import save_thumbnail
-
-    save_thumbnail(job.overlay, path)
-
-
-def _panel_path(runner: BatchRunner, image: InputImage, _explanation: Explanation | None) -> Path:
-    from .panels import panel_path
-
-    return panel_path(runner.options.output_dir, image, f".{runner.options.image_format}")
-
-
-def _write_panel(job: WriteJob, path: Path) -> None:
-    from .panels import save_panel
-
-    o = job.runner.options
-    save_panel(path, job.pixels, job.result.explanations, o.colormap, o.alpha, job.image.path.name, o.quality)
-
-
-OVERLAY = OutputKind("overlay", True, _overlay_path, _write_overlay)
-RAW = OutputKind("raw", True, lambda r, i, e: _overlay_path(r, i, e).with_suffix(".npy"), _write_raw)
-HEATMAP = OutputKind("heatmap", True, _heatmap_path, _write_heatmap)
-THUMBNAIL = OutputKind("thumbnail", True, _thumbnail_path, _write_thumbnail, listed=False)
-PANEL = OutputKind("panel", False, _panel_path, _write_panel)
-
-
-class Blender:
-    """:func:`~gradcam_cli.render.blend`, bit for bit, by table look-up: a few times faster, and in small memory.
-
-    ``blend`` is a function of each pixel's value (0-255, per channel) and its colour index (the map value scaled
-    to the table), so ``blend`` itself, run once over every (index, value) pair, gives a table from which an
-    overlay is two integer operations and a gather per channel. Large images go a band of rows at a time.
-    """
-
-    def __init__(self, table: torch.Tensor, alpha: float) -> None:
-        self.table, self.alpha = table, alpha
-        size = table.shape[0]
-        levels = torch.arange(size, dtype=torch.float32).view(size, 1).expand(size, 256) / (size - 1)
-        values = torch.arange(256, dtype=torch.uint8).view(1, 256, 1).expand(size, 256, 3).contiguous()
-        exact = bool((self._index(levels) == torch.arange(size, dtype=torch.int32).view(size, 1)).all())
-        lut = blend(values, levels, table.cpu(), alpha).numpy()  # (colour index, pixel value, channel)
-        self.lut = np.ascontiguousarray(lut.transpose(0, 2, 1)).reshape(-1) if exact else None
-        self.offsets = np.arange(3, dtype=np.int32) * 256
-
-    def _index(self, saliency: torch.Tensor) -> torch.Tensor:
-        """The colour index exactly as :func:`~gradcam_cli.render.colorize` computes it."""
-        return (saliency.clamp(0.0, 1.0) * (self.table.shape[0] - 1)).round().to(torch.int32)
-
-    def __call__(self, pixels: torch.Tensor, saliency: torch.Tensor) -> torch.Tensor:
-        """The (H, W, 3) uint8 overlay of (H, W, 3) uint8 ``pixels`` and an (H, W) map in [0, 1], on the CPU."""
-        height, width = pixels.shape[:2]
-        rows = max(1, BLEND_CHUNK_PIXELS // max(1, width))
-        out = torch.empty((height, width, 3), dtype=torch.uint8)
-        for top in range(0, height, rows):
-            out[top : top + rows] = self._blend(pixels[top : top + rows], saliency[top : top + rows])
-        return out
-
-    def _blend(self, pixels: torch.Tensor, saliency: torch.Tensor) -> torch.Tensor:
-        if self.lut is None or saliency.device.type != "cpu" or pixels.dtype != torch.uint8:
-            return blend(pixels, saliency, self.table, self.alpha).cpu()
-        index = self._index(saliency.detach()).numpy()
-        flat = index[..., None] * (3 * 256) + self.offsets + pixels.numpy()
-        return torch.from_numpy(np.take(self.lut, flat))
-
-
-@dataclass
-class _Sample:
-    index: int
-    tensor: torch.Tensor | None
-    pixels: torch.Tensor | None
-    error: str | None
-
-
-class _ImageDataset(Dataset):
-    def __init__(self, images: Sequence[InputImage], spec: InputSpec, max_side: int | None) -> None:
-        self.images = images
-        self.spec = spec
-        self.max_side = max_side
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, index: int) -> _Sample:
-        path = self.images[index].path
-        try:
-            _check_regular_file(path)
-            image = load_image(path, self.max_side)
-            return _Sample(index, to_input_tensor(image, self.spec), to_pixel_tensor(image), None)
-        except GradcamError as error:
-            return _Sample(index, None, None, str(error))
-        except Exception as error:  # a worker must never die on one bad file
-            return _Sample(index, None, None, f"{path}: {type(error).__name__}: {error}")
-
-
-def _check_regular_file(path: Path) -> None:
-    """Refuse what is not a regular file before opening it: a FIFO or device named x.jpg would block or never end."""
-    try:
-        info = os.stat(path)
-    except FileNotFoundError:
-        if os.path.islink(path):
-            raise ImageError(f"{path}: broken symbolic link (to {os.readlink(path)})") from None
-        raise ImageError(f"{path}: no such file") from None
-    except PermissionError:
-        raise ImageError(f"{path}: permission denied") from None
-    except OSError as error:  # e.g. a symlink loop
-        raise ImageError(f"{path}: {error.strerror or error}") from None
-    mode = info.st_mode
-    if stat.S_ISDIR(mode):
-        raise ImageError(f"{path}: is a directory")
-    if not stat.S_ISREG(mode):
-        raise ImageError(f"{path}: not a regular file")
-    if info.st_size == 0:
-        raise ImageError(f"{path}: empty file (0 bytes)")
-    if not os.access(path, os.R_OK):
-        raise ImageError(f"{path}: permission denied")
-
-
-def _keep_sample(sample: _Sample) -> _Sample:
-    return sample
-
-
-def default_workers() -> int:
-    """Decoding processes: one per spare core, at most four (none on a single core)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(0, min(4, cores - 1))
-
-
-def default_batch_size(device: torch.device) -> int:
-    """Images per forward pass: 4 on the CPU (measured a little faster than 8 with resnet50 on 2 cores: smaller
-    activations stay in cache), 16 on a GPU."""
-    return 4 if device.type == "cpu" else 16
-
-
-def bucketed(
-    samples: Iterable[_Sample], batch_size: int, max_waiting_pixels: int = WAITING_PIXELS
-) -> Iterator[list[_Sample]]:
-    """Group samples whose inputs have the same shape into batches of at most ``batch_size``.
-
-    Failed samples come out alone at once. At most ``4 * batch_size`` samples, holding at most about
-    ``max_waiting_pixels`` image pixels, wait in buckets, so memory does not grow with the number of images:
-    past either limit, the fullest bucket is flushed. What is left comes out at the end.
-    """
-    buckets: dict[tuple[int, ...], list[_Sample]] = {}
-    waiting = waiting_pixels = 0
-    for sample in samples:
-        if sample.tensor is None:
-            yield [sample]
-            continue
-        bucket = buckets.setdefault(tuple(sample.tensor.shape), [])
-        bucket.append(sample)
-        waiting += 1
-        waiting_pixels += _pixel_count(sample)
-        while buckets and (
-            len(bucket) >= batch_size or waiting >= 4 * batch_size or waiting_pixels > max_waiting_pixels
-        ):
-            fullest = max(buckets, key=lambda shape: len(buckets[shape]))
-            flushed = buckets.pop(fullest)
-            waiting -= len(flushed)
-            waiting_pixels -= sum(_pixel_count(s) for s in flushed)
-            yield flushed
-            bucket = buckets.get(tuple(sample.tensor.shape), [])
-    yield from (bucket for bucket in buckets.values() if bucket)
-
-
-def _pixel_count(sample: _Sample) -> int:
-    return 0 if sample.pixels is None else sample.pixels.shape[0] * sample.pixels.shape[1]
-
-
-_TARGET_TAIL = re.compile(r"\d+-[a-z0-9+-]+")
-_PROBE_TARGET = Prediction(0, "x", 0.0)
-_PROBE_MARK = "_0-x"
-
-
-class _OutputIndex:
-    """The names in each output folder, listed once: ``--skip-existing`` over N images costs one listing per
-    folder, not a directory scan per image.
-
-    Per-explanation outputs are named ``<prefix>_<class index>-<class slug><ending>``; :meth:`matches` finds every
-    name with a given prefix and ending, whatever the class.
-    """
-
-    def __init__(self) -> None:
-        self._names: dict[Path, set[str]] = {}
-        self._by_prefix: dict[tuple[Path, str], dict[str, list[str]]] = {}
-
-    def names(self, folder: Path) -> set[str]:
-        if folder not in self._names:
-            try:
-                self._names[folder] = {entry.name for entry in os.scandir(folder) if entry.is_file()}
-            except OSError:
-                self._names[folder] = set()
-        return self._names[folder]
-
-    def matches(self, folder: Path, prefix: str, ending: str) -> list[str]:
-        key = (folder, ending)
-        if key not in self._by_prefix:
-            index: dict[str, list[str]] = {}
-            for name in self.names(folder):
-                if not name.endswith(ending):
-                    continue
-                head, _, tail = name[: len(name) - len(ending)].rpartition("_")
-                if head and _TARGET_TAIL.fullmatch(tail):
-                    index.setdefault(head, []).append(name)
-            self._by_prefix[key] = index
-        return sorted(self._by_prefix[key].get(prefix, []))
 
 
 @dataclass
@@ -652,15 +365,3 @@ def _deferred_interrupt() -> Iterator[Callable[[], bool]]:
 
 def _done(item: _Pending) -> bool:
     return item.future is None or item.future.done()
-
-
-def _decoded(samples: Iterator[_Sample]) -> Iterator[_Sample]:
-    """Samples from the loader; a crashed decoding process ends the run with a one-line error, not a traceback."""
-    while True:
-        try:
-            sample = next(samples)
-        except StopIteration:
-            return
-        except RuntimeError as error:  # e.g. "DataLoader worker (pid N) is killed by signal: ..."
-            raise ImageError(f"a decoding process failed: {str(error).splitlines()[0]}") from error
-        yield sample

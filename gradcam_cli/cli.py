@@ -290,7 +290,8 @@ def _layer_line(info: LayerInfo, chosen: str) -> str:
 def _explain_all(reporter: Reporter, explainer: Explainer, images: list, args: dict, image_format: str) -> int:
     from contextlib import ExitStack
 
-    from .batch import BatchRunner, RunOptions, default_batch_size, default_workers
+    from .batch import BatchRunner, RunOptions
+    from .loading import default_batch_size, default_workers
     from .manifest import ManifestWriter
     from .models import resolve_target
     from .render import remove_stale_temporaries

@@ -19,10 +19,12 @@ from square_model import square_image
 from typer.testing import CliRunner
 
 from gradcam_cli import Explainer, load_model
-from gradcam_cli.batch import BatchRunner, OutputKind, RunOptions, _Sample, bucketed
+from gradcam_cli.batch import BatchRunner, RunOptions
 from gradcam_cli.cli import app
 from gradcam_cli.discovery import discover
 from gradcam_cli.images import InputSpec
+from gradcam_cli.loading import _Sample, bucketed
+from gradcam_cli.outputs import OutputKind
 
 ROOT = Path(__file__).resolve().parent.parent
 SQUARE_MODEL = f"{ROOT / 'tests' / 'square_model.py'}:build"
@@ -193,7 +195,7 @@ def test_a_48_megapixel_photo_is_downscaled_to_max_side_not_refused(tmp_path, sq
 
 @pytest.mark.parametrize(("colormap", "alpha"), [("jet", 0.5), ("viridis", 0.3), ("gray", 1.0), ("magma", 0.0)])
 def test_table_blending_equals_render_blend_bit_for_bit(colormap, alpha, monkeypatch):
-    import gradcam_cli.batch as batch_module
+    import gradcam_cli.outputs as batch_module
     from gradcam_cli.render import blend, colormap_table
 
     monkeypatch.setattr(batch_module, "BLEND_CHUNK_PIXELS", 1000)  # several bands of rows
