@@ -358,3 +358,24 @@ def test_sweep_scorecam_against_the_authors_loop(name: str, layer: str) -> None:
     model, target = random_model(name)
     mine = ours(model, layer, "scorecam", target, score_batch_size=64)
     assert pearson(mine, paper_scorecam(model, model.get_submodule(layer), photo(), target)) >= REQUIRED
+
+
+def test_cli_scorecam_progress_rows_open_and_close(monkeypatch) -> None:
+    from gradcam_cli import cli
+
+    monkeypatch.setattr(cli.sys.stderr, "isatty", lambda: True, raising=False)
+    reporter = cli.Reporter(quiet=False, verbose=False, as_json=False)
+    passes = cli._PassProgress(reporter)
+    for done in (0, 32, 64, 70):  # alone: a bar of its own, closed at the end
+        passes(done, 70)
+    assert passes.task is None and passes.own is None and cli._progress.active is None
+    with cli._progress(reporter, 3, "explaining") as images:  # under the image bar: a second row, removed at the end
+        assert cli._progress.active is images
+        passes(0, 10)
+        assert len(images.bar.tasks) == 2
+        passes(10, 10)
+        assert len(images.bar.tasks) == 1 and passes.own is None
+    assert cli._progress.active is None
+    quiet = cli._PassProgress(cli.Reporter(quiet=True, verbose=False, as_json=False))
+    quiet(0, 5)
+    assert quiet.task is None
