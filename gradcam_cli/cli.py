@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -174,10 +175,15 @@ def explain(
 
         print(f"gradcam-cli {__version__}")
         raise typer.Exit(EXIT_OK)
+    run_reported(reporter, _run, locals())
+
+
+def run_reported(reporter: Reporter, run: Callable[[Reporter, dict], int], args: dict) -> None:
+    """Run a command's body; a GradcamError or Ctrl-C becomes one error line and its exit code."""
     try:
-        code = _run(reporter, locals())
+        code = run(reporter, args)
     except GradcamError as error:
-        if verbose:
+        if reporter.verbose:
             import traceback
 
             traceback.print_exc()

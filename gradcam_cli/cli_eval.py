@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from .cli import Reporter, _build_explainer, _progress, run_app
-from .errors import EXIT_IMAGE_FAILED, EXIT_INTERRUPTED, EXIT_OK, GradcamError, UsageError
+from .cli import Reporter, _build_explainer, _progress, run_app, run_reported
+from .errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from .eval_report import EvalReport
@@ -92,19 +92,7 @@ def evaluate(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="More detail, and tracebacks for failures.")] = False,
 ) -> None:
     reporter = Reporter(quiet, verbose, as_json)
-    try:
-        code = _run(reporter, locals())
-    except GradcamError as error:
-        if verbose:
-            import traceback
-
-            traceback.print_exc()
-        reporter.error(str(error))
-        code = error.exit_code
-    except KeyboardInterrupt:
-        reporter.error("interrupted")
-        code = EXIT_INTERRUPTED
-    raise typer.Exit(code)
+    run_reported(reporter, _run, locals())
 
 
 def _run(reporter: Reporter, args: dict[str, Any]) -> int:
