@@ -150,36 +150,26 @@ def reference_map(
         cam.activations_and_grads.release()
 
 
-def paper_scorecam(model: nn.Module, layer: nn.Module, inputs: torch.Tensor, target: int) -> torch.Tensor:
-    """Score-CAM as the authors' code computes it, one channel at a time: an (H, W) map in [0, 1]."""
+def _layer_output(model: nn.Module, layer: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
     saved = {}
     handle = layer.register_forward_hook(lambda _m, _i, output: saved.update(a=output.detach()))
     with torch.no_grad():
         model(inputs)
     handle.remove()
-    activations = saved["a"]
-    height, width = inputs.shape[-2:]
-    result = torch.zeros(height, width, dtype=torch.float64)
-    with torch.no_grad():
-        for k in range(activations.shape[1]):
-            upsampled = F.interpolate(activations[:, k : k + 1], size=(height, width), mode="bilinear")
-            if upsampled.max() == upsampled.min():
-                continue
-            mask = (upsampled - upsampled.min()) / (upsampled.max() - upsampled.min())
-            probability = F.softmax(model(inputs * mask), dim=1)[0, target]
-            result += float(probability) * upsampled[0, 0].double()
-    result = torch.relu(result)
+    return saved["a"]
+
+
+def paper_scorecam(model: nn.Module, layer: nn.Module, inputs: torch.Tensor, target: int) -> torch.Tensor:
+    """Score-CAM as the authors' code computes it, one channel at a time: an (H, W) map in [0, 1]."""
+    weights = paper_scorecam_weights(model, layer, inputs, target).double()
+    upsampled = F.interpolate(_layer_output(model, layer, inputs), size=inputs.shape[-2:], mode="bilinear")[0]
+    result = torch.relu((weights[:, None, None] * upsampled.double()).sum(dim=0))
     return (result - result.min()) / (result.max() - result.min())
 
 
 def paper_scorecam_weights(model: nn.Module, layer: nn.Module, inputs: torch.Tensor, target: int) -> torch.Tensor:
     """The per-channel Score-CAM weights of the authors' loop (0 for a constant channel): shape (C,)."""
-    saved = {}
-    handle = layer.register_forward_hook(lambda _m, _i, output: saved.update(a=output.detach()))
-    with torch.no_grad():
-        model(inputs)
-    handle.remove()
-    activations = saved["a"]
+    activations = _layer_output(model, layer, inputs)
     weights = torch.zeros(activations.shape[1])
     with torch.no_grad():
         for k in range(activations.shape[1]):
