@@ -126,15 +126,15 @@ def baseline_pytorch_grad_cam(model, paths: list[Path], out: Path) -> float:
 
 def gradcam_library(explainer, folder: Path, out: Path) -> float:
     """Images per second for BatchRunner over ``folder`` with the CLI's defaults (as ``gradcam DIR`` runs it)."""
-    from gradcam_cli.batch import BatchRunner, RunOptions, default_batch_size, default_workers
-    from gradcam_cli.discovery import discover
-    from gradcam_cli.render import remove_stale_temporaries
+    from gradcam_cli.io.atomic import remove_stale_temporaries
+    from gradcam_cli.io.discovery import discover
+    from gradcam_cli.options import OutputOptions
+    from gradcam_cli.pipeline.batch import BatchRunner
 
     started = time.perf_counter()
     images = discover([folder], exclude=out)
     remove_stale_temporaries(out)
-    options = RunOptions(output_dir=out, workers=default_workers(), batch_size=default_batch_size(explainer.device))
-    records = list(BatchRunner(explainer, options).run(images))
+    records = list(BatchRunner(explainer, OutputOptions(out)).run(images))  # default batch size and workers
     elapsed = time.perf_counter() - started
     assert all(record.status == "ok" for record in records), records[:3]
     return len(images) / elapsed
@@ -245,9 +245,9 @@ def stage_profile(explainer, paths: list[Path]) -> None:
     """Single-threaded cost of each stage of one image (a batch of 8 for the model), in milliseconds."""
     import torch
 
-    from gradcam_cli.batch import Blender
-    from gradcam_cli.images import load_image, to_input_tensor, to_pixel_tensor
-    from gradcam_cli.render import encode_image
+    from gradcam_cli.io.images import load_image, to_input_tensor, to_pixel_tensor
+    from gradcam_cli.render.colour import Blender
+    from gradcam_cli.render.encode import encode_image
 
     spec = explainer.model.input_spec
     images = [load_image(path) for path in paths[:BATCH]]
@@ -273,7 +273,7 @@ def stage_profile(explainer, paths: list[Path]) -> None:
     channels_last = batch.contiguous(memory_format=torch.channels_last)
     timed("  the same, channels-last (ours)", lambda: explainer.explain_batch(channels_last, sizes), per=BATCH)
     pixels = to_pixel_tensor(images[0])
-    from gradcam_cli.render import colormap_table
+    from gradcam_cli.render.colour import colormap_table
 
     table = colormap_table("jet")
     saliency = results[0].explanations[0].saliency

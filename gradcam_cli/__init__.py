@@ -6,6 +6,11 @@ The library API (importing it loads torch; the ``gradcam`` command's ``--help`` 
     explainer = Explainer(load_model("resnet50"), layers="layer4")
     result = explainer.explain("cat.jpg")
     result.overlay().save("cat_gradcam.png")
+
+Where things live: ``cam/`` (hooks, methods, maps, layers, the Explainer), ``models/`` (loading models, weights,
+labels, devices), ``io/`` (finding inputs, reading images and videos, file names, atomic writes, the manifest),
+``render/`` (colours, encoding, panels, the gallery), ``pipeline/`` (batches, videos, resuming, whole runs),
+``evaluation/`` (``gradcam eval``), ``cli/`` (the commands), and ``options.py`` (the typed options they share).
 """
 
 from __future__ import annotations
@@ -16,29 +21,41 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Explainer": "explain",
-    "ImageExplanation": "explain",
-    "Explanation": "explain",
-    "Prediction": "explain",
-    "LayerCapture": "engine",
-    "METHODS": "methods",
-    "gradcam": "methods",
-    "load_model": "models",
-    "LoadedModel": "models",
-    "available_models": "models",
-    "inspect_layers": "layers",
-    "default_layer": "layers",
-    "resolve_layer": "layers",
-    "load_image": "images",
-    "InputSpec": "images",
-    "normalise": "maps",
-    "to_image_maps": "maps",
-    "blend": "render",
-    "colormap_table": "render",
-    "discover": "discovery",
-    "BatchRunner": "batch",
-    "RunOptions": "batch",
-    "resolve_device": "devices",
+    "Explainer": "cam.explainer",
+    "ImageExplanation": "cam.results",
+    "Explanation": "cam.results",
+    "Prediction": "cam.results",
+    "LayerCapture": "cam.engine",
+    "METHODS": "cam.methods",
+    "CamMethod": "cam.methods",
+    "gradcam": "cam.methods",
+    "inspect_layers": "cam.layers",
+    "default_layer": "cam.layers",
+    "resolve_layer": "cam.layers",
+    "normalise": "cam.maps",
+    "to_image_maps": "cam.maps",
+    "load_model": "models.loading",
+    "LoadedModel": "models.loading",
+    "available_models": "models.loading",
+    "resolve_device": "models.devices",
+    "load_image": "io.images",
+    "InputSpec": "io.images",
+    "discover": "io.discovery",
+    "blend": "render.colour",
+    "colormap_table": "render.colour",
+    "BatchRunner": "pipeline.batch",
+    "VideoRunner": "pipeline.video",
+    "Session": "pipeline.session",
+    "Record": "pipeline.records",
+    "Evaluator": "evaluation.evaluate",
+    "evaluate": "evaluation.evaluate",
+    "EvalReport": "evaluation.report",
+    "ModelOptions": "options",
+    "ExplainOptions": "options",
+    "OutputOptions": "options",
+    "RunOptions": "options",
+    "EvalOptions": "options",
+    "ImageFormat": "options",
     "GradcamError": "errors",
 }
 

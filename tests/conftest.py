@@ -38,7 +38,19 @@ def square_model():
     """The hand-built colour detector wrapped as a LoadedModel (no normalisation, classes red/green/blue)."""
     from square_model import CLASSES, build
 
-    from gradcam_cli.images import InputSpec
-    from gradcam_cli.models import LoadedModel
+    from gradcam_cli.io.images import InputSpec
+    from gradcam_cli.models.loading import LoadedModel
 
     return LoadedModel(build(), "colour-detector", "none", list(CLASSES), InputSpec(mean=(0, 0, 0), std=(1, 1, 1)))
+
+
+def split_options(**options):
+    """Keyword options of the old flat form, as (OutputOptions, RunOptions): tests name only what they change."""
+    from dataclasses import fields
+
+    from gradcam_cli.options import OutputOptions, RunOptions
+
+    output_fields = {f.name for f in fields(OutputOptions)}
+    output = OutputOptions(**{k: v for k, v in options.items() if k in output_fields})
+    run = RunOptions(**{k: v for k, v in options.items() if k not in output_fields})
+    return output, run

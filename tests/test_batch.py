@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import io
+import math
 import os
 import struct
 import subprocess
 import sys
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -14,17 +16,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import split_options
 from PIL import Image
 from square_model import square_image
 from typer.testing import CliRunner
 
 from gradcam_cli import Explainer, load_model
-from gradcam_cli.batch import BatchRunner, RunOptions
 from gradcam_cli.cli import app
-from gradcam_cli.discovery import discover
-from gradcam_cli.images import InputSpec
-from gradcam_cli.loading import _Sample, bucketed
-from gradcam_cli.outputs import OutputKind
+from gradcam_cli.io.discovery import discover
+from gradcam_cli.io.images import InputSpec
+from gradcam_cli.options import OutputOptions, RunOptions
+from gradcam_cli.pipeline.batch import BatchRunner
+from gradcam_cli.pipeline.decode import Sample, bucketed
+from gradcam_cli.pipeline.outputs import OutputKind
 
 ROOT = Path(__file__).resolve().parent.parent
 SQUARE_MODEL = f"{ROOT / 'tests' / 'square_model.py'}:build"
@@ -93,9 +97,9 @@ def test_mixed_sizes_batched_give_the_same_maps_as_each_image_alone(tmp_path, re
     sizes = [(320, 240), (640, 480), (320, 240), (240, 320), (320, 240), (240, 320), (300, 300), (301, 300)]
     for i, size in enumerate(sizes):
         photo(size, seed=i).save(tmp_path / f"img{i}.png")
-    explainer = Explainer(resnet18, "layer4")
-    options = RunOptions(output_dir=tmp_path / "out", save_raw=True, batch_size=4, workers=1, top_k=2)
-    records = list(BatchRunner(explainer, options).run(discover([tmp_path], exclude=tmp_path / "out")))
+    explainer = Explainer(resnet18, "layer4", top_k=2)
+    output, run = OutputOptions(tmp_path / "out", save_raw=True), RunOptions(batch_size=4, workers=1)
+    records = list(BatchRunner(explainer, output, run).run(discover([tmp_path], exclude=tmp_path / "out")))
     assert len(records) == 2 * len(sizes) and all(r.status == "ok" for r in records), records
     alone_results = {}
     for record in records:
@@ -127,9 +131,9 @@ def test_every_format_in_any_case_is_read_from_its_content(tmp_path, square_mode
         assert record.target.name == "red", record.input
 
 
-def fake_sample(index: int, shape: tuple[int, int], pixels: int = 100) -> _Sample:
+def fake_sample(index: int, shape: tuple[int, int], pixels: int = 100) -> Sample:
     """A decoded sample with an input of ``shape`` and ``pixels`` pixels (a stride-0 view: no memory used)."""
-    return _Sample(index, torch.zeros(3, *shape), torch.zeros(1, 1, 3, dtype=torch.uint8).expand(pixels, 1, 3), None)
+    return Sample(index, torch.zeros(3, *shape), torch.zeros(1, 1, 3, dtype=torch.uint8).expand(pixels, 1, 3), None)
 
 
 def test_buckets_hold_one_shape_each_and_never_hold_many_samples():
@@ -140,7 +144,7 @@ def test_buckets_hold_one_shape_each_and_never_hold_many_samples():
         nonlocal pulled
         for i, shape in enumerate(shapes):
             pulled += 1
-            yield fake_sample(i, shape) if i % 50 else _Sample(i, None, None, "bad")
+            yield fake_sample(i, shape) if i % 50 else Sample(i, None, None, "bad")
 
     emitted = []
     for batch in bucketed(stream(), batch_size=8):
@@ -166,7 +170,7 @@ def test_network_input_of_extreme_aspect_ratios_is_capped():
 def test_extreme_aspect_ratio_images_are_explained(tmp_path, square_model):
     square_image(size=(4000, 40), box=(3000, 5, 3030, 35)).save(tmp_path / "strip.png")
     square_image(size=(30, 2000), box=(5, 100, 25, 120), colour="green").save(tmp_path / "pole.png")
-    options = RunOptions(output_dir=tmp_path / "out", save_raw=True)
+    options = OutputOptions(output_dir=tmp_path / "out", save_raw=True)
     images = discover([tmp_path / "strip.png", tmp_path / "pole.png"])
     records = list(BatchRunner(Explainer(square_model, "features"), options).run(images))
     assert [r.status for r in records] == ["ok", "ok"], records
@@ -181,7 +185,7 @@ def test_a_48_megapixel_photo_is_downscaled_to_max_side_not_refused(tmp_path, sq
     big.paste((230, 20, 20), (6000, 1000, 6400, 1400))
     big.save(tmp_path / "big.jpg", quality=85)
     del big
-    options = RunOptions(output_dir=tmp_path / "out", save_raw=True, image_format="jpg")
+    options = OutputOptions(output_dir=tmp_path / "out", save_raw=True, image_format="jpg")
     started = time.perf_counter()
     (record,) = BatchRunner(Explainer(square_model, "features"), options).run(discover([tmp_path / "big.jpg"]))
     assert record.status == "ok", record.error
@@ -195,8 +199,8 @@ def test_a_48_megapixel_photo_is_downscaled_to_max_side_not_refused(tmp_path, sq
 
 @pytest.mark.parametrize(("colormap", "alpha"), [("jet", 0.5), ("viridis", 0.3), ("gray", 1.0), ("magma", 0.0)])
 def test_table_blending_equals_render_blend_bit_for_bit(colormap, alpha, monkeypatch):
-    import gradcam_cli.outputs as batch_module
-    from gradcam_cli.render import blend, colormap_table
+    import gradcam_cli.render.colour as batch_module
+    from gradcam_cli.render.colour import blend, colormap_table
 
     monkeypatch.setattr(batch_module, "BLEND_CHUNK_PIXELS", 1000)  # several bands of rows
     rng = np.random.default_rng(0)
@@ -212,7 +216,7 @@ def test_table_blending_equals_render_blend_bit_for_bit(colormap, alpha, monkeyp
 def test_atomic_writes_from_many_threads_at_once(tmp_path, monkeypatch, unnamed):
     from concurrent.futures import ThreadPoolExecutor
 
-    import gradcam_cli.render as render
+    import gradcam_cli.io.atomic as render
 
     monkeypatch.setattr(render, "_LINKERS", list(render._LINKERS))  # first calls find out which linker works
     monkeypatch.setattr(render, "_unnamed_files", [unnamed and render._unnamed_files[0]])
@@ -242,16 +246,17 @@ class FlattensItsInput(torch.nn.Module):
 def test_models_that_need_contiguous_inputs_still_work(tmp_path):
     for i in range(3):
         square_image().save(tmp_path / f"a{i}.png")
-    runner = BatchRunner(Explainer(FlattensItsInput(), "features"), RunOptions(output_dir=tmp_path / "out"))
+    runner = BatchRunner(Explainer(FlattensItsInput(), "features"), OutputOptions(output_dir=tmp_path / "out"))
     records = list(runner.run(discover([tmp_path], exclude=tmp_path / "out")))
     assert [r.status for r in records] == ["ok"] * 3, records
     assert not runner._channels_last
 
 
-def run_batch(explainer: Explainer, inputs: list[Path], **options) -> list:
-    out = options.pop("output_dir")
-    runner = BatchRunner(explainer, RunOptions(output_dir=out, **options))
-    return list(runner.run(discover(inputs, exclude=out)))
+def run_batch(explainer: Explainer, inputs: list[Path], top_k: int = 1, **options) -> list:
+    explainer.top_k = top_k
+    output, run = split_options(**options)
+    runner = BatchRunner(explainer, output, run)
+    return list(runner.run(discover(inputs, exclude=output.output_dir)))
 
 
 def test_bad_files_each_give_one_error_row_and_the_batch_goes_on(tmp_path, square_model, monkeypatch):
@@ -300,7 +305,7 @@ def test_an_input_file_is_never_overwritten(tmp_path, square_model):
     victim = tmp_path / "x_gradcam_0-red.png"  # exactly the name x.png's overlay would get
     victim.write_bytes(b"precious")
     records = run_batch(
-        Explainer(square_model, "features"), [tmp_path / "x.png", victim], output_dir=tmp_path, target=0
+        Explainer(square_model, "features", target=0), [tmp_path / "x.png", victim], output_dir=tmp_path
     )
     (row,) = [r for r in records if r.input == str(tmp_path / "x.png")]
     assert row.status == "error" and "refusing to overwrite" in row.error
@@ -339,29 +344,39 @@ def test_skip_existing_skips_only_images_whose_outputs_all_exist(tmp_path, squar
 
 
 def test_writers_lag_the_model_by_a_bounded_number_of_images(tmp_path, square_model):
+    # Deterministic: the writer is held until the model's thread stops to wait for it, so the number of images
+    # handed to the writers by then depends on the pipeline's bound alone, not on how fast the threads run.
     for i in range(40):
         square_image(size=(64, 48)).save(tmp_path / f"i{i:02d}.png")
+    model_waits = threading.Event()
+    submitted_when_waiting: list[int] = []
 
-    def slow_write(job, path):
-        time.sleep(0.002)
+    def held_write(job, path):
+        assert model_waits.wait(timeout=120), "the model's thread never waited for the writers"
 
     class Counting(BatchRunner):
         submitted = 0
-
-        def output_kinds(self):
-            return [OutputKind("slow", True, lambda r, i, e: r.options.output_dir / f"{i.output_stem}.x", slow_write)]
 
         def _submit(self, *args):
             Counting.submitted += 1
             return super()._submit(*args)
 
-    options = RunOptions(output_dir=tmp_path / "out", batch_size=4, writers=1)
-    finished, lag = 0, 0
-    for _ in Counting(Explainer(square_model, "features"), options).run(discover([tmp_path])):
-        finished += 1
-        lag = max(lag, Counting.submitted - finished)
-    assert finished == 40
-    assert lag <= options.batch_size + 2 * options.writers + 1
+        def _finish(self, item, on_image):
+            if not model_waits.is_set():
+                submitted_when_waiting.append(Counting.submitted)
+                model_waits.set()
+            return super()._finish(item, on_image)
+
+    runner = Counting(
+        Explainer(square_model, "features"),
+        OutputOptions(tmp_path / "out"),
+        RunOptions(batch_size=4, writers=1, workers=0),
+    )
+    runner.kinds = [OutputKind("held", True, lambda o, i, e: o.output_dir / f"{i.output_stem}.x", held_write)]
+    assert len(list(runner.run(discover([tmp_path])))) == 40
+    # whole batches go to the writers until more than batch_size + 2 * writers images wait for them
+    limit = runner.batch_size + 2 * runner.writers
+    assert submitted_when_waiting == [math.ceil((limit + 1) / runner.batch_size) * runner.batch_size]
 
 
 def cli(*args: str):

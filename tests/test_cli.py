@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from gradcam_cli.cli import app
 from gradcam_cli.errors import EXIT_IMAGE_FAILED, EXIT_MODEL, EXIT_OK, EXIT_USAGE
-from gradcam_cli.render import blend, colormap_table
+from gradcam_cli.render.colour import blend, colormap_table
 
 SQUARE = f"{Path(__file__).with_name('square_model.py')}:build"
 JSON_KEYS = {"input", "model", "layer", "method", "predictions", "target", "outputs"}

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from gradcam_cli.discovery import discover, output_path, slug
 from gradcam_cli.errors import UsageError
+from gradcam_cli.io.discovery import discover
+from gradcam_cli.io.naming import output_path, slug
 
 
 def touch(path: Path, content: bytes = b"x") -> Path:

@@ -16,10 +16,10 @@ from square_model import build as build_square_model
 from square_model import square_image
 from torch import nn
 
-from gradcam_cli.engine import LayerCapture
-from gradcam_cli.explain import Explainer
-from gradcam_cli.images import InputSpec, to_input_tensor
-from gradcam_cli.models import LoadedModel
+from gradcam_cli.cam.engine import LayerCapture
+from gradcam_cli.cam.explainer import Explainer
+from gradcam_cli.io.images import InputSpec, to_input_tensor
+from gradcam_cli.models.loading import LoadedModel
 
 CLASS = 3
 

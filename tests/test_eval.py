@@ -13,12 +13,12 @@ import torch
 from square_model import square_image
 
 from gradcam_cli import cli
-from gradcam_cli.boxes import GroundTruthBox, match_boxes, read_boxes
-from gradcam_cli.discovery import discover
+from gradcam_cli.cam.explainer import Explainer
 from gradcam_cli.errors import EXIT_IMAGE_FAILED, EXIT_OK, EXIT_USAGE, UsageError
-from gradcam_cli.eval_report import EvalOptions
-from gradcam_cli.evaluate import Evaluator, parameterised_modules, reinitialise
-from gradcam_cli.explain import Explainer
+from gradcam_cli.evaluation.boxes import GroundTruthBox, match_boxes, read_boxes
+from gradcam_cli.evaluation.evaluate import Evaluator, parameterised_modules, reinitialise
+from gradcam_cli.evaluation.report import EvalOptions
+from gradcam_cli.io.discovery import discover
 
 SQUARE_MODEL = f"{Path(__file__).resolve().parent / 'square_model.py'}:build"
 SQUARE_BOX = (330, 40, 390, 100)  # square_image()'s default square
@@ -238,10 +238,11 @@ def test_reinitialisation_cascades_and_leaves_the_model_alone(square_model) -> N
 def test_sanity_flags_a_method_that_ignores_the_model(
     tmp_path: Path, square_model, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gradcam_cli import methods
+    from gradcam_cli.cam.methods import METHODS, CamMethod
 
     # a "method" that shows the layer's activations, whatever the class and the layers above it
-    monkeypatch.setitem(methods.METHODS, "activations", lambda activations, gradients, *_, **__: activations.sum(1))
+    shows_activations = CamMethod("activations", lambda activations, gradients, *_, **__: activations.sum(1))
+    monkeypatch.setitem(METHODS, "activations", shows_activations)
     square_image().save(tmp_path / "s.png")
     explainer = Explainer(square_model, "features", ["gradcam", "activations"])
     report = Evaluator(explainer, EvalOptions(steps=4, sanity=True, sanity_layers=2)).run([tmp_path])
@@ -409,7 +410,7 @@ def test_lite0_lists_the_rocket_whose_evidence_is_the_launch_towers(lite0_report
 
 @pytest.mark.slow
 def test_lite0_every_method_evaluates_and_class_agnostic_maps_fail_the_sanity_check(lite0, sample_dir: Path) -> None:
-    from gradcam_cli.methods import METHODS
+    from gradcam_cli.cam.methods import METHODS
 
     methods = [m for m in METHODS if m != "scorecam"]  # scorecam: one forward per channel (1,280 here)
     explainer = Explainer(lite0, methods=methods, device="cpu")

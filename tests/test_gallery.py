@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gradcam_cli.batch import Record
-from gradcam_cli.explain import Prediction
-from gradcam_cli.gallery import PAGE_SIZE, gallery_entries, thumbnail_path, write_gallery
+from gradcam_cli.cam.results import Prediction
+from gradcam_cli.io.naming import thumbnail_path
+from gradcam_cli.pipeline.records import Record
+from gradcam_cli.render.gallery import PAGE_SIZE, gallery_entries, write_gallery
 
 CHROMIUM = "/usr/bin/chromium"
 

@@ -15,9 +15,9 @@ from PIL import Image
 from square_model import square_image
 from typer.testing import CliRunner
 
+from gradcam_cli.cam.explainer import Explainer
 from gradcam_cli.cli import app
-from gradcam_cli.explain import Explainer
-from gradcam_cli.images import InputSpec, load_image, to_input_tensor
+from gradcam_cli.io.images import InputSpec, load_image, to_input_tensor
 
 RED = 0
 SQUARE_MODEL = f"{Path(__file__).with_name('square_model.py')}:build"
@@ -143,7 +143,7 @@ def test_nothing_is_cropped_from_the_network_input():
 
 
 def test_models_that_need_a_fixed_size_get_exactly_it():
-    from gradcam_cli.models import load_model
+    from gradcam_cli.models.loading import load_model
 
     vit = load_model("vit_b_16", "none", input_size=160)  # --input-size cannot change a fixed size
     assert vit.input_spec.fixed_size == (224, 224)

@@ -16,12 +16,12 @@ from PIL import Image
 from square_model import square_image
 from typer.testing import CliRunner
 
-from gradcam_cli.batch import Record
+from gradcam_cli.cam.results import Prediction
 from gradcam_cli.cli import app
 from gradcam_cli.errors import UsageError
-from gradcam_cli.explain import Prediction
-from gradcam_cli.manifest import CSV_FIELDS, ManifestWriter
-from gradcam_cli.render import TEMP_MARKER
+from gradcam_cli.io.atomic import TEMP_MARKER
+from gradcam_cli.io.manifest import MANIFEST_FIELDS, ManifestWriter
+from gradcam_cli.pipeline.records import Record
 
 ROOT = Path(__file__).resolve().parent.parent
 SQUARE_MODEL = f"{ROOT / 'tests' / 'square_model.py'}:build"
@@ -46,9 +46,9 @@ def test_jsonl_rows_have_every_field(tmp_path):
     path = tmp_path / "deep" / "m.jsonl"
     with ManifestWriter(path) as writer:
         for record in sample_records():
-            writer.write(record)
+            writer.write(record.to_dict())
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [list(row) for row in rows] == [FIELDS] * 3 and CSV_FIELDS == FIELDS
+    assert [list(row) for row in rows] == [FIELDS] * 3 and list(MANIFEST_FIELDS) == FIELDS
     assert rows[0]["target"] == {"index": 0, "name": "red", "probability": 0.9}
     assert rows[1]["status"] == "error" and rows[1]["outputs"] == []
     assert rows[2]["status"] == "skipped"
@@ -58,7 +58,7 @@ def test_csv_rows_round_trip_with_json_cells(tmp_path):
     path = tmp_path / "m.CSV"
     with ManifestWriter(path) as writer:
         for record in sample_records():
-            writer.write(record)
+            writer.write(record.to_dict())
     with path.open(newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert list(rows[0]) == FIELDS and len(rows) == 3

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from gradcam_cli.maps import normalise, to_image_maps, upsample
-from gradcam_cli.methods import gradcam
+from gradcam_cli.cam.maps import normalise, to_image_maps, upsample
+from gradcam_cli.cam.methods import gradcam
 
 
 def test_gradcam_weights_are_spatial_means_of_gradients_and_result_is_relu():

@@ -37,21 +37,12 @@ from cam_reference import (
 )
 from conftest import ROOT, SAMPLE_DIR
 
-from gradcam_cli.engine import LayerCapture
-from gradcam_cli.explain import Explainer
-from gradcam_cli.images import InputSpec, load_image, to_input_tensor
-from gradcam_cli.maps import normalise, to_image_maps, upsample
-from gradcam_cli.methods import (
-    CLASS_AGNOSTIC,
-    METHODS,
-    USES_GRADIENTS,
-    USES_MODEL,
-    MaskedScores,
-    gradcam_plus_plus,
-    hirescam,
-    layercam,
-    xgradcam,
-)
+from gradcam_cli.cam.engine import LayerCapture
+from gradcam_cli.cam.explainer import Explainer
+from gradcam_cli.cam.maps import normalise, to_image_maps, upsample
+from gradcam_cli.cam.methods import METHODS, MaskedScores, gradcam_plus_plus, hirescam, layercam, xgradcam
+from gradcam_cli.io.images import InputSpec, load_image, to_input_tensor
+from gradcam_cli.options import METHOD_NAMES
 
 GRADIENT_METHODS = ["gradcam", "gradcam++", "xgradcam", "hirescam", "layercam"]
 ARCHITECTURES = [
@@ -127,11 +118,13 @@ def tiny_cnn() -> nn.Module:
 
 def test_every_method_is_registered_with_formula_and_paper() -> None:
     assert list(METHODS) == ["gradcam", "gradcam++", "xgradcam", "hirescam", "layercam", "scorecam", "eigencam"]
-    assert set(GRADIENT_METHODS) == USES_GRADIENTS
-    assert {"scorecam"} == USES_MODEL
-    assert {"eigencam"} == CLASS_AGNOSTIC
-    for name, function in METHODS.items():
-        doc = function.__doc__ or ""
+    assert tuple(METHODS) == METHOD_NAMES  # the names the parser accepts without importing torch
+    assert set(GRADIENT_METHODS) == {name for name, method in METHODS.items() if method.uses_gradients}
+    assert {"scorecam"} == {name for name, method in METHODS.items() if method.uses_model}
+    assert {"eigencam"} == {name for name, method in METHODS.items() if method.class_agnostic}
+    for name, method in METHODS.items():
+        assert method.name == name
+        doc = method.compute.__doc__ or ""
         assert "L = " in doc, name
         assert any(str(year) in doc for year in range(2017, 2022)), name
 
@@ -361,21 +354,21 @@ def test_sweep_scorecam_against_the_authors_loop(name: str, layer: str) -> None:
 
 
 def test_cli_scorecam_progress_rows_open_and_close(monkeypatch) -> None:
-    from gradcam_cli import cli
+    from gradcam_cli.cli import reporting as cli
 
     monkeypatch.setattr(cli.sys.stderr, "isatty", lambda: True, raising=False)
     reporter = cli.Reporter(quiet=False, verbose=False, as_json=False)
-    passes = cli._PassProgress(reporter)
+    passes = cli.PassProgress(reporter)
     for done in (0, 32, 64, 70):  # alone: a bar of its own, closed at the end
         passes(done, 70)
-    assert passes.task is None and passes.own is None and cli._progress.active is None
-    with cli._progress(reporter, 3, "explaining") as images:  # under the image bar: a second row, removed at the end
-        assert cli._progress.active is images
+    assert passes.task is None and passes.own is None and cli.ProgressBar.active is None
+    with cli.ProgressBar(reporter, 3, "explaining") as images:  # under the image bar: a second row, removed at the end
+        assert cli.ProgressBar.active is images
         passes(0, 10)
         assert len(images.bar.tasks) == 2
         passes(10, 10)
         assert len(images.bar.tasks) == 1 and passes.own is None
-    assert cli._progress.active is None
-    quiet = cli._PassProgress(cli.Reporter(quiet=True, verbose=False, as_json=False))
+    assert cli.ProgressBar.active is None
+    quiet = cli.PassProgress(cli.Reporter(quiet=True, verbose=False, as_json=False))
     quiet(0, 5)
     assert quiet.task is None

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from gradcam_cli import metrics
+from gradcam_cli.evaluation import metrics
 
 BOX = (10.0, 10.0, 20.0, 20.0)  # pixels 10..19 in both directions
 

@@ -12,10 +12,11 @@ import torchvision
 from conftest import ROOT, SAMPLE_DIR
 from torch import nn
 
+from gradcam_cli.cam.explainer import Explainer
 from gradcam_cli.errors import ModelLoadError, UsageError
-from gradcam_cli.explain import Explainer
-from gradcam_cli.images import InputSpec
-from gradcam_cli.models import LoadedModel, imagenet_categories, load_model, resolve_target
+from gradcam_cli.io.images import InputSpec
+from gradcam_cli.models.labels import resolve_target
+from gradcam_cli.models.loading import LoadedModel, imagenet_categories, load_model
 
 CAT_CLASSES = range(281, 286)  # tabby, tiger cat, Persian cat, Siamese cat, Egyptian cat
 

@@ -11,8 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from gradcam_cli.explain import Explanation, Prediction
-from gradcam_cli.panels import panel_figure, panel_path, render_panel, save_panel
+from gradcam_cli.cam.results import Explanation, Prediction
+from gradcam_cli.io.naming import panel_path
+from gradcam_cli.render.panels import panel_figure, render_panel, save_panel
 
 
 def _explanations(targets: list[Prediction], methods: list[str], size: tuple[int, int] = (48, 64)) -> list:
@@ -87,7 +88,7 @@ def test_large_images_are_shrunk_before_drawing() -> None:
 
 
 def test_save_panel_is_atomic_and_named_after_the_image(tmp_path: Path, pixels: torch.Tensor) -> None:
-    from gradcam_cli.discovery import InputImage
+    from gradcam_cli.io.discovery import InputImage
 
     path = panel_path(tmp_path, InputImage(Path("a/b/cat.jpg"), Path("b/cat")), ".png")
     assert path == tmp_path / "b" / "cat_panel.png"
@@ -98,14 +99,15 @@ def test_save_panel_is_atomic_and_named_after_the_image(tmp_path: Path, pixels: 
 def test_runner_writes_one_panel_per_image_listed_in_every_row(tmp_path: Path, square_model) -> None:
     from square_model import square_image
 
-    from gradcam_cli.batch import BatchRunner, RunOptions
-    from gradcam_cli.discovery import discover
-    from gradcam_cli.explain import Explainer
+    from gradcam_cli.cam.explainer import Explainer
+    from gradcam_cli.io.discovery import discover
+    from gradcam_cli.options import OutputOptions
+    from gradcam_cli.pipeline.batch import BatchRunner
 
     square_image().save(tmp_path / "sq.png")
     square_image(colour="blue").save(tmp_path / "blue.png")
-    options = RunOptions(output_dir=tmp_path / "out", top_k=2, panel=True)
-    records = list(BatchRunner(Explainer(square_model, "features"), options).run(discover([tmp_path])))
+    options = OutputOptions(output_dir=tmp_path / "out", panel=True)
+    records = list(BatchRunner(Explainer(square_model, "features", top_k=2), options).run(discover([tmp_path])))
     assert len(records) == 4 and all(r.status == "ok" for r in records)
     for record in records:
         panel = Path(record.outputs[-1])
@@ -119,7 +121,8 @@ def test_runner_writes_one_panel_per_image_listed_in_every_row(tmp_path: Path, s
 
 def test_matplotlib_and_opencv_are_imported_lazily() -> None:
     code = (
-        "import sys, gradcam_cli.cli, gradcam_cli.batch, gradcam_cli.panels, gradcam_cli.gallery, gradcam_cli.video;"
+        "import sys, gradcam_cli.cli, gradcam_cli.pipeline.session, gradcam_cli.render.panels;"
+        "import gradcam_cli.render.gallery;"
         "bad = [m for m in ('matplotlib', 'cv2') if m in sys.modules]; print(bad); sys.exit(bool(bad))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -59,7 +59,7 @@ import torchvision
 from torch import nn
 
 from gradcam_cli import Explainer
-from gradcam_cli.layers import resolve_layer
+from gradcam_cli.cam.layers import resolve_layer
 
 PEARSON_MIN = 0.999
 SQUARE = (224, 224)

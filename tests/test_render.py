@@ -11,7 +11,8 @@ import torch
 from PIL import Image
 
 from gradcam_cli.errors import UsageError
-from gradcam_cli.render import blend, colorize, colormap_table, encode_image, heatmap_image, save_image
+from gradcam_cli.render.colour import blend, colorize, colormap_table, heatmap_image
+from gradcam_cli.render.encode import encode_image, save_image
 
 
 def _byte(colour: torch.Tensor) -> torch.Tensor:
@@ -85,15 +86,15 @@ def test_saved_heatmap_and_overlay_match_the_saved_float_map(tmp_path: Path, squ
     """--save-heatmap / --save-raw / --alpha / --colormap end to end through the batch runner."""
     from square_model import square_image
 
-    from gradcam_cli.batch import BatchRunner, RunOptions
-    from gradcam_cli.discovery import discover
-    from gradcam_cli.explain import Explainer
+    from gradcam_cli.cam.explainer import Explainer
+    from gradcam_cli.io.discovery import discover
+    from gradcam_cli.options import OutputOptions
+    from gradcam_cli.pipeline.batch import BatchRunner
 
     square_image().save(tmp_path / "sq.png")
-    options = RunOptions(
-        output_dir=tmp_path / "out", alpha=0.3, colormap="magma", save_raw=True, save_heatmap=True, target=0
-    )
-    records = list(BatchRunner(Explainer(square_model, "features"), options).run(discover([tmp_path / "sq.png"])))
+    options = OutputOptions(output_dir=tmp_path / "out", alpha=0.3, colormap="magma", save_raw=True, save_heatmap=True)
+    explainer = Explainer(square_model, "features", target=0)
+    records = list(BatchRunner(explainer, options).run(discover([tmp_path / "sq.png"])))
     assert [r.status for r in records] == ["ok"]
     overlay_file, raw_file, heatmap_file = map(Path, records[0].outputs)
     assert heatmap_file.name == "sq_heatmap-gradcam_0-red.png"
@@ -111,15 +112,16 @@ def test_saved_heatmap_and_overlay_match_the_saved_float_map(tmp_path: Path, squ
 def test_jpeg_quality_reaches_the_files(tmp_path: Path, square_model) -> None:
     from square_model import square_image
 
-    from gradcam_cli.batch import BatchRunner, RunOptions
-    from gradcam_cli.discovery import discover
-    from gradcam_cli.explain import Explainer
+    from gradcam_cli.cam.explainer import Explainer
+    from gradcam_cli.io.discovery import discover
+    from gradcam_cli.options import OutputOptions
+    from gradcam_cli.pipeline.batch import BatchRunner
 
     square_image().save(tmp_path / "sq.png")
-    explainer = Explainer(square_model, "features")
+    explainer = Explainer(square_model, "features", target=0)
     sizes = {}
     for quality in (20, 95):
-        options = RunOptions(output_dir=tmp_path / f"q{quality}", image_format="jpg", quality=quality, target=0)
+        options = OutputOptions(output_dir=tmp_path / f"q{quality}", image_format="jpg", quality=quality)
         (record,) = BatchRunner(explainer, options).run(discover([tmp_path / "sq.png"]))
         data = Path(record.outputs[0]).read_bytes()
         assert Image.open(io.BytesIO(data)).format == "JPEG"

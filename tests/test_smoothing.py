@@ -14,10 +14,10 @@ from pytorch_grad_cam.utils.svd_on_activations import get_2d_projection
 from square_model import square_image
 from test_methods import photo, random_model, tiny_cnn
 
-from gradcam_cli.explain import Explainer
-from gradcam_cli.images import InputSpec
-from gradcam_cli.methods import METHODS
-from gradcam_cli.smoothing import IDENTITY, Augmentation, augmentations, first_component
+from gradcam_cli.cam.explainer import Explainer
+from gradcam_cli.cam.methods import METHODS
+from gradcam_cli.cam.smoothing import IDENTITY, Augmentation, augmentations, first_component
+from gradcam_cli.io.images import InputSpec
 
 SQUARE_BOX = (330, 40, 390, 100)  # x1, y1, x2, y2 of square_image()'s red square in its 480x320 image
 

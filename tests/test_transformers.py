@@ -18,12 +18,12 @@ from square_model import ColourDetector, square_image
 from torch import nn
 from torchvision.ops.misc import Permute
 
-from gradcam_cli.explain import Explainer
-from gradcam_cli.images import InputSpec
-from gradcam_cli.layers import default_layer, inspect_layers
-from gradcam_cli.methods import METHODS, hirescam
-from gradcam_cli.models import LoadedModel
-from gradcam_cli.reshape import Layout, infer_layout, spatial, to_spatial
+from gradcam_cli.cam.explainer import Explainer
+from gradcam_cli.cam.layers import default_layer, inspect_layers
+from gradcam_cli.cam.methods import METHODS, hirescam
+from gradcam_cli.cam.reshape import Layout, infer_layout, spatial, to_spatial
+from gradcam_cli.io.images import InputSpec
+from gradcam_cli.models.loading import LoadedModel
 
 SQUARE_BOX = (330, 40, 390, 100)  # square_image()'s red square, x1, y1, x2, y2, in its 480x320 image
 

@@ -9,10 +9,11 @@ import pytest
 
 cv2 = pytest.importorskip("cv2")
 
-from gradcam_cli.batch import RunOptions  # noqa: E402
-from gradcam_cli.discovery import InputImage  # noqa: E402
-from gradcam_cli.explain import Explainer  # noqa: E402
-from gradcam_cli.video import VideoRunner, probe  # noqa: E402
+from gradcam_cli.cam.explainer import Explainer  # noqa: E402
+from gradcam_cli.io.discovery import InputImage  # noqa: E402
+from gradcam_cli.io.video import probe  # noqa: E402
+from gradcam_cli.options import OutputOptions, RunOptions  # noqa: E402
+from gradcam_cli.pipeline.video import VideoRunner  # noqa: E402
 
 FRAMES, WIDTH, HEIGHT, FPS, SIDE = 20, 96, 64, 12.0, 16
 
@@ -61,8 +62,9 @@ def _peak_x(frame: np.ndarray) -> float:
 
 def _run(explainer: Explainer, clip: Path, out: Path, every: int, **options) -> tuple[list, list[int]]:
     calls: list[int] = []
-    run_options = RunOptions(output_dir=out, alpha=1.0, colormap="gray", target=0, **options)
-    runner = VideoRunner(explainer, run_options, every=every)
+    explainer.target = 0
+    output = OutputOptions(output_dir=out, alpha=1.0, colormap="gray", **options)
+    runner = VideoRunner(explainer, output, RunOptions(every=every))
     records = runner.run(InputImage(clip, Path("clip")), on_frame=lambda: calls.append(1))
     return records, calls
 
@@ -101,8 +103,9 @@ def test_every_n_explains_every_nth_frame_and_holds_the_map(
 
 
 def test_top_k_writes_one_video_per_rank_and_report_thumbnails(explainer: Explainer, clip: Path, tmp_path: Path):
-    options = RunOptions(output_dir=tmp_path, top_k=2, report=True)
-    records = VideoRunner(explainer, options, every=4).run(InputImage(clip, Path("sub/clip")))
+    explainer.top_k = 2
+    options = OutputOptions(output_dir=tmp_path, report=True)
+    records = VideoRunner(explainer, options, RunOptions(every=4)).run(InputImage(clip, Path("sub/clip")))
     names = [Path(r.outputs[0]).name for r in records]
     assert names == ["clip_gradcam_top1.mp4", "clip_gradcam_top2.mp4"]
     assert all(len(_read(r.outputs[0])) == FRAMES for r in records)

@@ -1,0 +1,192 @@
+"""The hook engine: the one place that touches a model's hooks, modes and gradient flags.
+
+A forward hook on each target layer records its feature maps and hands the rest of the network a fresh leaf
+tensor in their place, so the backward pass starts at the class score and stops at the target layer: nothing
+before it is differentiated, and no parameter ``.grad`` is ever written. Gradients come from a full backward hook
+(``register_full_backward_hook``) on the layer.
+
+The in-place trap: a full backward hook wraps the layer's output in a view made by ``BackwardHookFunction``; an
+in-place op after the layer (``ReLU(inplace=True)`` after a VGG conv, ``F.relu(x, inplace=True)`` after DenseNet's
+``features``, ``out += identity`` after a ResNet block's last BatchNorm) then raises "Output 0 of
+BackwardHookFunction is a view and is being modified inplace". The engine catches that error, remembers the module,
+and reruns the forward in *tensor-hook mode*: the forward hook returns a clone of the leaf, so the in-place op
+edits the clone, and a tensor hook on the leaf receives the gradient. Either way the recorded activations are the
+layer's own output, taken before any later in-place op could change them.
+
+A module that runs more than once per forward (ResNet blocks reuse one ``ReLU`` three times) is explained at its
+*last* call: each call gets its own leaf, and only the last call's leaf is differentiated.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..errors import UsageError
+
+_INPLACE_ERROR_MARKERS = ("BackwardHookFunction", "inplace")
+_modules_needing_tensor_hooks: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+@dataclass
+class LayerRecord:
+    """What the hooks saw of one target layer during the last forward and backward pass."""
+
+    name: str
+    module: nn.Module
+    calls: int = 0
+    activations: torch.Tensor | None = None
+    gradients: torch.Tensor | None = None
+    leaf: torch.Tensor | None = None
+    handles: list[torch.utils.hooks.RemovableHandle] = field(default_factory=list)
+
+
+@contextmanager
+def model_state_preserved(model: nn.Module) -> Iterator[None]:
+    """Put ``model`` in eval mode with frozen parameters; restore every module's mode and every flag on exit."""
+    modes = [(module, module.training) for module in model.modules()]
+    flags = [(param, param.requires_grad) for param in model.parameters()]
+    try:
+        model.eval()
+        for param, _ in flags:
+            param.requires_grad_(False)
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
+        for param, requires_grad in flags:
+            param.requires_grad_(requires_grad)
+
+
+class LayerCapture:
+    """Context manager that hooks target layers, runs forward passes and returns their gradients.
+
+    >>> with LayerCapture(model, {"layer4": model.layer4}) as capture:
+    ...     logits = capture.forward(batch)
+    ...     grads = capture.gradients(logits[:, 281].sum())
+    ...     acts = capture.activations()
+    """
+
+    def __init__(self, model: nn.Module, layers: Mapping[str, nn.Module]) -> None:
+        if not layers:
+            raise UsageError("at least one target layer is needed")
+        self.model = model
+        self.records = {name: LayerRecord(name, module) for name, module in layers.items()}
+        self._exit_stack = ExitStack()
+
+    def __enter__(self) -> LayerCapture:
+        self._exit_stack.enter_context(model_state_preserved(self.model))
+        self._exit_stack.callback(self._release)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._exit_stack.close()
+
+    def _release(self) -> None:
+        self._remove_hooks()
+        for record in self.records.values():
+            record.activations = record.gradients = record.leaf = None
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Run the model with hooks in place and return its logits (graph kept from the target layers on)."""
+        try:
+            return self._forward_once(inputs)
+        except RuntimeError as error:
+            if not all(marker in str(error) for marker in _INPLACE_ERROR_MARKERS):
+                raise
+            _modules_needing_tensor_hooks.update(r.module for r in self.records.values())
+            return self._forward_once(inputs)
+
+    def gradients(self, score: torch.Tensor, retain_graph: bool = False) -> dict[str, torch.Tensor]:
+        """Backpropagate a scalar ``score`` to the target layers; return each layer's output gradient."""
+        leaves = [record.leaf for record in self.records.values()]
+        if any(leaf is None for leaf in leaves):
+            missing = [r.name for r in self.records.values() if r.leaf is None]
+            raise UsageError(f"layer {missing[0]!r} did not run during the forward pass; choose another --layer")
+        for record in self.records.values():
+            record.gradients = None
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+            direct = torch.autograd.grad(score, leaves, retain_graph=retain_graph, allow_unused=True)
+        grads = {}
+        for record, fallback in zip(self.records.values(), direct, strict=True):
+            grad = record.gradients if record.gradients is not None else fallback
+            grads[record.name] = torch.zeros_like(record.leaf) if grad is None else grad
+        return grads
+
+    def forward_unhooked(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Logits of an extra forward pass with the hooks removed and autograd off (Score-CAM's masked inputs).
+
+        Recorded activations, leaves and graph from the last :meth:`forward` stay usable for :meth:`gradients`.
+        """
+        self._remove_hooks()
+        with torch.no_grad():
+            logits = self.model(inputs)
+        return logits if isinstance(logits, torch.Tensor) else first_tensor(logits)
+
+    def activations(self) -> dict[str, torch.Tensor]:
+        """Feature maps of each target layer's last call, as the layer produced them."""
+        return {name: record.activations for name, record in self.records.items()}
+
+    def calls(self) -> dict[str, int]:
+        """How often each target layer ran during the last forward pass."""
+        return {name: record.calls for name, record in self.records.items()}
+
+    def _forward_once(self, inputs: torch.Tensor) -> torch.Tensor:
+        self._remove_hooks()
+        for record in self.records.values():
+            record.calls = 0
+            record.activations = record.gradients = record.leaf = None
+            self._register(record, tensor_mode=record.module in _modules_needing_tensor_hooks)
+        with torch.enable_grad():
+            logits = self.model(inputs)
+        if not isinstance(logits, torch.Tensor):
+            logits = first_tensor(logits)
+        return logits
+
+    def _register(self, record: LayerRecord, tensor_mode: bool) -> None:
+        def save_gradient(grad: torch.Tensor) -> None:
+            record.gradients = grad
+
+        def on_forward(_module: nn.Module, _inputs: object, output: object) -> torch.Tensor:
+            if not isinstance(output, torch.Tensor):
+                raise UsageError(
+                    f"layer {record.name!r} outputs {type(output).__name__}, not a tensor; choose another --layer"
+                )
+            record.calls += 1
+            record.activations = output.detach()
+            # The first target layer starts the graph with a fresh leaf; a target layer downstream of it keeps its
+            # output connected, so that gradients still reach the earlier one (--layer layer3 --layer layer4).
+            record.leaf = output if output.requires_grad else output.detach().requires_grad_(True)
+            if tensor_mode:
+                record.leaf.register_hook(save_gradient)
+                return record.leaf.clone()
+            return record.leaf
+
+        def on_backward(_module: nn.Module, _grad_input: object, grad_output: Sequence[torch.Tensor]) -> None:
+            record.gradients = grad_output[0]
+
+        record.handles.append(record.module.register_forward_hook(on_forward))
+        if not tensor_mode:
+            record.handles.append(record.module.register_full_backward_hook(on_backward))
+
+    def _remove_hooks(self) -> None:
+        for record in self.records.values():
+            for handle in record.handles:
+                handle.remove()
+            record.handles.clear()
+
+
+def first_tensor(output: object) -> torch.Tensor:
+    """Logits from models that return tuples or named tuples (GoogLeNet and Inception in train mode)."""
+    if isinstance(output, Sequence) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    if hasattr(output, "logits") and isinstance(output.logits, torch.Tensor):
+        return output.logits
+    raise UsageError(f"the model returned {type(output).__name__}; expected a tensor of class scores")

@@ -1,0 +1,224 @@
+"""CAM methods: small pure functions from a layer's activations and gradients to a coarse saliency map.
+
+Every method takes ``activations`` A and ``gradients`` g = dS^c/dA (S^c: the target class's logit) of shape
+(N, C, h, w) and returns an (N, h, w) map, not yet upsampled or normalised (see :func:`gradcam_cli.maps.to_image_maps`).
+Most methods weight the channels, W_k = w_k * A^k, and end with :func:`combine`: ReLU(sum_k W_k), or with
+``eigen_smooth=True`` ReLU of the first principal component of the W_k (see :mod:`gradcam_cli.smoothing`).
+Each method is registered in ``METHODS`` as a :class:`CamMethod`: its ``--method`` name, what it needs (the
+backward pass; Score-CAM also the model, as a :class:`MaskedScores`) and what it costs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..options import METHOD_NAMES
+from .maps import normalise, upsample
+from .smoothing import first_component
+
+ProgressCallback = Callable[[int, int], object]
+"""Called as ``progress(done, total)`` while Score-CAM's masked inputs run."""
+
+SCORECAM_BATCH_SIZE = 32
+"""Masked inputs per forward pass in Score-CAM (``Explainer(score_batch_size=...)``)."""
+
+
+@dataclass(frozen=True)
+class CamMethod:
+    """One registered method: its ``--method`` name, the pure function that computes its coarse map, what that
+    function needs besides the activations (``uses_gradients``: the backward pass, one per target, shared by all
+    such methods; ``uses_model``: a :class:`MaskedScores` as third argument, for extra forward passes), and whether
+    one map serves every target (``class_agnostic``)."""
+
+    name: str
+    compute: Callable[..., torch.Tensor]
+    uses_gradients: bool = True
+    uses_model: bool = False
+    class_agnostic: bool = False
+
+
+def combine(weighted: torch.Tensor, eigen_smooth: bool = False) -> torch.Tensor:
+    """ReLU(sum_k W_k), or ReLU(first principal component of W) with ``eigen_smooth``: (N, C, h, w) -> (N, h, w)."""
+    cam = first_component(weighted) if eigen_smooth else weighted.sum(dim=1)
+    return torch.relu(cam)
+
+
+def _spatial_sum(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.sum(dim=(2, 3), keepdim=True)
+
+
+def gradcam(activations: torch.Tensor, gradients: torch.Tensor, *, eigen_smooth: bool = False) -> torch.Tensor:
+    """Grad-CAM (Selvaraju et al., "Grad-CAM: Visual Explanations from Deep Networks", ICCV 2017).
+
+    w_k = mean_{i,j} g^k_{ij};  L = ReLU(sum_k w_k A^k).
+    """
+    weights = gradients.mean(dim=(2, 3), keepdim=True)
+    return combine(weights * activations, eigen_smooth)
+
+
+def gradcam_plus_plus(
+    activations: torch.Tensor, gradients: torch.Tensor, *, eigen_smooth: bool = False
+) -> torch.Tensor:
+    """Grad-CAM++ (Chattopadhay et al., "Grad-CAM++: Improved Visual Explanations for Deep Convolutional
+    Networks", WACV 2018), Eq. 19 with the exponential score Y^c = exp(S^c) of Sec. 3.3.
+
+    alpha^k_{ij} = g_{ij}^2 / (2 g_{ij}^2 + sum_{a,b} A^k_{ab} g_{ij}^3)  (zero where that denominator is zero);
+    w_k = sum_{i,j} alpha^k_{ij} ReLU(g^k_{ij});  L = ReLU(sum_k w_k A^k).
+
+    With Y = exp(S) and a piecewise-linear network, dY/dA = exp(S) g, d2Y/dA2 = exp(S) g^2, d3Y/dA3 = exp(S) g^3:
+    exp(S) cancels in alpha and scales every w_k alike, so it vanishes once the map is normalised. The sum in the
+    denominator is over the *activations* only (sum_ab A_ab times g_ij^3); implementations that sum
+    A_ab * g_ab^3 instead get Eq. 19 wrong. alpha is evaluated as 1 / (2 + g_ij sum_ab A_ab) for g_ij != 0, the
+    same quotient without the g^2 and g^3 that underflow for small gradients; pytorch-grad-cam instead adds 1e-6 to
+    the denominator, which dominates 2 g^2 when |g| < ~1e-3 (as with random weights) and changes the map there.
+    """
+    totals = _spatial_sum(activations)
+    denominator = 2 + totals * gradients
+    usable = (gradients != 0) & (denominator != 0)
+    alpha = torch.where(usable, 1 / torch.where(usable, denominator, torch.ones_like(denominator)), 0.0)
+    weights = _spatial_sum(alpha * torch.relu(gradients))
+    return combine(weights * activations, eigen_smooth)
+
+
+def xgradcam(activations: torch.Tensor, gradients: torch.Tensor, *, eigen_smooth: bool = False) -> torch.Tensor:
+    """XGrad-CAM (Fu et al., "Axiom-based Grad-CAM: Towards Accurate Visualization and Explanation of CNNs",
+    BMVC 2020).
+
+    w_k = sum_{i,j} (A^k_{ij} / sum_{a,b} A^k_{ab}) g^k_{ij}  (zero for a channel whose activations sum to 0);
+    L = ReLU(sum_k w_k A^k).
+    """
+    totals = _spatial_sum(activations)
+    safe = torch.where(totals != 0, totals, torch.ones_like(totals))
+    weights = torch.where(totals != 0, _spatial_sum(gradients * activations) / safe, 0.0)
+    return combine(weights * activations, eigen_smooth)
+
+
+def hirescam(activations: torch.Tensor, gradients: torch.Tensor, *, eigen_smooth: bool = False) -> torch.Tensor:
+    """HiResCAM (Draelos & Carin, "Use HiResCAM instead of Grad-CAM for faithful explanations of convolutional
+    neural networks", arXiv:2011.08891, 2020).
+
+    L = ReLU(sum_k g^k ⊙ A^k): the gradient multiplies each position instead of being averaged first. (With
+    eigen-smooth the map is no longer the exact score decomposition the paper proves.)
+    """
+    return combine(gradients * activations, eigen_smooth)
+
+
+def layercam(activations: torch.Tensor, gradients: torch.Tensor, *, eigen_smooth: bool = False) -> torch.Tensor:
+    """LayerCAM (Jiang et al., "LayerCAM: Exploring Hierarchical Class Activation Maps for Localization",
+    IEEE TIP 30, 2021).
+
+    L = ReLU(sum_k ReLU(g^k) ⊙ A^k): only positive gradients count, position by position.
+    """
+    return combine(torch.relu(gradients) * activations, eigen_smooth)
+
+
+def eigencam(
+    activations: torch.Tensor, gradients: torch.Tensor | None = None, *, eigen_smooth: bool = False
+) -> torch.Tensor:
+    """Eigen-CAM (Muhammad & Yeasin, "Eigen-CAM: Class Activation Map using Principal Components", IJCNN 2020).
+
+    L = ReLU(A_c v_1): the activations' first principal component, where A_c is the (h*w, C) activation matrix
+    with each channel centred (as pytorch-grad-cam does; the paper decomposes A itself) and v_1 its first right
+    singular vector, signed so that its loadings sum positive (the map correlates with sum_k A^k; pytorch-grad-cam
+    leaves the sign to the SVD routine). Class-agnostic: no gradients, one map for every target.
+    ``eigen_smooth`` changes nothing: the map already is a first principal component.
+    """
+    return torch.relu(first_component(activations))
+
+
+class MaskedScores:
+    """Score-CAM's extra forward passes: the target class's probability for the input masked by each channel.
+
+    ``forward`` runs the model on a batch (without hooks or autograd); ``inputs`` (N, 3, H, W) are the inputs
+    being explained and ``targets`` (N,) their target classes. Masked inputs run ``batch_size`` at a time;
+    ``progress(done, total)`` is called before the first batch and after each one, the last time with
+    ``done == total`` even if a pass fails (nothing is printed otherwise).
+    Channels whose map is constant are skipped (their weight is 0), as the authors' code does.
+    """
+
+    def __init__(
+        self,
+        forward: Callable[[torch.Tensor], torch.Tensor],
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        batch_size: int = SCORECAM_BATCH_SIZE,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        self.forward = forward
+        self.inputs = inputs
+        self.targets = targets.view(-1)
+        self.batch_size = max(1, batch_size)
+        self.progress = progress
+
+    def __call__(self, activations: torch.Tensor) -> torch.Tensor:
+        """(N, C, h, w) activations -> (N, C) probabilities p(target | input ⊙ mask_k)."""
+        flat = activations.flatten(2)
+        varying = (flat.amax(dim=2) > flat.amin(dim=2)).nonzero()  # (P, 2): (sample, channel) pairs
+        scores = torch.zeros(activations.shape[:2], device=activations.device, dtype=torch.float32)
+        total = varying.shape[0]
+        self._report(0, total)
+        try:
+            for start in range(0, total, self.batch_size):
+                sample, channel = varying[start : start + self.batch_size].unbind(dim=1)
+                masks = scorecam_masks(activations[sample, channel], self.inputs.shape[-2:])
+                with torch.no_grad():
+                    logits = self.forward(self.inputs[sample] * masks.unsqueeze(1).to(self.inputs.dtype))
+                probabilities = logits.float().softmax(dim=1)
+                scores[sample, channel] = probabilities.gather(1, self.targets[sample].unsqueeze(1)).squeeze(1)
+                if start + self.batch_size < total:
+                    self._report(start + self.batch_size, total)
+        finally:
+            self._report(total, total)  # always the last call, also on errors, so that a bar can close
+        return scores
+
+    def _report(self, done: int, total: int) -> None:
+        if self.progress is not None:
+            self.progress(done, total)
+
+
+def scorecam_masks(maps: torch.Tensor, size: tuple[int, int] | torch.Size) -> torch.Tensor:
+    """Score-CAM's masks H^k: each (h, w) map bilinearly upsampled to the input ``size`` and min-max scaled to
+    [0, 1]: (B, h, w) -> (B, H, W)."""
+    return normalise(upsample(maps, size))
+
+
+def scorecam(
+    activations: torch.Tensor,
+    gradients: torch.Tensor | None,
+    model: MaskedScores,
+    *,
+    eigen_smooth: bool = False,
+) -> torch.Tensor:
+    """Score-CAM (Wang et al., "Score-CAM: Score-Weighted Visual Explanations for Convolutional Neural Networks",
+    CVPR Workshops 2020).
+
+    H^k = minmax(Up(A^k));  w_k = softmax(f(X ⊙ H^k))_c;  L = ReLU(sum_k w_k A^k).
+
+    The weight is the target class's softmax probability for the input masked by channel k, as in the authors'
+    code (github.com/haofanwang/Score-CAM); the paper's baseline term f(X_b) is left out, as there. pytorch-grad-cam
+    instead applies a softmax across the channels to the raw target logits (and upsamples the masks with
+    align_corners=True), which weights channels differently. Costs one forward pass per non-constant channel; no
+    gradients.
+    """
+    weights = model(activations).to(activations.dtype)
+    return combine(weights[:, :, None, None] * activations, eigen_smooth)
+
+
+METHODS: dict[str, CamMethod] = {
+    method.name: method
+    for method in (
+        CamMethod("gradcam", gradcam),
+        CamMethod("gradcam++", gradcam_plus_plus),
+        CamMethod("xgradcam", xgradcam),
+        CamMethod("hirescam", hirescam),
+        CamMethod("layercam", layercam),
+        CamMethod("scorecam", scorecam, uses_gradients=False, uses_model=True),
+        CamMethod("eigencam", eigencam, uses_gradients=False, class_agnostic=True),
+    )
+}
+"""Every method, by the name ``--method`` accepts, in :data:`gradcam_cli.options.METHOD_NAMES` order."""
+if tuple(METHODS) != METHOD_NAMES:  # the parser validates --method against METHOD_NAMES without importing torch
+    raise ImportError(f"METHODS {tuple(METHODS)} and options.METHOD_NAMES {METHOD_NAMES} disagree")

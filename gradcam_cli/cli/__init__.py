@@ -1,0 +1,28 @@
+"""The command line: ``gradcam`` (:mod:`.explain`) and ``gradcam eval`` (:mod:`.eval`).
+
+The commands parse options into :mod:`gradcam_cli.options` and report what the library does; they do no work of
+their own. Torch is imported only after parsing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .explain import app
+from .reporting import run_app
+
+__all__ = ["app", "main"]
+
+
+def main() -> None:
+    """Console-script entry point; ``gradcam eval ...`` goes to the eval command."""
+    # Before torch loads OpenMP: threads that wait sleep instead of spinning. Spinning threads fight the decoding
+    # processes, the writer threads and any other program for the cores (several times slower on a busy machine).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if sys.argv[1:2] == ["eval"]:
+        from .eval import app as eval_app
+
+        run_app(eval_app, "gradcam eval", sys.argv[2:])
+        return
+    run_app(app, "gradcam", sys.argv[1:])

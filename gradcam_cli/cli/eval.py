@@ -1,0 +1,154 @@
+"""The ``gradcam eval`` command: parses its options, runs :mod:`gradcam_cli.evaluation`, reports. Torch loads
+after parsing.
+
+:func:`gradcam_cli.cli.main` hands ``gradcam eval ...`` to this app (the main command takes positional inputs, so
+eval cannot be a typer subcommand beside it).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
+from ..options import POINTING_TOLERANCE, EvalOptions
+from . import params
+from .reporting import ProgressBar, Reporter, run_reported
+
+if TYPE_CHECKING:
+    from ..options import ExplainOptions, ModelOptions
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+
+PLOT_FORMATS = (".png", ".pdf", ".svg")
+HELP = """Measure how faithful the maps are, and where the evidence lies.
+
+INPUT: image files, folders (searched recursively) or quoted glob patterns.
+
+Per method: deletion and insertion AUC (RISE; lower deletion, higher insertion is better), Average Drop and
+Increase in Confidence (Grad-CAM++). With --boxes: pointing game (15-pixel tolerance) and the share of the map's
+energy inside the boxes, per class, and the images whose evidence lies mostly outside the object. With --sanity:
+the model-parameter randomisation test.
+
+Exit codes: 0 all images evaluated; 1 some image failed; 2 usage error; 3 model/weights unavailable; 130
+interrupted."""
+
+
+@app.command(help=HELP)
+def evaluate(
+    inputs: Annotated[list[str], typer.Argument(metavar="INPUT", hidden=True, show_default=False)],
+    method: params.MethodOpt = params.MethodList(["gradcam"]),
+    model: params.ModelOpt = "resnet50",
+    weights: params.WeightsOpt = "DEFAULT",
+    num_classes: params.NumClassesOpt = None,
+    labels: params.LabelsOpt = None,
+    layer: params.LayerOpt = None,
+    aug_smooth: params.AugSmoothOpt = False,
+    eigen_smooth: params.EigenSmoothOpt = False,
+    target_class: params.TargetOpt = None,
+    steps: Annotated[
+        int,
+        typer.Option(
+            min=2, metavar="N", help="Points on the deletion/insertion curves: each step perturbs 1/N of the pixels."
+        ),
+    ] = 50,
+    batch_size: Annotated[int, typer.Option(min=1, metavar="N", help="Perturbed images per forward pass.")] = 16,
+    boxes: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="PATH", help="Ground truth: CSV image,x1,y1,x2,y2[,class], or a folder of Pascal VOC XML files."
+        ),
+    ] = None,
+    tolerance: Annotated[
+        float, typer.Option(min=0.0, metavar="PIXELS", help="Pointing-game tolerance in pixels.")
+    ] = POINTING_TOLERANCE,
+    sanity: Annotated[
+        bool, typer.Option("--sanity", help="Run the model-parameter randomisation test (Adebayo et al. 2018).")
+    ] = False,
+    sanity_layers: Annotated[
+        int,
+        typer.Option(
+            min=1, metavar="N", help="With --sanity: re-initialise the top 1..N parameterised modules, cascading."
+        ),
+    ] = 3,
+    plot: Annotated[
+        Path | None,
+        typer.Option(metavar="PATH", help="Write the mean deletion/insertion curves to this .png, .pdf or .svg."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the whole report as one JSON object.")] = False,
+    device: params.DeviceOpt = "auto",
+    input_size: params.InputSizeOpt = 224,
+    quiet: params.QuietOpt = False,
+    verbose: params.VerboseOpt = False,
+) -> None:
+    reporter = Reporter(quiet, verbose, as_json)
+    command = EvalCommand(
+        reporter,
+        inputs,
+        params.model_options(model, weights, num_classes, labels, input_size, device),
+        params.explain_options(layer, method, target_class, 1, aug_smooth, eigen_smooth),
+        EvalOptions(steps, batch_size, tolerance, sanity, sanity_layers, boxes=boxes, plot=plot),
+    )
+    run_reported(reporter, command.run)
+
+
+class EvalCommand:
+    """The parsed ``gradcam eval`` command; :meth:`run` returns the exit code."""
+
+    def __init__(
+        self,
+        reporter: Reporter,
+        inputs: list[str],
+        model: ModelOptions,
+        explain: ExplainOptions,
+        options: EvalOptions,
+    ) -> None:
+        self.reporter, self.inputs = reporter, inputs
+        self.model_options, self.explain_options, self.options = model, explain, options
+
+    def run(self) -> int:
+        from ..cam.explainer import Explainer
+        from ..evaluation.boxes import read_boxes
+        from ..evaluation.evaluate import Evaluator
+        from ..evaluation.report import write_plot
+        from ..evaluation.table import format_report
+        from ..io.discovery import discover
+
+        reporter, options = self.reporter, self.options
+        if options.plot is not None and options.plot.suffix.lower() not in PLOT_FORMATS:
+            raise UsageError(f"--plot {options.plot}: use a file ending in {', '.join(PLOT_FORMATS)}")
+        images = discover(self.inputs)
+        if not images:
+            raise UsageError(f"no images found in {' '.join(self.inputs)}")
+        boxes = read_boxes(options.boxes) if options.boxes is not None else None
+        explainer = Explainer.from_options(self.model_options, self.explain_options)
+        if not self.explain_options.layers:
+            reporter.info(f"using layer {explainer.layer_label} (last spatial layer; choose with --layer)")
+        evaluator = Evaluator(explainer, options)
+        started = time.perf_counter()
+        with ProgressBar(reporter, len(images), "evaluating") as progress:
+            report = evaluator.run(images, boxes, on_image=progress)
+        elapsed = time.perf_counter() - started
+        for failure in report.failed:
+            reporter.error(failure.error or f"{failure.image}: failed")
+        if report.unmatched_boxes:
+            reporter.info(f"{report.unmatched_boxes} box(es) name no input image and were ignored")
+        unboxed = [image for image in report.ok if not any(s.boxes for s in image.methods.values())]
+        if boxes and unboxed:
+            reporter.info(f"{len(unboxed)} image(s) have no boxes: scored for faithfulness only")
+        if reporter.as_json:
+            print(json.dumps(report.to_dict()), flush=True)
+        for line in format_report(report):
+            reporter.result(line)
+        if options.plot is not None and report.ok:
+            try:
+                write_plot(report, options.plot)
+            except OSError as error:
+                raise UsageError(f"cannot write --plot {options.plot}: {error.strerror or error}") from error
+            reporter.info(f"curves plotted to {options.plot}")
+        reporter.info(f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {elapsed:.1f}s")
+        return EXIT_IMAGE_FAILED if report.failed else EXIT_OK

@@ -1,0 +1,272 @@
+"""The ``gradcam`` command: parses its options into :mod:`gradcam_cli.options`, calls the library, reports.
+
+Torch is imported only after the options are parsed, so ``--help`` and option mistakes answer at once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
+from ..options import DEFAULT_MAX_SIDE, ImageFormat, OutputOptions, RunOptions
+from . import params
+from .reporting import PassProgress, ProgressBar, Reporter, run_reported
+
+if TYPE_CHECKING:
+    from ..cam.layers import LayerInfo
+    from ..options import ExplainOptions, ModelOptions
+    from ..pipeline.records import Record
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+
+HELP = """Explain what a vision classifier looks at with Grad-CAM overlays.
+
+INPUT: image files, folders (searched recursively), quoted glob patterns, or video files.
+
+Exit codes: 0 all images explained; 1 some image failed; 2 usage error; 3 model/weights unavailable; 130
+interrupted."""
+EPILOG = "Also: gradcam eval INPUT... measures how faithful the maps are (see gradcam eval --help)."
+
+
+@app.command(help=HELP, epilog=EPILOG)
+def explain(
+    inputs: Annotated[list[str] | None, typer.Argument(metavar="INPUT", hidden=True, show_default=False)] = None,
+    layer: params.LayerOpt = None,
+    model: params.ModelOpt = "resnet50",
+    weights: params.WeightsOpt = "DEFAULT",
+    num_classes: params.NumClassesOpt = None,
+    labels: params.LabelsOpt = None,
+    target_class: params.TargetOpt = None,
+    top_k: Annotated[
+        int,
+        typer.Option("--top-k", "-k", min=1, metavar="K", help="Explain each of the top K classes (one output each)."),
+    ] = 1,
+    method: params.MethodOpt = params.MethodList(["gradcam"]),
+    aug_smooth: params.AugSmoothOpt = False,
+    eigen_smooth: params.EigenSmoothOpt = False,
+    alpha: Annotated[
+        float, typer.Option(min=0.0, max=1.0, metavar="A", help="Heatmap opacity in the overlay, 0 to 1.")
+    ] = 0.5,
+    colormap: Annotated[str, typer.Option(metavar="NAME", help="Any matplotlib colormap name.")] = "jet",
+    image_format: Annotated[
+        ImageFormat,
+        typer.Option(
+            "--format", parser=params.parse_format, metavar="png|jpg|webp", help="Overlay, heatmap and panel format."
+        ),
+    ] = ImageFormat.PNG,
+    quality: Annotated[
+        int, typer.Option(min=1, max=100, metavar="Q", help="JPEG/WebP quality of overlays, heatmaps and panels.")
+    ] = 90,
+    save_raw: Annotated[
+        bool, typer.Option("--save-raw", help="Also save each map as float32 .npy (H x W, [0,1]).")
+    ] = False,
+    save_heatmap: Annotated[
+        bool, typer.Option("--save-heatmap", help="Also save the colour-mapped heatmap alone (in --format).")
+    ] = False,
+    panel: Annotated[
+        bool,
+        typer.Option(
+            "--panel",
+            help="Also save a figure per image: image | heatmap with colorbar | overlay "
+            "(a grid, rows classes x columns methods, with --top-k or several methods).",
+        ),
+    ] = False,
+    report: Annotated[
+        bool, typer.Option("--report", help="Write an HTML gallery of the run, OUTPUT_DIR/index.html.")
+    ] = False,
+    every: Annotated[
+        int, typer.Option(min=1, metavar="N", help="Videos: explain every Nth frame and hold its map in between.")
+    ] = 1,
+    output_dir: Annotated[
+        Path, typer.Option("--output-dir", "-o", metavar="DIR", help="Where outputs go (input tree mirrored).")
+    ] = Path("gradcam_out"),
+    device: params.DeviceOpt = "auto",
+    input_size: params.InputSizeOpt = 224,
+    batch_size: Annotated[
+        int | None,
+        typer.Option(min=1, metavar="N", help="Images per forward pass (default: 4 on the CPU, 16 on a GPU)."),
+    ] = None,
+    max_side: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            metavar="N",
+            help="Shrink images whose longer side is larger by a whole factor first, so overlays and maps are at "
+            "most this big (0: never).",
+        ),
+    ] = DEFAULT_MAX_SIDE,
+    workers: Annotated[
+        int | None, typer.Option(min=0, metavar="N", help="Decoding processes (default: spare cores, at most 4).")
+    ] = None,
+    manifest: Annotated[
+        Path | None, typer.Option(metavar="PATH", help="Write one row per output to this .jsonl or .csv file.")
+    ] = None,
+    skip_existing: Annotated[
+        bool, typer.Option("--skip-existing", help="Skip images whose outputs all exist (resume).")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object per image and target on stdout.")
+    ] = False,
+    list_layers: Annotated[
+        bool, typer.Option("--list-layers", help="List every layer with its output shape and exit.")
+    ] = False,
+    list_models: Annotated[
+        bool, typer.Option("--list-models", help="List the model names --model accepts and exit.")
+    ] = False,
+    quiet: params.QuietOpt = False,
+    verbose: params.VerboseOpt = False,
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    reporter = Reporter(quiet, verbose, as_json)
+    if version:
+        from .. import __version__
+
+        print(f"gradcam-cli {__version__}")
+        raise typer.Exit(EXIT_OK)
+    command = ExplainCommand(
+        reporter,
+        inputs or [],
+        params.model_options(model, weights, num_classes, labels, input_size, device),
+        params.explain_options(layer, method, target_class, top_k, aug_smooth, eigen_smooth),
+        OutputOptions(
+            output_dir,
+            image_format,
+            quality,
+            alpha,
+            colormap,
+            save_raw,
+            save_heatmap,
+            panel,
+            report,
+            manifest,
+            skip_existing,
+        ),
+        RunOptions(batch_size, workers, max_side=max_side or None, every=every),
+    )
+    if list_models:
+        run_reported(reporter, command.list_models)
+    if list_layers:
+        run_reported(reporter, command.list_layers)
+    run_reported(reporter, command.run)
+
+
+class ExplainCommand:
+    """The parsed command, run as one of its three actions; every action returns the exit code."""
+
+    def __init__(
+        self,
+        reporter: Reporter,
+        inputs: list[str],
+        model: ModelOptions,
+        explain: ExplainOptions,
+        output: OutputOptions,
+        run: RunOptions,
+    ) -> None:
+        self.reporter, self.inputs = reporter, inputs
+        self.model_options, self.explain_options, self.output, self.run_options = model, explain, output, run
+
+    def list_models(self) -> int:
+        from ..models.loading import available_models
+
+        for name in available_models():
+            print(name)
+        return EXIT_OK
+
+    def list_layers(self) -> int:
+        from ..cam.layers import layer_table
+        from ..io.discovery import discover
+        from ..models.devices import resolve_device
+        from ..models.loading import load_model
+
+        images = discover(self.inputs) if self.inputs else []
+        device = resolve_device(self.model_options.device)
+        loaded = load_model(self.model_options)
+        loaded.module.to(device)
+        infos, chosen = layer_table(loaded, device, images[0].path if images else None)
+        for info in infos:
+            if self.reporter.as_json:
+                print(json.dumps({**_layer_row(info), "default": info.name == chosen}))
+            else:
+                print(_layer_line(info, chosen))
+        if not self.reporter.as_json:
+            print(
+                "\n* default layer   + candidate (spatial output: N,C,H,W, channel-last N,H,W,C or ViT tokens N,L,C; "
+                "more than one position)   xN: runs N times per forward (its last call is explained)"
+            )
+        return EXIT_OK
+
+    def run(self) -> int:
+        from ..cam.explainer import Explainer
+        from ..io.discovery import discover_inputs
+        from ..pipeline.session import Session
+
+        if not self.inputs:
+            raise UsageError("no input given; try: gradcam IMAGE_OR_DIR [--layer NAME], or gradcam --help")
+        reporter = self.reporter
+        images, videos = discover_inputs(
+            self.inputs, exclude=self.output.output_dir, warn=lambda message: reporter.info(f"warning: {message}")
+        )
+        single = len(images) + len(videos) == 1
+        started = time.perf_counter()
+        with Session(self.output, self.run_options) as session:
+            progress = PassProgress(reporter) if "scorecam" in self.explain_options.methods else None
+            explainer = Explainer.from_options(self.model_options, self.explain_options, progress=progress)
+            if not self.explain_options.layers:
+                reporter.info(f"using layer {explainer.layer_label} (last spatial layer; choose with --layer)")
+            reporter.detail(f"model {explainer.model.name} ({explainer.model.weights}) on {explainer.device}")
+            bars = lambda label, total: ProgressBar(reporter, total, label)  # noqa: E731
+            shown: set[str] = set()
+            for record in session.explain(explainer, images, videos, progress=bars):
+                reporter.record(record)
+                _report_record(reporter, record, single, first_row=record.input not in shown)
+                shown.add(record.input)
+        if session.gallery is not None:
+            reporter.info(f"gallery written to {session.gallery}")
+        counts = session.counts
+        if not single:
+            elapsed = time.perf_counter() - started
+            done = counts.ok + counts.error
+            reporter.info(
+                f"done: {counts.ok} ok, {counts.error} failed, {counts.skipped} skipped "
+                f"in {elapsed:.1f}s ({done / elapsed if elapsed else 0:.2f} images/s)"
+            )
+        return EXIT_IMAGE_FAILED if counts.error else EXIT_OK
+
+
+def _layer_row(info: LayerInfo) -> dict[str, object]:
+    return {
+        "name": info.name,
+        "type": info.kind,
+        "output_shape": info.output_shape,
+        "calls": info.calls,
+        "candidate": info.is_candidate,
+    }
+
+
+def _layer_line(info: LayerInfo, chosen: str) -> str:
+    mark = "*" if info.name == chosen else "+" if info.is_candidate else " "
+    shape = "x".join(map(str, info.output_shape)) if info.output_shape else "-" if info.calls == 0 else "(non-tensor)"
+    calls = f"x{info.calls}" if info.calls > 1 else ""
+    return f"{mark} {info.name:<40} {info.kind:<28} {shape:<20} {calls}"
+
+
+def _report_record(reporter: Reporter, record: Record, single: bool, first_row: bool) -> None:
+    if record.status == "error":
+        reporter.error(record.error or f"{record.input}: failed")
+        return
+    if record.status == "skipped":
+        reporter.detail(f"skipped {record.input} (outputs exist)")
+        return
+    if single and first_row:
+        reporter.result(f"{record.input}  (model {record.model}, layer {record.layer})")
+        for rank, p in enumerate(record.predictions, 1):
+            reporter.result(f"  {rank}. {p.name:<30} {p.probability:7.2%}  (class {p.index})")
+    target = record.target
+    label = f"{target.name} ({target.probability:.1%})" if target else "each frame's own top class"
+    line = f"{record.method} for {label} -> {record.outputs[0]}"
+    reporter.result(f"  {line}" if single else f"{record.input}: {line}")

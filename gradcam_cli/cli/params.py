@@ -1,0 +1,142 @@
+"""Options shared by ``gradcam`` and ``gradcam eval``, declared once, and the parsers that validate their values.
+
+Each alias is a complete declaration (flags, placeholder, help); a command lists it with its default. The
+parsers turn text into the typed values of :mod:`gradcam_cli.options` and reject bad values with click's own
+one-line errors (exit 2), before anything is loaded. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..errors import suggest
+from ..options import DEVICE_PATTERN, METHOD_NAMES, ExplainOptions, ImageFormat, ModelOptions
+
+
+class MethodList(tuple[str, ...]):
+    """The ``--method`` value: method names, in the order given, each once."""
+
+
+def parse_methods(text: str | MethodList) -> MethodList:
+    """``gradcam,layercam`` -> ('gradcam', 'layercam'); an unknown name is refused with close matches."""
+    if isinstance(text, MethodList):
+        return text
+    names = list(dict.fromkeys(name.strip().lower() for name in text.split(",") if name.strip()))
+    if not names:
+        raise typer.BadParameter("needs at least one method name")
+    for name in names:
+        if name not in METHOD_NAMES:
+            hint = suggest(name, METHOD_NAMES) or f" Use {', '.join(METHOD_NAMES)}."
+            raise typer.BadParameter(f"unknown method {name!r}.{hint}")
+    return MethodList(names)
+
+
+def parse_format(text: str | ImageFormat) -> ImageFormat:
+    """``png``, ``jpg`` (or ``jpeg``) or ``webp``, in any case."""
+    try:
+        return ImageFormat.parse(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: use png, jpg or webp") from None
+
+
+def parse_device(text: str) -> str:
+    """``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps`` (whether it exists is checked when the model loads)."""
+    device = text.strip().lower()
+    if not DEVICE_PATTERN.match(device):
+        raise typer.BadParameter(f"{text!r}: use auto, cpu, cuda, cuda:N or mps")
+    return device
+
+
+ModelOpt = Annotated[
+    str,
+    typer.Option(
+        "--model",
+        "-m",
+        metavar="NAME",
+        help="torchvision model name (see --list-models), efficientnet_lite0, package.module:factory or "
+        "file.py:factory.",
+    ),
+]
+WeightsOpt = Annotated[
+    str,
+    typer.Option(
+        "--weights",
+        "-w",
+        metavar="WEIGHTS",
+        help="DEFAULT, a torchvision weights name (IMAGENET1K_V1), none (random), or a state-dict file.",
+    ),
+]
+NumClassesOpt = Annotated[
+    int | None, typer.Option(min=1, metavar="N", help="Classes of a replaced head (with --weights PATH).")
+]
+LabelsOpt = Annotated[Path | None, typer.Option(metavar="PATH", help="Text file with one class name per line.")]
+InputSizeOpt = Annotated[int, typer.Option(min=16, metavar="N", help="Shorter side of the network input, in pixels.")]
+DeviceOpt = Annotated[str, typer.Option(parser=parse_device, metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps.")]
+LayerOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--layer",
+        "-l",
+        metavar="NAME",
+        help="Dotted module name (repeatable: several layers are fused). Default: the last spatial layer.",
+    ),
+]
+MethodOpt = Annotated[
+    MethodList,
+    typer.Option(
+        parser=parse_methods,
+        metavar="NAME[,NAME...]",
+        help="CAM method(s), comma-separated; each writes its own output: gradcam, gradcam++, xgradcam, hirescam, "
+        "layercam (one backward pass per target, shared), eigencam (no backward pass, class-agnostic), scorecam (no "
+        "backward pass but one extra forward pass per channel of the layer, e.g. 2048 for resnet50 layer4, batched "
+        "32 at a time).",
+    ),
+]
+TargetOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--target-class",
+        "-t",
+        metavar="CLASS",
+        help="Class to explain: index or name. Default: the top prediction.",
+    ),
+]
+AugSmoothOpt = Annotated[
+    bool,
+    typer.Option(
+        "--aug-smooth",
+        help="Average each map over flipped and rescaled inputs (x0.75, x1, x1.25; 6 passes; flips only for "
+        "fixed-size models such as ViT), each mapped back to the image first.",
+    ),
+]
+EigenSmoothOpt = Annotated[
+    bool,
+    typer.Option(
+        "--eigen-smooth",
+        help="Use the first principal component of the weighted activations instead of their sum (less noise).",
+    ),
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print errors only.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="More detail, and tracebacks for failures.")]
+
+
+def model_options(
+    model: str, weights: str, num_classes: int | None, labels: Path | None, input_size: int, device: str
+) -> ModelOptions:
+    """What to load, from the shared options."""
+    return ModelOptions(model, weights, num_classes, labels, input_size, device)
+
+
+def explain_options(
+    layers: list[str] | None,
+    methods: MethodList,
+    target_class: str | None,
+    top_k: int,
+    aug_smooth: bool,
+    eigen_smooth: bool,
+) -> ExplainOptions:
+    """What to explain, from the shared options."""
+    return ExplainOptions(tuple(layers or ()), tuple(methods), target_class, top_k, aug_smooth, eigen_smooth)

@@ -1,0 +1,161 @@
+"""How the commands talk to the user: messages on stderr, results and JSON on stdout, progress bars, and errors
+turned into one line and an exit code."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, GradcamError
+
+if TYPE_CHECKING:
+    from ..pipeline.records import Record
+
+
+class Reporter:
+    """Human messages on stderr (or stdout for results when not --json), JSON lines on stdout."""
+
+    def __init__(self, quiet: bool, verbose: bool, as_json: bool) -> None:
+        self.quiet, self.verbose, self.as_json = quiet, verbose, as_json
+
+    def info(self, message: str) -> None:
+        if not self.quiet:
+            print(message, file=sys.stderr)
+
+    def detail(self, message: str) -> None:
+        if self.verbose and not self.quiet:
+            print(message, file=sys.stderr)
+
+    def result(self, message: str) -> None:
+        if not self.quiet and not self.as_json:
+            print(message)
+
+    def error(self, message: str) -> None:
+        print(f"error: {message}", file=sys.stderr)
+
+    def record(self, record: Record) -> None:
+        if self.as_json:
+            print(json.dumps(record.to_dict()), flush=True)
+
+
+def run_reported(reporter: Reporter, run: Callable[[], int]) -> None:
+    """Run a command's body; a GradcamError or Ctrl-C becomes one error line and its exit code."""
+    try:
+        code = run()
+    except GradcamError as error:
+        if reporter.verbose:
+            import traceback
+
+            traceback.print_exc()
+        reporter.error(str(error))
+        code = error.exit_code
+    except KeyboardInterrupt:
+        reporter.error("interrupted")
+        code = EXIT_INTERRUPTED
+    raise typer.Exit(code)
+
+
+def _rate_column(unit: str = "img") -> Any:  # built lazily: rich loads only when a bar is shown
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class RateColumn(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            return Text(f"{task.speed:.1f} {unit}/s" if task.speed else "")
+
+    return RateColumn()
+
+
+class ProgressBar:
+    """A rich progress bar on stderr when it is a terminal and not --quiet; otherwise a no-op callback."""
+
+    def __init__(self, reporter: Reporter, total: int, label: str = "explaining") -> None:
+        self.enabled = total > 1 and not reporter.quiet and sys.stderr.isatty()
+        self.total = total
+        self.label = label
+
+    def __enter__(self) -> ProgressBar:
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                _rate_column("frames" if self.label.endswith("frames") else "img"),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=True,
+                redirect_stdout=sys.stdout.isatty(),  # piped results (--json) must stay on stdout, not the bar's stderr
+            )
+            self.bar.__enter__()
+            self.task = self.bar.add_task(self.label, total=self.total)
+            ProgressBar.active = self
+        return self
+
+    def __call__(self) -> None:
+        if self.enabled:
+            self.bar.advance(self.task)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.enabled:
+            ProgressBar.active = None
+            self.bar.__exit__(*exc_info)
+
+    active: ProgressBar | None = None
+    """The bar on screen, if any: scorecam's forward passes show as a second row in it."""
+
+
+class PassProgress:
+    """scorecam's masked forward passes as a transient bar on stderr (terminal and not --quiet only): a row of
+    its own under the image bar when that shows, else a bar of its own."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter = reporter
+        self.own: ProgressBar | None = None
+        self.bar: Any = None
+        self.task: Any = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.task is None:
+            if done >= total or self.reporter.quiet or not sys.stderr.isatty():
+                return
+            host = ProgressBar.active
+            if host is None:
+                self.own = ProgressBar(self.reporter, total, "scorecam passes").__enter__()
+                if not self.own.enabled:
+                    self.own = None
+                    return
+                self.bar, self.task = self.own.bar, self.own.task
+            else:
+                self.bar, self.task = host.bar, host.bar.add_task("scorecam passes", total=total)
+        self.bar.update(self.task, completed=done)
+        if done >= total:
+            if self.own is not None:
+                self.own.__exit__(None, None, None)
+                self.own = None
+            else:
+                self.bar.remove_task(self.task)
+            self.task = None
+
+
+def run_app(typer_app: typer.Typer, prog_name: str, args: list[str]) -> None:
+    """Run a typer app; option-parsing mistakes end in one line on stderr and exit 2, not click's usage block."""
+    try:
+        code = typer_app(args=args, prog_name=prog_name, standalone_mode=False)
+    except Exception as error:
+        # click's ClickException (typer >= 0.2x vendors click): duck-typed so that every typer version works.
+        if type(error).__name__ == "Abort":
+            print("error: interrupted", file=sys.stderr)
+            code = EXIT_INTERRUPTED
+        elif hasattr(error, "format_message"):
+            print(f"error: {error.format_message()} (see {prog_name} --help)", file=sys.stderr)
+            code = getattr(error, "exit_code", EXIT_USAGE)
+        else:
+            raise
+    sys.exit(code or EXIT_OK)

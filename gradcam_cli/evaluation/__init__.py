@@ -1,0 +1,1 @@
+"""``gradcam eval``: faithfulness metrics, ground-truth boxes, the sanity check and the report."""

@@ -1,0 +1,276 @@
+"""Evaluating saliency maps over many images: faithfulness, ground-truth boxes and the randomisation sanity check.
+
+The protocol (the formulas themselves are in :mod:`gradcam_cli.metrics`):
+
+- Every image is resized as for explaining (no crop) and its *target* is the model's top class (or a fixed one).
+  Each method's map is computed once at the network input's resolution, for the perturbation metrics, and at the
+  original image's resolution, for the boxes.
+- **Deletion** (Petsiuk et al. 2018): pixels of the network input are replaced by the *baseline*, zero in the
+  normalised input space (the dataset's mean colour), most salient first. **Insertion**: starting from the input
+  blurred with an 11x11 Gaussian kernel of sigma 5 (as in RISE), the original pixels are put back, most salient
+  first. Both curves have ``steps + 1`` points: at point ``k`` the top ``round(k / steps * H * W)`` pixels are
+  perturbed, so the x axis is the fraction of pixels, 0 to 1. The y axis is the softmax probability of the target
+  class; the AUC is the trapezoidal area under it (x in [0, 1]). Lower deletion and higher insertion AUC are better.
+- **Average Drop / Increase in Confidence** (Chattopadhay et al. 2018): the map is multiplied into the normalised
+  input (``x * map``, so unexplained regions fade to the mean colour, the deletion baseline), and the target's
+  probability O on that is compared with Y on the image.
+- The perturbed images of one image (all methods, both curves, the masked image) go through the model in batches of
+  ``batch_size``.
+- **Boxes**: pointing game and energy-based pointing game on the original-resolution map, per box class. When a
+  box's class is one of the model's class names the map of that class is used, otherwise the target's.
+- **Sanity** (Adebayo et al. 2018): copies of the model with the top 1, 2, ..., N parameterised modules
+  re-initialised (cascading from the output down; ``reset_parameters()``, seeded) explain the same target; the
+  Spearman rank correlation with the trained model's map is averaged over images. A method whose maps still
+  correlate above :data:`SANITY_THRESHOLD` at some stage of the cascade is flagged: a map that explains the model
+  changes as soon as the output layer is re-initialised.
+
+Boxes are read and matched to images by :mod:`gradcam_cli.boxes`; the options, scores and report (with its JSON
+form and the curve plot) are in :mod:`gradcam_cli.eval_report`.
+"""
+
+import copy
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..cam.engine import first_tensor, model_state_preserved
+from ..cam.explainer import Explainer
+from ..cam.maps import to_image_maps
+from ..cam.results import Prediction
+from ..errors import GradcamError, UsageError
+from ..io.discovery import InputImage, discover
+from ..io.images import load_image, to_input_tensor
+from ..options import EvalOptions
+from . import metrics
+from .boxes import GroundTruthBox, match_boxes, read_boxes
+from .report import BLUR_KERNEL, BLUR_SIGMA, BoxScore, EvalReport, ImageScores, MethodScores
+
+__all__ = ["EvalOptions", "EvalReport", "Evaluator", "evaluate", "parameterised_modules", "reinitialise"]
+
+
+def parameterised_modules(model: nn.Module) -> list[str]:
+    """Names of the modules that own parameters, in registration order (for most models, the forward order)."""
+    return [name for name, module in model.named_modules() if name and any(True for _ in module.parameters(False))]
+
+
+def reinitialise(module: nn.Module, seed: int) -> None:
+    """Re-initialise ``module``'s own parameters reproducibly: ``reset_parameters()`` where it exists (BatchNorm
+    also forgets its running statistics), otherwise N(0, 0.02^2) weights and zero 1-D parameters."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+            return
+        with torch.no_grad():
+            for param in module.parameters(recurse=False):
+                if param.dim() > 1:
+                    param.normal_(0.0, 0.02)
+                else:
+                    param.zero_()
+
+
+class Evaluator:
+    """Run the evaluation protocol (see the module docstring) with one :class:`Explainer` over many images."""
+
+    def __init__(self, explainer: Explainer, options: EvalOptions | None = None) -> None:
+        self.explainer = explainer
+        self.options = options or EvalOptions()
+        if self.options.steps < 2:
+            raise UsageError("--steps must be at least 2")
+        if self.options.batch_size < 1:
+            raise UsageError("--batch-size must be at least 1")
+        self.sanity_modules: list[str] = []
+        self.randomised: list[Explainer] = []
+        if self.options.sanity:
+            self._build_randomised()
+
+    def _build_randomised(self) -> None:
+        """One explainer per cascade stage: stage k has the top k parameterised modules re-initialised."""
+        if self.options.sanity_layers < 1:
+            raise UsageError("--sanity-layers must be at least 1")
+        loaded = self.explainer.model
+        names = parameterised_modules(loaded.module)[::-1][: self.options.sanity_layers]
+        if not names:
+            raise UsageError("--sanity: the model has no parameters to re-initialise")
+        self.sanity_modules = names
+        for stage in range(1, len(names) + 1):
+            module = copy.deepcopy(loaded.module).cpu()
+            for depth, name in enumerate(names[:stage]):
+                reinitialise(module.get_submodule(name), self.options.seed + depth)
+            module.to(self.explainer.device)
+            self.randomised.append(
+                Explainer(
+                    replace(loaded, module=module),
+                    self.explainer.layer_names,
+                    self.explainer.methods,
+                    target=self.explainer.target,
+                    aug_smooth=self.explainer.aug_smooth,
+                    eigen_smooth=self.explainer.eigen_smooth,
+                    score_batch_size=self.explainer.score_batch_size,
+                )
+            )
+
+    def run(
+        self,
+        images: Sequence[InputImage | str | Path],
+        boxes: Sequence[GroundTruthBox] | None = None,
+        on_image: Callable[[], Any] | None = None,
+    ) -> EvalReport:
+        """Evaluate every image; ``on_image`` is called once per image (for progress bars)."""
+        inputs = list(images)
+        if not all(isinstance(image, InputImage) for image in inputs):
+            inputs = discover([getattr(image, "path", image) for image in inputs])
+        matched, unmatched = match_boxes(boxes, inputs) if boxes else ({}, [])
+        if boxes and not matched:
+            raise UsageError(f"none of the {len(boxes)} boxes names one of the input images (e.g. {boxes[0].image!r})")
+        results = []
+        for image in inputs:
+            results.append(self.evaluate_image(image.path, matched.get(image.path, [])))
+            if on_image:
+                on_image()
+        return EvalReport(
+            model=self.explainer.model.name,
+            layers=list(self.explainer.layer_names),
+            methods=list(self.explainer.methods),
+            options=self.options,
+            sanity_modules=self.sanity_modules,
+            images=results,
+            unmatched_boxes=len(unmatched),
+            target=self.explainer.target,
+        )
+
+    def evaluate_image(self, path: Path, boxes: Sequence[GroundTruthBox] = ()) -> ImageScores:
+        """All figures for one image; a failure to read or run it is returned as ``error``, not raised."""
+        try:
+            return self._evaluate(path, boxes)
+        except UsageError:
+            raise
+        except GradcamError as error:
+            return ImageScores(str(path), error=str(error))
+        except Exception as error:
+            return ImageScores(str(path), error=f"{path}: {type(error).__name__}: {error}")
+
+    def _evaluate(self, path: Path, boxes: Sequence[GroundTruthBox]) -> ImageScores:
+        explainer = self.explainer
+        picture = load_image(path)
+        inputs = to_input_tensor(picture, explainer.model.input_spec).unsqueeze(0).to(explainer.device)
+        probabilities, targets, cams = explainer.compute(inputs, explainer.target, top_k=1)
+        target_index = int(targets[0, 0])
+        target = explainer.prediction(target_index, float(probabilities[0, target_index]))
+        input_size = tuple(inputs.shape[-2:])
+        maps = {method: to_image_maps(cams[method][0], input_size)[0] for method in explainer.methods}
+        scores = self._perturbation_scores(inputs[0], target, maps)
+        if boxes:
+            self._score_boxes(scores, inputs, (picture.height, picture.width), boxes, target, cams)
+        for randomised in self.randomised:
+            _, _, random_cams = randomised.compute(inputs, target_index, top_k=1)
+            for method in explainer.methods:
+                random_map = to_image_maps(random_cams[method][0], input_size)[0]
+                scores[method].sanity.append(metrics.spearman(maps[method], random_map))
+        return ImageScores(str(path), target, scores)
+
+    def _perturbation_scores(
+        self, image: torch.Tensor, target: Prediction, maps: dict[str, torch.Tensor]
+    ) -> dict[str, MethodScores]:
+        """Deletion and insertion curves and the masked-image probability for every method, batched."""
+        import torchvision.transforms.functional as TF
+
+        steps = self.options.steps
+        height, width = image.shape[-2:]
+        counts = metrics.step_counts(height * width, steps)
+        baseline = torch.zeros_like(image)
+        blurred = TF.gaussian_blur(image, [BLUR_KERNEL, BLUR_KERNEL], [BLUR_SIGMA, BLUR_SIGMA])
+        ranks = {method: metrics.importance_ranks(saliency) for method, saliency in maps.items()}
+
+        def build(job: tuple) -> torch.Tensor:
+            if job[0] == "baseline":
+                return baseline
+            if job[0] == "blurred":
+                return blurred
+            method, kind, k = job
+            if kind == "masked":
+                return image * maps[method]
+            perturbed = ranks[method] < counts[k]
+            if kind == "deletion":
+                return torch.where(perturbed, baseline, image)
+            return torch.where(perturbed, image, blurred)
+
+        jobs: list[tuple] = [("baseline",), ("blurred",)]
+        for method in maps:
+            jobs += [(method, kind, k) for kind in ("deletion", "insertion") for k in range(1, steps)]
+            jobs.append((method, "masked", 0))
+        scores = dict(zip(jobs, self._probabilities(jobs, build, target.index), strict=True))
+        result = {}
+        for method in maps:
+            deletion = [scores[(method, "deletion", k)] for k in range(1, steps)]
+            insertion = [scores[(method, "insertion", k)] for k in range(1, steps)]
+            result[method] = MethodScores(
+                deletion=[target.probability, *deletion, scores[("baseline",)]],
+                insertion=[scores[("blurred",)], *insertion, target.probability],
+                masked_probability=scores[(method, "masked", 0)],
+            )
+        return result
+
+    def _probabilities(self, jobs: list[tuple], build: Callable[[tuple], torch.Tensor], target: int) -> Iterator[float]:
+        """The target's softmax probability for each job's image, forwarded ``batch_size`` images at a time."""
+        module = self.explainer.model.module
+        size = self.options.batch_size
+        with model_state_preserved(module), torch.inference_mode():
+            for start in range(0, len(jobs), size):
+                batch = torch.stack([build(job) for job in jobs[start : start + size]])
+                output = module(batch)
+                logits = output if isinstance(output, torch.Tensor) else first_tensor(output)
+                yield from logits.float().softmax(dim=1)[:, target].tolist()
+
+    def _score_boxes(
+        self,
+        scores: dict[str, MethodScores],
+        inputs: torch.Tensor,
+        size: tuple[int, int],
+        boxes: Sequence[GroundTruthBox],
+        target: Prediction,
+        cams: dict[str, list[list[torch.Tensor]]],
+    ) -> None:
+        """Pointing game and energy per box class, on maps at the original image's resolution."""
+        labels = list(dict.fromkeys(box.label for box in boxes))
+        for label in labels:
+            group = [box.box for box in boxes if box.label == label]
+            explained, group_cams = target, cams
+            class_index = self._class_of(label)
+            if class_index is not None and class_index != target.index:
+                probabilities, _, group_cams = self.explainer.compute(inputs, class_index, top_k=1)
+                explained = self.explainer.prediction(class_index, float(probabilities[0, class_index]))
+            for method, method_scores in scores.items():
+                saliency = to_image_maps(group_cams[method][0], size)[0]
+                method_scores.boxes.append(
+                    BoxScore(
+                        label,
+                        explained,
+                        metrics.pointing_hit(saliency, group, self.options.tolerance),
+                        metrics.energy_inside(saliency, group),
+                    )
+                )
+
+    def _class_of(self, label: str | None) -> int | None:
+        categories = self.explainer.model.categories
+        if label is None or categories is None:
+            return None
+        matches = [i for i, name in enumerate(categories) if name.lower() == label.lower()]
+        return matches[0] if len(matches) == 1 else None
+
+
+def evaluate(
+    explainer: Explainer,
+    images: Sequence[InputImage | str | Path],
+    options: EvalOptions | None = None,
+    boxes: str | Path | Sequence[GroundTruthBox] | None = None,
+    on_image: Callable[[], Any] | None = None,
+) -> EvalReport:
+    """Evaluate ``explainer``'s maps on ``images`` (files, folders or globs); ``boxes``: a file, folder or list."""
+    if isinstance(boxes, str | Path):
+        boxes = read_boxes(boxes)
+    return Evaluator(explainer, options).run(images, boxes, on_image)

@@ -1,0 +1,140 @@
+"""Pure metric functions for judging saliency maps: no model, no files, only numbers in and numbers out.
+
+Maps are (H, W) tensors; boxes are ``(x1, y1, x2, y2)`` in continuous pixel coordinates, where pixel ``(row, col)``
+covers ``[col, col + 1) x [row, row + 1)`` and counts as inside a box when its centre ``(col + 0.5, row + 0.5)`` is.
+Integer boxes therefore have exclusive ends, as PIL's ``paste`` and most CSV exports use them.
+
+References:
+- Deletion and insertion: Petsiuk, Das, Saenko, "RISE: Randomized Input Sampling for Explanation of Black-box
+  Models", BMVC 2018.
+- Average Drop and Increase in Confidence: Chattopadhay et al., "Grad-CAM++", WACV 2018.
+- Pointing game: Zhang et al., "Top-down Neural Attention by Excitation Backprop", ECCV 2016 (15-pixel tolerance).
+- Energy-based pointing game: Wang et al., "Score-CAM", CVPR Workshops 2020.
+- Model-parameter randomisation test: Adebayo et al., "Sanity Checks for Saliency Maps", NeurIPS 2018.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from ..options import POINTING_TOLERANCE
+
+Box = tuple[float, float, float, float]
+
+
+def auc(curve: Sequence[float]) -> float:
+    """Area under a curve sampled at evenly spaced fractions 0, 1/n, ..., 1 (trapezoidal rule, x in [0, 1])."""
+    values = [float(v) for v in curve]
+    if len(values) < 2:
+        raise ValueError("a curve needs at least two points")
+    return (sum(values) - (values[0] + values[-1]) / 2) / (len(values) - 1)
+
+
+def step_counts(pixels: int, steps: int) -> list[int]:
+    """How many pixels are perturbed at each of the ``steps + 1`` points of a deletion or insertion curve."""
+    if steps < 1:
+        raise ValueError("steps must be at least 1")
+    return [round(k * pixels / steps) for k in range(steps + 1)]
+
+
+def importance_ranks(saliency: torch.Tensor) -> torch.Tensor:
+    """Each pixel's position when the map is sorted from most to least salient (0 = most salient), as (H, W).
+
+    Ties keep row-major order (a stable sort), so the result is deterministic.
+    """
+    flat = saliency.flatten()
+    order = torch.sort(flat, descending=True, stable=True).indices
+    ranks = torch.empty_like(order)
+    ranks[order] = torch.arange(flat.numel(), device=flat.device)
+    return ranks.view(saliency.shape)
+
+
+def average_drop(full: Sequence[float], masked: Sequence[float]) -> float:
+    """Average Drop in %: mean over images of max(0, Y - O) / Y (Y: score on the image, O: on image x map)."""
+    pairs = _pairs(full, masked)
+    return 100.0 * sum(max(0.0, y - o) / y if y > 0 else 0.0 for y, o in pairs) / len(pairs)
+
+
+def increase_in_confidence(full: Sequence[float], masked: Sequence[float]) -> float:
+    """Increase in Confidence in %: the share of images whose score on image x map beats the score on the image."""
+    pairs = _pairs(full, masked)
+    return 100.0 * sum(o > y for y, o in pairs) / len(pairs)
+
+
+def _pairs(full: Sequence[float], masked: Sequence[float]) -> list[tuple[float, float]]:
+    if len(full) != len(masked) or not full:
+        raise ValueError("need the same number (at least one) of full-image and masked-image scores")
+    return [(float(y), float(o)) for y, o in zip(full, masked, strict=True)]
+
+
+def peak(saliency: torch.Tensor) -> tuple[int, int]:
+    """(row, col) of the map's maximum; among equal maxima the first in row-major order."""
+    index = int(torch.argmax(saliency.flatten()))
+    return divmod(index, saliency.shape[-1])
+
+
+def distance_to_box(row: int, col: int, box: Box) -> float:
+    """Euclidean distance from pixel (row, col)'s centre to a box (0 inside it)."""
+    x, y = col + 0.5, row + 0.5
+    x1, y1, x2, y2 = box
+    dx = max(x1 - x, 0.0, x - x2)
+    dy = max(y1 - y, 0.0, y - y2)
+    return math.hypot(dx, dy)
+
+
+def pointing_hit(saliency: torch.Tensor, boxes: Sequence[Box], tolerance: float = POINTING_TOLERANCE) -> bool:
+    """Pointing game: a hit when the map's maximum lies within ``tolerance`` pixels of any box."""
+    row, col = peak(saliency)
+    return any(distance_to_box(row, col, box) <= tolerance for box in boxes)
+
+
+def box_mask(shape: Sequence[int], boxes: Sequence[Box], device: torch.device | str = "cpu") -> torch.Tensor:
+    """Boolean (H, W) mask of the pixels whose centres lie in at least one box."""
+    height, width = shape
+    cols = torch.arange(width, device=device, dtype=torch.float32) + 0.5
+    rows = torch.arange(height, device=device, dtype=torch.float32) + 0.5
+    mask = torch.zeros(height, width, dtype=torch.bool, device=device)
+    for x1, y1, x2, y2 in boxes:
+        mask |= ((rows >= y1) & (rows <= y2))[:, None] & ((cols >= x1) & (cols <= x2))[None, :]
+    return mask
+
+
+def energy_inside(saliency: torch.Tensor, boxes: Sequence[Box]) -> float:
+    """Energy-based pointing game: the share of the map's total (non-negative) mass inside the boxes.
+
+    NaN for a map with no mass at all (nothing to locate).
+    """
+    saliency = saliency.float().clamp_min(0.0)
+    total = float(saliency.sum())
+    if total <= 0.0:
+        return math.nan
+    inside = float(saliency[box_mask(saliency.shape, boxes, saliency.device)].sum())
+    return inside / total
+
+
+def average_ranks(values: torch.Tensor) -> torch.Tensor:
+    """Ranks 1..n of a 1-D tensor, tied values sharing the mean of their ranks (as in Spearman's rho)."""
+    _, inverse, counts = torch.unique(values, sorted=True, return_inverse=True, return_counts=True)
+    ends = counts.cumsum(0).double()
+    mean_rank = ends - (counts.double() - 1) / 2
+    return mean_rank[inverse]
+
+
+def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Spearman rank correlation of two equally shaped maps (tied values get average ranks).
+
+    A constant map has no ranking: two constant maps count as unchanged (1.0), one constant map against a varying
+    one as unrelated (0.0).
+    """
+    if a.shape != b.shape:
+        raise ValueError(f"maps differ in shape: {tuple(a.shape)} vs {tuple(b.shape)}")
+    ra = average_ranks(a.detach().flatten().float().cpu())  # on the CPU: float64 ranks (MPS has no float64)
+    rb = average_ranks(b.detach().flatten().float().cpu())
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    norm_a, norm_b = float(ra.norm()), float(rb.norm())
+    if norm_a == 0.0 or norm_b == 0.0:
+        return 1.0 if norm_a == norm_b else 0.0
+    return float((ra * rb).sum()) / (norm_a * norm_b)

@@ -1,0 +1,244 @@
+"""The results of ``gradcam eval``: per-image and per-method scores, their summaries and JSON form, the curve plot.
+
+The protocol that produces them is described in :mod:`gradcam_cli.evaluate`; the formulas are in
+:mod:`gradcam_cli.metrics`.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..options import EvalOptions
+from . import metrics
+
+if TYPE_CHECKING:
+    from ..cam.results import Prediction
+
+BLUR_KERNEL = 11
+BLUR_SIGMA = 5.0
+SANITY_THRESHOLD = 0.9
+"""Mean Spearman correlation above which a method's maps 'barely change' when the model is randomised."""
+OUTSIDE_THRESHOLD = 0.5
+"""Images with less than this share of the map's energy inside the boxes are listed as 'evidence outside'."""
+
+
+@dataclass
+class BoxScore:
+    """Pointing game and energy for one class of boxes in one image."""
+
+    label: str | None
+    target: Prediction
+    hit: bool
+    energy: float
+
+
+@dataclass
+class MethodScores:
+    """One method's figures on one image."""
+
+    deletion: list[float]
+    insertion: list[float]
+    masked_probability: float
+    boxes: list[BoxScore] = field(default_factory=list)
+    sanity: list[float] = field(default_factory=list)
+
+    @property
+    def deletion_auc(self) -> float:
+        return metrics.auc(self.deletion)
+
+    @property
+    def insertion_auc(self) -> float:
+        return metrics.auc(self.insertion)
+
+
+@dataclass
+class ImageScores:
+    """Everything measured on one image (``error`` set and nothing else when it failed)."""
+
+    image: str
+    target: Prediction | None = None
+    methods: dict[str, MethodScores] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass
+class EvalReport:
+    """All images' scores plus what is needed to summarise them."""
+
+    model: str
+    layers: list[str]
+    methods: list[str]
+    options: EvalOptions
+    sanity_modules: list[str]
+    images: list[ImageScores]
+    unmatched_boxes: int = 0
+    target: int | None = None
+
+    @property
+    def ok(self) -> list[ImageScores]:
+        return [image for image in self.images if image.error is None]
+
+    @property
+    def failed(self) -> list[ImageScores]:
+        return [image for image in self.images if image.error is not None]
+
+    @property
+    def has_boxes(self) -> bool:
+        return any(s.boxes for image in self.ok for s in image.methods.values())
+
+    def summary(self, method: str) -> dict[str, Any]:
+        """Figures over all images for one method (means, percentages, per-class tables, the worst images)."""
+        scores = [(image, image.methods[method]) for image in self.ok]
+        out: dict[str, Any] = {"images": len(scores)}
+        if not scores:
+            return out
+        full = [image.target.probability for image, _ in scores if image.target]
+        masked = [s.masked_probability for _, s in scores]
+        out.update(
+            deletion_auc=_mean([s.deletion_auc for _, s in scores]),
+            insertion_auc=_mean([s.insertion_auc for _, s in scores]),
+            average_drop=metrics.average_drop(full, masked),
+            increase_in_confidence=metrics.increase_in_confidence(full, masked),
+            deletion_curve=[_mean(column) for column in zip(*(s.deletion for _, s in scores), strict=True)],
+            insertion_curve=[_mean(column) for column in zip(*(s.insertion for _, s in scores), strict=True)],
+        )
+        rows = [(image, box) for image, s in scores for box in s.boxes]
+        if rows:
+            out["pointing"] = _pointing_table([box for _, box in rows])
+            outside = [(image, box) for image, box in rows if not box.energy >= OUTSIDE_THRESHOLD]
+            outside.sort(key=lambda row: -1.0 if math.isnan(row[1].energy) else row[1].energy)
+            out["outside"] = [
+                {
+                    "image": image.image,
+                    "class": box.label,
+                    "energy": box.energy,
+                    "hit": box.hit,
+                    "explained": box.target.name,
+                    "probability": box.target.probability,
+                }
+                for image, box in outside
+            ]
+        if self.sanity_modules:
+            stages = [_mean(column) for column in zip(*(s.sanity for _, s in scores), strict=True)]
+            out["sanity"] = {
+                "modules": self.sanity_modules,
+                "spearman": stages,
+                "threshold": SANITY_THRESHOLD,
+                "flagged": any(rho > SANITY_THRESHOLD for rho in stages),
+            }
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole report as JSON-ready data (NaN becomes None)."""
+        data = {
+            "model": self.model,
+            "layers": self.layers,
+            "steps": self.options.steps,
+            "target": self.target,
+            "tolerance": self.options.tolerance,
+            "deletion_baseline": "zero in normalised input space (the mean colour)",
+            "insertion_baseline": f"Gaussian blur, kernel {BLUR_KERNEL}, sigma {BLUR_SIGMA}",
+            "images": len(self.images),
+            "failed": [{"image": image.image, "error": image.error} for image in self.failed],
+            "unmatched_boxes": self.unmatched_boxes,
+            "methods": {method: self.summary(method) for method in self.methods},
+            "per_image": [_image_dict(image) for image in self.ok],
+        }
+        return _json_safe(data)
+
+
+def _pointing_table(boxes: Sequence[BoxScore]) -> dict[str, Any]:
+    def cell(group: Sequence[BoxScore]) -> dict[str, Any]:
+        energies = [b.energy for b in group if not math.isnan(b.energy)]
+        hits = sum(b.hit for b in group)
+        return {
+            "count": len(group),
+            "hits": hits,
+            "accuracy": 100.0 * hits / len(group),
+            "energy": _mean(energies) if energies else math.nan,
+        }
+
+    labels = sorted({b.label for b in boxes if b.label is not None})
+    per_class = {label: cell([b for b in boxes if b.label == label]) for label in labels}
+    return {"overall": cell(boxes), "per_class": per_class}
+
+
+def _image_dict(image: ImageScores) -> dict[str, Any]:
+    assert image.target is not None
+    return {
+        "image": image.image,
+        "target": _prediction_dict(image.target),
+        "methods": {
+            name: {
+                "deletion_auc": s.deletion_auc,
+                "insertion_auc": s.insertion_auc,
+                "masked_probability": s.masked_probability,
+                "deletion_curve": s.deletion,
+                "insertion_curve": s.insertion,
+                "boxes": [
+                    {"class": b.label, "explained": _prediction_dict(b.target), "hit": b.hit, "energy": b.energy}
+                    for b in s.boxes
+                ],
+                **({"sanity_spearman": s.sanity} if s.sanity else {}),
+            }
+            for name, s in image.methods.items()
+        },
+    }
+
+
+def _prediction_dict(p: Prediction) -> dict[str, Any]:
+    return {"index": p.index, "name": p.name, "probability": p.probability}
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float):
+        return None if math.isnan(value) else value
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(item) for item in value]
+    return value
+
+
+def _mean(values: Sequence[float]) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else math.nan
+
+
+def write_plot(report: EvalReport, path: Path) -> None:
+    """Plot each method's mean deletion and insertion curves (Agg canvas, no pyplot) and write the file atomically.
+
+    The format follows ``path``'s suffix (``.png``, ``.pdf``, ``.svg``).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from ..io.atomic import write_atomic
+
+    figure = Figure(figsize=(10, 4), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(1, 2, sharey=True)
+    for method in report.methods:
+        s = report.summary(method)
+        if not s.get("images"):
+            continue
+        for ax, kind in zip(axes, ("deletion", "insertion"), strict=True):
+            curve = s[f"{kind}_curve"]
+            fractions = [k / (len(curve) - 1) for k in range(len(curve))]
+            ax.plot(fractions, curve, label=f"{method} (AUC {s[f'{kind}_auc']:.3f})")
+    for ax, kind in zip(axes, ("deletion", "insertion"), strict=True):
+        ax.set_title(f"{kind.capitalize()} ({'lower' if kind == 'deletion' else 'higher'} AUC is better)")
+        ax.set_xlabel(f"fraction of pixels {'removed' if kind == 'deletion' else 'inserted'}")
+        ax.set_xlim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    axes[0].set_ylabel("probability of the explained class")
+    figure.suptitle(f"{report.model}: mean over {len(report.ok)} image(s)")
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format=path.suffix.lower().lstrip("."))
+    write_atomic(path, buffer.getvalue())

@@ -1,0 +1,102 @@
+"""Reading images and turning them into network inputs without cropping anything away."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from ..errors import ImageError
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+MAX_IMAGE_PIXELS = 64_000_000
+"""Images with more pixels are refused before decoding (a 48 MP photo passes; decompression bombs do not)."""
+MAX_ASPECT = 4
+"""The network input's longer side is at most this many times ``InputSpec.size`` (see ``resized_shape``)."""
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """How a model wants its input: the shorter side's length (or an exact size) and the normalisation."""
+
+    size: int = 224
+    fixed_size: tuple[int, int] | None = None
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    max_side: int | None = None
+    """Longest side of the network input; ``None``: ``MAX_ASPECT * size`` (896 for 224)."""
+
+    def resized_shape(self, height: int, width: int) -> tuple[int, int]:
+        """(H, W) of the network input for an image of ``height`` x ``width``: aspect kept, shorter side = size.
+
+        Extreme aspect ratios are capped: the longer side never exceeds ``max_side`` (a 4000 x 40 strip becomes
+        896 x 9, not 22400 x 224), so one odd image cannot blow up time or memory; its shorter side is then
+        below ``size``.
+        """
+        if self.fixed_size is not None:
+            return self.fixed_size
+        longest = self.max_side or MAX_ASPECT * self.size
+        scale = min(self.size / min(height, width), longest / max(height, width))
+        return max(1, round(height * scale)), max(1, round(width * scale))
+
+
+def load_image(path: str | Path, max_side: int | None = None) -> Image.Image:
+    """Open an image as RGB with its EXIF orientation applied; raise ImageError with a one-line reason.
+
+    ``max_side``: shrink images whose longer side is larger by the smallest whole factor that brings it within
+    ``max_side`` (8000 x 6000 becomes 4000 x 3000 at 4096), averaging each factor x factor block. A JPEG is
+    decoded at 1/2, 1/4 or 1/8 scale directly where that fits (``Image.draft``), so a 48 MP photo costs a
+    fraction of its full decode.
+    """
+    path = Path(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                if image.width * image.height > MAX_IMAGE_PIXELS:
+                    raise Image.DecompressionBombError(path)
+                image.seek(0)
+                factor = shrink_factor(image.size, max_side)
+                if factor > 1:
+                    image.draft(None, (-(-image.width // factor), -(-image.height // factor)))
+                image = ImageOps.exif_transpose(image)
+                image = image.convert("RGB")
+                factor = shrink_factor(image.size, max_side)
+                return image.reduce(factor) if factor > 1 else image
+    except FileNotFoundError as error:
+        raise ImageError(f"{path}: no such file") from error
+    except IsADirectoryError as error:
+        raise ImageError(f"{path}: is a directory") from error
+    except PermissionError as error:
+        raise ImageError(f"{path}: permission denied") from error
+    except UnidentifiedImageError as error:
+        raise ImageError(f"{path}: not an image Pillow can read") from error
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
+        raise ImageError(f"{path}: too many pixels (limit {MAX_IMAGE_PIXELS:,}); resize it first") from error
+    except (OSError, SyntaxError, ValueError) as error:
+        raise ImageError(f"{path}: unreadable image ({error})") from error
+
+
+def shrink_factor(size: tuple[int, int], max_side: int | None) -> int:
+    """The smallest whole factor that brings the longer side of ``size`` within ``max_side`` (1: none needed)."""
+    return max(1, -(-max(size) // max_side)) if max_side else 1
+
+
+def to_input_tensor(image: Image.Image, spec: InputSpec) -> torch.Tensor:
+    """Resize the whole image (no crop) as ``spec`` says and normalise it: a (3, H, W) float tensor."""
+    height, width = spec.resized_shape(image.height, image.width)
+    resized = image.resize((width, height), Image.Resampling.BILINEAR)
+    pixels = torch.from_numpy(np.asarray(resized, dtype=np.uint8).copy()).permute(2, 0, 1).float().div_(255)
+    mean = torch.tensor(spec.mean).view(3, 1, 1)
+    std = torch.tensor(spec.std).view(3, 1, 1)
+    return (pixels - mean) / std
+
+
+def to_pixel_tensor(image: Image.Image) -> torch.Tensor:
+    """The image's pixels as an (H, W, 3) uint8 tensor."""
+    return torch.from_numpy(np.asarray(image, dtype=np.uint8).copy())

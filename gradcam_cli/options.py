@@ -1,0 +1,117 @@
+"""The typed options every entry point parses into: what to load, what to explain, what to write, how to run.
+
+The command line builds these frozen dataclasses at its boundary and the library takes them, so a notebook can
+build the same objects by hand. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_MAX_SIDE = 4096
+"""Images whose longer side is larger are shrunk by a whole factor to fit first (``--max-side``; 0: never)."""
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+"""The devices ``--device`` accepts: auto, cpu, mps, cuda or cuda:N."""
+METHOD_NAMES = ("gradcam", "gradcam++", "xgradcam", "hirescam", "layercam", "scorecam", "eigencam")
+"""The CAM methods ``--method`` accepts, as registered in :data:`gradcam_cli.cam.methods.METHODS`."""
+POINTING_TOLERANCE = 15.0
+"""Pixels a map's maximum may lie outside a box and still count as a hit (Zhang et al. 2016)."""
+
+
+class ImageFormat(str, enum.Enum):
+    """File format of overlays, heatmaps and panels."""
+
+    PNG = "png"
+    JPG = "jpg"
+    WEBP = "webp"
+
+    @property
+    def suffix(self) -> str:
+        """The file-name suffix, with its dot."""
+        return f".{self.value}"
+
+    @classmethod
+    def parse(cls, text: str | ImageFormat) -> ImageFormat:
+        """``png``, ``jpg`` (or ``jpeg``), ``webp``, in any case and with or without a dot."""
+        if isinstance(text, ImageFormat):
+            return text
+        value = text.strip().lower().lstrip(".")
+        return cls("jpg" if value == "jpeg" else value)
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """What to load: the model, its weights and class names, the input geometry and the device."""
+
+    model: str = "resnet50"
+    weights: str = "DEFAULT"
+    num_classes: int | None = None
+    labels: Path | None = None
+    input_size: int = 224
+    device: str = "auto"
+
+
+@dataclass(frozen=True)
+class ExplainOptions:
+    """What to explain: layers (empty: the default layer), methods, which classes, and smoothing."""
+
+    layers: tuple[str, ...] = ()
+    methods: tuple[str, ...] = ("gradcam",)
+    target_class: str | None = None
+    top_k: int = 1
+    aug_smooth: bool = False
+    eigen_smooth: bool = False
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """What to write, and where."""
+
+    output_dir: Path = Path("gradcam_out")
+    image_format: ImageFormat = ImageFormat.PNG
+    quality: int = 90
+    alpha: float = 0.5
+    colormap: str = "jet"
+    save_raw: bool = False
+    save_heatmap: bool = False
+    panel: bool = False
+    report: bool = False
+    manifest: Path | None = None
+    skip_existing: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "output_dir", Path(self.output_dir))
+        object.__setattr__(self, "image_format", ImageFormat.parse(self.image_format))
+        if self.manifest is not None:
+            object.__setattr__(self, "manifest", Path(self.manifest))
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run: batching, decoding processes, writer threads, the size limit, and video frame sampling.
+
+    ``batch_size`` and ``workers`` of ``None`` pick the defaults for the device and the machine.
+    """
+
+    batch_size: int | None = None
+    workers: int | None = None
+    writers: int = 2
+    max_side: int | None = DEFAULT_MAX_SIDE
+    every: int = 1
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """How ``gradcam eval`` measures: curve resolution, batching, pointing tolerance and the sanity check."""
+
+    steps: int = 50
+    batch_size: int = 16
+    tolerance: float = POINTING_TOLERANCE
+    sanity: bool = False
+    sanity_layers: int = 3
+    seed: int = 0
+    boxes: Path | None = None
+    plot: Path | None = None

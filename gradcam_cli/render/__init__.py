@@ -1,0 +1,1 @@
+"""Pictures: colour maps and overlays, image encoding, matplotlib panels, the HTML gallery."""

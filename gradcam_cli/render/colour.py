@@ -1,0 +1,90 @@
+"""Colour-mapping saliency maps and blending them over the photo: by formula, and by table look-up."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from ..errors import UsageError, suggest
+
+BLEND_CHUNK_PIXELS = 1 << 20
+"""Overlays of large images are blended this many pixels at a time, so blending needs little memory."""
+
+
+@functools.lru_cache(maxsize=16)
+def _colormap_table(name: str) -> np.ndarray:
+    import matplotlib
+
+    try:
+        cmap = matplotlib.colormaps[name]
+    except KeyError:
+        raise UsageError(f"unknown colormap {name!r}.{suggest(name, list(matplotlib.colormaps))}") from None
+    return cmap(np.linspace(0.0, 1.0, 256))[:, :3].astype(np.float32)
+
+
+def colormap_table(name: str, device: torch.device | str = "cpu") -> torch.Tensor:
+    """A (256, 3) float lookup table in [0, 1] for a matplotlib colormap."""
+    return torch.from_numpy(_colormap_table(name)).to(device)
+
+
+def colorize(saliency: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Map an (H, W) float map in [0, 1] through a colour table: (H, W, 3) float in [0, 1].
+
+    Indices come from the float map (clamped, then rounded), so 1.0 is the table's top colour: no uint8 wrap.
+    """
+    index = (saliency.clamp(0.0, 1.0) * (table.shape[0] - 1)).round().long()
+    return table[index]
+
+
+def heatmap_image(saliency: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """The colour-mapped map alone (no photo under it), as an (H, W, 3) uint8 tensor."""
+    return (colorize(saliency, table) * 255.0).round().clamp(0, 255).to(torch.uint8)
+
+
+def blend(pixels: torch.Tensor, saliency: torch.Tensor, table: torch.Tensor, alpha: float) -> torch.Tensor:
+    """Overlay: (1 - alpha) * image + alpha * colour(map), as an (H, W, 3) uint8 tensor."""
+    heat = colorize(saliency, table)
+    image = pixels.to(heat.device, torch.float32) / 255.0
+    mixed = (1.0 - alpha) * image + alpha * heat
+    return (mixed * 255.0).round().clamp(0, 255).to(torch.uint8)
+
+
+class Blender:
+    """:func:`blend`, bit for bit, by table look-up: a few times faster, and in small memory.
+
+    ``blend`` is a function of each pixel's value (0-255, per channel) and its colour index (the map value scaled
+    to the table), so ``blend`` itself, run once over every (index, value) pair, gives a table from which an
+    overlay is two integer operations and a gather per channel. Large images go a band of rows at a time.
+    """
+
+    def __init__(self, table: torch.Tensor, alpha: float) -> None:
+        self.table, self.alpha = table, alpha
+        size = table.shape[0]
+        levels = torch.arange(size, dtype=torch.float32).view(size, 1).expand(size, 256) / (size - 1)
+        values = torch.arange(256, dtype=torch.uint8).view(1, 256, 1).expand(size, 256, 3).contiguous()
+        exact = bool((self._index(levels) == torch.arange(size, dtype=torch.int32).view(size, 1)).all())
+        lut = blend(values, levels, table.cpu(), alpha).numpy()  # (colour index, pixel value, channel)
+        self.lut = np.ascontiguousarray(lut.transpose(0, 2, 1)).reshape(-1) if exact else None
+        self.offsets = np.arange(3, dtype=np.int32) * 256
+
+    def _index(self, saliency: torch.Tensor) -> torch.Tensor:
+        """The colour index exactly as :func:`colorize` computes it."""
+        return (saliency.clamp(0.0, 1.0) * (self.table.shape[0] - 1)).round().to(torch.int32)
+
+    def __call__(self, pixels: torch.Tensor, saliency: torch.Tensor) -> torch.Tensor:
+        """The (H, W, 3) uint8 overlay of (H, W, 3) uint8 ``pixels`` and an (H, W) map in [0, 1], on the CPU."""
+        height, width = pixels.shape[:2]
+        rows = max(1, BLEND_CHUNK_PIXELS // max(1, width))
+        out = torch.empty((height, width, 3), dtype=torch.uint8)
+        for top in range(0, height, rows):
+            out[top : top + rows] = self._blend(pixels[top : top + rows], saliency[top : top + rows])
+        return out
+
+    def _blend(self, pixels: torch.Tensor, saliency: torch.Tensor) -> torch.Tensor:
+        if self.lut is None or saliency.device.type != "cpu" or pixels.dtype != torch.uint8:
+            return blend(pixels, saliency, self.table, self.alpha).cpu()
+        index = self._index(saliency.detach()).numpy()
+        flat = index[..., None] * (3 * 256) + self.offsets + pixels.numpy()
+        return torch.from_numpy(np.take(self.lut, flat))

@@ -1,0 +1,210 @@
+"""The ``--report`` gallery: one self-contained static ``index.html`` for a whole run.
+
+It is built at the end of a run from its :class:`~gradcam_cli.pipeline.records.Record` rows. Images are not embedded:
+each overlay gets a small JPEG thumbnail under ``<output_dir>/_thumbs/`` (written while the run has the overlay in
+memory) and the page links to the full-size files by relative paths, so the output folder can be moved or zipped
+as a whole. The entries travel as one embedded JSON array; a few lines of plain JavaScript show them a page at a
+time (with a filter box), and thumbnails load lazily, so the page stays quick with 10,000 images. Failures are also
+listed as static HTML, so they read even with scripts off.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import time
+from collections.abc import Iterable
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+import torch
+
+from ..io.atomic import write_atomic
+from ..io.naming import INDEX_NAME, relative_posix, thumbnail_relative
+
+if TYPE_CHECKING:
+    from ..pipeline.records import Record
+
+THUMB_SIDE = 192
+THUMB_QUALITY = 80
+PAGE_SIZE = 60
+MAX_LISTED_FAILURES = 500
+_IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
+
+
+def encode_thumbnail(pixels: torch.Tensor) -> bytes:
+    """A JPEG at most THUMB_SIDE pixels on its longer side, from an (H, W, 3) uint8 tensor."""
+    from PIL import Image
+
+    return _encode(Image.fromarray(pixels.cpu().numpy()))
+
+
+def _encode(image: Any) -> bytes:
+    import io
+
+    from PIL import Image
+
+    image = image.convert("RGB")
+    image.thumbnail((THUMB_SIDE, THUMB_SIDE), Image.Resampling.BILINEAR, reducing_gap=2.0)
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=THUMB_QUALITY)
+    return buffer.getvalue()
+
+
+def save_thumbnail(pixels: torch.Tensor, path: Path) -> None:
+    """Write the thumbnail of an (H, W, 3) uint8 overlay atomically."""
+    write_atomic(path, encode_thumbnail(pixels))
+
+
+def _ensure_thumbnail(root: str, overlay: str) -> str | None:
+    """The overlay's thumbnail, made from the file when the run did not write one (e.g. an older run's outputs)."""
+    thumb = os.path.join(root, thumbnail_relative(overlay, root))
+    if os.path.isfile(thumb):
+        return thumb
+    if os.path.splitext(overlay)[1].lower() not in _IMAGE_SUFFIXES or not os.path.isfile(overlay):
+        return None
+    try:
+        from PIL import Image
+
+        with Image.open(overlay) as image:
+            image.draft("RGB", (THUMB_SIDE, THUMB_SIDE))
+            write_atomic(Path(thumb), _encode(image))
+    except (OSError, ValueError):
+        return None
+    return thumb
+
+
+def _href(path: Path | str, root: str) -> str:
+    """A relative URL from the gallery in the absolute directory ``root`` to ``path`` (file URI if none exists)."""
+    relative = relative_posix(str(path), root)
+    if relative is None:
+        return Path(path).absolute().as_uri()
+    return quote(relative, safe="/")
+
+
+def _kind(path: str) -> str:
+    name = os.path.basename(path).lower()
+    suffix = os.path.splitext(name)[1]
+    if suffix == ".npy":
+        return "raw map"
+    if suffix in (".mp4", ".avi", ".mov", ".mkv", ".webm"):
+        return "video"
+    if "_panel." in name:
+        return "panel"
+    if "_heatmap-" in name:
+        return "heatmap"
+    return "file"
+
+
+def _prediction(prediction: Any) -> list[Any]:
+    return [prediction.name, round(float(prediction.probability), 4), prediction.index]
+
+
+def gallery_entries(records: Iterable[Record], output_dir: Path) -> list[dict[str, Any]]:
+    """One JSON-ready entry per input, sorted by path, merging that input's rows (targets x methods)."""
+    entries: dict[str, dict[str, Any]] = {}
+    root = os.path.abspath(output_dir)
+    for record in records:
+        entry = entries.get(record.input)
+        if entry is None:
+            entry = entries[record.input] = {
+                "name": record.input,
+                "src": _href(record.input, root),
+                "status": record.status,
+                "predictions": [],
+                "views": [],
+                "files": [],
+                "error": None,
+            }
+        if record.status == "error":
+            entry["status"] = "error"
+            entry["error"] = record.error or "failed"
+            continue
+        if record.status != "ok" or not record.outputs:
+            continue
+        if not entry["predictions"]:
+            entry["predictions"] = [_prediction(p) for p in record.predictions]
+        main, *others = record.outputs
+        thumb = _ensure_thumbnail(root, main)
+        view = {
+            "method": record.method,
+            "target": _prediction(record.target) if record.target else None,
+            "href": _href(main, root),
+            "kind": _kind(main),
+            "thumb": _href(thumb, root) if thumb else None,
+            "files": [],
+        }
+        for other in others:
+            kind = _kind(other)
+            link = [kind, _href(other, root)]
+            if kind == "panel":
+                if link not in entry["files"]:
+                    entry["files"].append(link)
+            else:
+                view["files"].append(link)
+        entry["views"].append(view)
+    return sorted(entries.values(), key=lambda entry: (entry["name"].lower(), entry["name"]))
+
+
+def write_gallery(
+    records: Iterable[Record],
+    output_dir: Path,
+    title: str = "gradcam report",
+    details: dict[str, str] | None = None,
+    page_size: int = PAGE_SIZE,
+) -> Path:
+    """Write ``<output_dir>/index.html`` atomically from a run's records; return its path."""
+    output_dir = Path(output_dir)
+    rows = list(records)
+    entries = gallery_entries(rows, output_dir)
+    counts = {status: sum(e["status"] == status for e in entries) for status in ("ok", "error", "skipped")}
+    models = sorted({r.model for r in rows})
+    layers = sorted({r.layer for r in rows})
+    methods = sorted({r.method for r in rows if r.method})
+    facts = {
+        "images": str(len(entries)),
+        "explained": str(counts["ok"]),
+        "failed": str(counts["error"]),
+        "skipped": str(counts["skipped"]),
+        "model": ", ".join(models),
+        "layer": ", ".join(layers),
+        "method": ", ".join(methods),
+        "written": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **(details or {}),
+    }
+    failures = [e for e in entries if e["status"] == "error"]
+    page = _asset("page.html").format(
+        title=html.escape(title),
+        facts="".join(f"<div><dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd></div>" for k, v in facts.items() if v),
+        failures=_failures_html(failures),
+        page_size=int(page_size),
+        data=json.dumps(entries, separators=(",", ":")).replace("<", "\\u003c"),
+        style=_asset("style.css"),
+        script=_asset("script.js"),
+    )
+    path = output_dir / INDEX_NAME
+    write_atomic(path, page.encode("utf-8"))
+    return path
+
+
+def _failures_html(failures: list[dict[str, Any]]) -> str:
+    if not failures:
+        return ""
+    items = "".join(
+        f'<li><a href="{html.escape(e["src"])}">{html.escape(e["name"])}</a>: {html.escape(e["error"] or "")}</li>'
+        for e in failures[:MAX_LISTED_FAILURES]
+    )
+    more = len(failures) - MAX_LISTED_FAILURES
+    tail = f"<p>… and {more} more (choose “failed” above to page through all).</p>" if more > 0 else ""
+    return (
+        f'<details id="failures" open><summary>{len(failures)} failed</summary>'
+        f'<ul class="failures">{items}</ul>{tail}</details>'
+    )
+
+
+def _asset(name: str) -> str:
+    """A file of the page (HTML template, CSS, JavaScript), shipped as package data in ``gallery_page/``."""
+    return resources.files(__package__).joinpath("gallery_page", name).read_text(encoding="utf-8")

@@ -1,0 +1,118 @@
+(function () {
+  "use strict";
+  const parseStarted = performance.now();
+  const entries = JSON.parse(document.getElementById("gallery-data").textContent);
+  const parseMs = (performance.now() - parseStarted).toFixed(1);
+  const cards = document.getElementById("cards");
+  const count = document.getElementById("count");
+  const search = document.getElementById("filter");
+  const status = document.getElementById("status");
+  const prev = document.getElementById("prev");
+  const next = document.getElementById("next");
+  const pageSize = Number(cards.dataset.pageSize) || 60;
+  let page = 0;
+  let shown = entries;
+
+  function el(tag, attrs, text) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, value);
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+  function pct(p) { return (100 * p).toFixed(1) + "%"; }
+
+  function card(entry) {
+    const node = el("article", {class: "card " + entry.status, "data-status": entry.status});
+    const head = el("h2");
+    head.append(el("a", {href: entry.src}, entry.name));
+    node.append(head);
+    const views = el("div", {class: "views"});
+    for (const view of entry.views) {
+      const figure = el("figure");
+      const link = el("a", {href: view.href});
+      if (view.thumb) {
+        link.append(el("img", {class: "thumb", src: view.thumb, loading: "lazy", decoding: "async",
+          alt: (view.method || "") + " " + (view.target ? view.target[0] : "")}));
+      } else {
+        link.append(el("span", {class: "thumb none"}, view.kind === "video" ? "▶ video" : "open"));
+      }
+      figure.append(link);
+      const caption = el("figcaption");
+      caption.append(document.createTextNode((view.method || "") + " · "));
+      if (view.target) {
+        caption.append(document.createTextNode(view.target[0] + " "));
+        caption.append(el("span", {class: "p"}, pct(view.target[1]) + " (#" + view.target[2] + ")"));
+      } else {
+        caption.append(el("span", {class: "p"}, "top class per frame"));
+      }
+      if (view.files.length) {
+        const links = el("div", {class: "links"});
+        for (const [label, href] of view.files) links.append(el("a", {href: href}, label));
+        caption.append(links);
+      }
+      figure.append(caption);
+      views.append(figure);
+    }
+    if (entry.views.length) node.append(views);
+    if (entry.files.length) {
+      const files = el("div", {class: "files"}, "all views: ");
+      for (const [label, href] of entry.files) files.append(el("a", {href: href}, label));
+      node.append(files);
+    }
+    if (entry.predictions.length) {
+      const list = el("ol", {class: "preds", title: "top predictions"});
+      for (const [name, p, index] of entry.predictions) {
+        list.append(el("li", {}, name + " " + pct(p) + " (#" + index + ")"));
+      }
+      node.append(list);
+    }
+    if (entry.error) node.append(el("p", {class: "err"}, entry.error));
+    if (entry.status === "skipped") node.append(el("p", {}, "skipped: outputs from an earlier run"));
+    return node;
+  }
+
+  function applyFilter() {
+    const words = search.value.toLowerCase().split(/\s+/).filter(Boolean);
+    const wanted = status.value;
+    shown = entries.filter(function (entry) {
+      if (wanted !== "all" && entry.status !== wanted) return false;
+      if (!words.length) return true;
+      const parts = [entry.name, ...entry.predictions.map(p => p[0])];
+      for (const v of entry.views) parts.push(v.method || "", v.target ? v.target[0] : "");
+      const text = parts.join(" ").toLowerCase();
+      return words.every(w => text.includes(w));
+    });
+    page = 0;
+    render();
+  }
+
+  function render() {
+    const started = performance.now();
+    const pages = Math.max(1, Math.ceil(shown.length / pageSize));
+    page = Math.min(Math.max(page, 0), pages - 1);
+    const start = page * pageSize;
+    const slice = shown.slice(start, start + pageSize);
+    const fragment = document.createDocumentFragment();
+    for (const entry of slice) fragment.append(card(entry));
+    cards.replaceChildren(fragment);
+    cards.dataset.shown = String(slice.length);
+    cards.dataset.total = String(shown.length);
+    cards.dataset.renderMs = (performance.now() - started).toFixed(1);
+    const range = (start + 1) + "\u2013" + (start + slice.length);
+    count.textContent = shown.length
+      ? "showing " + range + " of " + shown.length + " images (page " + (page + 1) + " of " + pages + ")"
+      : "no images match";
+    prev.disabled = page === 0;
+    next.disabled = page >= pages - 1;
+    if (history.replaceState) history.replaceState(null, "", "#page=" + (page + 1));
+  }
+
+  prev.addEventListener("click", function () { page -= 1; render(); window.scrollTo(0, 0); });
+  next.addEventListener("click", function () { page += 1; render(); window.scrollTo(0, 0); });
+  search.addEventListener("input", applyFilter);
+  status.addEventListener("change", applyFilter);
+  const match = /page=(\d+)/.exec(location.hash);
+  if (match) page = Number(match[1]) - 1;
+  render();
+  cards.dataset.parseMs = parseMs;
+})();

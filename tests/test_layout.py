@@ -1,0 +1,86 @@
+"""The package's shape: no import cycles between its modules (type-checking imports and imports inside functions
+count too), no private names used across modules, no module over the size we agreed on. Read from the source with
+``ast``; nothing is imported."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from conftest import ROOT
+
+PACKAGE = ROOT / "gradcam_cli"
+MAX_LINES = 400
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports() -> dict[str, list[tuple[str, str, int]]]:
+    """module -> [(imported module, imported name, line)] for every import of a module of the package."""
+    modules = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    found: dict[str, list[tuple[str, str, int]]] = {}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        edges = found.setdefault(module, [])
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                source = _resolve(module, path.name == "__init__.py", node)
+                for alias in node.names:
+                    target = f"{source}.{alias.name}"
+                    edges.append((target if target in modules else source, alias.name, node.lineno))
+            elif isinstance(node, ast.Import):
+                edges += [(alias.name, "", node.lineno) for alias in node.names]
+    return {m: [e for e in edges if e[0] in modules and e[0] != m] for m, edges in found.items()}
+
+
+def test_no_import_cycles() -> None:
+    graph = {module: {target for target, _, _ in edges} for module, edges in _imports().items()}
+    # A package's __init__ that re-exports its modules is not a cycle with them: drop edges to ancestors.
+    graph = {m: {t for t in targets if not m.startswith(t + ".")} for m, targets in graph.items()}
+    state: dict[str, int] = {}
+    path: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                cycles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def test_no_private_names_across_modules() -> None:
+    used = [
+        f"{module}:{line} uses {target}.{name}"
+        for module, edges in _imports().items()
+        for target, name, line in edges
+        if name.startswith("_") and not name.startswith("__")
+    ]
+    assert not used, used
+
+
+def test_modules_stay_small() -> None:
+    sizes = {
+        path.relative_to(ROOT): len(path.read_text(encoding="utf-8").splitlines()) for path in PACKAGE.rglob("*.py")
+    }
+    assert not {path: lines for path, lines in sizes.items() if lines > MAX_LINES}
