@@ -105,19 +105,19 @@ class LayerCapture:
 
     def gradients(self, score: torch.Tensor, retain_graph: bool = False) -> dict[str, torch.Tensor]:
         """Backpropagate a scalar ``score`` to the target layers; return each layer's output gradient."""
-        leaves = [record.leaf for record in self.records.values()]
-        if any(leaf is None for leaf in leaves):
-            missing = [r.name for r in self.records.values() if r.leaf is None]
+        missing = [r.name for r in self.records.values() if r.leaf is None]
+        if missing:
             raise UsageError(f"layer {missing[0]!r} did not run during the forward pass; choose another --layer")
+        leaves = [record.leaf for record in self.records.values() if record.leaf is not None]
         for record in self.records.values():
             record.gradients = None
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Full backward hook is firing")
             direct = torch.autograd.grad(score, leaves, retain_graph=retain_graph, allow_unused=True)
         grads = {}
-        for record, fallback in zip(self.records.values(), direct, strict=True):
+        for record, leaf, fallback in zip(self.records.values(), leaves, direct, strict=True):
             grad = record.gradients if record.gradients is not None else fallback
-            grads[record.name] = torch.zeros_like(record.leaf) if grad is None else grad
+            grads[record.name] = torch.zeros_like(leaf) if grad is None else grad
         return grads
 
     def forward_unhooked(self, inputs: torch.Tensor) -> torch.Tensor:
@@ -132,7 +132,10 @@ class LayerCapture:
 
     def activations(self) -> dict[str, torch.Tensor]:
         """Feature maps of each target layer's last call, as the layer produced them."""
-        return {name: record.activations for name, record in self.records.items()}
+        missing = [name for name, record in self.records.items() if record.activations is None]
+        if missing:
+            raise UsageError(f"layer {missing[0]!r} did not run during the forward pass; choose another --layer")
+        return {name: record.activations for name, record in self.records.items() if record.activations is not None}
 
     def calls(self) -> dict[str, int]:
         """How often each target layer ran during the last forward pass."""
@@ -165,7 +168,7 @@ class LayerCapture:
             # output connected, so that gradients still reach the earlier one (--layer layer3 --layer layer4).
             record.leaf = output if output.requires_grad else output.detach().requires_grad_(True)
             if tensor_mode:
-                record.leaf.register_hook(save_gradient)
+                record.leaf.register_hook(save_gradient)  # type: ignore[no-untyped-call]
                 return record.leaf.clone()
             return record.leaf
 

@@ -38,7 +38,7 @@ def first_component(weighted: torch.Tensor) -> torch.Tensor:
     _, _, vh = torch.linalg.svd(centred, full_matrices=False)
     direction = vh[:, 0, :]  # (N, C)
     sign = torch.where(direction.sum(dim=1, keepdim=True) < 0, -1.0, 1.0)
-    projection = (centred @ (direction * sign).unsqueeze(-1)).squeeze(-1)
+    projection: torch.Tensor = (centred @ (direction * sign).unsqueeze(-1)).squeeze(-1)
     return projection.view(n, h, w).to(weighted.dtype)
 
 

@@ -120,7 +120,8 @@ def average_ranks(values: torch.Tensor) -> torch.Tensor:
     _, inverse, counts = torch.unique(values, sorted=True, return_inverse=True, return_counts=True)
     ends = counts.cumsum(0).double()
     mean_rank = ends - (counts.double() - 1) / 2
-    return mean_rank[inverse]
+    ranks: torch.Tensor = mean_rank[inverse]
+    return ranks
 
 
 def spearman(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -149,7 +149,8 @@ class EvalReport:
             "methods": {method: self.summary(method) for method in self.methods},
             "per_image": [_image_dict(image) for image in self.ok],
         }
-        return _json_safe(data)
+        safe: dict[str, Any] = _json_safe(data)
+        return safe
 
 
 def _pointing_table(boxes: Sequence[BoxScore]) -> dict[str, Any]:

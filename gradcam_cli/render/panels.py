@@ -67,11 +67,11 @@ def render_panel(
 ) -> bytes:
     """Draw the panel for one image's explanations and return the encoded file (png, jpg or webp)."""
     fmt = {"jpg": "jpeg"}.get(image_format, image_format)
-    options = {"pil_kwargs": {"quality": quality}} if fmt in ("jpeg", "webp") else {}
+    pil_kwargs = {"quality": quality} if fmt in ("jpeg", "webp") else None
     buffer = io.BytesIO()
     with _DRAWING:
         figure = panel_figure(pixels, explanations, colormap, alpha, title)
-        figure.savefig(buffer, format=fmt, dpi=DPI, facecolor="white", **options)
+        figure.savefig(buffer, format=fmt, dpi=DPI, facecolor="white", pil_kwargs=pil_kwargs)
     return buffer.getvalue()
 
 
@@ -133,8 +133,8 @@ def panel_figure(
         return figure
     for row, target_index in enumerate(targets):
         for column, method in enumerate(methods, start=1):
-            explanation = cells.get((target_index, method))
-            if explanation is None:
+            cell = cells.get((target_index, method))
+            if cell is None:
                 continue
             ax = axes[row, column]
             ax.imshow(blend(small_pixels, shrunk[(target_index, method)], table, alpha).numpy())
@@ -146,7 +146,7 @@ def panel_figure(
             if row == 0:
                 ax.set_title(_plain(method), fontsize=11)
             if column == 1:
-                target = explanation.target
+                target = cell.target
                 ax.set_ylabel(f"{_plain(target.name)}\n{target.probability:.1%} (class {target.index})")
     scale = matplotlib.cm.ScalarMappable(matplotlib.colors.Normalize(0.0, 1.0), colormap)
     figure.colorbar(scale, ax=axes[:, 1:].ravel().tolist(), fraction=0.03, pad=0.02, label="importance")
