@@ -49,7 +49,7 @@ class VideoInfo:
 
 
 def probe(path: str | Path) -> VideoInfo:
-    """Read a video's frame rate, size and frame count without decoding it; raise GradcamError if unreadable."""
+    """Read a video's frame rate, size and frame count without decoding it; raise ImageError if unreadable."""
     import cv2
 
     capture = cv2.VideoCapture(str(path))
