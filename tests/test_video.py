@@ -122,7 +122,7 @@ def test_unreadable_video_is_one_error_and_leaves_nothing(explainer: Explainer, 
     out = tmp_path / "out"
     records, _ = _run(explainer, bad, out, every=1)
     assert [r.status for r in records] == ["error"]
-    assert "bad.mp4" in records[0].error
+    assert records[0].error == f"{bad}: not a video OpenCV can read"
     assert not out.exists() or not any(out.rglob("*.mp4"))
 
 
@@ -164,3 +164,120 @@ def test_cli_routes_videos_by_suffix(clip: Path, tmp_path: Path) -> None:
     assert len(list(out.glob("still_gradcam_*.png"))) == 1
     page = (out / "index.html").read_text()
     assert "clip_gradcam_top1.mp4" in page and "still_gradcam_" in page
+
+
+# --- options that do not apply to videos, the seconds column, unreadable files ----------------------------------
+
+
+def _square_cli_args(out: Path) -> list[str]:
+    model = Path(__file__).with_name("square_model.py")
+    return ["--model", f"{model}:build", "--weights", "none", "--layer", "features", "-o", str(out), "--workers", "0"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--panel"], "--panel does not apply"),
+        (["--save-heatmap", "--report"], "--save-heatmap does not apply"),
+        (["--panel", "--save-raw", "--save-heatmap"], "--save-raw, --save-heatmap and --panel do not apply"),
+    ],
+)
+def test_image_only_options_are_refused_for_videos_before_the_model_loads(
+    clip: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str], expected: str
+) -> None:
+    from typer.testing import CliRunner
+
+    from gradcam_cli.cli import app
+    from gradcam_cli.errors import EXIT_USAGE
+
+    def no_model(*_args: object, **_kwargs: object) -> Explainer:
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(Explainer, "from_options", no_model)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, [str(clip), *flags, *_square_cli_args(out)])
+    assert result.exit_code == EXIT_USAGE, result.output
+    them = "them" if "do not" in expected else "it"
+    assert result.stderr.splitlines() == [f"error: {expected} to video inputs ({clip}); run the videos without {them}"]
+    assert not out.exists()
+
+
+def test_video_option_check_names_the_videos_and_lets_report_through(tmp_path: Path) -> None:
+    from gradcam_cli.errors import UsageError
+    from gradcam_cli.pipeline.video import check_video_options
+
+    videos = [InputImage(Path("a.mp4"), Path("a")), InputImage(Path("b/c.mkv"), Path("c"))]
+    check_video_options(OutputOptions(report=True, manifest=tmp_path / "m.jsonl"), videos)  # no error
+    check_video_options(OutputOptions(panel=True, save_raw=True), [])  # images only: no error
+    with pytest.raises(UsageError) as raised:
+        check_video_options(OutputOptions(save_raw=True), videos)
+    assert str(raised.value) == "--save-raw does not apply to video inputs (a.mp4, b/c.mkv); run the videos without it"
+    many = [InputImage(Path(f"{n}.mp4"), Path(str(n))) for n in range(5)]
+    with pytest.raises(
+        UsageError, match=r"^--panel does not apply to video inputs \(0.mp4, 1.mp4, 2.mp4 and 2 more\);"
+    ):
+        check_video_options(OutputOptions(panel=True), many)
+
+
+def test_each_row_of_a_clip_reports_the_whole_clips_seconds(
+    explainer: Explainer, clip: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fake clock that moves one second per frame written: the clip took FRAMES seconds, and so does each row."""
+    import types
+
+    import gradcam_cli.pipeline.video as video_module
+
+    now = [100.0]
+    monkeypatch.setattr(video_module, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    explainer.top_k = 2
+    runner = VideoRunner(explainer, OutputOptions(output_dir=tmp_path), RunOptions(every=4))
+
+    def tick() -> None:
+        now[0] += 1.0
+
+    records = runner.run(InputImage(clip, Path("clip")), on_frame=tick)
+    assert [r.status for r in records] == ["ok", "ok"]
+    assert [r.seconds for r in records] == [float(FRAMES), float(FRAMES)]
+
+
+def test_unreadable_videos_are_one_line_each_with_no_decoder_noise(clip: Path, tmp_path: Path) -> None:
+    """A text file, an empty file, a truncated mp4 and a clip with no frames: one `error:` line each, naming the
+    file and the reason, exit 1, and the good clip beside them still explained. Run as a real process, so that what
+    FFmpeg and OpenCV print from C onto file descriptor 2 is captured too."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    from gradcam_cli.errors import EXIT_IMAGE_FAILED
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    (inputs / "text.mp4").write_text("not a video\n")
+    (inputs / "empty.mp4").write_bytes(b"")
+    (inputs / "truncated.mp4").write_bytes(clip.read_bytes()[: clip.stat().st_size // 2])
+    writer = cv2.VideoWriter(str(inputs / "noframes.avi"), cv2.VideoWriter_fourcc(*"MJPG"), FPS, (WIDTH, HEIGHT))
+    writer.release()
+    good = inputs / "good.mp4"
+    good.write_bytes(clip.read_bytes())
+    bad = ["text.mp4", "empty.mp4", "truncated.mp4", "noframes.avi"]
+    out = tmp_path / "out"
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    for name in ("OPENCV_FFMPEG_LOGLEVEL", "OPENCV_LOG_LEVEL"):
+        env.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, "-m", "gradcam_cli", *[str(inputs / n) for n in [*bad, "good.mp4"]], *_square_cli_args(out)],
+        capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == EXIT_IMAGE_FAILED, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    *errors, summary = lines
+    assert errors == [
+        f"error: {inputs / 'text.mp4'}: not a video OpenCV can read",
+        f"error: {inputs / 'empty.mp4'}: not a video OpenCV can read",
+        f"error: {inputs / 'truncated.mp4'}: not a video OpenCV can read",
+        f"error: {inputs / 'noframes.avi'}: no frames could be decoded",
+    ]
+    assert summary.startswith("done: 1 ok, 4 failed, 0 skipped")
+    assert len(_read(out / "good_gradcam_top1.mp4")) == FRAMES
+    assert sorted(p.name for p in out.iterdir()) == ["good_gradcam_top1.mp4"]

@@ -204,6 +204,7 @@ class ExplainCommand:
         from ..cam.explainer import Explainer
         from ..io.discovery import discover_inputs
         from ..pipeline.session import Session
+        from ..pipeline.video import check_video_options
 
         if not self.inputs:
             raise UsageError("no input given; try: gradcam IMAGE_OR_DIR [--layer NAME], or gradcam --help")
@@ -211,6 +212,7 @@ class ExplainCommand:
         images, videos = discover_inputs(
             self.inputs, exclude=self.output.output_dir, warn=lambda message: reporter.info(f"warning: {message}")
         )
+        check_video_options(self.output, videos)
         single = len(images) + len(videos) == 1
         started = time.perf_counter()
         with Session(self.output, self.run_options) as session:

@@ -1,8 +1,16 @@
-"""Reading video files with OpenCV: what the container says about a clip, and its frames."""
+"""Reading video files with OpenCV: what the container says about a clip, and its frames.
+
+Importing this module quiets OpenCV's FFmpeg backend and OpenCV's own log (unless the environment already sets
+``OPENCV_FFMPEG_LOGLEVEL`` or ``OPENCV_LOG_LEVEL``): both print from C straight onto stderr (``moov atom not
+found``...), while a clip that cannot be read already becomes one error line of ours. FFmpeg's level is read when
+OpenCV first uses FFmpeg and OpenCV's when cv2 is imported, so the package imports cv2 for videos only after this
+module.
+"""
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,11 +18,18 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import GradcamError
+from ..errors import ImageError
 from .discovery import VIDEO_SUFFIXES
 
 FOURCC = "mp4v"
 DEFAULT_FPS = 25.0
+UNREADABLE = "not a video OpenCV can read"
+"""Why a clip failed when OpenCV cannot open it (a text file, an empty or truncated file, an unknown codec)."""
+NO_FRAMES = "no frames could be decoded"
+"""Why a clip failed when OpenCV opens it but decodes no frame."""
+
+os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")  # AV_LOG_QUIET
+os.environ.setdefault("OPENCV_LOG_LEVEL", "OFF")
 
 
 def is_video(path: str | Path) -> bool:
@@ -34,19 +49,20 @@ class VideoInfo:
 
 
 def probe(path: str | Path) -> VideoInfo:
-    """Read a video's frame rate, size and frame count without decoding it; raise GradcamError if unreadable."""
+    """Read a video's frame rate, size and frame count without decoding it; raise ImageError if unreadable."""
     import cv2
 
     capture = cv2.VideoCapture(str(path))
     try:
         if not capture.isOpened():
-            raise GradcamError(f"{path}: not a video OpenCV can read")
+            raise ImageError(f"{path}: {UNREADABLE}")
         return capture_info(capture)
     finally:
         capture.release()
 
 
 def capture_info(capture: Any) -> VideoInfo:
+    """The :class:`VideoInfo` of an open ``cv2.VideoCapture``."""
     import cv2
 
     fps = capture.get(cv2.CAP_PROP_FPS)
@@ -60,6 +76,7 @@ def capture_info(capture: Any) -> VideoInfo:
 
 
 def frames(capture: Any) -> Iterator[np.ndarray]:
+    """The BGR frames of an open ``cv2.VideoCapture``, until the first one that cannot be decoded."""
     while True:
         ok, frame = capture.read()
         if not ok:

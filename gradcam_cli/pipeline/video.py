@@ -4,14 +4,15 @@
 ``--target-class``; ``_top2``... with ``--top-k``). Frames between explained ones (``--every N``) reuse the last map,
 blended over their own pixels, so motion stays smooth and the cost drops N-fold. Videos are written with the
 ``mp4v`` (MPEG-4 Part 2) codec, which OpenCV's bundled FFmpeg always has, to a temporary file that is renamed into
-place when the clip is done.
+place when the clip is done. ``--save-raw``, ``--save-heatmap`` and ``--panel`` are for images: a run with videos
+refuses them (:func:`check_video_options`); ``--report`` shows a clip by its first overlay frame.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,12 +22,12 @@ import torch
 
 from ..cam.explainer import Explainer
 from ..cam.results import TOP_PREDICTIONS, ImageExplanation
-from ..errors import GradcamError
+from ..errors import GradcamError, ImageError, UsageError
 from ..io.atomic import TEMP_MARKER
 from ..io.discovery import InputImage
 from ..io.images import to_input_tensor
 from ..io.naming import thumbnail_path, video_label, video_output_path
-from ..io.video import FOURCC, capture_info, frames
+from ..io.video import FOURCC, NO_FRAMES, UNREADABLE, capture_info, frames
 from ..options import OutputOptions, RunOptions
 from ..render.colour import blend, colormap_table
 from ..render.gallery import save_thumbnail
@@ -35,6 +36,22 @@ from .records import Record
 
 MAX_BUFFERED_FRAMES = 64
 """Frames held in memory while a batch of explained frames is computed (bounds memory for large --every)."""
+IMAGE_ONLY_OPTIONS = {"save_raw": "--save-raw", "save_heatmap": "--save-heatmap", "panel": "--panel"}
+"""The OutputOptions fields (and their command-line names) that write files only an image has."""
+
+
+def check_video_options(output: OutputOptions, videos: Sequence[InputImage]) -> None:
+    """Refuse, with a UsageError, the image-only outputs (``--save-raw``, ``--save-heatmap``, ``--panel``) when the
+    inputs include videos, naming every such option given and the videos."""
+    given = [flag for name, flag in IMAGE_ONLY_OPTIONS.items() if getattr(output, name)]
+    if not videos or not given:
+        return
+    options = given[0] if len(given) == 1 else f"{', '.join(given[:-1])} and {given[-1]}"
+    verb, pronoun = ("does", "it") if len(given) == 1 else ("do", "them")
+    names = ", ".join(str(video.path) for video in videos[:3])
+    if len(videos) > 3:
+        names += f" and {len(videos) - 3} more"
+    raise UsageError(f"{options} {verb} not apply to video inputs ({names}); run the videos without {pronoun}")
 
 
 @dataclass
@@ -89,17 +106,19 @@ class VideoRunner:
         try:
             clip = self._explain_clip(video, [path for _, path in outputs], temporaries, on_frame)
             if clip.frames == 0:
-                raise ValueError("no frames could be decoded")
+                raise ImageError(f"{video.path}: {NO_FRAMES}")
             for temporary, (_, path) in zip(temporaries, outputs, strict=True):
                 os.replace(temporary, path)
+        except ImageError as error:
+            return [self._error(video, str(error))]
         except GradcamError:
             raise
-        except Exception as error:  # one unreadable or unexplainable clip must not end the run
-            return [self._error(video, f"{video.path}: {type(error).__name__}: {error}")]
+        except Exception as error:  # one unexplainable clip (a failing writer, a full disk) must not end the run
+            return [self._error(video, f"{video.path}: {error or 'could not be explained'}")]
         finally:
             for temporary in temporaries:
                 temporary.unlink(missing_ok=True)
-        seconds = round((time.perf_counter() - started) / clip.frames, 4)
+        seconds = round(time.perf_counter() - started, 4)  # each row: the whole clip (reading, model, writing)
         mean = {index: total / clip.explained for index, total in clip.totals.items()}
         ranked = sorted(mean.items(), key=lambda item: -item[1])[:TOP_PREDICTIONS]
         predictions = [self.explainer.prediction(index, p) for index, p in ranked]
@@ -124,7 +143,7 @@ class VideoRunner:
             clip.thumbnails = [thumbnail_path(self.output.output_dir, path) for path in outputs]
         try:
             if not capture.isOpened():
-                raise ValueError("not a video OpenCV can read")
+                raise ImageError(f"{video.path}: {UNREADABLE}")
             info = capture_info(capture)
             # Key frames (every Nth) are explained per_batch at a time, so the frames between them wait in memory
             # until their key's map exists; when that would hold too many frames, each key is explained alone as it
