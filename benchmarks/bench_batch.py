@@ -287,7 +287,7 @@ def stage_profile(explainer, paths: list[Path]) -> None:
 
 
 def main() -> int:
-    # The CLI makes PyTorch's waiting OpenMP threads sleep (see the README's Batch processing); the baselines get the
+    # The CLI makes PyTorch's waiting OpenMP threads sleep (see docs/batch.md, Threads); the baselines get the
     # same, so that they are not slowed by spinning threads when something else shares the cores: the comparison
     # is between pipelines, and no easier for (c).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

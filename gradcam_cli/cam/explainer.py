@@ -43,7 +43,7 @@ class Explainer:
     ``target``: the class to explain in every image, an index or a class name; ``None``: each image's own top
     ``top_k`` classes.
     ``aug_smooth``: average over flipped and rescaled inputs; ``eigen_smooth``: first principal component of the
-    weighted activations instead of their sum (see :mod:`gradcam_cli.smoothing`). ``score_batch_size``: masked
+    weighted activations instead of their sum (see :mod:`gradcam_cli.cam.smoothing`). ``score_batch_size``: masked
     inputs per forward pass in scorecam; ``progress``: called as ``progress(done, total)`` during scorecam's
     forward passes (``None``: silent).
     Layers whose output is channel-last (Swin) or a token sequence (ViT) are reshaped to (N, C, h, w) first.

@@ -35,7 +35,7 @@ class LayerInfo:
     @property
     def is_candidate(self) -> bool:
         """A layer CAMs can explain: a spatial output (N, C, H, W), channel-last (N, H, W, C) or a token sequence
-        (N, L, C) with an H x W grid of patches (see :mod:`gradcam_cli.reshape`), with more than one position."""
+        (N, L, C) with an H x W grid of patches (see :mod:`gradcam_cli.cam.reshape`), with more than one position."""
         return bool(self.name) and self.layout is not None and self.layout.positions > 1
 
 

@@ -1,9 +1,11 @@
 """CAM methods: small pure functions from a layer's activations and gradients to a coarse saliency map.
 
 Every method takes ``activations`` A and ``gradients`` g = dS^c/dA (S^c: the target class's logit) of shape
-(N, C, h, w) and returns an (N, h, w) map, not yet upsampled or normalised (see :func:`gradcam_cli.maps.to_image_maps`).
-Most methods weight the channels, W_k = w_k * A^k, and end with :func:`combine`: ReLU(sum_k W_k), or with
-``eigen_smooth=True`` ReLU of the first principal component of the W_k (see :mod:`gradcam_cli.smoothing`).
+(N, C, h, w) and returns an (N, h, w) map, not yet upsampled or normalised (see
+:func:`gradcam_cli.cam.maps.to_image_maps`). Most methods weight the channels, W_k = w_k * A^k, and end with
+:func:`combine`: ReLU(sum_k W_k), or with ``eigen_smooth=True`` ReLU of the first principal component of the W_k
+(see :mod:`gradcam_cli.cam.smoothing`). The table of methods, their papers and where they differ from
+pytorch-grad-cam is in docs/methods.md.
 Each method is registered in ``METHODS`` as a :class:`CamMethod`: its ``--method`` name, what it needs (the
 backward pass; Score-CAM also the model, as a :class:`MaskedScores`) and what it costs.
 """

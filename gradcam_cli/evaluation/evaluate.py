@@ -1,31 +1,9 @@
 """Evaluating saliency maps over many images: faithfulness, ground-truth boxes and the randomisation sanity check.
 
-The protocol (the formulas themselves are in :mod:`gradcam_cli.metrics`):
-
-- Every image is resized as for explaining (no crop) and its *target* is the model's top class (or a fixed one).
-  Each method's map is computed once at the network input's resolution, for the perturbation metrics, and at the
-  original image's resolution, for the boxes.
-- **Deletion** (Petsiuk et al. 2018): pixels of the network input are replaced by the *baseline*, zero in the
-  normalised input space (the dataset's mean colour), most salient first. **Insertion**: starting from the input
-  blurred with an 11x11 Gaussian kernel of sigma 5 (as in RISE), the original pixels are put back, most salient
-  first. Both curves have ``steps + 1`` points: at point ``k`` the top ``round(k / steps * H * W)`` pixels are
-  perturbed, so the x axis is the fraction of pixels, 0 to 1. The y axis is the softmax probability of the target
-  class; the AUC is the trapezoidal area under it (x in [0, 1]). Lower deletion and higher insertion AUC are better.
-- **Average Drop / Increase in Confidence** (Chattopadhay et al. 2018): the map is multiplied into the normalised
-  input (``x * map``, so unexplained regions fade to the mean colour, the deletion baseline), and the target's
-  probability O on that is compared with Y on the image.
-- The perturbed images of one image (all methods, both curves, the masked image) go through the model in batches of
-  ``batch_size``.
-- **Boxes**: pointing game and energy-based pointing game on the original-resolution map, per box class. When a
-  box's class is one of the model's class names the map of that class is used, otherwise the target's.
-- **Sanity** (Adebayo et al. 2018): copies of the model with the top 1, 2, ..., N parameterised modules
-  re-initialised (cascading from the output down; ``reset_parameters()``, seeded) explain the same target; the
-  Spearman rank correlation with the trained model's map is averaged over images. A method whose maps still
-  correlate above :data:`SANITY_THRESHOLD` at some stage of the cascade is flagged: a map that explains the model
-  changes as soon as the output layer is re-initialised.
-
-Boxes are read and matched to images by :mod:`gradcam_cli.boxes`; the options, scores and report (with its JSON
-form and the curve plot) are in :mod:`gradcam_cli.eval_report`.
+The protocol (what is perturbed and towards what, how the curves are sampled, which map a box is scored with, the
+sanity cascade and its threshold) is described in docs/evaluation.md; this module runs it. The formulas are in
+:mod:`gradcam_cli.evaluation.metrics`; boxes are read and matched to images by :mod:`gradcam_cli.evaluation.boxes`;
+the scores, their JSON form and the curve plot are in :mod:`gradcam_cli.evaluation.report`.
 """
 
 import copy
@@ -74,7 +52,7 @@ def reinitialise(module: nn.Module, seed: int) -> None:
 
 
 class Evaluator:
-    """Run the evaluation protocol (see the module docstring) with one :class:`Explainer` over many images."""
+    """Run the evaluation protocol (docs/evaluation.md) with one :class:`Explainer` over many images."""
 
     def __init__(self, explainer: Explainer, options: EvalOptions | None = None) -> None:
         self.explainer = explainer

@@ -1,7 +1,7 @@
 """The results of ``gradcam eval``: per-image and per-method scores, their summaries and JSON form, the curve plot.
 
-The protocol that produces them is described in :mod:`gradcam_cli.evaluate`; the formulas are in
-:mod:`gradcam_cli.metrics`.
+The protocol that produces them is described in docs/evaluation.md and run by :mod:`gradcam_cli.evaluation.evaluate`;
+the formulas are in :mod:`gradcam_cli.evaluation.metrics`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,107 @@
+"""The documentation holds together: the README stays a short guide, every relative link and anchor in README.md
+and docs/ resolves, every page is reachable from the README, and every command-line option is documented."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import typer
+from conftest import ROOT
+
+README = ROOT / "README.md"
+PAGES = sorted((ROOT / "docs").glob("*.md"))
+README_LIMIT = 15_000
+
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^()\s]+)(?:\s+\"[^\"]*\")?\)")
+FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
+HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.M)
+
+
+def _prose(text: str) -> str:
+    """The text without fenced code blocks, where '#' lines and '[x](y)' are not Markdown."""
+    return FENCE.sub("", text)
+
+
+def anchors(text: str) -> set[str]:
+    """GitHub's anchors for a page's headings: lower case, punctuation dropped, spaces to '-', repeats numbered."""
+    found: set[str] = set()
+    for heading in HEADING.findall(_prose(text)):
+        plain = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "")
+        slug = re.sub(r"[^\w\- ]", "", plain.lower()).replace(" ", "-")
+        candidate, n = slug, 0
+        while candidate in found:
+            n += 1
+            candidate = f"{slug}-{n}"
+        found.add(candidate)
+    return found
+
+
+def links(text: str) -> list[str]:
+    return [target for target in LINK.findall(_prose(text)) if not re.match(r"^[a-z][a-z0-9+.-]*:", target)]
+
+
+def broken_links(page: Path) -> list[str]:
+    """Each relative link of ``page`` whose file, or whose anchor in a Markdown file, does not exist."""
+    broken = []
+    for target in links(page.read_text(encoding="utf-8")):
+        path_part, _, anchor = target.partition("#")
+        destination = (page.parent / path_part).resolve() if path_part else page
+        if not destination.exists():
+            broken.append(f"{target} (no such file)")
+        elif anchor and destination.suffix == ".md":
+            if anchor not in anchors(destination.read_text(encoding="utf-8")):
+                broken.append(f"{target} (no such heading in {destination.name})")
+        elif anchor:
+            broken.append(f"{target} (anchor into a file that is not Markdown)")
+    return broken
+
+
+def test_readme_is_a_short_guide_without_scaffolding() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert len(README.read_bytes()) < README_LIMIT
+    assert "<!--" not in text
+    assert not re.search(r"\b(TODO|FIXME|TBD|XXX)\b", text)
+
+
+def test_anchor_slugs_follow_github() -> None:
+    text = "# The `gradcam` command\n## Errors and messages\n```sh\n# not a heading\n```\n## Cost\n## Cost\n"
+    assert anchors(text) == {"the-gradcam-command", "errors-and-messages", "cost", "cost-1"}
+
+
+@pytest.mark.parametrize("page", [README, *PAGES], ids=lambda page: page.name)
+def test_relative_links_resolve(page: Path) -> None:
+    assert links(page.read_text(encoding="utf-8")), f"{page.name} links nowhere"
+    assert broken_links(page) == []
+
+
+def test_a_broken_link_is_caught(tmp_path: Path) -> None:
+    (tmp_path / "other.md").write_text("# Present\n", encoding="utf-8")
+    page = tmp_path / "page.md"
+    page.write_text("[a](other.md#present) [b](other.md#absent) [c](missing.md) [d](#here)\n# Here\n")
+    assert broken_links(page) == ["other.md#absent (no such heading in other.md)", "missing.md (no such file)"]
+
+
+def test_every_docs_page_is_linked_from_the_readme() -> None:
+    linked = {(ROOT / target.partition("#")[0]).resolve() for target in links(README.read_text(encoding="utf-8"))}
+    assert [page.name for page in PAGES if page.resolve() not in linked] == []
+
+
+def _options(app: typer.Typer) -> list[str]:
+    command = typer.main.get_command(app)
+    return [max(param.opts, key=len) for param in command.params if param.opts[0].startswith("-")]
+
+
+@pytest.mark.parametrize(
+    ("module", "page"), [("explain", "cli.md"), ("eval", "evaluation.md")], ids=["gradcam", "gradcam eval"]
+)
+def test_every_option_is_documented(module: str, page: str) -> None:
+    import importlib
+
+    app = importlib.import_module(f"gradcam_cli.cli.{module}").app
+    documented = (ROOT / "docs" / page).read_text(encoding="utf-8") + (ROOT / "docs" / "cli.md").read_text()
+    missing = [
+        option for option in _options(app) if not re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", documented)
+    ]
+    assert missing == []
