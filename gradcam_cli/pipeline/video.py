@@ -21,7 +21,7 @@ import torch
 
 from ..cam.explainer import Explainer
 from ..cam.results import TOP_PREDICTIONS, ImageExplanation
-from ..errors import GradcamError
+from ..errors import GradcamError, describe
 from ..io.atomic import TEMP_MARKER
 from ..io.discovery import InputImage
 from ..io.images import to_input_tensor
@@ -95,7 +95,7 @@ class VideoRunner:
         except GradcamError:
             raise
         except Exception as error:  # one unreadable or unexplainable clip must not end the run
-            return [self._error(video, f"{video.path}: {type(error).__name__}: {error}")]
+            return [self._error(video, f"{video.path}: {describe(error, video.path)}")]
         finally:
             for temporary in temporaries:
                 temporary.unlink(missing_ok=True)
