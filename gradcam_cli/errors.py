@@ -68,6 +68,7 @@ _PHRASES: dict[type[BaseException], str] = {
     NotImplementedError: "not supported",
 }
 _CLASS_PREFIX = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Warning|Interrupt)\s*:\s*")
+_WRAPPED = re.compile(r"^Caught \w+ in ")
 _MAX_CHARS = 300
 
 
@@ -87,6 +88,8 @@ def describe(error: BaseException, path: str | Path | None = None) -> str:
         return text
     lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
     text = lines[0] if lines else ""
+    if _WRAPPED.match(text):  # torch re-raising a worker's error: its own message is on the last line
+        text = lines[-1] if len(lines) > 1 else ""
     while _CLASS_PREFIX.match(text):
         text = _CLASS_PREFIX.sub("", text, count=1)
     if isinstance(error, KeyError) and text:

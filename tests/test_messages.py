@@ -284,6 +284,8 @@ def test_describe_never_gives_a_class_name_and_drops_the_path(tmp_path):
         text = describe(empty)
         assert text and CLASS_NAME.search(text) is None and "Error" not in text, text
     assert describe(KeyError("conv1")) == "missing key 'conv1'"
+    wrapped = "Caught ValueError in DataLoader worker process 0.\nOriginal Traceback:\n  ...\nValueError: bad pixel"
+    assert describe(RuntimeError(wrapped)) == "bad pixel"
 
 
 # --- per-image errors: each names the image once and no exception class ----------------------------------------
