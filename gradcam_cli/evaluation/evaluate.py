@@ -19,7 +19,7 @@ from ..cam.engine import first_tensor, model_state_preserved
 from ..cam.explainer import Explainer
 from ..cam.maps import to_image_maps
 from ..cam.results import Prediction
-from ..errors import GradcamError, UsageError
+from ..errors import GradcamError, UsageError, describe
 from ..io.discovery import InputImage, discover
 from ..io.images import load_image, to_input_tensor
 from ..options import EvalOptions
@@ -130,7 +130,7 @@ class Evaluator:
         except GradcamError as error:
             return ImageScores(str(path), error=str(error))
         except Exception as error:
-            return ImageScores(str(path), error=f"{path}: {type(error).__name__}: {error}")
+            return ImageScores(str(path), error=f"{path}: cannot evaluate this image ({describe(error, path)})")
 
     def _evaluate(self, path: Path, boxes: Sequence[GroundTruthBox]) -> ImageScores:
         explainer = self.explainer

@@ -5,7 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from ..errors import UsageError, suggest
+from ..errors import UsageError, describe, suggest
+
+HEADER_NAMES = frozenset(
+    {"name", "names", "label", "labels", "class", "classes", "class_name", "class_names", "category", "categories"}
+)
+"""A labels file whose first line is exactly one of these (any case) has a header line, which is skipped."""
+
+SUGGESTED_CLASSES = 5
+"""At most this many class names are offered for an unknown ``--target-class``."""
 
 
 class Named(Protocol):
@@ -15,16 +23,34 @@ class Named(Protocol):
 
 
 def read_labels(path: str | Path) -> list[str]:
-    """Class names from a text file, one per line (blank lines at the end ignored)."""
+    """Class names from a UTF-8 text file, one per line: a byte-order mark, a header line (one of
+    :data:`HEADER_NAMES`) and blank lines at the end are ignored, and each name is stripped."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        text = Path(path).read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise UsageError(f"labels file {path} is not UTF-8 text; save it as UTF-8, one class name per line") from error
     except OSError as error:
-        raise UsageError(f"cannot read labels file {path}: {error.strerror or error}") from error
-    while lines and not lines[-1].strip():
+        raise UsageError(f"cannot read labels file {path}: {describe(error, path)}") from error
+    lines = [line.strip() for line in text.splitlines()]
+    if lines and lines[0].lower() in HEADER_NAMES:
+        lines = lines[1:]
+    while lines and not lines[-1]:
         lines.pop()
     if not lines:
         raise UsageError(f"labels file {path} is empty")
-    return [line.strip() for line in lines]
+    return lines
+
+
+def check_label_count(names: list[str], classes: int | None, path: str | Path) -> None:
+    """A labels file must name every class the model has, and no more (``classes`` ``None``: unknown, not checked)."""
+    if classes is not None and len(names) != classes:
+        raise UsageError(
+            f"labels file {path} has {_count(len(names), 'name')} but the model has {_count(classes, 'class')}"
+        )
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}{'es' if noun.endswith('s') else 's'}"
 
 
 def resolve_target(model: Named, text: str | None) -> int | None:
@@ -42,4 +68,4 @@ def resolve_target(model: Named, text: str | None) -> int | None:
         return matches[0]
     if matches:
         raise UsageError(f"class name {text!r} is ambiguous (indices {matches}); give the index instead")
-    raise UsageError(f"unknown class {text!r}.{suggest(text, model.categories)}")
+    raise UsageError(f"unknown class {text!r}.{suggest(text, model.categories, SUGGESTED_CLASSES)}")

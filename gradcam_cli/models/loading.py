@@ -9,13 +9,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
-from ..errors import ModelLoadError, UsageError, suggest
+from ..errors import ModelLoadError, UsageError, describe, suggest
 from ..io.images import InputSpec
 from ..options import ModelOptions
-from .labels import read_labels
-from .weights import apply_state_dict, first_line, load_state_dict_file, torchvision_weights_only, weights_failure
+from .labels import check_label_count, read_labels
+from .weights import apply_state_dict, load_state_dict_file, torchvision_weights_only, weights_failure
 
 LITE0 = "efficientnet_lite0"
 LITE0_SPEC = InputSpec(mean=(0.498, 0.498, 0.498), std=(0.502, 0.502, 0.502))
@@ -64,23 +65,47 @@ def load_model(
 
     ``model``: a torchvision classification model, ``efficientnet_lite0``, ``package.module:factory`` or
     ``path/to/file.py:factory``. ``weights``: ``DEFAULT``, a torchvision weights enum name (``IMAGENET1K_V1``),
-    ``none`` (random initialisation) or the path of a state dict. ``labels``: a text file, one class per line.
-    The model stays on the CPU (``ModelOptions.device`` is applied by :meth:`Explainer.from_options`).
+    ``none`` (random initialisation) or the path of a state dict. ``labels``: a text file, one class per line,
+    which must name as many classes as the model has (a custom model's count is found with one forward pass on a
+    blank input). The model stays on the CPU (``ModelOptions.device`` is applied by :meth:`Explainer.from_options`).
     """
     if isinstance(model, str):
         model = ModelOptions(model, weights, num_classes, Path(labels) if labels is not None else None, input_size)
     name = model.model
-    if ":" in name and not _is_windows_drive(name):
+    custom = ":" in name and not _is_windows_drive(name)
+    if custom:
         loaded = _load_custom(name, model.weights)
     elif name == LITE0:
         loaded = _load_lite0(model.weights)
     else:
         loaded = _load_torchvision(name, model.weights, model.num_classes)
-    if model.labels is not None:
-        loaded.categories = read_labels(model.labels)
     if model.input_size != loaded.input_spec.size:
         loaded.input_spec = replace(loaded.input_spec, size=model.input_size)
+    if model.labels is not None:
+        names = read_labels(model.labels)
+        if custom:
+            classes = count_classes(loaded.module, loaded.input_spec)
+        else:
+            classes = len(loaded.categories) if loaded.categories is not None else model.num_classes
+        check_label_count(names, classes, model.labels)
+        loaded.categories = names
     return loaded
+
+
+def count_classes(module: nn.Module, spec: InputSpec) -> int | None:
+    """How many class scores ``module`` returns, from one forward pass on a blank input of ``spec``'s size, in
+    eval mode and without gradients (``None``: unknown, when that pass fails or returns no (1, classes) tensor)."""
+    height, width = spec.fixed_size or (spec.size, spec.size)
+    training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            output = module(torch.zeros(1, 3, height, width))
+    except Exception:  # the real run reports what is wrong with the model, with its input
+        return None
+    finally:
+        module.train(training)
+    return int(output.shape[1]) if isinstance(output, torch.Tensor) and output.dim() == 2 else None
 
 
 def _load_torchvision(name: str, weights: str, num_classes: int | None) -> LoadedModel:
@@ -171,9 +196,9 @@ def _load_custom(spec: str, weights: str) -> LoadedModel:
     except UsageError:
         raise
     except ImportError as error:
-        raise UsageError(f"cannot import {target!r}: {error}") from error
+        raise UsageError(f"cannot import {target!r}: {describe(error)}") from error
     except Exception as error:
-        raise ModelLoadError(f"importing {target} failed: {first_line(error)}") from error
+        raise ModelLoadError(f"importing {target} failed: {describe(error)}") from error
     factory = getattr(code, factory_name, None)
     if not callable(factory):
         public = [n for n in dir(code) if not n.startswith("_")]
@@ -181,7 +206,7 @@ def _load_custom(spec: str, weights: str) -> LoadedModel:
     try:
         module = factory()
     except Exception as error:
-        raise ModelLoadError(f"{spec}() failed: {first_line(error)}") from error
+        raise ModelLoadError(f"{spec}() failed: {describe(error)}") from error
     if not isinstance(module, nn.Module):
         raise UsageError(f"{spec}() returned {type(module).__name__}, not a torch.nn.Module")
     if weights.upper() not in ("DEFAULT", "NONE"):

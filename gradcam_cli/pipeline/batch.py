@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader
 
 from ..cam.explainer import Explainer
 from ..cam.results import Explanation, ImageExplanation
-from ..errors import GradcamError
+from ..errors import GradcamError, describe
 from ..io.discovery import InputImage
 from ..options import OutputOptions, RunOptions
 from ..render.colour import Blender, colormap_table
@@ -181,7 +181,8 @@ class BatchRunner:
         except Exception as error:
             if len(batch) == 1:
                 image = images[batch[0].index]
-                return [_Pending(image, [self._error(image, f"{image.path}: {type(error).__name__}: {error}")])]
+                message = f"{image.path}: the model failed on this image ({describe(error, image.path)})"
+                return [_Pending(image, [self._error(image, message)])]
             return [item for sample in batch for item in self._process([sample], images, inputs, pool)]
         seconds = (time.perf_counter() - started) / len(batch)
         items = []
@@ -256,11 +257,8 @@ class BatchRunner:
                 job = jobs[id(explanation)] = WriteJob(self.output, self.blender, image, pixels, result, explanation)
             try:
                 kind.write(job, path)
-            except OSError as error:
-                return time.perf_counter() - started, f"{image.path}: cannot write {path}: {error.strerror or error}"
             except Exception as error:
-                reason = f"{type(error).__name__}: {error}"
-                return time.perf_counter() - started, f"{image.path}: cannot write {path}: {reason}"
+                return time.perf_counter() - started, f"{image.path}: cannot write {path}: {describe(error, path)}"
         return time.perf_counter() - started, None
 
     def _record(self, image: InputImage, status: str, **fields: Any) -> Record:

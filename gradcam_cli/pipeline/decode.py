@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import GradcamError, ImageError
+from ..errors import GradcamError, ImageError, describe
 from ..io.discovery import InputImage
 from ..io.images import InputSpec, load_image, to_input_tensor, to_pixel_tensor
 
@@ -46,7 +46,7 @@ class ImageDataset(Dataset):
         except GradcamError as error:
             return Sample(index, None, None, str(error))
         except Exception as error:  # a worker must never die on one bad file
-            return Sample(index, None, None, f"{path}: {type(error).__name__}: {error}")
+            return Sample(index, None, None, f"{path}: cannot read it ({describe(error, path)})")
 
 
 def _check_regular_file(path: Path) -> None:
@@ -60,7 +60,7 @@ def _check_regular_file(path: Path) -> None:
     except PermissionError:
         raise ImageError(f"{path}: permission denied") from None
     except OSError as error:  # e.g. a symlink loop
-        raise ImageError(f"{path}: {error.strerror or error}") from None
+        raise ImageError(f"{path}: {describe(error, path)}") from None
     mode = info.st_mode
     if stat.S_ISDIR(mode):
         raise ImageError(f"{path}: is a directory")
@@ -134,5 +134,5 @@ def decoded(samples: Iterator[Sample]) -> Iterator[Sample]:
         except StopIteration:
             return
         except RuntimeError as error:  # e.g. "DataLoader worker (pid N) is killed by signal: ..."
-            raise ImageError(f"a decoding process failed: {str(error).splitlines()[0]}") from error
+            raise ImageError(f"a decoding process failed: {describe(error)}") from error
         yield sample

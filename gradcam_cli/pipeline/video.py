@@ -22,7 +22,7 @@ import torch
 
 from ..cam.explainer import Explainer
 from ..cam.results import TOP_PREDICTIONS, ImageExplanation
-from ..errors import GradcamError, ImageError, UsageError
+from ..errors import GradcamError, ImageError, UsageError, describe
 from ..io.atomic import TEMP_MARKER
 from ..io.discovery import InputImage
 from ..io.images import to_input_tensor
@@ -114,7 +114,7 @@ class VideoRunner:
         except GradcamError:
             raise
         except Exception as error:  # one unexplainable clip (a failing writer, a full disk) must not end the run
-            return [self._error(video, f"{video.path}: {error or 'could not be explained'}")]
+            return [self._error(video, f"{video.path}: {describe(error, video.path)}")]
         finally:
             for temporary in temporaries:
                 temporary.unlink(missing_ok=True)
