@@ -99,7 +99,7 @@ def test_a_full_bar_shows_its_rate_however_quick_the_run():
         throughput.tick()
     clock.now += 0.25
     assert columns(task(throughput, 2, total=3))[0] == ""
-    assert columns(task(throughput, 3, total=3))[0] == "12.0 img/s"  # the exact average: nothing left to settle
+    assert columns(task(throughput, 3, total=3)) == ("12.0 img/s", "0:00:00")  # the exact average: nothing to settle
 
 
 def test_rows_without_their_own_rate_show_none():

@@ -103,6 +103,8 @@ class Throughput:
 
     def seconds_left(self, remaining: float) -> float | None:
         """Time to explain ``remaining`` more at the rate so far (None while there is no rate)."""
+        if remaining <= 0:
+            return 0.0
         rate = self.per_second()
         return remaining / rate if rate else None
 
