@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import select
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -103,6 +104,37 @@ def test_cli_manifest_has_one_row_per_image_target_and_method(tmp_path):
     assert statuses == ["error", "skipped", "skipped", "skipped"]
 
 
+HANG_GUARD = 600
+"""Seconds a subprocess may take before a test gives up: a guard against hangs, never a measure of speed."""
+
+
+def held_run(arguments: list[str], after: int, **popen) -> tuple[subprocess.Popen, int]:
+    """Start ``gradcam ARGUMENTS`` with every output file after the first ``after`` held just before it is named
+    (tests/held_writes.py), and return once it is so held: the process, and the descriptor whose closing releases
+    the held files."""
+    ready_read, ready_write = os.pipe()
+    release_read, release_write = os.pipe()
+    script = Path(__file__).with_name("held_writes.py")
+    command = [sys.executable, str(script), str(ready_write), str(release_read), str(after), *arguments]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, pass_fds=(ready_write, release_read), **popen)
+    os.close(ready_write)
+    os.close(release_read)
+    try:
+        readable, _, _ = select.select([ready_read], [], [], HANG_GUARD)
+        told = os.read(ready_read, 1) if readable else b""
+    finally:
+        os.close(ready_read)
+    if told != b"r":
+        process.kill()
+        process.wait()
+        os.close(release_write)
+        pytest.fail(
+            f"the run ended or hung before {after} files were written and the next one held "
+            "(outputs are held only where they are written as unnamed O_TMPFILE files)"
+        )
+    return process, release_write
+
+
 def _complete(path: Path) -> None:
     """Raise unless ``path`` is a whole output: an image that decodes fully, or an .npy that loads."""
     if path.suffix == ".npy":
@@ -124,18 +156,15 @@ def test_a_run_killed_midway_leaves_only_complete_files_and_resumes(tmp_path):
         image = np.asarray(square_image(size=(640, 480), colour=["red", "green", "blue"][i % 3]))
         Image.fromarray(((image.astype(np.uint16) * 3 + noise) // 4).astype(np.uint8)).save(folder / f"im{i:02d}.png")
     out = tmp_path / "out"
-    base = [*gradcam_command(), str(folder), "-m", SQUARE_MODEL, "-o", str(out), "--save-raw", "--batch-size", "2"]
-    process = subprocess.Popen(
-        [*base, "--manifest", str(out / "first.jsonl"), "--workers", "1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(list(out.glob("*.npy"))) < 6 and process.poll() is None:
-        time.sleep(0.005)
+    arguments = [str(folder), "-m", SQUARE_MODEL, "-o", str(out), "--save-raw", "--batch-size", "2"]
+    # Killed while 12 files are in place and the next ones' bytes are written but not yet named: held there
+    # (tests/held_writes.py), so the kill lands midway however fast or slow the machine is.
+    first = [*arguments, "--manifest", str(out / "first.jsonl"), "--workers", "1"]
+    process, release = held_run(first, after=12, stderr=subprocess.DEVNULL)
     process.send_signal(signal.SIGKILL)
-    process.wait(timeout=30)
-    assert process.returncode == -signal.SIGKILL, "the run finished before it could be killed: use more images"
+    process.wait(timeout=HANG_GUARD)
+    os.close(release)
+    assert process.returncode == -signal.SIGKILL
     finished = list(out.glob("*.png")) + list(out.glob("*.npy"))
     assert 0 < len(finished) < 2 * count
     for path in finished:
@@ -144,7 +173,10 @@ def test_a_run_killed_midway_leaves_only_complete_files_and_resumes(tmp_path):
     assert leftovers == [], "a killed run left temporary files"
 
     result = subprocess.run(
-        [*base, "--skip-existing", "--manifest", str(out / "resume.jsonl")], capture_output=True, text=True, timeout=300
+        [*gradcam_command(), *arguments, "--skip-existing", "--manifest", str(out / "resume.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
     )
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in (out / "resume.jsonl").read_text().splitlines()]
@@ -160,14 +192,13 @@ def test_a_run_killed_midway_leaves_only_complete_files_and_resumes(tmp_path):
 
     # Ctrl-C instead: exit code 130, and every image whose files were written has its row
     interrupted = tmp_path / "interrupted"
-    command = [*gradcam_command(), str(folder), "-m", SQUARE_MODEL, "-o", str(interrupted), "--batch-size", "2"]
-    command += ["--manifest", str(tmp_path / "ctrl-c.jsonl")]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(list(interrupted.glob("*.png"))) < 4 and process.poll() is None:
-        time.sleep(0.005)
+    arguments = [str(folder), "-m", SQUARE_MODEL, "-o", str(interrupted), "--batch-size", "2"]
+    arguments += ["--manifest", str(tmp_path / "ctrl-c.jsonl")]
+    # Ctrl-C while 4 files are in place and later ones are held; they are released only once the signal is sent.
+    process, release = held_run(arguments, after=4, stderr=subprocess.PIPE, text=True)
     process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=60)
+    os.close(release)
+    _, stderr = process.communicate(timeout=HANG_GUARD)
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr and "interrupted" in stderr
     rows = [json.loads(line) for line in (tmp_path / "ctrl-c.jsonl").read_text().splitlines()]

@@ -15,7 +15,7 @@ import typer
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
 from ..options import DEFAULT_MAX_SIDE, ImageFormat, OutputOptions, RunOptions
 from . import params
-from .reporting import PassProgress, ProgressBar, Reporter, run_reported
+from .reporting import PassProgress, ProgressBar, Reporter, run_reported, run_summary
 
 if TYPE_CHECKING:
     from ..cam.layers import LayerInfo
@@ -229,15 +229,9 @@ class ExplainCommand:
                 shown.add(record.input)
         if session.gallery is not None:
             reporter.info(f"gallery written to {session.gallery}")
-        counts = session.counts
         if not single:
-            elapsed = time.perf_counter() - started
-            done = counts.ok + counts.error
-            reporter.info(
-                f"done: {counts.ok} ok, {counts.error} failed, {counts.skipped} skipped "
-                f"in {elapsed:.1f}s ({done / elapsed if elapsed else 0:.2f} images/s)"
-            )
-        return EXIT_IMAGE_FAILED if counts.error else EXIT_OK
+            reporter.info(run_summary(session.counts, time.perf_counter() - started))
+        return EXIT_IMAGE_FAILED if session.counts.error else EXIT_OK
 
 
 def _layer_row(info: LayerInfo) -> dict[str, object]:

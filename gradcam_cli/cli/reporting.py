@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,7 @@ from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, GradcamError
 
 if TYPE_CHECKING:
     from ..pipeline.records import Record
+    from ..pipeline.session import Counts
 
 
 class Reporter:
@@ -59,46 +61,119 @@ def run_reported(reporter: Reporter, run: Callable[[], int]) -> None:
     raise typer.Exit(code)
 
 
-def _rate_column(unit: str = "img") -> Any:  # built lazily: rich loads only when a bar is shown
-    from rich.progress import ProgressColumn
+def run_summary(counts: Counts, seconds: float) -> str:
+    """The line that ends a run of several inputs; its rate counts the inputs explained, not those skipped or
+    failed, and is left out when there is none."""
+    line = f"done: {counts.ok} ok, {counts.error} failed, {counts.skipped} skipped in {seconds:.1f}s"
+    if counts.ok and seconds > 0:
+        return f"{line} ({counts.ok / seconds:.2f} images/s)"
+    if counts.skipped and not counts.error and not counts.ok:
+        return f"{line} (nothing to explain: every output exists)"
+    return line
+
+
+MIN_EXPLAINED_FOR_RATE = 2
+MIN_SECONDS_FOR_RATE = 1.0
+
+
+class Throughput:
+    """Images (or frames) explained per second, for a progress bar: images skipped because their outputs exist
+    advance the bar but not the rate, and there is no rate until it means something: at least
+    ``MIN_EXPLAINED_FOR_RATE`` explained over at least ``MIN_SECONDS_FOR_RATE`` seconds (or the bar is full)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.started = clock()
+        self.explained = 0
+
+    def tick(self, skipped: bool = False) -> None:
+        if not skipped:
+            self.explained += 1
+        elif self.explained == 0:  # skipped images come first: the clock starts when work on the others does
+            self.started = self.clock()
+
+    def per_second(self, finished: bool = False) -> float | None:
+        """The rate so far, or None while it would say more about start-up than about speed."""
+        elapsed = self.clock() - self.started
+        if self.explained < MIN_EXPLAINED_FOR_RATE or elapsed <= 0:
+            return None
+        if elapsed < MIN_SECONDS_FOR_RATE and not finished:
+            return None
+        return self.explained / elapsed
+
+    def seconds_left(self, remaining: float) -> float | None:
+        """Time to explain ``remaining`` more at the rate so far (None while there is no rate)."""
+        if remaining <= 0:
+            return 0.0
+        rate = self.per_second()
+        return remaining / rate if rate else None
+
+
+def throughput_columns(unit: str = "img") -> list[Any]:
+    """The rate and time-left columns: from the :class:`Throughput` in a row's ``throughput`` field where it has one
+    (the image or frame row); other rows (scorecam's passes) show no rate and rich's own time left. Built lazily:
+    rich loads only when a bar is shown."""
+    from rich.progress import ProgressColumn, TimeRemainingColumn
     from rich.text import Text
 
     class RateColumn(ProgressColumn):
         def render(self, task: Any) -> Text:
-            return Text(f"{task.speed:.1f} {unit}/s" if task.speed else "")
+            throughput: Throughput | None = task.fields.get("throughput")
+            if throughput is None:
+                return Text("")
+            rate = throughput.per_second(finished=task.total is not None and task.completed >= task.total)
+            return Text(f"{rate:.1f} {unit}/s" if rate else "", style="progress.data.speed")
 
-    return RateColumn()
+    class TimeLeftColumn(TimeRemainingColumn):
+        def render(self, task: Any) -> Text:
+            throughput: Throughput | None = task.fields.get("throughput")
+            if throughput is None:
+                return super().render(task)
+            seconds = throughput.seconds_left(max(0.0, (task.total or 0) - task.completed))
+            if seconds is None:
+                return Text("-:--:--", style="progress.remaining")
+            minutes, whole_seconds = divmod(round(seconds), 60)
+            hours, minutes = divmod(minutes, 60)
+            return Text(f"{hours:d}:{minutes:02d}:{whole_seconds:02d}", style="progress.remaining")
+
+    return [RateColumn(), TimeLeftColumn()]
 
 
 class ProgressBar:
-    """A rich progress bar on stderr when it is a terminal and not --quiet; otherwise a no-op callback."""
+    """A rich progress bar on stderr when it is a terminal and not --quiet; otherwise a no-op callback.
 
-    def __init__(self, reporter: Reporter, total: int, label: str = "explaining") -> None:
+    Call it once per image: ``bar()`` for one explained (or failed), ``bar(skipped=True)`` for one skipped because
+    its outputs exist, which advances the bar but not its rate."""
+
+    def __init__(
+        self, reporter: Reporter, total: int, label: str = "explaining", clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.enabled = total > 1 and not reporter.quiet and sys.stderr.isatty()
         self.total = total
         self.label = label
+        self.throughput = Throughput(clock)
 
     def __enter__(self) -> ProgressBar:
         if self.enabled:
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
             self.bar = Progress(
                 TextColumn("{task.description}"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                _rate_column("frames" if self.label.endswith("frames") else "img"),
-                TimeRemainingColumn(),
+                *throughput_columns("frames" if self.label.endswith("frames") else "img"),
                 console=Console(stderr=True),
                 transient=True,
                 redirect_stdout=sys.stdout.isatty(),  # piped results (--json) must stay on stdout, not the bar's stderr
             )
             self.bar.__enter__()
-            self.task = self.bar.add_task(self.label, total=self.total)
+            self.task = self.bar.add_task(self.label, total=self.total, throughput=self.throughput)
             ProgressBar.active = self
         return self
 
-    def __call__(self) -> None:
+    def __call__(self, skipped: bool = False) -> None:
+        self.throughput.tick(skipped)
         if self.enabled:
             self.bar.advance(self.task)
 
@@ -132,6 +207,7 @@ class PassProgress:
                     self.own = None
                     return
                 self.bar, self.task = self.own.bar, self.own.task
+                self.bar.update(self.task, throughput=None)  # set by count, not ticked: rich's own time left
             else:
                 self.bar, self.task = host.bar, host.bar.add_task("scorecam passes", total=total)
         self.bar.update(self.task, completed=done)

@@ -86,8 +86,14 @@ class BatchRunner:
         self.kinds = output_kinds(self.output)
         self._channels_last = explainer.device.type == "cpu"
 
-    def run(self, images: Sequence[InputImage], on_image: Callable[[], Any] | None = None) -> Iterator[Record]:
-        """Yield records as images finish, in a stable order; ``on_image`` is called once per image (progress)."""
+    def run(
+        self,
+        images: Sequence[InputImage],
+        on_image: Callable[[], Any] | None = None,
+        on_skipped: Callable[[], Any] | None = None,
+    ) -> Iterator[Record]:
+        """Yield records as images finish, in a stable order; ``on_image`` is called once per image (progress), or
+        ``on_skipped`` instead where given, for an image skipped because its outputs exist (``skip_existing``)."""
         inputs = {os.path.realpath(image.path) for image in images}
         todo = []
         existing = self.existing_outputs()
@@ -95,8 +101,9 @@ class BatchRunner:
             found = existing.find(image) if self.output.skip_existing else None
             if found is not None:
                 yield self._record(image, "skipped", outputs=found)
-                if on_image:
-                    on_image()
+                tick = on_skipped or on_image
+                if tick:
+                    tick()
             else:
                 todo.append(image)
         if not todo:

@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol
 
 from ..cam.explainer import Explainer
 from ..errors import GradcamError
@@ -24,14 +25,25 @@ from .batch import BatchRunner
 from .records import Record
 from .video import VideoRunner
 
-Tick = Callable[[], object]
+
+class Tick(Protocol):
+    """Called once per image (or video frame) done: with ``skipped=True`` for an image skipped because its outputs
+    exist, which a progress bar counts but leaves out of its rate."""
+
+    def __call__(self, skipped: bool = False) -> object: ...
+
+
 ProgressFactory = Callable[[str, int], AbstractContextManager[Tick]]
-"""``progress(label, total)`` gives a context whose value is called once per image (or video frame) done."""
+"""``progress(label, total)`` gives a context whose value is the :class:`Tick` of that many images or frames."""
 
 
 def no_progress(_label: str, _total: int) -> AbstractContextManager[Tick]:
     """The silent :data:`ProgressFactory`."""
-    return nullcontext(lambda: None)
+    return nullcontext(_ignore)
+
+
+def _ignore(skipped: bool = False) -> None:
+    """The silent :class:`Tick`."""
 
 
 @dataclass
@@ -91,7 +103,7 @@ class Session:
         if images:
             runner = BatchRunner(explainer, self.output, self.run)
             with progress("explaining", len(images)) as tick:
-                for record in runner.run(images, on_image=tick):
+                for record in runner.run(images, on_image=tick, on_skipped=lambda: tick(skipped=True)):
                     yield self._keep(record)
         if videos:
             from ..io.video import probe

@@ -1,0 +1,164 @@
+"""Progress and the run's last line: the rate counts images explained, never those skipped (--skip-existing), and
+shows only once it means something. Every test here runs on a fake clock and fake counts: nothing waits or times."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from square_model import square_image
+from typer.testing import CliRunner
+
+from gradcam_cli import Explainer
+from gradcam_cli.cli import app
+from gradcam_cli.cli import reporting as cli
+from gradcam_cli.io.discovery import discover
+from gradcam_cli.options import OutputOptions, RunOptions
+from gradcam_cli.pipeline.session import Counts, Session
+
+ALL_EXIST = "(nothing to explain: every output exists)"
+SQUARE_MODEL = f"{Path(__file__).with_name('square_model.py')}:build"
+
+
+class FakeClock:
+    """A clock that moves only when told to."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def task(throughput: cli.Throughput | None, completed: int, total: int = 10) -> SimpleNamespace:
+    """What rich hands a column: a row with its counts and fields."""
+    return SimpleNamespace(id=0, total=total, completed=completed, fields={"throughput": throughput})
+
+
+def columns(row: SimpleNamespace) -> tuple[str, str]:
+    rate, time_left = cli.throughput_columns("img")
+    return rate.render(row).plain, time_left.render(row).plain
+
+
+def test_no_rate_until_two_images_are_explained_over_a_second():
+    clock = FakeClock()
+    throughput = cli.Throughput(clock)
+    throughput.tick()
+    clock.now += 5.0
+    assert throughput.per_second() is None  # one image: start-up, not speed
+    throughput.tick()
+    assert throughput.per_second() == pytest.approx(2 / 5.0)
+    early = cli.Throughput(clock)
+    for _ in range(16):  # a whole first batch lands at once
+        early.tick()
+    clock.now += 0.01
+    assert early.per_second() is None  # not 1600 img/s
+    assert columns(task(early, 16, total=1016)) == ("", "-:--:--")
+    clock.now += 1.99
+    assert early.per_second() == pytest.approx(16 / 2.0)
+    assert columns(task(early, 16, total=1016)) == ("8.0 img/s", "0:02:05")
+
+
+def test_skipped_images_advance_the_bar_but_not_its_rate():
+    clock = FakeClock()
+    bar = cli.ProgressBar(cli.Reporter(quiet=True, verbose=False, as_json=False), 105, clock=clock)
+    with bar:
+        for _ in range(100):  # --skip-existing: these come first, all at once
+            bar(skipped=True)
+        clock.now += 0.5
+        bar(skipped=True)
+        bar()
+        clock.now += 2.0
+        bar()
+        bar(skipped=True)
+    assert bar.throughput.explained == 2
+    assert bar.throughput.per_second() == pytest.approx(2 / 2.0)  # timed from the last skipped one before them
+    assert columns(task(bar.throughput, 104, total=105)) == ("1.0 img/s", "0:00:01")
+
+
+def test_the_bar_on_a_terminal_shows_the_rate_of_explained_images_only(monkeypatch):
+    monkeypatch.setattr(cli.sys.stderr, "isatty", lambda: True, raising=False)
+    clock = FakeClock()
+    reporter = cli.Reporter(quiet=False, verbose=False, as_json=False)
+    with cli.ProgressBar(reporter, 40, clock=clock) as bar:
+        for _ in range(30):
+            bar(skipped=True)
+        (row,) = bar.bar.tasks
+        assert row.completed == 30 and columns(row)[0] == ""
+        for _ in range(4):
+            bar()
+        clock.now += 4.0
+        assert row.completed == 34 and columns(row) == ("1.0 img/s", "0:00:06")
+
+
+def test_a_full_bar_shows_its_rate_however_quick_the_run():
+    clock = FakeClock()
+    throughput = cli.Throughput(clock)
+    for _ in range(3):
+        throughput.tick()
+    clock.now += 0.25
+    assert columns(task(throughput, 2, total=3))[0] == ""
+    assert columns(task(throughput, 3, total=3)) == ("12.0 img/s", "0:00:00")  # the exact average: nothing to settle
+
+
+def test_rows_without_their_own_rate_show_none():
+    scorecam_passes = task(None, 3)
+    scorecam_passes.time_remaining, scorecam_passes.finished, scorecam_passes.finished_time = 12.0, False, None
+    assert columns(scorecam_passes) == ("", "0:00:12")
+
+
+@pytest.mark.parametrize(
+    ("counts", "seconds", "expected"),
+    [
+        (Counts(ok=4, error=2, skipped=10), 2.0, "done: 4 ok, 2 failed, 10 skipped in 2.0s (2.00 images/s)"),
+        (Counts(ok=0, error=0, skipped=5), 0.1, f"done: 0 ok, 0 failed, 5 skipped in 0.1s {ALL_EXIST}"),
+        (Counts(ok=0, error=3, skipped=1), 0.4, "done: 0 ok, 3 failed, 1 skipped in 0.4s"),
+        (Counts(ok=3, error=0, skipped=0), 0.0, "done: 3 ok, 0 failed, 0 skipped in 0.0s"),
+    ],
+)  # fmt: skip
+def test_the_last_line_counts_explained_images_only(counts, seconds, expected):
+    assert cli.run_summary(counts, seconds) == expected
+
+
+def test_the_library_tells_skipped_images_from_explained_ones(tmp_path, square_model):
+    for i, colour in enumerate(["red", "green", "blue"]):
+        square_image(colour=colour).save(tmp_path / f"img{i}.png")
+    images = discover([tmp_path])
+    output = OutputOptions(tmp_path / "out", skip_existing=True)
+    ticks: list[bool] = []
+
+    class Recording:
+        def __init__(self, _label: str, _total: int) -> None:
+            pass
+
+        def __enter__(self):
+            return lambda skipped=False: ticks.append(skipped)
+
+        def __exit__(self, *exc_info: object) -> None:
+            pass
+
+    explainer = Explainer(square_model, "features")
+    with Session(output, RunOptions(workers=0)) as session:
+        assert [r.status for r in session.explain(explainer, images, progress=Recording)] == ["ok"] * 3
+    assert ticks == [False] * 3
+    next((tmp_path / "out").glob("img1_*.png")).unlink()
+    ticks.clear()
+    with Session(output, RunOptions(workers=0)) as session:
+        statuses = [r.status for r in session.explain(explainer, images, progress=Recording)]
+    assert statuses == ["skipped", "skipped", "ok"]
+    assert ticks == [True, True, False]
+
+
+def test_an_all_skipped_run_ends_without_a_rate(tmp_path):
+    for i in range(3):
+        square_image().save(tmp_path / f"img{i}.png")
+    args = [str(tmp_path), "-m", SQUARE_MODEL, "-o", str(tmp_path / "out"), "--workers", "0", "--skip-existing"]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert "done: 3 ok, 0 failed, 0 skipped in " in first.stderr and "images/s" in first.stderr
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0, again.output
+    last = again.stderr.strip().splitlines()[-1]
+    assert last.startswith("done: 0 ok, 0 failed, 3 skipped in ")
+    assert last.endswith("(nothing to explain: every output exists)")
