@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 
 from gradcam_cli.cli import app
 from gradcam_cli.errors import EXIT_IMAGE_FAILED, EXIT_MODEL, EXIT_OK, EXIT_USAGE
+from gradcam_cli.io.naming import RUN_RECORD_NAME
 from gradcam_cli.render.colour import blend, colormap_table
 
 SQUARE = f"{Path(__file__).with_name('square_model.py')}:build"
@@ -69,7 +70,7 @@ def test_one_image_prints_predictions_and_the_path_written(images, labels, tmp_p
     result = run(images / "wide.png", *square_args(labels, out))
     assert result.exit_code == EXIT_OK, result.output
     assert stderr_lines(result) == ["using layer features (last spatial layer; choose with --layer)"]
-    written = list(out.iterdir())
+    written = [p for p in out.iterdir() if p.name != RUN_RECORD_NAME]  # the run record is the only extra
     assert len(written) == 1 and written[0].suffix == ".png"
     assert str(written[0]) in result.stdout
     for name in ("red", "green", "blue"):

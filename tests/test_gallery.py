@@ -61,6 +61,28 @@ def test_entries_merge_rows_per_image_and_link_relatively(tmp_path: Path) -> Non
     assert entries[3]["status"] == "skipped"
 
 
+def test_gallery_shows_skipped_rows_with_outputs_as_full_cards(tmp_path):
+    """A resumed run's skipped images carry their earlier rows: full cards, with status skipped (the page says
+    "outputs from an earlier run"); a probability rebuilt from a file name is unknown: null, not NaN."""
+    earlier = _record("a.jpg", tmp_path, 1)
+    skipped = Record("a.jpg", "skipped", "m", "layer4", "gradcam", earlier.target, earlier.predictions, earlier.outputs)
+    rebuilt = Record(
+        "b.jpg",
+        "skipped",
+        "m",
+        "layer4",
+        "gradcam",
+        Prediction(2, "class 2", float("nan")),
+        [],
+        [str(tmp_path / "b_gradcam_2-class-2.png")],
+    )
+    a, b = gallery_entries([skipped, rebuilt], tmp_path)
+    assert a["status"] == "skipped" and a["views"][0]["target"] == ["class 1", 0.25, 1] and len(a["predictions"]) == 5
+    assert a["views"][0]["href"] == "a_gradcam_1-class-1.png" and a["files"] == [["panel", "a_panel.png"]]
+    assert b["status"] == "skipped" and b["views"][0]["target"] == ["class 2", None, 2]
+    assert "NaN" not in json.dumps(b)
+
+
 def test_page_is_self_contained_and_never_embeds_images(tmp_path: Path) -> None:
     out = tmp_path / "out"
     overlay = out / "a_gradcam_0-class-0.png"
@@ -222,6 +244,34 @@ def test_ten_thousand_entries_page_in_headless_chromium(tmp_path: Path, chromium
     dom = _browse(chromium, tmp_path, index.as_uri() + "#page=167", "--dump-dom")
     assert _shown(dom) == (10_000 - 166 * PAGE_SIZE, 10_000)
     assert "showing 9961\u201310000 of 10000 images (page 167 of 167)" in dom
+
+
+@pytest.mark.slow
+def test_a_resumed_runs_gallery_shows_earlier_outputs_in_headless_chromium(tmp_path: Path, chromium: str) -> None:
+    """--skip-existing --report without a manifest: every card has its thumbnails and classes (probability
+    unknown, so none is shown) and says its outputs are from an earlier run."""
+    from square_model import square_image
+    from typer.testing import CliRunner
+
+    from gradcam_cli.cli import app
+
+    images = tmp_path / "in"
+    images.mkdir()
+    for colour in ("red", "green", "blue"):
+        square_image(colour=colour).save(images / f"{colour}.png")
+    model = Path(__file__).with_name("square_model.py")
+    args = [str(images), "-m", f"{model}:build", "-o", str(tmp_path / "out"), "--top-k", "2", "--workers", "0"]
+    args += ["--labels", str(_labels(tmp_path))]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    resumed = CliRunner().invoke(app, [*args, "--skip-existing", "--report"])
+    assert resumed.exit_code == 0, resumed.output
+    dom = _browse(chromium, tmp_path, (tmp_path / "out" / "index.html").as_uri(), "--dump-dom")
+    assert _shown(dom) == (3, 3)
+    assert dom.count('<article class="card skipped"') == 3
+    assert dom.count('loading="lazy"') == 3 * 2
+    assert dom.count("<p>skipped: outputs from an earlier run</p>") == 3
+    assert "NaN" not in dom and "0.0%" not in dom
+    assert re.search(r'<span class="p">\(#\d\)</span>', dom)
 
 
 def _labels(tmp_path: Path) -> Path:

@@ -21,7 +21,7 @@ from gradcam_cli.cam.results import Prediction
 from gradcam_cli.cli import app
 from gradcam_cli.errors import UsageError
 from gradcam_cli.io.atomic import TEMP_MARKER
-from gradcam_cli.io.manifest import MANIFEST_FIELDS, ManifestWriter
+from gradcam_cli.io.manifest import MANIFEST_FIELDS, ManifestWriter, read_manifest
 from gradcam_cli.pipeline.records import Record
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,6 +69,22 @@ def test_csv_rows_round_trip_with_json_cells(tmp_path):
     assert rows[1]["target"] == "" and float(rows[0]["seconds"]) == 0.01
 
 
+@pytest.mark.parametrize("name", ["m.jsonl", "m.csv"])
+def test_appending_keeps_the_rows_and_reads_back_what_was_written(tmp_path, name):
+    path = tmp_path / name
+    first, *others = [record.to_dict() for record in sample_records()]
+    with ManifestWriter(path) as writer:
+        writer.write(first)
+    with path.open("ab") as handle:
+        handle.write(b'{"input": "torn.png", "sta')  # a row cut short by a killed run (no newline)
+    with ManifestWriter(path, append=True) as writer:
+        for row in others:
+            writer.write(row)
+    assert read_manifest(path) == [first, *others]  # the torn row is left out, every other row is whole
+    if name.endswith(".csv"):
+        assert path.read_text().count("input,status") == 1
+
+
 def test_other_suffixes_are_a_usage_error(tmp_path):
     with pytest.raises(UsageError, match=r"\.jsonl or \.csv"):
         ManifestWriter(tmp_path / "m.json")
@@ -100,8 +116,14 @@ def test_cli_manifest_has_one_row_per_image_target_and_method(tmp_path):
     again = CliRunner().invoke(app, [*args, "--save-raw", "--skip-existing", "--manifest", str(tmp_path / "m.csv")])
     assert again.exit_code == 1
     with (tmp_path / "m.csv").open(newline="") as handle:
-        statuses = sorted(row["status"] for row in csv.DictReader(handle))
-    assert statuses == ["error", "skipped", "skipped", "skipped"]
+        resumed = list(csv.DictReader(handle))
+    statuses = sorted(row["status"] for row in resumed)
+    # a new manifest: the skipped images' rows are rebuilt from their files, one per class as before
+    assert statuses == ["error"] + ["skipped"] * 6
+    for row in resumed[1:] if resumed[0]["status"] == "error" else resumed[:-1]:
+        outputs = json.loads(row["outputs"])
+        assert len(outputs) == 2 and all(Path(p).exists() for p in outputs)
+        assert json.loads(row["target"])["index"] == int(Path(outputs[0]).stem.rsplit("_", 1)[1].split("-")[0])
 
 
 HANG_GUARD = 600

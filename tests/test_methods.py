@@ -42,6 +42,7 @@ from gradcam_cli.cam.explainer import Explainer
 from gradcam_cli.cam.maps import normalise, to_image_maps, upsample
 from gradcam_cli.cam.methods import METHODS, MaskedScores, gradcam_plus_plus, hirescam, layercam, xgradcam
 from gradcam_cli.io.images import InputSpec, load_image, to_input_tensor
+from gradcam_cli.io.naming import RUN_RECORD_NAME
 from gradcam_cli.options import METHOD_NAMES
 
 GRADIENT_METHODS = ["gradcam", "gradcam++", "xgradcam", "hirescam", "layercam"]
@@ -305,7 +306,7 @@ def test_cli_writes_one_output_per_method(tmp_path) -> None:
     args = [str(image), "--model", model, "-t", "0", "--method", methods, "-o", str(out), "--workers", "0", "-q"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    written = sorted(p.name for p in out.iterdir())
+    written = sorted(p.name for p in out.iterdir() if p.name != RUN_RECORD_NAME)
     assert len(written) == len(METHODS)
     for method in METHODS:
         assert f"square_{method}_0-0.png" in written

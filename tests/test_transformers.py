@@ -23,6 +23,7 @@ from gradcam_cli.cam.layers import default_layer, inspect_layers
 from gradcam_cli.cam.methods import METHODS, hirescam
 from gradcam_cli.cam.reshape import Layout, infer_layout, spatial, to_spatial
 from gradcam_cli.io.images import InputSpec
+from gradcam_cli.io.naming import RUN_RECORD_NAME
 from gradcam_cli.models.loading import LoadedModel
 
 SQUARE_BOX = (330, 40, 390, 100)  # square_image()'s red square, x1, y1, x2, y2, in its 480x320 image
@@ -232,5 +233,5 @@ def test_cli_runs_transformers_with_no_extra_flags(name: str, layer: str, tmp_pa
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert f"using layer {layer}" in result.output
-    (written,) = out.iterdir()
+    (written,) = [p for p in out.iterdir() if p.name != RUN_RECORD_NAME]
     assert written.name.startswith("chelsea_gradcam_")

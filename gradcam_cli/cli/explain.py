@@ -218,6 +218,7 @@ class ExplainCommand:
         with Session(self.output, self.run_options) as session:
             progress = PassProgress(reporter) if "scorecam" in self.explain_options.methods else None
             explainer = Explainer.from_options(self.model_options, self.explain_options, progress=progress)
+            session.start(explainer)
             if not self.explain_options.layers:
                 reporter.info(f"using layer {explainer.layer_label} (last spatial layer; choose with --layer)")
             reporter.detail(f"model {explainer.model.name} ({explainer.model.weights}) on {explainer.device}")

@@ -1,4 +1,4 @@
-"""The ``--manifest`` file: one row per record, as JSON lines or CSV."""
+"""The ``--manifest`` file: one row per record, as JSON lines or CSV; read back to resume a run."""
 
 from __future__ import annotations
 
@@ -6,11 +6,14 @@ import csv
 import io
 import json
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import GradcamError, UsageError
+from .atomic import write_atomic
+from .lock import ensure_folder
 
 MANIFEST_FIELDS = (
     "input",
@@ -25,39 +28,61 @@ MANIFEST_FIELDS = (
     "seconds",
 )
 """The columns of every row, in order (``Record.to_dict`` gives rows in this order)."""
+STATUSES = ("ok", "error", "skipped")
+"""A row's ``status``."""
+_JSON_CELLS = ("outputs", "predictions", "target")
+"""CSV cells that hold JSON."""
+
+
+def check_manifest_path(path: Path) -> None:
+    """A :class:`UsageError` unless ``path`` can name a manifest: a ``.jsonl`` or ``.csv`` file name, not a folder,
+    in a folder that exists or can be created (which it then is)."""
+    if path.suffix.lower() not in (".jsonl", ".csv"):
+        raise UsageError(f"--manifest {path}: use a .jsonl or .csv file name")
+    if path.is_dir():
+        raise UsageError(f"--manifest {path} is a folder; give a .jsonl or .csv file name")
+    ensure_folder(path.parent, "--manifest", path)
 
 
 class ManifestWriter:
     """Streams one row per record to ``path``: ``.jsonl`` (JSON lines) or ``.csv`` by extension.
 
     Each row goes out in a single write and is flushed, so a killed run's manifest lists exactly the rows that
-    finished. In CSV, ``outputs``, ``predictions`` and ``target`` are JSON-encoded cells.
+    finished. In CSV, ``outputs``, ``predictions`` and ``target`` are JSON-encoded cells. ``append``: keep the
+    rows already in the file and add to them (resuming); otherwise the file starts empty.
     """
 
-    def __init__(self, path: Path) -> None:
-        suffix = path.suffix.lower()
-        if suffix not in (".jsonl", ".csv"):
-            raise UsageError(f"--manifest {path}: use a .jsonl or .csv file name")
+    def __init__(self, path: Path, append: bool = False) -> None:
+        check_manifest_path(path)
         self.path = path
-        self.csv = suffix == ".csv"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-        if self.csv:
-            self._write_csv(MANIFEST_FIELDS)
+        self.csv = path.suffix.lower() == ".csv"
+        flags = os.O_RDWR | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+        try:
+            self.fd = os.open(path, flags, 0o666)
+        except OSError as error:
+            raise UsageError(f"--manifest {path}: cannot write it: {error.strerror or error}") from None
+        try:
+            size = os.fstat(self.fd).st_size
+            if size and os.pread(self.fd, 1, size - 1) != b"\n":
+                self._write_all(b"\n")  # a row torn by a killed run stays on a line of its own
+            if self.csv and not size:
+                self._write_csv(list(MANIFEST_FIELDS))
+        except BaseException:
+            os.close(self.fd)
+            raise
 
     def write(self, row: dict[str, Any]) -> None:
         """Append one row (``Record.to_dict()``: the values of ``MANIFEST_FIELDS``, in order)."""
-        if self.csv:
-            cells = [json.dumps(v) if isinstance(v, (list, dict)) else ("" if v is None else v) for v in row.values()]
-            self._write_csv(cells)
-        else:
-            self._write_all((json.dumps(row) + "\n").encode())
+        try:
+            if self.csv:
+                self._write_csv(_csv_cells(row))
+            else:
+                self._write_all(_json_line(row))
+        except OSError as error:
+            raise GradcamError(f"--manifest {self.path}: cannot write it: {error.strerror or error}") from None
 
     def _write_csv(self, cells: list[Any]) -> None:
-        buffer = io.StringIO()
-        csv.writer(buffer, lineterminator="\n").writerow(cells)
-        # surrogateescape: a file name that is not valid UTF-8 is written back as the bytes it had
-        self._write_all(buffer.getvalue().encode("utf-8", "surrogateescape"))
+        self._write_all(_csv_line(cells))
 
     def _write_all(self, data: bytes) -> None:
         """One ``write`` per row, so rows never interleave or tear; the loop only matters for a full disk."""
@@ -72,3 +97,127 @@ class ManifestWriter:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         os.close(self.fd)
+
+
+def _json_line(row: dict[str, Any]) -> bytes:
+    return (json.dumps(row) + "\n").encode()
+
+
+def _csv_cells(row: dict[str, Any]) -> list[Any]:
+    return [json.dumps(v) if isinstance(v, (list, dict)) else ("" if v is None else v) for v in row.values()]
+
+
+def _csv_line(cells: list[Any]) -> bytes:
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerow(cells)
+    # surrogateescape: a file name that is not valid UTF-8 is written back as the bytes it had
+    return buffer.getvalue().encode("utf-8", "surrogateescape")
+
+
+def read_manifest(path: Path) -> list[dict[str, Any]]:
+    """The rows of a manifest, in file order, as ``Record.to_dict`` gave them; ``[]`` if there is no such file.
+
+    Lines that do not parse (a row torn by a killed run) are left out.
+    """
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    except OSError as error:
+        raise UsageError(f"--manifest {path}: cannot read it: {error.strerror or error}") from None
+    text = data.decode("utf-8", "surrogateescape")
+    rows = _csv_rows(text) if path.suffix.lower() == ".csv" else _json_rows(text)
+    return [row for row in rows if isinstance(row.get("input"), str) and row.get("status") in STATUSES]
+
+
+def _json_rows(text: str) -> list[dict[str, Any]]:
+    rows = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append({key: row.get(key) for key in MANIFEST_FIELDS})
+    return rows
+
+
+def _csv_rows(text: str) -> list[dict[str, Any]]:
+    lines = csv.reader(io.StringIO(text, newline=""))
+    header = next(lines, [])
+    rows = []
+    for values in lines:
+        if len(values) != len(header):  # a row cut short
+            continue
+        cells = dict(zip(header, values, strict=True))
+        try:
+            row: dict[str, Any] = {key: cells.get(key) or None for key in MANIFEST_FIELDS}
+            for key in _JSON_CELLS:
+                row[key] = json.loads(row[key]) if row[key] else None
+            row["outputs"] = row["outputs"] or []
+            row["predictions"] = row["predictions"] or []
+            row["seconds"] = float(row["seconds"] or 0)
+        except (ValueError, TypeError):
+            continue
+        rows.append(row)
+    return rows
+
+
+def row_key(row: dict[str, Any]) -> str:
+    """The input a row belongs to, as an absolute path (``in/a.png`` and ``./in/a.png`` are one input)."""
+    return os.path.abspath(str(row["input"]))
+
+
+def latest_row_sets(rows: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Each input's latest set of rows (one per target and method), keyed by :func:`row_key`, in the order the
+    inputs first appear.
+
+    A run writes an input's rows one after the other, all with one status, so a set is a stretch of rows of one
+    input; a row with another status, or whose method, target and first output already occur in the stretch,
+    starts a new set (a later run of the same input).
+    """
+    sets: dict[str, list[dict[str, Any]]] = {}
+    current: list[dict[str, Any]] = []
+    seen: set[tuple[Any, ...]] = set()
+    for row in rows:
+        key = row_key(row)
+        target, outputs = row.get("target"), row.get("outputs")
+        signature = (
+            row.get("method"),
+            target.get("index") if isinstance(target, dict) else None,
+            outputs[0] if isinstance(outputs, list) and outputs else None,
+        )
+        if not current or row_key(current[0]) != key or current[0]["status"] != row["status"] or signature in seen:
+            current, seen = [], set()
+            sets[key] = current  # a later set replaces the earlier one (and keeps its place)
+        current.append(row)
+        seen.add(signature)
+    return sets
+
+
+def rewrite_manifest(path: Path, earlier: int, order: Sequence[str]) -> None:
+    """Rewrite the manifest at ``path`` atomically with one set of rows per input: the rows after the first
+    ``earlier`` (this run's) replace an input's earlier ones; inputs come in ``order`` (their :func:`row_key`),
+    then those only earlier runs had, in the order they had them."""
+    rows = read_manifest(path)
+    sets = latest_row_sets(rows[:earlier])
+    for key, mine in _by_input(rows[earlier:]).items():
+        sets[key] = mine
+    place = {key: number for number, key in enumerate(order)}
+    keys = sorted(sets, key=lambda key: place.get(key, len(place)))  # stable: the others keep their order
+    ordered = [row for key in keys for row in sets[key]]
+    if path.suffix.lower() == ".csv":
+        data = _csv_line(list(MANIFEST_FIELDS)) + b"".join(_csv_line(_csv_cells(row)) for row in ordered)
+    else:
+        data = b"".join(_json_line(row) for row in ordered)
+    try:
+        write_atomic(path, data)
+    except OSError as error:
+        raise GradcamError(f"--manifest {path}: cannot write it: {error.strerror or error}") from None
+
+
+def _by_input(rows: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        grouped.setdefault(row_key(row), []).append(row)
+    return grouped

@@ -106,3 +106,8 @@ def relative_posix(path: str, root: str) -> str | None:
         except ValueError:  # another drive (Windows)
             return None
     return relative.replace(os.sep, "/")
+
+
+def manifest_lock_path(manifest: Path) -> Path:
+    """The lock file beside a ``--manifest`` outside the output directory: ``.<manifest name>.lock``."""
+    return manifest.with_name(f".{manifest.name}.lock")

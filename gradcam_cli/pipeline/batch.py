@@ -10,6 +10,8 @@ The pipeline, for ``gradcam DIR`` and :class:`BatchRunner`:
 3. The main thread runs the model on each batch (forward, then one backward pass per target).
 4. Writer threads blend, encode and atomically write each image's files while the next batch computes; at most
    a bounded number of images wait for them.
+5. Records come out in the order of the input list whatever order the batches finish in: finished images' rows
+   (never their pixels) wait in a reorder buffer until every image before them is done.
 
 Every file the batch writes is an :class:`~gradcam_cli.pipeline.outputs.OutputKind`; ``output_kinds`` lists
 them, and new kinds plug in there (naming, writing, and --skip-existing all follow from the kind).
@@ -51,13 +53,15 @@ from .decode import (
 )
 from .outputs import OutputKind, WriteJob, output_kinds
 from .records import Record
-from .resume import ExistingOutputs
+from .resume import EarlierRows, ExistingOutputs, FoundExplanation, resumed_rows
 
 
 @dataclass
 class _Pending:
-    """An image handed to the writers (or failed before that): its rows, once ``future`` is done."""
+    """An image handed to the writers (or failed before that): its rows, once ``future`` is done. ``index``: its
+    place in the list being run."""
 
+    index: int
     image: InputImage
     rows: list[Record]
     future: Future[tuple[float, str | None]] | None = None
@@ -69,13 +73,19 @@ class BatchRunner:
     """Run an :class:`Explainer` over many images and write overlays (and the other outputs) for each.
 
     ``output`` says what to write and where; ``run`` how to batch, decode and write (its ``None`` batch size and
-    worker count become the defaults for the explainer's device and this machine).
+    worker count become the defaults for the explainer's device and this machine). ``earlier``: the manifest rows
+    of earlier runs, which images skipped by ``--skip-existing`` get back.
     """
 
     def __init__(
-        self, explainer: Explainer, output: OutputOptions | None = None, run: RunOptions | None = None
+        self,
+        explainer: Explainer,
+        output: OutputOptions | None = None,
+        run: RunOptions | None = None,
+        earlier: EarlierRows | None = None,
     ) -> None:
         self.explainer = explainer
+        self.earlier = earlier or EarlierRows()
         self.output = output or OutputOptions()
         run = run or RunOptions()
         self.batch_size = run.batch_size or default_batch_size(explainer.device)
@@ -92,24 +102,47 @@ class BatchRunner:
         on_image: Callable[[], Any] | None = None,
         on_skipped: Callable[[], Any] | None = None,
     ) -> Iterator[Record]:
-        """Yield records as images finish, in a stable order; ``on_image`` is called once per image (progress), or
-        ``on_skipped`` instead where given, for an image skipped because its outputs exist (``skip_existing``)."""
+        """Yield every image's records in the order of ``images`` (skipped ones in their place, with their earlier
+        rows); ``on_image`` is called once per image as it finishes (progress), or ``on_skipped`` instead where
+        given, for an image skipped because its outputs exist. After an error or Ctrl-C, the rows of every image
+        that finished still come out (in order, around the gaps) before the exception."""
         inputs = {os.path.realpath(image.path) for image in images}
-        todo = []
         existing = self.existing_outputs()
-        for image in images:
+        in_order = _InOrder()
+        todo: list[InputImage] = []
+        places: list[int] = []
+        for place, image in enumerate(images):
             found = existing.find(image) if self.output.skip_existing else None
-            if found is not None:
-                yield self._record(image, "skipped", outputs=found)
-                tick = on_skipped or on_image
-                if tick:
-                    tick()
-            else:
+            if found is None:
                 todo.append(image)
-        if not todo:
-            return
-        with _deferred_interrupt() as interrupted:
-            yield from self._run(todo, inputs, on_image, interrupted)
+                places.append(place)
+                continue
+            in_order.add(place, self.skipped(image, found))
+            tick = on_skipped or on_image
+            if tick:
+                tick()
+        try:
+            yield from in_order.ready()
+            if todo:
+                with _deferred_interrupt() as interrupted:
+                    for index, rows in self._run(todo, inputs, on_image, interrupted):
+                        in_order.add(places[index], rows)
+                        yield from in_order.ready()
+        except GeneratorExit:
+            raise
+        except BaseException:
+            yield from in_order.rest()
+            raise
+        yield from in_order.rest()
+
+    def skipped(self, image: InputImage, found: Sequence[FoundExplanation]) -> list[Record]:
+        """The rows of an image whose outputs exist: its earlier rows, or rows rebuilt from the files found."""
+
+        def row(**fields: Any) -> Record:
+            return self._record(image, "skipped", **fields)
+
+        rows = resumed_rows(found, self.earlier.get(str(image.path)), row, self.explainer.model.class_name)
+        return rows or [row()]
 
     def _run(
         self,
@@ -117,7 +150,8 @@ class BatchRunner:
         inputs: set[str],
         on_image: Callable[[], Any] | None,
         interrupted: Callable[[], bool],
-    ) -> Iterator[Record]:
+    ) -> Iterator[tuple[int, list[Record]]]:
+        """(index in ``todo``, rows) of each image as it finishes."""
         workers = min(self.workers, len(todo))
         loader = DataLoader(
             ImageDataset(todo, self.explainer.model.input_spec, self.max_side),
@@ -142,13 +176,13 @@ class BatchRunner:
                             or len(pending) > limit_images
                             or sum(p.pixels for p in pending) > WAITING_PIXELS
                         ):
-                            yield from self._finish(pending.popleft(), on_image)
+                            yield self._finish(pending.popleft(), on_image)
             except KeyboardInterrupt:  # a second Ctrl-C: stop now, but record what the writers finish anyway
                 while pending:
-                    yield from self._finish(pending.popleft(), on_image)
+                    yield self._finish(pending.popleft(), on_image)
                 raise
             while pending:  # also after a first Ctrl-C: what the writers have in hand is finished and recorded
-                yield from self._finish(pending.popleft(), on_image)
+                yield self._finish(pending.popleft(), on_image)
         if interrupted():
             raise KeyboardInterrupt
 
@@ -158,7 +192,7 @@ class BatchRunner:
         target = explainer.prediction(explainer.target, 0.0) if explainer.target is not None else None
         return ExistingOutputs(self.output, self.kinds, explainer.methods, target, explainer.top_k)
 
-    def _finish(self, item: _Pending, on_image: Callable[[], Any] | None) -> Iterator[Record]:
+    def _finish(self, item: _Pending, on_image: Callable[[], Any] | None) -> tuple[int, list[Record]]:
         rows = item.rows
         seconds = item.seconds
         if item.future is not None:
@@ -169,16 +203,17 @@ class BatchRunner:
         for row in rows:
             row.seconds = round(seconds, 4)
         item.rows = []
-        yield from rows
         if on_image:
             on_image()
+        return item.index, rows
 
     def _process(
         self, batch: list[Sample], images: Sequence[InputImage], inputs: set[str], pool: ThreadPoolExecutor
     ) -> list[_Pending]:
         if batch[0].tensor is None:
-            image = images[batch[0].index]
-            return [_Pending(image, [self._error(image, batch[0].error or f"{image.path}: unreadable")])]
+            index = batch[0].index
+            image = images[index]
+            return [_Pending(index, image, [self._error(image, batch[0].error or f"{image.path}: unreadable")])]
         started = time.perf_counter()
         sizes = [tuple(sample.pixels.shape[:2]) for sample in batch]
         try:
@@ -187,14 +222,15 @@ class BatchRunner:
             raise
         except Exception as error:
             if len(batch) == 1:
-                image = images[batch[0].index]
+                index = batch[0].index
+                image = images[index]
                 message = f"{image.path}: the model failed on this image ({describe(error, image.path)})"
-                return [_Pending(image, [self._error(image, message)])]
+                return [_Pending(index, image, [self._error(image, message)])]
             return [item for sample in batch for item in self._process([sample], images, inputs, pool)]
         seconds = (time.perf_counter() - started) / len(batch)
         items = []
         for sample, result in zip(batch, results, strict=True):
-            item = self._submit(images[sample.index], sample.pixels, result, inputs, pool)
+            item = self._submit(sample.index, images[sample.index], sample.pixels, result, inputs, pool)
             item.seconds = seconds
             items.append(item)
         return items
@@ -214,6 +250,7 @@ class BatchRunner:
 
     def _submit(
         self,
+        index: int,
         image: InputImage,
         pixels: torch.Tensor,
         result: ImageExplanation,
@@ -244,9 +281,10 @@ class BatchRunner:
                     row.outputs.append(str(path))
         clash = next((path for _, path, _ in files if os.path.realpath(path) in inputs), None)
         if clash is not None:
-            return _Pending(image, [self._error(image, f"{image.path}: refusing to overwrite input file {clash}")])
+            message = f"{image.path}: refusing to overwrite input file {clash}"
+            return _Pending(index, image, [self._error(image, message)])
         future = pool.submit(self._write_files, image, pixels, result, files)
-        return _Pending(image, rows, future, pixels=pixels.shape[0] * pixels.shape[1])
+        return _Pending(index, image, rows, future, pixels=pixels.shape[0] * pixels.shape[1])
 
     def _write_files(
         self,
@@ -273,6 +311,29 @@ class BatchRunner:
 
     def _error(self, image: InputImage, message: str) -> Record:
         return self._record(image, "error", error=message)
+
+
+class _InOrder:
+    """The reorder buffer: finished images' rows, by place in the input list, handed on in that order."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[int, list[Record]] = {}
+        self.next = 0
+
+    def add(self, place: int, rows: list[Record]) -> None:
+        self.waiting[place] = rows
+
+    def ready(self) -> Iterator[Record]:
+        """The rows of the images from the next place on, up to the first image not finished yet."""
+        while self.next in self.waiting:
+            rows = self.waiting.pop(self.next)
+            self.next += 1
+            yield from rows
+
+    def rest(self) -> Iterator[Record]:
+        """Every row still waiting, in order, whatever is missing before it (the run is over)."""
+        for place in sorted(self.waiting):
+            yield from self.waiting.pop(place)
 
 
 @contextmanager

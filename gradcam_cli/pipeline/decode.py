@@ -98,27 +98,37 @@ def bucketed(
 
     Failed samples come out alone at once. At most ``4 * batch_size`` samples, holding at most about
     ``max_waiting_pixels`` image pixels, wait in buckets, so memory does not grow with the number of images:
-    past either limit, the fullest bucket is flushed. What is left comes out at the end.
+    past either limit, the fullest bucket is flushed. No sample waits while more than ``4 * batch_size`` others
+    arrive after it (a rare shape's bucket is flushed then), so results leave roughly in input order and the
+    batch's reorder buffer stays small. What is left comes out at the end.
     """
     buckets: dict[tuple[int, ...], list[Sample]] = {}
+    oldest: dict[tuple[int, ...], int] = {}  # arrival number of each bucket's first sample
     waiting = waiting_pixels = 0
-    for sample in samples:
+    for number, sample in enumerate(samples):
         if sample.tensor is None:
             yield [sample]
             continue
-        bucket = buckets.setdefault(tuple(sample.tensor.shape), [])
+        shape = tuple(sample.tensor.shape)
+        bucket = buckets.setdefault(shape, [])
+        oldest.setdefault(shape, number)
         bucket.append(sample)
         waiting += 1
         waiting_pixels += _pixel_count(sample)
         while buckets and (
-            len(bucket) >= batch_size or waiting >= 4 * batch_size or waiting_pixels > max_waiting_pixels
+            len(bucket) >= batch_size
+            or waiting >= 4 * batch_size
+            or waiting_pixels > max_waiting_pixels
+            or number - min(oldest.values()) >= 4 * batch_size
         ):
-            fullest = max(buckets, key=lambda shape: len(buckets[shape]))
+            late = min(oldest, key=oldest.__getitem__)
+            fullest = late if number - oldest[late] >= 4 * batch_size else max(buckets, key=lambda s: len(buckets[s]))
             flushed = buckets.pop(fullest)
+            del oldest[fullest]
             waiting -= len(flushed)
             waiting_pixels -= sum(_pixel_count(s) for s in flushed)
             yield flushed
-            bucket = buckets.get(tuple(sample.tensor.shape), [])
+            bucket = buckets.get(shape, [])
     yield from (bucket for bucket in buckets.values() if bucket)
 
 

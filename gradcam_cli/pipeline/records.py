@@ -34,3 +34,28 @@ class Record:
                 probability = prediction["probability"]
                 prediction["probability"] = round(probability, 6) if math.isfinite(probability) else None
         return {key: row[key] for key in MANIFEST_FIELDS}
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> Record:
+        """A record from a manifest row (:meth:`to_dict`'s form); a null probability becomes NaN."""
+        target = _prediction(row.get("target"))
+        predictions = [p for p in map(_prediction, row.get("predictions") or []) if p is not None]
+        return cls(
+            str(row["input"]),
+            str(row["status"]),
+            str(row.get("model") or ""),
+            str(row.get("layer") or ""),
+            row.get("method") or None,
+            target,
+            predictions,
+            [str(path) for path in row.get("outputs") or []],
+            row.get("error") or None,
+            float(row.get("seconds") or 0.0),
+        )
+
+
+def _prediction(value: Any) -> Prediction | None:
+    if not isinstance(value, dict) or not isinstance(value.get("index"), int):
+        return None
+    probability = value.get("probability")
+    return Prediction(value["index"], str(value.get("name", "")), math.nan if probability is None else probability)

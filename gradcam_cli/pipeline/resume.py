@@ -1,18 +1,28 @@
-"""Resuming (``--skip-existing``): which images a previous run already finished, found from the files on disk."""
+"""Resuming (``--skip-existing``): which images a previous run already finished, found from the files on disk; their
+rows, taken back from the manifest of that run or rebuilt from the file names; and the run record that keeps a
+resumed run from mixing its outputs with those of another model, layer or look."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..cam.results import Explanation, Prediction
+from ..errors import UsageError
+from ..io.atomic import write_atomic
 from ..io.discovery import InputImage
-from ..io.naming import TARGET_TAIL
-from ..options import OutputOptions
+from ..io.manifest import latest_row_sets, row_key
+from ..io.naming import RUN_RECORD_NAME, TARGET_TAIL
+from ..options import ImageFormat, OutputOptions
 from .outputs import OutputKind
+from .records import Record
 
 _PROBE_TARGET = Prediction(0, "x", 0.0)
 _PROBE_MARK = "_0-x"
@@ -52,6 +62,19 @@ class OutputIndex:
         return sorted(self._by_prefix[key].get(prefix, []))
 
 
+@dataclass
+class FoundExplanation:
+    """The existing outputs of one method and class of an image: ``tail`` is ``<class index>-<class slug>``."""
+
+    method: str
+    tail: str
+    outputs: list[str]
+
+    @property
+    def class_index(self) -> int:
+        return int(self.tail.split("-", 1)[0])
+
+
 class ExistingOutputs:
     """Finds the outputs a previous run wrote for an image, if all of them exist.
 
@@ -70,32 +93,173 @@ class ExistingOutputs:
         self.options, self.kinds, self.methods, self.target, self.top_k = options, kinds, methods, target, top_k
         self.index = OutputIndex()
 
-    def find(self, image: InputImage) -> list[str] | None:
-        """The existing outputs of ``image``, in record order, or ``None`` if any is missing."""
-        found: list[str] = []
+    def find(self, image: InputImage) -> list[FoundExplanation] | None:
+        """The existing outputs of ``image``, one entry per method and class in record order (each with the
+        image's per-image outputs too), or ``None`` if any is missing."""
+        found: list[FoundExplanation] = []
         for method in self.methods:
+            by_tail: dict[str, FoundExplanation] = {}
             for kind in self.kinds:
                 if not kind.listed or not kind.per_explanation:
                     continue
-                if self.target is not None:
-                    path = kind.path(self.options, image, Explanation(method, self.target, torch.empty(0)))
-                    if path.name not in self.index.names(path.parent):
-                        return None
-                    found.append(str(path))
-                    continue
-                probe = kind.path(self.options, image, Explanation(method, _PROBE_TARGET, torch.empty(0)))
-                cut = probe.name.rfind(_PROBE_MARK)
-                if cut < 0:
-                    continue  # a kind not named by class: cannot be matched without knowing the class
-                folder = probe.parent
-                names = self.index.matches(folder, probe.name[:cut], probe.name[cut + len(_PROBE_MARK) :])
-                if len(names) < self.top_k:
+                named = self._named(image, method, kind)
+                if named is None:
                     return None
-                found.extend(str(folder / name) for name in names)
+                first = not by_tail
+                for tail, output in named:
+                    if first:
+                        by_tail[tail] = FoundExplanation(method, tail, [])
+                    if tail in by_tail:
+                        by_tail[tail].outputs.append(output)
+            found.extend(sorted(by_tail.values(), key=lambda entry: entry.class_index))
         for kind in self.kinds:
             if kind.listed and not kind.per_explanation:
                 path = kind.path(self.options, image, None)
                 if path.name not in self.index.names(path.parent):
                     return None
-                found.append(str(path))
+                for entry in found:
+                    entry.outputs.append(str(path))
         return found
+
+    def _named(self, image: InputImage, method: str, kind: OutputKind) -> list[tuple[str, str]] | None:
+        """(class tail, path) of each existing file of this kind and method, or ``None`` if too few exist."""
+        if self.target is not None:
+            path = kind.path(self.options, image, Explanation(method, self.target, torch.empty(0)))
+            if path.name not in self.index.names(path.parent):
+                return None
+            stem = path.name[: len(path.name) - len(path.suffix)] if path.suffix else path.name
+            return [(stem.rpartition("_")[2], str(path))]
+        probe = kind.path(self.options, image, Explanation(method, _PROBE_TARGET, torch.empty(0)))
+        cut = probe.name.rfind(_PROBE_MARK)
+        if cut < 0:
+            return []  # a kind not named by class: cannot be matched without knowing the class
+        folder, prefix, ending = probe.parent, probe.name[:cut], probe.name[cut + len(_PROBE_MARK) :]
+        names = self.index.matches(folder, prefix, ending)
+        if len(names) < self.top_k:
+            return None
+        return [(name[len(prefix) + 1 : len(name) - len(ending)], str(folder / name)) for name in names]
+
+
+class EarlierRows:
+    """The rows earlier runs wrote to the manifest: each input's latest set, by input."""
+
+    def __init__(self, rows: Iterable[dict[str, Any]] = ()) -> None:
+        self.by_input = latest_row_sets(rows)
+
+    def get(self, input_path: str) -> list[dict[str, Any]]:
+        return self.by_input.get(row_key({"input": input_path}), [])
+
+
+def resumed_rows(
+    found: Sequence[FoundExplanation],
+    earlier: Sequence[dict[str, Any]],
+    skipped: Callable[..., Record],
+    class_name: Callable[[int], str],
+) -> list[Record]:
+    """The rows of an image whose outputs all exist: one per method and class found, status ``skipped``.
+
+    Each takes predictions, target, outputs and seconds from the earlier run's row with the same main output,
+    where the manifest has one; the others are rebuilt from the file names (the class index and the model's name
+    for it, probability unknown, the image's predictions from any earlier row). ``skipped(**fields)`` makes a
+    row of this image.
+    """
+    usable = [Record.from_dict(row) for row in earlier if row["status"] in ("ok", "skipped") and row["outputs"]]
+    by_output = {os.path.abspath(record.outputs[0]): (place, record) for place, record in enumerate(usable)}
+    predictions = next((record.predictions for record in usable if record.predictions), [])
+    matched: list[tuple[int, Record]] = []
+    rebuilt: list[Record] = []
+    for entry in found:
+        place, before = by_output.get(os.path.abspath(entry.outputs[0]), (0, None))
+        if before is not None and before.method == entry.method:
+            fields = {"outputs": before.outputs, "seconds": before.seconds, "predictions": before.predictions}
+            matched.append((place, skipped(method=before.method, target=before.target, **fields)))
+            continue
+        target = Prediction(entry.class_index, class_name(entry.class_index), math.nan)
+        rebuilt.append(skipped(method=entry.method, target=target, predictions=predictions, outputs=entry.outputs))
+    return [row for _, row in sorted(matched, key=lambda pair: pair[0])] + rebuilt
+
+
+# ------------------------------------------------------------------------------------------------------ run record
+
+RECORD_LABELS = {
+    "model": "model",
+    "weights": "weights",
+    "layers": "layer",
+    "input_size": "input size",
+    "aug_smooth": "--aug-smooth",
+    "eigen_smooth": "--eigen-smooth",
+    "colormap": "colormap",
+    "alpha": "alpha",
+    "format": "format",
+    "quality": "quality",
+    "max_side": "max side",
+}
+"""The run record's keys (what changes the content of an output without changing its name), as messages say them."""
+
+
+def run_record(
+    model: str,
+    weights: str,
+    layers: str,
+    input_size: int | tuple[int, int],
+    smoothing: tuple[bool, bool],
+    output: OutputOptions,
+    max_side: int | None,
+) -> dict[str, Any]:
+    """What made a run's outputs, as the run record stores it (quality only for the lossy formats)."""
+    lossy = output.image_format is not ImageFormat.PNG
+    return {
+        "model": model,
+        "weights": weights,
+        "layers": layers,
+        "input_size": list(input_size) if isinstance(input_size, tuple) else input_size,
+        "aug_smooth": smoothing[0],
+        "eigen_smooth": smoothing[1],
+        "colormap": output.colormap,
+        "alpha": output.alpha,
+        "format": output.image_format.value,
+        "quality": output.quality if lossy else None,
+        "max_side": max_side,
+    }
+
+
+def check_run_record(output_dir: Path, record: dict[str, Any]) -> None:
+    """With ``--skip-existing``: a :class:`UsageError` naming what differs when the outputs in ``output_dir`` were
+    made with other settings. No record (or an unreadable one: outputs of an older version): nothing to check."""
+    try:
+        earlier = json.loads((output_dir / RUN_RECORD_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(earlier, dict):
+        return
+    differences = [
+        (label, earlier[key], record[key])
+        for key, label in RECORD_LABELS.items()
+        if key in earlier and key in record and earlier[key] != record[key]
+    ]
+    if earlier.get("format") != record["format"]:  # the quality of another format is beside the point
+        differences = [difference for difference in differences if difference[0] != RECORD_LABELS["quality"]]
+    if differences:
+        made = ", ".join(f"{label} {_shown(old)} (this run: {_shown(new)})" for label, old, new in differences)
+        raise UsageError(
+            f"--skip-existing: the outputs in {output_dir} were made with {made}; "
+            "choose another --output-dir or run without --skip-existing"
+        )
+
+
+def write_run_record(output_dir: Path, record: dict[str, Any]) -> None:
+    """Write ``<output_dir>/.gradcam-run.json`` atomically."""
+    try:
+        write_atomic(output_dir / RUN_RECORD_NAME, (json.dumps(record, indent=1) + "\n").encode())
+    except OSError as error:
+        raise UsageError(f"--output-dir {output_dir}: cannot write there: {error.strerror or error}") from None
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None:
+        return "none"
+    if isinstance(value, list):
+        return "x".join(map(str, value))
+    return str(value)

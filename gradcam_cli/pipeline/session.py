@@ -4,10 +4,16 @@
 >>> with Session(OutputOptions("explained", manifest=Path("explained/manifest.jsonl"))) as session:
 ...     for record in session.explain(explainer, images):
 ...         print(record.input, record.status)
+
+Entering the session claims the output folder before anything is computed: it is created if missing, checked to
+be a writable folder, and locked (so is the manifest, when it lies outside); every problem there is one
+:class:`~gradcam_cli.errors.UsageError`. With ``--skip-existing`` the manifest keeps its rows: this run's rows are
+appended as they come, and when the session ends it is rewritten with one set of rows per input, in input order.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
@@ -19,10 +25,13 @@ from ..cam.explainer import Explainer
 from ..errors import GradcamError
 from ..io.atomic import remove_stale_temporaries
 from ..io.discovery import InputImage
-from ..io.manifest import ManifestWriter
+from ..io.lock import FolderLock, ensure_folder
+from ..io.manifest import ManifestWriter, check_manifest_path, read_manifest, rewrite_manifest, row_key
+from ..io.naming import INDEX_NAME, LOCK_NAME, manifest_lock_path
 from ..options import OutputOptions, RunOptions
 from .batch import BatchRunner
 from .records import Record
+from .resume import EarlierRows, check_run_record, run_record, write_run_record
 from .video import VideoRunner
 
 
@@ -65,8 +74,9 @@ class Counts:
 
 
 class Session:
-    """One run's outputs: the output folder prepared on entry, the manifest kept while it runs, the gallery written
-    on exit (also after an error or Ctrl-C), so that everything finished is recorded."""
+    """One run's outputs: the output folder claimed on entry, the manifest kept while it runs, the manifest put in
+    order and the gallery written on exit (also after an error or Ctrl-C), so that everything finished is
+    recorded."""
 
     def __init__(self, output: OutputOptions, run: RunOptions | None = None) -> None:
         self.output = output
@@ -74,23 +84,60 @@ class Session:
         self.counts = Counts()
         self.records: list[Record] = []  # kept for --report's gallery
         self.gallery: Path | None = None
+        self.earlier = EarlierRows()
+        self._earlier_rows = 0  # rows the manifest held before this run (with --skip-existing)
+        self._order: list[str] = []  # this run's inputs, for the manifest's final order
         self._manifest: ManifestWriter | None = None
-        self._stack = ExitStack()
+        self._locks = ExitStack()
+        self._started = False
 
     def __enter__(self) -> Session:
-        remove_stale_temporaries(self.output.output_dir)
-        if self.output.manifest is not None:
-            self._manifest = self._stack.enter_context(ManifestWriter(self.output.manifest))
+        output_dir = self.output.output_dir
+        try:
+            ensure_folder(output_dir, "--output-dir")
+            self._locks.enter_context(FolderLock(output_dir / LOCK_NAME, output_dir, "--output-dir"))
+            manifest = self.output.manifest
+            if manifest is not None:
+                check_manifest_path(manifest)
+                if not _is_within(manifest.parent, output_dir):
+                    self._locks.enter_context(FolderLock(manifest_lock_path(manifest), manifest, "--manifest"))
+                if self.output.skip_existing:
+                    rows = read_manifest(manifest)
+                    self.earlier, self._earlier_rows = EarlierRows(rows), len(rows)
+                self._manifest = ManifestWriter(manifest, append=self.output.skip_existing)
+            remove_stale_temporaries(output_dir)  # only now: another run's temporaries are not stale
+        except BaseException:
+            if self._manifest is not None:
+                self._manifest.__exit__(None, None, None)
+            self._locks.close()
+            raise
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._stack.close()
-        if self.output.report and self.records:
-            from ..render.gallery import write_gallery
+        with self._locks:  # released last, once the manifest and the gallery are written
+            try:
+                self._finish_manifest()
+                if self.output.report and self.records:
+                    from ..render.gallery import write_gallery
 
-            self.gallery = write_gallery(self.records, self.output.output_dir)
+                    self.gallery = write_gallery(self.records, self.output.output_dir)
+            except OSError as error:
+                if exc is None:  # an error already on its way is the one to report
+                    gallery = self.output.output_dir / INDEX_NAME
+                    raise GradcamError(f"--report: cannot write {gallery}: {error.strerror or error}") from None
+            except GradcamError:
+                if exc is None:
+                    raise
+
+    def _finish_manifest(self) -> None:
+        if self._manifest is None:
+            return
+        manifest, self._manifest = self._manifest, None
+        manifest.__exit__(None, None, None)
+        if self.output.skip_existing:
+            rewrite_manifest(manifest.path, self._earlier_rows, self._order)
 
     def explain(
         self,
@@ -99,9 +146,13 @@ class Session:
         videos: Sequence[InputImage] = (),
         progress: ProgressFactory = no_progress,
     ) -> Iterator[Record]:
-        """Explain every image, then every video, yielding each record once it is written and recorded."""
+        """Explain every image, then every video, yielding each record once it is written and recorded.
+
+        :meth:`start` comes first, unless it was called already."""
+        self.start(explainer)
+        self._order += [row_key({"input": str(item.path)}) for item in [*images, *videos]]
         if images:
-            runner = BatchRunner(explainer, self.output, self.run)
+            runner = BatchRunner(explainer, self.output, self.run, self.earlier)
             with progress("explaining", len(images)) as tick:
                 for record in runner.run(images, on_image=tick, on_skipped=lambda: tick(skipped=True)):
                     yield self._keep(record)
@@ -116,7 +167,42 @@ class Session:
                     frames = 0
                 with progress(f"{video.path.name}: frames", frames) as tick:
                     for record in video_runner.run(video, on_frame=tick):
-                        yield self._keep(record)
+                        for row in self._resumed_video(video_runner, video, record):
+                            yield self._keep(row)
+
+    def start(self, explainer: Explainer) -> None:
+        """Check the run record (what made the outputs: see :data:`~gradcam_cli.pipeline.resume.RECORD_LABELS`)
+        against the folder's, with ``--skip-existing``, and write it; once per session."""
+        if self._started:
+            return
+        spec = explainer.model.input_spec
+        record = run_record(
+            explainer.model.name,
+            explainer.model.weights,
+            explainer.layer_label,
+            spec.fixed_size or spec.size,
+            (explainer.aug_smooth, explainer.eigen_smooth),
+            self.output,
+            self.run.max_side,
+        )
+        if self.output.skip_existing:
+            check_run_record(self.output.output_dir, record)
+        write_run_record(self.output.output_dir, record)
+        self._started = True
+
+    def _resumed_video(self, runner: VideoRunner, video: InputImage, record: Record) -> list[Record]:
+        """A skipped video's rows: its earlier ones from the manifest, or one per output video found."""
+        if record.status != "skipped" or record.outputs:
+            return [record]
+        earlier = [Record.from_dict(row) for row in self.earlier.get(record.input) if row["outputs"]]
+        if earlier:
+            for row in earlier:
+                row.status, row.model, row.layer, row.error = "skipped", record.model, record.layer, None
+            return earlier
+        return [
+            Record(record.input, "skipped", record.model, record.layer, method, outputs=[str(path)])
+            for method, path in runner.outputs(video)
+        ]
 
     def _keep(self, record: Record) -> Record:
         if self._manifest is not None:
@@ -125,3 +211,8 @@ class Session:
             self.records.append(record)
         self.counts.add(record)
         return record
+
+
+def _is_within(path: Path, folder: Path) -> bool:
+    inner, outer = os.path.realpath(path), os.path.realpath(folder)
+    return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
 import time
 from collections.abc import Iterable
@@ -100,11 +101,16 @@ def _kind(path: str) -> str:
 
 
 def _prediction(prediction: Any) -> list[Any]:
-    return [prediction.name, round(float(prediction.probability), 4), prediction.index]
+    """[name, probability (null when unknown: rows rebuilt from file names), index]."""
+    probability = float(prediction.probability)
+    return [prediction.name, round(probability, 4) if math.isfinite(probability) else None, prediction.index]
 
 
 def gallery_entries(records: Iterable[Record], output_dir: Path) -> list[dict[str, Any]]:
-    """One JSON-ready entry per input, sorted by path, merging that input's rows (targets x methods)."""
+    """One JSON-ready entry per input, sorted by path, merging that input's rows (targets x methods).
+
+    Skipped rows that carry outputs (a resumed run's images, explained by an earlier run) make full entries too,
+    with status ``skipped``: the page marks them as from an earlier run."""
     entries: dict[str, dict[str, Any]] = {}
     root = os.path.abspath(output_dir)
     for record in records:
@@ -123,13 +129,13 @@ def gallery_entries(records: Iterable[Record], output_dir: Path) -> list[dict[st
             entry["status"] = "error"
             entry["error"] = record.error or "failed"
             continue
-        if record.status != "ok" or not record.outputs:
+        if record.status not in ("ok", "skipped") or not record.outputs:
             continue
         if not entry["predictions"]:
             entry["predictions"] = [_prediction(p) for p in record.predictions]
         main, *others = record.outputs
         thumb = _ensure_thumbnail(root, main)
-        view = {
+        view: dict[str, Any] = {
             "method": record.method,
             "target": _prediction(record.target) if record.target else None,
             "href": _href(main, root),
