@@ -47,6 +47,9 @@ class Explainer:
     inputs per forward pass in scorecam; ``progress``: called as ``progress(done, total)`` during scorecam's
     forward passes (``None``: silent).
     Layers whose output is channel-last (Swin) or a token sequence (ViT) are reshaped to (N, C, h, w) first.
+    Building the explainer makes one dry pass at the model's input size (see :func:`gradcam_cli.cam.layers.dry_pass`):
+    it picks the default layer, refuses a layer with a single position (``avgpool``) or no spatial grid (``fc``), and
+    an input size too small for the model, each with a one-line UsageError, before any image is processed.
     """
 
     def __init__(
