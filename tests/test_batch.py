@@ -182,8 +182,10 @@ def test_buckets_flush_early_when_images_are_large():
 
 
 def test_network_input_of_extreme_aspect_ratios_is_capped():
-    assert InputSpec().resized_shape(40, 4000) == (9, 896)
-    assert InputSpec().resized_shape(4000, 1) == (896, 1)
+    # Changed on purpose (defect 12): the aspect ratio is clamped to 4:1 with the shorter side kept at the input
+    # size, so a 4000 x 40 strip runs as 224 x 896 (it used to be 896 x 9, too thin for EfficientNet-Lite0).
+    assert InputSpec().resized_shape(40, 4000) == (224, 896)
+    assert InputSpec().resized_shape(4000, 1) == (896, 224)
     assert InputSpec().resized_shape(480, 640) == (224, 299)
 
 

@@ -7,6 +7,7 @@ not the saved tensor), then ``autograd.grad(score, saved_output)``.
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -231,9 +232,9 @@ def test_hooks_modes_and_flags_restored_after_success():
 
 def test_hooks_modes_and_flags_restored_after_an_exception_mid_forward():
     model = mixed_model()
-    model.explode = True
     before = snapshot(model)
-    explainer = Explainer(model, layers="features")
+    explainer = Explainer(model, layers="features")  # its dry pass must succeed: the model explodes afterwards
+    model.explode = True
     with pytest.raises(ValueError, match="boom mid-forward"):
         explainer.explain_batch(images(1, 16))
     assert snapshot(model) == before
@@ -358,3 +359,122 @@ def test_batched_top_k_maps_equal_unbatched_on_resnet18(resnet18):
         assert [e.target.index for e in both.explanations] == [e.target.index for e in single.explanations]
         for a, b in zip(both.explanations, single.explanations, strict=True):
             torch.testing.assert_close(a.saliency, b.saliency, rtol=0, atol=1e-4)
+
+
+# --- layers that cannot give a map, and input sizes the model cannot run, are refused when the explainer is built --
+
+
+class Counting(nn.Module):
+    """Wraps a model and counts its forward passes."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.passes = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.passes += 1
+        return self.inner(x)
+
+
+@pytest.mark.parametrize(
+    ("layer", "expected"),
+    [
+        ("avgpool", "layer 'avgpool' outputs 1x512x1x1: a single position, so its map is flat; choose a spatial layer "
+         "such as layer4 (see --list-layers)"),
+        ("fc", "layer 'fc' outputs 1x1000: no spatial grid, so it has no map; choose a spatial layer such as layer4 "
+         "(see --list-layers)"),
+    ],
+)  # fmt: skip
+def test_a_layer_without_a_map_is_refused_naming_the_nearest_spatial_layer(resnet18, layer, expected):
+    from gradcam_cli.errors import UsageError
+
+    with pytest.raises(UsageError) as caught:
+        Explainer(resnet18, layers=["layer3", layer])
+    assert str(caught.value) == expected
+
+
+def test_one_dry_pass_serves_the_default_layer_and_the_check(resnet18):
+    counted = Counting(resnet18)
+    assert Explainer(counted).layer_names == ["inner.layer4"]
+    assert counted.passes == 1
+    Explainer(counted, layers="inner.layer4")
+    assert counted.passes == 2
+
+
+def test_a_1x1_layer_of_efficientnet_lite0_is_refused_before_any_image(tmp_path):
+    from typer.testing import CliRunner
+
+    from gradcam_cli.cli import app
+    from gradcam_cli.errors import EXIT_USAGE
+
+    square_image().save(tmp_path / "square.png")
+    out = tmp_path / "out"
+    args = [str(tmp_path / "square.png"), "-m", "efficientnet_lite0", "--weights", "none", "--layer", "_avg_pooling"]
+    result = CliRunner().invoke(app, [*args, "-o", str(out), "--workers", "0"])
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert result.stderr.splitlines() == [
+        "error: layer '_avg_pooling' outputs 1x1280x1x1: a single position, so its map is flat; choose a spatial "
+        "layer such as _swish (see --list-layers)"
+    ]
+    assert not list(out.rglob("*.png"))  # no image was processed
+
+
+def test_input_size_too_small_for_a_layer_names_the_layer_still_spatial():
+    from gradcam_cli.errors import UsageError
+    from gradcam_cli.models.loading import load_model
+
+    with pytest.raises(
+        UsageError, match=r"^layer 'layer4' outputs 1x512x1x1: .* such as layer3 \(see --list-layers\)$"
+    ):
+        Explainer(load_model("resnet18", "none", input_size=32), layers="layer4")
+
+
+@pytest.mark.parametrize("command", [["IMAGE"], ["eval", "IMAGE"], ["--list-layers"], ["IMAGE", "--list-layers"]])
+@pytest.mark.parametrize(("model", "size", "fails_at"), [("efficientnet_lite0", 16, "16x16"), ("alexnet", 32, "32x32")])
+def test_an_input_size_too_small_for_the_model_is_one_line_with_exit_2(
+    tmp_path, monkeypatch, capsys, command, model, size, fails_at
+):
+    import sys
+
+    from gradcam_cli.cli import main
+    from gradcam_cli.errors import EXIT_USAGE
+
+    square_image(size=(48, 32), box=(5, 5, 15, 15)).save(tmp_path / "wide.png")  # its input: size x 1.5 size
+    args = [str(tmp_path / "wide.png") if a == "IMAGE" else a for a in command]
+    args += ["-m", model, "--weights", "none", "--input-size", str(size), "--device", "cpu"]
+    if command[0] != "eval":
+        args += ["-o", str(tmp_path / "out"), "--workers", "0"]
+    monkeypatch.setattr(sys, "argv", ["gradcam", *args])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    if command == ["IMAGE", "--list-layers"]:  # the table's dry pass runs on the image: 16x24 or 32x48
+        fails_at = f"{size}x{size * 3 // 2}"
+    assert exited.value.code == EXIT_USAGE
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: --input-size {size} is too small for {model} (its forward pass fails at {fails_at}); use a larger "
+        "size such as 224"
+    ]
+
+
+class AlwaysFails(nn.Module):
+    """A classifier whose forward pass fails at every size (its linear layer expects other features)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Conv2d(3, 4, 3)
+        self.fc = nn.Linear(10, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x).flatten(1))
+
+
+def test_a_model_failing_at_its_usual_size_is_a_model_error_not_an_input_size_one():
+    from gradcam_cli.errors import EXIT_MODEL, GradcamError
+
+    loaded = LoadedModel(AlwaysFails(), "always-fails", "none", None, InputSpec(size=64))
+    with pytest.raises(GradcamError) as caught:
+        Explainer(loaded, layers="features")
+    message = str(caught.value)
+    assert caught.value.exit_code == EXIT_MODEL and "\n" not in message
+    assert re.fullmatch(r"always-fails fails on a 64x64 input: .*mat1 and mat2 shapes cannot be multiplied.*", message)

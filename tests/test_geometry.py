@@ -150,3 +150,44 @@ def test_models_that_need_a_fixed_size_get_exactly_it():
     assert vit.input_spec.resized_shape(320, 480) == (224, 224)
     assert tuple(to_input_tensor(Image.new("RGB", (480, 320)), vit.input_spec).shape) == (3, 224, 224)
     assert load_model("resnet18", "none", input_size=160).input_spec.resized_shape(320, 480) == (160, 240)
+
+
+# --- extreme aspect ratios: the network input is squeezed to at most 4:1, its shorter side always --input-size -----
+
+
+@pytest.mark.parametrize(
+    ("hw", "expected"),
+    [
+        ((40, 4000), (224, 896)),  # a strip: squeezed to 4:1, never thinner than the input size
+        ((4000, 40), (896, 224)),
+        ((1, 4000), (224, 896)),
+        ((224, 896), (224, 896)),  # exactly 4:1: aspect kept
+        ((100, 500), (224, 896)),  # 5:1: squeezed
+    ],
+)
+def test_elongated_images_are_squeezed_to_4_to_1_with_the_shorter_side_at_input_size(hw, expected):
+    assert InputSpec().resized_shape(*hw) == expected
+    assert min(InputSpec(size=160).resized_shape(*hw)) == 160
+
+
+@pytest.mark.parametrize(("size", "box"), [((4000, 40), (3955, 5, 3985, 35)), ((40, 4000), (5, 12, 35, 42))])
+def test_the_map_of_a_squeezed_strip_still_lines_up_with_its_pixels(square_model, size, box):
+    """A red square at one end of a 100:1 strip: the map, stretched back over the strip, peaks on it."""
+    saliency = Explainer(square_model, layers="features").explain(square_image(size, box), target=RED)
+    saliency = saliency.explanations[0].saliency
+    assert tuple(saliency.shape) == (size[1], size[0])
+    assert inside(argmax_xy(saliency), box)
+    assert iou(hot_box(saliency), box) > 0.5
+
+
+def test_efficientnet_lite0_explains_very_wide_and_tall_images(tmp_path):
+    """Before the 4:1 clamp, a 4000 x 40 strip became an 896 x 9 input: too small for Lite0's 5x5 padding."""
+    square_image(size=(4000, 40), box=(3955, 5, 3985, 35)).save(tmp_path / "strip.png")
+    square_image(size=(40, 4000), box=(5, 12, 35, 42)).save(tmp_path / "pole.png")
+    out = tmp_path / "out"
+    args = [str(tmp_path / "strip.png"), str(tmp_path / "pole.png"), "-m", "efficientnet_lite0", "--weights", "none"]
+    result = CliRunner().invoke(app, [*args, "--save-raw", "-o", str(out), "--workers", "0"])
+    assert result.exit_code == 0, result.output
+    assert np.load(next(out.glob("strip_gradcam_*.npy"))).shape == (40, 4000)
+    assert np.load(next(out.glob("pole_gradcam_*.npy"))).shape == (4000, 40)
+    assert Image.open(next(out.glob("strip_gradcam_*.png"))).size == (4000, 40)

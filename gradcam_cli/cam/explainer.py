@@ -18,13 +18,13 @@ from PIL import Image
 from torch import nn
 
 from ..errors import UsageError, suggest
-from ..io.images import InputSpec, load_image, to_input_tensor, to_pixel_tensor
+from ..io.images import InputSpec, load_image, to_input_tensor, to_pixel_tensor, to_rgb
 from ..models.devices import resolve_device
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel, load_model
 from ..options import ExplainOptions, ModelOptions
 from .engine import LayerCapture
-from .layers import default_layer, inspect_layers, resolve_layer
+from .layers import check_layers, default_layer, dry_pass, resolve_layer
 from .maps import to_image_maps
 from .methods import METHODS, SCORECAM_BATCH_SIZE, MaskedScores, ProgressCallback
 from .reshape import spatial
@@ -47,6 +47,9 @@ class Explainer:
     inputs per forward pass in scorecam; ``progress``: called as ``progress(done, total)`` during scorecam's
     forward passes (``None``: silent).
     Layers whose output is channel-last (Swin) or a token sequence (ViT) are reshaped to (N, C, h, w) first.
+    Building the explainer makes one dry pass at the model's input size (see :func:`gradcam_cli.cam.layers.dry_pass`):
+    it picks the default layer, refuses a layer with a single position (``avgpool``) or no spatial grid (``fc``), and
+    an input size too small for the model, each with a one-line UsageError, before any image is processed.
     """
 
     def __init__(
@@ -75,10 +78,12 @@ class Explainer:
                 raise UsageError(f"unknown method {method!r}.{suggest(method, METHODS)}")
         self.target = resolve_target(model, target) if isinstance(target, str) else target
         self.top_k = top_k
-        if layers is None:
-            layers = [self._default_layer()]
-        self.layer_names = [layers] if isinstance(layers, str) else list(layers)
-        self.layers = {name: resolve_layer(model.module, name) for name in self.layer_names}
+        names = [layers] if isinstance(layers, str) else list(layers or [])
+        resolved = {name: resolve_layer(model.module, name) for name in names}
+        infos = dry_pass(model, self.device)
+        check_layers(model.module, infos, names)
+        self.layer_names = names or [default_layer(model.module, infos)]
+        self.layers = resolved or {name: resolve_layer(model.module, name) for name in self.layer_names}
         self.layer_calls: dict[str, int] = {}
         self.aug_smooth = aug_smooth
         self.eigen_smooth = eigen_smooth
@@ -111,12 +116,6 @@ class Explainer:
             eigen_smooth=options.eigen_smooth,
             progress=progress,
         )
-
-    def _default_layer(self) -> str:
-        spec = self.model.input_spec
-        height, width = spec.fixed_size or (spec.size, spec.size)
-        example = torch.zeros(1, 3, height, width, device=self.device)
-        return default_layer(self.model.module, inspect_layers(self.model.module, example))
 
     @property
     def layer_label(self) -> str:
@@ -208,7 +207,7 @@ class Explainer:
     ) -> list[ImageExplanation]:
         """Explain a batch; each sample's maps are upsampled to its entry in ``sizes`` (default: input size)."""
         probabilities, targets, cams = self.compute(inputs, target, top_k)
-        sizes = sizes or [tuple(inputs.shape[-2:])] * inputs.shape[0]
+        sizes = sizes or [(inputs.shape[-2], inputs.shape[-1])] * inputs.shape[0]
         top_p, top_i = probabilities.topk(min(TOP_PREDICTIONS, probabilities.shape[1]), dim=1)
         results = []
         for i, size in enumerate(sizes):
@@ -226,9 +225,12 @@ class Explainer:
     def explain(
         self, image: str | Path | Image.Image, target: int | None = None, top_k: int | None = None
     ) -> ImageExplanation:
-        """Explain one image (path or PIL image); maps come at the image's own resolution."""
+        """Explain one image (path or PIL image, any mode :func:`to_rgb` reads); maps come at the image's own
+        resolution."""
         if not isinstance(image, Image.Image):
             image = load_image(image)
+        elif image.mode != "RGB":
+            image = to_rgb(image)
         batch = to_input_tensor(image, self.model.input_spec).unsqueeze(0)
         result = self.explain_batch(batch, [(image.height, image.width)], target, top_k)[0]
         result.pixels = to_pixel_tensor(image)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -9,7 +10,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from ..errors import UsageError, suggest
+from ..errors import GradcamError, ModelLoadError, UsageError, suggest
+from ..io.images import InputSpec, load_image, to_input_tensor
+from ..models.weights import first_line
 from .reshape import Layout, infer_layout
 
 if TYPE_CHECKING:
@@ -59,13 +62,13 @@ def inspect_layers(model: nn.Module, example: torch.Tensor) -> list[LayerInfo]:
     handles = []
     input_size = tuple(example.shape[-2:])
 
-    def starter(name: str):
+    def starter(name: str) -> Callable[[nn.Module, object], None]:
         def pre_hook(_module: nn.Module, _inputs: object) -> None:
             infos[name].started_at = next(counter)
 
         return pre_hook
 
-    def recorder(name: str):
+    def recorder(name: str) -> Callable[[nn.Module, object, object], None]:
         def hook(_module: nn.Module, _inputs: object, output: object) -> None:
             info = infos[name]
             info.calls += 1
@@ -121,16 +124,73 @@ def default_layer(model: nn.Module, infos: list[LayerInfo]) -> str:
     return chosen.name
 
 
+def blank_input(spec: InputSpec, device: torch.device | None = None) -> torch.Tensor:
+    """A zero (1, 3, H, W) input at the model's size: ``size`` x ``size``, or its fixed size."""
+    height, width = spec.fixed_size or (spec.size, spec.size)
+    return torch.zeros(1, 3, height, width, device=device)
+
+
+def dry_pass(model: LoadedModel, device: torch.device, example: torch.Tensor | None = None) -> list[LayerInfo]:
+    """:func:`inspect_layers` on ``example`` (default: :func:`blank_input`), a failing forward pass turned into one
+    line: UsageError when ``--input-size`` is too small for the model (the usual size works), ModelLoadError
+    when the model fails at its usual size too."""
+    if example is None:
+        example = blank_input(model.input_spec, device)
+    try:
+        return inspect_layers(model.module, example)
+    except (GradcamError, torch.OutOfMemoryError):
+        raise
+    except Exception as error:
+        raise _forward_failure(model, device, example, error) from error
+
+
+def _forward_failure(model: LoadedModel, device: torch.device, example: torch.Tensor, error: Exception) -> GradcamError:
+    height, width = example.shape[-2:]
+    spec, usual = model.input_spec, InputSpec.size
+    if spec.fixed_size is None and spec.size < usual:
+        try:
+            inspect_layers(model.module, torch.zeros(1, 3, usual, usual, device=device))
+        except Exception:  # the model fails at its usual size too: reported below
+            pass
+        else:
+            return UsageError(
+                f"--input-size {spec.size} is too small for {model.name} (its forward pass fails at "
+                f"{height}x{width}); use a larger size such as {usual}"
+            )
+    return ModelLoadError(f"{model.name} fails on a {height}x{width} input: {first_line(error)}")
+
+
+def check_layers(model: nn.Module, infos: list[LayerInfo], names: Sequence[str]) -> None:
+    """UsageError for the first of ``names`` whose output cannot give a map: a single position (global pooling,
+    ``avgpool``: its map is flat) or no spatial grid at all (``fc``). The message names the nearest spatial layer
+    before it. Layers that did not run or return no tensor are left to the engine to report."""
+    by_name = {info.name: info for info in infos}
+    for name in names:
+        info = by_name.get(name)
+        if info is None or info.output_shape is None or (info.layout is not None and info.layout.positions > 1):
+            continue
+        shape = "x".join(map(str, info.output_shape))
+        why = "a single position, so its map is flat" if info.layout else "no spatial grid, so it has no map"
+        nearest = _nearest_spatial_layer(model, infos, info)
+        advice = f"a spatial layer such as {nearest}" if nearest else "another layer"
+        raise UsageError(f"layer {name!r} outputs {shape}: {why}; choose {advice} (see --list-layers)")
+
+
+def _nearest_spatial_layer(model: nn.Module, infos: list[LayerInfo], info: LayerInfo) -> str | None:
+    """The layer :func:`default_layer` would choose among those finishing before ``info`` (else overall)."""
+    for pool in ([i for i in infos if i.finished_at < info.finished_at], infos):
+        try:
+            return default_layer(model, pool)
+        except UsageError:
+            continue
+    return None
+
+
 def layer_table(model: LoadedModel, device: torch.device, image: Path | None = None) -> tuple[list[LayerInfo], str]:
     """Every named module with its output shape for one dry pass (a blank input of the model's size, or
     ``image``), and the default layer's name: what ``--list-layers`` prints."""
-    from ..io.images import load_image, to_input_tensor
-
-    spec = model.input_spec
+    example = None
     if image is not None:
-        example = to_input_tensor(load_image(image), spec).unsqueeze(0)
-    else:
-        height, width = spec.fixed_size or (spec.size, spec.size)
-        example = torch.zeros(1, 3, height, width)
-    infos = inspect_layers(model.module, example.to(device))
+        example = to_input_tensor(load_image(image), model.input_spec).unsqueeze(0).to(device)
+    infos = dry_pass(model, device, example)
     return [info for info in infos if info.name], default_layer(model.module, infos)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -17,7 +19,9 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 MAX_IMAGE_PIXELS = 64_000_000
 """Images with more pixels are refused before decoding (a 48 MP photo passes; decompression bombs do not)."""
 MAX_ASPECT = 4
-"""The network input's longer side is at most this many times ``InputSpec.size`` (see ``resized_shape``)."""
+"""The network input's longer side is at most this many times its shorter side (see ``InputSpec.resized_shape``)."""
+SIXTEEN_BIT_MAX = 65535
+"""Largest value of a 16-bit channel: wider integer pixels than this cannot be scaled to 8 bits meaningfully."""
 
 
 @dataclass(frozen=True)
@@ -29,20 +33,21 @@ class InputSpec:
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
     max_side: int | None = None
-    """Longest side of the network input; ``None``: ``MAX_ASPECT * size`` (896 for 224)."""
+    """Longest side of the network input; ``None``: ``MAX_ASPECT * size`` (896 for 224); never below ``size``."""
 
     def resized_shape(self, height: int, width: int) -> tuple[int, int]:
-        """(H, W) of the network input for an image of ``height`` x ``width``: aspect kept, shorter side = size.
+        """(H, W) of the network input for an image of ``height`` x ``width``: shorter side = size, aspect kept.
 
-        Extreme aspect ratios are capped: the longer side never exceeds ``max_side`` (a 4000 x 40 strip becomes
-        896 x 9, not 22400 x 224), so one odd image cannot blow up time or memory; its shorter side is then
-        below ``size``.
+        The shorter side is always ``size``, so the dry pass at size x size made when an explainer is built proves
+        that every image can run. Extreme aspect ratios are clamped instead: the longer side never exceeds
+        ``max_side`` (4 x size), so a 4000 x 40 strip is squeezed to 896 x 224, not enlarged to 22400 x 224. The
+        map is stretched back over the whole image, so it still lines up with the pixels.
         """
         if self.fixed_size is not None:
             return self.fixed_size
-        longest = self.max_side or MAX_ASPECT * self.size
-        scale = min(self.size / min(height, width), longest / max(height, width))
-        return max(1, round(height * scale)), max(1, round(width * scale))
+        longest = max(self.size, self.max_side or MAX_ASPECT * self.size)
+        long_side = min(longest, round(max(height, width) * self.size / min(height, width)))
+        return (self.size, long_side) if height <= width else (long_side, self.size)
 
 
 def load_image(path: str | Path, max_side: int | None = None) -> Image.Image:
@@ -57,15 +62,14 @@ def load_image(path: str | Path, max_side: int | None = None) -> Image.Image:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as image:
-                if image.width * image.height > MAX_IMAGE_PIXELS:
+            with Image.open(path) as opened:
+                if opened.width * opened.height > MAX_IMAGE_PIXELS:
                     raise Image.DecompressionBombError(path)
-                image.seek(0)
-                factor = shrink_factor(image.size, max_side)
+                opened.seek(0)
+                factor = shrink_factor(opened.size, max_side)
                 if factor > 1:
-                    image.draft(None, (-(-image.width // factor), -(-image.height // factor)))
-                image = ImageOps.exif_transpose(image)
-                image = image.convert("RGB")
+                    opened.draft(None, (-(-opened.width // factor), -(-opened.height // factor)))
+                image = to_rgb(ImageOps.exif_transpose(opened), path)
                 factor = shrink_factor(image.size, max_side)
                 return image.reduce(factor) if factor > 1 else image
     except FileNotFoundError as error:
@@ -80,6 +84,30 @@ def load_image(path: str | Path, max_side: int | None = None) -> Image.Image:
         raise ImageError(f"{path}: too many pixels (limit {MAX_IMAGE_PIXELS:,}); resize it first") from error
     except (OSError, SyntaxError, ValueError) as error:
         raise ImageError(f"{path}: unreadable image ({error})") from error
+
+
+def to_rgb(image: Image.Image, path: str | Path = "image") -> Image.Image:
+    """``image`` as 8-bit RGB. Pixels wider than 8 bits are scaled by their bit depth, not clipped: 16-bit
+    grayscale (Pillow's ``I;16`` modes, and ``I`` within 0..65535) keeps its high byte, as Pillow itself does for
+    16-bit RGB; 32-bit float (``F``) must lie within 0..1. Anything else wide is refused with an ImageError."""
+    if image.mode == "F":
+        low, high = cast(tuple[float, float], image.getextrema())
+        if not (math.isfinite(low) and math.isfinite(high) and low >= 0 and high <= 1):
+            raise ImageError(
+                f"{path}: floating-point pixels range {low:g}..{high:g}, not 0..1, so their scale is unknown; "
+                "save the image with 8 or 16 bits per channel"
+            )
+        image = image.point(lambda value: value * 255 + 0.5)
+    elif image.mode.startswith("I"):
+        image = image.convert("I")
+        low, high = cast(tuple[int, int], image.getextrema())
+        if low < 0 or high > SIXTEEN_BIT_MAX:
+            raise ImageError(
+                f"{path}: 32-bit integer pixels range {low}..{high}, beyond 16 bits, so their scale is unknown; "
+                "save the image with 8 or 16 bits per channel"
+            )
+        image = image.point(lambda value: value / 256)
+    return image.convert("RGB")
 
 
 def shrink_factor(size: tuple[int, int], max_side: int | None) -> int:
