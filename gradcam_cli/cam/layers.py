@@ -10,9 +10,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from ..errors import GradcamError, ModelLoadError, UsageError, suggest
+from ..errors import GradcamError, ModelLoadError, UsageError, describe, suggest
 from ..io.images import InputSpec, load_image, to_input_tensor
-from ..models.weights import first_line
 from .reshape import Layout, infer_layout
 
 if TYPE_CHECKING:
@@ -157,7 +156,7 @@ def _forward_failure(model: LoadedModel, device: torch.device, example: torch.Te
                 f"--input-size {spec.size} is too small for {model.name} (its forward pass fails at "
                 f"{height}x{width}); use a larger size such as {usual}"
             )
-    return ModelLoadError(f"{model.name} fails on a {height}x{width} input: {first_line(error)}")
+    return ModelLoadError(f"{model.name} fails on a {height}x{width} input: {describe(error)}")
 
 
 def check_layers(model: nn.Module, infos: list[LayerInfo], names: Sequence[str]) -> None:
