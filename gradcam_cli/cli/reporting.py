@@ -7,6 +7,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -177,10 +178,12 @@ class ProgressBar:
         if self.enabled:
             self.bar.advance(self.task)
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self.enabled:
             ProgressBar.active = None
-            self.bar.__exit__(*exc_info)
+            self.bar.__exit__(exc_type, exc, tb)
 
     active: ProgressBar | None = None
     """The bar on screen, if any: scorecam's forward passes show as a second row in it."""

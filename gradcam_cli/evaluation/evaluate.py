@@ -29,6 +29,9 @@ from .report import BLUR_KERNEL, BLUR_SIGMA, BoxScore, EvalReport, ImageScores, 
 
 __all__ = ["EvalOptions", "EvalReport", "Evaluator", "evaluate", "parameterised_modules", "reinitialise"]
 
+Job = tuple[Any, ...]
+"""One perturbed image to score: ``("baseline",)``, ``("blurred",)`` or ``(method, kind, step)``."""
+
 
 def parameterised_modules(model: nn.Module) -> list[str]:
     """Names of the modules that own parameters, in registration order (for most models, the forward order)."""
@@ -40,8 +43,9 @@ def reinitialise(module: nn.Module, seed: int) -> None:
     also forgets its running statistics), otherwise N(0, 0.02^2) weights and zero 1-D parameters."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if hasattr(module, "reset_parameters"):
-            module.reset_parameters()
+        reset = getattr(module, "reset_parameters", None)
+        if callable(reset):
+            reset()
             return
         with torch.no_grad():
             for param in module.parameters(recurse=False):
@@ -99,9 +103,9 @@ class Evaluator:
         on_image: Callable[[], Any] | None = None,
     ) -> EvalReport:
         """Evaluate every image; ``on_image`` is called once per image (for progress bars)."""
-        inputs = list(images)
-        if not all(isinstance(image, InputImage) for image in inputs):
-            inputs = discover([getattr(image, "path", image) for image in inputs])
+        inputs = [image for image in images if isinstance(image, InputImage)]
+        if len(inputs) < len(images):
+            inputs = discover([image.path if isinstance(image, InputImage) else image for image in images])
         matched, unmatched = match_boxes(boxes, inputs) if boxes else ({}, [])
         if boxes and not matched:
             raise UsageError(f"none of the {len(boxes)} boxes names one of the input images (e.g. {boxes[0].image!r})")
@@ -161,10 +165,10 @@ class Evaluator:
         height, width = image.shape[-2:]
         counts = metrics.step_counts(height * width, steps)
         baseline = torch.zeros_like(image)
-        blurred = TF.gaussian_blur(image, [BLUR_KERNEL, BLUR_KERNEL], [BLUR_SIGMA, BLUR_SIGMA])
+        blurred: torch.Tensor = TF.gaussian_blur(image, [BLUR_KERNEL, BLUR_KERNEL], [BLUR_SIGMA, BLUR_SIGMA])
         ranks = {method: metrics.importance_ranks(saliency) for method, saliency in maps.items()}
 
-        def build(job: tuple) -> torch.Tensor:
+        def build(job: Job) -> torch.Tensor:
             if job[0] == "baseline":
                 return baseline
             if job[0] == "blurred":
@@ -177,7 +181,7 @@ class Evaluator:
                 return torch.where(perturbed, baseline, image)
             return torch.where(perturbed, image, blurred)
 
-        jobs: list[tuple] = [("baseline",), ("blurred",)]
+        jobs: list[Job] = [("baseline",), ("blurred",)]
         for method in maps:
             jobs += [(method, kind, k) for kind in ("deletion", "insertion") for k in range(1, steps)]
             jobs.append((method, "masked", 0))
@@ -193,7 +197,7 @@ class Evaluator:
             )
         return result
 
-    def _probabilities(self, jobs: list[tuple], build: Callable[[tuple], torch.Tensor], target: int) -> Iterator[float]:
+    def _probabilities(self, jobs: list[Job], build: Callable[[Job], torch.Tensor], target: int) -> Iterator[float]:
         """The target's softmax probability for each job's image, forwarded ``batch_size`` images at a time."""
         module = self.explainer.model.module
         size = self.options.batch_size

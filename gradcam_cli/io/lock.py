@@ -4,8 +4,8 @@ never write into the same output folder (or the same manifest) at once.
 The lock is a non-blocking ``flock`` on a small hidden file (``<output_dir>/.gradcam.lock``,
 :data:`~gradcam_cli.io.naming.LOCK_NAME`) that holds the running process's id; it is removed when the run ends, and
 the operating system releases it by itself if the process dies (forked decoding processes close their copies, so
-one that outlives a killed run does not keep it). On Windows ``msvcrt.locking`` takes its place; where neither
-exists, or the file system cannot lock, the run proceeds unlocked.
+one that outlives a killed run does not keep it). On Windows ``msvcrt.locking`` takes its place; where the file
+system cannot lock (some network shares), the run proceeds unlocked.
 
 >>> with FolderLock(Path("gradcam_out") / LOCK_NAME, "gradcam_out", "--output-dir"):
 ...     ...  # a second run into gradcam_out now fails with one line
@@ -36,14 +36,9 @@ if sys.platform == "win32":  # pragma: no cover - exercised on Windows only
         msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
 
 else:
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - a platform with neither: run unlocked
-        fcntl = None  # type: ignore[assignment]
+    import fcntl
 
     def _try_lock(fd: int) -> bool:
-        if fcntl is None:  # pragma: no cover
-            return True
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -53,8 +48,7 @@ else:
         return True
 
     def _unlock(fd: int) -> None:
-        if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+        fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 _HELD: set[int] = set()

@@ -48,7 +48,8 @@ def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
     _check_state_dict(path, state)
     if state and all(k.startswith("module.") for k in state):
         state = {k.removeprefix("module."): v for k, v in state.items()}
-    return state
+    tensors: dict[str, torch.Tensor] = state
+    return tensors
 
 
 def _check_weights_path(path: str | Path) -> None:
@@ -227,11 +228,11 @@ def torchvision_weights_only() -> Iterator[None]:
             return load_state_dict_from_url(self.url, *args, **kwargs)
 
     original = WeightsEnum.get_state_dict
-    WeightsEnum.get_state_dict = get_state_dict  # type: ignore[method-assign]
+    WeightsEnum.get_state_dict = get_state_dict
     try:
         yield
     finally:
-        WeightsEnum.get_state_dict = original  # type: ignore[method-assign]
+        WeightsEnum.get_state_dict = original
 
 
 def weights_cache_path(weights: Any) -> Path:

@@ -210,14 +210,15 @@ class BatchRunner:
     def _process(
         self, batch: list[Sample], images: Sequence[InputImage], inputs: set[str], pool: ThreadPoolExecutor
     ) -> list[_Pending]:
-        if batch[0].tensor is None:
+        ready = [(s.index, s.tensor, s.pixels) for s in batch if s.tensor is not None and s.pixels is not None]
+        if not ready:  # a sample that failed to decode comes alone
             index = batch[0].index
             image = images[index]
             return [_Pending(index, image, [self._error(image, batch[0].error or f"{image.path}: unreadable")])]
         started = time.perf_counter()
-        sizes = [tuple(sample.pixels.shape[:2]) for sample in batch]
+        sizes = [(int(pixels.shape[0]), int(pixels.shape[1])) for _, _, pixels in ready]
         try:
-            results = self._explain(torch.stack([sample.tensor for sample in batch]), sizes)
+            results = self._explain(torch.stack([tensor for _, tensor, _ in ready]), sizes)
         except GradcamError:
             raise
         except Exception as error:
@@ -229,13 +230,13 @@ class BatchRunner:
             return [item for sample in batch for item in self._process([sample], images, inputs, pool)]
         seconds = (time.perf_counter() - started) / len(batch)
         items = []
-        for sample, result in zip(batch, results, strict=True):
-            item = self._submit(sample.index, images[sample.index], sample.pixels, result, inputs, pool)
+        for (index, _, pixels), result in zip(ready, results, strict=True):
+            item = self._submit(index, images[index], pixels, result, inputs, pool)
             item.seconds = seconds
             items.append(item)
         return items
 
-    def _explain(self, inputs: torch.Tensor, sizes: list[tuple[int, ...]]) -> list[ImageExplanation]:
+    def _explain(self, inputs: torch.Tensor, sizes: list[tuple[int, int]]) -> list[ImageExplanation]:
         """The explainer on one batch. On the CPU the batch goes in channels-last: oneDNN's convolutions run about
         a fifth faster so, and the maps differ from a contiguous input's by about 1e-6. A model that cannot take
         such an input (one that calls ``.view`` on it) gets contiguous batches from then on."""

@@ -8,6 +8,7 @@ import stat
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset
@@ -28,7 +29,7 @@ class Sample:
     error: str | None
 
 
-class ImageDataset(Dataset):
+class ImageDataset(Dataset[Sample]):
     def __init__(self, images: Sequence[InputImage], spec: InputSpec, max_side: int | None) -> None:
         self.images = images
         self.spec = spec
@@ -72,7 +73,8 @@ def _check_regular_file(path: Path) -> None:
         raise ImageError(f"{path}: permission denied")
 
 
-def keep_sample(sample: Sample) -> Sample:
+def keep_sample(sample: Any) -> Any:
+    """The loader's ``collate_fn`` (``batch_size=None``: one sample at a time): each :class:`Sample` as it is."""
     return sample
 
 

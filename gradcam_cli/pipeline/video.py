@@ -156,13 +156,13 @@ class VideoRunner:
                     size = (frame.shape[1], frame.shape[0])
                     for temporary in temporaries:
                         temporary.parent.mkdir(parents=True, exist_ok=True)
-                        writer = cv2.VideoWriter(str(temporary), cv2.VideoWriter_fourcc(*FOURCC), info.fps, size)
+                        writer = cv2.VideoWriter(str(temporary), cv2.VideoWriter.fourcc(*FOURCC), info.fps, size)
                         clip.writers.append(writer)
                         if not writer.isOpened():
                             raise OSError(f"OpenCV cannot write {FOURCC} video to {temporary}")
                 elif (frame.shape[1], frame.shape[0]) != size:
                     frame = cv2.resize(frame, size, interpolation=cv2.INTER_AREA)
-                if per_batch == 1 and clip.frames % self.every != 0:
+                if per_batch == 1 and clip.held is not None and clip.frames % self.every != 0:
                     self._write_frame(np.ascontiguousarray(frame[:, :, ::-1]), clip.held, clip, on_frame)
                     continue
                 chunk.append(frame)

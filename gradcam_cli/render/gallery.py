@@ -213,4 +213,4 @@ def _failures_html(failures: list[dict[str, Any]]) -> str:
 
 def _asset(name: str) -> str:
     """A file of the page (HTML template, CSS, JavaScript), shipped as package data in ``gallery_page/``."""
-    return resources.files(__package__).joinpath("gallery_page", name).read_text(encoding="utf-8")
+    return resources.files(__package__).joinpath("gallery_page").joinpath(name).read_text(encoding="utf-8")
