@@ -174,6 +174,7 @@ def test_list_layers_shows_every_module_shape_default_and_repeats(tmp_path):
         ("unreadable image", EXIT_IMAGE_FAILED, "broken.jpg: not an image Pillow can read"),
         ("bad weights file", EXIT_MODEL, "not a plain state dict of tensors"),
         ("bad colormap", EXIT_USAGE, "unknown colormap 'jte'. Did you mean: jet"),
+        ("bad colormap, default layer", EXIT_USAGE, "unknown colormap 'jte'. Did you mean: jet"),
     ],
 )
 def test_each_mistake_gives_one_line_and_its_exit_code(images, labels, tmp_path, case, code, expected):
@@ -188,6 +189,8 @@ def test_each_mistake_gives_one_line_and_its_exit_code(images, labels, tmp_path,
         "unreadable image": [tmp_path / "broken.jpg", *square_args(labels, out, "-q")],
         "bad weights file": [wide, "-m", "resnet18", "--weights", tmp_path / "bad.pth", "-o", out],
         "bad colormap": [wide, *square_args(labels, out, "--layer", "features", "--colormap", "jte")],
+        # found before the model loads, so the default layer is never announced
+        "bad colormap, default layer": [wide, *square_args(labels, out, "--colormap", "jte")],
     }[case]
     (tmp_path / "broken.jpg").write_bytes(b"this is not a jpeg")
     torch.save({"weights": torch.zeros(2), "code": Path("x")}, tmp_path / "bad.pth")

@@ -29,6 +29,7 @@ from ..io.lock import FolderLock, ensure_folder
 from ..io.manifest import ManifestWriter, check_manifest_path, read_manifest, rewrite_manifest, row_key
 from ..io.naming import INDEX_NAME, LOCK_NAME, manifest_lock_path
 from ..options import OutputOptions, RunOptions
+from ..render.colour import colormap_table
 from .batch import BatchRunner
 from .records import Record
 from .resume import EarlierRows, check_run_record, run_record, write_run_record
@@ -93,6 +94,7 @@ class Session:
 
     def __enter__(self) -> Session:
         output_dir = self.output.output_dir
+        colormap_table(self.output.colormap)  # an unknown --colormap is a usage error before anything is loaded
         try:
             ensure_folder(output_dir, "--output-dir")
             self._locks.enter_context(FolderLock(output_dir / LOCK_NAME, output_dir, "--output-dir"))
