@@ -1,15 +1,9 @@
-"""Every file name gradcam writes, in one place.
+"""Every file name gradcam writes, in one place: per-image outputs (mirroring the input tree under the output
+directory, ``InputImage.output_stem``), videos, gallery thumbnails, and the per-run files (gallery page, run record,
+locks). The names are listed for users in docs/outputs.md ("File names"), which is their one description.
 
-Per image, under the output directory and mirroring the input tree (``InputImage.output_stem``):
-
-- overlay: ``<stem>_<method>_<class index>-<class slug>.<format>``; raw map: the same name ending in ``.npy``;
-- heatmap: ``<stem>_heatmap-<method>_<class index>-<class slug>.<format>`` (the ``heatmap-`` prefix keeps it out
-  of the ``<stem>_<method>_*`` pattern that ``--skip-existing`` counts overlays by);
-- panel: ``<stem>_panel.<format>``;
-- video: ``<stem>_<method>_top<rank>.mp4``, or ``_<class index>-<class slug>.mp4`` for a fixed class;
-- gallery thumbnail of any of them: ``_thumbs/<its path relative to the output directory, as .jpg>``.
-
-Per run, in the output directory: the gallery ``index.html``, the run record and the lock file (both hidden).
+The heatmap's ``heatmap-`` prefix keeps it out of the ``<stem>_<method>_*`` pattern that ``--skip-existing`` counts
+overlays by.
 """
 
 from __future__ import annotations
