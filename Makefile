@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install browser test test-quick demo lint typecheck bench clean
+.PHONY: install browser test test-quick demo lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

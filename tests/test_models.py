@@ -278,3 +278,8 @@ def test_efficientnet_lite0_is_pretrained_and_sees_the_cat(lite0):
     assert result.predictions[0].probability > 0.3
     assert result.explanations[0].target == result.predictions[0]
     assert tuple(result.explanations[0].saliency.shape) == (300, 451)
+
+
+def test_lite0_default_weights_are_named_not_located(lite0) -> None:
+    # the packaged file's path depends on the environment; the run record (--skip-existing) must not
+    assert lite0.weights == "DEFAULT"

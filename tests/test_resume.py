@@ -317,7 +317,7 @@ def test_an_unwritable_output_folder_is_one_line(tmp_path, images, monkeypatch):
     monkeypatch.setattr(os, "open", refusing_open)
     result = CliRunner().invoke(app, [str(images), "-m", "no_such_model", "-o", str(out)])
     assert result.exit_code == 2
-    assert result.stderr == f"error: --output-dir {out}: cannot write there: Permission denied\n"
+    assert result.stderr == f"error: --output-dir {out}: cannot write there: permission denied\n"
 
 
 def test_a_missing_output_folder_is_created_with_its_parents(tmp_path, images):

@@ -117,6 +117,27 @@ def test_top_k_writes_one_video_per_rank_and_report_thumbnails(explainer: Explai
     ]
 
 
+def test_a_clip_that_fails_midway_leaves_no_video_and_no_thumbnail(
+    explainer: Explainer, clip: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flush = VideoRunner._flush
+    calls: list[int] = []
+
+    def fails_the_second_time(self: VideoRunner, *args: object) -> None:
+        calls.append(1)
+        if len(calls) == 2:  # the first frames (and their overlays) are done: the disk fills up, say
+            raise OSError(28, "No space left on device")
+        flush(self, *args)
+
+    monkeypatch.setattr(VideoRunner, "_flush", fails_the_second_time)
+    out = tmp_path / "out"
+    runner = VideoRunner(explainer, OutputOptions(out, report=True), RunOptions(batch_size=2))
+    (record,) = runner.run(InputImage(clip, Path("clip")))
+    assert record.status == "error" and record.error == f"{clip}: no space left on device"
+    assert len(calls) == 2
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == []
+
+
 def test_unreadable_video_is_one_error_and_leaves_nothing(explainer: Explainer, tmp_path: Path) -> None:
     bad = tmp_path / "bad.mp4"
     bad.write_bytes(b"\x00" * 1000)

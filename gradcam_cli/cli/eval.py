@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
+from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError, describe
 from ..options import POINTING_TOLERANCE, EvalOptions
 from . import params
 from .reporting import ProgressBar, Reporter, run_reported
@@ -148,7 +148,7 @@ class EvalCommand:
             try:
                 write_plot(report, options.plot)
             except OSError as error:
-                raise UsageError(f"cannot write --plot {options.plot}: {error.strerror or error}") from error
+                raise UsageError(f"cannot write --plot {options.plot}: {describe(error, options.plot)}") from error
             reporter.info(f"curves plotted to {options.plot}")
         reporter.info(f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {elapsed:.1f}s")
         return EXIT_IMAGE_FAILED if report.failed else EXIT_OK

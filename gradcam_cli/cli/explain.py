@@ -214,7 +214,6 @@ class ExplainCommand:
         )
         check_video_options(self.output, videos)
         single = len(images) + len(videos) == 1
-        started = time.perf_counter()
         with Session(self.output, self.run_options) as session:
             progress = PassProgress(reporter) if "scorecam" in self.explain_options.methods else None
             explainer = Explainer.from_options(self.model_options, self.explain_options, progress=progress)
@@ -222,6 +221,7 @@ class ExplainCommand:
             if not self.explain_options.layers:
                 reporter.info(f"using layer {explainer.layer_label} (last spatial layer; choose with --layer)")
             reporter.detail(f"model {explainer.model.name} ({explainer.model.weights}) on {explainer.device}")
+            started = time.perf_counter()  # the summary times the explaining, not the model's loading
             bars = lambda label, total: ProgressBar(reporter, total, label)  # noqa: E731
             shown: set[str] = set()
             for record in session.explain(explainer, images, videos, progress=bars):
@@ -231,7 +231,8 @@ class ExplainCommand:
         if session.gallery is not None:
             reporter.info(f"gallery written to {session.gallery}")
         if not single:
-            reporter.info(run_summary(session.counts, time.perf_counter() - started))
+            unit = "inputs" if videos else "images"
+            reporter.info(run_summary(session.counts, time.perf_counter() - started, unit))
         return EXIT_IMAGE_FAILED if session.counts.error else EXIT_OK
 
 

@@ -62,12 +62,12 @@ def run_reported(reporter: Reporter, run: Callable[[], int]) -> None:
     raise typer.Exit(code)
 
 
-def run_summary(counts: Counts, seconds: float) -> str:
-    """The line that ends a run of several inputs; its rate counts the inputs explained, not those skipped or
-    failed, and is left out when there is none."""
+def run_summary(counts: Counts, seconds: float, unit: str = "images") -> str:
+    """The line that ends a run of several inputs; its rate counts the inputs explained (``unit``: images, or
+    inputs when videos are among them), not those skipped or failed, and is left out when there is none."""
     line = f"done: {counts.ok} ok, {counts.error} failed, {counts.skipped} skipped in {seconds:.1f}s"
     if counts.ok and seconds > 0:
-        return f"{line} ({counts.ok / seconds:.2f} images/s)"
+        return f"{line} ({counts.ok / seconds:.2f} {unit}/s)"
     if counts.skipped and not counts.error and not counts.ok:
         return f"{line} (nothing to explain: every output exists)"
     return line

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING
 
-from ..errors import UsageError
+from ..errors import UsageError, describe
 from ..io.discovery import InputImage
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ def _read_voc(folder: Path) -> list[GroundTruthBox]:
         except ElementTree.ParseError as error:
             raise UsageError(f"{file} line {error.position[0]}: not valid XML ({error})") from error
         except OSError as error:
-            raise UsageError(f"cannot read {file}: {error.strerror or error}") from error
+            raise UsageError(f"cannot read {file}: {describe(error, file)}") from error
         filename = (root.findtext("filename") or "").strip()
         if not filename:
             raise UsageError(f"{file}: no <filename> element (is it a Pascal VOC annotation?)")

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import UsageError, describe
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif"})
 VIDEO_SUFFIXES = frozenset({".mp4", ".avi", ".mov", ".mkv", ".webm"})
@@ -118,7 +118,7 @@ def _walk(root: Path, excluded: str | None, warn: Callable[[str], None] | None =
 
     def on_error(error: OSError) -> None:
         if warn is not None:
-            warn(f"cannot read directory {error.filename}: {error.strerror or error}")
+            warn(f"cannot read directory {error.filename}: {describe(error, error.filename)}")
 
     for directory, subdirs, files in os.walk(root, followlinks=True, onerror=on_error):
         here = Path(directory)

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from types import TracebackType
 
-from ..errors import UsageError
+from ..errors import UsageError, describe
 
 if sys.platform == "win32":  # pragma: no cover - exercised on Windows only
     import msvcrt
@@ -84,7 +84,7 @@ def ensure_folder(folder: Path, option: str, named: Path | None = None) -> None:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         which = "this folder" if named == folder else "its folder"
-        raise UsageError(f"{option} {named}: cannot create {which}: {error.strerror or error}") from None
+        raise UsageError(f"{option} {named}: cannot create {which}: {describe(error, named)}") from None
 
 
 class FolderLock:
@@ -114,7 +114,7 @@ class FolderLock:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
             except OSError as error:
-                reason = error.strerror or str(error)
+                reason = describe(error, self.path)
                 raise UsageError(f"{self.option} {self.shown}: cannot write there: {reason}") from None
             if not _try_lock(fd):
                 os.close(fd)

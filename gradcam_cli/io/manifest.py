@@ -11,7 +11,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ..errors import GradcamError, UsageError
+from ..errors import GradcamError, UsageError, describe
 from .atomic import write_atomic
 from .lock import ensure_folder
 
@@ -60,7 +60,7 @@ class ManifestWriter:
         try:
             self.fd = os.open(path, flags, 0o666)
         except OSError as error:
-            raise UsageError(f"--manifest {path}: cannot write it: {error.strerror or error}") from None
+            raise UsageError(f"--manifest {path}: cannot write it: {describe(error, path)}") from None
         try:
             size = os.fstat(self.fd).st_size
             if size and os.pread(self.fd, 1, size - 1) != b"\n":
@@ -79,7 +79,7 @@ class ManifestWriter:
             else:
                 self._write_all(_json_line(row))
         except OSError as error:
-            raise GradcamError(f"--manifest {self.path}: cannot write it: {error.strerror or error}") from None
+            raise GradcamError(f"--manifest {self.path}: cannot write it: {describe(error, self.path)}") from None
 
     def _write_csv(self, cells: list[Any]) -> None:
         self._write_all(_csv_line(cells))
@@ -124,7 +124,7 @@ def read_manifest(path: Path) -> list[dict[str, Any]]:
     except FileNotFoundError:
         return []
     except OSError as error:
-        raise UsageError(f"--manifest {path}: cannot read it: {error.strerror or error}") from None
+        raise UsageError(f"--manifest {path}: cannot read it: {describe(error, path)}") from None
     text = data.decode("utf-8", "surrogateescape")
     rows = _csv_rows(text) if path.suffix.lower() == ".csv" else _json_rows(text)
     return [row for row in rows if isinstance(row.get("input"), str) and row.get("status") in STATUSES]
@@ -213,7 +213,7 @@ def rewrite_manifest(path: Path, earlier: int, order: Sequence[str]) -> None:
     try:
         write_atomic(path, data)
     except OSError as error:
-        raise GradcamError(f"--manifest {path}: cannot write it: {error.strerror or error}") from None
+        raise GradcamError(f"--manifest {path}: cannot write it: {describe(error, path)}") from None
 
 
 def _by_input(rows: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

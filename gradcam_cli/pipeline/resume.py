@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..cam.results import Explanation, Prediction
-from ..errors import UsageError
+from ..errors import UsageError, describe
 from ..io.atomic import write_atomic
 from ..io.discovery import InputImage
 from ..io.manifest import latest_row_sets, row_key
@@ -252,7 +252,7 @@ def write_run_record(output_dir: Path, record: dict[str, Any]) -> None:
     try:
         write_atomic(output_dir / RUN_RECORD_NAME, (json.dumps(record, indent=1) + "\n").encode())
     except OSError as error:
-        raise UsageError(f"--output-dir {output_dir}: cannot write there: {error.strerror or error}") from None
+        raise UsageError(f"--output-dir {output_dir}: cannot write there: {describe(error, output_dir)}") from None
 
 
 def _shown(value: Any) -> str:

@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import Protocol
 
 from ..cam.explainer import Explainer
-from ..errors import GradcamError
+from ..errors import GradcamError, describe
 from ..io.atomic import remove_stale_temporaries
 from ..io.discovery import InputImage
 from ..io.lock import FolderLock, ensure_folder
@@ -128,7 +128,7 @@ class Session:
             except OSError as error:
                 if exc is None:  # an error already on its way is the one to report
                     gallery = self.output.output_dir / INDEX_NAME
-                    raise GradcamError(f"--report: cannot write {gallery}: {error.strerror or error}") from None
+                    raise GradcamError(f"--report: cannot write {gallery}: {describe(error, gallery)}") from None
             except GradcamError:
                 if exc is None:
                     raise

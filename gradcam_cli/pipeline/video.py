@@ -56,10 +56,11 @@ def check_video_options(output: OutputOptions, videos: Sequence[InputImage]) -> 
 
 @dataclass
 class _Clip:
-    """Running state of one clip: its writers, thumbnails still to write, and prediction sums."""
+    """Running state of one clip: its writers, its first overlay frames (for the gallery's thumbnails, written only
+    once the clip is done), and prediction sums."""
 
     writers: list[Any] = field(default_factory=list)
-    thumbnails: list[Path] = field(default_factory=list)
+    first_overlays: list[torch.Tensor] = field(default_factory=list)
     totals: dict[int, float] = field(default_factory=dict)
     frames: int = 0
     explained: int = 0
@@ -99,7 +100,7 @@ class VideoRunner:
         started = time.perf_counter()
         outputs = self.outputs(video)
         if video.path.resolve() in {path.resolve() for _, path in outputs}:
-            return [self._error(video, f"refusing to overwrite input file {video.path}")]
+            return [self._error(video, f"{video.path}: refusing to overwrite input file {video.path}")]
         if self.output.skip_existing and all(path.is_file() for _, path in outputs):
             return [self._record(video, "skipped")]
         temporaries = [path.with_name(f".{path.name}{TEMP_MARKER}{os.getpid()}.mp4") for _, path in outputs]
@@ -109,6 +110,9 @@ class VideoRunner:
                 raise ImageError(f"{video.path}: {NO_FRAMES}")
             for temporary, (_, path) in zip(temporaries, outputs, strict=True):
                 os.replace(temporary, path)
+            if self.output.report:
+                for overlay, (_, path) in zip(clip.first_overlays, outputs, strict=True):
+                    save_thumbnail(overlay, thumbnail_path(self.output.output_dir, path))
         except ImageError as error:
             return [self._error(video, str(error))]
         except GradcamError:
@@ -139,8 +143,6 @@ class VideoRunner:
 
         capture = cv2.VideoCapture(str(video.path))
         clip = _Clip()
-        if self.output.report:
-            clip.thumbnails = [thumbnail_path(self.output.output_dir, path) for path in outputs]
         try:
             if not capture.isOpened():
                 raise ImageError(f"{video.path}: {UNREADABLE}")
@@ -200,10 +202,10 @@ class VideoRunner:
     ) -> None:
         """Blend one RGB frame with each of ``result``'s maps and append it to the matching output video."""
         pixels = torch.from_numpy(frame)
-        for number, (writer, explanation) in enumerate(zip(clip.writers, result.explanations, strict=True)):
+        for writer, explanation in zip(clip.writers, result.explanations, strict=True):
             overlay = blend(pixels, explanation.saliency, self.table, self.output.alpha).cpu()
-            if clip.frames == 0 and clip.thumbnails:
-                save_thumbnail(overlay, clip.thumbnails[number])
+            if clip.frames == 0 and self.output.report:
+                clip.first_overlays.append(overlay)
             writer.write(np.ascontiguousarray(overlay.numpy()[:, :, ::-1]))
         clip.frames += 1
         if on_frame:
