@@ -89,7 +89,7 @@ MethodOpt = Annotated[
     typer.Option(
         parser=parse_methods,
         metavar="NAME[,NAME...]",
-        help="CAM method(s), comma-separated; each writes its own output: gradcam, gradcam++, xgradcam, hirescam, "
+        help="CAM method(s), comma-separated: gradcam, gradcam++, xgradcam, hirescam, "
         "layercam (one backward pass per target, shared), eigencam (no backward pass, class-agnostic), scorecam (no "
         "backward pass but one extra forward pass per channel of the layer, e.g. 2048 for resnet50 layer4, batched "
         "32 at a time).",
