@@ -137,7 +137,7 @@ def dry_pass(model: LoadedModel, device: torch.device, example: torch.Tensor | N
         example = blank_input(model.input_spec, device)
     try:
         return inspect_layers(model.module, example)
-    except (GradcamError, torch.OutOfMemoryError):
+    except (GradcamError, torch.cuda.OutOfMemoryError):
         raise
     except Exception as error:
         raise _forward_failure(model, device, example, error) from error
