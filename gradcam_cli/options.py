@@ -50,7 +50,8 @@ class ModelOptions:
     weights: str = "DEFAULT"
     num_classes: int | None = None
     labels: Path | None = None
-    input_size: int = 224
+    input_size: int | None = None
+    """The network input's shorter side; ``None``: the model's own (224, or a timm or Hugging Face model's size)."""
     device: str = "auto"
 
 

@@ -142,6 +142,19 @@ def test_nothing_is_cropped_from_the_network_input():
     assert red_excess[10:-10, 10:-10].abs().max() < 1e-6
 
 
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic", "nearest"])
+def test_the_input_is_resized_with_the_models_own_filter(interpolation):
+    """timm and Hugging Face configs name a resampling filter; the network input is resized with exactly it."""
+    pixels = np.random.default_rng(0).integers(0, 256, (75, 100, 3), dtype=np.uint8)
+    image = Image.fromarray(pixels)
+    spec = InputSpec(size=48, mean=(0, 0, 0), std=(1, 1, 1), interpolation=interpolation)
+    expected = np.asarray(image.resize((64, 48), Image.Resampling[interpolation.upper()]), dtype=np.float32) / 255
+    tensor = to_input_tensor(image, spec)
+    torch.testing.assert_close(tensor, torch.from_numpy(expected).permute(2, 0, 1))
+    if interpolation != "bilinear":
+        assert not torch.allclose(tensor, to_input_tensor(image, InputSpec(size=48, mean=(0, 0, 0), std=(1, 1, 1))))
+
+
 def test_models_that_need_a_fixed_size_get_exactly_it():
     from gradcam_cli.models.loading import load_model
 

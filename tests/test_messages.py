@@ -173,8 +173,9 @@ GARBAGE = {
     "truncated.pth": (lambda p: p.write_bytes(_torch_save_bytes()[:9000]), "cut short or damaged"),
     "empty.pth": (lambda p: p.write_bytes(b""), "is empty (0 bytes)"),
     "notes.pth": (lambda p: p.write_text("epoch 3: loss 0.12\n"), "a text file, not PyTorch weights"),
-    "model.safetensors": (lambda p: p.write_bytes(_safetensors_bytes()), "safetensors"),
-    "renamed.bin": (lambda p: p.write_bytes(_safetensors_bytes()), "safetensors format"),
+    # safetensors files are read (by their content, whatever their name): these are cut short
+    "model.safetensors": (lambda p: p.write_bytes(_safetensors_bytes()[:-4]), "a safetensors file that cannot be"),
+    "renamed.bin": (lambda p: p.write_bytes(_safetensors_bytes()[:-4]), "a safetensors file that cannot be read"),
     "pickled.pth": (lambda p: p.write_bytes(pickle.dumps({"w": [1, 2]}, protocol=4)), "plain Python pickle"),
     "object.pth": (lambda p: torch.save({"fc.weight": torch.zeros(2), "x": Path("x")}, p), "pickled pathlib"),
     "tensor.pth": (lambda p: torch.save(torch.zeros(3), p), "holds a single tensor, not a state dict"),

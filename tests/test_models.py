@@ -140,6 +140,19 @@ def test_wrapped_and_data_parallel_state_dicts_load(three_class_state, tmp_path,
     assert_same_tensors(load_model("resnet18", str(path), num_classes=3).module, state)
 
 
+@pytest.mark.parametrize("name", ["finetuned.safetensors", "finetuned.bin", "finetuned.pth"])
+def test_safetensors_weights_load_whatever_the_file_is_called(three_class_state, tmp_path, name):
+    """A safetensors file is known by its content (a JSON header, then raw tensors: nothing to unpickle)."""
+    from safetensors.torch import save_file
+
+    _, state = three_class_state
+    path = tmp_path / name
+    save_file(state, path)
+    assert_same_tensors(load_model("resnet18", str(path), num_classes=3).module, state)
+    save_file({f"module.{k}": v for k, v in state.items()}, path)  # DataParallel's prefix is dropped here too
+    assert_same_tensors(load_model("resnet18", str(path), num_classes=3).module, state)
+
+
 def test_weights_for_another_head_size_are_explained(three_class_state):
     path, _ = three_class_state
     with pytest.raises(ModelLoadError, match="--num-classes") as caught:

@@ -51,6 +51,20 @@ def test_layouts(shape: tuple[int, ...], size: tuple[int, int], layout: Layout) 
     assert infer_layout(shape, size) == layout
 
 
+def test_the_models_own_prefix_count_is_used_where_it_gives_one() -> None:
+    """A class token, 8 registers and 4x4 patches make 25 tokens on a 32x32 input, which read best as a 5x5 grid;
+    the model's own count (timm's num_prefix_tokens, a Hugging Face model's token parameters) reads them right."""
+    assert infer_layout((1, 25, 8), (32, 32)) == Layout("tokens", 5, 5, 0)  # the guess
+    assert infer_layout((1, 25, 8), (32, 32), prefix_tokens=9) == Layout("tokens", 4, 4, 9)
+    assert infer_layout((1, 16, 8), (32, 32), prefix_tokens=9) == Layout("tokens", 4, 4, 0)  # the patch embedding
+    assert infer_layout((1, 32, 1), (32, 32), prefix_tokens=0) is None  # HF Swin's pooled (N, C, 1): not tokens
+    assert infer_layout((1, 2048, 7, 7), (224, 224), prefix_tokens=1) == Layout("nchw", 7, 7)  # 4-D: unchanged
+    activations = torch.zeros(1, 25, 8)
+    activations[0, 9 + 2 * 4 + 3, 5] = 1.0  # the patch at row 2, column 3
+    maps = spatial(activations, (32, 32), "blocks.0", prefix_tokens=9)
+    assert maps.shape == (1, 8, 4, 4) and maps[0, 5, 2, 3] == 1.0 and maps.sum() == 1.0
+
+
 def test_non_spatial_outputs_have_no_layout() -> None:
     assert infer_layout((1, 1000), (224, 224)) is None
     assert infer_layout((1, 197), (224, 224)) is None

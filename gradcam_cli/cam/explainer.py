@@ -166,7 +166,8 @@ class Explainer:
             self.layer_calls = capture.calls()
             if targets is None:
                 targets = self._targets(logits, target, top_k)
-            activations = {n: spatial(a, size, n) for n, a in capture.activations().items()}
+            prefix = self.model.prefix_tokens
+            activations = {n: spatial(a, size, n, prefix) for n, a in capture.activations().items()}
             need_gradients = any(METHODS[method].uses_gradients for method in self.methods)
             cams: dict[str, list[list[torch.Tensor]]] = {method: [] for method in self.methods}
             for k in range(targets.shape[1]):
@@ -174,7 +175,7 @@ class Explainer:
                 if need_gradients:
                     score = logits.gather(1, targets[:, k : k + 1]).sum()
                     raw = capture.gradients(score, retain_graph=k < targets.shape[1] - 1)
-                    gradients = {n: spatial(g, size, n) for n, g in raw.items()}
+                    gradients = {n: spatial(g, size, n, prefix) for n, g in raw.items()}
                 for name in self.methods:
                     method = METHODS[name]
                     if method.class_agnostic and k > 0:

@@ -33,6 +33,8 @@ class LayerInfo:
     finished_at: int
     layout: Layout | None = None
     started_at: int = -1
+    output_type: str = "Tensor"
+    """The type of the module's output: a layer whose output is not a tensor (a tuple) has no map."""
 
     @property
     def is_candidate(self) -> bool:
@@ -51,10 +53,11 @@ def resolve_layer(model: nn.Module, name: str) -> nn.Module:
         raise UsageError(f"unknown layer {name!r}.{hint}") from None
 
 
-def inspect_layers(model: nn.Module, example: torch.Tensor) -> list[LayerInfo]:
+def inspect_layers(model: nn.Module, example: torch.Tensor, prefix_tokens: int | None = None) -> list[LayerInfo]:
     """Every module with its output shape, from one dry forward pass with a forward hook on each module.
 
     Modules that run several times per forward report the shape of their last call and the number of calls.
+    ``prefix_tokens``: the model's own count of non-spatial leading tokens (see :mod:`gradcam_cli.cam.reshape`).
     """
     infos = {name: LayerInfo(name, type(m).__name__, None, 0, -1) for name, m in model.named_modules()}
     counter = iter(range(1 << 62))
@@ -73,7 +76,8 @@ def inspect_layers(model: nn.Module, example: torch.Tensor) -> list[LayerInfo]:
             info.calls += 1
             info.finished_at = next(counter)
             info.output_shape = tuple(output.shape) if isinstance(output, torch.Tensor) else None
-            info.layout = infer_layout(info.output_shape, input_size) if info.output_shape else None
+            info.output_type = type(output).__name__
+            info.layout = infer_layout(info.output_shape, input_size, prefix_tokens) if info.output_shape else None
 
         return hook
 
@@ -136,7 +140,7 @@ def dry_pass(model: LoadedModel, device: torch.device, example: torch.Tensor | N
     if example is None:
         example = blank_input(model.input_spec, device)
     try:
-        return inspect_layers(model.module, example)
+        return inspect_layers(model.module, example, model.prefix_tokens)
     except (GradcamError, torch.cuda.OutOfMemoryError):
         raise
     except Exception as error:
@@ -148,7 +152,7 @@ def _forward_failure(model: LoadedModel, device: torch.device, example: torch.Te
     spec, usual = model.input_spec, InputSpec.size
     if spec.fixed_size is None and spec.size < usual:
         try:
-            inspect_layers(model.module, torch.zeros(1, 3, usual, usual, device=device))
+            inspect_layers(model.module, torch.zeros(1, 3, usual, usual, device=device), model.prefix_tokens)
         except Exception:  # the model fails at its usual size too: reported below
             pass
         else:
@@ -161,18 +165,23 @@ def _forward_failure(model: LoadedModel, device: torch.device, example: torch.Te
 
 def check_layers(model: nn.Module, infos: list[LayerInfo], names: Sequence[str]) -> None:
     """UsageError for the first of ``names`` whose output cannot give a map: a single position (global pooling,
-    ``avgpool``: its map is flat) or no spatial grid at all (``fc``). The message names the nearest spatial layer
-    before it. Layers that did not run or return no tensor are left to the engine to report."""
+    ``avgpool``: its map is flat), no spatial grid at all (``fc``) or no tensor (a Hugging Face attention module's
+    tuple). The message names the nearest spatial layer before it. Layers that did not run are left to the engine
+    to report."""
     by_name = {info.name: info for info in infos}
     for name in names:
         info = by_name.get(name)
-        if info is None or info.output_shape is None or (info.layout is not None and info.layout.positions > 1):
+        if info is None or not info.calls or (info.layout is not None and info.layout.positions > 1):
             continue
-        shape = "x".join(map(str, info.output_shape))
-        why = "a single position, so its map is flat" if info.layout else "no spatial grid, so it has no map"
+        if info.output_shape is None:
+            what = f"{info.output_type}, not a tensor, so it has no map"
+        else:
+            shape = "x".join(map(str, info.output_shape))
+            why = "a single position, so its map is flat" if info.layout else "no spatial grid, so it has no map"
+            what = f"{shape}: {why}"
         nearest = _nearest_spatial_layer(model, infos, info)
         advice = f"a spatial layer such as {nearest}" if nearest else "another layer"
-        raise UsageError(f"layer {name!r} outputs {shape}: {why}; choose {advice} (see --list-layers)")
+        raise UsageError(f"layer {name!r} outputs {what}; choose {advice} (see --list-layers)")
 
 
 def _nearest_spatial_layer(model: nn.Module, infos: list[LayerInfo], info: LayerInfo) -> str | None:

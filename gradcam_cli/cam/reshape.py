@@ -9,8 +9,14 @@ before any method runs.
 The rule: a spatial grid (h, w) fits the input when both sides shrink by about the same stride (H/h ~ W/w, within
 a factor 1.5) and neither exceeds the input. A 4-D tensor is channel-first unless only the channel-last reading
 fits (or fits strictly better); a 3-D tensor (N, L, C) is a sequence of ``prefix`` non-spatial tokens followed by
-an h x w grid in row-major order (token ``prefix + r * w + c`` sits at row r, column c), as torchvision's ViT
-flattens its patch embedding.
+an h x w grid in row-major order (token ``prefix + r * w + c`` sits at row r, column c), as torchvision's, timm's
+and Hugging Face's ViTs flatten their patch embeddings.
+
+How many prefix tokens there are is the model's own count where the model gives one (``prefix_tokens``: timm's
+``num_prefix_tokens``, the class, distillation and register tokens of a Hugging Face model): then only that count
+(or none, for the patch embedding before the tokens are prepended) is tried. Otherwise it is guessed: the count,
+from 0 to :data:`MAX_PREFIX_TOKENS`, whose grid fits best, which can go wrong (a class token, 8 registers and 4 x 4
+patches make 25 tokens, which read best as a 5 x 5 grid).
 """
 
 from __future__ import annotations
@@ -58,10 +64,11 @@ def _mismatch(grid: tuple[int, int], size: Sequence[int]) -> float | None:
     return mismatch if mismatch <= math.log(MAX_STRIDE_RATIO) else None
 
 
-def infer_layout(shape: Sequence[int], input_size: Sequence[int]) -> Layout | None:
+def infer_layout(shape: Sequence[int], input_size: Sequence[int], prefix_tokens: int | None = None) -> Layout | None:
     """The layout of a layer output of ``shape`` for an input of ``input_size`` = (H, W); None if not spatial.
 
     Any 4-D output is at least readable as channel-first (the layers of a CNN), so 4-D shapes always get a layout.
+    ``prefix_tokens``: the model's own count of leading non-spatial tokens (``None``: guessed).
     """
     if len(shape) == 4:
         first = _mismatch((shape[2], shape[3]), input_size)
@@ -70,24 +77,28 @@ def infer_layout(shape: Sequence[int], input_size: Sequence[int]) -> Layout | No
             return Layout("nhwc", shape[1], shape[2])
         return Layout("nchw", shape[2], shape[3])
     if len(shape) == 3:
-        return _token_layout(shape[1], input_size)
+        return _token_layout(shape[1], input_size, prefix_tokens)
     return None
 
 
-def _token_layout(length: int, input_size: Sequence[int]) -> Layout | None:
-    best: tuple[float, int, int, int] | None = None
-    for prefix in range(min(MAX_PREFIX_TOKENS, length - 1) + 1):
+def _token_layout(length: int, input_size: Sequence[int], known: int | None) -> Layout | None:
+    """The best-fitting grid after some prefix: the model's own count (or none) when ``known``, else any count up
+    to :data:`MAX_PREFIX_TOKENS`; ties go to the model's count, then to fewer tokens."""
+    prefixes = range(min(MAX_PREFIX_TOKENS, length - 1) + 1) if known is None else sorted({known, 0})
+    best: tuple[float, bool, int, int, int] | None = None
+    for prefix in prefixes:
         count = length - prefix
-        for h in range(1, math.isqrt(count) + 1):
+        for h in range(1, math.isqrt(max(count, 0)) + 1):
             if count % h:
                 continue
             for grid in {(h, count // h), (count // h, h)}:
                 mismatch = _mismatch(grid, input_size)
-                if mismatch is not None and (best is None or (mismatch, prefix) < best[:2]):
-                    best = (mismatch, prefix, *grid)
+                rank = (mismatch, prefix != known, prefix) if mismatch is not None else None
+                if rank is not None and (best is None or rank < best[:3]):
+                    best = (*rank, *grid)
     if best is None:
         return None
-    _, prefix, h, w = best
+    _, _, prefix, h, w = best
     return Layout("tokens", h, w, prefix)
 
 
@@ -101,9 +112,11 @@ def to_spatial(tensor: torch.Tensor, layout: Layout) -> torch.Tensor:
     return tokens.reshape(tensor.shape[0], layout.height, layout.width, tensor.shape[2]).permute(0, 3, 1, 2)
 
 
-def spatial(tensor: torch.Tensor, input_size: Sequence[int], layer: str = "") -> torch.Tensor:
+def spatial(
+    tensor: torch.Tensor, input_size: Sequence[int], layer: str = "", prefix_tokens: int | None = None
+) -> torch.Tensor:
     """:func:`to_spatial` with the layout inferred from ``tensor``'s shape; UsageError if it has no grid."""
-    layout = infer_layout(tuple(tensor.shape), input_size)
+    layout = infer_layout(tuple(tensor.shape), input_size, prefix_tokens)
     if layout is None:
         shape = "x".join(map(str, tensor.shape))
         raise UsageError(

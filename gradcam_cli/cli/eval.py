@@ -81,7 +81,7 @@ def evaluate(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the whole report as one JSON object.")] = False,
     device: params.DeviceOpt = "auto",
-    input_size: params.InputSizeOpt = 224,
+    input_size: params.InputSizeOpt = None,
     quiet: params.QuietOpt = False,
     verbose: params.VerboseOpt = False,
 ) -> None:

@@ -86,7 +86,7 @@ def explain(
         Path, typer.Option("--output-dir", "-o", metavar="DIR", help="Where outputs go (input tree mirrored).")
     ] = Path("gradcam_out"),
     device: params.DeviceOpt = "auto",
-    input_size: params.InputSizeOpt = 224,
+    input_size: params.InputSizeOpt = None,
     batch_size: Annotated[
         int | None,
         typer.Option(min=1, metavar="N", help="Images per forward pass (default: 4 on the CPU, 16 on a GPU)."),

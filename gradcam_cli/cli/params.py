@@ -56,8 +56,8 @@ ModelOpt = Annotated[
         "--model",
         "-m",
         metavar="NAME",
-        help="torchvision model name (see --list-models), efficientnet_lite0, package.module:factory or "
-        "file.py:factory.",
+        help="torchvision model name (see --list-models), efficientnet_lite0, timm:NAME, hf:FOLDER_OR_HUB_ID, "
+        "package.module:factory or file.py:factory.",
     ),
 ]
 WeightsOpt = Annotated[
@@ -66,14 +66,22 @@ WeightsOpt = Annotated[
         "--weights",
         "-w",
         metavar="WEIGHTS",
-        help="DEFAULT, a torchvision weights name (IMAGENET1K_V1), none (random), or a state-dict file.",
+        help="DEFAULT, a torchvision weights name (IMAGENET1K_V1), none (random), or a state-dict or .safetensors "
+        "file.",
     ),
 ]
 NumClassesOpt = Annotated[
     int | None, typer.Option(min=1, metavar="N", help="Classes of a replaced head (with --weights PATH).")
 ]
 LabelsOpt = Annotated[Path | None, typer.Option(metavar="PATH", help="Text file with one class name per line.")]
-InputSizeOpt = Annotated[int, typer.Option(min=16, metavar="N", help="Shorter side of the network input, in pixels.")]
+InputSizeOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=16,
+        metavar="N",
+        help="Shorter side of the network input, in pixels. Default: the model's own (224 for torchvision models).",
+    ),
+]
 DeviceOpt = Annotated[str, typer.Option(parser=parse_device, metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps.")]
 LayerOpt = Annotated[
     list[str] | None,
@@ -124,7 +132,7 @@ VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="More detail, 
 
 
 def model_options(
-    model: str, weights: str, num_classes: int | None, labels: Path | None, input_size: int, device: str
+    model: str, weights: str, num_classes: int | None, labels: Path | None, input_size: int | None, device: str
 ) -> ModelOptions:
     """What to load, from the shared options."""
     return ModelOptions(model, weights, num_classes, labels, input_size, device)

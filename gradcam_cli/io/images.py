@@ -34,6 +34,8 @@ class InputSpec:
     std: tuple[float, float, float] = IMAGENET_STD
     max_side: int | None = None
     """Longest side of the network input; ``None``: ``MAX_ASPECT * size`` (896 for 224); never below ``size``."""
+    interpolation: str = "bilinear"
+    """How images are resized to the network input: a Pillow filter name (bilinear, bicubic, nearest, lanczos...)."""
 
     def resized_shape(self, height: int, width: int) -> tuple[int, int]:
         """(H, W) of the network input for an image of ``height`` x ``width``: shorter side = size, aspect kept.
@@ -118,7 +120,7 @@ def shrink_factor(size: tuple[int, int], max_side: int | None) -> int:
 def to_input_tensor(image: Image.Image, spec: InputSpec) -> torch.Tensor:
     """Resize the whole image (no crop) as ``spec`` says and normalise it: a (3, H, W) float tensor."""
     height, width = spec.resized_shape(image.height, image.width)
-    resized = image.resize((width, height), Image.Resampling.BILINEAR)
+    resized = image.resize((width, height), Image.Resampling[spec.interpolation.upper()])
     pixels = torch.from_numpy(np.asarray(resized, dtype=np.uint8).copy()).permute(2, 0, 1).float().div_(255)
     mean = torch.tensor(spec.mean).view(3, 1, 1)
     std = torch.tensor(spec.std).view(3, 1, 1)

@@ -15,7 +15,10 @@ from torch import nn
 from ..errors import ModelLoadError, UsageError, describe, suggest
 from ..io.images import InputSpec
 from ..options import ModelOptions
+from .hf_models import load_hf
+from .hub import HF_PREFIX, TIMM_PREFIX
 from .labels import check_label_count, read_labels
+from .timm_models import load_timm
 from .weights import apply_state_dict, load_state_dict_file, torchvision_weights_only, weights_failure
 
 LITE0 = "efficientnet_lite0"
@@ -32,6 +35,9 @@ class LoadedModel:
     weights: str
     categories: list[str] | None
     input_spec: InputSpec
+    prefix_tokens: int | None = None
+    """Leading non-spatial tokens (class, distillation, register) of the model's token sequences, as the model
+    declares them (timm, Hugging Face); ``None``: found from each layer's shape (:mod:`gradcam_cli.cam.reshape`)."""
 
     def class_name(self, index: int) -> str:
         """Human name of class ``index`` (the index itself when the model has no names)."""
@@ -59,31 +65,38 @@ def load_model(
     weights: str = "DEFAULT",
     num_classes: int | None = None,
     labels: str | Path | None = None,
-    input_size: int = 224,
+    input_size: int | None = None,
 ) -> LoadedModel:
     """Build and load a classifier, from :class:`ModelOptions` or, in a notebook, from the same fields by hand.
 
-    ``model``: a torchvision classification model, ``efficientnet_lite0``, ``package.module:factory`` or
-    ``path/to/file.py:factory``. ``weights``: ``DEFAULT``, a torchvision weights enum name (``IMAGENET1K_V1``),
-    ``none`` (random initialisation) or the path of a state dict. ``labels``: a text file, one class per line,
-    which must name as many classes as the model has (a custom model's count is found with one forward pass on a
-    blank input). The model stays on the CPU (``ModelOptions.device`` is applied by :meth:`Explainer.from_options`).
+    ``model``: a torchvision classification model, ``efficientnet_lite0``, ``timm:NAME``, ``hf:PATH`` (a folder
+    saved with ``save_pretrained``, or a hub id), ``package.module:factory`` or ``path/to/file.py:factory``.
+    ``weights``: ``DEFAULT``, a torchvision weights enum name (``IMAGENET1K_V1``), ``none`` (random initialisation)
+    or the path of a state dict (``torch.save`` or safetensors). ``labels``: a text file, one class per line, which
+    must name as many classes as the model has (a custom model's count is found with one forward pass on a blank
+    input). ``input_size``: ``None`` keeps the model's own (224, or a timm or Hugging Face model's configured size).
+    The model stays on the CPU (``ModelOptions.device`` is applied by :meth:`Explainer.from_options`).
     """
     if isinstance(model, str):
         model = ModelOptions(model, weights, num_classes, Path(labels) if labels is not None else None, input_size)
     name = model.model
-    custom = ":" in name and not _is_windows_drive(name)
-    if custom:
+    hub = name.startswith((TIMM_PREFIX, HF_PREFIX))
+    custom = not hub and ":" in name and not _is_windows_drive(name)
+    if hub:
+        load = load_timm if name.startswith(TIMM_PREFIX) else load_hf
+        built = load(name, model.weights, model.num_classes)
+        loaded = LoadedModel(built.module, name, built.weights, built.categories, built.input_spec, built.prefix_tokens)
+    elif custom:
         loaded = _load_custom(name, model.weights)
     elif name == LITE0:
         loaded = _load_lite0(model.weights)
     else:
         loaded = _load_torchvision(name, model.weights, model.num_classes)
-    if model.input_size != loaded.input_spec.size:
+    if model.input_size is not None and model.input_size != loaded.input_spec.size:
         loaded.input_spec = replace(loaded.input_spec, size=model.input_size)
     if model.labels is not None:
         names = read_labels(model.labels)
-        if custom:
+        if custom or (hub and loaded.categories is None):
             classes = count_classes(loaded.module, loaded.input_spec)
         else:
             classes = len(loaded.categories) if loaded.categories is not None else model.num_classes
@@ -105,6 +118,7 @@ def count_classes(module: nn.Module, spec: InputSpec) -> int | None:
         return None
     finally:
         module.train(training)
+    output = getattr(output, "logits", output)  # a Hugging Face model's output object
     return int(output.shape[1]) if isinstance(output, torch.Tensor) and output.dim() == 2 else None
 
 

@@ -1,4 +1,5 @@
-"""Reading weights: state-dict files (``weights_only=True`` only), torchvision's cache, and why loading failed."""
+"""Reading weights: state-dict files (``weights_only=True`` only, or safetensors), torchvision's cache, and why
+loading failed."""
 
 from __future__ import annotations
 
@@ -31,11 +32,15 @@ SHOWN_KEYS = 3
 
 
 def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
-    """A state dict from disk with ``weights_only=True``; unwraps {'state_dict': ...} and 'module.' prefixes.
+    """A state dict from disk: a ``torch.save`` file read with ``weights_only=True``, or a safetensors file (found
+    by its content, whatever its name), which holds nothing but tensors by construction. Unwraps
+    {'state_dict': ...} and 'module.' prefixes.
 
     A file that is not a state dict fails with one sentence saying what the file is and what to pass instead.
     """
     _check_weights_path(path)
+    if _looks_like_safetensors(path, _file_start(path)):
+        return _unwrapped(read_safetensors(path))
     try:
         with warnings.catch_warnings():  # e.g. torch's "Detected pickle protocol 4" UserWarning: the error says it
             warnings.simplefilter("ignore")
@@ -46,10 +51,32 @@ def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
     _check_state_dict(path, state)
+    return _unwrapped(state)
+
+
+def _unwrapped(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` without the 'module.' prefix ``DataParallel`` puts on every key."""
     if state and all(k.startswith("module.") for k in state):
-        state = {k.removeprefix("module."): v for k, v in state.items()}
-    tensors: dict[str, torch.Tensor] = state
-    return tensors
+        return {k.removeprefix("module."): v for k, v in state.items()}
+    return state
+
+
+def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, on the CPU: a JSON header and raw tensor bytes, no pickled objects."""
+    try:
+        from safetensors.torch import load_file
+    except ImportError as error:
+        raise ModelLoadError(
+            f"weights file {path} is in the safetensors format: install the safetensors package "
+            f"(pip install safetensors) to read it, or {SAVE_HINT}"
+        ) from error
+    try:
+        return load_file(str(path), device="cpu")
+    except Exception as error:
+        raise ModelLoadError(
+            f"weights file {path} is a safetensors file that cannot be read ({describe(error, path)}); "
+            f"save it again with safetensors.torch.save_file(model.state_dict(), PATH)"
+        ) from error
 
 
 def _check_weights_path(path: str | Path) -> None:
@@ -87,18 +114,6 @@ def _load_failure(path: str | Path, error: Exception) -> str:
         if not written_by_torch:
             return f"weights file {path} is a zip archive but not one written by torch.save; {SAVE_HINT}"
         return f"weights file {path} is a torch.save archive that cannot be read ({describe(error, path)}); {SAVE_HINT}"
-    if _looks_like_safetensors(path, start):
-        if "safetensors is not installed" in str(error):
-            return (
-                f"weights file {path} is in the safetensors format: install the safetensors package "
-                f"(pip install safetensors) to read it, or {SAVE_HINT}"
-            )
-        if not str(path).endswith(".safetensors"):
-            return (
-                f"weights file {path} is in the safetensors format, which is read only from a file named "
-                f"*.safetensors (with the safetensors package installed): rename it, or {SAVE_HINT}"
-            )
-        return f"weights file {path} is a safetensors file that cannot be read ({describe(error, path)}); {SAVE_HINT}"
     if start.startswith(TORCH_LEGACY_MAGIC):
         return f"weights file {path} is cut short or damaged (torch.save's old format); {SAVE_AGAIN}"
     if start[:1] == b"\x80" and start[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
