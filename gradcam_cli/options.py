@@ -91,7 +91,8 @@ class OutputOptions:
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How to run: batching, decoding processes, writer threads, the size limit, and video frame sampling.
+    """How to run: batching, decoding processes, writer threads, the size limit, video frame sampling, and whether
+    PyTorch runs deterministically (``deterministic``: entering a ``Session`` seeds and switches it on).
 
     ``batch_size`` and ``workers`` of ``None`` pick the defaults for the device and the machine.
     """
@@ -101,6 +102,7 @@ class RunOptions:
     writers: int = 2
     max_side: int | None = DEFAULT_MAX_SIDE
     every: int = 1
+    deterministic: bool = False
 
 
 @dataclass(frozen=True)
