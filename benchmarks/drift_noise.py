@@ -26,12 +26,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gradcam_cli.cam.explainer import Explainer
-from gradcam_cli.drift.compare import Thresholds, compare_pair, diff_runs
+from gradcam_cli.drift.compare import compare_pair, diff_runs
 from gradcam_cli.drift.manifests import MapRow
 from gradcam_cli.drift.provenance import use_deterministic
 from gradcam_cli.io.discovery import discover
 from gradcam_cli.models.loading import load_model
-from gradcam_cli.options import OutputOptions, RunOptions
+from gradcam_cli.options import DiffOptions, OutputOptions, RunOptions
 from gradcam_cli.pipeline.session import Session
 
 METHODS = ["gradcam", "gradcam++", "layercam"]
@@ -61,7 +61,7 @@ def explain(model, images, folder: Path, run: RunOptions) -> Path:
 def worst(reference: Path, manifest: Path) -> dict[str, float]:
     """The worst measures of a run against the reference, over the pairs that explain the same class: from the
     ``.npy`` maps, and from the fingerprints alone (what a diff without ``--save-raw`` compares)."""
-    loose = Thresholds(allow_class_change=True, allow_missing=True)
+    loose = DiffOptions(allow_class_change=True, allow_missing=True)
     results = diff_runs(reference, manifest, loose).results
     same = [result.pair for result in results if result.pair.baseline.target == result.pair.current.target]
     maps = [compare_pair(pair, loose) for pair in same]

@@ -22,11 +22,9 @@ from typer.testing import CliRunner
 
 from gradcam_cli import Explainer
 from gradcam_cli.cli import app as explain_app
-from gradcam_cli.cli.diff import MAX_PEAK_SHIFT as CLI_MAX_PEAK_SHIFT
-from gradcam_cli.cli.diff import MIN_SIMILARITY as CLI_MIN_SIMILARITY
 from gradcam_cli.cli.diff import app as diff_app
 from gradcam_cli.drift import provenance as provenance_module
-from gradcam_cli.drift.compare import MAX_PEAK_SHIFT, MIN_SIMILARITY, Thresholds, diff_runs
+from gradcam_cli.drift.compare import diff_runs
 from gradcam_cli.drift.fingerprint import GRID, decode_fingerprint, map_fingerprint
 from gradcam_cli.drift.measures import peak_shift, pearson, ranks, spearman, top_iou
 from gradcam_cli.drift.page import write_report
@@ -35,7 +33,7 @@ from gradcam_cli.io.discovery import discover
 from gradcam_cli.io.images import InputSpec
 from gradcam_cli.io.manifest import read_manifest
 from gradcam_cli.models.loading import LoadedModel
-from gradcam_cli.options import OutputOptions, RunOptions
+from gradcam_cli.options import MAX_PEAK_SHIFT, MIN_SIMILARITY, DiffOptions, OutputOptions, RunOptions
 from gradcam_cli.pipeline.session import Session
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -271,10 +269,6 @@ def test_deterministic_seeds_random_weights_and_is_recorded(tmp_path, images, re
 # ----------------------------------------------------------------------------------------------- gradcam diff
 
 
-def test_the_cli_defaults_are_the_librarys():
-    assert (CLI_MIN_SIMILARITY, CLI_MAX_PEAK_SHIFT) == (MIN_SIMILARITY, MAX_PEAK_SHIFT)
-
-
 def test_the_same_model_twice_is_no_drift(tmp_path, images):
     first = explain(tmp_path, "one", build(), images, methods=["gradcam", "layercam"], top_k=2)
     second = explain(tmp_path, "two", build(), images, methods=["gradcam", "layercam"], top_k=2, batch_size=1)
@@ -405,6 +399,7 @@ def test_malformed_and_mismatched_manifests_are_one_line_errors(tmp_path, images
     good = explain(tmp_path, "good", build(), images)
     lines = good.read_text().splitlines()
     row = json.loads(lines[0])
+    old = "".join(json.dumps({**json.loads(line), "fingerprint": None}) + "\n" for line in lines)  # before fingerprints
     cases = {
         tmp_path / "absent.jsonl": "no such file or folder",
         _write(tmp_path / "notes.txt", "x"): "not a manifest; give a .jsonl or .csv file, or an output folder",
@@ -417,6 +412,9 @@ def test_malformed_and_mismatched_manifests_are_one_line_errors(tmp_path, images
         ): "line 1: the fingerprint is malformed (its grid is not 16 rows of 32 hex digits)",
         _write(tmp_path / "target.jsonl", json.dumps({**row, "target": "red"}) + "\n"): "line 1: its target",
         (tmp_path / "no-manifest").resolve(): "no manifest in this folder",
+        _write(
+            tmp_path / "old.jsonl", old
+        ): "no row has a fingerprint or a .npy map (written by an older gradcam-cli?)",
     }
     (tmp_path / "no-manifest").mkdir()
     for path, expected in cases.items():
@@ -491,7 +489,7 @@ def test_the_report_in_headless_chromium(tmp_path, images):
         pytest.skip("headless Chromium is not installed: see tests/test_gallery.py")
     before = explain(tmp_path, "before", build(), images)
     after = explain(tmp_path, "after", moved_detector(), images)
-    index = write_report(diff_runs(before, after, Thresholds()), tmp_path / "report")
+    index = write_report(diff_runs(before, after, DiffOptions()), tmp_path / "report")
     dom = _browse(browser, tmp_path, index.as_uri(), "--dump-dom")
     assert 'id="drifting" data-count="2"' in dom
     assert dom.count("<figure>") == 6 and dom.count("<figcaption>difference (red: more evidence now") == 2

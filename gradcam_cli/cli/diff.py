@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK
+from ..options import MAX_PEAK_SHIFT, MIN_SIMILARITY, DiffOptions
 from . import params
 from .reporting import Reporter, run_reported
 
@@ -27,10 +28,6 @@ Rows pair by input, method and target. Per pair: top-1 class change, target prob
 diagonal), from the .npy maps where both runs saved them (--save-raw), else from the rows' fingerprints.
 
 Exit codes: 0 no drift; 1 drift (the images are named); 2 usage error (also a malformed manifest)."""
-
-# The defaults are repeated here so that --help answers without importing torch; tests/test_drift.py checks them.
-MIN_SIMILARITY = 0.95
-MAX_PEAK_SHIFT = 0.1
 
 
 @app.command(help=HELP)
@@ -64,11 +61,11 @@ def diff(
     reporter = Reporter(quiet, verbose, as_json)
 
     def run() -> int:
-        from ..drift.compare import Thresholds, diff_runs
+        from ..drift.compare import diff_runs
         from ..drift.table import format_table, verdict
 
-        thresholds = Thresholds(min_similarity, max_peak_shift, allow_class_change, allow_missing)
-        result = diff_runs(baseline, current, thresholds)
+        options = DiffOptions(min_similarity, max_peak_shift, allow_class_change, allow_missing)
+        result = diff_runs(baseline, current, options)
         if report is not None:
             from ..drift.page import write_report
 

@@ -21,24 +21,10 @@ import torch
 
 from ..cam.maps import upsample
 from ..errors import UsageError
+from ..options import DiffOptions
 from .manifests import MapRow, Side, read_side
 from .measures import peak_shift, pearson, spearman, top_iou
 from .pairing import Pair, pair_rows
-
-MIN_SIMILARITY = 0.95
-"""Default ``--min-similarity``: the least Spearman and Pearson correlation of two maps that is no drift."""
-MAX_PEAK_SHIFT = 0.1
-"""Default ``--max-peak-shift``: the farthest the peak may move, as a fraction of the image's diagonal."""
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """What counts as drift (see the module docstring)."""
-
-    min_similarity: float = MIN_SIMILARITY
-    max_peak_shift: float = MAX_PEAK_SHIFT
-    allow_class_change: bool = False
-    allow_missing: bool = False
 
 
 @dataclass
@@ -94,7 +80,7 @@ class DriftReport:
 
     baseline: Side
     current: Side
-    thresholds: Thresholds
+    options: DiffOptions
     results: list[PairResult]
     baseline_only: list[MapRow]
     current_only: list[MapRow]
@@ -111,7 +97,7 @@ class DriftReport:
 
     @property
     def drift(self) -> bool:
-        return bool(self.drifting) or (bool(self.missing) and not self.thresholds.allow_missing)
+        return bool(self.drifting) or (bool(self.missing) and not self.options.allow_missing)
 
     @property
     def compared(self) -> dict[str, int]:
@@ -125,12 +111,12 @@ class DriftReport:
     def drifting_inputs(self) -> list[str]:
         """The inputs that drift, in order, each once (also those with rows missing, unless allowed)."""
         inputs = [result.input for result in self.drifting]
-        if not self.thresholds.allow_missing:
+        if not self.options.allow_missing:
             inputs += [row.input for row in self.missing]
         return list(dict.fromkeys(inputs))
 
     def to_dict(self) -> dict[str, Any]:
-        thresholds = self.thresholds
+        options = self.options
         return {
             "baseline": str(self.baseline.path),
             "current": str(self.current.path),
@@ -138,10 +124,10 @@ class DriftReport:
             "drifting": self.drifting_inputs(),
             "compared": self.compared,
             "thresholds": {
-                "min_similarity": thresholds.min_similarity,
-                "max_peak_shift": thresholds.max_peak_shift,
-                "allow_class_change": thresholds.allow_class_change,
-                "allow_missing": thresholds.allow_missing,
+                "min_similarity": options.min_similarity,
+                "max_peak_shift": options.max_peak_shift,
+                "allow_class_change": options.allow_class_change,
+                "allow_missing": options.allow_missing,
             },
             "pairs": [result.to_dict() for result in self.results],
             "missing": {
@@ -152,19 +138,26 @@ class DriftReport:
         }
 
 
-def diff_runs(baseline: str | Path, current: str | Path, thresholds: Thresholds | None = None) -> DriftReport:
-    """Compare two runs (manifests or output folders); a :class:`UsageError` for a malformed manifest or two runs
-    with no image and method in common."""
-    thresholds = thresholds or Thresholds()
+def diff_runs(baseline: str | Path, current: str | Path, options: DiffOptions | None = None) -> DriftReport:
+    """Compare two runs (manifests or output folders); a :class:`UsageError` for a malformed manifest, a side
+    without any map to compare, or two runs with no image and method in common."""
+    options = options or DiffOptions()
     before, after = read_side(Path(baseline), "baseline"), read_side(Path(current), "current")
+    for side in (before, after):
+        explained = [row for row in side.rows if row.status != "error"]
+        if explained and all(row.grid is None and row.raw is None for row in explained):
+            raise UsageError(
+                f"{side.shown}: no row has a fingerprint or a .npy map (written by an older gradcam-cli?); "
+                "run it again to compare it"
+            )
     pairing = pair_rows(before.rows, after.rows)
     if not pairing.pairs:
         raise UsageError(
             f"{before.shown} and {after.shown} have no image and method in common; are they runs over the same images?"
         )
-    results = [compare_pair(pair, thresholds) for pair in pairing.pairs]
+    results = [compare_pair(pair, options) for pair in pairing.pairs]
     changed = provenance_changes(before.rows, after.rows)
-    return DriftReport(before, after, thresholds, results, pairing.baseline_only, pairing.current_only, changed)
+    return DriftReport(before, after, options, results, pairing.baseline_only, pairing.current_only, changed)
 
 
 def pair_maps(pair: Pair) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int], str] | None:
@@ -195,7 +188,7 @@ def load_map(path: Path) -> torch.Tensor | None:
     return torch.from_numpy(array.astype(np.float64))
 
 
-def compare_pair(pair: Pair, thresholds: Thresholds) -> PairResult:
+def compare_pair(pair: Pair, options: DiffOptions) -> PairResult:
     """Measure one pair and give the reasons it drifts."""
     result = PairResult(pair)
     baseline, current = pair.baseline, pair.current
@@ -204,7 +197,7 @@ def compare_pair(pair: Pair, thresholds: Thresholds) -> PairResult:
             failed = current if current.status == "error" else baseline
             result.reasons.append(f"failed in the {'current' if failed is current else 'baseline'} run")
         return result
-    if not thresholds.allow_class_change:
+    if not options.allow_class_change:
         result.reasons += _class_changes(baseline, current)
     maps = pair_maps(pair)
     if maps is None:
@@ -214,10 +207,10 @@ def compare_pair(pair: Pair, thresholds: Thresholds) -> PairResult:
     result.spearman, result.pearson = spearman(first, second), pearson(first, second)
     result.iou, result.peak_shift = top_iou(first, second), peak_shift(first, second, size)
     for name, value in (("spearman", result.spearman), ("pearson", result.pearson)):
-        if value < thresholds.min_similarity:
-            result.reasons.append(f"{name} {value:.3f} < {thresholds.min_similarity:g}")
-    if result.peak_shift > thresholds.max_peak_shift:
-        result.reasons.append(f"peak moved {result.peak_shift:.3f} of the diagonal > {thresholds.max_peak_shift:g}")
+        if value < options.min_similarity:
+            result.reasons.append(f"{name} {value:.3f} < {options.min_similarity:g}")
+    if result.peak_shift > options.max_peak_shift:
+        result.reasons.append(f"peak moved {result.peak_shift:.3f} of the diagonal > {options.max_peak_shift:g}")
     return result
 
 

@@ -67,14 +67,14 @@ def _clear_pictures(maps: Path) -> None:
 
 
 def _page(report: DriftReport, cards: list[str], root: str) -> str:
-    thresholds = report.thresholds
+    options = report.options
     facts = {
         "baseline": str(report.baseline.path),
         "current": str(report.current.path),
         "pairs": str(len(report.results)),
         "compared": ", ".join(f"{count} from {source}" for source, count in report.compared.items()) or "no maps",
-        "--min-similarity": f"{thresholds.min_similarity:g}",
-        "--max-peak-shift": f"{thresholds.max_peak_shift:g}",
+        "--min-similarity": f"{options.min_similarity:g}",
+        "--max-peak-shift": f"{options.max_peak_shift:g}",
     }
     changed = ""
     if report.changed:

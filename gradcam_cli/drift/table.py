@@ -41,13 +41,13 @@ def format_table(report: DriftReport) -> list[str]:
 
 def verdict(report: DriftReport) -> str:
     """One line: no drift, or drift naming the images."""
-    thresholds = report.thresholds
+    options = report.options
     images = len({result.input for result in report.results})
     if not report.drift:
         note = f", {len(report.missing)} unpaired row(s) allowed" if report.missing else ""
         return (
-            f"no drift: {images} image(s) within --min-similarity {thresholds.min_similarity:g} and "
-            f"--max-peak-shift {thresholds.max_peak_shift:g}{note}"
+            f"no drift: {images} image(s) within --min-similarity {options.min_similarity:g} and "
+            f"--max-peak-shift {options.max_peak_shift:g}{note}"
         )
     drifting = report.drifting_inputs()
     return f"drift in {len(drifting)} image(s): {', '.join(drifting)}"
