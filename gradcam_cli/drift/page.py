@@ -28,7 +28,7 @@ from ..io.naming import INDEX_NAME, relative_posix
 from ..render.colour import blend, colormap_table, heatmap_image
 from ..render.encode import encode_image
 from .compare import DriftReport, PairResult, pair_maps
-from .table import COLUMNS, described, pair_cells, shown_value, verdict
+from .table import COLUMNS, described, pair_cells, shown_value, sources, verdict
 
 DISPLAY_SIDE = 256
 """The longer side of the pictures on the page, in pixels."""
@@ -50,7 +50,7 @@ def write_report(report: DriftReport, folder: Path) -> Path:
         if report.drifting:
             (folder / MAPS_FOLDER).mkdir(exist_ok=True)
         cards = [_card(number, result, folder, root) for number, result in enumerate(report.drifting, 1)]
-        page = _page(report, cards, root)
+        page = _page(report, cards)
         path = folder / INDEX_NAME
         write_atomic(path, page.encode("utf-8"))
     except OSError as error:
@@ -66,13 +66,13 @@ def _clear_pictures(maps: Path) -> None:
                 picture.unlink()
 
 
-def _page(report: DriftReport, cards: list[str], root: str) -> str:
+def _page(report: DriftReport, cards: list[str]) -> str:
     options = report.options
     facts = {
         "baseline": str(report.baseline.path),
         "current": str(report.current.path),
         "pairs": str(len(report.results)),
-        "compared": ", ".join(f"{count} from {source}" for source, count in report.compared.items()) or "no maps",
+        "compared": sources(report),
         "--min-similarity": f"{options.min_similarity:g}",
         "--max-peak-shift": f"{options.max_peak_shift:g}",
     }

@@ -16,11 +16,10 @@ COLUMNS = ("input", "method", "class", "p change", "spearman", "pearson", "top10
 def format_table(report: DriftReport) -> list[str]:
     """The lines for people (the verdict comes separately: :func:`verdict`)."""
     before, after = report.baseline, report.current
-    sources = ", ".join(f"{count} from {source}" for source, count in report.compared.items()) or "no maps"
     lines = [
         f"baseline: {before.path} ({len(before.rows)} rows)",
         f"current:  {after.path} ({len(after.rows)} rows)",
-        f"compared: {len(report.results)} pairs, {sources}",
+        f"compared: {len(report.results)} pairs, {sources(report)}",
     ]
     if report.changed:
         made = "; ".join(f"{key} {shown_value(a)} -> {shown_value(b)}" for key, (a, b) in report.changed.items())
@@ -37,6 +36,11 @@ def format_table(report: DriftReport) -> list[str]:
     for side, missing in (("current", report.baseline_only), ("baseline", report.current_only)):
         lines += [f"missing in the {side} run: {described(row)}" for row in missing]
     return lines
+
+
+def sources(report: DriftReport) -> str:
+    """What the maps were compared from: ``20 from fingerprints``, ``4 from maps, 16 from fingerprints``."""
+    return ", ".join(f"{count} from {source}" for source, count in report.compared.items()) or "no maps"
 
 
 def verdict(report: DriftReport) -> str:
