@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install browser test test-quick demo lint bench clean
+.PHONY: install browser test test-quick demo lint bench smoke baseline clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,18 @@ lint: install  ## ruff (style and common bugs) and mypy --strict on the package
 	$(BIN)/ruff check gradcam_cli tests benchmarks
 	$(BIN)/ruff format --check gradcam_cli tests benchmarks
 	$(BIN)/mypy
+
+SMOKE    := sample_images --model efficientnet_lite0 --method gradcam,layercam --top-k 2 --deterministic --quiet
+BASELINE := tests/drift_baseline.jsonl
+
+smoke: install  ## explain sample_images/ and diff the maps against the committed baseline (fails on drift; CI runs it)
+	rm -rf gradcam_out/smoke
+	$(BIN)/gradcam $(SMOKE) --output-dir gradcam_out/smoke --manifest gradcam_out/smoke/manifest.jsonl
+	$(BIN)/gradcam diff $(BASELINE) gradcam_out/smoke --report gradcam_out/smoke/diff
+
+baseline: install  ## rewrite tests/drift_baseline.jsonl from this code and model (after a deliberate change of the maps)
+	rm -rf gradcam_out/baseline
+	$(BIN)/gradcam $(SMOKE) --output-dir gradcam_out/baseline --manifest $(BASELINE)
 
 bench: install  ## speed and memory figures, as ratios against baselines measured in the same run
 	$(BIN)/python benchmarks/run.py

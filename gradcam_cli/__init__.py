@@ -55,6 +55,7 @@ _EXPORTS = {
     "OutputOptions": "options",
     "RunOptions": "options",
     "EvalOptions": "options",
+    "DiffOptions": "options",
     "ImageFormat": "options",
     "GradcamError": "errors",
 }

@@ -1,4 +1,5 @@
-"""The typed options every entry point parses into: what to load, what to explain, what to write, how to run.
+"""The typed options every entry point parses into: what to load, what to explain, what to write, how to run, and
+what ``gradcam eval`` and ``gradcam diff`` measure.
 
 The command line builds these frozen dataclasses at its boundary and the library takes them, so a notebook can
 build the same objects by hand. Nothing here imports torch.
@@ -19,6 +20,12 @@ METHOD_NAMES = ("gradcam", "gradcam++", "xgradcam", "hirescam", "layercam", "sco
 """The CAM methods ``--method`` accepts, as registered in :data:`gradcam_cli.cam.methods.METHODS`."""
 POINTING_TOLERANCE = 15.0
 """Pixels a map's maximum may lie outside a box and still count as a hit (Zhang et al. 2016)."""
+MIN_SIMILARITY = 0.95
+"""Default ``--min-similarity`` of ``gradcam diff``: the least Spearman and Pearson correlation of two maps that is
+no drift (docs/ci.md, "The tolerance", says how it was chosen)."""
+MAX_PEAK_SHIFT = 0.1
+"""Default ``--max-peak-shift`` of ``gradcam diff``: the farthest a map's peak may move, as a fraction of the
+image's diagonal."""
 
 
 class ImageFormat(str, enum.Enum):
@@ -92,7 +99,8 @@ class OutputOptions:
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How to run: batching, decoding processes, writer threads, the size limit, and video frame sampling.
+    """How to run: batching, decoding processes, writer threads, the size limit, video frame sampling, and whether
+    PyTorch runs deterministically (``deterministic``: entering a ``Session`` seeds and switches it on).
 
     ``batch_size`` and ``workers`` of ``None`` pick the defaults for the device and the machine.
     """
@@ -102,6 +110,7 @@ class RunOptions:
     writers: int = 2
     max_side: int | None = DEFAULT_MAX_SIDE
     every: int = 1
+    deterministic: bool = False
 
 
 @dataclass(frozen=True)
@@ -116,3 +125,14 @@ class EvalOptions:
     seed: int = 0
     boxes: Path | None = None
     plot: Path | None = None
+
+
+@dataclass(frozen=True)
+class DiffOptions:
+    """What ``gradcam diff`` counts as drift: either correlation below ``min_similarity``, a peak moved more than
+    ``max_peak_shift`` of the diagonal, a class change (unless allowed), rows on one side only (unless allowed)."""
+
+    min_similarity: float = MIN_SIMILARITY
+    max_peak_shift: float = MAX_PEAK_SHIFT
+    allow_class_change: bool = False
+    allow_missing: bool = False

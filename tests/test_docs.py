@@ -94,7 +94,9 @@ def _options(app: typer.Typer) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("module", "page"), [("explain", "cli.md"), ("eval", "evaluation.md")], ids=["gradcam", "gradcam eval"]
+    ("module", "page"),
+    [("explain", "cli.md"), ("eval", "evaluation.md"), ("diff", "ci.md")],
+    ids=["gradcam", "gradcam eval", "gradcam diff"],
 )
 def test_every_option_is_documented(module: str, page: str) -> None:
     import importlib

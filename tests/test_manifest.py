@@ -27,6 +27,7 @@ from gradcam_cli.pipeline.records import Record
 ROOT = Path(__file__).resolve().parent.parent
 SQUARE_MODEL = f"{ROOT / 'tests' / 'square_model.py'}:build"
 FIELDS = ["input", "status", "error", "outputs", "predictions", "target", "method", "layer", "model", "seconds"]
+FIELDS += ["fingerprint", "provenance"]
 
 
 def gradcam_command() -> list[str]:

@@ -83,8 +83,9 @@ def test_a_resumed_run_keeps_every_rows_predictions_in_manifest_and_gallery(tmp_
             assert row["status"] == "ok"
             continue
         assert row["status"] == "skipped"
-        for key in ("predictions", "target", "method", "outputs", "seconds"):
+        for key in ("predictions", "target", "method", "outputs", "seconds", "fingerprint", "provenance"):
             assert row[key] == earlier[key], key
+        assert row["fingerprint"] and row["provenance"]  # carried over, not dropped
     if suffix == ".csv":  # still a CSV with one header
         assert manifest.read_text().count("input,status") == 1
 

@@ -1,4 +1,5 @@
-"""The command line: ``gradcam`` (:mod:`.explain`) and ``gradcam eval`` (:mod:`.eval`).
+"""The command line: ``gradcam`` (:mod:`.explain`), ``gradcam eval`` (:mod:`.eval`) and ``gradcam diff``
+(:mod:`.diff`).
 
 The commands parse options into :mod:`gradcam_cli.options` and report what the library does; they do no work of
 their own. Torch is imported only after parsing.
@@ -16,7 +17,7 @@ __all__ = ["app", "main"]
 
 
 def main() -> None:
-    """Console-script entry point; ``gradcam eval ...`` goes to the eval command."""
+    """Console-script entry point; ``gradcam eval ...`` and ``gradcam diff ...`` go to their own commands."""
     # Before torch loads OpenMP: threads that wait sleep instead of spinning. Spinning threads fight the decoding
     # processes, the writer threads and any other program for the cores (several times slower on a busy machine).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -24,5 +25,10 @@ def main() -> None:
         from .eval import app as eval_app
 
         run_app(eval_app, "gradcam eval", sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["diff"]:
+        from .diff import app as diff_app
+
+        run_app(diff_app, "gradcam diff", sys.argv[2:])
         return
     run_app(app, "gradcam", sys.argv[1:])

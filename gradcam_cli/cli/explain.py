@@ -30,7 +30,10 @@ INPUT: image files, folders (searched recursively), quoted glob patterns, or vid
 
 Exit codes: 0 all images explained; 1 some image failed; 2 usage error; 3 model/weights unavailable; 130
 interrupted."""
-EPILOG = "Also: gradcam eval INPUT... measures how faithful the maps are (see gradcam eval --help)."
+EPILOG = (
+    "Also: gradcam eval INPUT... measures how faithful the maps are (see gradcam eval --help); gradcam diff "
+    "BASELINE CURRENT compares two runs' maps and reports drift (see gradcam diff --help)."
+)
 
 
 @app.command(help=HELP, epilog=EPILOG)
@@ -106,6 +109,12 @@ def explain(
     manifest: Annotated[
         Path | None, typer.Option(metavar="PATH", help="Write one row per output to this .jsonl or .csv file.")
     ] = None,
+    deterministic: Annotated[
+        bool,
+        typer.Option(
+            "--deterministic", help="Seed every generator and use PyTorch's deterministic algorithms (recorded)."
+        ),
+    ] = False,
     skip_existing: Annotated[
         bool, typer.Option("--skip-existing", help="Skip images whose outputs all exist (resume).")
     ] = False,
@@ -146,7 +155,7 @@ def explain(
             manifest,
             skip_existing,
         ),
-        RunOptions(batch_size, workers, max_side=max_side or None, every=every),
+        RunOptions(batch_size, workers, max_side=max_side or None, every=every, deterministic=deterministic),
     )
     if list_models:
         run_reported(reporter, command.list_models)

@@ -6,7 +6,7 @@ import csv
 import io
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -26,11 +26,13 @@ MANIFEST_FIELDS = (
     "layer",
     "model",
     "seconds",
+    "fingerprint",
+    "provenance",
 )
 """The columns of every row, in order (``Record.to_dict`` gives rows in this order)."""
 STATUSES = ("ok", "error", "skipped")
 """A row's ``status``."""
-_JSON_CELLS = ("outputs", "predictions", "target")
+_JSON_CELLS = ("outputs", "predictions", "target", "fingerprint", "provenance")
 """CSV cells that hold JSON."""
 
 
@@ -48,8 +50,9 @@ class ManifestWriter:
     """Streams one row per record to ``path``: ``.jsonl`` (JSON lines) or ``.csv`` by extension.
 
     Each row goes out in a single write and is flushed, so a killed run's manifest lists exactly the rows that
-    finished. In CSV, ``outputs``, ``predictions`` and ``target`` are JSON-encoded cells. ``append``: keep the
-    rows already in the file and add to them (resuming); otherwise the file starts empty.
+    finished. In CSV, ``outputs``, ``predictions``, ``target``, ``fingerprint`` and ``provenance`` are JSON-encoded
+    cells. ``append``: keep the rows already in the file and add to them (resuming); otherwise the file starts
+    empty.
     """
 
     def __init__(self, path: Path, append: bool = False) -> None:
@@ -125,42 +128,56 @@ def read_manifest(path: Path) -> list[dict[str, Any]]:
         return []
     except OSError as error:
         raise UsageError(f"--manifest {path}: cannot read it: {describe(error, path)}") from None
+    return [row for _, row in parse_rows(data, path.suffix.lower() == ".csv") if row is not None]
+
+
+def parse_rows(data: bytes, is_csv: bool) -> Iterator[tuple[int, dict[str, Any] | None]]:
+    """(line number, row) of each row of a manifest's bytes (``.jsonl``, or ``.csv`` after its header), with the
+    values of ``MANIFEST_FIELDS`` (``None`` for a column the file lacks); the row is ``None`` where the line is not
+    a manifest row: no JSON object or CSV record of the header's length, no ``input``, no known ``status``."""
     text = data.decode("utf-8", "surrogateescape")
-    rows = _csv_rows(text) if path.suffix.lower() == ".csv" else _json_rows(text)
-    return [row for row in rows if isinstance(row.get("input"), str) and row.get("status") in STATUSES]
+    rows = _csv_rows(text) if is_csv else _json_rows(text)
+    for line, row in rows:
+        valid = row is not None and isinstance(row.get("input"), str) and row.get("status") in STATUSES
+        yield line, row if valid else None
 
 
-def _json_rows(text: str) -> list[dict[str, Any]]:
-    rows = []
-    for line in text.splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
+def _json_rows(text: str) -> Iterator[tuple[int, dict[str, Any] | None]]:
+    for line, content in enumerate(text.splitlines(), 1):
+        if not content.strip():
             continue
-        if isinstance(row, dict):
-            rows.append({key: row.get(key) for key in MANIFEST_FIELDS})
-    return rows
+        try:
+            row = json.loads(content)
+        except ValueError:
+            row = None
+        yield line, {key: row.get(key) for key in MANIFEST_FIELDS} if isinstance(row, dict) else None
 
 
-def _csv_rows(text: str) -> list[dict[str, Any]]:
+def _csv_rows(text: str) -> Iterator[tuple[int, dict[str, Any] | None]]:
     lines = csv.reader(io.StringIO(text, newline=""))
     header = next(lines, [])
-    rows = []
     for values in lines:
-        if len(values) != len(header):  # a row cut short
+        if not values:
             continue
-        cells = dict(zip(header, values, strict=True))
-        try:
-            row: dict[str, Any] = {key: cells.get(key) or None for key in MANIFEST_FIELDS}
-            for key in _JSON_CELLS:
-                row[key] = json.loads(row[key]) if row[key] else None
-            row["outputs"] = row["outputs"] or []
-            row["predictions"] = row["predictions"] or []
-            row["seconds"] = float(row["seconds"] or 0)
-        except (ValueError, TypeError):
-            continue
-        rows.append(row)
-    return rows
+        yield lines.line_num, _csv_row(header, values)
+
+
+def _csv_row(header: list[str], values: list[str]) -> dict[str, Any] | None:
+    if len(values) != len(header):
+        if len(values) != len(MANIFEST_FIELDS) or header != list(MANIFEST_FIELDS[: len(header)]):
+            return None  # a row cut short
+        header = list(MANIFEST_FIELDS)  # a row this version appended (resuming) to an older version's manifest
+    cells = dict(zip(header, values, strict=True))
+    try:
+        row: dict[str, Any] = {key: cells.get(key) or None for key in MANIFEST_FIELDS}
+        for key in _JSON_CELLS:
+            row[key] = json.loads(row[key]) if row[key] else None
+        row["outputs"] = row["outputs"] or []
+        row["predictions"] = row["predictions"] or []
+        row["seconds"] = float(row["seconds"] or 0)
+    except (ValueError, TypeError):
+        return None
+    return row
 
 
 def row_key(row: dict[str, Any]) -> str:

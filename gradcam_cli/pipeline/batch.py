@@ -37,6 +37,7 @@ from torch.utils.data import DataLoader
 
 from ..cam.explainer import Explainer
 from ..cam.results import Explanation, ImageExplanation
+from ..drift.fingerprint import map_fingerprint
 from ..errors import GradcamError, describe
 from ..io.discovery import InputImage
 from ..options import OutputOptions, RunOptions
@@ -272,6 +273,7 @@ class BatchRunner:
                     target=explanation.target,
                     predictions=result.predictions,
                     outputs=[str(path) for kind, path in named if kind.listed],
+                    fingerprint=map_fingerprint(explanation.saliency),
                 )
             )
         for kind in self.kinds:

@@ -12,7 +12,10 @@ from ..io.manifest import MANIFEST_FIELDS
 
 @dataclass
 class Record:
-    """One manifest row: an image with one target and method, or an image that failed or was skipped."""
+    """One manifest row: an image with one target and method, or an image that failed or was skipped.
+
+    ``fingerprint``: the map in small (:mod:`gradcam_cli.drift.fingerprint`; images only); ``provenance``: how it
+    was made (:mod:`gradcam_cli.drift.provenance`; set by the :class:`~gradcam_cli.pipeline.session.Session`)."""
 
     input: str
     status: str
@@ -24,6 +27,8 @@ class Record:
     outputs: list[str] = field(default_factory=list)
     error: str | None = None
     seconds: float = 0.0
+    fingerprint: dict[str, Any] | None = None
+    provenance: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The row as plain JSON-ready data, in manifest column order (predictions as {index, name, probability};
@@ -51,6 +56,8 @@ class Record:
             [str(path) for path in row.get("outputs") or []],
             row.get("error") or None,
             float(row.get("seconds") or 0.0),
+            row.get("fingerprint") if isinstance(row.get("fingerprint"), dict) else None,
+            row.get("provenance") if isinstance(row.get("provenance"), dict) else None,
         )
 
 

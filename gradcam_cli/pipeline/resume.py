@@ -158,10 +158,10 @@ def resumed_rows(
 ) -> list[Record]:
     """The rows of an image whose outputs all exist: one per method and class found, status ``skipped``.
 
-    Each takes predictions, target, outputs and seconds from the earlier run's row with the same main output,
-    where the manifest has one; the others are rebuilt from the file names (the class index and the model's name
-    for it, probability unknown, the image's predictions from any earlier row). ``skipped(**fields)`` makes a
-    row of this image.
+    Each takes predictions, target, outputs, seconds, fingerprint and provenance from the earlier run's row with
+    the same main output, where the manifest has one; the others are rebuilt from the file names (the class index
+    and the model's name for it, probability unknown, the image's predictions from any earlier row, no fingerprint
+    or provenance). ``skipped(**fields)`` makes a row of this image.
     """
     usable = [Record.from_dict(row) for row in earlier if row["status"] in ("ok", "skipped") and row["outputs"]]
     by_output = {os.path.abspath(record.outputs[0]): (place, record) for place, record in enumerate(usable)}
@@ -171,7 +171,13 @@ def resumed_rows(
     for entry in found:
         place, before = by_output.get(os.path.abspath(entry.outputs[0]), (0, None))
         if before is not None and before.method == entry.method:
-            fields = {"outputs": before.outputs, "seconds": before.seconds, "predictions": before.predictions}
+            fields = {
+                "outputs": before.outputs,
+                "seconds": before.seconds,
+                "predictions": before.predictions,
+                "fingerprint": before.fingerprint,
+                "provenance": before.provenance,
+            }
             matched.append((place, skipped(method=before.method, target=before.target, **fields)))
             continue
         target = Prediction(entry.class_index, class_name(entry.class_index), math.nan)

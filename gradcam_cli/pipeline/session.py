@@ -19,9 +19,10 @@ from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..cam.explainer import Explainer
+from ..drift.provenance import run_provenance, use_deterministic
 from ..errors import GradcamError, describe
 from ..io.atomic import remove_stale_temporaries
 from ..io.discovery import InputImage
@@ -91,10 +92,13 @@ class Session:
         self._manifest: ManifestWriter | None = None
         self._locks = ExitStack()
         self._started = False
+        self.provenance: dict[str, Any] | None = None  # how this run's maps are made, in each of its rows
 
     def __enter__(self) -> Session:
         output_dir = self.output.output_dir
         colormap_table(self.output.colormap)  # an unknown --colormap is a usage error before anything is loaded
+        if self.run.deterministic:
+            use_deterministic()  # before the command builds the model: random weights come out the same too
         try:
             ensure_folder(output_dir, "--output-dir")
             self._locks.enter_context(FolderLock(output_dir / LOCK_NAME, output_dir, "--output-dir"))
@@ -174,7 +178,8 @@ class Session:
 
     def start(self, explainer: Explainer) -> None:
         """Check the run record (what made the outputs: see :data:`~gradcam_cli.pipeline.resume.RECORD_LABELS`)
-        against the folder's, with ``--skip-existing``, and write it; once per session."""
+        against the folder's, with ``--skip-existing``, and write it; note the provenance every row of this run
+        carries; once per session."""
         if self._started:
             return
         spec = explainer.model.input_spec
@@ -190,6 +195,7 @@ class Session:
         if self.output.skip_existing:
             check_run_record(self.output.output_dir, record)
         write_run_record(self.output.output_dir, record)
+        self.provenance = run_provenance(explainer, self.run)
         self._started = True
 
     def _resumed_video(self, runner: VideoRunner, video: InputImage, record: Record) -> list[Record]:
@@ -207,6 +213,8 @@ class Session:
         ]
 
     def _keep(self, record: Record) -> Record:
+        if record.provenance is None and record.status != "skipped":  # skipped rows keep their earlier run's
+            record.provenance = self.provenance
         if self._manifest is not None:
             self._manifest.write(record.to_dict())
         if self.output.report:

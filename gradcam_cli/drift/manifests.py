@@ -1,0 +1,147 @@
+"""The two sides of ``gradcam diff``: a manifest (``.jsonl`` or ``.csv``, also ``--json`` output saved to a
+``.jsonl`` file), or an output folder holding one; read strictly, so that a malformed file is one line naming it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import UsageError, describe
+from ..io.manifest import latest_row_sets, parse_rows
+from .fingerprint import decode_fingerprint
+
+MANIFEST_SUFFIXES = (".jsonl", ".csv")
+PREFERRED_NAMES = ("manifest.jsonl", "manifest.csv")
+"""In an output folder, these are the manifest; else its only ``.jsonl`` or ``.csv`` file is."""
+
+
+@dataclass
+class MapRow:
+    """A manifest row as the diff compares it. ``target`` and ``top``: (class index, name) of the class the row
+    explains and of the image's top prediction; ``grid`` and ``size``: its decoded fingerprint; ``raw``: its
+    ``.npy`` map where that file exists."""
+
+    line: int
+    input: str
+    status: str
+    method: str | None = None
+    target: tuple[int, str] | None = None
+    probability: float | None = None
+    top: tuple[int, str] | None = None
+    grid: torch.Tensor | None = None
+    size: tuple[int, int] | None = None
+    raw: Path | None = None
+    provenance: dict[str, Any] | None = None
+    error: str | None = None
+
+
+@dataclass
+class Side:
+    """One side of the diff: ``role`` (baseline or current, as messages name it), its manifest and its rows (each
+    input's latest set of rows, in file order)."""
+
+    role: str
+    path: Path
+    rows: list[MapRow]
+
+    @property
+    def shown(self) -> str:
+        return f"{self.role} {self.path}"
+
+
+def find_manifest(path: Path, role: str) -> Path:
+    """The manifest ``path`` names: the file itself, or an output folder's manifest."""
+    if path.is_dir():
+        for name in PREFERRED_NAMES:
+            if (path / name).is_file():
+                return path / name
+        found = sorted(p for p in path.iterdir() if p.suffix.lower() in MANIFEST_SUFFIXES and p.is_file())
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            raise UsageError(f"{role} {path}: no manifest in this folder (gradcam --manifest writes one)")
+        names = ", ".join(p.name for p in found)
+        raise UsageError(f"{role} {path}: several manifests in this folder ({names}); name the one to compare")
+    if not path.exists():
+        raise UsageError(f"{role} {path}: no such file or folder")
+    if path.suffix.lower() not in MANIFEST_SUFFIXES:
+        raise UsageError(f"{role} {path}: not a manifest; give a .jsonl or .csv file, or an output folder")
+    return path
+
+
+def read_side(path: Path, role: str) -> Side:
+    """Read one side; every problem with the file is a :class:`UsageError` naming it (and the line)."""
+    manifest = find_manifest(path, role)
+    shown = f"{role} {manifest}"
+    try:
+        data = manifest.read_bytes()
+    except OSError as error:
+        raise UsageError(f"{shown}: cannot read it: {describe(error, manifest)}") from None
+    is_csv = manifest.suffix.lower() == ".csv"
+    if is_csv:
+        header = data.split(b"\n", 1)[0].decode("utf-8", "replace").strip().split(",")
+        if "input" not in header or "status" not in header:
+            raise UsageError(f"{shown}: not a manifest (its first line names no input and status columns)")
+    rows: list[dict[str, Any]] = []
+    for line, row in parse_rows(data, is_csv):
+        if row is None:
+            raise UsageError(f"{shown}: line {line} is not a manifest row")
+        rows.append({**row, "line": line})
+    if not rows:
+        raise UsageError(f"{shown}: no rows")
+    latest = [row for rows_of_input in latest_row_sets(rows).values() for row in rows_of_input]
+    return Side(role, manifest, [_map_row(row, manifest, shown) for row in latest])
+
+
+def _map_row(row: dict[str, Any], manifest: Path, shown: str) -> MapRow:
+    line = int(row["line"])
+    target = row.get("target")
+    predictions = row.get("predictions")
+    top = predictions[0] if isinstance(predictions, list) and predictions else None
+    if not _is_prediction(target) or not _is_prediction(top):
+        raise UsageError(f"{shown}: line {line}: its target or predictions are not {{index, name, probability}}")
+    grid, size = None, None
+    if row.get("fingerprint") is not None:
+        try:
+            grid, size = decode_fingerprint(row["fingerprint"])
+        except ValueError as error:
+            raise UsageError(f"{shown}: line {line}: the fingerprint is malformed ({error})") from None
+    provenance = row.get("provenance")
+    return MapRow(
+        line,
+        str(row["input"]),
+        str(row["status"]),
+        str(row["method"]) if row.get("method") else None,
+        (target["index"], str(target.get("name", ""))) if target else None,
+        _probability(target),
+        (top["index"], str(top.get("name", ""))) if top else None,
+        grid,
+        size,
+        _raw_map(row.get("outputs"), manifest),
+        provenance if isinstance(provenance, dict) else None,
+        str(row["error"]) if row.get("error") else None,
+    )
+
+
+def _is_prediction(value: Any) -> bool:
+    return value is None or (isinstance(value, dict) and isinstance(value.get("index"), int))
+
+
+def _probability(target: dict[str, Any] | None) -> float | None:
+    value = target.get("probability") if target else None
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _raw_map(outputs: Any, manifest: Path) -> Path | None:
+    """The row's ``.npy`` map, at the path the row names or relative to the manifest's folder, if it exists."""
+    for output in outputs if isinstance(outputs, list) else []:
+        if isinstance(output, str) and output.lower().endswith(".npy"):
+            for candidate in (Path(output), manifest.parent / output):
+                if candidate.is_file():
+                    return candidate
+    return None
