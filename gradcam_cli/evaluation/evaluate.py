@@ -26,8 +26,17 @@ from ..options import EvalOptions
 from . import metrics
 from .boxes import GroundTruthBox, match_boxes, read_boxes
 from .report import BLUR_KERNEL, BLUR_SIGMA, BoxScore, EvalReport, ImageScores, MethodScores
+from .tasks import TaskEvaluator
 
-__all__ = ["EvalOptions", "EvalReport", "Evaluator", "evaluate", "parameterised_modules", "reinitialise"]
+__all__ = [
+    "EvalOptions",
+    "EvalReport",
+    "Evaluator",
+    "evaluate",
+    "evaluator_for",
+    "parameterised_modules",
+    "reinitialise",
+]
 
 Job = tuple[Any, ...]
 """One perturbed image to score: ``("baseline",)``, ``("blurred",)`` or ``(method, kind, step)``."""
@@ -245,6 +254,14 @@ class Evaluator:
         return matches[0] if len(matches) == 1 else None
 
 
+def evaluator_for(explainer: Explainer, options: EvalOptions | None = None) -> Evaluator | TaskEvaluator:
+    """The evaluator for the explainer's task: the whole protocol for a classifier, the boxes only for a detector
+    or segmenter (:mod:`gradcam_cli.evaluation.tasks`)."""
+    if explainer.task.value == "classify":
+        return Evaluator(explainer, options)
+    return TaskEvaluator(explainer, options)
+
+
 def evaluate(
     explainer: Explainer,
     images: Sequence[InputImage | str | Path],
@@ -255,4 +272,4 @@ def evaluate(
     """Evaluate ``explainer``'s maps on ``images`` (files, folders or globs); ``boxes``: a file, folder or list."""
     if isinstance(boxes, str | Path):
         boxes = read_boxes(boxes)
-    return Evaluator(explainer, options).run(images, boxes, on_image)
+    return evaluator_for(explainer, options).run(images, boxes, on_image)

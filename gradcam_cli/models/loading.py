@@ -1,4 +1,5 @@
-"""Loading classifiers: torchvision models by name, EfficientNet-Lite0 from PyPI, or a user's own factory."""
+"""Loading models: torchvision classifiers, detectors and segmenters by name, EfficientNet-Lite0 from PyPI, or a
+user's own factory; each with its task (:mod:`gradcam_cli.models.tasks`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ..errors import ModelLoadError, UsageError, describe, suggest
 from ..io.images import InputSpec
 from ..options import ModelOptions
 from .labels import check_label_count, read_labels
+from .tasks import SEGMENTATION_SIZE, Task, detection_spec, infer_task, torchvision_names, torchvision_task
 from .weights import apply_state_dict, load_state_dict_file, torchvision_weights_only, weights_failure
 
 LITE0 = "efficientnet_lite0"
@@ -25,13 +27,14 @@ LITE0_SPEC = InputSpec(mean=(0.498, 0.498, 0.498), std=(0.502, 0.502, 0.502))
 
 @dataclass
 class LoadedModel:
-    """A classifier ready to explain, with what the tool needs to know about it."""
+    """A model ready to explain, with what the tool needs to know about it."""
 
     module: nn.Module
     name: str
     weights: str
     categories: list[str] | None
     input_spec: InputSpec
+    task: Task = Task.CLASSIFY
 
     def class_name(self, index: int) -> str:
         """Human name of class ``index`` (the index itself when the model has no names)."""
@@ -41,10 +44,8 @@ class LoadedModel:
 
 
 def available_models() -> list[str]:
-    """Every model name ``--model`` accepts besides ``module:factory`` specs."""
-    import torchvision.models
-
-    return sorted([*torchvision.models.list_models(module=torchvision.models), LITE0])
+    """Every model name ``--model`` accepts besides ``module:factory`` specs: classifiers, detectors, segmenters."""
+    return sorted([*(name for task in Task for name in torchvision_names(task)), LITE0])
 
 
 def imagenet_categories() -> list[str]:
@@ -59,18 +60,22 @@ def load_model(
     weights: str = "DEFAULT",
     num_classes: int | None = None,
     labels: str | Path | None = None,
-    input_size: int = 224,
+    input_size: int | None = None,
+    task: str | None = None,
 ) -> LoadedModel:
-    """Build and load a classifier, from :class:`ModelOptions` or, in a notebook, from the same fields by hand.
+    """Build and load a model, from :class:`ModelOptions` or, in a notebook, from the same fields by hand.
 
-    ``model``: a torchvision classification model, ``efficientnet_lite0``, ``package.module:factory`` or
-    ``path/to/file.py:factory``. ``weights``: ``DEFAULT``, a torchvision weights enum name (``IMAGENET1K_V1``),
-    ``none`` (random initialisation) or the path of a state dict. ``labels``: a text file, one class per line,
-    which must name as many classes as the model has (a custom model's count is found with one forward pass on a
-    blank input). The model stays on the CPU (``ModelOptions.device`` is applied by :meth:`Explainer.from_options`).
+    ``model``: a torchvision classification, detection or segmentation model, ``efficientnet_lite0``,
+    ``package.module:factory`` or ``path/to/file.py:factory``; ``task`` (``None``: found from the model) says what
+    it does. ``input_size`` ``None``: the model's own. ``weights``: ``DEFAULT``, a torchvision weights enum name
+    (``IMAGENET1K_V1``), ``none`` (random initialisation, backbone included: nothing is downloaded) or the path of
+    a state dict. ``labels``: a text file, one class per line, which must name as many classes as the model has (a
+    custom model's count is found with one forward pass on a blank input). The model stays on the CPU
+    (``ModelOptions.device`` is applied by :meth:`Explainer.from_options`).
     """
     if isinstance(model, str):
-        model = ModelOptions(model, weights, num_classes, Path(labels) if labels is not None else None, input_size)
+        path = Path(labels) if labels is not None else None
+        model = ModelOptions(model, weights, num_classes, path, input_size, task=task)
     name = model.model
     custom = ":" in name and not _is_windows_drive(name)
     if custom:
@@ -79,7 +84,14 @@ def load_model(
         loaded = _load_lite0(model.weights)
     else:
         loaded = _load_torchvision(name, model.weights, model.num_classes)
-    if model.input_size != loaded.input_spec.size:
+    if model.task is not None:
+        loaded.task = Task.parse(model.task)
+    elif custom:
+        loaded.task = infer_task(loaded.module, loaded.input_spec, name)
+    spec = detection_spec(loaded.module, model.input_size) if loaded.task is Task.DETECT else None
+    if spec is not None:
+        loaded.input_spec = spec
+    elif model.input_size is not None and model.input_size != loaded.input_spec.size:
         loaded.input_spec = replace(loaded.input_spec, size=model.input_size)
     if model.labels is not None:
         names = read_labels(model.labels)
@@ -111,26 +123,29 @@ def count_classes(module: nn.Module, spec: InputSpec) -> int | None:
 def _load_torchvision(name: str, weights: str, num_classes: int | None) -> LoadedModel:
     import torchvision.models
 
-    names = torchvision.models.list_models(module=torchvision.models)
-    if name not in names:
-        raise UsageError(f"unknown model {name!r}.{suggest(name, [*names, LITE0])} See --list-models.")
+    task = torchvision_task(name)
+    if task is None:
+        names = available_models()
+        raise UsageError(f"unknown model {name!r}.{suggest(name, names)} See --list-models.")
     weights_enum = torchvision.models.get_model_weights(name)
     default = weights_enum.DEFAULT
     spec = _input_spec(name, default)
     if weights.lower() == "none" or _looks_like_path(weights):
-        kwargs = {"num_classes": num_classes} if num_classes else {}
+        kwargs: dict[str, Any] = {"num_classes": num_classes} if num_classes else {}
         if name in ("googlenet", "inception_v3"):
             kwargs.setdefault("aux_logits", False)
             kwargs.setdefault("init_weights", True)
+        if task is not Task.CLASSIFY:
+            kwargs["weights_backbone"] = None  # --weights none downloads nothing, backbone included
         module = torchvision.models.get_model(name, weights=None, **kwargs)
         if weights.lower() != "none":
             state = load_state_dict_file(weights)
             if name in ("googlenet", "inception_v3"):
                 state = {k: v for k, v in state.items() if not k.startswith(("aux1.", "aux2.", "AuxLogits."))}
             apply_state_dict(module, state, weights)
-        classes = num_classes or 1000
+        classes = num_classes or len(default.meta["categories"])
         categories = list(default.meta["categories"]) if classes == len(default.meta["categories"]) else None
-        return LoadedModel(module, name, weights, categories, spec)
+        return LoadedModel(module, name, weights, categories, spec, task)
     members = list(weights_enum.__members__)
     if weights not in members:
         raise UsageError(
@@ -145,7 +160,8 @@ def _load_torchvision(name: str, weights: str, num_classes: int | None) -> Loade
             module = torchvision.models.get_model(name, weights=chosen)
         except Exception as error:
             raise ModelLoadError(weights_failure(name, chosen, error)) from error
-    return LoadedModel(module, name, chosen.name, list(chosen.meta["categories"]), _input_spec(name, chosen))
+    categories = list(chosen.meta["categories"])
+    return LoadedModel(module, name, chosen.name, categories, _input_spec(name, chosen), task)
 
 
 def _input_spec(name: str, weights: Any) -> InputSpec:
@@ -156,6 +172,8 @@ def _input_spec(name: str, weights: Any) -> InputSpec:
     if name.startswith(("vit_", "maxvit_")):
         crop = getattr(transforms, "crop_size", [224])
         fixed = (crop[0], crop[0])
+    if name in torchvision_names(Task.SEGMENT):
+        return InputSpec(size=SEGMENTATION_SIZE, mean=mean, std=std)
     return InputSpec(fixed_size=fixed, mean=mean, std=std)
 
 
