@@ -213,9 +213,9 @@ def test_a_classifiers_score_is_what_it_says(square_model, kind):
 
 
 def test_scores_and_smoothing_other_tasks_cannot_use_are_refused():
-    with pytest.raises(UsageError, match="^--score softmax is for classifiers; a detector has its own score$"):
+    with pytest.raises(UsageError, match=r"^--score softmax is for classifiers; a detector has its own score$"):
         Explainer(detector(), score="softmax")
-    with pytest.raises(UsageError, match="^--aug-smooth is for classifiers"):
+    with pytest.raises(UsageError, match=r"^--aug-smooth is for classifiers"):
         Explainer(segmenter(), aug_smooth=True)
     with pytest.raises(UsageError, match="compute_targets"):
         Explainer(detector()).compute(torch.zeros(1, 3, 96, 96))
