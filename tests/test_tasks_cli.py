@@ -115,6 +115,7 @@ def test_save_raw_and_report_cover_every_detection(inputs, tmp_path):
     page = (out / "index.html").read_text(encoding="utf-8")
     assert page.count('"views":[') == 3 and '"target":null' in page  # grey.png's card says nothing was found
     assert len(list((out / "_thumbs").glob("*.jpg"))) == 1 + 2 + 3  # each detection's overlay, each combined one
+    assert '["all detections","red_gradcam_boxes.png"]' in page  # linked from the detection's card as such
 
 
 def test_skip_existing_resumes_a_detectors_run(inputs, tmp_path):
@@ -225,3 +226,14 @@ def test_unrecognised_tasks_and_wrong_task_overrides_are_one_line(inputs, tmp_pa
         "'out' (see --task)"
     )
     assert run(inputs, "--task", "detection").exit_code == EXIT_USAGE
+
+
+def test_a_classifiers_score_is_recorded_so_resuming_does_not_mix_scores(inputs, tmp_path):
+    square = f"{Path(__file__).with_name('square_model.py')}:build"
+    out = tmp_path / "out"
+    assert run(inputs / "red.png", "-m", square, "-o", out, "--score", "softmax").exit_code == EXIT_OK
+    resumed = run(inputs / "red.png", "-m", square, "-o", out, "--skip-existing")
+    assert resumed.exit_code == EXIT_USAGE
+    assert "were made with --score softmax (this run: logit)" in resumed.stderr
+    wrong = run(inputs / "red.png", "-m", square, "-o", out, "--score", "probit")
+    assert wrong.exit_code == EXIT_USAGE and "'probit': use logit, softmax, sigmoid" in wrong.stderr
