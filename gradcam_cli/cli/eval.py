@@ -51,6 +51,7 @@ def evaluate(
     aug_smooth: params.AugSmoothOpt = False,
     eigen_smooth: params.EigenSmoothOpt = False,
     target_class: params.TargetOpt = None,
+    score: params.ScoreOpt = "logit",
     score_threshold: params.ScoreThresholdOpt = 0.5,
     max_detections: params.MaxDetectionsOpt = 10,
     steps: Annotated[
@@ -100,6 +101,7 @@ def evaluate(
             1,
             aug_smooth,
             eigen_smooth,
+            score,
             score_threshold=score_threshold,
             max_detections=max_detections,
         ),

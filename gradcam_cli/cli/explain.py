@@ -50,15 +50,7 @@ def explain(
         typer.Option("--top-k", "-k", min=1, metavar="K", help="Explain each of the top K classes (one output each)."),
     ] = 1,
     method: params.MethodOpt = params.MethodList(["gradcam"]),
-    score: Annotated[
-        str,
-        typer.Option(
-            parser=params.parse_score,
-            metavar="logit|softmax|sigmoid",
-            help="Classifiers: what is differentiated, the class's logit, softmax probability or sigmoid "
-            "(multi-label heads).",
-        ),
-    ] = "logit",
+    score: params.ScoreOpt = "logit",
     score_threshold: params.ScoreThresholdOpt = 0.5,
     max_detections: params.MaxDetectionsOpt = 10,
     aug_smooth: params.AugSmoothOpt = False,

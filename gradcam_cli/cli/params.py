@@ -106,6 +106,15 @@ TaskOpt = Annotated[
         help="What the model does (default: taken from the model).",
     ),
 ]
+ScoreOpt = Annotated[
+    str,
+    typer.Option(
+        parser=parse_score,
+        metavar="logit|softmax|sigmoid",
+        help="Classifiers: what is differentiated, the class's logit, softmax probability or sigmoid (multi-label "
+        "heads).",
+    ),
+]
 ScoreThresholdOpt = Annotated[
     float,
     typer.Option(min=0.0, max=1.0, metavar="S", help="Detectors: explain the detections scoring at least S."),

@@ -19,6 +19,7 @@ from ..cam.engine import first_tensor, model_state_preserved
 from ..cam.explainer import Explainer
 from ..cam.maps import to_image_maps
 from ..cam.results import Prediction
+from ..cam.scores import class_probabilities
 from ..errors import GradcamError, UsageError, describe
 from ..io.discovery import InputImage, discover
 from ..io.images import load_image, to_input_tensor
@@ -102,6 +103,7 @@ class Evaluator:
                     aug_smooth=self.explainer.aug_smooth,
                     eigen_smooth=self.explainer.eigen_smooth,
                     score_batch_size=self.explainer.score_batch_size,
+                    score=self.explainer.score_name,
                 )
             )
 
@@ -207,7 +209,8 @@ class Evaluator:
         return result
 
     def _probabilities(self, jobs: list[Job], build: Callable[[Job], torch.Tensor], target: int) -> Iterator[float]:
-        """The target's softmax probability for each job's image, forwarded ``batch_size`` images at a time."""
+        """The target's probability for each job's image (softmax; sigmoid with ``--score sigmoid``), forwarded
+        ``batch_size`` images at a time."""
         module = self.explainer.model.module
         size = self.options.batch_size
         with model_state_preserved(module), torch.inference_mode():
@@ -215,7 +218,7 @@ class Evaluator:
                 batch = torch.stack([build(job) for job in jobs[start : start + size]])
                 output = module(batch)
                 logits = output if isinstance(output, torch.Tensor) else first_tensor(output)
-                yield from logits.float().softmax(dim=1)[:, target].tolist()
+                yield from class_probabilities(logits.float(), self.explainer.score_name)[:, target].tolist()
 
     def _score_boxes(
         self,
