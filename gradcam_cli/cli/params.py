@@ -82,7 +82,8 @@ WeightsOpt = Annotated[
         "--weights",
         "-w",
         metavar="WEIGHTS",
-        help="DEFAULT, a torchvision weights name (IMAGENET1K_V1), none (random), or a state-dict file.",
+        help="DEFAULT, a torchvision weights name (IMAGENET1K_V1), none (random; nothing is downloaded), or a "
+        "state-dict file.",
     ),
 ]
 NumClassesOpt = Annotated[
