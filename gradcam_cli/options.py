@@ -26,6 +26,10 @@ no drift (docs/ci.md, "The tolerance", says how it was chosen)."""
 MAX_PEAK_SHIFT = 0.1
 """Default ``--max-peak-shift`` of ``gradcam diff``: the farthest a map's peak may move, as a fraction of the
 image's diagonal."""
+TASK_NAMES = ("classify", "detect", "segment")
+"""The tasks ``--task`` accepts, as :class:`gradcam_cli.models.tasks.Task` defines them."""
+SCORE_NAMES = ("logit", "softmax", "sigmoid")
+"""What ``--score`` differentiates for a classifier (see :mod:`gradcam_cli.cam.scores`)."""
 
 
 class ImageFormat(str, enum.Enum):
@@ -51,20 +55,30 @@ class ImageFormat(str, enum.Enum):
 
 @dataclass(frozen=True)
 class ModelOptions:
-    """What to load: the model, its weights and class names, the input geometry and the device."""
+    """What to load: the model, its weights and class names, the input geometry, the device and the task.
+
+    ``input_size`` ``None``: the model's own (224 for classifiers, the detector's transform's size, 520 for
+    torchvision's segmenters). ``task`` ``None``: taken from the model (see :mod:`gradcam_cli.models.tasks`).
+    """
 
     model: str = "resnet50"
     weights: str = "DEFAULT"
     num_classes: int | None = None
     labels: Path | None = None
     input_size: int | None = None
-    """The network input's shorter side; ``None``: the model's own (224, or a timm or Hugging Face model's size)."""
+    """The network input's shorter side; ``None``: the model's own (224 for torchvision classifiers, the detector's
+    transform's size, 520 for torchvision's segmenters, or a timm or Hugging Face model's size)."""
     device: str = "auto"
+    task: str | None = None
 
 
 @dataclass(frozen=True)
 class ExplainOptions:
-    """What to explain: layers (empty: the default layer), methods, which classes, and smoothing."""
+    """What to explain: layers (empty: the default layer), methods, which classes, smoothing, and the score.
+
+    ``score``: what is differentiated for a classifier (logit, softmax or sigmoid). Detectors explain every
+    detection scoring at least ``score_threshold``, at most ``max_detections`` of them.
+    """
 
     layers: tuple[str, ...] = ()
     methods: tuple[str, ...] = ("gradcam",)
@@ -72,6 +86,9 @@ class ExplainOptions:
     top_k: int = 1
     aug_smooth: bool = False
     eigen_smooth: bool = False
+    score: str = "logit"
+    score_threshold: float = 0.5
+    max_detections: int = 10
 
 
 @dataclass(frozen=True)

@@ -149,7 +149,7 @@ def _loaded(case: Case) -> LoadedModel:
     module = case.build().eval()
     _calibrate_batchnorm(module, case.size)
     built: HubModel = describe_timm(module) if hasattr(module, "pretrained_cfg") else describe_hf(module)
-    return LoadedModel(module, case.name, "none", None, built.input_spec, built.prefix_tokens)
+    return LoadedModel(module, case.name, "none", None, built.input_spec, prefix_tokens=built.prefix_tokens)
 
 
 def _calibrate_batchnorm(model: nn.Module, size: int) -> None:
@@ -257,7 +257,9 @@ def test_a_token_model_with_registers_points_at_the_planted_object() -> None:
     module = planted_vit()
     built = describe_timm(module)
     assert built.prefix_tokens == 9
-    loaded = LoadedModel(module, "planted", "none", ["red", "green", "blue"], built.input_spec, built.prefix_tokens)
+    loaded = LoadedModel(
+        module, "planted", "none", ["red", "green", "blue"], built.input_spec, prefix_tokens=built.prefix_tokens
+    )
     box = (360, 80, 480, 160)  # x1, y1, x2, y2 in the 480 x 320 image: exactly patch (row 1, column 3) at 32 x 32
     explainer = Explainer(loaded, None, ["gradcam", "gradcam++", "xgradcam", "hirescam", "layercam"])
     assert explainer.layer_names == ["blocks.0.norm1"]  # the input of the last attention: the class token reads it

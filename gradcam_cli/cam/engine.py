@@ -95,6 +95,10 @@ class LayerCapture:
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """Run the model with hooks in place and return its logits (graph kept from the target layers on)."""
+        return as_logits(self.forward_output(inputs))
+
+    def forward_output(self, inputs: torch.Tensor) -> object:
+        """:meth:`forward`, returning whatever the model returns (a detector's list of dicts, a segmenter's dict)."""
         try:
             return self._forward_once(inputs)
         except RuntimeError as error:
@@ -125,10 +129,14 @@ class LayerCapture:
 
         Recorded activations, leaves and graph from the last :meth:`forward` stay usable for :meth:`gradients`.
         """
+        return as_logits(self.forward_output_unhooked(inputs))
+
+    def forward_output_unhooked(self, inputs: torch.Tensor) -> object:
+        """:meth:`forward_unhooked`, returning whatever the model returns."""
         self._remove_hooks()
         with torch.no_grad():
-            logits = self.model(inputs)
-        return logits if isinstance(logits, torch.Tensor) else first_tensor(logits)
+            output: object = self.model(inputs)
+        return output
 
     def activations(self) -> dict[str, torch.Tensor]:
         """Feature maps of each target layer's last call, as the layer produced them."""
@@ -141,17 +149,15 @@ class LayerCapture:
         """How often each target layer ran during the last forward pass."""
         return {name: record.calls for name, record in self.records.items()}
 
-    def _forward_once(self, inputs: torch.Tensor) -> torch.Tensor:
+    def _forward_once(self, inputs: torch.Tensor) -> object:
         self._remove_hooks()
         for record in self.records.values():
             record.calls = 0
             record.activations = record.gradients = record.leaf = None
             self._register(record, tensor_mode=record.module in _modules_needing_tensor_hooks)
         with torch.enable_grad():
-            logits = self.model(inputs)
-        if not isinstance(logits, torch.Tensor):
-            logits = first_tensor(logits)
-        return logits
+            output: object = self.model(inputs)
+        return output
 
     def _register(self, record: LayerRecord, tensor_mode: bool) -> None:
         def save_gradient(grad: torch.Tensor) -> None:
@@ -184,6 +190,11 @@ class LayerCapture:
             for handle in record.handles:
                 handle.remove()
             record.handles.clear()
+
+
+def as_logits(output: object) -> torch.Tensor:
+    """A classifier's logits: the output itself when it is a tensor, else :func:`first_tensor` of it."""
+    return output if isinstance(output, torch.Tensor) else first_tensor(output)
 
 
 def first_tensor(output: object) -> torch.Tensor:

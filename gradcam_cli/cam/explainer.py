@@ -1,5 +1,7 @@
 """The library API: explain images (or ready-made input batches) with one or more CAM methods.
 
+Classifiers, detectors and segmenters alike: what is differentiated for each comes from :mod:`gradcam_cli.cam.scores`.
+
 >>> from gradcam_cli import Explainer, load_model
 >>> explainer = Explainer(load_model("efficientnet_lite0"))
 >>> result = explainer.explain("cat.jpg")
@@ -22,26 +24,33 @@ from ..io.images import InputSpec, load_image, to_input_tensor, to_pixel_tensor,
 from ..models.devices import resolve_device
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel, load_model
-from ..options import ExplainOptions, ModelOptions
+from ..models.tasks import Task, detection_spec, detection_transform, infer_task, task_of_shape
+from ..options import SCORE_NAMES, ExplainOptions, ModelOptions
+from .detection import DetectionScore
 from .engine import LayerCapture
-from .layers import check_layers, default_layer, dry_pass, resolve_layer
-from .maps import to_image_maps
+from .layers import check_layers, dry_pass, model_default_layer, resolve_layer
 from .methods import METHODS, SCORECAM_BATCH_SIZE, MaskedScores, ProgressCallback
 from .reshape import spatial
-from .results import TOP_PREDICTIONS, Explanation, ImageExplanation, Prediction
+from .results import ImageExplanation, Prediction
+from .scores import Cams, ClassScore, ClassTargets, Score, Targets
+from .segmentation import SegmentationScore
 from .smoothing import IDENTITY, augmentations, average_views
 
 
 class Explainer:
-    """Explain a classifier's decisions at one or more layers.
+    """Explain a model's decisions at one or more layers: a classifier's classes, a detector's detections, a
+    segmenter's classes (see docs/tasks.md).
 
-    ``model``: a :class:`LoadedModel` (from :func:`load_model`) or any ``nn.Module`` classifier.
+    ``model``: a :class:`LoadedModel` (from :func:`load_model`) or any ``nn.Module`` (its task found from its output,
+    see :mod:`gradcam_cli.models.tasks`; ``task`` overrides it).
     ``layers``: dotted module names; ``None`` picks the last spatial layer. Several layers fuse into one map per
     method: the mean of the per-layer maps, each normalised to [0, 1], normalised again.
     ``methods``: names from ``METHODS``; they share one forward pass and one backward pass per target.
     ``device``: where to run; ``None`` keeps the model where it is.
     ``target``: the class to explain in every image, an index or a class name; ``None``: each image's own top
-    ``top_k`` classes.
+    ``top_k`` classes (detectors: only detections of ``target``; ``top_k`` does not apply).
+    ``score``: what a classifier's target is scored by, ``logit``, ``softmax`` or ``sigmoid``. Detectors explain each
+    detection scoring at least ``score_threshold``, at most ``max_detections`` per image, and their sum.
     ``aug_smooth``: average over flipped and rescaled inputs; ``eigen_smooth``: first principal component of the
     weighted activations instead of their sum (see :mod:`gradcam_cli.cam.smoothing`). ``score_batch_size``: masked
     inputs per forward pass in scorecam; ``progress``: called as ``progress(done, total)`` during scorecam's
@@ -65,9 +74,20 @@ class Explainer:
         eigen_smooth: bool = False,
         score_batch_size: int = SCORECAM_BATCH_SIZE,
         progress: ProgressCallback | None = None,
+        score: str = "logit",
+        score_threshold: float = 0.5,
+        max_detections: int = 10,
+        task: str | None = None,
     ) -> None:
+        bare = isinstance(model, nn.Module)
         if isinstance(model, nn.Module):
             model = LoadedModel(model, type(model).__name__, "custom", None, InputSpec())
+            if detection_transform(model.module) is not None:
+                model.task = Task.DETECT
+        if task is not None:
+            model.task = Task.parse(task)
+        if bare and model.task is Task.DETECT:
+            model.input_spec = detection_spec(model.module, None) or model.input_spec
         self.model = model
         if device is not None:
             model.module.to(device)
@@ -81,8 +101,19 @@ class Explainer:
         names = [layers] if isinstance(layers, str) else list(layers or [])
         resolved = {name: resolve_layer(model.module, name) for name in names}
         infos = dry_pass(model, self.device)
+        if bare and task is None and model.task is Task.CLASSIFY:  # a bare module's task, from the dry pass
+            shown = task_of_shape(infos[0].output_shape) if infos and not infos[0].name else None
+            model.task = shown or infer_task(model.module, model.input_spec, model.name)
+        self.task = model.task
+        self.score_name = score
+        self.score: Score = self._score(score, score_threshold, max_detections)
+        if aug_smooth and self.task is not Task.CLASSIFY:
+            raise UsageError(
+                f"--aug-smooth is for classifiers: a {self.task.noun}'s targets in a flipped or rescaled view are "
+                "other pixels and boxes; run without it"
+            )
         check_layers(model.module, infos, names)
-        self.layer_names = names or [default_layer(model.module, infos)]
+        self.layer_names = names or [model_default_layer(model, infos)]
         self.layers = resolved or {name: resolve_layer(model.module, name) for name in self.layer_names}
         self.layer_calls: dict[str, int] = {}
         self.aug_smooth = aug_smooth
@@ -115,7 +146,37 @@ class Explainer:
             aug_smooth=options.aug_smooth,
             eigen_smooth=options.eigen_smooth,
             progress=progress,
+            score=options.score,
+            score_threshold=options.score_threshold,
+            max_detections=options.max_detections,
         )
+
+    def _score(self, name: str, threshold: float, max_detections: int) -> Score:
+        """What this explainer's task differentiates (see :mod:`gradcam_cli.cam.scores`)."""
+        if name not in SCORE_NAMES:
+            raise UsageError(f"unknown score {name!r}; use {', '.join(SCORE_NAMES)}")
+        if name != "logit" and self.task is not Task.CLASSIFY:
+            raise UsageError(f"--score {name} is for classifiers; a {self.task.noun} has its own score")
+        if self.task is Task.DETECT:
+            if max_detections < 1:
+                raise UsageError("--max-detections must be at least 1")
+            return DetectionScore(detection_transform(self.model.module), threshold, max_detections)
+        if self.task is Task.SEGMENT:
+            return SegmentationScore()
+        return ClassScore(name)
+
+    @property
+    def settings(self) -> dict[str, object]:
+        """What the task adds to a run record: the task, and a classifier's score or a detector's selection."""
+        if isinstance(self.score, DetectionScore):
+            return {
+                "task": "detect",
+                "score_threshold": self.score.threshold,
+                "max_detections": self.score.max_detections,
+            }
+        if self.task is Task.SEGMENT:
+            return {"task": "segment"}
+        return {"task": "classify", "score": self.score_name}
 
     @property
     def layer_label(self) -> str:
@@ -128,54 +189,67 @@ class Explainer:
 
     def compute(
         self, inputs: torch.Tensor, target: int | None = None, top_k: int | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, list[list[torch.Tensor]]]]:
-        """Forward and backward passes for a batch of equally sized inputs.
+    ) -> tuple[torch.Tensor, torch.Tensor, Cams]:
+        """Forward and backward passes for a batch of equally sized inputs of a classifier.
 
         Returns ``(probabilities (N, classes), targets (N, K), cams)`` where ``cams[method][k][l]`` is the coarse
         (N, h, w) map of target ``k`` at layer ``l`` (with ``aug_smooth``: the average of the views' maps at the
         input's size). ``target`` fixes the class for every sample; otherwise each sample's own top ``top_k``
-        classes are explained. Without either, the explainer's own ``target`` and ``top_k`` apply.
+        classes are explained. Without either, the explainer's own ``target`` and ``top_k`` apply. Detectors and
+        segmenters: :meth:`compute_targets`.
         """
+        targets, cams = self.compute_targets(inputs, target, top_k)
+        if not isinstance(targets, ClassTargets):
+            raise UsageError(f"compute() is for classifiers; explain a {self.task.noun} with compute_targets()")
+        return targets.probabilities, targets.targets, cams
+
+    def compute_targets(
+        self, inputs: torch.Tensor, target: int | None = None, top_k: int | None = None
+    ) -> tuple[Targets, Cams]:
+        """:meth:`compute` for every task: the targets chosen (:class:`~gradcam_cli.cam.scores.Targets`, whose
+        ``results`` make the images' explanations) and the coarse maps, ``cams[method][k][l]``."""
         if target is None and top_k is None:
             target = self.target
         top_k = top_k or self.top_k
         inputs = inputs.to(self.device)
-        probabilities, targets, cams = self._compute_view(inputs, target, top_k)
-        if not self.aug_smooth:
-            return probabilities, targets, cams
+        targets, cams = self._compute_view(inputs, target, top_k)
+        if not self.aug_smooth or not isinstance(targets, ClassTargets):
+            return targets, cams
         size = tuple(inputs.shape[-2:])
         views = [(IDENTITY, cams)]
         for view in augmentations(self.model.input_spec.fixed_size is not None)[1:]:
-            views.append((view, self._compute_view(view.apply(inputs), targets=targets)[2]))
+            views.append((view, self._compute_view(view.apply(inputs), chosen=targets.targets)[1]))
         smoothed = {
             method: [
                 [average_views([(view, c[method][k][i]) for view, c in views], size) for i in range(len(self.layers))]
-                for k in range(targets.shape[1])
+                for k in range(targets.count)
             ]
             for method in self.methods
         }
-        return probabilities, targets, smoothed
+        return targets, smoothed
 
     def _compute_view(
-        self, inputs: torch.Tensor, target: int | None = None, top_k: int = 1, targets: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, list[list[torch.Tensor]]]]:
+        self, inputs: torch.Tensor, target: int | None = None, top_k: int = 1, chosen: torch.Tensor | None = None
+    ) -> tuple[Targets, Cams]:
         """One forward pass, one backward pass per target if a method needs gradients, then every method."""
         size = tuple(inputs.shape[-2:])
         with LayerCapture(self.model.module, self.layers) as capture:
-            logits = capture.forward(inputs)
+            output = capture.forward_output(inputs)
             self.layer_calls = capture.calls()
-            if targets is None:
-                targets = self._targets(logits, target, top_k)
+            targets = self.score.targets(output, inputs, target, top_k, chosen)
             prefix = self.model.prefix_tokens
             activations = {n: spatial(a, size, n, prefix) for n, a in capture.activations().items()}
             need_gradients = any(METHODS[method].uses_gradients for method in self.methods)
-            cams: dict[str, list[list[torch.Tensor]]] = {method: [] for method in self.methods}
-            for k in range(targets.shape[1]):
+            cams: Cams = {method: [] for method in self.methods}
+            for k in range(targets.count):
                 gradients: dict[str, torch.Tensor | None] = dict.fromkeys(self.layer_names)
                 if need_gradients:
-                    score = logits.gather(1, targets[:, k : k + 1]).sum()
-                    raw = capture.gradients(score, retain_graph=k < targets.shape[1] - 1)
-                    gradients = {n: spatial(g, size, n, prefix) for n, g in raw.items()}
+                    score = targets.value(k)
+                    if score is None:  # no sample has a k-th target: nothing to differentiate
+                        gradients = {n: torch.zeros_like(a) for n, a in activations.items()}
+                    else:
+                        raw = capture.gradients(score, retain_graph=k < targets.count - 1)
+                        gradients = {n: spatial(g, size, n, prefix) for n, g in raw.items()}
                 for name in self.methods:
                     method = METHODS[name]
                     if method.class_agnostic and k > 0:
@@ -185,7 +259,12 @@ class Explainer:
                     if method.uses_model:
                         extra = (
                             MaskedScores(
-                                capture.forward_unhooked, inputs, targets[:, k], self.score_batch_size, self.progress
+                                capture.forward_output_unhooked,
+                                inputs,
+                                batch_size=self.score_batch_size,
+                                progress=self.progress,
+                                probability=targets.masked(k),
+                                region=targets.region,
                             ),
                         )
                     cams[name].append(
@@ -196,8 +275,7 @@ class Explainer:
                             for n in self.layer_names
                         ]
                     )
-            probabilities = logits.detach().float().softmax(dim=1)
-        return probabilities, targets, cams
+        return targets, cams
 
     def explain_batch(
         self,
@@ -207,21 +285,9 @@ class Explainer:
         top_k: int | None = None,
     ) -> list[ImageExplanation]:
         """Explain a batch; each sample's maps are upsampled to its entry in ``sizes`` (default: input size)."""
-        probabilities, targets, cams = self.compute(inputs, target, top_k)
+        targets, cams = self.compute_targets(inputs, target, top_k)
         sizes = sizes or [(inputs.shape[-2], inputs.shape[-1])] * inputs.shape[0]
-        top_p, top_i = probabilities.topk(min(TOP_PREDICTIONS, probabilities.shape[1]), dim=1)
-        results = []
-        for i, size in enumerate(sizes):
-            predictions = [self.prediction(int(c), float(p)) for p, c in zip(top_p[i], top_i[i], strict=True)]
-            explanations = []
-            for k in range(targets.shape[1]):
-                class_index = int(targets[i, k])
-                chosen = self.prediction(class_index, float(probabilities[i, class_index]))
-                for method in self.methods:
-                    saliency = to_image_maps([cam[i : i + 1] for cam in cams[method][k]], size)[0]
-                    explanations.append(Explanation(method, chosen, saliency))
-            results.append(ImageExplanation(predictions, explanations))
-        return results
+        return targets.results(cams, sizes, self.model.class_name)
 
     def explain(
         self, image: str | Path | Image.Image, target: int | None = None, top_k: int | None = None
@@ -236,13 +302,3 @@ class Explainer:
         result = self.explain_batch(batch, [(image.height, image.width)], target, top_k)[0]
         result.pixels = to_pixel_tensor(image)
         return result
-
-    def _targets(self, logits: torch.Tensor, target: int | None, top_k: int) -> torch.Tensor:
-        classes = logits.shape[1]
-        if target is not None:
-            if not 0 <= target < classes:
-                raise UsageError(f"target class {target} is out of range: the model has {classes} classes")
-            return torch.full((logits.shape[0], 1), target, dtype=torch.long, device=logits.device)
-        if not 1 <= top_k <= classes:
-            raise UsageError(f"--top-k must be between 1 and {classes}")
-        return logits.detach().topk(top_k, dim=1).indices

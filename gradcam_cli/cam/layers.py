@@ -12,6 +12,7 @@ from torch import nn
 
 from ..errors import GradcamError, ModelLoadError, UsageError, describe, suggest
 from ..io.images import InputSpec, load_image, to_input_tensor
+from ..models.tasks import NAMED_LAYERS, layer_scopes
 from .reshape import Layout, infer_layout
 
 if TYPE_CHECKING:
@@ -97,9 +98,10 @@ def inspect_layers(model: nn.Module, example: torch.Tensor, prefix_tokens: int |
     return list(infos.values())
 
 
-def default_layer(model: nn.Module, infos: list[LayerInfo]) -> str:
+def default_layer(model: nn.Module, infos: list[LayerInfo], scopes: Sequence[str] = ()) -> str:
     """The last layer to finish whose output is still spatial: ``layer4`` for ResNets, ``features`` for VGG,
-    ``norm`` for Swin.
+    ``norm`` for Swin. ``scopes``: dotted module names tried first, in turn (a detector's backbone, see
+    :data:`gradcam_cli.models.tasks.LAYER_SCOPES`): the first with a spatial layer inside it gives the default.
 
     Global pooling heads (adaptive pools) and pure axis permutations are skipped, so VGG's 7x7 ``avgpool`` and
     Swin's ``permute`` are not chosen. Token sequences with a class token (ViT) are special: the head reads only
@@ -108,6 +110,10 @@ def default_layer(model: nn.Module, infos: list[LayerInfo]) -> str:
     module starts: the input of the last block's attention (``encoder.layers.encoder_layer_11.ln_1`` in
     torchvision's ``vit_b_16``).
     """
+    for scope in scopes:
+        inside = [i for i in infos if i.name == scope or i.name.startswith(f"{scope}.")]
+        if any(i.is_candidate for i in inside):
+            return default_layer(model, inside)
     modules = dict(model.named_modules())
     candidates = [
         i
@@ -125,6 +131,15 @@ def default_layer(model: nn.Module, infos: list[LayerInfo]) -> str:
         if before:
             chosen = max(before, key=lambda info: info.finished_at)
     return chosen.name
+
+
+def model_default_layer(model: LoadedModel, infos: list[LayerInfo]) -> str:
+    """:func:`default_layer` for a loaded model: a detector or segmenter looks in its backbone first, and some of
+    torchvision's detectors have their own (:data:`gradcam_cli.models.tasks.NAMED_LAYERS`)."""
+    named = NAMED_LAYERS.get(model.name)
+    if named is not None and any(info.name == named and info.is_candidate for info in infos):
+        return named
+    return default_layer(model.module, infos, layer_scopes(model.task))
 
 
 def blank_input(spec: InputSpec, device: torch.device | None = None) -> torch.Tensor:
@@ -201,4 +216,4 @@ def layer_table(model: LoadedModel, device: torch.device, image: Path | None = N
     if image is not None:
         example = to_input_tensor(load_image(image), model.input_spec).unsqueeze(0).to(device)
     infos = dry_pass(model, device, example)
-    return [info for info in infos if info.name], default_layer(model.module, infos)
+    return [info for info in infos if info.name], model_default_layer(model, infos)

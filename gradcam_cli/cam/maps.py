@@ -35,12 +35,35 @@ def upsample(maps: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
     return F.interpolate(maps.unsqueeze(1).float(), size=tuple(size), mode="bilinear", align_corners=False)[:, 0]
 
 
-def to_image_maps(cams: Sequence[torch.Tensor], size: Sequence[int]) -> torch.Tensor:
+def upsample_region(maps: torch.Tensor, size: Sequence[int], region: tuple[float, float] = (1.0, 1.0)) -> torch.Tensor:
+    """:func:`upsample` of (N, h, w) maps of which only the top-left ``region`` = (height, width) fraction shows
+    the image (a detector's padded batch): that part alone is stretched over ``size``, the padding never is.
+
+    One bilinear resampling (``grid_sample``, ``align_corners=False``, border clamping): output pixel centre
+    ``y + 0.5`` of H reads the map at ``(y + 0.5) * fy * h / H - 0.5``, as :func:`upsample` does for ``fy = 1``.
+    """
+    if tuple(region) == (1.0, 1.0):
+        return upsample(maps, size)
+    height, width = int(size[0]), int(size[1])
+    fy, fx = region
+    device = maps.device
+    ys = ((torch.arange(height, device=device) + 0.5) * (2 * fy / height) - 1).view(height, 1).expand(height, width)
+    xs = ((torch.arange(width, device=device) + 0.5) * (2 * fx / width) - 1).view(1, width).expand(height, width)
+    grid = torch.stack([xs, ys], dim=-1).unsqueeze(0).expand(maps.shape[0], height, width, 2)
+    sampled = F.grid_sample(
+        maps.unsqueeze(1).float(), grid, mode="bilinear", padding_mode="border", align_corners=False
+    )
+    return sampled[:, 0]
+
+
+def to_image_maps(
+    cams: Sequence[torch.Tensor], size: Sequence[int], region: tuple[float, float] = (1.0, 1.0)
+) -> torch.Tensor:
     """Upsample and normalise one (N, h, w) CAM per layer; several layers fuse as the mean of normalised maps.
 
-    The fused map is normalised once more so that it, too, spans [0, 1].
+    The fused map is normalised once more so that it, too, spans [0, 1]. ``region``: see :func:`upsample_region`.
     """
-    per_layer = [normalise(upsample(cam, size)) for cam in cams]
+    per_layer = [normalise(upsample_region(cam, size, region)) for cam in cams]
     if len(per_layer) == 1:
         return per_layer[0]
     return normalise(torch.stack(per_layer).mean(dim=0))

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from ..options import METHOD_NAMES
-from .maps import normalise, upsample
+from .engine import as_logits
+from .maps import normalise, upsample_region
 from .smoothing import first_component
 
 ProgressCallback = Callable[[int, int], object]
@@ -135,7 +136,11 @@ class MaskedScores:
     """Score-CAM's extra forward passes: the target class's probability for the input masked by each channel.
 
     ``forward`` runs the model on a batch (without hooks or autograd); ``inputs`` (N, 3, H, W) are the inputs
-    being explained and ``targets`` (N,) their target classes. Masked inputs run ``batch_size`` at a time;
+    being explained and ``targets`` (N,) their target classes, whose softmax probability is read from the logits;
+    or else ``probability(output, samples)`` reads the (B,) probability of the target of each masked input's
+    sample from the model's output (a detector's matched detection: see :mod:`gradcam_cli.cam.scores`).
+    ``region``: the part of the maps that shows the input (a detector's padded batch, see
+    :func:`gradcam_cli.cam.maps.upsample_region`). Masked inputs run ``batch_size`` at a time;
     ``progress(done, total)`` is called before the first batch and after each one, the last time with
     ``done == total`` even if a pass fails (nothing is printed otherwise).
     Channels whose map is constant are skipped (their weight is 0), as the authors' code does.
@@ -143,17 +148,23 @@ class MaskedScores:
 
     def __init__(
         self,
-        forward: Callable[[torch.Tensor], torch.Tensor],
+        forward: Callable[[torch.Tensor], object],
         inputs: torch.Tensor,
-        targets: torch.Tensor,
+        targets: torch.Tensor | None = None,
         batch_size: int = SCORECAM_BATCH_SIZE,
         progress: ProgressCallback | None = None,
+        probability: Callable[[object, torch.Tensor], torch.Tensor] | None = None,
+        region: tuple[float, float] = (1.0, 1.0),
     ) -> None:
+        if targets is None and probability is None:
+            raise ValueError("MaskedScores needs targets or a probability function")
         self.forward = forward
         self.inputs = inputs
-        self.targets = targets.view(-1)
+        self.targets = targets.view(-1) if targets is not None else None
         self.batch_size = max(1, batch_size)
         self.progress = progress
+        self.probability = probability
+        self.region = region
 
     def __call__(self, activations: torch.Tensor) -> torch.Tensor:
         """(N, C, h, w) activations -> (N, C) probabilities p(target | input ⊙ mask_k)."""
@@ -165,26 +176,35 @@ class MaskedScores:
         try:
             for start in range(0, total, self.batch_size):
                 sample, channel = varying[start : start + self.batch_size].unbind(dim=1)
-                masks = scorecam_masks(activations[sample, channel], self.inputs.shape[-2:])
+                masks = scorecam_masks(activations[sample, channel], self.inputs.shape[-2:], self.region)
                 with torch.no_grad():
-                    logits = self.forward(self.inputs[sample] * masks.unsqueeze(1).to(self.inputs.dtype))
-                probabilities = logits.float().softmax(dim=1)
-                scores[sample, channel] = probabilities.gather(1, self.targets[sample].unsqueeze(1)).squeeze(1)
+                    output = self.forward(self.inputs[sample] * masks.unsqueeze(1).to(self.inputs.dtype))
+                    scores[sample, channel] = self._probabilities(output, sample)
                 if start + self.batch_size < total:
                     self._report(start + self.batch_size, total)
         finally:
             self._report(total, total)  # always the last call, also on errors, so that a bar can close
         return scores
 
+    def _probabilities(self, output: object, sample: torch.Tensor) -> torch.Tensor:
+        """(B,) probability of each masked input's target."""
+        if self.probability is not None:
+            return self.probability(output, sample).float()
+        assert self.targets is not None
+        probabilities = as_logits(output).float().softmax(dim=1)
+        return probabilities.gather(1, self.targets[sample].unsqueeze(1)).squeeze(1)
+
     def _report(self, done: int, total: int) -> None:
         if self.progress is not None:
             self.progress(done, total)
 
 
-def scorecam_masks(maps: torch.Tensor, size: tuple[int, int] | torch.Size) -> torch.Tensor:
+def scorecam_masks(
+    maps: torch.Tensor, size: tuple[int, int] | torch.Size, region: tuple[float, float] = (1.0, 1.0)
+) -> torch.Tensor:
     """Score-CAM's masks H^k: each (h, w) map bilinearly upsampled to the input ``size`` and min-max scaled to
-    [0, 1]: (B, h, w) -> (B, H, W)."""
-    return normalise(upsample(maps, size))
+    [0, 1]: (B, h, w) -> (B, H, W). ``region``: the part of the maps that shows the input."""
+    return normalise(upsample_region(maps, size, region))
 
 
 def scorecam(

@@ -1,4 +1,8 @@
-"""What explaining gives back: predictions, one map per target and method, and the overlay of a result."""
+"""What explaining gives back: predictions, one map per target and method, and the overlay of a result.
+
+A classifier's target is a class; a detector's is one detection (its class, score and box); a segmenter's a class
+with the share of the pixels predicted as it (see docs/tasks.md).
+"""
 
 from __future__ import annotations
 
@@ -10,38 +14,68 @@ from PIL import Image
 TOP_PREDICTIONS = 5
 
 
+Box = tuple[float, float, float, float]
+"""``(x1, y1, x2, y2)`` in the original image's pixels (continuous coordinates, exclusive ends)."""
+
+
 @dataclass
 class Prediction:
-    """A class the model scored: index, name and softmax probability."""
+    """A class the model scored: index, name and probability (a classifier's softmax, or sigmoid with
+    ``--score sigmoid``). A detection also has its ``box`` (its probability is the detector's score); a segmenter's
+    class its ``share`` of the pixels predicted as it (its probability: their mean softmax probability)."""
 
     index: int
     name: str
     probability: float
+    box: Box | None = None
+    share: float | None = None
 
 
 @dataclass
 class Explanation:
-    """One saliency map: which method, which target class, the (H, W) map in [0, 1]."""
+    """One saliency map: which method, which target class, the (H, W) map in [0, 1].
+
+    ``rank``: a detection's number (1 = highest score), 0 for a detector's combined map (of the sum of every
+    explained detection's score); ``None`` for classifiers and segmenters. ``region``: a segmenter's (H, W) bool
+    mask of the pixels predicted as the target class.
+    """
 
     method: str
     target: Prediction
     saliency: torch.Tensor
+    rank: int | None = None
+    region: torch.Tensor | None = field(default=None, repr=False)
 
 
 @dataclass
 class ImageExplanation:
-    """Everything explained about one image."""
+    """Everything explained about one image. A detector's ``predictions`` are its detections above the threshold
+    (an empty list: none), with one combined explanation (``rank`` 0) per method either way."""
 
     predictions: list[Prediction]
     explanations: list[Explanation]
     pixels: torch.Tensor | None = field(default=None, repr=False)
 
     def overlay(self, index: int = 0, alpha: float = 0.5, colormap: str = "jet") -> Image.Image:
-        """The ``index``-th explanation blended over the image, as a PIL image."""
+        """The ``index``-th explanation blended over the image, with its marks (:meth:`mark`), as a PIL image."""
         if self.pixels is None:
             raise ValueError("this result was computed from a tensor; no pixels to draw on")
-        saliency = self.explanations[index].saliency
+        explanation = self.explanations[index]
         from ..render.colour import blend, colormap_table
 
-        table = colormap_table(colormap, saliency.device)
-        return Image.fromarray(blend(self.pixels, saliency, table, alpha).cpu().numpy())
+        table = colormap_table(colormap, explanation.saliency.device)
+        blended = blend(self.pixels, explanation.saliency, table, alpha).cpu()
+        return Image.fromarray(self.mark(blended, explanation).numpy())
+
+    def mark(self, overlay: torch.Tensor, explanation: Explanation) -> torch.Tensor:
+        """An (H, W, 3) uint8 ``overlay`` of ``explanation`` with what it explains drawn on it: a detection's box
+        with its label and score (every detection's, for the combined map), a segmenter's region outline."""
+        from ..render.boxes import draw_boxes, draw_outline
+
+        if explanation.region is not None:
+            overlay = draw_outline(overlay, explanation.region)
+        if explanation.rank is None:
+            return overlay
+        ranked = enumerate(self.predictions, 1) if explanation.rank == 0 else [(explanation.rank, explanation.target)]
+        marks = [(p.box, f"{p.name} {p.probability:.2f}", rank) for rank, p in ranked if p.box is not None]
+        return draw_boxes(overlay, marks) if marks else overlay

@@ -17,7 +17,7 @@ import typer
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError, describe
 from ..options import POINTING_TOLERANCE, EvalOptions
 from . import params
-from .reporting import ProgressBar, Reporter, run_reported
+from .reporting import ProgressBar, Reporter, default_layer_reason, run_reported
 
 if TYPE_CHECKING:
     from ..options import ExplainOptions, ModelOptions
@@ -43,6 +43,7 @@ def evaluate(
     inputs: Annotated[list[str], typer.Argument(metavar="INPUT", hidden=True, show_default=False)],
     method: params.MethodOpt = params.MethodList(["gradcam"]),
     model: params.ModelOpt = "resnet50",
+    task: params.TaskOpt = None,
     weights: params.WeightsOpt = "DEFAULT",
     num_classes: params.NumClassesOpt = None,
     labels: params.LabelsOpt = None,
@@ -50,6 +51,9 @@ def evaluate(
     aug_smooth: params.AugSmoothOpt = False,
     eigen_smooth: params.EigenSmoothOpt = False,
     target_class: params.TargetOpt = None,
+    score: params.ScoreOpt = "logit",
+    score_threshold: params.ScoreThresholdOpt = 0.5,
+    max_detections: params.MaxDetectionsOpt = 10,
     steps: Annotated[
         int,
         typer.Option(
@@ -89,8 +93,18 @@ def evaluate(
     command = EvalCommand(
         reporter,
         inputs,
-        params.model_options(model, weights, num_classes, labels, input_size, device),
-        params.explain_options(layer, method, target_class, 1, aug_smooth, eigen_smooth),
+        params.model_options(model, weights, num_classes, labels, input_size, device, task),
+        params.explain_options(
+            layer,
+            method,
+            target_class,
+            1,
+            aug_smooth,
+            eigen_smooth,
+            score,
+            score_threshold=score_threshold,
+            max_detections=max_detections,
+        ),
         EvalOptions(steps, batch_size, tolerance, sanity, sanity_layers, boxes=boxes, plot=plot),
     )
     run_reported(reporter, command.run)
@@ -113,7 +127,7 @@ class EvalCommand:
     def run(self) -> int:
         from ..cam.explainer import Explainer
         from ..evaluation.boxes import read_boxes
-        from ..evaluation.evaluate import Evaluator
+        from ..evaluation.evaluate import evaluator_for
         from ..evaluation.report import write_plot
         from ..evaluation.table import format_report
         from ..io.discovery import discover
@@ -127,8 +141,8 @@ class EvalCommand:
         boxes = read_boxes(options.boxes) if options.boxes is not None else None
         explainer = Explainer.from_options(self.model_options, self.explain_options)
         if not self.explain_options.layers:
-            reporter.info(f"using layer {explainer.layer_label} (last spatial layer; choose with --layer)")
-        evaluator = Evaluator(explainer, options)
+            reporter.info(f"using layer {explainer.layer_label} ({default_layer_reason(explainer.task)})")
+        evaluator = evaluator_for(explainer, options)
         started = time.perf_counter()
         with ProgressBar(reporter, len(images), "evaluating") as progress:
             report = evaluator.run(images, boxes, on_image=progress)
@@ -137,6 +151,8 @@ class EvalCommand:
             reporter.error(failure.error or f"{failure.image}: failed")
         if report.unmatched_boxes:
             reporter.info(f"{report.unmatched_boxes} box(es) name no input image and were ignored")
+        if report.undetected_boxes:
+            reporter.info(f"{report.undetected_boxes} box(es) match no explained detection or class: not scored")
         unboxed = [image for image in report.ok if not any(s.boxes for s in image.methods.values())]
         if boxes and unboxed:
             reporter.info(f"{len(unboxed)} image(s) have no boxes: scored for faithfulness only")

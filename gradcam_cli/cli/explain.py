@@ -15,16 +15,18 @@ import typer
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
 from ..options import DEFAULT_MAX_SIDE, ImageFormat, OutputOptions, RunOptions
 from . import params
-from .reporting import PassProgress, ProgressBar, Reporter, run_reported, run_summary
+from .reporting import PassProgress, ProgressBar, Reporter, default_layer_reason, run_reported, run_summary
 
 if TYPE_CHECKING:
     from ..cam.layers import LayerInfo
+    from ..cam.results import Prediction
     from ..options import ExplainOptions, ModelOptions
     from ..pipeline.records import Record
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
-HELP = """Explain what a vision classifier looks at with Grad-CAM overlays.
+HELP = """Explain what a vision model looks at with Grad-CAM overlays: a classifier's classes, a detector's
+detections, a segmenter's classes.
 
 INPUT: image files, folders (searched recursively), quoted glob patterns, or video files.
 
@@ -41,6 +43,7 @@ def explain(
     inputs: Annotated[list[str] | None, typer.Argument(metavar="INPUT", hidden=True, show_default=False)] = None,
     layer: params.LayerOpt = None,
     model: params.ModelOpt = "resnet50",
+    task: params.TaskOpt = None,
     weights: params.WeightsOpt = "DEFAULT",
     num_classes: params.NumClassesOpt = None,
     labels: params.LabelsOpt = None,
@@ -50,6 +53,9 @@ def explain(
         typer.Option("--top-k", "-k", min=1, metavar="K", help="Explain each of the top K classes (one output each)."),
     ] = 1,
     method: params.MethodOpt = params.MethodList(["gradcam"]),
+    score: params.ScoreOpt = "logit",
+    score_threshold: params.ScoreThresholdOpt = 0.5,
+    max_detections: params.MaxDetectionsOpt = 10,
     aug_smooth: params.AugSmoothOpt = False,
     eigen_smooth: params.EigenSmoothOpt = False,
     alpha: Annotated[
@@ -140,8 +146,10 @@ def explain(
     command = ExplainCommand(
         reporter,
         inputs or [],
-        params.model_options(model, weights, num_classes, labels, input_size, device),
-        params.explain_options(layer, method, target_class, top_k, aug_smooth, eigen_smooth),
+        params.model_options(model, weights, num_classes, labels, input_size, device, task),
+        params.explain_options(
+            layer, method, target_class, top_k, aug_smooth, eigen_smooth, score, score_threshold, max_detections
+        ),
         OutputOptions(
             output_dir,
             image_format,
@@ -228,14 +236,16 @@ class ExplainCommand:
             explainer = Explainer.from_options(self.model_options, self.explain_options, progress=progress)
             session.start(explainer)
             if not self.explain_options.layers:
-                reporter.info(f"using layer {explainer.layer_label} (last spatial layer; choose with --layer)")
-            reporter.detail(f"model {explainer.model.name} ({explainer.model.weights}) on {explainer.device}")
+                reporter.info(f"using layer {explainer.layer_label} ({default_layer_reason(explainer.task)})")
+            model = explainer.model
+            reporter.detail(f"model {model.name} ({model.weights}, {explainer.task.value}) on {explainer.device}")
             started = time.perf_counter()  # the summary times the explaining, not the model's loading
             bars = lambda label, total: ProgressBar(reporter, total, label)  # noqa: E731
             shown: set[str] = set()
+            nothing = _nothing_found(explainer.task.value, self.explain_options.score_threshold)
             for record in session.explain(explainer, images, videos, progress=bars):
                 reporter.record(record)
-                _report_record(reporter, record, single, first_row=record.input not in shown)
+                _report_record(reporter, record, single, record.input not in shown, nothing)
                 shown.add(record.input)
         if session.gallery is not None:
             reporter.info(f"gallery written to {session.gallery}")
@@ -262,7 +272,14 @@ def _layer_line(info: LayerInfo, chosen: str) -> str:
     return f"{mark} {info.name:<40} {info.kind:<28} {shape:<20} {calls}"
 
 
-def _report_record(reporter: Reporter, record: Record, single: bool, first_row: bool) -> None:
+def _nothing_found(task: str, threshold: float) -> str | None:
+    """What a row without a target means for the task (``None``: a video's row)."""
+    if task == "detect":
+        return f"no detection above --score-threshold {threshold:g}"
+    return "no class other than the background" if task == "segment" else None
+
+
+def _report_record(reporter: Reporter, record: Record, single: bool, first_row: bool, nothing: str | None) -> None:
     if record.status == "error":
         reporter.error(record.error or f"{record.input}: failed")
         return
@@ -272,8 +289,33 @@ def _report_record(reporter: Reporter, record: Record, single: bool, first_row: 
     if single and first_row:
         reporter.result(f"{record.input}  (model {record.model}, layer {record.layer})")
         for rank, p in enumerate(record.predictions, 1):
-            reporter.result(f"  {rank}. {p.name:<30} {p.probability:7.2%}  (class {p.index})")
+            reporter.result(f"  {rank}. {p.name:<30} {p.probability:7.2%}  {_where(p)}")
     target = record.target
-    label = f"{target.name} ({target.probability:.1%})" if target else "each frame's own top class"
-    line = f"{record.method} for {label} -> {record.outputs[0]}"
+    if target is None and nothing is not None:
+        outputs = f" -> {record.outputs[0]}" if record.outputs else ""
+        line = f"{record.method}: {nothing}{outputs}"
+    else:
+        label = f"{target.name} ({_how_much(target)})" if target else "each frame's own top class"
+        line = f"{record.method} for {label} -> {record.outputs[0]}"
     reporter.result(f"  {line}" if single else f"{record.input}: {line}")
+
+
+def _where(p: Prediction) -> str:
+    """A prediction's class, and a detection's box or a segmenter class's share of the pixels."""
+    if p.box is not None:
+        return f"(class {p.index}) at {_box(p.box)}"
+    if p.share is not None:
+        return f"(class {p.index}) on {p.share:.1%} of the pixels"
+    return f"(class {p.index})"
+
+
+def _how_much(p: Prediction) -> str:
+    if p.box is not None:
+        return f"{p.probability:.1%} at {_box(p.box)}"
+    if p.share is not None:
+        return f"{p.share:.1%} of the pixels"
+    return f"{p.probability:.1%}"
+
+
+def _box(box: tuple[float, float, float, float]) -> str:
+    return "[" + ", ".join(f"{value:g}" for value in box) + "]"

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from ..errors import suggest
-from ..options import DEVICE_PATTERN, METHOD_NAMES, ExplainOptions, ImageFormat, ModelOptions
+from ..options import DEVICE_PATTERN, METHOD_NAMES, SCORE_NAMES, TASK_NAMES, ExplainOptions, ImageFormat, ModelOptions
 
 
 class MethodList(tuple[str, ...]):
@@ -42,6 +42,22 @@ def parse_format(text: str | ImageFormat) -> ImageFormat:
         raise typer.BadParameter(f"{text!r}: use png, jpg or webp") from None
 
 
+def parse_task(text: str) -> str:
+    """``classify``, ``detect`` or ``segment`` (any case)."""
+    task = text.strip().lower()
+    if task not in TASK_NAMES:
+        raise typer.BadParameter(f"{text!r}: use {', '.join(TASK_NAMES)}")
+    return task
+
+
+def parse_score(text: str) -> str:
+    """``logit``, ``softmax`` or ``sigmoid`` (any case)."""
+    score = text.strip().lower()
+    if score not in SCORE_NAMES:
+        raise typer.BadParameter(f"{text!r}: use {', '.join(SCORE_NAMES)}")
+    return score
+
+
 def parse_device(text: str) -> str:
     """``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps`` (whether it exists is checked when the model loads)."""
     device = text.strip().lower()
@@ -56,8 +72,8 @@ ModelOpt = Annotated[
         "--model",
         "-m",
         metavar="NAME",
-        help="torchvision model name (see --list-models), efficientnet_lite0, timm:NAME, hf:FOLDER_OR_HUB_ID, "
-        "package.module:factory or file.py:factory.",
+        help="torchvision classification, detection or segmentation model name (see --list-models), "
+        "efficientnet_lite0, timm:NAME, hf:FOLDER_OR_HUB_ID, package.module:factory or file.py:factory.",
     ),
 ]
 WeightsOpt = Annotated[
@@ -66,8 +82,8 @@ WeightsOpt = Annotated[
         "--weights",
         "-w",
         metavar="WEIGHTS",
-        help="DEFAULT, a torchvision weights name (IMAGENET1K_V1), none (random), or a state-dict or .safetensors "
-        "file.",
+        help="DEFAULT, a torchvision weights name (IMAGENET1K_V1), none (random; nothing is downloaded), or a "
+        "state-dict or .safetensors file.",
     ),
 ]
 NumClassesOpt = Annotated[
@@ -79,8 +95,34 @@ InputSizeOpt = Annotated[
     typer.Option(
         min=16,
         metavar="N",
-        help="Shorter side of the network input, in pixels. Default: the model's own (224 for torchvision models).",
+        help="Shorter side of the network input, in pixels (default: the model's own: 224 for torchvision "
+        "classifiers, the detector's transform's, 520 for torchvision's segmenters, a timm or Hugging Face model's "
+        "configured size).",
     ),
+]
+TaskOpt = Annotated[
+    str | None,
+    typer.Option(
+        parser=parse_task,
+        metavar="classify|detect|segment",
+        help="What the model does (default: taken from the model).",
+    ),
+]
+ScoreOpt = Annotated[
+    str,
+    typer.Option(
+        parser=parse_score,
+        metavar="logit|softmax|sigmoid",
+        help="Classifiers: what is differentiated, the class's logit, softmax probability or sigmoid (multi-label "
+        "heads).",
+    ),
+]
+ScoreThresholdOpt = Annotated[
+    float,
+    typer.Option(min=0.0, max=1.0, metavar="S", help="Detectors: explain the detections scoring at least S."),
+]
+MaxDetectionsOpt = Annotated[
+    int, typer.Option(min=1, metavar="N", help="Detectors: explain at most N detections per image, best first.")
 ]
 DeviceOpt = Annotated[str, typer.Option(parser=parse_device, metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps.")]
 LayerOpt = Annotated[
@@ -132,10 +174,16 @@ VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="More detail, 
 
 
 def model_options(
-    model: str, weights: str, num_classes: int | None, labels: Path | None, input_size: int | None, device: str
+    model: str,
+    weights: str,
+    num_classes: int | None,
+    labels: Path | None,
+    input_size: int | None,
+    device: str,
+    task: str | None = None,
 ) -> ModelOptions:
     """What to load, from the shared options."""
-    return ModelOptions(model, weights, num_classes, labels, input_size, device)
+    return ModelOptions(model, weights, num_classes, labels, input_size, device, task)
 
 
 def explain_options(
@@ -145,6 +193,19 @@ def explain_options(
     top_k: int,
     aug_smooth: bool,
     eigen_smooth: bool,
+    score: str = "logit",
+    score_threshold: float = 0.5,
+    max_detections: int = 10,
 ) -> ExplainOptions:
     """What to explain, from the shared options."""
-    return ExplainOptions(tuple(layers or ()), tuple(methods), target_class, top_k, aug_smooth, eigen_smooth)
+    return ExplainOptions(
+        tuple(layers or ()),
+        tuple(methods),
+        target_class,
+        top_k,
+        aug_smooth,
+        eigen_smooth,
+        score,
+        score_threshold,
+        max_detections,
+    )

@@ -15,6 +15,7 @@ import typer
 from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, GradcamError
 
 if TYPE_CHECKING:
+    from ..models.tasks import Task
     from ..pipeline.records import Record
     from ..pipeline.session import Counts
 
@@ -60,6 +61,12 @@ def run_reported(reporter: Reporter, run: Callable[[], int]) -> None:
         reporter.error("interrupted")
         code = EXIT_INTERRUPTED
     raise typer.Exit(code)
+
+
+def default_layer_reason(task: Task) -> str:
+    """Why the default layer was chosen, as the 'using layer' message says it."""
+    kind = "last spatial layer" if task.value == "classify" else "last stage of the backbone"
+    return f"{kind}; choose with --layer"
 
 
 def run_summary(counts: Counts, seconds: float, unit: str = "images") -> str:

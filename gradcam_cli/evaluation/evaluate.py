@@ -19,6 +19,7 @@ from ..cam.engine import first_tensor, model_state_preserved
 from ..cam.explainer import Explainer
 from ..cam.maps import to_image_maps
 from ..cam.results import Prediction
+from ..cam.scores import class_probabilities
 from ..errors import GradcamError, UsageError, describe
 from ..io.discovery import InputImage, discover
 from ..io.images import load_image, to_input_tensor
@@ -26,8 +27,17 @@ from ..options import EvalOptions
 from . import metrics
 from .boxes import GroundTruthBox, match_boxes, read_boxes
 from .report import BLUR_KERNEL, BLUR_SIGMA, BoxScore, EvalReport, ImageScores, MethodScores
+from .tasks import TaskEvaluator
 
-__all__ = ["EvalOptions", "EvalReport", "Evaluator", "evaluate", "parameterised_modules", "reinitialise"]
+__all__ = [
+    "EvalOptions",
+    "EvalReport",
+    "Evaluator",
+    "evaluate",
+    "evaluator_for",
+    "parameterised_modules",
+    "reinitialise",
+]
 
 Job = tuple[Any, ...]
 """One perturbed image to score: ``("baseline",)``, ``("blurred",)`` or ``(method, kind, step)``."""
@@ -93,6 +103,7 @@ class Evaluator:
                     aug_smooth=self.explainer.aug_smooth,
                     eigen_smooth=self.explainer.eigen_smooth,
                     score_batch_size=self.explainer.score_batch_size,
+                    score=self.explainer.score_name,
                 )
             )
 
@@ -198,7 +209,8 @@ class Evaluator:
         return result
 
     def _probabilities(self, jobs: list[Job], build: Callable[[Job], torch.Tensor], target: int) -> Iterator[float]:
-        """The target's softmax probability for each job's image, forwarded ``batch_size`` images at a time."""
+        """The target's probability for each job's image (softmax; sigmoid with ``--score sigmoid``), forwarded
+        ``batch_size`` images at a time."""
         module = self.explainer.model.module
         size = self.options.batch_size
         with model_state_preserved(module), torch.inference_mode():
@@ -206,7 +218,7 @@ class Evaluator:
                 batch = torch.stack([build(job) for job in jobs[start : start + size]])
                 output = module(batch)
                 logits = output if isinstance(output, torch.Tensor) else first_tensor(output)
-                yield from logits.float().softmax(dim=1)[:, target].tolist()
+                yield from class_probabilities(logits.float(), self.explainer.score_name)[:, target].tolist()
 
     def _score_boxes(
         self,
@@ -245,6 +257,14 @@ class Evaluator:
         return matches[0] if len(matches) == 1 else None
 
 
+def evaluator_for(explainer: Explainer, options: EvalOptions | None = None) -> Evaluator | TaskEvaluator:
+    """The evaluator for the explainer's task: the whole protocol for a classifier, the boxes only for a detector
+    or segmenter (:mod:`gradcam_cli.evaluation.tasks`)."""
+    if explainer.task.value == "classify":
+        return Evaluator(explainer, options)
+    return TaskEvaluator(explainer, options)
+
+
 def evaluate(
     explainer: Explainer,
     images: Sequence[InputImage | str | Path],
@@ -255,4 +275,4 @@ def evaluate(
     """Evaluate ``explainer``'s maps on ``images`` (files, folders or globs); ``boxes``: a file, folder or list."""
     if isinstance(boxes, str | Path):
         boxes = read_boxes(boxes)
-    return Evaluator(explainer, options).run(images, boxes, on_image)
+    return evaluator_for(explainer, options).run(images, boxes, on_image)

@@ -78,6 +78,8 @@ class EvalReport:
     images: list[ImageScores]
     unmatched_boxes: int = 0
     target: int | None = None
+    undetected_boxes: int = 0
+    """Detectors and segmenters: ground-truth boxes no explained detection (or class) matched, left unscored."""
 
     @property
     def ok(self) -> list[ImageScores]:
@@ -86,6 +88,11 @@ class EvalReport:
     @property
     def failed(self) -> list[ImageScores]:
         return [image for image in self.images if image.error is not None]
+
+    @property
+    def has_curves(self) -> bool:
+        """Whether deletion and insertion were measured (classifiers; detectors and segmenters: boxes only)."""
+        return any(s.deletion for image in self.ok for s in image.methods.values())
 
     @property
     def has_boxes(self) -> bool:
@@ -99,14 +106,15 @@ class EvalReport:
             return out
         full = [image.target.probability for image, _ in scores if image.target]
         masked = [s.masked_probability for _, s in scores]
-        out.update(
-            deletion_auc=_mean([s.deletion_auc for _, s in scores]),
-            insertion_auc=_mean([s.insertion_auc for _, s in scores]),
-            average_drop=metrics.average_drop(full, masked),
-            increase_in_confidence=metrics.increase_in_confidence(full, masked),
-            deletion_curve=[_mean(column) for column in zip(*(s.deletion for _, s in scores), strict=True)],
-            insertion_curve=[_mean(column) for column in zip(*(s.insertion for _, s in scores), strict=True)],
-        )
+        if all(s.deletion for _, s in scores):
+            out.update(
+                deletion_auc=_mean([s.deletion_auc for _, s in scores]),
+                insertion_auc=_mean([s.insertion_auc for _, s in scores]),
+                average_drop=metrics.average_drop(full, masked),
+                increase_in_confidence=metrics.increase_in_confidence(full, masked),
+                deletion_curve=[_mean(column) for column in zip(*(s.deletion for _, s in scores), strict=True)],
+                insertion_curve=[_mean(column) for column in zip(*(s.insertion for _, s in scores), strict=True)],
+            )
         rows = [(image, box) for image, s in scores for box in s.boxes]
         if rows:
             out["pointing"] = _pointing_table([box for _, box in rows])
@@ -146,6 +154,7 @@ class EvalReport:
             "images": len(self.images),
             "failed": [{"image": image.image, "error": image.error} for image in self.failed],
             "unmatched_boxes": self.unmatched_boxes,
+            **({"undetected_boxes": self.undetected_boxes} if self.undetected_boxes else {}),
             "methods": {method: self.summary(method) for method in self.methods},
             "per_image": [_image_dict(image) for image in self.ok],
         }
@@ -176,11 +185,7 @@ def _image_dict(image: ImageScores) -> dict[str, Any]:
         "target": _prediction_dict(image.target),
         "methods": {
             name: {
-                "deletion_auc": s.deletion_auc,
-                "insertion_auc": s.insertion_auc,
-                "masked_probability": s.masked_probability,
-                "deletion_curve": s.deletion,
-                "insertion_curve": s.insertion,
+                **(_curves_dict(s) if s.deletion else {}),
                 "boxes": [
                     {"class": b.label, "explained": _prediction_dict(b.target), "hit": b.hit, "energy": b.energy}
                     for b in s.boxes
@@ -192,8 +197,19 @@ def _image_dict(image: ImageScores) -> dict[str, Any]:
     }
 
 
+def _curves_dict(s: MethodScores) -> dict[str, Any]:
+    return {
+        "deletion_auc": s.deletion_auc,
+        "insertion_auc": s.insertion_auc,
+        "masked_probability": s.masked_probability,
+        "deletion_curve": s.deletion,
+        "insertion_curve": s.insertion,
+    }
+
+
 def _prediction_dict(p: Prediction) -> dict[str, Any]:
-    return {"index": p.index, "name": p.name, "probability": p.probability}
+    box = {"box": list(p.box)} if p.box is not None else {}
+    return {"index": p.index, "name": p.name, "probability": p.probability, **box}
 
 
 def _json_safe(value: Any) -> Any:

@@ -15,12 +15,10 @@ def _fmt(value: float | None, pattern: str = "{:.3f}") -> str:
 def format_report(report: EvalReport) -> list[str]:
     """The human-readable report: a table of methods, then per-class pointing, outside-evidence and sanity lines."""
     summaries = {method: report.summary(method) for method in report.methods}
-    lines = [
-        f"model {report.model}, layer {'+'.join(report.layers)}, {len(report.ok)} image(s), "
-        f"{report.options.steps} steps",
-        "",
-    ]
-    header = ["method", "deletion AUC", "insertion AUC", "avg drop %", "increase %"]
+    measured = f"{report.options.steps} steps" if report.has_curves or not report.has_boxes else "boxes only"
+    lines = [f"model {report.model}, layer {'+'.join(report.layers)}, {len(report.ok)} image(s), {measured}", ""]
+    curves = report.has_curves or not report.has_boxes
+    header = ["method", *(["deletion AUC", "insertion AUC", "avg drop %", "increase %"] if curves else [])]
     if report.has_boxes:
         header += ["pointing %", "energy in box"]
     if report.sanity_modules:
@@ -29,13 +27,14 @@ def format_report(report: EvalReport) -> list[str]:
     for method, s in summaries.items():
         if not s.get("images"):
             continue
-        row = [
-            method,
-            _fmt(s["deletion_auc"]),
-            _fmt(s["insertion_auc"]),
-            _fmt(s["average_drop"], "{:.1f}"),
-            _fmt(s["increase_in_confidence"], "{:.1f}"),
-        ]
+        row = [method]
+        if curves:
+            row += [
+                _fmt(s.get("deletion_auc")),
+                _fmt(s.get("insertion_auc")),
+                _fmt(s.get("average_drop"), "{:.1f}"),
+                _fmt(s.get("increase_in_confidence"), "{:.1f}"),
+            ]
         if report.has_boxes:
             overall = s["pointing"]["overall"]
             row += [_fmt(overall["accuracy"], "{:.1f}"), _fmt(overall["energy"])]
@@ -43,7 +42,8 @@ def format_report(report: EvalReport) -> list[str]:
             row += [_fmt(max(s["sanity"]["spearman"]))]
         rows.append(row)
     lines += _table(header, rows)
-    lines.append("(lower is better: deletion AUC, avg drop, sanity rho; higher is better: the others)")
+    if curves:
+        lines.append("(lower is better: deletion AUC, avg drop, sanity rho; higher is better: the others)")
     if report.sanity_modules:
         lines.append("(sanity rho: the highest mean Spearman correlation over the randomisation cascade)")
     for method, s in summaries.items():

@@ -36,6 +36,9 @@ class InputSpec:
     """Longest side of the network input; ``None``: ``MAX_ASPECT * size`` (896 for 224); never below ``size``."""
     interpolation: str = "bilinear"
     """How images are resized to the network input: a Pillow filter name (bilinear, bicubic, nearest, lanczos...)."""
+    keep_aspect: bool = False
+    """Scale the image as a whole instead of squeezing it: the shorter side becomes ``size`` unless the longer side
+    would pass ``max_side``, which it then meets (torchvision's detection transform's rule)."""
 
     def resized_shape(self, height: int, width: int) -> tuple[int, int]:
         """(H, W) of the network input for an image of ``height`` x ``width``: shorter side = size, aspect kept.
@@ -48,6 +51,9 @@ class InputSpec:
         if self.fixed_size is not None:
             return self.fixed_size
         longest = max(self.size, self.max_side or MAX_ASPECT * self.size)
+        if self.keep_aspect:
+            scale = min(self.size / min(height, width), longest / max(height, width))
+            return max(1, round(height * scale)), max(1, round(width * scale))
         long_side = min(longest, round(max(height, width) * self.size / min(height, width)))
         return (self.size, long_side) if height <= width else (long_side, self.size)
 

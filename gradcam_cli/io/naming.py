@@ -49,6 +49,22 @@ def output_path(
     return output_dir / stem.parent / name
 
 
+def detection_path(
+    output_dir: Path, image: InputImage, method: str, rank: int, class_index: int, class_name: str, suffix: str
+) -> Path:
+    """A detector's overlay: ``<stem>_<method>_box<rank>_<class index>-<class slug><suffix>`` for detection
+    ``rank`` (1 = highest score), ``<stem>_<method>_boxes<suffix>`` for the combined map of all (``rank`` 0).
+
+    ``street_gradcam_box1_1-person.png``, ``street_gradcam_boxes.png``; with ``--save-raw`` the same names ending
+    in ``.npy``, with ``--save-heatmap`` ``heatmap-<method>`` in place of the method.
+    """
+    stem = image.output_stem
+    if rank == 0:
+        return output_dir / stem.parent / f"{stem.name}_{slug(method)}_boxes{suffix}"
+    name = f"{stem.name}_{slug(method)}_box{rank}_{class_index}-{slug(class_name)}{suffix}"
+    return output_dir / stem.parent / name
+
+
 def heatmap_path(
     output_dir: Path, image: InputImage, method: str, class_index: int, class_name: str, suffix: str
 ) -> Path:

@@ -1,4 +1,5 @@
-"""Loading classifiers: torchvision models by name, EfficientNet-Lite0 from PyPI, or a user's own factory."""
+"""Loading models: torchvision classifiers, detectors and segmenters by name, EfficientNet-Lite0 from PyPI, or a
+user's own factory; each with its task (:mod:`gradcam_cli.models.tasks`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ..options import ModelOptions
 from .hf_models import load_hf
 from .hub import HF_PREFIX, TIMM_PREFIX
 from .labels import check_label_count, read_labels
+from .tasks import SEGMENTATION_SIZE, Task, detection_spec, infer_task, torchvision_names, torchvision_task
 from .timm_models import load_timm
 from .weights import apply_state_dict, load_state_dict_file, torchvision_weights_only, weights_failure
 
@@ -28,13 +30,14 @@ LITE0_SPEC = InputSpec(mean=(0.498, 0.498, 0.498), std=(0.502, 0.502, 0.502))
 
 @dataclass
 class LoadedModel:
-    """A classifier ready to explain, with what the tool needs to know about it."""
+    """A model ready to explain, with what the tool needs to know about it."""
 
     module: nn.Module
     name: str
     weights: str
     categories: list[str] | None
     input_spec: InputSpec
+    task: Task = Task.CLASSIFY
     prefix_tokens: int | None = None
     """Leading non-spatial tokens (class, distillation, register) of the model's token sequences, as the model
     declares them (timm, Hugging Face); ``None``: found from each layer's shape (:mod:`gradcam_cli.cam.reshape`)."""
@@ -47,10 +50,8 @@ class LoadedModel:
 
 
 def available_models() -> list[str]:
-    """Every model name ``--model`` accepts besides ``module:factory`` specs."""
-    import torchvision.models
-
-    return sorted([*torchvision.models.list_models(module=torchvision.models), LITE0])
+    """Every model name ``--model`` accepts besides ``module:factory`` specs: classifiers, detectors, segmenters."""
+    return sorted([*(name for task in Task for name in torchvision_names(task)), LITE0])
 
 
 def imagenet_categories() -> list[str]:
@@ -66,33 +67,45 @@ def load_model(
     num_classes: int | None = None,
     labels: str | Path | None = None,
     input_size: int | None = None,
+    task: str | None = None,
 ) -> LoadedModel:
-    """Build and load a classifier, from :class:`ModelOptions` or, in a notebook, from the same fields by hand.
+    """Build and load a model, from :class:`ModelOptions` or, in a notebook, from the same fields by hand.
 
-    ``model``: a torchvision classification model, ``efficientnet_lite0``, ``timm:NAME``, ``hf:PATH`` (a folder
-    saved with ``save_pretrained``, or a hub id), ``package.module:factory`` or ``path/to/file.py:factory``.
-    ``weights``: ``DEFAULT``, a torchvision weights enum name (``IMAGENET1K_V1``), ``none`` (random initialisation)
-    or the path of a state dict (``torch.save`` or safetensors). ``labels``: a text file, one class per line, which
-    must name as many classes as the model has (a custom model's count is found with one forward pass on a blank
-    input). ``input_size``: ``None`` keeps the model's own (224, or a timm or Hugging Face model's configured size).
-    The model stays on the CPU (``ModelOptions.device`` is applied by :meth:`Explainer.from_options`).
+    ``model``: a torchvision classification, detection or segmentation model, ``efficientnet_lite0``, ``timm:NAME``,
+    ``hf:PATH`` (a folder saved with ``save_pretrained``, or a hub id), ``package.module:factory`` or
+    ``path/to/file.py:factory``; ``task`` (``None``: found from the model) says what it does. ``weights``:
+    ``DEFAULT``, a torchvision weights enum name (``IMAGENET1K_V1``), ``none`` (random initialisation, backbone
+    included: nothing is downloaded) or the path of a state dict (``torch.save`` or safetensors). ``labels``: a text
+    file, one class per line, which must name as many classes as the model has (a custom model's count is found
+    with one forward pass on a blank input). ``input_size``: ``None`` keeps the model's own. The model stays on the
+    CPU (``ModelOptions.device`` is applied by :meth:`Explainer.from_options`).
     """
     if isinstance(model, str):
-        model = ModelOptions(model, weights, num_classes, Path(labels) if labels is not None else None, input_size)
+        path = Path(labels) if labels is not None else None
+        model = ModelOptions(model, weights, num_classes, path, input_size, task=task)
     name = model.model
     hub = name.startswith((TIMM_PREFIX, HF_PREFIX))
     custom = not hub and ":" in name and not _is_windows_drive(name)
     if hub:
         load = load_timm if name.startswith(TIMM_PREFIX) else load_hf
         built = load(name, model.weights, model.num_classes)
-        loaded = LoadedModel(built.module, name, built.weights, built.categories, built.input_spec, built.prefix_tokens)
+        loaded = LoadedModel(
+            built.module, name, built.weights, built.categories, built.input_spec, prefix_tokens=built.prefix_tokens
+        )
     elif custom:
         loaded = _load_custom(name, model.weights)
     elif name == LITE0:
         loaded = _load_lite0(model.weights)
     else:
         loaded = _load_torchvision(name, model.weights, model.num_classes)
-    if model.input_size is not None and model.input_size != loaded.input_spec.size:
+    if model.task is not None:
+        loaded.task = Task.parse(model.task)
+    elif custom:
+        loaded.task = infer_task(loaded.module, loaded.input_spec, name)
+    spec = detection_spec(loaded.module, model.input_size) if loaded.task is Task.DETECT else None
+    if spec is not None:
+        loaded.input_spec = spec
+    elif model.input_size is not None and model.input_size != loaded.input_spec.size:
         loaded.input_spec = replace(loaded.input_spec, size=model.input_size)
     if model.labels is not None:
         names = read_labels(model.labels)
@@ -125,26 +138,29 @@ def count_classes(module: nn.Module, spec: InputSpec) -> int | None:
 def _load_torchvision(name: str, weights: str, num_classes: int | None) -> LoadedModel:
     import torchvision.models
 
-    names = torchvision.models.list_models(module=torchvision.models)
-    if name not in names:
-        raise UsageError(f"unknown model {name!r}.{suggest(name, [*names, LITE0])} See --list-models.")
+    task = torchvision_task(name)
+    if task is None:
+        names = available_models()
+        raise UsageError(f"unknown model {name!r}.{suggest(name, names)} See --list-models.")
     weights_enum = torchvision.models.get_model_weights(name)
     default = weights_enum.DEFAULT
     spec = _input_spec(name, default)
     if weights.lower() == "none" or _looks_like_path(weights):
-        kwargs = {"num_classes": num_classes} if num_classes else {}
+        kwargs: dict[str, Any] = {"num_classes": num_classes} if num_classes else {}
         if name in ("googlenet", "inception_v3"):
             kwargs.setdefault("aux_logits", False)
             kwargs.setdefault("init_weights", True)
+        if task is not Task.CLASSIFY:
+            kwargs["weights_backbone"] = None  # --weights none downloads nothing, backbone included
         module = torchvision.models.get_model(name, weights=None, **kwargs)
         if weights.lower() != "none":
             state = load_state_dict_file(weights)
             if name in ("googlenet", "inception_v3"):
                 state = {k: v for k, v in state.items() if not k.startswith(("aux1.", "aux2.", "AuxLogits."))}
             apply_state_dict(module, state, weights)
-        classes = num_classes or 1000
+        classes = num_classes or len(default.meta["categories"])
         categories = list(default.meta["categories"]) if classes == len(default.meta["categories"]) else None
-        return LoadedModel(module, name, weights, categories, spec)
+        return LoadedModel(module, name, weights, categories, spec, task=task)
     members = list(weights_enum.__members__)
     if weights not in members:
         raise UsageError(
@@ -159,7 +175,8 @@ def _load_torchvision(name: str, weights: str, num_classes: int | None) -> Loade
             module = torchvision.models.get_model(name, weights=chosen)
         except Exception as error:
             raise ModelLoadError(weights_failure(name, chosen, error)) from error
-    return LoadedModel(module, name, chosen.name, list(chosen.meta["categories"]), _input_spec(name, chosen))
+    categories = list(chosen.meta["categories"])
+    return LoadedModel(module, name, chosen.name, categories, _input_spec(name, chosen), task=task)
 
 
 def _input_spec(name: str, weights: Any) -> InputSpec:
@@ -170,6 +187,8 @@ def _input_spec(name: str, weights: Any) -> InputSpec:
     if name.startswith(("vit_", "maxvit_")):
         crop = getattr(transforms, "crop_size", [224])
         fixed = (crop[0], crop[0])
+    if name in torchvision_names(Task.SEGMENT):
+        return InputSpec(size=SEGMENTATION_SIZE, mean=mean, std=std)
     return InputSpec(fixed_size=fixed, mean=mean, std=std)
 
 

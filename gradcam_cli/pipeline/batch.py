@@ -52,6 +52,7 @@ from .decode import (
     default_workers,
     keep_sample,
 )
+from .detection_resume import CombinedOutputs, resumed_detection_rows
 from .outputs import OutputKind, WriteJob, output_kinds
 from .records import Record
 from .resume import EarlierRows, ExistingOutputs, FoundExplanation, resumed_rows
@@ -142,7 +143,10 @@ class BatchRunner:
         def row(**fields: Any) -> Record:
             return self._record(image, "skipped", **fields)
 
-        rows = resumed_rows(found, self.earlier.get(str(image.path)), row, self.explainer.model.class_name)
+        earlier = self.earlier.get(str(image.path))
+        if self.explainer.task.value == "detect":
+            return resumed_detection_rows(found, earlier, row) or [row()]
+        rows = resumed_rows(found, earlier, row, self.explainer.model.class_name)
         return rows or [row()]
 
     def _run(
@@ -191,7 +195,8 @@ class BatchRunner:
         """What ``--skip-existing`` looks for: this run's listed outputs, for its methods and targets."""
         explainer = self.explainer
         target = explainer.prediction(explainer.target, 0.0) if explainer.target is not None else None
-        return ExistingOutputs(self.output, self.kinds, explainer.methods, target, explainer.top_k)
+        kind = CombinedOutputs if explainer.task.value == "detect" else ExistingOutputs
+        return kind(self.output, self.kinds, explainer.methods, target, explainer.top_k)
 
     def _finish(self, item: _Pending, on_image: Callable[[], Any] | None) -> tuple[int, list[Record]]:
         rows = item.rows
@@ -262,9 +267,14 @@ class BatchRunner:
         """Name this image's files and rows, and hand the writing to a writer thread."""
         files: list[tuple[OutputKind, Path, Explanation | None]] = []
         rows = []
+        combined: dict[str, list[str]] = {}
         for explanation in result.explanations:
             named = [(kind, kind.path(self.output, image, explanation)) for kind in self.kinds if kind.per_explanation]
             files.extend((kind, path, explanation) for kind, path in named)
+            listed = [str(path) for kind, path in named if kind.listed]
+            if explanation.rank == 0:  # a detector's combined map: listed in its method's rows
+                combined[explanation.method] = listed
+                continue
             rows.append(
                 self._record(
                     image,
@@ -272,10 +282,18 @@ class BatchRunner:
                     method=explanation.method,
                     target=explanation.target,
                     predictions=result.predictions,
-                    outputs=[str(path) for kind, path in named if kind.listed],
+                    outputs=listed,
                     fingerprint=map_fingerprint(explanation.saliency),
                 )
             )
+        for method, listed in combined.items():
+            own = [row for row in rows if row.method == method]
+            for row in own:
+                row.outputs += listed
+            if not own:  # no detection above the threshold: a row without a target says so
+                rows.append(self._record(image, "ok", method=method, outputs=list(listed)))
+        if not rows:  # a segmenter that sees nothing but the background: the same
+            rows = [self._record(image, "ok", method=m, predictions=result.predictions) for m in self.explainer.methods]
         for kind in self.kinds:
             if not kind.per_explanation:
                 path = kind.path(self.output, image, None)

@@ -16,7 +16,7 @@ import torch
 
 from ..cam.results import Explanation, ImageExplanation
 from ..io.discovery import InputImage
-from ..io.naming import heatmap_path, output_path, panel_path, thumbnail_path
+from ..io.naming import detection_path, heatmap_path, output_path, panel_path, thumbnail_path
 from ..options import OutputOptions
 from ..render.colour import Blender, heatmap_image
 from ..render.encode import save_array, save_image
@@ -26,7 +26,8 @@ from ..render.encode import save_array, save_image
 class WriteJob:
     """What an :class:`OutputKind` writes from: one image, its result, and (per-explanation kinds) one explanation.
 
-    ``overlay`` is blended on first use and shared by the kinds that need it (the overlay file, its thumbnail).
+    ``overlay`` is blended on first use, marked (a detection's box, a segmenter's region outline:
+    :meth:`ImageExplanation.mark`) and shared by the kinds that need it (the overlay file, its thumbnail).
     """
 
     options: OutputOptions
@@ -40,7 +41,8 @@ class WriteJob:
     @property
     def overlay(self) -> torch.Tensor:
         if self._overlay is None:
-            self._overlay = self.blender(self.pixels, self.saliency)
+            overlay = self.blender(self.pixels, self.saliency)
+            self._overlay = self.result.mark(overlay, self.explanation) if self.explanation is not None else overlay
         return self._overlay
 
     @property
@@ -74,9 +76,17 @@ def _explained(explanation: Explanation | None) -> Explanation:
     return explanation
 
 
-def _overlay_path(options: OutputOptions, image: InputImage, explanation: Explanation | None) -> Path:
+def _named(options: OutputOptions, image: InputImage, explanation: Explanation | None, prefix: str = "") -> Path:
+    """An explanation's file, named by class (or, a detection, by rank and class); ``prefix`` before the method."""
     e = _explained(explanation)
-    return output_path(options.output_dir, image, e.method, e.target.index, e.target.name, options.image_format.suffix)
+    method, suffix = f"{prefix}{e.method}", options.image_format.suffix
+    if e.rank is not None:
+        return detection_path(options.output_dir, image, method, e.rank, e.target.index, e.target.name, suffix)
+    return output_path(options.output_dir, image, method, e.target.index, e.target.name, suffix)
+
+
+def _overlay_path(options: OutputOptions, image: InputImage, explanation: Explanation | None) -> Path:
+    return _named(options, image, explanation)
 
 
 def _raw_path(options: OutputOptions, image: InputImage, explanation: Explanation | None) -> Path:
@@ -85,6 +95,8 @@ def _raw_path(options: OutputOptions, image: InputImage, explanation: Explanatio
 
 def _heatmap_path(options: OutputOptions, image: InputImage, explanation: Explanation | None) -> Path:
     e = _explained(explanation)
+    if e.rank is not None:
+        return _named(options, image, explanation, "heatmap-")
     return heatmap_path(options.output_dir, image, e.method, e.target.index, e.target.name, options.image_format.suffix)
 
 

@@ -31,13 +31,21 @@ class Record:
     provenance: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The row as plain JSON-ready data, in manifest column order (predictions as {index, name, probability};
-        a probability that is not finite becomes null, so the JSON stays valid)."""
+        """The row as plain JSON-ready data, in manifest column order (predictions as {index, name, probability},
+        with a detection's ``box`` and a segmenter's class ``share`` where they have one; a probability that is not
+        finite becomes null, so the JSON stays valid)."""
         row = asdict(self)
         for prediction in [row["target"], *row["predictions"]]:
             if prediction is not None:
                 probability = prediction["probability"]
                 prediction["probability"] = round(probability, 6) if math.isfinite(probability) else None
+                for extra in ("box", "share"):
+                    if prediction[extra] is None:
+                        del prediction[extra]
+                if "box" in prediction:
+                    prediction["box"] = list(prediction["box"])
+                if "share" in prediction:
+                    prediction["share"] = round(prediction["share"], 6)
         return {key: row[key] for key in MANIFEST_FIELDS}
 
     @classmethod
@@ -65,4 +73,14 @@ def _prediction(value: Any) -> Prediction | None:
     if not isinstance(value, dict) or not isinstance(value.get("index"), int):
         return None
     probability = value.get("probability")
-    return Prediction(value["index"], str(value.get("name", "")), math.nan if probability is None else probability)
+    box = value.get("box")
+    share = value.get("share")
+    return Prediction(
+        value["index"],
+        str(value.get("name", "")),
+        math.nan if probability is None else probability,
+        box=(float(box[0]), float(box[1]), float(box[2]), float(box[3]))
+        if isinstance(box, list) and len(box) == 4
+        else None,
+        share=float(share) if isinstance(share, int | float) else None,
+    )

@@ -199,6 +199,10 @@ RECORD_LABELS = {
     "format": "format",
     "quality": "quality",
     "max_side": "max side",
+    "task": "task",
+    "score": "--score",
+    "score_threshold": "--score-threshold",
+    "max_detections": "--max-detections",
 }
 """The run record's keys (what changes the content of an output without changing its name), as messages say them."""
 

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from ..cam.explainer import Explainer
 from ..drift.provenance import run_provenance, use_deterministic
-from ..errors import GradcamError, describe
+from ..errors import GradcamError, UsageError, describe
 from ..io.atomic import remove_stale_temporaries
 from ..io.discovery import InputImage
 from ..io.lock import FolderLock, ensure_folder
@@ -154,7 +154,12 @@ class Session:
     ) -> Iterator[Record]:
         """Explain every image, then every video, yielding each record once it is written and recorded.
 
-        :meth:`start` comes first, unless it was called already."""
+        :meth:`start` comes first, unless it was called already. Videos are for classifiers only."""
+        if videos and explainer.task.value != "classify":
+            raise UsageError(
+                f"videos are explained with classifiers only; {videos[0].path} is a video and {explainer.model.name} "
+                f"a {explainer.task.noun}"
+            )
         self.start(explainer)
         self._order += [row_key({"input": str(item.path)}) for item in [*images, *videos]]
         if images:
@@ -182,6 +187,11 @@ class Session:
         carries; once per session."""
         if self._started:
             return
+        if self.output.panel and explainer.task.value == "detect":
+            raise UsageError(
+                "--panel is for classifiers and segmenters; a detector's <stem>_<method>_boxes overlay "
+                "shows all its detections at once"
+            )
         spec = explainer.model.input_spec
         record = run_record(
             explainer.model.name,
@@ -192,6 +202,7 @@ class Session:
             self.output,
             self.run.max_side,
         )
+        record.update(explainer.settings)
         if self.output.skip_existing:
             check_run_record(self.output.output_dir, record)
         write_run_record(self.output.output_dir, record)

@@ -97,6 +97,8 @@ def _kind(path: str) -> str:
         return "panel"
     if "_heatmap-" in name:
         return "heatmap"
+    if name.endswith(f"_boxes{suffix}"):
+        return "all detections"
     return "file"
 
 

@@ -1,0 +1,210 @@
+"""Explaining detectors: which detections are explained, what is differentiated, and where the maps lie.
+
+**What is differentiated.** A torchvision detector in eval mode chooses its detections with operations that have no
+gradient (thresholds, non-maximum suppression, top-k), but the score of each detection it returns is still a
+differentiable function of the features it was computed from (a softmax or sigmoid of the head's logits, picked
+out by indexing). The explainer runs the detector once with the layer hooked and gradients on, reads the
+detections of that very pass, and differentiates the chosen detection's ``scores`` entry: the gradient of that
+detection's class score with respect to the layer. Detections are explained by score, highest first, those
+scoring at least ``--score-threshold`` and at most ``--max-detections`` of them (only those of ``--target-class``
+when it is given). One more target per image, the *combined* one, is the sum of all of them.
+
+**The matching rule.** Where another forward pass must find "the same detection" (Score-CAM's masked inputs, and
+``gradcam eval``'s ground-truth boxes), it is the detection of that pass with the same class whose box overlaps
+the reference box most, by intersection over union, provided that IoU is at least :data:`MATCH_IOU`; without one,
+the score is 0.
+
+**Geometry.** A detector with torchvision's transform (``GeneralizedRCNNTransform``) resizes the input and pads
+the batch at its bottom and right to a multiple of 32 (SSD: resizes to a fixed square, no padding). The layer's
+feature maps cover the padded batch, so only their top-left part shows the image: that part alone is stretched
+over the original image (:func:`gradcam_cli.cam.maps.upsample_region`). Its boxes come back in the coordinates of
+the input the detector was given, and are scaled to the original image's pixels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..errors import UsageError
+from ..models.tasks import describe_output
+from .maps import to_image_maps
+from .results import Explanation, ImageExplanation, Prediction
+from .scores import Cams, ClassName, MaskedProbability, sum_or_none
+
+MATCH_IOU = 0.5
+"""Least intersection over union for a detection of another pass to count as the same detection."""
+COMBINED = "all detections"
+"""The name of a detector's combined target (the sum of every explained detection's score)."""
+
+Detections = Mapping[str, torch.Tensor]
+
+
+def detections_of(output: object) -> list[Detections]:
+    """A detector's output, checked: one dict with ``boxes``, ``labels`` and ``scores`` per image."""
+    if isinstance(output, list | tuple) and all(
+        isinstance(item, Mapping)
+        and all(isinstance(item.get(key), torch.Tensor) for key in ("boxes", "labels", "scores"))
+        for item in output
+    ):
+        return list(output)
+    raise UsageError(
+        f"the model returned {describe_output(output)}; a detector returns a list of dicts with boxes, labels and "
+        "scores (see --task)"
+    )
+
+
+def box_iou(box: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    """Intersection over union of one (4,) box with each of (M, 4) boxes, all ``(x1, y1, x2, y2)``: (M,)."""
+    top_left = torch.maximum(box[:2], boxes[:, :2])
+    bottom_right = torch.minimum(box[2:], boxes[:, 2:])
+    inter = (bottom_right - top_left).clamp(min=0).prod(dim=1)
+    area = (box[2:] - box[:2]).clamp(min=0).prod()
+    areas = (boxes[:, 2:] - boxes[:, :2]).clamp(min=0).prod(dim=1)
+    union = area + areas - inter
+    return torch.where(union > 0, inter / union.clamp(min=1e-12), torch.zeros_like(union))
+
+
+def match(box: torch.Tensor, label: int, detections: Detections) -> int | None:
+    """The index of the detection in ``detections`` that is the same as (``box``, ``label``) by the matching rule
+    (same class, highest IoU, at least :data:`MATCH_IOU`); ``None``: no such detection."""
+    boxes, labels = detections["boxes"].detach(), detections["labels"]
+    same = (labels == label).nonzero().flatten()
+    if same.numel() == 0:
+        return None
+    ious = box_iou(box.to(boxes.device, boxes.dtype), boxes[same])
+    best = int(ious.argmax())
+    return int(same[best]) if float(ious[best]) >= MATCH_IOU else None
+
+
+def matched_score(box: torch.Tensor, label: int, detections: Detections) -> torch.Tensor:
+    """The score of the detection matching (``box``, ``label``) in ``detections``, 0 when none does."""
+    index = match(box, label, detections)
+    scores = detections["scores"]
+    return scores[index].float() if index is not None else torch.zeros((), device=scores.device)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Where a batch's input went inside the detector: the fraction of the feature maps that shows the image
+    (``region``, height and width), and the input's size the boxes are given in."""
+
+    region: tuple[float, float] = (1.0, 1.0)
+    input_size: tuple[int, int] = (1, 1)
+
+
+def detector_geometry(transform: nn.Module | None, inputs: torch.Tensor) -> Geometry:
+    """The :class:`Geometry` of a batch of equally sized ``inputs``: the detector's transform is run on one blank
+    input of their size (resizing and padding depend on the size alone) to see where the image lands."""
+    height, width = int(inputs.shape[-2]), int(inputs.shape[-1])
+    if transform is None:
+        return Geometry((1.0, 1.0), (height, width))
+    with torch.no_grad():
+        images, _ = transform([torch.zeros(3, height, width, device=inputs.device)])
+    (resized_h, resized_w), (padded_h, padded_w) = images.image_sizes[0], images.tensors.shape[-2:]
+    return Geometry((resized_h / padded_h, resized_w / padded_w), (height, width))
+
+
+@dataclass(frozen=True)
+class DetectionScore:
+    """A detector's scores: each detection scoring at least ``threshold`` (at most ``max_detections`` per image,
+    highest first), then their sum. ``transform``: the detector's torchvision transform, if it has one."""
+
+    transform: nn.Module | None = None
+    threshold: float = 0.5
+    max_detections: int = 10
+
+    def targets(
+        self, output: object, inputs: torch.Tensor, target: int | None, top_k: int, chosen: torch.Tensor | None = None
+    ) -> DetectionTargets:
+        detections = detections_of(output)
+        picked = []
+        for found in detections:
+            scores, labels = found["scores"].detach(), found["labels"]
+            keep = scores >= self.threshold
+            if target is not None:
+                keep &= labels == target
+            order = scores.masked_fill(~keep, -1.0).argsort(descending=True, stable=True)
+            picked.append([int(i) for i in order[: int(keep.sum())][: self.max_detections]])
+        return DetectionTargets(detections, picked, detector_geometry(self.transform, inputs))
+
+
+@dataclass
+class DetectionTargets:
+    """The chosen detections of one pass: ``picked[n]`` indexes image n's detections, highest score first. Target
+    ``k`` is each image's ``k``-th detection; the last target (``count - 1``) is the combined one."""
+
+    detections: list[Detections]
+    picked: list[list[int]]
+    geometry: Geometry = field(default_factory=Geometry)
+
+    @property
+    def count(self) -> int:
+        return max((len(p) for p in self.picked), default=0) + 1
+
+    @property
+    def region(self) -> tuple[float, float]:
+        return self.geometry.region
+
+    def _chosen(self, n: int, k: int) -> list[int]:
+        """Image n's detections scored by target ``k``: its ``k``-th, or all of them for the combined target."""
+        picked = self.picked[n]
+        return picked if k == self.count - 1 else picked[k : k + 1]
+
+    def value(self, k: int) -> torch.Tensor | None:
+        return sum_or_none(
+            [self.detections[n]["scores"][i] for n in range(len(self.picked)) for i in self._chosen(n, k)]
+        )
+
+    def masked(self, k: int) -> MaskedProbability:
+        def probability(output: object, samples: torch.Tensor) -> torch.Tensor:
+            found = detections_of(output)
+            values = []
+            for j, sample in enumerate(samples.tolist()):
+                reference = self.detections[sample]
+                terms = [
+                    matched_score(reference["boxes"][i].detach(), int(reference["labels"][i]), found[j])
+                    for i in self._chosen(sample, k)
+                ]
+                values.append(torch.stack(terms).sum() if terms else torch.zeros((), device=samples.device))
+            return torch.stack(values).to(samples.device) if values else torch.zeros(0)
+
+        return probability
+
+    def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
+        methods = list(cams)
+        results = []
+        for n, size in enumerate(sizes):
+            shown = self.predictions(n, size, class_name)
+            explanations = []
+            for k in range(self.count):
+                combined = k == self.count - 1
+                if not combined and k >= len(shown):
+                    continue
+                target = shown[k] if not combined else _combined_target(shown)
+                for method in methods:
+                    saliency = to_image_maps([cam[n : n + 1] for cam in cams[method][k]], size, self.geometry.region)
+                    explanations.append(Explanation(method, target, saliency[0], rank=0 if combined else k + 1))
+            results.append(ImageExplanation(shown, explanations))
+        return results
+
+    def predictions(self, n: int, size: tuple[int, int], class_name: ClassName) -> list[Prediction]:
+        """Image n's explained detections, boxes scaled to an original image of ``size`` = (H, W)."""
+        found = self.detections[n]
+        (in_h, in_w), (height, width) = self.geometry.input_size, size
+        scale = torch.tensor([width / in_w, height / in_h, width / in_w, height / in_h])
+        shown = []
+        for i in self.picked[n]:
+            box = (found["boxes"][i].detach().float().cpu() * scale).tolist()
+            label = int(found["labels"][i])
+            x1, y1, x2, y2 = (round(value, 1) for value in box)
+            shown.append(Prediction(label, class_name(label), float(found["scores"][i].detach()), box=(x1, y1, x2, y2)))
+        return shown
+
+
+def _combined_target(shown: Sequence[Prediction]) -> Prediction:
+    """The combined target: index -1, and the highest detection score (0 when there is none)."""
+    return Prediction(-1, COMBINED, max((p.probability for p in shown), default=0.0))

@@ -1,0 +1,152 @@
+"""What the explainer differentiates: one score per target, read from a forward pass, for every task.
+
+A :class:`Score` reads the output of the hooked forward pass and chooses the targets in it (classes, detections);
+the :class:`Targets` it returns give, for target ``k``, the scalar whose gradient the CAM methods use: the sum over
+the batch of each sample's ``k``-th target's score (the samples of a batch are independent, so one backward pass
+serves them all). Score-CAM's masked inputs need a probability instead: :meth:`Targets.masked` reads it from the
+output of a masked batch. :meth:`Targets.results` turns the coarse maps into each image's
+:class:`~gradcam_cli.cam.results.ImageExplanation`.
+
+- Classifiers (:class:`ClassScore`): class c's logit (``--score logit``, the default), its softmax probability or
+  its sigmoid (multi-label heads); probabilities shown are softmax, or sigmoid with ``--score sigmoid``.
+- Detectors (:mod:`gradcam_cli.cam.detection`): the score of one detection, and the sum of all of them.
+- Segmenters (:mod:`gradcam_cli.cam.segmentation`): the sum of class c's logits over the pixels predicted as c.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from ..errors import UsageError
+from .engine import as_logits
+from .maps import to_image_maps
+from .results import TOP_PREDICTIONS, Explanation, ImageExplanation, Prediction
+
+MaskedProbability = Callable[[object, torch.Tensor], torch.Tensor]
+"""``(output for masked inputs, the sample each came from)`` -> (B,) probability of that sample's target."""
+ClassName = Callable[[int], str]
+"""A class's name from its index (:meth:`gradcam_cli.models.loading.LoadedModel.class_name`)."""
+Cams = dict[str, list[list[torch.Tensor]]]
+"""``cams[method][k][l]``: the coarse (N, h, w) map of target ``k`` at layer ``l``."""
+
+
+class Targets(Protocol):
+    """The targets chosen in one forward pass, and their scores."""
+
+    @property
+    def count(self) -> int:
+        """Targets per sample (the most any sample has)."""
+
+    @property
+    def region(self) -> tuple[float, float]:
+        """The top-left part of the layer's maps that shows the input (see
+        :func:`gradcam_cli.cam.maps.upsample_region`): all of it, except in a detector's padded batch."""
+
+    def value(self, k: int) -> torch.Tensor | None:
+        """The differentiable sum of every sample's ``k``-th target's score; ``None``: no sample has one."""
+
+    def masked(self, k: int) -> MaskedProbability:
+        """How Score-CAM reads target ``k``'s probability from the output of a masked batch."""
+
+    def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
+        """Each sample's predictions and maps, upsampled to its entry of ``sizes``."""
+
+
+class Score(Protocol):
+    """Reads a model's output for one task: chooses targets and scores them."""
+
+    def targets(
+        self, output: object, inputs: torch.Tensor, target: int | None, top_k: int, chosen: torch.Tensor | None = None
+    ) -> Targets:
+        """The targets of ``output`` (the model's output for ``inputs``): ``target`` fixes the class, else each
+        sample's own top ``top_k``; ``chosen`` (classifiers, ``--aug-smooth``'s views) fixes the targets."""
+
+
+def sum_or_none(terms: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """The sum of scalar ``terms``, or ``None`` when there are none (no backward pass then)."""
+    return torch.stack(list(terms)).sum() if terms else None
+
+
+def class_probabilities(logits: torch.Tensor, kind: str) -> torch.Tensor:
+    """The probabilities shown for classifier logits: sigmoid for ``--score sigmoid``, softmax otherwise."""
+    return logits.sigmoid() if kind == "sigmoid" else logits.softmax(dim=1)
+
+
+@dataclass(frozen=True)
+class ClassScore:
+    """A classifier's score for class c: its ``logit`` (default), ``softmax`` probability or ``sigmoid``."""
+
+    kind: str = "logit"
+
+    def targets(
+        self, output: object, inputs: torch.Tensor, target: int | None, top_k: int, chosen: torch.Tensor | None = None
+    ) -> ClassTargets:
+        logits = as_logits(output)
+        if chosen is None:
+            chosen = _class_targets(logits, target, top_k)
+        return ClassTargets(logits, chosen, self.kind)
+
+
+def _class_targets(logits: torch.Tensor, target: int | None, top_k: int) -> torch.Tensor:
+    classes = logits.shape[1]
+    if target is not None:
+        if not 0 <= target < classes:
+            raise UsageError(f"target class {target} is out of range: the model has {classes} classes")
+        return torch.full((logits.shape[0], 1), target, dtype=torch.long, device=logits.device)
+    if not 1 <= top_k <= classes:
+        raise UsageError(f"--top-k must be between 1 and {classes}")
+    return logits.detach().topk(top_k, dim=1).indices
+
+
+class ClassTargets:
+    """A classifier's (N, K) target classes in its (N, classes) ``logits``."""
+
+    def __init__(self, logits: torch.Tensor, targets: torch.Tensor, kind: str) -> None:
+        self.logits, self.targets, self.kind = logits, targets, kind
+
+    @property
+    def count(self) -> int:
+        return int(self.targets.shape[1])
+
+    @property
+    def region(self) -> tuple[float, float]:
+        return (1.0, 1.0)
+
+    @property
+    def probabilities(self) -> torch.Tensor:
+        """(N, classes) probabilities: softmax, or sigmoid with ``--score sigmoid``."""
+        return class_probabilities(self.logits.detach().float(), self.kind)
+
+    def value(self, k: int) -> torch.Tensor:
+        scores = self.logits if self.kind == "logit" else class_probabilities(self.logits, self.kind)
+        return scores.gather(1, self.targets[:, k : k + 1]).sum()
+
+    def masked(self, k: int) -> MaskedProbability:
+        def probability(output: object, samples: torch.Tensor) -> torch.Tensor:
+            probabilities = class_probabilities(as_logits(output).float(), self.kind)
+            return probabilities.gather(1, self.targets[samples, k].unsqueeze(1)).squeeze(1)
+
+        return probability
+
+    def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
+        probabilities, targets = self.probabilities, self.targets
+        top_p, top_i = probabilities.topk(min(TOP_PREDICTIONS, probabilities.shape[1]), dim=1)
+        methods = list(cams)
+        results = []
+        for i, size in enumerate(sizes):
+            predictions = [
+                Prediction(int(c), class_name(int(c)), float(p)) for p, c in zip(top_p[i], top_i[i], strict=True)
+            ]
+            explanations = []
+            for k in range(targets.shape[1]):
+                index = int(targets[i, k])
+                chosen = Prediction(index, class_name(index), float(probabilities[i, index]))
+                for method in methods:
+                    saliency = to_image_maps([cam[i : i + 1] for cam in cams[method][k]], size)[0]
+                    explanations.append(Explanation(method, chosen, saliency))
+            results.append(ImageExplanation(predictions, explanations))
+        return results

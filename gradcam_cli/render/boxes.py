@@ -1,0 +1,81 @@
+"""Marks drawn over an overlay: a detector's boxes with their label and score, a segmenter's region outline.
+
+Drawn on the finished (H, W, 3) uint8 overlay: lines and labels with Pillow's ``ImageDraw``, the outline in torch.
+Line widths and the label's size grow with the image (about 1/250 and 1/30 of its shorter side).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image, ImageDraw, ImageFont
+
+PALETTE = (
+    (255, 255, 255),
+    (255, 215, 0),
+    (0, 255, 255),
+    (255, 0, 255),
+    (124, 252, 0),
+    (255, 140, 0),
+    (135, 206, 250),
+    (255, 105, 180),
+)
+"""Box colours, by detection rank (1: the first, white), repeating."""
+OUTLINE = (255, 255, 255)
+"""A segmenter's region outline."""
+
+Mark = tuple[tuple[float, float, float, float], str, int]
+"""A box ``(x1, y1, x2, y2)`` in pixels, its caption, and its detection rank (1-based: its colour)."""
+
+
+def line_width(height: int, width: int) -> int:
+    """The width of boxes and outlines for an image of this size, in pixels."""
+    return max(2, round(min(height, width) / 250))
+
+
+def colour(rank: int) -> tuple[int, int, int]:
+    """The colour of detection ``rank`` (1-based)."""
+    return PALETTE[(rank - 1) % len(PALETTE)]
+
+
+def draw_boxes(overlay: torch.Tensor, marks: Sequence[Mark]) -> torch.Tensor:
+    """``overlay`` (H, W, 3) uint8 with each box drawn in its rank's colour and its caption on a filled label
+    above it (inside the image where the box touches the top)."""
+    image = Image.fromarray(overlay.cpu().numpy())
+    draw = ImageDraw.Draw(image)
+    height, width = overlay.shape[:2]
+    thickness = line_width(height, width)
+    font = _font(max(10, min(height, width) // 30))
+    for box, caption, rank in marks:
+        x1, y1, x2, y2 = box
+        fill = colour(rank)
+        draw.rectangle((x1, y1, max(x1, x2 - 1), max(y1, y2 - 1)), outline=fill, width=thickness)
+        left, top, right, bottom = draw.textbbox((0, 0), caption, font=font)
+        label_h, label_w = bottom - top + 2 * thickness, right - left + 2 * thickness
+        y = y1 - label_h if y1 - label_h >= 0 else y1
+        draw.rectangle((x1, y, x1 + label_w, y + label_h), fill=fill)
+        draw.text((x1 + thickness - left, y + thickness - top), caption, fill=(0, 0, 0), font=font)
+    return torch.from_numpy(np.asarray(image).copy())
+
+
+def draw_outline(overlay: torch.Tensor, region: torch.Tensor) -> torch.Tensor:
+    """``overlay`` (H, W, 3) uint8 with the border of the (H, W) bool ``region`` drawn: the region's pixels within
+    a line width of a pixel outside it."""
+    height, width = overlay.shape[:2]
+    thickness = line_width(height, width)
+    inside = region.to(torch.float32)[None, None]
+    outside_near = F.max_pool2d(1.0 - inside, 2 * thickness + 1, stride=1, padding=thickness)
+    border = (inside * outside_near)[0, 0].bool().to(overlay.device)
+    marked = overlay.clone()
+    marked[border] = torch.tensor(OUTLINE, dtype=torch.uint8, device=overlay.device)
+    return marked
+
+
+def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+    try:
+        return ImageFont.load_default(size=size)
+    except (TypeError, OSError):  # Pillow without FreeType: the fixed bitmap font
+        return ImageFont.load_default()

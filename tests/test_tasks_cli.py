@@ -1,0 +1,239 @@
+"""Detectors and segmenters on the command line: rows and files per detection and per class, the drawn boxes and
+outlines, images without detections, --save-raw, --report, --skip-existing, --list-layers, gradcam eval against
+ground-truth boxes, and the one-line refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image
+from square_model import square_image
+from typer.testing import CliRunner
+
+from gradcam_cli.cli import app
+from gradcam_cli.cli.eval import app as eval_app
+from gradcam_cli.errors import EXIT_OK, EXIT_USAGE
+from gradcam_cli.render.boxes import PALETTE
+
+MODELS = Path(__file__).with_name("task_models.py")
+DETECTOR, SEGMENTER, PUZZLE = (f"{MODELS}:{name}" for name in ("build_detector", "build_segmenter", "build_puzzle"))
+RED_BOX = (250, 60, 290, 100)
+
+
+def run(*args: str | Path) -> object:
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def run_eval(*args: str | Path) -> object:
+    return CliRunner().invoke(eval_app, [str(a) for a in args])
+
+
+def rows(result) -> list[dict]:
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+@pytest.fixture
+def inputs(tmp_path) -> Path:
+    """grey.png (nothing to find), red.png (a red square by the right edge), two.png (green and red squares), and
+    the class names of the square models."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    Image.new("RGB", (300, 200), (128, 128, 128)).save(folder / "grey.png")
+    square_image((300, 200), RED_BOX).save(folder / "red.png")
+    two = square_image((240, 320), (30, 40, 90, 100), "green")
+    two.paste((230, 20, 20), (120, 200, 200, 280))
+    two.save(folder / "two.png")
+    (tmp_path / "classes.txt").write_text("__background__\nred\ngreen\nblue\n", encoding="utf-8")
+    return folder
+
+
+def detect(what: Path, out: Path, *more: str | Path) -> object:
+    """The square detector on ``what`` (the inputs folder or a file in it), with the class names."""
+    folder = what if what.is_dir() else what.parent
+    return run(what, "-m", DETECTOR, "--labels", folder.parent / "classes.txt", "-o", out, "--workers", "0", *more)
+
+
+def test_a_detector_writes_a_row_and_an_overlay_per_detection_and_a_combined_overlay(inputs, tmp_path):
+    out = tmp_path / "out"
+    result = detect(inputs, out, "--json", "--method", "gradcam,layercam")
+    assert result.exit_code == EXIT_OK, result.output
+    found = rows(result)
+    by_image = {
+        name: [r for r in found if Path(r["input"]).name == name] for name in ("grey.png", "red.png", "two.png")
+    }
+    assert [(r["method"], r["target"], r["outputs"]) for r in by_image["grey.png"]] == [
+        ("gradcam", None, [str(out / "grey_gradcam_boxes.png")]),
+        ("layercam", None, [str(out / "grey_layercam_boxes.png")]),
+    ]
+    (red_gradcam, red_layercam) = by_image["red.png"]
+    assert red_gradcam["target"]["name"] == "red" and red_gradcam["target"]["index"] == 1
+    x1, y1, x2, y2 = red_gradcam["target"]["box"]  # in the original image's pixels
+    assert abs(x1 - 250) <= 5 and abs(y1 - 60) <= 5 and abs(x2 - 290) <= 5 and abs(y2 - 100) <= 5
+    assert red_gradcam["outputs"] == [str(out / "red_gradcam_box1_1-red.png"), str(out / "red_gradcam_boxes.png")]
+    assert red_layercam["outputs"][1] == str(out / "red_layercam_boxes.png")
+    two = by_image["two.png"]
+    assert len(two) == 4 and {r["target"]["name"] for r in two} == {"red", "green"}
+    assert all(len(r["predictions"]) == 2 and all("box" in p for p in r["predictions"]) for r in two)
+    written = sorted(p.name for p in out.glob("two_*"))
+    assert len(written) == 6 and "two_gradcam_boxes.png" in written and "two_layercam_box2_2-green.png" in written
+
+
+def test_the_overlay_draws_the_box_and_the_console_names_it(inputs, tmp_path):
+    out = tmp_path / "out"
+    result = detect(inputs / "red.png", out)
+    assert result.exit_code == EXIT_OK, result.output
+    lines = result.stdout.splitlines()
+    assert lines[1].startswith("  1. red ") and "(class 1) at [" in lines[1]
+    assert lines[2].startswith("  gradcam for red (99.9% at [") and lines[2].endswith("red_gradcam_box1_1-red.png")
+    overlay = np.asarray(Image.open(out / "red_gradcam_box1_1-red.png"))
+    x1, y1, x2, y2 = rows(detect(inputs / "red.png", tmp_path / "again", "--json"))[0]["target"]["box"]
+    middle = (int(y1 + y2) // 2, int(x2) - 1)  # the right edge of the box, half-way down
+    assert tuple(overlay[middle]) == PALETTE[0]
+    assert tuple(overlay[middle[0], int(x1) + 12]) != PALETTE[0]  # inside the box: the map, not the line
+
+
+def test_an_image_without_detections_is_a_row_that_says_so(inputs, tmp_path):
+    result = detect(inputs / "grey.png", tmp_path / "out")
+    assert result.exit_code == EXIT_OK, result.output
+    assert "  gradcam: no detection above --score-threshold 0.5 -> " in result.stdout
+    assert result.stderr.count("error") == 0
+
+
+def test_save_raw_and_report_cover_every_detection(inputs, tmp_path):
+    out = tmp_path / "out"
+    result = detect(inputs, out, "--save-raw", "--report")
+    assert result.exit_code == EXIT_OK, result.output
+    raw = np.load(out / "red_gradcam_box1_1-red.npy")
+    assert raw.shape == (200, 300) and raw.dtype == np.float32
+    row, col = np.unravel_index(int(raw.argmax()), raw.shape)
+    assert 250 <= col < 290 and 60 <= row < 100
+    assert (out / "red_gradcam_boxes.npy").exists() and (out / "grey_gradcam_boxes.npy").exists()
+    page = (out / "index.html").read_text(encoding="utf-8")
+    assert page.count('"views":[') == 3 and '"target":null' in page  # grey.png's card says nothing was found
+    assert len(list((out / "_thumbs").glob("*.jpg"))) == 1 + 2 + 3  # each detection's overlay, each combined one
+    assert '["all detections","red_gradcam_boxes.png"]' in page  # linked from the detection's card as such
+
+
+def test_skip_existing_resumes_a_detectors_run(inputs, tmp_path):
+    out = tmp_path / "out"
+    manifest = out / "rows.jsonl"
+    first = detect(inputs, out, "--manifest", manifest, "--json")
+    assert first.exit_code == EXIT_OK
+    (out / "two_gradcam_boxes.png").unlink()  # two.png is no longer complete
+    again = detect(inputs, out, "--manifest", manifest, "--json", "--skip-existing")
+    assert again.exit_code == EXIT_OK, again.output
+    statuses = {(Path(r["input"]).name, r["status"]) for r in rows(again)}
+    assert statuses == {("grey.png", "skipped"), ("red.png", "skipped"), ("two.png", "ok")}
+    kept = [r for r in rows(again) if r["status"] == "skipped" and r["target"]]
+    assert [r["target"]["name"] for r in kept] == ["red"]  # the earlier row, from the manifest
+    refused = detect(inputs, out, "--skip-existing", "--score-threshold", "0.3")
+    assert refused.exit_code == EXIT_USAGE and "--score-threshold 0.5 (this run: 0.3)" in refused.stderr
+
+
+def test_list_layers_marks_the_backbones_last_stage(inputs):
+    result = run("-m", DETECTOR, "--list-layers")
+    assert result.exit_code == EXIT_OK, result.output
+    table = result.stdout.split("\n\n")[0]  # the legend follows a blank line
+    assert [line.split()[1] for line in table.splitlines() if line.startswith("*")] == ["backbone.body"]
+
+
+def test_a_segmenter_writes_one_overlay_per_class_with_its_share_and_outline(inputs, tmp_path):
+    out = tmp_path / "out"
+    labels = inputs.parent / "classes.txt"
+    result = run(inputs / "two.png", "-m", SEGMENTER, "--labels", labels, "-o", out, "-k", "3", "--json")
+    assert result.exit_code == EXIT_OK, result.output
+    found = rows(result)
+    assert [(r["target"]["name"], Path(r["outputs"][0]).name) for r in found] == [
+        ("red", "two_gradcam_1-red.png"),
+        ("green", "two_gradcam_2-green.png"),
+    ]
+    assert found[0]["target"]["share"] == pytest.approx(6400 / (240 * 320), rel=0.1)
+    assert found[0]["predictions"][0]["name"] == "__background__"
+    overlay = np.asarray(Image.open(out / "two_gradcam_1-red.png"))
+    assert tuple(overlay[240, 121]) == (255, 255, 255)  # the red region's left edge is outlined
+    assert tuple(overlay[240, 160]) != (255, 255, 255)
+    grey = run(inputs / "grey.png", "-m", SEGMENTER, "-o", out)
+    assert grey.exit_code == EXIT_OK and "gradcam: no class other than the background" in grey.stdout
+
+
+def test_gradcam_eval_scores_a_detectors_maps_against_ground_truth_boxes(inputs, tmp_path):
+    boxes = tmp_path / "boxes.csv"
+    boxes.write_text(
+        "image,x1,y1,x2,y2,class\nred.png,250,60,290,100,red\ntwo.png,120,200,200,280,red\n"
+        "two.png,30,40,90,100,green\ntwo.png,200,10,230,40,blue\n",
+        encoding="utf-8",
+    )
+    base = [inputs, "-m", DETECTOR, "--labels", inputs.parent / "classes.txt", "--boxes", boxes]
+    result = run_eval(*base, "--json")
+    assert result.exit_code == EXIT_OK, result.output
+    report = json.loads(result.stdout)
+    pointing = report["methods"]["gradcam"]["pointing"]
+    assert pointing["overall"] == {**pointing["overall"], "count": 3, "hits": 3}
+    assert report["undetected_boxes"] == 1 and "deletion_auc" not in report["methods"]["gradcam"]
+    assert "1 box(es) match no explained detection or class: not scored" in result.stderr
+    refused = run_eval(*base, "--sanity")
+    assert refused.exit_code == EXIT_USAGE
+    assert refused.stderr.splitlines()[-1].startswith("error: --sanity is for classifiers; a detector's maps")
+    unboxed = run_eval(inputs, "-m", DETECTOR)
+    assert (
+        unboxed.stderr.splitlines()[-1]
+        == "error: gradcam eval of a detector needs --boxes: it measures where its maps point"
+    )
+
+
+@pytest.mark.parametrize(
+    ("more", "message"),
+    [
+        (
+            ["--aug-smooth"],
+            "error: --aug-smooth is for classifiers: a detector's targets in a flipped or rescaled view",
+        ),
+        (["--panel"], "error: --panel is for classifiers and segmenters; a detector's <stem>_<method>_boxes overlay"),
+        (["--score", "sigmoid"], "error: --score sigmoid is for classifiers; a detector has its own score"),
+    ],
+)
+def test_what_a_detector_cannot_do_is_refused_in_one_line(inputs, tmp_path, more, message):
+    result = detect(inputs, tmp_path / "out", *more)
+    assert result.exit_code == EXIT_USAGE
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert line.startswith(message) and not list((tmp_path / "out").glob("*.png"))
+
+
+def test_videos_are_refused_for_detectors(inputs, tmp_path):
+    clip = tmp_path / "clip.mp4"
+    writer = cv2.VideoWriter(str(clip), cv2.VideoWriter_fourcc(*"mp4v"), 5, (64, 48))
+    for _ in range(2):
+        writer.write(np.full((48, 64, 3), 128, np.uint8))
+    writer.release()
+    result = detect(inputs / "red.png", tmp_path / "out", clip)
+    assert result.exit_code == EXIT_USAGE
+    assert f"error: videos are explained with classifiers only; {clip} is a video" in result.stderr
+
+
+def test_unrecognised_tasks_and_wrong_task_overrides_are_one_line(inputs, tmp_path):
+    result = run(inputs / "red.png", "-m", PUZZLE, "-o", tmp_path / "out")
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr.startswith(f"error: cannot tell what task {PUZZLE} does: it returns a tuple of Tensor")
+    assert len(result.stderr.splitlines()) == 1
+    forced = run(inputs / "red.png", "-m", PUZZLE, "--task", "segment", "-o", tmp_path / "out")
+    assert forced.exit_code == EXIT_USAGE
+    assert forced.stderr.splitlines()[-1] == (
+        "error: the model returned a tuple of Tensor; a segmenter returns (N, classes, H, W) scores or a dict with "
+        "'out' (see --task)"
+    )
+    assert run(inputs, "--task", "detection").exit_code == EXIT_USAGE
+
+
+def test_a_classifiers_score_is_recorded_so_resuming_does_not_mix_scores(inputs, tmp_path):
+    square = f"{Path(__file__).with_name('square_model.py')}:build"
+    out = tmp_path / "out"
+    assert run(inputs / "red.png", "-m", square, "-o", out, "--score", "softmax").exit_code == EXIT_OK
+    resumed = run(inputs / "red.png", "-m", square, "-o", out, "--skip-existing")
+    assert resumed.exit_code == EXIT_USAGE
+    assert "were made with --score softmax (this run: logit)" in resumed.stderr
+    wrong = run(inputs / "red.png", "-m", square, "-o", out, "--score", "probit")
+    assert wrong.exit_code == EXIT_USAGE and "'probit': use logit, softmax, sigmoid" in wrong.stderr
