@@ -3,10 +3,12 @@
 The baseline is ``model(x)`` under ``torch.no_grad()``. A method's time is :meth:`Explainer.compute` for one
 target (hooks, forward, the backward pass if the method needs one, the method itself; no upsampling or file
 writing). Each case is timed in alternation with the plain forward pass, so that a busy machine slows both alike;
-times are medians over ``--repeats`` rounds after a warm-up; scorecam (2,048 masked forward passes, batched
-``--score-batch-size`` at a time) runs ``--scorecam-repeats`` times without a warm-up.
+times are medians over ``--repeats`` rounds after a warm-up; scorecam and ablationcam (2,048 masked or ablated
+forward passes each, batched ``--score-batch-size`` at a time) run ``--scorecam-repeats`` times without a warm-up.
+fullgrad, guided-backprop and guided-gradcam add a forward pass and a backward pass through the whole network.
 
-Usage: ``python benchmarks/bench_methods.py [--device cpu|cuda] [--repeats N] [--skip-scorecam]``.
+Usage: ``python benchmarks/bench_methods.py [--device cpu|cuda] [--repeats N] [--skip-scorecam]
+[--skip-ablationcam] [--only NAME,...]``.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def main() -> int:
     parser.add_argument("--scorecam-repeats", type=int, default=1)
     parser.add_argument("--score-batch-size", type=int, default=SCORECAM_BATCH_SIZE)
     parser.add_argument("--skip-scorecam", action="store_true")
+    parser.add_argument("--skip-ablationcam", action="store_true")
+    parser.add_argument("--only", default="", help="comma-separated case labels to run (default: all)")
     args = parser.parse_args()
 
     device = torch.device(args.device)
@@ -83,11 +87,15 @@ def main() -> int:
         ("gradcam --eigen-smooth", ["gradcam"], {"eigen_smooth": True}),
         ("gradcam --aug-smooth", ["gradcam"], {"aug_smooth": True}),
     ]
+    cases.append(("guided-backprop + guided-gradcam", ["guided-backprop", "guided-gradcam"], {}))
+    only = {label for label in args.only.split(",") if label}
     for label, methods, options in cases:
-        if args.skip_scorecam and "scorecam" in methods:
+        if (args.skip_scorecam and "scorecam" in methods) or (args.skip_ablationcam and "ablationcam" in methods):
+            continue
+        if only and label not in only:
             continue
         explainer = Explainer(model, "layer4", methods, score_batch_size=args.score_batch_size, **options)
-        many = "scorecam" in methods  # 2,048 forward passes: no separate warm-up run needed
+        many = any(METHODS[method].uses_model for method in methods)  # 2,048 passes: no warm-up run needed
         repeats = args.scorecam_repeats if many else args.repeats
         seconds, baseline = paired(
             lambda e=explainer: e.compute(inputs, target=target), forward, device, repeats, warm_up=not many

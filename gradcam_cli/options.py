@@ -16,7 +16,20 @@ DEFAULT_MAX_SIDE = 4096
 """Images whose longer side is larger are shrunk by a whole factor to fit first (``--max-side``; 0: never)."""
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 """The devices ``--device`` accepts: auto, cpu, mps, cuda or cuda:N."""
-METHOD_NAMES = ("gradcam", "gradcam++", "xgradcam", "hirescam", "layercam", "scorecam", "eigencam")
+METHOD_NAMES = (
+    "gradcam",
+    "gradcam++",
+    "xgradcam",
+    "hirescam",
+    "layercam",
+    "scorecam",
+    "eigencam",
+    "eigengradcam",
+    "ablationcam",
+    "fullgrad",
+    "guided-backprop",
+    "guided-gradcam",
+)
 """The CAM methods ``--method`` accepts, as registered in :data:`gradcam_cli.cam.methods.METHODS`."""
 POINTING_TOLERANCE = 15.0
 """Pixels a map's maximum may lie outside a box and still count as a hit (Zhang et al. 2016)."""
@@ -132,7 +145,8 @@ class RunOptions:
 
 @dataclass(frozen=True)
 class EvalOptions:
-    """How ``gradcam eval`` measures: curve resolution, batching, pointing tolerance and the sanity check."""
+    """How ``gradcam eval`` measures: curve resolution, batching, pointing tolerance, the sanity check, and ROAD
+    (``road``; its noise is drawn from ``seed`` too)."""
 
     steps: int = 50
     batch_size: int = 16
@@ -142,6 +156,7 @@ class EvalOptions:
     seed: int = 0
     boxes: Path | None = None
     plot: Path | None = None
+    road: bool = False
 
 
 @dataclass(frozen=True)

@@ -118,11 +118,17 @@ def tiny_cnn() -> nn.Module:
 
 
 def test_every_method_is_registered_with_formula_and_paper() -> None:
-    assert list(METHODS) == ["gradcam", "gradcam++", "xgradcam", "hirescam", "layercam", "scorecam", "eigencam"]
+    assert list(METHODS) == [
+        *("gradcam", "gradcam++", "xgradcam", "hirescam", "layercam", "scorecam", "eigencam"),
+        *("eigengradcam", "ablationcam", "fullgrad", "guided-backprop", "guided-gradcam"),
+    ]
     assert tuple(METHODS) == METHOD_NAMES  # the names the parser accepts without importing torch
-    assert set(GRADIENT_METHODS) == {name for name, method in METHODS.items() if method.uses_gradients}
-    assert {"scorecam"} == {name for name, method in METHODS.items() if method.uses_model}
+    uses_gradients = {name for name, method in METHODS.items() if method.uses_gradients}
+    assert set(GRADIENT_METHODS) | {"eigengradcam", "guided-gradcam"} == uses_gradients
+    assert {"scorecam", "ablationcam"} == {name for name, method in METHODS.items() if method.uses_model}
     assert {"eigencam"} == {name for name, method in METHODS.items() if method.class_agnostic}
+    classifiers_only = {name for name, method in METHODS.items() if method.tasks == ("classify",)}
+    assert classifiers_only == {"ablationcam", "fullgrad", "guided-backprop", "guided-gradcam"}
     for name, method in METHODS.items():
         assert method.name == name
         doc = method.compute.__doc__ or ""

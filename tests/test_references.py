@@ -56,6 +56,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
+from method_reference import calibrate_batchnorm
 from torch import nn
 
 from gradcam_cli import Explainer
@@ -144,31 +145,9 @@ def _model(arch: str) -> nn.Module:
             kwargs.update(init_weights=True, aux_logits=False)  # init_weights=None warns (FutureWarning)
         torch.manual_seed(0)
         model = getattr(torchvision.models, arch)(**kwargs)
-        _calibrate_batchnorm(model)
+        calibrate_batchnorm(model)
         _MODELS[arch] = model.eval()
     return _MODELS[arch]
-
-
-def _calibrate_batchnorm(model: nn.Module) -> None:
-    """Give every BatchNorm the running statistics of its actual input, from one train-mode pass over noise.
-
-    torchvision's init (Kaiming fan-out, which for depthwise convs divides by the channel count) with identity
-    running statistics makes the signal vanish in random MobileNetV3 / EfficientNet / MNASNet (logits ~1e-10 to
-    1e-14, all classes tied). Calibrated, every model gives O(1) activations and logits, as a trained one would.
-    """
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    if not norms:
-        return
-    momenta = [norm.momentum for norm in norms]
-    for norm in norms:
-        norm.reset_running_stats()
-        norm.momentum = None  # cumulative average: one pass sets the statistics exactly
-    model.train()
-    with torch.no_grad():
-        model(torch.randn(2, 3, *SQUARE, generator=torch.Generator().manual_seed(0)))
-    model.eval()
-    for norm, momentum in zip(norms, momenta, strict=True):
-        norm.momentum = momentum
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -71,7 +71,7 @@ def test_detectors_default_to_the_backbones_last_stage():
 
 
 @pytest.mark.parametrize(("size", "box"), [RED_RIGHT, RED_LOW], ids=["wide", "tall"])
-@pytest.mark.parametrize("method", ["gradcam", "scorecam"])
+@pytest.mark.parametrize("method", ["gradcam", "scorecam", "eigengradcam"])
 def test_a_detections_map_peaks_on_its_square_in_a_padded_non_square_input(size, box, method):
     model = detector()
     image = square_image(size, box)

@@ -15,6 +15,13 @@ layer's own output, taken before any later in-place op could change them.
 
 A module that runs more than once per forward (ResNet blocks reuse one ``ReLU`` three times) is explained at its
 *last* call: each call gets its own leaf, and only the last call's leaf is differentiated.
+
+Some methods need more passes, all made here or under :func:`model_state_preserved`: Score-CAM's masked inputs and
+AblationCAM's ablated activations (:meth:`LayerCapture.forward_output_unhooked`,
+:meth:`LayerCapture.forward_output_replaced`: no autograd, the capture's hooks removed first), FullGrad's pass
+from the input through every bias layer (:meth:`LayerCapture.full_gradients`, a capture of its own whose inputs
+require gradients, so that nothing is cut off), and guided backpropagation (:mod:`gradcam_cli.cam.guided`: no hook
+at all, a function mode that changes the ReLUs' backward rule while it is active).
 """
 
 from __future__ import annotations
@@ -73,10 +80,13 @@ class LayerCapture:
     ...     acts = capture.activations()
     """
 
-    def __init__(self, model: nn.Module, layers: Mapping[str, nn.Module]) -> None:
+    def __init__(self, model: nn.Module, layers: Mapping[str, nn.Module], tensor_hooks: bool = False) -> None:
+        """``tensor_hooks``: start in tensor-hook mode for every layer (FullGrad hooks every BatchNorm, most of
+        them followed by an in-place ReLU)."""
         if not layers:
             raise UsageError("at least one target layer is needed")
         self.model = model
+        self.tensor_hooks = tensor_hooks
         self.records = {name: LayerRecord(name, module) for name, module in layers.items()}
         self._exit_stack = ExitStack()
 
@@ -89,7 +99,7 @@ class LayerCapture:
         self._exit_stack.close()
 
     def _release(self) -> None:
-        self._remove_hooks()
+        self.remove_hooks()
         for record in self.records.values():
             record.activations = record.gradients = record.leaf = None
 
@@ -112,17 +122,32 @@ class LayerCapture:
         missing = [r.name for r in self.records.values() if r.leaf is None]
         if missing:
             raise UsageError(f"layer {missing[0]!r} did not run during the forward pass; choose another --layer")
-        leaves = [record.leaf for record in self.records.values() if record.leaf is not None]
-        for record in self.records.values():
+        return self._differentiate(score, list(self.records.values()), (), retain_graph)[0]
+
+    def full_gradients(
+        self, score: torch.Tensor, inputs: torch.Tensor, retain_graph: bool = False
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """FullGrad's backward pass: the gradient of ``score`` with respect to ``inputs`` (the tensor, requiring
+        gradients, that :meth:`forward_output` was given) and to the output of every layer that ran."""
+        ran = [record for record in self.records.values() if record.leaf is not None]
+        grads, (input_gradient,) = self._differentiate(score, ran, (inputs,), retain_graph)
+        return input_gradient, grads
+
+    def _differentiate(
+        self, score: torch.Tensor, records: list[LayerRecord], extra: Sequence[torch.Tensor], retain_graph: bool
+    ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+        leaves = [record.leaf for record in records if record.leaf is not None]
+        for record in records:
             record.gradients = None
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Full backward hook is firing")
-            direct = torch.autograd.grad(score, leaves, retain_graph=retain_graph, allow_unused=True)
+            direct = torch.autograd.grad(score, [*leaves, *extra], retain_graph=retain_graph, allow_unused=True)
         grads = {}
-        for record, leaf, fallback in zip(self.records.values(), leaves, direct, strict=True):
+        for record, leaf, fallback in zip(records, leaves, direct, strict=False):
             grad = record.gradients if record.gradients is not None else fallback
             grads[record.name] = torch.zeros_like(leaf) if grad is None else grad
-        return grads
+        extras = [torch.zeros_like(t) if g is None else g for t, g in zip(extra, direct[len(leaves) :], strict=True)]
+        return grads, extras
 
     def forward_unhooked(self, inputs: torch.Tensor) -> torch.Tensor:
         """Logits of an extra forward pass with the hooks removed and autograd off (Score-CAM's masked inputs).
@@ -133,9 +158,29 @@ class LayerCapture:
 
     def forward_output_unhooked(self, inputs: torch.Tensor) -> object:
         """:meth:`forward_unhooked`, returning whatever the model returns."""
-        self._remove_hooks()
+        self.remove_hooks()
         with torch.no_grad():
             output: object = self.model(inputs)
+        return output
+
+    def forward_output_replaced(self, inputs: torch.Tensor, name: str, replacement: torch.Tensor) -> object:
+        """:meth:`forward_output_unhooked` in which layer ``name``, at the call :meth:`forward` explained (its
+        last), outputs ``replacement`` instead of its own output (AblationCAM's ablated activations)."""
+        record = self.records[name]
+        self.remove_hooks()
+        calls = 0
+
+        def replace(_module: nn.Module, _inputs: object, output: object) -> object:
+            nonlocal calls
+            calls += 1
+            return replacement if calls == record.calls else output
+
+        handle = record.module.register_forward_hook(replace)
+        try:
+            with torch.no_grad():
+                output: object = self.model(inputs)
+        finally:
+            handle.remove()
         return output
 
     def activations(self) -> dict[str, torch.Tensor]:
@@ -150,11 +195,11 @@ class LayerCapture:
         return {name: record.calls for name, record in self.records.items()}
 
     def _forward_once(self, inputs: torch.Tensor) -> object:
-        self._remove_hooks()
+        self.remove_hooks()
         for record in self.records.values():
             record.calls = 0
             record.activations = record.gradients = record.leaf = None
-            self._register(record, tensor_mode=record.module in _modules_needing_tensor_hooks)
+            self._register(record, tensor_mode=self.tensor_hooks or record.module in _modules_needing_tensor_hooks)
         with torch.enable_grad():
             output: object = self.model(inputs)
         return output
@@ -185,7 +230,8 @@ class LayerCapture:
         if not tensor_mode:
             record.handles.append(record.module.register_full_backward_hook(on_backward))
 
-    def _remove_hooks(self) -> None:
+    def remove_hooks(self) -> None:
+        """Remove the hooks; what the last :meth:`forward` recorded (its graph included) stays usable."""
         for record in self.records.values():
             for handle in record.handles:
                 handle.remove()

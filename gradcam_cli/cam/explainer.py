@@ -13,6 +13,7 @@ Classifiers, detectors and segmenters alike: what is differentiated for each com
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -29,7 +30,8 @@ from ..options import SCORE_NAMES, ExplainOptions, ModelOptions
 from .detection import DetectionScore
 from .engine import LayerCapture
 from .layers import check_layers, dry_pass, model_default_layer, resolve_layer
-from .methods import METHODS, SCORECAM_BATCH_SIZE, MaskedScores, ProgressCallback
+from .methods import METHODS, SCORECAM_BATCH_SIZE, ProgressCallback
+from .passes import MethodInputs
 from .reshape import spatial
 from .results import ImageExplanation, Prediction
 from .scores import Cams, ClassScore, ClassTargets, Score, Targets
@@ -53,8 +55,9 @@ class Explainer:
     detection scoring at least ``score_threshold``, at most ``max_detections`` per image, and their sum.
     ``aug_smooth``: average over flipped and rescaled inputs; ``eigen_smooth``: first principal component of the
     weighted activations instead of their sum (see :mod:`gradcam_cli.cam.smoothing`). ``score_batch_size``: masked
-    inputs per forward pass in scorecam; ``progress``: called as ``progress(done, total)`` during scorecam's
-    forward passes (``None``: silent).
+    inputs (scorecam) or ablated copies (ablationcam) per forward pass; ``progress``: called as
+    ``progress(done, total)`` during those forward passes (``None``: silent). A method that does not serve the
+    model's task (:attr:`gradcam_cli.cam.methods.CamMethod.tasks`) is refused with a one-line UsageError.
     Layers whose output is channel-last (Swin) or a token sequence (ViT) are reshaped to (N, C, h, w) first.
     Building the explainer makes one dry pass at the model's input size (see :func:`gradcam_cli.cam.layers.dry_pass`):
     it picks the default layer, refuses a layer with a single position (``avgpool``) or no spatial grid (``fc``), and
@@ -105,6 +108,11 @@ class Explainer:
             shown = task_of_shape(infos[0].output_shape) if infos and not infos[0].name else None
             model.task = shown or infer_task(model.module, model.input_spec, model.name)
         self.task = model.task
+        for method in self.methods:
+            if self.task.value not in METHODS[method].tasks:
+                kinds = " and ".join(f"{Task(task).noun}s" for task in METHODS[method].tasks)
+                taken = ", ".join(name for name, m in METHODS.items() if self.task.value in m.tasks)
+                raise UsageError(f"--method {method} is for {kinds}; a {self.task.noun} takes {taken}")
         self.score_name = score
         self.score: Score = self._score(score, score_threshold, max_detections)
         if aug_smooth and self.task is not Task.CLASSIFY:
@@ -193,10 +201,10 @@ class Explainer:
         """Forward and backward passes for a batch of equally sized inputs of a classifier.
 
         Returns ``(probabilities (N, classes), targets (N, K), cams)`` where ``cams[method][k][l]`` is the coarse
-        (N, h, w) map of target ``k`` at layer ``l`` (with ``aug_smooth``: the average of the views' maps at the
-        input's size). ``target`` fixes the class for every sample; otherwise each sample's own top ``top_k``
-        classes are explained. Without either, the explainer's own ``target`` and ``top_k`` apply. Detectors and
-        segmenters: :meth:`compute_targets`.
+        (N, h, w) map of target ``k`` at layer ``l`` (fullgrad and the guided methods: at the input's size; with
+        ``aug_smooth``: the average of the views' maps at the input's size). ``target`` fixes the class for every
+        sample; otherwise each sample's own top ``top_k`` classes are explained. Without either, the explainer's
+        own ``target`` and ``top_k`` apply. Detectors and segmenters: :meth:`compute_targets`.
         """
         targets, cams = self.compute_targets(inputs, target, top_k)
         if not isinstance(targets, ClassTargets):
@@ -231,14 +239,28 @@ class Explainer:
     def _compute_view(
         self, inputs: torch.Tensor, target: int | None = None, top_k: int = 1, chosen: torch.Tensor | None = None
     ) -> tuple[Targets, Cams]:
-        """One forward pass, one backward pass per target if a method needs gradients, then every method."""
+        """One forward pass, one backward pass per target if a method needs gradients, then every method (with the
+        extra passes some take: :mod:`gradcam_cli.cam.passes`)."""
         size = tuple(inputs.shape[-2:])
-        with LayerCapture(self.model.module, self.layers) as capture:
+        with LayerCapture(self.model.module, self.layers) as capture, ExitStack() as passes:
             output = capture.forward_output(inputs)
             self.layer_calls = capture.calls()
             targets = self.score.targets(output, inputs, target, top_k, chosen)
             prefix = self.model.prefix_tokens
-            activations = {n: spatial(a, size, n, prefix) for n, a in capture.activations().items()}
+            raw = capture.activations()
+            activations = {n: spatial(a, size, n, prefix) for n, a in raw.items()}
+            chosen_targets = targets.targets if isinstance(targets, ClassTargets) else None
+            extras = MethodInputs(
+                self.model.module,
+                capture,
+                inputs,
+                targets,
+                lambda out: self.score.targets(out, inputs, target, top_k, chosen_targets),
+                {n: (a, 1 if activations[n] is a else -1) for n, a in raw.items()},
+                passes,
+                self.score_batch_size,
+                self.progress,
+            )
             need_gradients = any(METHODS[method].uses_gradients for method in self.methods)
             cams: Cams = {method: [] for method in self.methods}
             for k in range(targets.count):
@@ -248,28 +270,21 @@ class Explainer:
                     if score is None:  # no sample has a k-th target: nothing to differentiate
                         gradients = {n: torch.zeros_like(a) for n, a in activations.items()}
                     else:
-                        raw = capture.gradients(score, retain_graph=k < targets.count - 1)
-                        gradients = {n: spatial(g, size, n, prefix) for n, g in raw.items()}
+                        raw_gradients = capture.gradients(score, retain_graph=k < targets.count - 1)
+                        gradients = {n: spatial(g, size, n, prefix) for n, g in raw_gradients.items()}
                 for name in self.methods:
                     method = METHODS[name]
                     if method.class_agnostic and k > 0:
                         cams[name].append(cams[name][0])
                         continue
-                    extra: tuple[MaskedScores, ...] = ()
-                    if method.uses_model:
-                        extra = (
-                            MaskedScores(
-                                capture.forward_output_unhooked,
-                                inputs,
-                                batch_size=self.score_batch_size,
-                                progress=self.progress,
-                                probability=targets.masked(k),
-                                region=targets.region,
-                            ),
-                        )
                     cams[name].append(
                         [
-                            method.compute(activations[n], gradients[n], *extra, eigen_smooth=self.eigen_smooth)
+                            method.compute(
+                                activations[n],
+                                gradients[n],
+                                *extras.arguments(method, n, k),
+                                eigen_smooth=self.eigen_smooth,
+                            )
                             .detach()
                             .float()
                             for n in self.layer_names

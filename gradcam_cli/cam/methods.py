@@ -7,7 +7,10 @@ Every method takes ``activations`` A and ``gradients`` g = dS^c/dA (S^c: the tar
 (see :mod:`gradcam_cli.cam.smoothing`). The table of methods, their papers and where they differ from
 pytorch-grad-cam is in docs/methods.md.
 Each method is registered in ``METHODS`` as a :class:`CamMethod`: its ``--method`` name, what it needs (the
-backward pass; Score-CAM also the model, as a :class:`MaskedScores`) and what it costs.
+backward pass; Score-CAM and AblationCAM also the model, as a :class:`MaskedScores` or an
+:class:`~gradcam_cli.cam.ablation.AblatedScores`; FullGrad and the guided methods a pass through the whole network,
+see :mod:`gradcam_cli.cam.fullgrad` and :mod:`gradcam_cli.cam.guided`), which tasks it serves, and what it costs.
+FullGrad's and the guided methods' maps come at the network input's resolution, not the layer's.
 """
 
 from __future__ import annotations
@@ -17,30 +20,44 @@ from dataclasses import dataclass
 
 import torch
 
-from ..options import METHOD_NAMES
+from ..options import METHOD_NAMES, TASK_NAMES
+from .ablation import AblatedScores
 from .engine import as_logits
-from .maps import normalise, upsample_region
+from .fullgrad import FullGradients, fullgrad_map
+from .guided import guided_saliency
+from .maps import normalise, upsample, upsample_region
 from .smoothing import first_component
 
 ProgressCallback = Callable[[int, int], object]
 """Called as ``progress(done, total)`` while Score-CAM's masked inputs run."""
 
 SCORECAM_BATCH_SIZE = 32
-"""Masked inputs per forward pass in Score-CAM (``Explainer(score_batch_size=...)``)."""
+"""Masked inputs per forward pass in Score-CAM, ablated copies in AblationCAM (``Explainer(score_batch_size=...)``)."""
+
+MASKED, ABLATED, GUIDED, FULLGRAD = "masked", "ablated", "guided", "fullgrad"
+"""What a method takes as third argument (:attr:`CamMethod.extra`): a :class:`MaskedScores`, an
+:class:`~gradcam_cli.cam.ablation.AblatedScores`, the target's guided (N, 3, H, W) input gradient
+(:class:`~gradcam_cli.cam.guided.GuidedPass`), or its :class:`~gradcam_cli.cam.fullgrad.FullGradients`."""
 
 
 @dataclass(frozen=True)
 class CamMethod:
     """One registered method: its ``--method`` name, the pure function that computes its coarse map, what that
-    function needs besides the activations (``uses_gradients``: the backward pass, one per target, shared by all
-    such methods; ``uses_model``: a :class:`MaskedScores` as third argument, for extra forward passes), and whether
-    one map serves every target (``class_agnostic``)."""
+    function needs besides the activations (``uses_gradients``: the backward pass to the layer, one per target,
+    shared by all such methods; ``extra``: a third argument, see :data:`MASKED`), whether one map serves every target
+    (``class_agnostic``), and the tasks it explains (``tasks``: names of :data:`gradcam_cli.options.TASK_NAMES`)."""
 
     name: str
     compute: Callable[..., torch.Tensor]
     uses_gradients: bool = True
-    uses_model: bool = False
+    extra: str | None = None
     class_agnostic: bool = False
+    tasks: tuple[str, ...] = TASK_NAMES
+
+    @property
+    def uses_model(self) -> bool:
+        """Whether the method runs the model again on altered inputs or activations (Score-CAM, AblationCAM)."""
+        return self.extra in (MASKED, ABLATED)
 
 
 def combine(weighted: torch.Tensor, eigen_smooth: bool = False) -> torch.Tensor:
@@ -229,6 +246,81 @@ def scorecam(
     return combine(weights[:, :, None, None] * activations, eigen_smooth)
 
 
+def eigengradcam(activations: torch.Tensor, gradients: torch.Tensor, *, eigen_smooth: bool = False) -> torch.Tensor:
+    """Eigen-Grad-CAM (pytorch-grad-cam's ``EigenGradCAM``, J. Gildenblat et al., 2021): Eigen-CAM (Muhammad &
+    Yeasin, IJCNN 2020) of the gradient-weighted activations, which makes it class-discriminative.
+
+    L = ReLU(first principal component of g ⊙ A): the (h*w, C) matrix of g^k_ij A^k_ij with each channel centred,
+    projected on its first right singular vector, signed so that the map correlates positively with
+    sum_k g^k ⊙ A^k (pytorch-grad-cam keeps the sign the SVD returns). ``eigen_smooth`` changes nothing.
+    """
+    return combine(gradients * activations, eigen_smooth=True)
+
+
+def ablationcam(
+    activations: torch.Tensor, gradients: torch.Tensor | None, model: AblatedScores, *, eigen_smooth: bool = False
+) -> torch.Tensor:
+    """Ablation-CAM (Desai & Ramaswamy, "Ablation-CAM: Visual Explanations for Deep Convolutional Network via
+    Gradient-free Localization", WACV 2020).
+
+    w_k = (y^c - y^c_k) / y^c, y^c_k the target's score with channel k of the layer set to zero;
+    L = ReLU(sum_k w_k A^k). y^c is the score ``--score`` names (the logit by default, as in the paper and
+    pytorch-grad-cam); where it is 0, w_k = y^c - y^c_k. pytorch-grad-cam sets an ablated channel to
+    min(A) - 1e7 instead of 0 whenever the batch's activations are not all >= 0 with minimum exactly 0 (SiLU,
+    Hardswish, LayerNorm outputs), which departs from the paper there. One forward pass per non-zero channel, in
+    batches; no gradients.
+    """
+    ablated = model(activations)
+    original = model.original.to(ablated.device)[:, None]
+    drop = original - ablated
+    weights = torch.where(original != 0, drop / torch.where(original != 0, original, torch.ones_like(original)), drop)
+    return combine(weights[:, :, None, None].to(activations.dtype) * activations, eigen_smooth)
+
+
+def fullgrad(
+    activations: torch.Tensor, gradients: torch.Tensor | None, full: FullGradients, *, eigen_smooth: bool = False
+) -> torch.Tensor:
+    """FullGrad (Srinivas & Fleuret, "Full-Gradient Representation for Neural Network Visualization", NeurIPS
+    2019, Eq. 5, as pytorch-grad-cam's ``FullGrad`` computes it).
+
+    L = sum_c psi(|x ⊙ ∇_x S|_c) + sum_l sum_c psi(|b_l,c ∂S/∂z_l,c|): the input-gradient term and, for every
+    convolution with a bias and every BatchNorm (z_l its output, b_l its bias), the bias-gradient term, psi being
+    min-max normalisation per channel at the layer's resolution followed by bilinear upsampling to the input.
+    ``--layer`` plays no part (every bias layer counts); ``eigen_smooth`` changes nothing. See
+    :mod:`gradcam_cli.cam.fullgrad`.
+    """
+    return fullgrad_map(full)
+
+
+def guided_backprop(
+    activations: torch.Tensor, gradients: torch.Tensor | None, guided: torch.Tensor, *, eigen_smooth: bool = False
+) -> torch.Tensor:
+    """Guided backpropagation (Springenberg et al., "Striving for Simplicity: The All Convolutional Net", ICLR
+    workshop 2015), as Guided Grad-CAM uses it (Selvaraju et al., ICCV 2017).
+
+    G = dS/dx with every ReLU passing back only positive gradients (see :mod:`gradcam_cli.cam.guided`);
+    L = sum_c |G_c| at the input's resolution, clipped at its 99th percentile for display. The layer plays no
+    part; ``eigen_smooth`` changes nothing.
+    """
+    return guided_saliency(guided)
+
+
+def guided_gradcam(
+    activations: torch.Tensor, gradients: torch.Tensor, guided: torch.Tensor, *, eigen_smooth: bool = False
+) -> torch.Tensor:
+    """Guided Grad-CAM (Selvaraju et al., "Grad-CAM: Visual Explanations from Deep Networks", ICCV 2017, Sec. 3.1).
+
+    G ⊙ Up(Grad-CAM): the guided-backpropagation gradient G times the Grad-CAM map bilinearly upsampled to the
+    input and normalised to [0, 1] (as pytorch-grad-cam's example does); L = sum_c |G_c ⊙ Up(Grad-CAM)|, clipped at
+    its 99th percentile for display (see :func:`guided_backprop`). ``eigen_smooth`` applies to the Grad-CAM part.
+    """
+    cam = normalise(upsample(gradcam(activations, gradients, eigen_smooth=eigen_smooth), guided.shape[-2:]))
+    return guided_saliency(guided * cam[:, None].to(guided.dtype))
+
+
+CLASSIFY: tuple[str, ...] = ("classify",)
+
+
 METHODS: dict[str, CamMethod] = {
     method.name: method
     for method in (
@@ -237,8 +329,13 @@ METHODS: dict[str, CamMethod] = {
         CamMethod("xgradcam", xgradcam),
         CamMethod("hirescam", hirescam),
         CamMethod("layercam", layercam),
-        CamMethod("scorecam", scorecam, uses_gradients=False, uses_model=True),
+        CamMethod("scorecam", scorecam, uses_gradients=False, extra=MASKED),
         CamMethod("eigencam", eigencam, uses_gradients=False, class_agnostic=True),
+        CamMethod("eigengradcam", eigengradcam),
+        CamMethod("ablationcam", ablationcam, uses_gradients=False, extra=ABLATED, tasks=CLASSIFY),
+        CamMethod("fullgrad", fullgrad, uses_gradients=False, extra=FULLGRAD, tasks=CLASSIFY),
+        CamMethod("guided-backprop", guided_backprop, uses_gradients=False, extra=GUIDED, tasks=CLASSIFY),
+        CamMethod("guided-gradcam", guided_gradcam, extra=GUIDED, tasks=CLASSIFY),
     )
 }
 """Every method, by the name ``--method`` accepts, in :data:`gradcam_cli.options.METHOD_NAMES` order."""

@@ -132,6 +132,17 @@ class ClassTargets:
 
         return probability
 
+    def scored(self, k: int) -> MaskedProbability:
+        """How AblationCAM reads target ``k``'s score, the value differentiated (logit, softmax or sigmoid), per
+        sample from another output (or from these logits)."""
+
+        def score(output: object, samples: torch.Tensor) -> torch.Tensor:
+            logits = as_logits(output).float()
+            values = logits if self.kind == "logit" else class_probabilities(logits, self.kind)
+            return values.gather(1, self.targets[samples, k].unsqueeze(1)).squeeze(1)
+
+        return score
+
     def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
         probabilities, targets = self.probabilities, self.targets
         top_p, top_i = probabilities.topk(min(TOP_PREDICTIONS, probabilities.shape[1]), dim=1)

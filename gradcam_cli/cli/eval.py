@@ -30,7 +30,8 @@ HELP = """Measure how faithful the maps are, and where the evidence lies.
 INPUT: image files, folders (searched recursively) or quoted glob patterns.
 
 Per method: deletion and insertion AUC (RISE; lower deletion, higher insertion is better), Average Drop and
-Increase in Confidence (Grad-CAM++). With --boxes: pointing game (15-pixel tolerance) and the share of the map's
+Increase in Confidence (Grad-CAM++). With --road: ROAD (noisy linear imputation; most and least relevant first, and
+the combined score). With --boxes: pointing game (15-pixel tolerance) and the share of the map's
 energy inside the boxes, per class, and the images whose evidence lies mostly outside the object. With --sanity:
 the model-parameter randomisation test.
 
@@ -79,6 +80,14 @@ def evaluate(
             min=1, metavar="N", help="With --sanity: re-initialise the top 1..N parameterised modules, cascading."
         ),
     ] = 3,
+    road: Annotated[
+        bool,
+        typer.Option(
+            "--road",
+            help="Also measure ROAD (Rong et al. 2022): the probability with 10, 20, ..., 90% of the pixels removed by "
+            "noisy linear imputation, most and least relevant first, and the combined score.",
+        ),
+    ] = False,
     plot: Annotated[
         Path | None,
         typer.Option(metavar="PATH", help="Write the mean deletion/insertion curves to this .png, .pdf or .svg."),
@@ -105,7 +114,7 @@ def evaluate(
             score_threshold=score_threshold,
             max_detections=max_detections,
         ),
-        EvalOptions(steps, batch_size, tolerance, sanity, sanity_layers, boxes=boxes, plot=plot),
+        EvalOptions(steps, batch_size, tolerance, sanity, sanity_layers, boxes=boxes, plot=plot, road=road),
     )
     run_reported(reporter, command.run)
 

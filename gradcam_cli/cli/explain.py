@@ -232,7 +232,8 @@ class ExplainCommand:
         check_video_options(self.output, videos)
         single = len(images) + len(videos) == 1
         with Session(self.output, self.run_options) as session:
-            progress = PassProgress(reporter) if "scorecam" in self.explain_options.methods else None
+            passes = [m for m in self.explain_options.methods if m in ("scorecam", "ablationcam")]
+            progress = PassProgress(reporter, f"{'/'.join(passes)} passes") if passes else None
             explainer = Explainer.from_options(self.model_options, self.explain_options, progress=progress)
             session.start(explainer)
             if not self.explain_options.layers:

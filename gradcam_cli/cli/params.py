@@ -139,10 +139,11 @@ MethodOpt = Annotated[
     typer.Option(
         parser=parse_methods,
         metavar="NAME[,NAME...]",
-        help="CAM method(s), comma-separated: gradcam, gradcam++, xgradcam, hirescam, "
-        "layercam (one backward pass per target, shared), eigencam (no backward pass, class-agnostic), scorecam (no "
-        "backward pass but one extra forward pass per channel of the layer, e.g. 2048 for resnet50 layer4, batched "
-        "32 at a time).",
+        help="Method(s), comma-separated: gradcam, gradcam++, xgradcam, hirescam, layercam, eigengradcam (one "
+        "backward pass per target, shared), eigencam (no backward pass, class-agnostic), scorecam and ablationcam "
+        "(no backward pass but one extra forward pass per channel of the layer, e.g. 2048 for resnet50 layer4, "
+        "batched 32 at a time), fullgrad, guided-backprop, guided-gradcam (one extra forward pass, and one backward "
+        "pass per target through the whole network; pixel-level maps; classifiers only, as ablationcam).",
     ),
 ]
 TargetOpt = Annotated[

@@ -197,11 +197,12 @@ class ProgressBar:
 
 
 class PassProgress:
-    """scorecam's masked forward passes as a transient bar on stderr (terminal and not --quiet only): a row of
-    its own under the image bar when that shows, else a bar of its own."""
+    """scorecam's masked and ablationcam's ablated forward passes as a transient bar on stderr (terminal and not
+    --quiet only): a row of its own under the image bar when that shows, else a bar of its own, named ``label``."""
 
-    def __init__(self, reporter: Reporter) -> None:
+    def __init__(self, reporter: Reporter, label: str = "scorecam passes") -> None:
         self.reporter = reporter
+        self.label = label
         self.own: ProgressBar | None = None
         self.bar: Any = None
         self.task: Any = None
@@ -212,14 +213,14 @@ class PassProgress:
                 return
             host = ProgressBar.active
             if host is None:
-                self.own = ProgressBar(self.reporter, total, "scorecam passes").__enter__()
+                self.own = ProgressBar(self.reporter, total, self.label).__enter__()
                 if not self.own.enabled:
                     self.own = None
                     return
                 self.bar, self.task = self.own.bar, self.own.task
                 self.bar.update(self.task, throughput=None)  # set by count, not ticked: rich's own time left
             else:
-                self.bar, self.task = host.bar, host.bar.add_task("scorecam passes", total=total)
+                self.bar, self.task = host.bar, host.bar.add_task(self.label, total=total)
         self.bar.update(self.task, completed=done)
         if done >= total:
             if self.own is not None:

@@ -27,6 +27,7 @@ from ..options import EvalOptions
 from . import metrics
 from .boxes import GroundTruthBox, match_boxes, read_boxes
 from .report import BLUR_KERNEL, BLUR_SIGMA, BoxScore, EvalReport, ImageScores, MethodScores
+from .road import ROAD_FRACTIONS, impute, road_masks
 from .tasks import TaskEvaluator
 
 __all__ = [
@@ -40,7 +41,8 @@ __all__ = [
 ]
 
 Job = tuple[Any, ...]
-"""One perturbed image to score: ``("baseline",)``, ``("blurred",)`` or ``(method, kind, step)``."""
+"""One perturbed image to score: ``("baseline",)``, ``("blurred",)`` or ``(method, kind, step)`` (kinds: deletion,
+insertion, masked, and with ``--road`` road, whose step indexes :func:`_road_images`)."""
 
 
 def parameterised_modules(model: nn.Module) -> list[str]:
@@ -178,6 +180,11 @@ class Evaluator:
         baseline = torch.zeros_like(image)
         blurred: torch.Tensor = TF.gaussian_blur(image, [BLUR_KERNEL, BLUR_KERNEL], [BLUR_SIGMA, BLUR_SIGMA])
         ranks = {method: metrics.importance_ranks(saliency) for method, saliency in maps.items()}
+        roads = (
+            {method: self._road_images(image, saliency) for method, saliency in maps.items()}
+            if self.options.road
+            else {}
+        )
 
         def build(job: Job) -> torch.Tensor:
             if job[0] == "baseline":
@@ -187,6 +194,8 @@ class Evaluator:
             method, kind, k = job
             if kind == "masked":
                 return image * maps[method]
+            if kind == "road":
+                return roads[method][k]
             perturbed = ranks[method] < counts[k]
             if kind == "deletion":
                 return torch.where(perturbed, baseline, image)
@@ -196,6 +205,7 @@ class Evaluator:
         for method in maps:
             jobs += [(method, kind, k) for kind in ("deletion", "insertion") for k in range(1, steps)]
             jobs.append((method, "masked", 0))
+            jobs += [(method, "road", k) for k in range(2 * len(ROAD_FRACTIONS) if self.options.road else 0)]
         scores = dict(zip(jobs, self._probabilities(jobs, build, target.index), strict=True))
         result = {}
         for method in maps:
@@ -206,7 +216,19 @@ class Evaluator:
                 insertion=[scores[("blurred",)], *insertion, target.probability],
                 masked_probability=scores[(method, "masked", 0)],
             )
+            if self.options.road:
+                fractions = len(ROAD_FRACTIONS)
+                result[method].road_morf = [scores[(method, "road", k)] for k in range(fractions)]
+                result[method].road_lerf = [scores[(method, "road", fractions + k)] for k in range(fractions)]
         return result
+
+    def _road_images(self, image: torch.Tensor, saliency: torch.Tensor) -> torch.Tensor:
+        """ROAD's perturbed copies of one (3, H, W) image: the pixels of each MoRF mask, then of each LeRF mask,
+        removed by noisy linear imputation (:mod:`gradcam_cli.evaluation.road`), the noise seeded by ``--seed``."""
+        morf, lerf = road_masks(saliency)
+        removed = torch.cat([morf, lerf])
+        generator = torch.Generator(device=image.device).manual_seed(self.options.seed)
+        return impute(image.expand(removed.shape[0], *image.shape), removed, generator=generator)
 
     def _probabilities(self, jobs: list[Job], build: Callable[[Job], torch.Tensor], target: int) -> Iterator[float]:
         """The target's probability for each job's image (softmax; sigmoid with ``--score sigmoid``), forwarded

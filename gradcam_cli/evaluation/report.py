@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..options import EvalOptions
-from . import metrics
+from . import metrics, road
 
 if TYPE_CHECKING:
     from ..cam.results import Prediction
@@ -46,6 +46,10 @@ class MethodScores:
     masked_probability: float
     boxes: list[BoxScore] = field(default_factory=list)
     sanity: list[float] = field(default_factory=list)
+    road_morf: list[float] = field(default_factory=list)
+    """With ``--road``: the probability with each fraction of :data:`~gradcam_cli.evaluation.road.ROAD_FRACTIONS`
+    of the pixels removed, most relevant first (``road_lerf``: least relevant first)."""
+    road_lerf: list[float] = field(default_factory=list)
 
     @property
     def deletion_auc(self) -> float:
@@ -54,6 +58,11 @@ class MethodScores:
     @property
     def insertion_auc(self) -> float:
         return metrics.auc(self.insertion)
+
+    @property
+    def road(self) -> float:
+        """The combined ROAD score, mean over the fractions of (LeRF - MoRF) / 2."""
+        return road.combined(self.road_morf, self.road_lerf)
 
 
 @dataclass
@@ -115,6 +124,14 @@ class EvalReport:
                 deletion_curve=[_mean(column) for column in zip(*(s.deletion for _, s in scores), strict=True)],
                 insertion_curve=[_mean(column) for column in zip(*(s.insertion for _, s in scores), strict=True)],
             )
+        if all(s.road_morf for _, s in scores):
+            out.update(
+                road=_mean([s.road for _, s in scores]),
+                road_morf=_mean([_mean(s.road_morf) for _, s in scores]),
+                road_lerf=_mean([_mean(s.road_lerf) for _, s in scores]),
+                road_morf_curve=[_mean(column) for column in zip(*(s.road_morf for _, s in scores), strict=True)],
+                road_lerf_curve=[_mean(column) for column in zip(*(s.road_lerf for _, s in scores), strict=True)],
+            )
         rows = [(image, box) for image, s in scores for box in s.boxes]
         if rows:
             out["pointing"] = _pointing_table([box for _, box in rows])
@@ -151,6 +168,11 @@ class EvalReport:
             "tolerance": self.options.tolerance,
             "deletion_baseline": "zero in normalised input space (the mean colour)",
             "insertion_baseline": f"Gaussian blur, kernel {BLUR_KERNEL}, sigma {BLUR_SIGMA}",
+            **(
+                {"road": {"fractions": list(road.ROAD_FRACTIONS), "noise": road.ROAD_NOISE}}
+                if self.options.road
+                else {}
+            ),
             "images": len(self.images),
             "failed": [{"image": image.image, "error": image.error} for image in self.failed],
             "unmatched_boxes": self.unmatched_boxes,
@@ -198,12 +220,14 @@ def _image_dict(image: ImageScores) -> dict[str, Any]:
 
 
 def _curves_dict(s: MethodScores) -> dict[str, Any]:
+    measured = {"road": s.road, "road_morf_curve": s.road_morf, "road_lerf_curve": s.road_lerf} if s.road_morf else {}
     return {
         "deletion_auc": s.deletion_auc,
         "insertion_auc": s.insertion_auc,
         "masked_probability": s.masked_probability,
         "deletion_curve": s.deletion,
         "insertion_curve": s.insertion,
+        **measured,
     }
 
 

@@ -19,6 +19,8 @@ def format_report(report: EvalReport) -> list[str]:
     lines = [f"model {report.model}, layer {'+'.join(report.layers)}, {len(report.ok)} image(s), {measured}", ""]
     curves = report.has_curves or not report.has_boxes
     header = ["method", *(["deletion AUC", "insertion AUC", "avg drop %", "increase %"] if curves else [])]
+    roads = curves and any("road" in s for s in summaries.values())
+    header += ["ROAD MoRF", "ROAD LeRF", "ROAD"] if roads else []
     if report.has_boxes:
         header += ["pointing %", "energy in box"]
     if report.sanity_modules:
@@ -35,6 +37,8 @@ def format_report(report: EvalReport) -> list[str]:
                 _fmt(s.get("average_drop"), "{:.1f}"),
                 _fmt(s.get("increase_in_confidence"), "{:.1f}"),
             ]
+        if roads:
+            row += [_fmt(s.get("road_morf")), _fmt(s.get("road_lerf")), _fmt(s.get("road"))]
         if report.has_boxes:
             overall = s["pointing"]["overall"]
             row += [_fmt(overall["accuracy"], "{:.1f}"), _fmt(overall["energy"])]
@@ -43,7 +47,8 @@ def format_report(report: EvalReport) -> list[str]:
         rows.append(row)
     lines += _table(header, rows)
     if curves:
-        lines.append("(lower is better: deletion AUC, avg drop, sanity rho; higher is better: the others)")
+        lower = "deletion AUC, avg drop, ROAD MoRF, sanity rho" if roads else "deletion AUC, avg drop, sanity rho"
+        lines.append(f"(lower is better: {lower}; higher is better: the others)")
     if report.sanity_modules:
         lines.append("(sanity rho: the highest mean Spearman correlation over the randomisation cascade)")
     for method, s in summaries.items():

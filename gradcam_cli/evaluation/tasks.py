@@ -45,6 +45,8 @@ class TaskEvaluator:
             raise UsageError(f"--sanity is for classifiers; a {kind}'s maps are evaluated against --boxes")
         if self.options.plot is not None:
             raise UsageError(f"--plot draws deletion and insertion curves, which a {kind} is not measured by")
+        if self.options.road:
+            raise UsageError(f"--road is for classifiers; a {kind}'s maps are evaluated against --boxes")
         self.undetected = 0
 
     def run(

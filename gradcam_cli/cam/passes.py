@@ -1,0 +1,123 @@
+"""The third argument of the methods that need more than one layer's activations and gradients
+(:attr:`gradcam_cli.cam.methods.CamMethod.extra`), built for one view of a batch while its
+:class:`~gradcam_cli.cam.engine.LayerCapture` is open:
+
+- Score-CAM: a :class:`~gradcam_cli.cam.methods.MaskedScores` (masked inputs, no autograd);
+- AblationCAM: an :class:`~gradcam_cli.cam.ablation.AblatedScores` (the layer's output with one channel zeroed);
+- guided backpropagation and Guided Grad-CAM: the target's guided input gradient, from one
+  :class:`~gradcam_cli.cam.guided.GuidedPass` per view, backpropagated once per target;
+- FullGrad: the target's :class:`~gradcam_cli.cam.fullgrad.FullGradients`, from one
+  :class:`~gradcam_cli.cam.fullgrad.FullGradPass` per view, backpropagated once per target.
+
+The guided and full-gradient passes re-score the targets chosen in the capture's own pass on their own output
+(classifiers only: the methods that need them refuse other tasks when the explainer is built).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+
+import torch
+from torch import nn
+
+from ..errors import UsageError
+from .ablation import AblatedScores
+from .engine import LayerCapture
+from .fullgrad import FullGradients, FullGradPass
+from .guided import GuidedPass
+from .methods import ABLATED, FULLGRAD, GUIDED, MASKED, CamMethod, MaskedScores, ProgressCallback
+from .scores import ClassTargets, Targets
+
+
+class MethodInputs:
+    """Builds the extra arguments for one view; ``rescore(output)`` chooses the same targets in another pass's
+    output. Passes it opens are closed by ``stack``, which must close before ``capture`` does."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        capture: LayerCapture,
+        inputs: torch.Tensor,
+        targets: Targets,
+        rescore: Callable[[object], Targets],
+        layer_outputs: dict[str, tuple[torch.Tensor, int]],
+        stack: ExitStack,
+        batch_size: int,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        self.model, self.capture, self.inputs, self.targets = model, capture, inputs, targets
+        self.rescore, self.layer_outputs, self.stack = rescore, layer_outputs, stack
+        self.batch_size, self.progress = batch_size, progress
+        self._guided: tuple[GuidedPass, Targets] | None = None
+        self._full: tuple[FullGradPass, Targets] | None = None
+        self._cache: dict[tuple[str, int], object] = {}
+
+    def arguments(self, method: CamMethod, layer: str, k: int) -> tuple[object, ...]:
+        """The arguments ``method`` takes after the activations and gradients of ``layer``, for target ``k``."""
+        if method.extra is None:
+            return ()
+        if method.extra == MASKED:
+            masked = MaskedScores(
+                self.capture.forward_output_unhooked,
+                self.inputs,
+                batch_size=self.batch_size,
+                progress=self.progress,
+                probability=self.targets.masked(k),
+                region=self.targets.region,
+            )
+            return (masked,)
+        if method.extra == ABLATED:
+            return (self._ablated(layer, k),)
+        if method.extra == GUIDED:
+            return (self._cached(GUIDED, k, self._guided_gradient),)
+        if method.extra == FULLGRAD:
+            return (self._cached(FULLGRAD, k, self._full_gradients),)
+        raise ValueError(f"unknown extra argument {method.extra!r}")
+
+    def _cached(self, kind: str, k: int, build: Callable[[int], object]) -> object:
+        """One value per kind and target; a new target drops the last one's (FullGrad's gradients are large)."""
+        if (kind, k) not in self._cache:
+            for key in [key for key in self._cache if key[0] == kind]:
+                del self._cache[key]
+            self._cache[(kind, k)] = build(k)
+        return self._cache[(kind, k)]
+
+    def _class_targets(self) -> ClassTargets:
+        if not isinstance(self.targets, ClassTargets):
+            raise UsageError("this method explains classifiers only")
+        return self.targets
+
+    def _ablated(self, layer: str, k: int) -> AblatedScores:
+        targets = self._class_targets()
+        score = targets.scored(k)
+        samples = torch.arange(self.inputs.shape[0], device=self.inputs.device)
+        layer_output, channel_dim = self.layer_outputs[layer]
+        return AblatedScores(
+            lambda inputs, replacement: self.capture.forward_output_replaced(inputs, layer, replacement),
+            self.inputs,
+            layer_output,
+            score,
+            score(targets.logits.detach(), samples),
+            channel_dim,
+            self.batch_size,
+            self.progress,
+        )
+
+    def _guided_gradient(self, k: int) -> torch.Tensor:
+        self._class_targets()
+        if self._guided is None:
+            self.capture.remove_hooks()
+            guided = GuidedPass(self.model, self.inputs)
+            self._guided = (guided, self.rescore(guided.output))
+        guided, targets = self._guided
+        return guided.gradients(targets.value(k))
+
+    def _full_gradients(self, k: int) -> FullGradients:
+        self._class_targets()
+        if self._full is None:
+            self.capture.remove_hooks()
+            full = self.stack.enter_context(FullGradPass(self.model, self.inputs))
+            self._full = (full, self.rescore(full.output))
+        full, targets = self._full
+        return full.decompose(targets.value(k))
