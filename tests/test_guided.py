@@ -119,7 +119,10 @@ def _plain_output(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return model(x)
 
 
-@pytest.mark.parametrize("method", ["guided-backprop", "guided-gradcam"])
+NEW_METHODS = ["guided-backprop", "guided-gradcam", "fullgrad", "ablationcam", "eigengradcam"]
+
+
+@pytest.mark.parametrize("method", NEW_METHODS)
 def test_model_left_exactly_as_found(method: str) -> None:
     model = mixed_model()
     user_hook = model.features.register_forward_hook(lambda *_: None)  # the user's own hook stays
@@ -138,13 +141,27 @@ def test_model_left_exactly_as_found(method: str) -> None:
     assert torch.equal(_plain_output(model, x), expected)
 
 
-def test_guided_rule_removed_after_an_error_mid_forward() -> None:
+@pytest.mark.parametrize(
+    ("method", "failing_pass"), [(m, 1) for m in NEW_METHODS] + [(m, 2) for m in NEW_METHODS if m != "eigengradcam"]
+)
+def test_model_restored_and_guided_rule_removed_after_an_error_mid_forward(method: str, failing_pass: int) -> None:
+    """The model raises half-way through the explained pass (1) or through the method's own extra pass (2: the
+    guided, full-gradient or first ablated pass), after its ReLUs ran."""
     model = mixed_model()
     before = snapshot(model)
-    explainer = Explainer(model, "features", "guided-backprop")
-    model.explode = True
+    explainer = Explainer(model, "features", method)
+    calls = []
+
+    def explode(*_: object) -> None:
+        calls.append(1)
+        if len(calls) == failing_pass:
+            raise ValueError("boom mid-forward")
+
+    handle = model.after.register_forward_hook(explode)
     with pytest.raises(ValueError, match="boom mid-forward"):
         explainer.explain_batch(torch.randn(1, 3, 16, 16))
+    handle.remove()
+    assert len(calls) == failing_pass
     assert snapshot(model) == before
     assert hook_counts(model) == {}
     assert all(p.grad is None for p in model.parameters())

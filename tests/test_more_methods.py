@@ -317,3 +317,29 @@ def test_sweep_fullgrad(name: str, monkeypatch) -> None:
     monkeypatch.setattr(pgc_image, "scale_cam_image", scale_without_eps)
     monkeypatch.setattr(pgc.fullgrad_cam, "scale_cam_image", scale_without_eps)
     assert pearson(mine, pytorch_grad_cam_map(pgc.FullGrad, net, [], x, target)) >= REQUIRED
+
+
+@pytest.mark.parametrize("method", ["eigengradcam", "ablationcam", "fullgrad", "guided-backprop", "guided-gradcam"])
+def test_a_batch_with_two_targets_each_equals_each_image_alone(method: str) -> None:
+    """Every sample its own targets and its own maps, however the extra passes batch them (3 ablated copies per
+    pass do not divide 15 channels x 2 samples)."""
+    net = tiny_cnn()
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(4))
+    explainer = Explainer(net, "5", method, score_batch_size=3)
+    _, targets, batched = explainer.compute(x, top_k=2)
+    for i in range(2):
+        for k in range(2):
+            alone = explainer.compute(x[i : i + 1], target=int(targets[i, k]))[2][method][0][0]
+            torch.testing.assert_close(batched[method][k][0][i : i + 1], alone, rtol=1e-4, atol=1e-5)
+
+
+def test_aug_smooth_and_several_layers_take_the_new_methods() -> None:
+    net = tiny_cnn()
+    x = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(5))
+    methods = ["eigengradcam", "ablationcam", "fullgrad", "guided-backprop", "guided-gradcam"]
+    for options in ({"aug_smooth": True}, {"layers": ["3", "5"]}):
+        layers = options.pop("layers", "5")
+        result = Explainer(net, layers, methods, **options).explain_batch(x)[0]
+        assert [e.method for e in result.explanations] == methods
+        for explanation in result.explanations:
+            assert explanation.saliency.shape == (64, 64) and float(explanation.saliency.max()) == pytest.approx(1.0)
