@@ -412,7 +412,7 @@ def test_lite0_lists_the_rocket_whose_evidence_is_the_launch_towers(lite0_report
 def test_lite0_every_method_evaluates_and_class_agnostic_maps_fail_the_sanity_check(lite0, sample_dir: Path) -> None:
     from gradcam_cli.cam.methods import METHODS
 
-    methods = [m for m in METHODS if m != "scorecam"]  # scorecam: one forward per channel (1,280 here)
+    methods = [m for m in METHODS if not METHODS[m].uses_model]  # scorecam, ablationcam: a forward per channel (1,280)
     explainer = Explainer(lite0, methods=methods, device="cpu")
     options = EvalOptions(steps=6, sanity=True, sanity_layers=1)
     report = Evaluator(explainer, options).run([sample_dir / "chelsea.jpg", sample_dir / "rocket.jpg"])
