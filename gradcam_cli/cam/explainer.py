@@ -30,6 +30,7 @@ from .detection import DetectionScore
 from .engine import LayerCapture
 from .layers import check_layers, dry_pass, model_default_layer, resolve_layer
 from .methods import METHODS, SCORECAM_BATCH_SIZE, MaskedScores, ProgressCallback
+from .precision import autocast, check_precision, full_precision
 from .reshape import spatial
 from .results import ImageExplanation, Prediction
 from .scores import Cams, ClassScore, ClassTargets, Score, Targets
@@ -54,7 +55,8 @@ class Explainer:
     ``aug_smooth``: average over flipped and rescaled inputs; ``eigen_smooth``: first principal component of the
     weighted activations instead of their sum (see :mod:`gradcam_cli.cam.smoothing`). ``score_batch_size``: masked
     inputs per forward pass in scorecam; ``progress``: called as ``progress(done, total)`` during scorecam's
-    forward passes (``None``: silent).
+    forward passes (``None``: silent). ``precision``: ``fp32``, or ``bf16``/``fp16`` to run the forward pass under
+    autocast (see :mod:`gradcam_cli.cam.precision`; maps are computed in float32 either way).
     Layers whose output is channel-last (Swin) or a token sequence (ViT) are reshaped to (N, C, h, w) first.
     Building the explainer makes one dry pass at the model's input size (see :func:`gradcam_cli.cam.layers.dry_pass`):
     it picks the default layer, refuses a layer with a single position (``avgpool``) or no spatial grid (``fc``), and
@@ -78,6 +80,7 @@ class Explainer:
         score_threshold: float = 0.5,
         max_detections: int = 10,
         task: str | None = None,
+        precision: str = "fp32",
     ) -> None:
         bare = isinstance(model, nn.Module)
         if isinstance(model, nn.Module):
@@ -120,6 +123,9 @@ class Explainer:
         self.eigen_smooth = eigen_smooth
         self.score_batch_size = score_batch_size
         self.progress = progress
+        self.precision = check_precision(precision)
+        self.options: tuple[ModelOptions, ExplainOptions] | None = None
+        """The options :meth:`from_options` built this explainer from (the Ray engine's actors rebuild it)."""
 
     @classmethod
     def from_options(
@@ -133,10 +139,11 @@ class Explainer:
         :class:`ModelOptions`, or a model already loaded, explained as :class:`ExplainOptions` says."""
         options = options or ExplainOptions()
         device = None
+        model_options = model if isinstance(model, ModelOptions) else None
         if isinstance(model, ModelOptions):
             device = resolve_device(model.device)
             model = load_model(model)
-        return cls(
+        explainer = cls(
             model,
             list(options.layers) or None,
             list(options.methods),
@@ -149,7 +156,10 @@ class Explainer:
             score=options.score,
             score_threshold=options.score_threshold,
             max_detections=options.max_detections,
+            precision=model_options.precision if model_options is not None else "fp32",
         )
+        explainer.options = (model_options, options) if model_options is not None else None
+        return explainer
 
     def _score(self, name: str, threshold: float, max_detections: int) -> Score:
         """What this explainer's task differentiates (see :mod:`gradcam_cli.cam.scores`)."""
@@ -234,11 +244,13 @@ class Explainer:
         """One forward pass, one backward pass per target if a method needs gradients, then every method."""
         size = tuple(inputs.shape[-2:])
         with LayerCapture(self.model.module, self.layers) as capture:
-            output = capture.forward_output(inputs)
+            with autocast(self.device, self.precision):
+                output = capture.forward_output(inputs)
+            output = full_precision(output)  # scores, activations and gradients in float32 from here on
             self.layer_calls = capture.calls()
             targets = self.score.targets(output, inputs, target, top_k, chosen)
             prefix = self.model.prefix_tokens
-            activations = {n: spatial(a, size, n, prefix) for n, a in capture.activations().items()}
+            activations = {n: spatial(a, size, n, prefix).float() for n, a in capture.activations().items()}
             need_gradients = any(METHODS[method].uses_gradients for method in self.methods)
             cams: Cams = {method: [] for method in self.methods}
             for k in range(targets.count):
@@ -249,7 +261,7 @@ class Explainer:
                         gradients = {n: torch.zeros_like(a) for n, a in activations.items()}
                     else:
                         raw = capture.gradients(score, retain_graph=k < targets.count - 1)
-                        gradients = {n: spatial(g, size, n, prefix) for n, g in raw.items()}
+                        gradients = {n: spatial(g, size, n, prefix).float() for n, g in raw.items()}
                 for name in self.methods:
                     method = METHODS[name]
                     if method.class_agnostic and k > 0:
