@@ -30,7 +30,7 @@ from .detection import DetectionScore
 from .engine import LayerCapture
 from .layers import check_layers, dry_pass, model_default_layer, resolve_layer
 from .methods import METHODS, SCORECAM_BATCH_SIZE, MaskedScores, ProgressCallback
-from .precision import autocast, check_precision, full_precision
+from .precision import autocast, check_precision, full_precision, to_float32
 from .reshape import spatial
 from .results import ImageExplanation, Prediction
 from .scores import Cams, ClassScore, ClassTargets, Score, Targets
@@ -250,7 +250,7 @@ class Explainer:
             self.layer_calls = capture.calls()
             targets = self.score.targets(output, inputs, target, top_k, chosen)
             prefix = self.model.prefix_tokens
-            activations = {n: spatial(a, size, n, prefix).float() for n, a in capture.activations().items()}
+            activations = {n: to_float32(spatial(a, size, n, prefix)) for n, a in capture.activations().items()}
             need_gradients = any(METHODS[method].uses_gradients for method in self.methods)
             cams: Cams = {method: [] for method in self.methods}
             for k in range(targets.count):
@@ -261,7 +261,7 @@ class Explainer:
                         gradients = {n: torch.zeros_like(a) for n, a in activations.items()}
                     else:
                         raw = capture.gradients(score, retain_graph=k < targets.count - 1)
-                        gradients = {n: spatial(g, size, n, prefix).float() for n, g in raw.items()}
+                        gradients = {n: to_float32(spatial(g, size, n, prefix)) for n, g in raw.items()}
                 for name in self.methods:
                     method = METHODS[name]
                     if method.class_agnostic and k > 0:

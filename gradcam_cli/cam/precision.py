@@ -19,6 +19,12 @@ from ..options import PRECISION_NAMES
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 """The autocast dtype of each lower precision (``fp32`` has none)."""
+HALF_DTYPES = frozenset(DTYPES.values())
+
+
+def to_float32(tensor: torch.Tensor) -> torch.Tensor:
+    """A half-precision tensor as float32; any other as it is."""
+    return tensor.float() if tensor.dtype in HALF_DTYPES else tensor
 
 
 def check_precision(name: str) -> str:
@@ -40,10 +46,11 @@ def autocast(device: torch.device, precision: str) -> Iterator[None]:
 
 
 def full_precision(value: object) -> object:
-    """``value`` with every floating-point tensor in it (also inside lists, tuples and dicts, as a detector's
-    output has them) turned into float32; the casts stay in the graph, so gradients flow back through them."""
+    """``value`` with every half-precision tensor in it (float16, bfloat16; also inside lists, tuples and dicts, as
+    a detector's output has them) turned into float32; the casts stay in the graph, so gradients flow back through
+    them. float32 and float64 tensors stay as they are."""
     if isinstance(value, torch.Tensor):
-        return value.float() if value.is_floating_point() else value
+        return to_float32(value)
     if type(value) is list:
         return [full_precision(item) for item in value]
     if isinstance(value, tuple):
