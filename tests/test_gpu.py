@@ -76,6 +76,21 @@ def test_bf16_runs_the_forward_pass_under_autocast_and_makes_float32_maps(square
     assert isinstance(half.predictions[0].probability, float)
 
 
+def test_only_half_precision_outputs_are_turned_into_float32():
+    from collections import namedtuple
+
+    from gradcam_cli.cam.precision import full_precision
+
+    Outputs = namedtuple("Outputs", "logits aux")
+    half, double = torch.ones(2, dtype=torch.bfloat16), torch.ones(2, dtype=torch.float64)
+    out = full_precision(
+        Outputs(half, [{"scores": torch.ones(1, dtype=torch.float16), "labels": torch.ones(1).long()}])
+    )
+    assert isinstance(out, Outputs) and out.logits.dtype == torch.float32
+    assert out.aux[0]["scores"].dtype == torch.float32 and out.aux[0]["labels"].dtype == torch.int64
+    assert full_precision(double) is double  # a float64 model keeps its precision
+
+
 def test_precision_is_recorded_and_a_resumed_run_may_not_change_it(photos, tmp_path):
     out = tmp_path / "out"
     result = gradcam(photos, "-o", out, "--precision", "bf16", "--save-raw", "--manifest", out / "m.jsonl")

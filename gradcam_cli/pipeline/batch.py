@@ -98,7 +98,7 @@ class BatchRunner:
         self.workers = default_workers() if run.workers is None else run.workers
         self.writers = run.writers
         self.max_side = run.max_side or None
-        self.blender = Blender(colormap_table(self.output.colormap, explainer.device), self.output.alpha)
+        self.blender = Blender(colormap_table(self.output.colormap), self.output.alpha)  # maps reach it on the CPU
         self.kinds = output_kinds(self.output)
         self._channels_last = explainer.device.type == "cpu"
         self._halved = False  # the batches were halved after running out of memory (said once)
