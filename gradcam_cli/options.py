@@ -43,6 +43,12 @@ TASK_NAMES = ("classify", "detect", "segment")
 """The tasks ``--task`` accepts, as :class:`gradcam_cli.models.tasks.Task` defines them."""
 SCORE_NAMES = ("logit", "softmax", "sigmoid")
 """What ``--score`` differentiates for a classifier (see :mod:`gradcam_cli.cam.scores`)."""
+PRECISION_NAMES = ("fp32", "bf16", "fp16")
+"""What ``--precision`` accepts: the forward pass in float32, or autocast to bfloat16 or float16 (see
+:mod:`gradcam_cli.cam.precision`); maps are always computed in float32."""
+ENGINE_NAMES = ("local", "ray")
+"""What ``--engine`` accepts: this machine (:mod:`gradcam_cli.pipeline.batch`) or a Ray cluster
+(:mod:`gradcam_cli.pipeline.ray_engine`)."""
 
 
 class ImageFormat(str, enum.Enum):
@@ -83,6 +89,8 @@ class ModelOptions:
     transform's size, 520 for torchvision's segmenters, or a timm or Hugging Face model's size)."""
     device: str = "auto"
     task: str | None = None
+    precision: str = "fp32"
+    """The forward pass's precision: ``fp32``, or ``bf16``/``fp16`` under autocast (maps stay float32)."""
 
 
 @dataclass(frozen=True)
@@ -128,11 +136,43 @@ class OutputOptions:
 
 
 @dataclass(frozen=True)
+class Shard:
+    """Part ``index`` (0 to ``count`` - 1) of inputs split into ``count`` parts (``--shard K/N``); which part an
+    input falls in depends only on its path relative to its input root (:mod:`gradcam_cli.pipeline.shards`)."""
+
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or not 0 <= self.index < self.count:
+            raise ValueError(f"shard {self.index}/{self.count}: K must be 0 to N-1, and N at least 1")
+
+    @classmethod
+    def parse(cls, text: str | Shard) -> Shard:
+        """``3/8`` -> ``Shard(3, 8)``; a :class:`ValueError` for anything else."""
+        if isinstance(text, Shard):
+            return text
+        match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+        if match is None:
+            raise ValueError(f"{text!r}: use K/N, for example 0/8 (K from 0 to N-1)")
+        return cls(int(match[1]), int(match[2]))
+
+    @property
+    def label(self) -> str:
+        """``3-of-8``, as the shard's file names carry it."""
+        return f"{self.index}-of-{self.count}"
+
+
+@dataclass(frozen=True)
 class RunOptions:
     """How to run: batching, decoding processes, writer threads, the size limit, video frame sampling, and whether
     PyTorch runs deterministically (``deterministic``: entering a ``Session`` seeds and switches it on).
 
-    ``batch_size`` and ``workers`` of ``None`` pick the defaults for the device and the machine.
+    ``batch_size`` and ``workers`` of ``None`` pick the defaults for the device and the machine. ``shard``: run
+    only that part of the inputs (docs/scale.md). ``engine``: ``local``, or ``ray`` to run on a Ray cluster
+    (``ray_address``; ``None``: the ``RAY_ADDRESS`` environment variable, else a local instance) with ``actors``
+    explaining actors (``None``: one per GPU, else one per two CPUs), each with ``gpus_per_worker`` GPUs
+    (``None``: 1 where the cluster has GPUs, else 0).
     """
 
     batch_size: int | None = None
@@ -141,6 +181,11 @@ class RunOptions:
     max_side: int | None = DEFAULT_MAX_SIDE
     every: int = 1
     deterministic: bool = False
+    shard: Shard | None = None
+    engine: str = "local"
+    ray_address: str | None = None
+    actors: int | None = None
+    gpus_per_worker: float | None = None
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from .engine import LayerCapture
 from .layers import check_layers, dry_pass, model_default_layer, resolve_layer
 from .methods import METHODS, SCORECAM_BATCH_SIZE, ProgressCallback
 from .passes import MethodInputs
+from .precision import autocast, check_precision, full_precision, to_float32
 from .reshape import spatial
 from .results import ImageExplanation, Prediction
 from .scores import Cams, ClassScore, ClassTargets, Score, Targets
@@ -56,8 +57,10 @@ class Explainer:
     ``aug_smooth``: average over flipped and rescaled inputs; ``eigen_smooth``: first principal component of the
     weighted activations instead of their sum (see :mod:`gradcam_cli.cam.smoothing`). ``score_batch_size``: masked
     inputs (scorecam) or ablated copies (ablationcam) per forward pass; ``progress``: called as
-    ``progress(done, total)`` during those forward passes (``None``: silent). A method that does not serve the
-    model's task (:attr:`gradcam_cli.cam.methods.CamMethod.tasks`) is refused with a one-line UsageError.
+    ``progress(done, total)`` during those forward passes (``None``: silent). ``precision``: ``fp32``, or
+    ``bf16``/``fp16`` to run the explained forward pass under autocast (see :mod:`gradcam_cli.cam.precision`; maps
+    are computed in float32 either way). A method that does not serve the model's task
+    (:attr:`gradcam_cli.cam.methods.CamMethod.tasks`) is refused with a one-line UsageError.
     Layers whose output is channel-last (Swin) or a token sequence (ViT) are reshaped to (N, C, h, w) first.
     Building the explainer makes one dry pass at the model's input size (see :func:`gradcam_cli.cam.layers.dry_pass`):
     it picks the default layer, refuses a layer with a single position (``avgpool``) or no spatial grid (``fc``), and
@@ -81,6 +84,7 @@ class Explainer:
         score_threshold: float = 0.5,
         max_detections: int = 10,
         task: str | None = None,
+        precision: str = "fp32",
     ) -> None:
         bare = isinstance(model, nn.Module)
         if isinstance(model, nn.Module):
@@ -128,6 +132,9 @@ class Explainer:
         self.eigen_smooth = eigen_smooth
         self.score_batch_size = score_batch_size
         self.progress = progress
+        self.precision = check_precision(precision)
+        self.options: tuple[ModelOptions, ExplainOptions] | None = None
+        """The options :meth:`from_options` built this explainer from (the Ray engine's actors rebuild it)."""
 
     @classmethod
     def from_options(
@@ -141,10 +148,11 @@ class Explainer:
         :class:`ModelOptions`, or a model already loaded, explained as :class:`ExplainOptions` says."""
         options = options or ExplainOptions()
         device = None
+        model_options = model if isinstance(model, ModelOptions) else None
         if isinstance(model, ModelOptions):
             device = resolve_device(model.device)
             model = load_model(model)
-        return cls(
+        explainer = cls(
             model,
             list(options.layers) or None,
             list(options.methods),
@@ -157,7 +165,10 @@ class Explainer:
             score=options.score,
             score_threshold=options.score_threshold,
             max_detections=options.max_detections,
+            precision=model_options.precision if model_options is not None else "fp32",
         )
+        explainer.options = (model_options, options) if model_options is not None else None
+        return explainer
 
     def _score(self, name: str, threshold: float, max_detections: int) -> Score:
         """What this explainer's task differentiates (see :mod:`gradcam_cli.cam.scores`)."""
@@ -243,20 +254,23 @@ class Explainer:
         extra passes some take: :mod:`gradcam_cli.cam.passes`)."""
         size = tuple(inputs.shape[-2:])
         with LayerCapture(self.model.module, self.layers) as capture, ExitStack() as passes:
-            output = capture.forward_output(inputs)
+            with autocast(self.device, self.precision):
+                output = capture.forward_output(inputs)
+            output = full_precision(output)  # scores, activations and gradients in float32 from here on
             self.layer_calls = capture.calls()
             targets = self.score.targets(output, inputs, target, top_k, chosen)
             prefix = self.model.prefix_tokens
             raw = capture.activations()
-            activations = {n: spatial(a, size, n, prefix) for n, a in raw.items()}
+            layouts = {n: spatial(a, size, n, prefix) for n, a in raw.items()}
+            activations = {n: to_float32(a) for n, a in layouts.items()}
             chosen_targets = targets.targets if isinstance(targets, ClassTargets) else None
             extras = MethodInputs(
                 self.model.module,
                 capture,
                 inputs,
                 targets,
-                lambda out: self.score.targets(out, inputs, target, top_k, chosen_targets),
-                {n: (a, 1 if activations[n] is a else -1) for n, a in raw.items()},
+                lambda out: self.score.targets(full_precision(out), inputs, target, top_k, chosen_targets),
+                {n: (a, 1 if layouts[n] is a else -1) for n, a in raw.items()},
                 passes,
                 self.score_batch_size,
                 self.progress,
@@ -271,7 +285,7 @@ class Explainer:
                         gradients = {n: torch.zeros_like(a) for n, a in activations.items()}
                     else:
                         raw_gradients = capture.gradients(score, retain_graph=k < targets.count - 1)
-                        gradients = {n: spatial(g, size, n, prefix) for n, g in raw_gradients.items()}
+                        gradients = {n: to_float32(spatial(g, size, n, prefix)) for n, g in raw_gradients.items()}
                 for name in self.methods:
                     method = METHODS[name]
                     if method.class_agnostic and k > 0:

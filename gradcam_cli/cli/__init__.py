@@ -1,5 +1,5 @@
-"""The command line: ``gradcam`` (:mod:`.explain`), ``gradcam eval`` (:mod:`.eval`) and ``gradcam diff``
-(:mod:`.diff`).
+"""The command line: ``gradcam`` (:mod:`.explain`), ``gradcam eval`` (:mod:`.eval`), ``gradcam diff``
+(:mod:`.diff`) and ``gradcam merge`` (:mod:`.merge`).
 
 The commands parse options into :mod:`gradcam_cli.options` and report what the library does; they do no work of
 their own. Torch is imported only after parsing.
@@ -17,7 +17,8 @@ __all__ = ["app", "main"]
 
 
 def main() -> None:
-    """Console-script entry point; ``gradcam eval ...`` and ``gradcam diff ...`` go to their own commands."""
+    """Console-script entry point; ``gradcam eval ...``, ``gradcam diff ...`` and ``gradcam merge ...`` go to their
+    own commands."""
     # Before torch loads OpenMP: threads that wait sleep instead of spinning. Spinning threads fight the decoding
     # processes, the writer threads and any other program for the cores (several times slower on a busy machine).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -30,5 +31,10 @@ def main() -> None:
         from .diff import app as diff_app
 
         run_app(diff_app, "gradcam diff", sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["merge"]:
+        from .merge import app as merge_app
+
+        run_app(merge_app, "gradcam merge", sys.argv[2:])
         return
     run_app(app, "gradcam", sys.argv[1:])

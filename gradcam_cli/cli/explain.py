@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
-from ..options import DEFAULT_MAX_SIDE, ImageFormat, OutputOptions, RunOptions
+from ..options import DEFAULT_MAX_SIDE, ImageFormat, OutputOptions, RunOptions, Shard
 from . import params
 from .reporting import PassProgress, ProgressBar, Reporter, default_layer_reason, run_reported, run_summary
 
@@ -34,7 +34,8 @@ Exit codes: 0 all images explained; 1 some image failed; 2 usage error; 3 model/
 interrupted."""
 EPILOG = (
     "Also: gradcam eval INPUT... measures how faithful the maps are (see gradcam eval --help); gradcam diff "
-    "BASELINE CURRENT compares two runs' maps and reports drift (see gradcam diff --help)."
+    "BASELINE CURRENT compares two runs' maps and reports drift (see gradcam diff --help); gradcam merge OUTPUT_DIR "
+    "merges the manifests of a --shard run (see gradcam merge --help)."
 )
 
 
@@ -95,6 +96,7 @@ def explain(
         Path, typer.Option("--output-dir", "-o", metavar="DIR", help="Where outputs go (input tree mirrored).")
     ] = Path("gradcam_out"),
     device: params.DeviceOpt = "auto",
+    precision: params.PrecisionOpt = "fp32",
     input_size: params.InputSizeOpt = None,
     batch_size: Annotated[
         int | None,
@@ -114,6 +116,35 @@ def explain(
     ] = None,
     manifest: Annotated[
         Path | None, typer.Option(metavar="PATH", help="Write one row per output to this .jsonl or .csv file.")
+    ] = None,
+    shard: Annotated[
+        Shard | None,
+        typer.Option(
+            parser=params.parse_shard,
+            metavar="K/N",
+            help="Explain only shard K (0 to N-1) of the inputs, split by their paths; each shard writes its own "
+            "manifest, and gradcam merge OUTPUT_DIR joins them.",
+        ),
+    ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            parser=params.parse_engine, metavar="local|ray", help="Run here, or on a Ray cluster (pip extra [ray])."
+        ),
+    ] = "local",
+    ray_address: Annotated[
+        str | None,
+        typer.Option(metavar="ADDR", help="--engine ray: the cluster (default: RAY_ADDRESS, else a local one)."),
+    ] = None,
+    actors: Annotated[
+        int | None,
+        typer.Option(
+            min=1, metavar="N", help="--engine ray: explaining actors (default: one per GPU, else one per two CPUs)."
+        ),
+    ] = None,
+    gpus_per_worker: Annotated[
+        float | None,
+        typer.Option(min=0.0, metavar="G", help="--engine ray: GPUs per actor (default: 1 if the cluster has GPUs)."),
     ] = None,
     deterministic: Annotated[
         bool,
@@ -138,6 +169,10 @@ def explain(
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     reporter = Reporter(quiet, verbose, as_json)
+    ray_options = {"--ray-address": ray_address, "--actors": actors, "--gpus-per-worker": gpus_per_worker}
+    ray_only = [name for name, value in ray_options.items() if value is not None]
+    if engine != "ray" and ray_only:
+        run_reported(reporter, lambda: _refuse(f"{ray_only[0]} is for --engine ray; add --engine ray or leave it out"))
     if version:
         from .. import __version__
 
@@ -146,7 +181,7 @@ def explain(
     command = ExplainCommand(
         reporter,
         inputs or [],
-        params.model_options(model, weights, num_classes, labels, input_size, device, task),
+        params.model_options(model, weights, num_classes, labels, input_size, device, task, precision),
         params.explain_options(
             layer, method, target_class, top_k, aug_smooth, eigen_smooth, score, score_threshold, max_detections
         ),
@@ -163,13 +198,29 @@ def explain(
             manifest,
             skip_existing,
         ),
-        RunOptions(batch_size, workers, max_side=max_side or None, every=every, deterministic=deterministic),
+        RunOptions(
+            batch_size,
+            workers,
+            max_side=max_side or None,
+            every=every,
+            deterministic=deterministic,
+            shard=shard,
+            engine=engine,
+            ray_address=ray_address,
+            actors=actors,
+            gpus_per_worker=gpus_per_worker,
+        ),
     )
     if list_models:
         run_reported(reporter, command.list_models)
     if list_layers:
         run_reported(reporter, command.list_layers)
     run_reported(reporter, command.run)
+
+
+def _refuse(message: str) -> int:
+    """A usage error found while parsing, reported as every other."""
+    raise UsageError(message)
 
 
 class ExplainCommand:
@@ -231,10 +282,15 @@ class ExplainCommand:
         )
         check_video_options(self.output, videos)
         single = len(images) + len(videos) == 1
-        with Session(self.output, self.run_options) as session:
+        with Session(self.output, self.run_options, notify=reporter.info) as session:
             passes = [m for m in self.explain_options.methods if m in ("scorecam", "ablationcam")]
             progress = PassProgress(reporter, f"{'/'.join(passes)} passes") if passes else None
-            explainer = Explainer.from_options(self.model_options, self.explain_options, progress=progress)
+            if self.run_options.engine == "ray":
+                from ..pipeline.ray_engine import driver_explainer
+
+                explainer = driver_explainer(self.model_options, self.explain_options, progress)
+            else:
+                explainer = Explainer.from_options(self.model_options, self.explain_options, progress=progress)
             session.start(explainer)
             if not self.explain_options.layers:
                 reporter.info(f"using layer {explainer.layer_label} ({default_layer_reason(explainer.task)})")

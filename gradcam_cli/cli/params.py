@@ -13,7 +13,18 @@ from typing import Annotated
 import typer
 
 from ..errors import suggest
-from ..options import DEVICE_PATTERN, METHOD_NAMES, SCORE_NAMES, TASK_NAMES, ExplainOptions, ImageFormat, ModelOptions
+from ..options import (
+    DEVICE_PATTERN,
+    ENGINE_NAMES,
+    METHOD_NAMES,
+    PRECISION_NAMES,
+    SCORE_NAMES,
+    TASK_NAMES,
+    ExplainOptions,
+    ImageFormat,
+    ModelOptions,
+    Shard,
+)
 
 
 class MethodList(tuple[str, ...]):
@@ -56,6 +67,30 @@ def parse_score(text: str) -> str:
     if score not in SCORE_NAMES:
         raise typer.BadParameter(f"{text!r}: use {', '.join(SCORE_NAMES)}")
     return score
+
+
+def parse_precision(text: str) -> str:
+    """``fp32``, ``bf16`` or ``fp16`` (any case)."""
+    precision = text.strip().lower()
+    if precision not in PRECISION_NAMES:
+        raise typer.BadParameter(f"{text!r}: use {', '.join(PRECISION_NAMES)}")
+    return precision
+
+
+def parse_engine(text: str) -> str:
+    """``local`` or ``ray`` (any case)."""
+    engine = text.strip().lower()
+    if engine not in ENGINE_NAMES:
+        raise typer.BadParameter(f"{text!r}: use {', '.join(ENGINE_NAMES)}")
+    return engine
+
+
+def parse_shard(text: str | Shard) -> Shard:
+    """``K/N``: shard K (0 to N-1) of N."""
+    try:
+        return Shard.parse(text)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
 
 
 def parse_device(text: str) -> str:
@@ -125,6 +160,14 @@ MaxDetectionsOpt = Annotated[
     int, typer.Option(min=1, metavar="N", help="Detectors: explain at most N detections per image, best first.")
 ]
 DeviceOpt = Annotated[str, typer.Option(parser=parse_device, metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps.")]
+PrecisionOpt = Annotated[
+    str,
+    typer.Option(
+        parser=parse_precision,
+        metavar="fp32|bf16|fp16",
+        help="The forward pass in float32, or under autocast in bfloat16 or float16 (maps stay float32).",
+    ),
+]
 LayerOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -182,9 +225,10 @@ def model_options(
     input_size: int | None,
     device: str,
     task: str | None = None,
+    precision: str = "fp32",
 ) -> ModelOptions:
     """What to load, from the shared options."""
-    return ModelOptions(model, weights, num_classes, labels, input_size, device, task)
+    return ModelOptions(model, weights, num_classes, labels, input_size, device, task, precision)
 
 
 def explain_options(

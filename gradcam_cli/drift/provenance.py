@@ -2,7 +2,7 @@
 
 The object names the versions (gradcam-cli, torch, torchvision), the model and its weights (a file's sha256 too,
 computed once per file and run), the layers, methods and score, which classes were explained, the input size, the
-device and dtype, the options that change the maps, and whether PyTorch ran deterministically (and with which
+device, dtype and precision, the options that change the maps, and whether PyTorch ran deterministically (and with which
 seed). docs/ci.md lists the fields.
 """
 
@@ -94,6 +94,7 @@ def run_provenance(explainer: Explainer, run: RunOptions | None = None) -> dict[
         "input_size": list(spec.fixed_size) if spec.fixed_size else spec.size,
         "device": str(explainer.device),
         "dtype": str(parameter.dtype).removeprefix("torch.") if parameter is not None else None,
+        "precision": explainer.precision,
         "aug_smooth": explainer.aug_smooth,
         "eigen_smooth": explainer.eigen_smooth,
         "max_side": (run or RunOptions()).max_side,

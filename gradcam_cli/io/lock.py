@@ -7,6 +7,10 @@ the operating system releases it by itself if the process dies (forked decoding 
 one that outlives a killed run does not keep it). On Windows ``msvcrt.locking`` takes its place; where the file
 system cannot lock (some network shares), the run proceeds unlocked.
 
+The shards of one job (``--shard K/N``) share their output folder: each holds the folder's lock *shared* (so that
+an ordinary run, which holds it exclusively, cannot write there at the same time, and ``gradcam merge`` waits for
+them) and its own shard lock exclusively (so that the same shard cannot run twice at once).
+
 >>> with FolderLock(Path("gradcam_out") / LOCK_NAME, "gradcam_out", "--output-dir"):
 ...     ...  # a second run into gradcam_out now fails with one line
 """
@@ -24,7 +28,9 @@ from ..errors import UsageError, describe
 if sys.platform == "win32":  # pragma: no cover - exercised on Windows only
     import msvcrt
 
-    def _try_lock(fd: int) -> bool:
+    def _try_lock(fd: int, shared: bool = False) -> bool:
+        if shared:  # msvcrt has no shared locks: the shards' own locks still keep each shard single
+            return True
         try:
             msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
         except OSError:
@@ -33,14 +39,15 @@ if sys.platform == "win32":  # pragma: no cover - exercised on Windows only
 
     def _unlock(fd: int) -> None:
         os.lseek(fd, 0, os.SEEK_SET)
-        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+        with contextlib.suppress(OSError):  # a shared "lock" that was never taken
+            msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
 
 else:
     import fcntl
 
-    def _try_lock(fd: int) -> bool:
+    def _try_lock(fd: int, shared: bool = False) -> bool:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             return False
         except OSError:  # a file system without locks (some network shares): run unlocked
@@ -88,15 +95,16 @@ def ensure_folder(folder: Path, option: str, named: Path | None = None) -> None:
 
 
 class FolderLock:
-    """An exclusive lock held through the file ``path`` while the ``with`` block runs.
+    """An exclusive lock held through the file ``path`` while the ``with`` block runs (``shared``: a lock many
+    holders share, which keeps out exclusive ones).
 
     ``shown`` (the folder or file the lock protects) and ``option`` (the command-line option that names it) go
     into the one-line errors: another run holding the lock, or ``path`` that cannot be created (an unwritable
-    folder). :meth:`held_by` reads the holder's process id.
+    folder). :meth:`held_by` reads the holder's process id (an exclusive holder's; shared holders write none).
     """
 
-    def __init__(self, path: Path, shown: Path | str, option: str) -> None:
-        self.path, self.shown, self.option = path, shown, option
+    def __init__(self, path: Path, shown: Path | str, option: str, shared: bool = False) -> None:
+        self.path, self.shown, self.option, self.shared = path, shown, option, shared
         self.fd: int | None = None
 
     def __enter__(self) -> FolderLock:
@@ -116,7 +124,7 @@ class FolderLock:
             except OSError as error:
                 reason = describe(error, self.path)
                 raise UsageError(f"{self.option} {self.shown}: cannot write there: {reason}") from None
-            if not _try_lock(fd):
+            if not _try_lock(fd, self.shared):
                 os.close(fd)
                 holder = self.held_by()
                 by = f" (pid {holder})" if holder is not None else ""
@@ -126,8 +134,9 @@ class FolderLock:
             if self._still_named(fd):
                 break
             os.close(fd)  # the holder removed the file as we opened it: lock the one now named path
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        if not self.shared:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
         self.fd = fd
         _HELD.add(fd)
 
@@ -148,13 +157,15 @@ class FolderLock:
         return int(text) if text.isdigit() else None
 
     def release(self) -> None:
-        """Remove the lock file and unlock (a no-op when not held)."""
+        """Remove the lock file and unlock (a no-op when not held); a shared lock leaves the file to its other
+        holders."""
         if self.fd is None:
             return
         fd, self.fd = self.fd, None
         _HELD.discard(fd)
-        with contextlib.suppress(OSError):
-            self.path.unlink()  # while still locked, so that no other run locks the file being removed
+        if not self.shared:
+            with contextlib.suppress(OSError):
+                self.path.unlink()  # while still locked, so that no other run locks the file being removed
         with contextlib.suppress(OSError):
             _unlock(fd)
         os.close(fd)

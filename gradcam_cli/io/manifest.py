@@ -222,11 +222,15 @@ def rewrite_manifest(path: Path, earlier: int, order: Sequence[str]) -> None:
         sets[key] = mine
     place = {key: number for number, key in enumerate(order)}
     keys = sorted(sets, key=lambda key: place.get(key, len(place)))  # stable: the others keep their order
-    ordered = [row for key in keys for row in sets[key]]
+    write_manifest(path, [row for key in keys for row in sets[key]])
+
+
+def write_manifest(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    """Write ``rows`` (``Record.to_dict``'s form) as the whole manifest at ``path``, atomically, in its format."""
     if path.suffix.lower() == ".csv":
-        data = _csv_line(list(MANIFEST_FIELDS)) + b"".join(_csv_line(_csv_cells(row)) for row in ordered)
+        data = _csv_line(list(MANIFEST_FIELDS)) + b"".join(_csv_line(_csv_cells(row)) for row in rows)
     else:
-        data = b"".join(_json_line(row) for row in ordered)
+        data = b"".join(_json_line(row) for row in rows)
     try:
         write_atomic(path, data)
     except OSError as error:

@@ -23,6 +23,11 @@ RUN_RECORD_NAME = ".gradcam-run.json"
 """What made the outputs in a folder (model, layers, geometry): checked by ``--skip-existing``."""
 LOCK_NAME = ".gradcam.lock"
 """Held by the run writing into a folder, so that a second run cannot write there at the same time."""
+MANIFEST_NAME = "manifest.jsonl"
+"""A sharded run's manifest when ``--manifest`` is not given (each shard writes its own, named by
+:func:`shard_manifest_path`)."""
+SHARD_FILE = re.compile(r"\.gradcam-shard-(\d+)-of-(\d+)\.json")
+"""The shard record of shard K of N, ``.gradcam-shard-K-of-N.json``: what ``gradcam merge`` reads."""
 TARGET_TAIL = re.compile(r"\d+-[a-z0-9+-]+")
 """The ``<class index>-<class slug>`` part that ends a per-explanation file's stem."""
 
@@ -121,3 +126,19 @@ def relative_posix(path: str, root: str) -> str | None:
 def manifest_lock_path(manifest: Path) -> Path:
     """The lock file beside a ``--manifest`` outside the output directory: ``.<manifest name>.lock``."""
     return manifest.with_name(f".{manifest.name}.lock")
+
+
+def shard_file_name(label: str) -> str:
+    """The record of the shard labelled ``K-of-N`` in the output directory: ``.gradcam-shard-K-of-N.json``."""
+    return f".gradcam-shard-{label}.json"
+
+
+def shard_lock_name(label: str) -> str:
+    """The lock a shard holds in the output folder, beside the folder's shared one: ``.gradcam.shard-K-of-N.lock``."""
+    return f".gradcam.shard-{label}.lock"
+
+
+def shard_manifest_path(manifest: Path, label: str) -> Path:
+    """The manifest one shard writes: ``manifest.jsonl`` -> ``manifest.shard-K-of-N.jsonl`` (same folder, same
+    format); ``gradcam merge`` writes the merged rows under ``manifest`` itself."""
+    return manifest.with_name(f"{manifest.stem}.shard-{label}{manifest.suffix}")

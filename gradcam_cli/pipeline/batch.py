@@ -7,7 +7,9 @@ The pipeline, for ``gradcam DIR`` and :class:`BatchRunner`:
 2. :func:`bucketed` groups inputs of the same resized shape into batches of up to ``batch_size``: images of
    different sizes never share a batch, so batching changes no result. Few samples wait (a bounded number and
    a bounded number of pixels), so memory does not grow with the number of images.
-3. The main thread runs the model on each batch (forward, then one backward pass per target).
+3. The main thread runs the model on each batch (forward, then one backward pass per target). On a GPU the
+   batch is stacked in pinned memory and copied without blocking, and the maps come back the same way
+   (:mod:`~gradcam_cli.pipeline.gpu`); a batch that runs out of GPU memory is halved and retried.
 4. Writer threads blend, encode and atomically write each image's files while the next batch computes; at most
    a bounded number of images wait for them.
 5. Records come out in the order of the input list whatever order the batches finish in: finished images' rows
@@ -21,13 +23,10 @@ from __future__ import annotations
 
 import math
 import os
-import signal
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +52,8 @@ from .decode import (
     keep_sample,
 )
 from .detection_resume import CombinedOutputs, resumed_detection_rows
+from .gpu import is_out_of_memory, release_cached_memory, results_to_host, stack_inputs
+from .ordering import InOrder, deferred_interrupt
 from .outputs import OutputKind, WriteJob, output_kinds
 from .records import Record
 from .resume import EarlierRows, ExistingOutputs, FoundExplanation, resumed_rows
@@ -76,7 +77,8 @@ class BatchRunner:
 
     ``output`` says what to write and where; ``run`` how to batch, decode and write (its ``None`` batch size and
     worker count become the defaults for the explainer's device and this machine). ``earlier``: the manifest rows
-    of earlier runs, which images skipped by ``--skip-existing`` get back.
+    of earlier runs, which images skipped by ``--skip-existing`` get back. ``notify`` receives the one line said
+    when the GPU runs out of memory and batches are halved.
     """
 
     def __init__(
@@ -85,8 +87,10 @@ class BatchRunner:
         output: OutputOptions | None = None,
         run: RunOptions | None = None,
         earlier: EarlierRows | None = None,
+        notify: Callable[[str], object] | None = None,
     ) -> None:
         self.explainer = explainer
+        self.notify = notify
         self.earlier = earlier or EarlierRows()
         self.output = output or OutputOptions()
         run = run or RunOptions()
@@ -94,9 +98,10 @@ class BatchRunner:
         self.workers = default_workers() if run.workers is None else run.workers
         self.writers = run.writers
         self.max_side = run.max_side or None
-        self.blender = Blender(colormap_table(self.output.colormap, explainer.device), self.output.alpha)
+        self.blender = Blender(colormap_table(self.output.colormap), self.output.alpha)  # maps reach it on the CPU
         self.kinds = output_kinds(self.output)
         self._channels_last = explainer.device.type == "cpu"
+        self._halved = False  # the batches were halved after running out of memory (said once)
 
     def run(
         self,
@@ -110,7 +115,7 @@ class BatchRunner:
         that finished still come out (in order, around the gaps) before the exception."""
         inputs = {os.path.realpath(image.path) for image in images}
         existing = self.existing_outputs()
-        in_order = _InOrder()
+        in_order = InOrder()
         todo: list[InputImage] = []
         places: list[int] = []
         for place, image in enumerate(images):
@@ -126,8 +131,8 @@ class BatchRunner:
         try:
             yield from in_order.ready()
             if todo:
-                with _deferred_interrupt() as interrupted:
-                    for index, rows in self._run(todo, inputs, on_image, interrupted):
+                with deferred_interrupt() as interrupted:
+                    for index, rows in self.explain_images(todo, inputs, on_image, interrupted):
                         in_order.add(places[index], rows)
                         yield from in_order.ready()
         except GeneratorExit:
@@ -149,14 +154,15 @@ class BatchRunner:
         rows = resumed_rows(found, earlier, row, self.explainer.model.class_name)
         return rows or [row()]
 
-    def _run(
+    def explain_images(
         self,
         todo: list[InputImage],
         inputs: set[str],
         on_image: Callable[[], Any] | None,
         interrupted: Callable[[], bool],
     ) -> Iterator[tuple[int, list[Record]]]:
-        """(index in ``todo``, rows) of each image as it finishes."""
+        """(index in ``todo``, rows) of each image as it finishes: decoded by a ``DataLoader``, then
+        :meth:`explain_samples`. ``inputs``: the real paths no output may overwrite. The Ray engine replaces this."""
         workers = min(self.workers, len(todo))
         loader = DataLoader(
             ImageDataset(todo, self.explainer.model.input_spec, self.max_side),
@@ -166,14 +172,26 @@ class BatchRunner:
             prefetch_factor=max(2, math.ceil(self.batch_size / workers)) if workers else None,
         )
         samples = iter(loader)  # worker processes start here, before any writer thread exists
+        yield from self.explain_samples(decoded(samples), todo, inputs, on_image, interrupted)
+
+    def explain_samples(
+        self,
+        samples: Iterator[Sample],
+        images: Sequence[InputImage],
+        inputs: set[str],
+        on_image: Callable[[], Any] | None = None,
+        interrupted: Callable[[], bool] = lambda: False,
+    ) -> Iterator[tuple[int, list[Record]]]:
+        """(index in ``images``, rows) of each decoded sample (``sample.index`` indexes ``images``) once its files
+        are written: shape buckets, the model, the writer threads."""
         limit_images = self.batch_size + 2 * self.writers
         pending: deque[_Pending] = deque()
         with ThreadPoolExecutor(max_workers=self.writers, thread_name_prefix="gradcam-writer") as pool:
             try:
-                for batch in bucketed(decoded(samples), self.batch_size):
+                for batch in bucketed(samples, self.batch_size):
                     if interrupted():
                         break
-                    for item in self._process(batch, todo, inputs, pool):
+                    for item in self._process(batch, images, inputs, pool):
                         pending.append(item)
                         # Hand back finished images; wait for the oldest while too many images or pixels are queued.
                         while pending and (
@@ -221,13 +239,21 @@ class BatchRunner:
             index = batch[0].index
             image = images[index]
             return [_Pending(index, image, [self._error(image, batch[0].error or f"{image.path}: unreadable")])]
+        if len(batch) > self.batch_size:  # smaller batches since the GPU ran out of memory
+            parts = [batch[i : i + self.batch_size] for i in range(0, len(batch), self.batch_size)]
+            return [item for part in parts for item in self._process(part, images, inputs, pool)]
         started = time.perf_counter()
         sizes = [(int(pixels.shape[0]), int(pixels.shape[1])) for _, _, pixels in ready]
         try:
-            results = self._explain(torch.stack([tensor for _, tensor, _ in ready]), sizes)
+            device = self.explainer.device
+            results = self._explain(stack_inputs([tensor for _, tensor, _ in ready], device), sizes)
+            results_to_host(results)
         except GradcamError:
             raise
         except Exception as error:
+            if is_out_of_memory(error) and len(batch) > 1:
+                self._halve_batches(len(batch))
+                return self._process(batch, images, inputs, pool)
             if len(batch) == 1:
                 index = batch[0].index
                 image = images[index]
@@ -242,6 +268,16 @@ class BatchRunner:
             items.append(item)
         return items
 
+    def _halve_batches(self, size: int) -> None:
+        """After running out of memory on a batch of ``size``: half as many images per batch from now on, said
+        once."""
+        release_cached_memory()
+        halved = max(1, size // 2)
+        if self.notify is not None and not self._halved:
+            self.notify(f"warning: out of memory with {size} images per batch; going on with {halved} per batch")
+        self._halved = True
+        self.batch_size = min(self.batch_size, halved)
+
     def _explain(self, inputs: torch.Tensor, sizes: list[tuple[int, int]]) -> list[ImageExplanation]:
         """The explainer on one batch. On the CPU the batch goes in channels-last: oneDNN's convolutions run about
         a fifth faster so, and the maps differ from a contiguous input's by about 1e-6. A model that cannot take
@@ -251,7 +287,9 @@ class BatchRunner:
                 return self.explainer.explain_batch(inputs.contiguous(memory_format=torch.channels_last), sizes)
             except GradcamError:
                 raise
-            except Exception:
+            except Exception as error:
+                if is_out_of_memory(error):
+                    raise
                 self._channels_last = False
         return self.explainer.explain_batch(inputs, sizes)
 
@@ -332,52 +370,6 @@ class BatchRunner:
 
     def _error(self, image: InputImage, message: str) -> Record:
         return self._record(image, "error", error=message)
-
-
-class _InOrder:
-    """The reorder buffer: finished images' rows, by place in the input list, handed on in that order."""
-
-    def __init__(self) -> None:
-        self.waiting: dict[int, list[Record]] = {}
-        self.next = 0
-
-    def add(self, place: int, rows: list[Record]) -> None:
-        self.waiting[place] = rows
-
-    def ready(self) -> Iterator[Record]:
-        """The rows of the images from the next place on, up to the first image not finished yet."""
-        while self.next in self.waiting:
-            rows = self.waiting.pop(self.next)
-            self.next += 1
-            yield from rows
-
-    def rest(self) -> Iterator[Record]:
-        """Every row still waiting, in order, whatever is missing before it (the run is over)."""
-        for place in sorted(self.waiting):
-            yield from self.waiting.pop(place)
-
-
-@contextmanager
-def _deferred_interrupt() -> Iterator[Callable[[], bool]]:
-    """While a batch runs, the first Ctrl-C only asks to stop: the batch in hand is finished, written and recorded,
-    then :class:`KeyboardInterrupt` is raised. A second Ctrl-C interrupts at once. Only in the main thread, and only
-    where Ctrl-C has Python's default meaning (a notebook's own handler is left alone)."""
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
-        yield lambda: False
-        return
-    asked: list[bool] = []
-
-    def on_interrupt(_signum: int, _frame: object) -> None:
-        asked.append(True)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    signal.signal(signal.SIGINT, on_interrupt)
-    try:
-        yield lambda: bool(asked)
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _done(item: _Pending) -> bool:

@@ -203,6 +203,7 @@ RECORD_LABELS = {
     "score": "--score",
     "score_threshold": "--score-threshold",
     "max_detections": "--max-detections",
+    "precision": "--precision",
 }
 """The run record's keys (what changes the content of an output without changing its name), as messages say them."""
 

@@ -9,6 +9,12 @@ Entering the session claims the output folder before anything is computed: it is
 be a writable folder, and locked (so is the manifest, when it lies outside); every problem there is one
 :class:`~gradcam_cli.errors.UsageError`. With ``--skip-existing`` the manifest keeps its rows: this run's rows are
 appended as they come, and when the session ends it is rewritten with one set of rows per input, in input order.
+
+With ``RunOptions(shard=...)`` the session explains only its shard's inputs (:mod:`~gradcam_cli.pipeline.shards`):
+it shares the output folder with the other shards (each holds the folder's lock shared and its own exclusively),
+writes its own manifest and shard record, leaves the gallery to ``gradcam merge``, and removes no temporaries
+(another shard's may be in flight). With ``RunOptions(engine="ray")`` the images are explained on a Ray cluster
+(:mod:`~gradcam_cli.pipeline.ray_engine`); everything else is the same.
 """
 
 from __future__ import annotations
@@ -28,12 +34,13 @@ from ..io.atomic import remove_stale_temporaries
 from ..io.discovery import InputImage
 from ..io.lock import FolderLock, ensure_folder
 from ..io.manifest import ManifestWriter, check_manifest_path, read_manifest, rewrite_manifest, row_key
-from ..io.naming import INDEX_NAME, LOCK_NAME, manifest_lock_path
+from ..io.naming import INDEX_NAME, LOCK_NAME, MANIFEST_NAME, manifest_lock_path, shard_lock_name, shard_manifest_path
 from ..options import OutputOptions, RunOptions
 from ..render.colour import colormap_table
 from .batch import BatchRunner
 from .records import Record
 from .resume import EarlierRows, check_run_record, run_record, write_run_record
+from .shards import ShardRecord, inputs_digest, select_shard, stored_path
 from .video import VideoRunner
 
 
@@ -78,11 +85,20 @@ class Counts:
 class Session:
     """One run's outputs: the output folder claimed on entry, the manifest kept while it runs, the manifest put in
     order and the gallery written on exit (also after an error or Ctrl-C), so that everything finished is
-    recorded."""
+    recorded. ``notify`` receives the lines a run says on the way (a shard's share of the inputs, batches halved
+    after running out of GPU memory)."""
 
-    def __init__(self, output: OutputOptions, run: RunOptions | None = None) -> None:
+    def __init__(
+        self, output: OutputOptions, run: RunOptions | None = None, notify: Callable[[str], object] | None = None
+    ) -> None:
         self.output = output
         self.run = run or RunOptions()
+        self.notify = notify
+        self.shard = self.run.shard
+        self.manifest = output.manifest
+        if self.shard is not None:  # each shard its own manifest, always: gradcam merge reads them
+            self.manifest = shard_manifest_path(shard_manifest_base(output), self.shard.label)
+        self.shard_record: ShardRecord | None = None
         self.counts = Counts()
         self.records: list[Record] = []  # kept for --report's gallery
         self.gallery: Path | None = None
@@ -93,6 +109,7 @@ class Session:
         self._locks = ExitStack()
         self._started = False
         self.provenance: dict[str, Any] | None = None  # how this run's maps are made, in each of its rows
+        self.record: dict[str, Any] = {}  # the run record
 
     def __enter__(self) -> Session:
         output_dir = self.output.output_dir
@@ -101,8 +118,12 @@ class Session:
             use_deterministic()  # before the command builds the model: random weights come out the same too
         try:
             ensure_folder(output_dir, "--output-dir")
-            self._locks.enter_context(FolderLock(output_dir / LOCK_NAME, output_dir, "--output-dir"))
-            manifest = self.output.manifest
+            shared = self.shard is not None
+            self._locks.enter_context(FolderLock(output_dir / LOCK_NAME, output_dir, "--output-dir", shared))
+            if self.shard is not None:
+                shown = f"shard {self.shard.index}/{self.shard.count} of {output_dir}"
+                self._locks.enter_context(FolderLock(output_dir / shard_lock_name(self.shard.label), shown, "--shard"))
+            manifest = self.manifest
             if manifest is not None:
                 check_manifest_path(manifest)
                 if not _is_within(manifest.parent, output_dir):
@@ -111,7 +132,8 @@ class Session:
                     rows = read_manifest(manifest)
                     self.earlier, self._earlier_rows = EarlierRows(rows), len(rows)
                 self._manifest = ManifestWriter(manifest, append=self.output.skip_existing)
-            remove_stale_temporaries(output_dir)  # only now: another run's temporaries are not stale
+            if not shared:
+                remove_stale_temporaries(output_dir)  # only now: another run's temporaries are not stale
         except BaseException:
             if self._manifest is not None:
                 self._manifest.__exit__(None, None, None)
@@ -125,6 +147,10 @@ class Session:
         with self._locks:  # released last, once the manifest and the gallery are written
             try:
                 self._finish_manifest()
+                if self.shard_record is not None:
+                    counts = {"ok": self.counts.ok, "error": self.counts.error, "skipped": self.counts.skipped}
+                    self.shard_record.finished, self.shard_record.counts = exc is None, counts
+                    self.shard_record.write(self.output.output_dir)
                 if self.output.report and self.records:
                     from ..render.gallery import write_gallery
 
@@ -160,10 +186,14 @@ class Session:
                 f"videos are explained with classifiers only; {videos[0].path} is a video and {explainer.model.name} "
                 f"a {explainer.task.noun}"
             )
+        if videos and self.run.engine == "ray":
+            raise UsageError(f"--engine ray explains images only; {videos[0].path} is a video: run videos without it")
         self.start(explainer)
+        if self.shard is not None:
+            images, videos = self._select_shard(images, videos)
         self._order += [row_key({"input": str(item.path)}) for item in [*images, *videos]]
         if images:
-            runner = BatchRunner(explainer, self.output, self.run, self.earlier)
+            runner = self._runner(explainer)
             with progress("explaining", len(images)) as tick:
                 for record in runner.run(images, on_image=tick, on_skipped=lambda: tick(skipped=True)):
                     yield self._keep(record)
@@ -180,6 +210,41 @@ class Session:
                     for record in video_runner.run(video, on_frame=tick):
                         for row in self._resumed_video(video_runner, video, record):
                             yield self._keep(row)
+
+    def _runner(self, explainer: Explainer) -> BatchRunner:
+        """The local :class:`BatchRunner`, or with ``engine="ray"`` the Ray engine's."""
+        if self.run.engine != "ray":
+            return BatchRunner(explainer, self.output, self.run, self.earlier, self.notify)
+        from .ray_engine import RayRunner
+
+        return RayRunner(explainer, self.output, self.run, self.earlier, self.notify)
+
+    def _select_shard(
+        self, images: Sequence[InputImage], videos: Sequence[InputImage]
+    ) -> tuple[list[InputImage], list[InputImage]]:
+        """This shard's images and videos; its shard record, written now, and again when the session ends."""
+        assert self.shard is not None and self.manifest is not None
+        every = [*images, *videos]
+        mine = select_shard(every, self.shard)
+        output_dir = self.output.output_dir
+        self.shard_record = ShardRecord(
+            self.shard.index,
+            self.shard.count,
+            stored_path(shard_manifest_base(self.output), output_dir),
+            stored_path(self.manifest, output_dir),
+            self.output.report,
+            self.record,
+            len(every),
+            inputs_digest(every),
+            [(str(image.path), place) for place, image in mine],
+        )
+        self.shard_record.write(output_dir)
+        if self.notify is not None:
+            self.notify(f"shard {self.shard.index}/{self.shard.count}: {len(mine)} of {len(every)} inputs")
+        chosen = {place for place, _ in mine}
+        return [i for p, i in enumerate(images) if p in chosen], [
+            v for p, v in enumerate(videos, len(images)) if p in chosen
+        ]
 
     def start(self, explainer: Explainer) -> None:
         """Check the run record (what made the outputs: see :data:`~gradcam_cli.pipeline.resume.RECORD_LABELS`)
@@ -203,9 +268,11 @@ class Session:
             self.run.max_side,
         )
         record.update(explainer.settings)
+        record["precision"] = explainer.precision
         if self.output.skip_existing:
             check_run_record(self.output.output_dir, record)
         write_run_record(self.output.output_dir, record)
+        self.record = record
         self.provenance = run_provenance(explainer, self.run)
         self._started = True
 
@@ -228,10 +295,15 @@ class Session:
             record.provenance = self.provenance
         if self._manifest is not None:
             self._manifest.write(record.to_dict())
-        if self.output.report:
+        if self.output.report and self.shard is None:  # a shard's gallery is gradcam merge's
             self.records.append(record)
         self.counts.add(record)
         return record
+
+
+def shard_manifest_base(output: OutputOptions) -> Path:
+    """The manifest a sharded run's shards are merged into: ``--manifest``, else ``<output_dir>/manifest.jsonl``."""
+    return output.manifest or output.output_dir / MANIFEST_NAME
 
 
 def _is_within(path: Path, folder: Path) -> bool:

@@ -1,0 +1,202 @@
+"""``--engine ray``: the same outputs as a local run, on a local Ray instance started here (2 CPUs, a small object
+store, the colour-square model, a dozen small images). Bad files are error rows, ``--skip-existing`` and the exit
+codes behave as locally, and every image ticks the progress once.
+
+The tests that start Ray are marked slow (starting Ray and its actors takes several seconds); they run in
+``make test``. Without Ray installed they are skipped, and the checks that need no cluster still run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from square_model import square_image
+from typer.testing import CliRunner
+
+from gradcam_cli.cli import app
+from gradcam_cli.errors import EXIT_IMAGE_FAILED, GradcamError, ModelLoadError, UsageError
+from gradcam_cli.io.discovery import discover
+from gradcam_cli.options import ExplainOptions, ModelOptions, OutputOptions, RunOptions
+from gradcam_cli.pipeline.ray_engine import ClusterError, cluster_error, driver_explainer, import_ray
+from gradcam_cli.pipeline.session import Session
+
+ROOT = Path(__file__).resolve().parent.parent
+SQUARE_MODEL = f"{ROOT / 'tests' / 'square_model.py'}:build"
+SHAPES = [(120, 80), (80, 120), (96, 96)]
+
+
+@pytest.fixture
+def photos(tmp_path: Path) -> Path:
+    """Nine images of three shapes in a small tree, one file that is no image, and a labels file."""
+    folder = tmp_path / "in"
+    for i in range(9):
+        where = folder / ("sub" if i % 2 else "")
+        where.mkdir(parents=True, exist_ok=True)
+        square_image(SHAPES[i % 3], (10, 10 + i, 40, 40 + i), ["red", "green", "blue"][i % 3]).save(where / f"{i}.png")
+    (folder / "broken.png").write_bytes(b"not an image")
+    (tmp_path / "labels.txt").write_text("red\ngreen\nblue\n")
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def not_deterministic() -> Iterator[None]:
+    """PyTorch's deterministic mode off in this process too, as in the actors' (another test may have left it on):
+    the local and the Ray runs' provenance must agree."""
+    torch.use_deterministic_algorithms(False)
+    yield
+
+
+@pytest.fixture(scope="module")
+def ray_instance() -> Iterator[object]:
+    """A local Ray instance for this module: 2 CPUs, no dashboard, an 80 MB object store."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'gradcam-cli[ray]')")
+    pytest.importorskip("ray.data", reason="Ray Data is not installed (pip install 'gradcam-cli[ray]')")
+    saved = os.environ.get("RAY_BACKEND_LOG_LEVEL")
+    os.environ["RAY_BACKEND_LOG_LEVEL"] = "fatal"
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=80 * 1024 * 1024,
+        log_to_driver=False,
+        logging_level="ERROR",
+    )
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+        if saved is None:
+            os.environ.pop("RAY_BACKEND_LOG_LEVEL", None)
+        else:
+            os.environ["RAY_BACKEND_LOG_LEVEL"] = saved
+
+
+def gradcam(photos: Path, out: Path, *more: str | Path):
+    args = [photos, "-m", SQUARE_MODEL, "--labels", photos.parent / "labels.txt", "--workers", "0", "-o", out]
+    return CliRunner().invoke(app, [str(a) for a in [*args, *more]])
+
+
+def comparable(manifest: Path, out: Path) -> list[dict]:
+    """A manifest's rows without their timings, outputs relative to their output folder."""
+    rows = [json.loads(line) for line in manifest.read_text().splitlines()]
+    for row in rows:
+        row["seconds"] = None
+        row["outputs"] = [os.path.relpath(path, out) for path in row["outputs"]]
+    return rows
+
+
+def errors(result) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.slow
+def test_a_ray_run_writes_what_a_local_run_writes(photos, tmp_path, ray_instance):
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    common = ["--save-raw", "--report", "--batch-size", "2"]
+    here = gradcam(photos, local, *common, "--manifest", local / "m.jsonl")
+    there = gradcam(photos, remote, *common, "--manifest", remote / "m.jsonl", "--engine", "ray")
+    assert here.exit_code == there.exit_code == EXIT_IMAGE_FAILED, there.output  # broken.png, on both
+    assert errors(there) == errors(here) == [f"error: {photos / 'broken.png'}: not an image Pillow can read"]
+    assert there.stdout == here.stdout.replace(str(local), str(remote))  # one line per image, in input order
+    assert comparable(remote / "m.jsonl", remote) == comparable(local / "m.jsonl", local)
+    maps = sorted(path.relative_to(local) for path in local.rglob("*.npy"))
+    assert maps == sorted(path.relative_to(remote) for path in remote.rglob("*.npy")) and len(maps) == 9
+    for name in maps:
+        assert np.array_equal(np.load(remote / name), np.load(local / name)), name
+        overlay = name.with_suffix(".png")
+        assert (remote / overlay).read_bytes() == (local / overlay).read_bytes()
+    assert (remote / "index.html").is_file()
+
+    resumed = gradcam(photos, remote, *common, "--manifest", remote / "m.jsonl", "--engine", "ray", "--skip-existing")
+    assert resumed.exit_code == EXIT_IMAGE_FAILED  # broken.png is tried again, and fails again
+    rows = [json.loads(line) for line in (remote / "m.jsonl").read_text().splitlines()]
+    assert [(row["input"], row["status"]) for row in rows] == [
+        (str(image.path), "error" if image.path.name == "broken.png" else "skipped") for image in discover([photos])
+    ]
+
+
+@pytest.mark.slow
+def test_every_image_ticks_the_progress_once_and_every_row_has_the_actors_provenance(photos, tmp_path, ray_instance):
+    out = tmp_path / "out"
+    ticks: list[bool] = []
+
+    @contextmanager
+    def progress(_label: str, total: int):
+        assert total == 10
+        yield lambda skipped=False: ticks.append(skipped)
+
+    model = ModelOptions(SQUARE_MODEL, labels=photos.parent / "labels.txt")
+    with Session(OutputOptions(out), RunOptions(engine="ray", batch_size=4)) as session:
+        explainer = driver_explainer(model, ExplainOptions())
+        records = list(session.explain(explainer, discover([photos], exclude=out), progress=progress))
+    assert ticks == [False] * 10
+    assert [(record.input, record.status) for record in records] == [
+        (str(image.path), "error" if image.path.name == "broken.png" else "ok") for image in discover([photos])
+    ]
+    (provenance,) = {json.dumps(record.provenance, sort_keys=True) for record in records}  # the actors' own
+    assert json.loads(provenance)["device"] == "cpu" and json.loads(provenance)["deterministic"] is False
+    assert session.counts.ok == 9 and session.counts.error == 1
+
+
+def test_videos_are_refused_before_anything_starts(photos, tmp_path):
+    clip = tmp_path / "clip.mp4"
+    clip.write_bytes(b"")
+    result = gradcam(clip, tmp_path / "out", "--engine", "ray")
+    assert result.exit_code == 2
+    assert errors(result) == [f"error: --engine ray explains images only; {clip} is a video: run videos without it"]
+
+
+def test_without_ray_the_engine_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray now fails, as where it is not installed
+    with pytest.raises(UsageError, match=r"^--engine ray needs Ray: pip install 'gradcam-cli\[ray\]'$"):
+        import_ray()
+
+
+def test_a_gradcam_error_in_an_actor_keeps_its_message_and_exit_code():
+    class ActorDied(Exception):
+        """Ray's error: the actor's own error as its cause."""
+
+        def __init__(self, cause: BaseException) -> None:
+            super().__init__("ray::MapWorker(MapBatches(ExplainActor)).__init__() (pid=1, ip=10.0.0.2)\n...")
+            self.cause = cause
+
+    failed = cluster_error(ActorDied(ModelLoadError("cannot load weights w.pth: no such file")))
+    assert isinstance(failed, ModelLoadError) and str(failed) == "cannot load weights w.pth: no such file"
+    as_text = RuntimeError(
+        "The actor died because of an error raised in its creation task, \x1b[36mray::MapWorker()\x1b[39m\n"
+        '  File "ray_engine.py", line 9, in __init__\n'
+        "gradcam_cli.errors.ModelLoadError: cannot load weights w.pth: no such file\n"
+    )
+    failed = cluster_error(as_text)  # an actor's start-up error reaches the driver as text only
+    assert isinstance(failed, ModelLoadError) and str(failed) == "cannot load weights w.pth: no such file"
+    other = cluster_error(RuntimeError("the cluster went away"))
+    assert isinstance(other, ClusterError) and isinstance(other, GradcamError)
+    assert str(other) == "the Ray job failed: the cluster went away" and other.exit_code == EXIT_IMAGE_FAILED
+
+
+def test_ray_options_without_the_ray_engine_are_one_line(photos, tmp_path):
+    result = gradcam(photos, tmp_path / "out", "--actors", "2")
+    assert result.exit_code == 2
+    assert result.stderr == "error: --actors is for --engine ray; add --engine ray or leave it out\n"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_an_actor_that_cannot_start_ends_the_run_with_its_own_one_line_error(
+    photos, tmp_path, ray_instance, monkeypatch
+):
+    from gradcam_cli import __version__
+    from gradcam_cli.pipeline import ray_engine
+
+    monkeypatch.setattr(ray_engine, "__version__", "9.9.9")  # this command's version; the actors keep theirs
+    result = gradcam(photos, tmp_path / "out", "--engine", "ray", "-q")
+    assert result.exit_code == 2
+    assert result.stderr == f"error: the Ray workers run gradcam-cli {__version__}, this command 9.9.9; install one\n"
+    assert result.stdout == ""
