@@ -15,7 +15,7 @@ from square_model import square_image
 from test_methods import photo, random_model, tiny_cnn
 
 from gradcam_cli.cam.explainer import Explainer
-from gradcam_cli.cam.methods import METHODS
+from gradcam_cli.cam.methods import FULLGRAD, GUIDED, METHODS
 from gradcam_cli.cam.smoothing import IDENTITY, Augmentation, augmentations, first_component
 from gradcam_cli.io.images import InputSpec
 
@@ -105,7 +105,9 @@ def test_aug_smooth_keeps_the_maximum_inside_the_square_and_undoes_the_flip(squa
     for explanation in explainer.explain(square_image(), target=0).explanations:
         saliency = explanation.saliency
         row, col = divmod(int(saliency.argmax()), saliency.shape[1])
-        assert x1 <= col < x2 and y1 <= row < y2, explanation.method
+        # Pixel-level maps (input gradients) peak on the square's edges, which the rescaled views blur by a pixel.
+        margin = 2 if METHODS[explanation.method].extra in (FULLGRAD, GUIDED) else 0
+        assert x1 - margin <= col < x2 + margin and y1 - margin <= row < y2 + margin, explanation.method
         # Had the flipped view's map not been flipped back, the mirror image of the square (x from 90 to 150)
         # would light up as much as the square itself.
         mirror = saliency[y1:y2, 480 - x2 : 480 - x1]
