@@ -1,5 +1,5 @@
 """``python -m gradcam_cli`` runs the command-line tool."""
 
-from .cli import main
+from .cli import entry_point
 
-main()
+entry_point()

@@ -483,3 +483,23 @@ def _stderr_on_a_terminal(command: list[str], pty) -> str:
     os.close(main)
     assert process.returncode == 0
     return b"".join(chunks).decode(errors="replace")
+
+
+def test_one_image_starts_no_decoding_process_and_two_do(tmp_path, square_model, monkeypatch):
+    import gradcam_cli.pipeline.batch as batch_module
+
+    started: list[int] = []
+    real_loader = batch_module.DataLoader
+
+    def recording_loader(*args, **kwargs):
+        started.append(kwargs["num_workers"])
+        return real_loader(*args, **kwargs)
+
+    monkeypatch.setattr(batch_module, "DataLoader", recording_loader)
+    for name in ("a", "b"):
+        square_image().save(tmp_path / f"{name}.png")
+    runner = BatchRunner(Explainer(square_model, "features"), OutputOptions(tmp_path / "out"), RunOptions(workers=2))
+    assert [r.status for r in runner.run(discover([tmp_path / "a.png"]))] == ["ok"]
+    runner = BatchRunner(Explainer(square_model, "features"), OutputOptions(tmp_path / "out2"), RunOptions(workers=2))
+    assert [r.status for r in runner.run(discover([tmp_path / "a.png", tmp_path / "b.png"]))] == ["ok", "ok"]
+    assert started == [0, 2]

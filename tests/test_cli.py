@@ -285,3 +285,30 @@ def test_python_dash_m_gradcam_cli_explains_an_image(images, labels, tmp_path):
     (row,) = [json.loads(line) for line in done.stdout.splitlines()]
     assert Path(row["outputs"][0]).exists()
     assert "Traceback" not in done.stderr
+
+
+def test_the_console_script_exits_quickly_yet_finishes_what_is_running(tmp_path):
+    # entry_point skips the interpreter's teardown, so it must first wait for running threads, run the atexit
+    # handlers and flush the streams, and keep the command's exit code and its one-line error.
+    script = f"""
+import atexit, sys, threading, time
+from pathlib import Path
+from gradcam_cli.cli import entry_point
+def late_write():
+    time.sleep(0.3)
+    Path({str(tmp_path / "thread.txt")!r}).write_text("done")
+threading.Thread(target=late_write).start()
+atexit.register(lambda: Path({str(tmp_path / "atexit.txt")!r}).write_text("ran"))
+sys.stdout.write("unflushed output")
+sys.argv = ["gradcam", {str(tmp_path / "missing.jpg")!r}]
+entry_point()
+print("not reached")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=subprocess_env(), timeout=600
+    )  # fmt: skip
+    assert done.returncode == EXIT_USAGE
+    assert done.stdout == "unflushed output"
+    assert done.stderr.strip().splitlines() == [f"error: {tmp_path / 'missing.jpg'}: no such file or directory"]
+    assert (tmp_path / "thread.txt").read_text() == "done"
+    assert (tmp_path / "atexit.txt").read_text() == "ran"

@@ -7,13 +7,16 @@ their own. Torch is imported only after parsing.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import sys
+import threading
 
 from .explain import app
 from .reporting import run_app
 
-__all__ = ["app", "main"]
+__all__ = ["app", "entry_point", "main"]
 
 
 def main() -> None:
@@ -38,3 +41,31 @@ def main() -> None:
         run_app(merge_app, "gradcam merge", sys.argv[2:])
         return
     run_app(app, "gradcam", sys.argv[1:])
+
+
+def entry_point() -> None:
+    """The ``gradcam`` console script and ``python -m gradcam_cli``: :func:`main`, then a quick exit.
+
+    An interpreter that imported PyTorch spends about a second tearing its modules down at exit (torch._dynamo's
+    objects alone are hundreds of thousands), after every output is written. Once the command has finished, this
+    waits for any thread still running, runs the ``atexit`` handlers (multiprocessing's and Ray's clean-ups among
+    them), flushes stdout and stderr, and ends the process without that teardown. An uncaught exception takes the
+    ordinary way out.
+    """
+    try:
+        main()
+        code: object = 0
+    except SystemExit as exit_:
+        code = exit_.code
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    if not isinstance(code, int):  # sys.exit("message"), as the interpreter would print it
+        if code is not None:
+            print(code, file=sys.stderr)
+        code = 0 if code is None else 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more can reach it
+            stream.flush()
+    os._exit(code)

@@ -163,7 +163,7 @@ class BatchRunner:
     ) -> Iterator[tuple[int, list[Record]]]:
         """(index in ``todo``, rows) of each image as it finishes: decoded by a ``DataLoader``, then
         :meth:`explain_samples`. ``inputs``: the real paths no output may overwrite. The Ray engine replaces this."""
-        workers = min(self.workers, len(todo))
+        workers = min(self.workers, len(todo)) if len(todo) > 1 else 0  # one image: no process to start
         loader = DataLoader(
             ImageDataset(todo, self.explainer.model.input_spec, self.max_side),
             batch_size=None,
