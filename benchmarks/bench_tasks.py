@@ -16,14 +16,15 @@ Usage: ``python benchmarks/bench_tasks.py [--device cpu|cuda] [--repeats N] [--d
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench_methods import paired
 
 from gradcam_cli.cam.explainer import Explainer
 from gradcam_cli.io.images import load_image, to_input_tensor
@@ -33,30 +34,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 PHOTOS = ("chelsea.jpg", "chelsea.jpg")
 """The batch: the same photo twice, so that every image has the same shape and the batch is one tensor."""
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _seconds(function, device: torch.device) -> float:
-    started = time.perf_counter()
-    function()
-    _sync(device)
-    return time.perf_counter() - started
-
-
-def paired(function, baseline, device: torch.device, repeats: int) -> tuple[float, float]:
-    """Median times of ``function()`` and ``baseline()``, measured in alternation after one warm-up run of each."""
-    function()
-    baseline()
-    _sync(device)
-    times, baseline_times = [], []
-    for _ in range(repeats):
-        baseline_times.append(_seconds(baseline, device))
-        times.append(_seconds(function, device))
-    return statistics.median(times), statistics.median(baseline_times)
 
 
 def batch_for(model: LoadedModel, device: torch.device) -> torch.Tensor:
