@@ -112,7 +112,12 @@ def explain(
         ),
     ] = DEFAULT_MAX_SIDE,
     workers: Annotated[
-        int | None, typer.Option(min=0, metavar="N", help="Decoding processes (default: spare cores, at most 4).")
+        int | None,
+        typer.Option(
+            min=0,
+            metavar="N",
+            help="Decoding processes, 0 for a decoding thread (default: spare cores, at most 4; 0 on 1-2 cores).",
+        ),
     ] = None,
     manifest: Annotated[
         Path | None, typer.Option(metavar="PATH", help="Write one row per output to this .jsonl or .csv file.")

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import os
+import queue
 import stat
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,12 +81,44 @@ def keep_sample(sample: Any) -> Any:
 
 
 def default_workers() -> int:
-    """Decoding processes: one per spare core, at most four (none on a single core)."""
+    """Decoding processes: one per spare core, at most four; none on one or two cores, where a decoding thread
+    is faster (handing a decoded image from a process to this one costs about as much CPU as decoding it)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    return max(0, min(4, cores - 1))
+    return 0 if cores <= 2 else min(4, cores - 1)
+
+
+def decode_in_thread(dataset: ImageDataset, ahead: int) -> Iterator[Sample]:
+    """Every sample of ``dataset`` in order, decoded by a background thread at most ``ahead`` samples ahead of the
+    consumer. The thread runs PyTorch on one core (the model has the others) and stops soon after the consumer
+    does, also when it stops early (an error, Ctrl-C)."""
+    ready: queue.Queue[Sample | None] = queue.Queue(maxsize=max(1, ahead))
+    stop = threading.Event()
+
+    def produce() -> None:
+        torch.set_num_threads(1)  # this thread's own setting; the model's threads are untouched
+        for index in range(len(dataset)):
+            sample = dataset[index]
+            while not stop.is_set():
+                try:
+                    ready.put(sample, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if stop.is_set():
+                return
+        ready.put(None)
+
+    thread = threading.Thread(target=produce, name="gradcam-decoder", daemon=True)
+    thread.start()
+    try:
+        while (sample := ready.get()) is not None:
+            yield sample
+    finally:
+        stop.set()
+        thread.join()
 
 
 def default_batch_size(device: torch.device) -> int:
