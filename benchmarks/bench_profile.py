@@ -4,8 +4,9 @@ Runs ``gradcam DIR -m resnet50 -w none`` over generated 640 x 480 JPEG photos un
 --idle --subprocesses`` (100 samples a second of every Python thread, waiting ones included, the decoding
 process's too) and sorts each sample by the innermost gradcam function on its stack: the model (forward and
 backward pass), upsampling and normalising the maps, colour-mapping and blending, encoding, writing files,
-decoding and resizing, handing decoded images to the main process, start-up (imports, the model's construction,
-the dry pass), and idle (waiting for work). Prints, for each thread, the share of its samples in each stage.
+decoding and resizing, handing decoded images to the main process (or waiting for them), start-up (imports, the
+model's construction, the dry pass, folding batch norms), and idle (waiting for work).
+Prints, for each thread, the share of its samples in each stage.
 PyTorch's own OpenMP threads are not Python threads: the model's time is counted on the main thread that waits
 for them. Skipped, with a message, when py-spy is not installed (``make install`` installs it).
 
@@ -34,7 +35,7 @@ STAGES = (  # (stage, what marks it on a stack), the first match from the innerm
     ("model", ("cam/engine.py", "cam/explainer.py")),
     ("decode + resize", ("io/images.py", "pipeline/decode.py(ImageDataset")),
     ("receive decoded", ("pipeline/decode.py",)),
-    ("start-up", ("models/loading.py", "cam/layers.py", "importlib", "<module>")),
+    ("start-up", ("models/loading.py", "models/folding.py", "cam/layers.py", "importlib", "<module>")),
 )
 IDLE = ("wait", "select", "accept", "_worker (concurrent", "sleep", "_recv", "poll", "get (queue")
 
@@ -60,6 +61,8 @@ def thread_of(frames: list[str]) -> str:
     name = thread.split(":", 1)[1].strip() if ":" in thread else "MainThread"
     if in_child:
         return "decoding process" if name == "MainThread" else f"decoding process: {name}"
+    if name.startswith("gradcam-decoder"):
+        return "decoding thread"
     return "writer threads" if name.startswith("gradcam-writer") else name
 
 

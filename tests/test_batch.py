@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
@@ -19,6 +20,7 @@ import torch
 from conftest import split_options
 from PIL import Image, JpegImagePlugin
 from square_model import square_image
+from test_folding import with_random_statistics
 from typer.testing import CliRunner
 
 from gradcam_cli import Explainer, load_model
@@ -27,7 +29,7 @@ from gradcam_cli.io.discovery import discover
 from gradcam_cli.io.images import InputSpec
 from gradcam_cli.options import OutputOptions, RunOptions
 from gradcam_cli.pipeline.batch import BatchRunner
-from gradcam_cli.pipeline.decode import Sample, bucketed
+from gradcam_cli.pipeline.decode import Sample, bucketed, decode_in_thread, default_workers
 from gradcam_cli.pipeline.outputs import OutputKind
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,17 +91,36 @@ def make_bad_files(folder: Path) -> dict[str, str]:
 def resnet18():
     torch.manual_seed(0)
     # random weights, BatchNorm in eval mode while explaining; a 112-pixel input keeps the test quick
-    return load_model("resnet18", "none", input_size=112)
+    loaded = load_model("resnet18", "none", input_size=112)
+    with_random_statistics(loaded.module)
+    return loaded
 
 
-def test_mixed_sizes_batched_give_the_same_maps_as_each_image_alone(tmp_path, resnet18):
+@pytest.mark.parametrize("fold", [False, True])
+def test_mixed_sizes_batched_give_the_same_maps_as_each_image_alone(tmp_path, resnet18, monkeypatch, fold):
     # 640x480 and 320x240 share a resized shape (112 x 149), so they share a batch; the others get their own.
+    # fold: as in runs of FOLD_MIN_IMAGES or more, batch norms folded into convolutions (with statistics far from
+    # the identity), compared with the unfolded model explaining each image alone
+    import gradcam_cli.pipeline.batch as batch_module
+
+    monkeypatch.setattr(batch_module, "FOLD_MIN_IMAGES", 1 if fold else 10**9)
     sizes = [(320, 240), (640, 480), (320, 240), (240, 320), (320, 240), (240, 320), (300, 300), (301, 300)]
     for i, size in enumerate(sizes):
         photo(size, seed=i).save(tmp_path / f"img{i}.png")
     explainer = Explainer(resnet18, "layer4", top_k=2)
+    folded_runs = []
+    real_folded = explainer.folded
+
+    @contextlib.contextmanager
+    def recording_folded():
+        with real_folded() as folded:
+            folded_runs.append(folded)
+            yield folded
+
+    monkeypatch.setattr(explainer, "folded", recording_folded)
     output, run = OutputOptions(tmp_path / "out", save_raw=True), RunOptions(batch_size=4, workers=1)
     records = list(BatchRunner(explainer, output, run).run(discover([tmp_path], exclude=tmp_path / "out")))
+    assert folded_runs == ([True] if fold else [])
     assert len(records) == 2 * len(sizes) and all(r.status == "ok" for r in records), records
     alone_results = {}
     for record in records:
@@ -485,21 +506,76 @@ def _stderr_on_a_terminal(command: list[str], pty) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
-def test_one_image_starts_no_decoding_process_and_two_do(tmp_path, square_model, monkeypatch):
+def test_one_image_is_decoded_in_place_and_more_by_processes_or_a_thread(tmp_path, square_model, monkeypatch):
     import gradcam_cli.pipeline.batch as batch_module
 
-    started: list[int] = []
-    real_loader = batch_module.DataLoader
+    started: list[str] = []
+    real_loader, real_thread = batch_module.DataLoader, batch_module.decode_in_thread
 
     def recording_loader(*args, **kwargs):
-        started.append(kwargs["num_workers"])
+        started.append(f"{kwargs['num_workers']} processes")
         return real_loader(*args, **kwargs)
 
+    def recording_thread(*args, **kwargs):
+        started.append("thread")
+        return real_thread(*args, **kwargs)
+
     monkeypatch.setattr(batch_module, "DataLoader", recording_loader)
+    monkeypatch.setattr(batch_module, "decode_in_thread", recording_thread)
     for name in ("a", "b"):
         square_image().save(tmp_path / f"{name}.png")
-    runner = BatchRunner(Explainer(square_model, "features"), OutputOptions(tmp_path / "out"), RunOptions(workers=2))
-    assert [r.status for r in runner.run(discover([tmp_path / "a.png"]))] == ["ok"]
-    runner = BatchRunner(Explainer(square_model, "features"), OutputOptions(tmp_path / "out2"), RunOptions(workers=2))
-    assert [r.status for r in runner.run(discover([tmp_path / "a.png", tmp_path / "b.png"]))] == ["ok", "ok"]
-    assert started == [0, 2]
+    both = discover([tmp_path / "a.png", tmp_path / "b.png"])
+    for workers, images in ((2, both[:1]), (2, both), (0, both)):
+        runner = BatchRunner(
+            Explainer(square_model, "features"), OutputOptions(tmp_path / f"out{workers}"), RunOptions(workers=workers)
+        )
+        assert [r.status for r in runner.run(images)] == ["ok"] * len(images)
+    assert started == ["2 processes", "thread"]
+
+
+class CountingDataset:
+    """Stands in for ImageDataset: counts the samples asked for; ``release`` lets a blocked sample through."""
+
+    def __init__(self, size: int, blocked_at: int | None = None) -> None:
+        self.size, self.asked, self.blocked_at = size, 0, blocked_at
+        self.release = threading.Event()
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> Sample:
+        self.asked += 1
+        if index == self.blocked_at:
+            self.release.wait(timeout=60)
+        return Sample(index, None, None, f"sample {index}")
+
+
+def test_decoding_thread_keeps_order_stays_a_bounded_number_ahead_and_stops_with_its_consumer():
+    dataset = CountingDataset(50)
+    samples = decode_in_thread(dataset, ahead=3)
+    for expected in range(10):
+        assert next(samples).index == expected
+        # at most `ahead` samples wait in the queue and one more is in the producer's hands
+        assert dataset.asked <= expected + 1 + 3 + 1
+    samples.close()  # the consumer stops early: the thread ends (close joins it)
+    assert not [t for t in threading.enumerate() if t.name == "gradcam-decoder"]
+    assert dataset.asked < 50
+    assert [s.index for s in decode_in_thread(CountingDataset(7), ahead=2)] == list(range(7))
+
+
+def test_decoding_thread_ends_when_the_consumer_fails_while_it_decodes():
+    dataset = CountingDataset(10, blocked_at=2)
+    samples = decode_in_thread(dataset, ahead=1)
+    assert next(samples).index == 0
+    closer = threading.Thread(target=samples.close)
+    closer.start()  # close() waits for the thread, which is inside sample 2 until released
+    dataset.release.set()
+    closer.join(timeout=60)
+    assert not closer.is_alive()
+    assert not [t for t in threading.enumerate() if t.name == "gradcam-decoder"]
+
+
+@pytest.mark.parametrize(("cores", "workers"), [(1, 0), (2, 0), (3, 2), (8, 4), (64, 4)])
+def test_default_decoding_processes_by_cores(monkeypatch, cores, workers):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cores)), raising=False)
+    assert default_workers() == workers

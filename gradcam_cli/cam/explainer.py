@@ -12,8 +12,8 @@ Classifiers, detectors and segmenters alike: what is differentiated for each com
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from contextlib import ExitStack
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
@@ -23,6 +23,7 @@ from torch import nn
 from ..errors import UsageError, suggest
 from ..io.images import InputSpec, load_image, to_input_tensor, to_pixel_tensor, to_rgb
 from ..models.devices import resolve_device
+from ..models.folding import fold_batch_norms
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel, load_model
 from ..models.tasks import Task, detection_spec, detection_transform, infer_task, task_of_shape
@@ -128,6 +129,7 @@ class Explainer:
         self.layer_names = names or [model_default_layer(model, infos)]
         self.layers = resolved or {name: resolve_layer(model.module, name) for name in self.layer_names}
         self.layer_calls: dict[str, int] = {}
+        self._folded: tuple[nn.Module, dict[str, nn.Module]] | None = None
         self.aug_smooth = aug_smooth
         self.eigen_smooth = eigen_smooth
         self.score_batch_size = score_batch_size
@@ -206,6 +208,24 @@ class Explainer:
         """A :class:`Prediction` with the model's name for class ``index``."""
         return Prediction(index, self.model.class_name(index), probability)
 
+    @contextmanager
+    def folded(self) -> Iterator[bool]:
+        """Within, explain with batch norms folded into the convolutions before them
+        (:func:`~gradcam_cli.models.folding.fold_batch_norms`, on a copy built on entry and dropped on exit): faster,
+        and the same maps to float32 rounding. Where a method reads every layer (FullGrad), or the model does not
+        trace, nothing changes. Yields whether it folded."""
+        copy = None
+        if not any(METHODS[method].reads_every_layer for method in self.methods):
+            copy = fold_batch_norms(self.model.module, self.layer_names)
+        if copy is None:
+            yield False
+            return
+        self._folded = (copy, {name: copy.get_submodule(name) for name in self.layer_names})
+        try:
+            yield True
+        finally:
+            self._folded = None
+
     def compute(
         self, inputs: torch.Tensor, target: int | None = None, top_k: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, Cams]:
@@ -253,7 +273,8 @@ class Explainer:
         """One forward pass, one backward pass per target if a method needs gradients, then every method (with the
         extra passes some take: :mod:`gradcam_cli.cam.passes`)."""
         size = tuple(inputs.shape[-2:])
-        with LayerCapture(self.model.module, self.layers) as capture, ExitStack() as passes:
+        module, layers = self._folded or (self.model.module, self.layers)
+        with LayerCapture(module, layers) as capture, ExitStack() as passes:
             with autocast(self.device, self.precision):
                 output = capture.forward_output(inputs)
             output = full_precision(output)  # scores, activations and gradients in float32 from here on
@@ -265,7 +286,7 @@ class Explainer:
             activations = {n: to_float32(a) for n, a in layouts.items()}
             chosen_targets = targets.targets if isinstance(targets, ClassTargets) else None
             extras = MethodInputs(
-                self.model.module,
+                module,
                 capture,
                 inputs,
                 targets,

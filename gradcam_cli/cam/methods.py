@@ -59,6 +59,12 @@ class CamMethod:
         """Whether the method runs the model again on altered inputs or activations (Score-CAM, AblationCAM)."""
         return self.extra in (MASKED, ABLATED)
 
+    @property
+    def reads_every_layer(self) -> bool:
+        """Whether the method reads layers besides the explained ones (FullGrad: every bias and its gradient), so
+        that folding batch norms into convolutions would change its maps."""
+        return self.extra == FULLGRAD
+
 
 def combine(weighted: torch.Tensor, eigen_smooth: bool = False) -> torch.Tensor:
     """ReLU(sum_k W_k), or ReLU(first principal component of W) with ``eigen_smooth``: (N, C, h, w) -> (N, h, w)."""
