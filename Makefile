@@ -37,7 +37,7 @@ test-quick: install  ## the quick subset: no many-architecture sweeps, no subpro
 
 demo: install  ## explain the sample photos with the ImageNet-pretrained EfficientNet-Lite0: overlays, panels, gallery
 	$(BIN)/gradcam sample_images --model efficientnet_lite0 --output-dir gradcam_out/demo --top-k 2 \
-		--format jpg --quality 85 --panel --report --manifest gradcam_out/demo/manifest.jsonl
+		--quality 85 --panel --report --manifest gradcam_out/demo/manifest.jsonl
 	@echo "overlays and panels written to gradcam_out/demo/; open gradcam_out/demo/index.html"
 
 lint: install  ## ruff (style and common bugs) and mypy --strict on the package

@@ -46,26 +46,34 @@ SCORE_NAMES = ("logit", "softmax", "sigmoid")
 PRECISION_NAMES = ("fp32", "bf16", "fp16")
 """What ``--precision`` accepts: the forward pass in float32, or autocast to bfloat16 or float16 (see
 :mod:`gradcam_cli.cam.precision`); maps are always computed in float32."""
+JPEG_SUFFIXES = frozenset({".jpg", ".jpeg"})
+"""Input suffixes (lower case) whose outputs are JPEG under ``--format auto``."""
 ENGINE_NAMES = ("local", "ray")
 """What ``--engine`` accepts: this machine (:mod:`gradcam_cli.pipeline.batch`) or a Ray cluster
 (:mod:`gradcam_cli.pipeline.ray_engine`)."""
 
 
 class ImageFormat(str, enum.Enum):
-    """File format of overlays, heatmaps and panels."""
+    """File format of overlays, heatmaps and panels.
 
+    ``auto`` (the default) follows each input: a JPEG input (``.jpg``/``.jpeg``, any case) gets JPEG outputs at
+    ``quality``, every other input (PNG, BMP, TIFF, GIF, WebP) lossless PNG (docs/outputs.md says why).
+    """
+
+    AUTO = "auto"
     PNG = "png"
     JPG = "jpg"
     WEBP = "webp"
 
-    @property
-    def suffix(self) -> str:
-        """The file-name suffix, with its dot."""
+    def suffix_for(self, source: Path) -> str:
+        """The file-name suffix, with its dot, of an output made from the input image ``source``."""
+        if self is ImageFormat.AUTO:
+            return ".jpg" if source.suffix.lower() in JPEG_SUFFIXES else ".png"
         return f".{self.value}"
 
     @classmethod
     def parse(cls, text: str | ImageFormat) -> ImageFormat:
-        """``png``, ``jpg`` (or ``jpeg``), ``webp``, in any case and with or without a dot."""
+        """``auto``, ``png``, ``jpg`` (or ``jpeg``), ``webp``, in any case and with or without a dot."""
         if isinstance(text, ImageFormat):
             return text
         value = text.strip().lower().lstrip(".")
@@ -117,7 +125,7 @@ class OutputOptions:
     """What to write, and where."""
 
     output_dir: Path = Path("gradcam_out")
-    image_format: ImageFormat = ImageFormat.PNG
+    image_format: ImageFormat = ImageFormat.AUTO
     quality: int = 90
     alpha: float = 0.5
     colormap: str = "jet"

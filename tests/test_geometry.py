@@ -105,7 +105,7 @@ def test_cli_overlay_and_raw_map_are_in_the_displayed_orientation(tmp_path):
         [str(path), "-m", SQUARE_MODEL, "--target-class", "0", "--save-raw", "-o", str(out), "--workers", "0"],
     )
     assert result.exit_code == 0, result.output
-    (overlay,) = out.glob("phone_gradcam_0-*.png")
+    (overlay,) = out.glob("phone_gradcam_0-*.jpg")
     (raw_map,) = out.glob("phone_gradcam_0-*.npy")
     assert Image.open(overlay).size == (480, 320)
     saliency = np.load(raw_map)

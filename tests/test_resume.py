@@ -274,7 +274,7 @@ def test_skip_existing_refuses_outputs_made_with_other_settings(tmp_path, images
 
 def test_skip_existing_refuses_another_layer(tmp_path, images):
     out = tmp_path / "out"
-    assert gradcam(tmp_path, "-o", out, "--layer", "features").exit_code == 0
+    assert gradcam(tmp_path, "-o", out, "--layer", "features", "--format", "png").exit_code == 0
     other = gradcam(tmp_path, "-o", out, "--skip-existing", "--layer", "features.0", "--format", "jpg")
     assert other.exit_code == 2
     assert "made with layer features (this run: features.0), format png (this run: jpg);" in other.stderr

@@ -66,9 +66,12 @@ def explain(
     image_format: Annotated[
         ImageFormat,
         typer.Option(
-            "--format", parser=params.parse_format, metavar="png|jpg|webp", help="Overlay, heatmap and panel format."
+            "--format",
+            parser=params.parse_format,
+            metavar="auto|png|jpg|webp",
+            help="Overlay, heatmap and panel format; auto: JPEG for JPEG inputs, PNG for the others.",
         ),
-    ] = ImageFormat.PNG,
+    ] = ImageFormat.AUTO,
     quality: Annotated[
         int, typer.Option(min=1, max=100, metavar="Q", help="JPEG/WebP quality of overlays, heatmaps and panels.")
     ] = 90,

@@ -46,11 +46,11 @@ def parse_methods(text: str | MethodList) -> MethodList:
 
 
 def parse_format(text: str | ImageFormat) -> ImageFormat:
-    """``png``, ``jpg`` (or ``jpeg``) or ``webp``, in any case."""
+    """``auto``, ``png``, ``jpg`` (or ``jpeg``) or ``webp``, in any case."""
     try:
         return ImageFormat.parse(text)
     except ValueError:
-        raise typer.BadParameter(f"{text!r}: use png, jpg or webp") from None
+        raise typer.BadParameter(f"{text!r}: use auto, png, jpg or webp") from None
 
 
 def parse_task(text: str) -> str:

@@ -46,7 +46,7 @@ def output_path(
 ) -> Path:
     """``<output_dir>/<relative dir>/<stem>_<method>_<class index>-<class slug><suffix>``.
 
-    For example ``gradcam_out/chelsea_gradcam_285-egyptian-cat.png`` and, with ``--save-raw``, the same name
+    For example ``gradcam_out/chelsea_gradcam_285-egyptian-cat.jpg`` and, with ``--save-raw``, the same name
     ending in ``.npy``.
     """
     stem = image.output_stem

@@ -79,7 +79,7 @@ def _explained(explanation: Explanation | None) -> Explanation:
 def _named(options: OutputOptions, image: InputImage, explanation: Explanation | None, prefix: str = "") -> Path:
     """An explanation's file, named by class (or, a detection, by rank and class); ``prefix`` before the method."""
     e = _explained(explanation)
-    method, suffix = f"{prefix}{e.method}", options.image_format.suffix
+    method, suffix = f"{prefix}{e.method}", options.image_format.suffix_for(image.path)
     if e.rank is not None:
         return detection_path(options.output_dir, image, method, e.rank, e.target.index, e.target.name, suffix)
     return output_path(options.output_dir, image, method, e.target.index, e.target.name, suffix)
@@ -97,7 +97,8 @@ def _heatmap_path(options: OutputOptions, image: InputImage, explanation: Explan
     e = _explained(explanation)
     if e.rank is not None:
         return _named(options, image, explanation, "heatmap-")
-    return heatmap_path(options.output_dir, image, e.method, e.target.index, e.target.name, options.image_format.suffix)
+    suffix = options.image_format.suffix_for(image.path)
+    return heatmap_path(options.output_dir, image, e.method, e.target.index, e.target.name, suffix)
 
 
 def _thumbnail_path(options: OutputOptions, image: InputImage, explanation: Explanation | None) -> Path:
@@ -105,7 +106,7 @@ def _thumbnail_path(options: OutputOptions, image: InputImage, explanation: Expl
 
 
 def _panel_path(options: OutputOptions, image: InputImage, _explanation: Explanation | None) -> Path:
-    return panel_path(options.output_dir, image, options.image_format.suffix)
+    return panel_path(options.output_dir, image, options.image_format.suffix_for(image.path))
 
 
 def _write_overlay(job: WriteJob, path: Path) -> None:
