@@ -7,7 +7,7 @@ CLI's rate shows is the pipeline around the model.
 
   (floor, P processes) decode + resize + encode alone, in P worker processes (``multiprocessing``): PIL decode
       of each 640 x 480 JPEG, the resize and normalisation to the network input (``to_input_tensor``), and the
-      PNG encoding of a 640 x 480 RGB image (``encode_image``, as overlays are encoded), nothing else;
+      JPEG encoding of a 640 x 480 RGB image (``encode_image``, as overlays of JPEG photos are encoded), nothing else;
   (gradcam, W workers) ``gradcam DIR --workers W`` as a subprocess with that model, timed by its own summary line,
       which also upsamples each map, blends, encodes and writes one overlay per image; and the CPU time its whole
       process tree spent per image (user + system, from ``getrusage``; a run over one image, the same start-up,
@@ -64,13 +64,14 @@ def build() -> nn.Module:
 
 
 def _floor_one(path: str) -> int:
-    """Decode, resize and normalise one photo, and encode a PNG of its size: the CPU work no pipeline can skip."""
+    """Decode, resize and normalise one photo, and encode a JPEG of its size (gradcam's overlay of a JPEG photo): the
+    CPU work no pipeline can skip."""
     from gradcam_cli.io.images import InputSpec, load_image, to_input_tensor, to_pixel_tensor
     from gradcam_cli.render.encode import encode_image
 
     image = load_image(path)
     to_input_tensor(image, InputSpec())
-    return len(encode_image(to_pixel_tensor(image), ".png"))
+    return len(encode_image(to_pixel_tensor(image), ".jpg"))
 
 
 def floor_rate(paths: list[Path], processes: int) -> float:
@@ -133,7 +134,7 @@ def stage_profile(paths: list[Path]) -> None:
     pixels = to_pixel_tensor(image)
     blender = Blender(colormap_table("jet"), 0.5)
     overlay = timed("blend the overlay", lambda: blender(pixels, saliency))
-    timed("encode the overlay (PNG)", lambda: encode_image(overlay, ".png"))
+    timed("encode the overlay (JPEG)", lambda: encode_image(overlay, ".jpg"))
 
 
 def main() -> int:
