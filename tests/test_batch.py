@@ -575,6 +575,20 @@ def test_decoding_thread_ends_when_the_consumer_fails_while_it_decodes():
     assert not [t for t in threading.enumerate() if t.name == "gradcam-decoder"]
 
 
+def test_an_error_in_the_decoding_thread_is_raised_in_the_consumer():
+    class Failing(CountingDataset):
+        def __getitem__(self, index: int) -> Sample:
+            if index == 3:
+                raise RuntimeError("disk gone")
+            return super().__getitem__(index)
+
+    samples = decode_in_thread(Failing(10), ahead=1)
+    assert [next(samples).index for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(RuntimeError, match="disk gone"):
+        next(samples)
+    assert not [t for t in threading.enumerate() if t.name == "gradcam-decoder"]
+
+
 @pytest.mark.parametrize(("cores", "workers"), [(1, 0), (2, 0), (3, 2), (8, 4), (64, 4)])
 def test_default_decoding_processes_by_cores(monkeypatch, cores, workers):
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cores)), raising=False)

@@ -217,10 +217,14 @@ class Explainer:
         copy = None
         if not any(METHODS[method].reads_every_layer for method in self.methods):
             copy = fold_batch_norms(self.model.module, self.layer_names)
-        if copy is None:
+        try:
+            layers = {name: copy.get_submodule(name) for name in self.layer_names} if copy is not None else None
+        except AttributeError:  # a layer the traced copy does not hold (one the forward pass never calls)
+            layers = None
+        if copy is None or layers is None:
             yield False
             return
-        self._folded = (copy, {name: copy.get_submodule(name) for name in self.layer_names})
+        self._folded = (copy, layers)
         try:
             yield True
         finally:

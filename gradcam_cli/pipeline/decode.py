@@ -93,29 +93,37 @@ def default_workers() -> int:
 def decode_in_thread(dataset: ImageDataset, ahead: int) -> Iterator[Sample]:
     """Every sample of ``dataset`` in order, decoded by a background thread at most ``ahead`` samples ahead of the
     consumer. The thread runs PyTorch on one core (the model has the others) and stops soon after the consumer
-    does, also when it stops early (an error, Ctrl-C)."""
-    ready: queue.Queue[Sample | None] = queue.Queue(maxsize=max(1, ahead))
+    does, also when it stops early (an error, Ctrl-C); an exception in the thread is raised in the consumer."""
+    ready: queue.Queue[Sample | BaseException | None] = queue.Queue(maxsize=max(1, ahead))
     stop = threading.Event()
+
+    def hand_over(item: Sample | BaseException | None) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def produce() -> None:
         torch.set_num_threads(1)  # this thread's own setting; the model's threads are untouched
-        for index in range(len(dataset)):
-            sample = dataset[index]
-            while not stop.is_set():
-                try:
-                    ready.put(sample, timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
-            if stop.is_set():
-                return
-        ready.put(None)
+        try:
+            for index in range(len(dataset)):
+                if not hand_over(dataset[index]):
+                    return
+        except BaseException as error:  # ImageDataset never raises; anything else ends the run in the consumer
+            hand_over(error)
+            return
+        hand_over(None)
 
     thread = threading.Thread(target=produce, name="gradcam-decoder", daemon=True)
     thread.start()
     try:
-        while (sample := ready.get()) is not None:
-            yield sample
+        while (item := ready.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
     finally:
         stop.set()
         thread.join()
