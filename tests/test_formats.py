@@ -136,3 +136,13 @@ def test_skip_existing_finds_jpeg_and_png_outputs_alike(tmp_path):
     resumed = {Path(row["input"]).name: (row["status"], row["outputs"][0]) for row in rows(manifest)}
     assert resumed == {name: ("skipped", overlay) for name, overlay in first.items()}
     assert {name: (out / name).stat().st_mtime_ns for name in written(out)} == before  # nothing written again
+
+
+def test_a_folder_made_with_png_before_auto_resumes_with_format_png(tmp_path, mixed):
+    out = tmp_path / "out"
+    assert gradcam(mixed, out, "--format", "png").exit_code == 0  # as the default wrote it before auto
+    refused = gradcam(mixed, out, "--skip-existing")
+    assert refused.exit_code == 2
+    assert "format png (this run: auto); add --format png to resume them" in refused.stderr
+    resumed = gradcam(mixed, out, "--skip-existing", "--format", "png")
+    assert resumed.exit_code == 0, resumed.stderr

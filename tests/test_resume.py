@@ -264,7 +264,8 @@ def test_skip_existing_refuses_outputs_made_with_other_settings(tmp_path, images
     assert other.exit_code == 2
     assert other.stderr == (
         f"error: --skip-existing: the outputs in {out} were made with colormap jet (this run: viridis), "
-        "alpha 0.5 (this run: 0.3); choose another --output-dir or run without --skip-existing\n"
+        "alpha 0.5 (this run: 0.3); add --colormap jet --alpha 0.5 to resume them, choose another --output-dir, or "
+        "run without --skip-existing\n"
     )
     assert gradcam(tmp_path, "-o", out, "--skip-existing").exit_code == 0  # same settings: resumes
     (out / RUN_RECORD_NAME).unlink()  # outputs of an older version: no record, nothing to compare

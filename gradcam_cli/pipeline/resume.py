@@ -206,6 +206,8 @@ RECORD_LABELS = {
     "precision": "--precision",
 }
 """The run record's keys (what changes the content of an output without changing its name), as messages say them."""
+RESUMING_OPTIONS = {"format": "--format", "quality": "--quality", "colormap": "--colormap", "alpha": "--alpha"}
+"""The run record's keys that one option of the command sets back, as the refusal suggests them."""
 
 
 def run_record(
@@ -252,10 +254,13 @@ def check_run_record(output_dir: Path, record: dict[str, Any]) -> None:
         differences = [difference for difference in differences if difference[0] != RECORD_LABELS["quality"]]
     if differences:
         made = ", ".join(f"{label} {_shown(old)} (this run: {_shown(new)})" for label, old, new in differences)
-        raise UsageError(
-            f"--skip-existing: the outputs in {output_dir} were made with {made}; "
-            "choose another --output-dir or run without --skip-existing"
-        )
+        options = {RECORD_LABELS[key]: option for key, option in RESUMING_OPTIONS.items()}
+        if all(label in options for label, _, _ in differences):  # e.g. a folder made before a default changed
+            resume = " ".join(f"{options[label]} {_shown(old)}" for label, old, _ in differences)
+            advice = f"add {resume} to resume them, choose another --output-dir, or run without --skip-existing"
+        else:
+            advice = "choose another --output-dir or run without --skip-existing"
+        raise UsageError(f"--skip-existing: the outputs in {output_dir} were made with {made}; {advice}")
 
 
 def write_run_record(output_dir: Path, record: dict[str, Any]) -> None:
