@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -54,3 +56,12 @@ def split_options(**options):
     output = OutputOptions(**{k: v for k, v in options.items() if k in output_fields})
     run = RunOptions(**{k: v for k, v in options.items() if k not in output_fields})
     return output, run
+
+
+def comparable(manifest: Path, out: Path) -> list[dict]:
+    """A manifest's rows without their timings, outputs relative to their output folder."""
+    rows = [json.loads(line) for line in manifest.read_text().splitlines()]
+    for row in rows:
+        row["seconds"] = None
+        row["outputs"] = [os.path.relpath(path, out) for path in row["outputs"]]
+    return rows

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import comparable
 from square_model import square_image
 from typer.testing import CliRunner
 
@@ -81,15 +82,6 @@ def ray_instance() -> Iterator[object]:
 def gradcam(photos: Path, out: Path, *more: str | Path):
     args = [photos, "-m", SQUARE_MODEL, "--labels", photos.parent / "labels.txt", "--workers", "0", "-o", out]
     return CliRunner().invoke(app, [str(a) for a in [*args, *more]])
-
-
-def comparable(manifest: Path, out: Path) -> list[dict]:
-    """A manifest's rows without their timings, outputs relative to their output folder."""
-    rows = [json.loads(line) for line in manifest.read_text().splitlines()]
-    for row in rows:
-        row["seconds"] = None
-        row["outputs"] = [os.path.relpath(path, out) for path in row["outputs"]]
-    return rows
 
 
 def errors(result) -> list[str]:

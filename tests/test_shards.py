@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import comparable
 from square_model import square_image
 from typer.testing import CliRunner
 
@@ -53,15 +54,6 @@ def gradcam(photos: Path, out: Path, *more: str | Path):
 
 def merge(*args: str | Path):
     return CliRunner().invoke(merge_app, [str(a) for a in args])
-
-
-def comparable(manifest: Path, out: Path) -> list[dict]:
-    """A manifest's rows without their timings, outputs relative to their output folder."""
-    rows = [json.loads(line) for line in manifest.read_text().splitlines()]
-    for row in rows:
-        row["seconds"] = None
-        row["outputs"] = [os.path.relpath(path, out) for path in row["outputs"]]
-    return rows
 
 
 def outputs(out: Path) -> dict[str, Path]:

@@ -46,9 +46,9 @@ def fold_batch_norms(model: nn.Module, keep: Collection[str] = ()) -> fx.GraphMo
     for name in _outermost(keep):
         inner = [k[len(name) + 1 :] for k in keep if k.startswith(f"{name}.")]
         original = model.get_submodule(name)
-        copy = fold_batch_norms(original, inner) if list(original.children()) else None
-        if copy is not None:
-            _set_submodule(folded, name, copy)
+        folded_layer = fold_batch_norms(original, inner) if list(original.children()) else None
+        if folded_layer is not None:
+            _set_submodule(folded, name, folded_layer)
             count += 1
     if count == 0:
         return None

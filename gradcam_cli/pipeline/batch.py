@@ -101,7 +101,7 @@ class BatchRunner:
         self.notify = notify
         self.earlier = earlier or EarlierRows()
         self.output = output or OutputOptions()
-        run = run or RunOptions()
+        self.run_options = run = run or RunOptions()
         self.batch_size = run.batch_size or default_batch_size(explainer.device)
         self.workers = default_workers() if run.workers is None else run.workers
         self.writers = run.writers

@@ -45,7 +45,6 @@ from ..options import ExplainOptions, ModelOptions, OutputOptions, RunOptions
 from .batch import BatchRunner
 from .decode import ImageDataset, Sample, default_batch_size
 from .records import Record
-from .resume import EarlierRows
 
 BATCHES_PER_CALL = 4
 """An actor gets this many model batches of images per call: enough for shape buckets to fill."""
@@ -76,19 +75,6 @@ class RayRunner(BatchRunner):
     Ray is already initialised in this process (a notebook, a test), that connection is used and left open.
     """
 
-    def __init__(
-        self,
-        explainer: Explainer,
-        output: OutputOptions | None = None,
-        run: RunOptions | None = None,
-        earlier: EarlierRows | None = None,
-        notify: Callable[[str], object] | None = None,
-    ) -> None:
-        super().__init__(explainer, output, run, earlier, notify)
-        self.run_options = run or RunOptions()
-        if explainer.options is None:
-            raise UsageError("--engine ray needs an explainer built by Explainer.from_options (its actors rebuild it)")
-
     def explain_images(
         self,
         todo: list[InputImage],
@@ -96,6 +82,8 @@ class RayRunner(BatchRunner):
         on_image: Callable[[], Any] | None,
         interrupted: Callable[[], bool],
     ) -> Iterator[tuple[int, list[Record]]]:
+        if self.explainer.options is None:
+            raise UsageError("--engine ray needs an explainer built by Explainer.from_options (its actors rebuild it)")
         ray = import_ray()
         started = connect(ray, self.run_options.ray_address)
         said: set[str] = set()

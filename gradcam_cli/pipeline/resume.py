@@ -246,17 +246,16 @@ def check_run_record(output_dir: Path, record: dict[str, Any]) -> None:
     if not isinstance(earlier, dict):
         return
     differences = [
-        (label, earlier[key], record[key])
-        for key, label in RECORD_LABELS.items()
+        (key, earlier[key], record[key])
+        for key in RECORD_LABELS
         if key in earlier and key in record and earlier[key] != record[key]
     ]
     if earlier.get("format") != record["format"]:  # the quality of another format is beside the point
-        differences = [difference for difference in differences if difference[0] != RECORD_LABELS["quality"]]
+        differences = [difference for difference in differences if difference[0] != "quality"]
     if differences:
-        made = ", ".join(f"{label} {_shown(old)} (this run: {_shown(new)})" for label, old, new in differences)
-        options = {RECORD_LABELS[key]: option for key, option in RESUMING_OPTIONS.items()}
-        if all(label in options for label, _, _ in differences):  # e.g. a folder made before a default changed
-            resume = " ".join(f"{options[label]} {_shown(old)}" for label, old, _ in differences)
+        made = ", ".join(f"{RECORD_LABELS[k]} {_shown(old)} (this run: {_shown(new)})" for k, old, new in differences)
+        if all(key in RESUMING_OPTIONS for key, _, _ in differences):  # e.g. a folder made before a default changed
+            resume = " ".join(f"{RESUMING_OPTIONS[key]} {_shown(old)}" for key, old, _ in differences)
             advice = f"add {resume} to resume them, choose another --output-dir, or run without --skip-existing"
         else:
             advice = "choose another --output-dir or run without --skip-existing"
