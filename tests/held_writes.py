@@ -13,6 +13,7 @@ READY_FD closes unwritten when the run ends.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -55,6 +56,9 @@ def held_link(fd: int, path: Path) -> bool:
     return linked
 
 
+# Ctrl-C as at a terminal, even when the tests run in a background job that ignores SIGINT (a shell without job
+# control starts its background commands so, and they pass that on): gradcam leaves an ignored SIGINT ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 threading.Thread(target=wait_for_release, daemon=True).start()
 atomic._link_unnamed = held_link
 sys.argv = ["gradcam", *sys.argv[4:]]
