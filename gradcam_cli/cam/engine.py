@@ -221,7 +221,7 @@ class LayerCapture:
             if tensor_mode:
                 record.leaf.register_hook(save_gradient)  # type: ignore[no-untyped-call]
                 return record.leaf.clone()
-            return record.leaf
+            return layout_kept_through_hook(record.leaf)
 
         def on_backward(_module: nn.Module, _grad_input: object, grad_output: Sequence[torch.Tensor]) -> None:
             record.gradients = grad_output[0]
@@ -236,6 +236,21 @@ class LayerCapture:
             for handle in record.handles:
                 handle.remove()
             record.handles.clear()
+
+
+def layout_kept_through_hook(output: torch.Tensor) -> torch.Tensor:
+    """``output``, or a contiguous copy of it where the full backward hook's view would make its layout ambiguous.
+
+    PyTorch's full backward hook hands the network ``output.view_as(output)``, and a view recomputes the stride of
+    every size-1 dimension. A channels-last batch of one image (1, C, H, W) thus reaches the next op with batch
+    stride C instead of C*H*W: still channels-last contiguous, but no longer "channels-last-like" by PyTorch's own
+    stride heuristic, and CPU batch norm's backward, which checks one and dispatches on the other, then reads the
+    incoming gradient in the wrong layout (wrong gradients, no error). A copy in the standard layout has the same
+    values, and its view the same strides; the rest of the network runs in that layout.
+    """
+    if output.is_contiguous() or output.view_as(output).stride() == output.stride():
+        return output
+    return output.contiguous()
 
 
 def as_logits(output: object) -> torch.Tensor:
