@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torchvision
+from method_reference import calibrate_batchnorm
 from torch import nn
 
 from gradcam_cli import Explainer
@@ -106,6 +107,27 @@ def test_other_architectures_give_the_same_maps_folded(name, layer):
     kwargs = {"aux_logits": False, "init_weights": False} if name == "googlenet" else {}
     model = with_random_statistics(getattr(torchvision.models, name)(**kwargs))
     assert_same_maps(Explainer(model, layer, top_k=2), torch.randn(2, 3, 96, 128))
+
+
+def test_a_model_in_training_mode_folds_to_its_eval_mode_function():
+    # load_model returns torchvision models as built, in training mode. Their stochastic depth passes
+    # self.training on as an argument, which a torch.fx trace keeps as a constant: traced in training mode, the
+    # folded copy would drop residual branches at random in every pass (issue 20: wrong classes and maps in every
+    # run of 32 images or more). The explained passes are eval-mode passes, and so must the copy be.
+    torch.manual_seed(0)
+    model = calibrate_batchnorm(torchvision.models.efficientnet_b0(), (64, 96)).train()
+    layer = "features.8.0"
+    inputs = torch.randn(2, 3, 64, 96)
+    with torch.no_grad():
+        expected = model.eval()(inputs)
+    model.train()
+    copy = fold_batch_norms(model, [layer])
+    assert copy is not None
+    assert all(m.training for m in model.modules())  # left in the mode it was in
+    with torch.no_grad():
+        assert torch.allclose(copy.eval()(inputs), expected, atol=1e-4)
+    model.train()
+    assert_same_maps(Explainer(model, layer), inputs)
 
 
 def test_guided_and_gradient_free_methods_fold_but_fullgrad_does_not(resnet18):

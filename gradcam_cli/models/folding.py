@@ -28,9 +28,10 @@ class _KeepLeaves(fx.Tracer):
 
 
 def fold_batch_norms(model: nn.Module, keep: Collection[str] = ()) -> fx.GraphModule | None:
-    """A copy of ``model`` (eval-mode semantics) in which every ``Conv2d`` whose output only a ``BatchNorm2d`` with
-    running statistics reads is folded with it into one convolution; ``None`` where nothing folds or ``model``
-    cannot be traced by ``torch.fx`` (data-dependent control flow, for one).
+    """A copy of ``model`` in which every ``Conv2d`` whose output only a ``BatchNorm2d`` with running statistics
+    reads is folded with it into one convolution; ``None`` where nothing folds or ``model`` cannot be traced by
+    ``torch.fx`` (data-dependent control flow, for one). The copy computes what ``model`` computes in eval mode,
+    whatever mode ``model`` is in: it is traced in eval mode, since a trace keeps the branches the mode took.
 
     ``model`` itself is left untouched. The copy shares every module it does not fold with ``model`` (parameters
     included), and the folded convolutions are new. The modules named in ``keep`` (the explained layers) are
@@ -38,10 +39,15 @@ def fold_batch_norms(model: nn.Module, keep: Collection[str] = ()) -> fx.GraphMo
     input and output; inside each, batch norms are folded the same way where it traces (it is then a folded copy,
     not ``model``'s module).
     """
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()  # torchvision's stochastic depth, for one, passes self.training on as a constant of the trace
     try:
         folded = fx.GraphModule(model, _KeepLeaves(keep).trace(model), class_name=type(model).__name__)
     except Exception:  # tracing fails on many models (control flow on values, unsupported calls): leave them be
         return None
+    finally:
+        for module, training in modes:
+            module.training = training
     count = _fold_pairs(folded, set(keep))
     for name in _outermost(keep):
         inner = [k[len(name) + 1 :] for k in keep if k.startswith(f"{name}.")]
