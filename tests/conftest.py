@@ -46,6 +46,16 @@ def square_model():
     return LoadedModel(build(), "colour-detector", "none", list(CLASSES), InputSpec(mean=(0, 0, 0), std=(1, 1, 1)))
 
 
+@pytest.fixture
+def restore_determinism():
+    """For tests that run with --deterministic, which switches PyTorch's deterministic algorithms on for the process."""
+    yield
+    import torch
+
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.deterministic = False
+
+
 def split_options(**options):
     """Keyword options of the old flat form, as (OutputOptions, RunOptions): tests name only what they change."""
     from dataclasses import fields

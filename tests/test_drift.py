@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import codecs
 import csv
 import hashlib
 import io
@@ -40,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SQUARE = f"{ROOT / 'tests' / 'square_model.py'}:build"
 SIZE = (160, 120)
 PROVENANCE_KEYS = {
-    "gradcam_cli", "torch", "torchvision", "model", "weights", "weights_sha256", "layers", "methods", "score",
+    "gradcam_cli", "torch", "torchvision", "model", "weights", "weights_sha256", "layers", "methods", "task", "score",
     "target_class", "top_k", "input_size", "device", "dtype", "aug_smooth", "eigen_smooth", "max_side",
     "deterministic", "seed", "precision",
 }  # fmt: skip
@@ -202,7 +203,8 @@ def test_every_row_carries_its_fingerprint_and_the_runs_provenance(tmp_path, ima
     provenance = rows[0]["provenance"]
     assert all(row["provenance"] == provenance for row in rows)  # one run, one provenance
     assert provenance["torch"] == torch.__version__ and provenance["layers"] == ["features"]
-    assert provenance["methods"] == ["gradcam", "layercam"] and provenance["score"] == "logit"
+    assert provenance["methods"] == ["gradcam", "layercam"]
+    assert provenance["task"] == "classify" and provenance["score"] == "logit"
     assert provenance["device"] == "cpu" and provenance["dtype"] == "float32"
     assert provenance["deterministic"] is False and provenance["seed"] is None
 
@@ -239,13 +241,6 @@ def test_a_weights_file_is_recorded_with_its_sha256_computed_once(tmp_path, imag
     assert {row["provenance"]["weights_sha256"] for row in rows} == {expected}
     assert {row["provenance"]["weights"] for row in rows} == {str(weights)}
     assert len(digests) == 1
-
-
-@pytest.fixture
-def restore_determinism():
-    yield
-    torch.use_deterministic_algorithms(False)
-    torch.backends.cudnn.deterministic = False
 
 
 def test_deterministic_seeds_random_weights_and_is_recorded(tmp_path, images, restore_determinism):
@@ -399,22 +394,37 @@ def test_malformed_and_mismatched_manifests_are_one_line_errors(tmp_path, images
     good = explain(tmp_path, "good", build(), images)
     lines = good.read_text().splitlines()
     row = json.loads(lines[0])
-    old = "".join(json.dumps({**json.loads(line), "fingerprint": None}) + "\n" for line in lines)  # before fingerprints
+
+    def rewritten(**fields: object) -> str:
+        return "".join(json.dumps({**json.loads(line), **fields}) + "\n" for line in lines)
+
+    no_maps = {"fingerprint": None, "provenance": None}  # before fingerprints and provenance
     cases = {
         tmp_path / "absent.jsonl": "no such file or folder",
         _write(tmp_path / "notes.txt", "x"): "not a manifest; give a .jsonl or .csv file, or an output folder",
         _write(tmp_path / "empty.jsonl", ""): "no rows",
-        _write(tmp_path / "torn.jsonl", lines[0] + "\n" + lines[1][:40] + "\n"): "line 2 is not a manifest row",
-        _write(tmp_path / "other.jsonl", '{"name": "x"}\n'): "line 1 is not a manifest row",
+        _write(tmp_path / "other.jsonl", '{"name": "x"}\n'): "not a manifest (line 1 is not a manifest row)",
         _write(tmp_path / "plain.csv", "a,b\n1,2\n"): "not a manifest (its first line names no input and status",
         _write(
             tmp_path / "print.jsonl", json.dumps({**row, "fingerprint": {"size": [1, 1], "grid": ["zz"]}}) + "\n"
         ): "line 1: the fingerprint is malformed (its grid is not 16 rows of 32 hex digits)",
         _write(tmp_path / "target.jsonl", json.dumps({**row, "target": "red"}) + "\n"): "line 1: its target",
         (tmp_path / "no-manifest").resolve(): "no manifest in this folder",
-        _write(
-            tmp_path / "old.jsonl", old
-        ): "no row has a fingerprint or a .npy map (written by an older gradcam-cli?)",
+        _write(tmp_path / "old.jsonl", rewritten(**no_maps)): (
+            "no row has a fingerprint or a .npy map: it was written by a gradcam-cli older than fingerprints; run it "
+            "again to compare it"
+        ),
+        _write(tmp_path / "rebuilt.jsonl", rewritten(**no_maps, status="skipped")): (
+            "its rows were rebuilt from file names by --skip-existing, without the earlier manifest; run it again "
+            "without --skip-existing to compare it"
+        ),
+        _write(tmp_path / "nothing.jsonl", rewritten(fingerprint=None, target=None)): (
+            "its rows have no target (nothing detected, or only the background) and were written by a gradcam-cli "
+            "that gave such rows no fingerprint; run it again to compare it"
+        ),
+        _write(tmp_path / "video.jsonl", rewritten(input="clip.mp4", fingerprint=None)): (
+            "its rows are of videos, which have none (gradcam diff compares images)"
+        ),
     }
     (tmp_path / "no-manifest").mkdir()
     for path, expected in cases.items():
@@ -439,6 +449,37 @@ def test_malformed_and_mismatched_manifests_are_one_line_errors(tmp_path, images
     assert "no image and method in common" in one_line_error(diff(good, layercam))
     with pytest.raises(UsageError):
         diff_runs(good, layercam)
+
+
+def test_a_torn_last_row_is_left_out_as_resuming_leaves_it_out(tmp_path, images):
+    """What a killed run leaves: its last row cut short. gradcam diff reads the manifest as --skip-existing does,
+    says which line it left out, and the row's image is missing (drift unless allowed)."""
+    good = explain(tmp_path, "good", build(), images)
+    lines = good.read_text().splitlines(keepends=True)
+    killed = _write(tmp_path / "killed.jsonl", "".join(lines[:3]) + lines[3][:60])  # d.png's row torn
+    assert read_manifest(killed) == read_manifest(good)[:3]  # what resuming reads
+    result = diff(good, killed)
+    assert result.exit_code == EXIT_IMAGE_FAILED, result.output
+    assert f"current:  {killed} (3 rows; line 4 is not a row (torn by a killed run?), left out)" in result.stdout
+    assert f"missing in the current run: {images / 'd.png'} (gradcam, class 2 blue)" in result.stdout
+    assert diff(good, killed, "--allow-missing").exit_code == EXIT_OK
+    resumed = _write(tmp_path / "resumed.jsonl", "".join(lines) + lines[1][:60])  # a later run killed mid-row
+    data = json.loads(diff(good, resumed, "--json").stdout)
+    assert data["drift"] is False and data["ignored_lines"] == {"baseline": [], "current": [5]}
+
+
+def test_a_byte_order_mark_is_accepted_in_jsonl_and_csv(tmp_path, images):
+    """A manifest saved by a spreadsheet starts with a UTF-8 byte order mark: read as without it, by gradcam diff
+    and by resuming alike."""
+    for suffix in (".jsonl", ".csv"):
+        plain = explain(tmp_path, f"plain{suffix}", build(), images, suffix=suffix)
+        marked = tmp_path / f"marked{suffix}"
+        marked.write_bytes(codecs.BOM_UTF8 + plain.read_bytes())
+        assert read_manifest(marked) == read_manifest(plain) and len(read_manifest(plain)) == 4
+        for args in ((plain, marked), (marked, plain)):
+            result = diff(*args)
+            assert result.exit_code == EXIT_OK, result.output
+            assert f"{marked} (4 rows)" in result.stdout and "compared: 4 pairs, 4 from fingerprints" in result.stdout
 
 
 def test_diff_help_names_the_exit_codes_and_gradcam_help_names_diff():

@@ -77,6 +77,18 @@ def test_masks_and_combined_score_by_hand() -> None:
         combined([0.1], [])
 
 
+def test_ties_are_removed_in_row_major_order_by_morf_and_lerf_alike() -> None:
+    # Pixels in row-major order: 0 1 2 / 3 4 5, with saliency 0, .5, 0 / .5, 0, .9 (two groups of ties).
+    saliency = torch.tensor([[0.0, 0.5, 0.0], [0.5, 0.0, 0.9]])
+    most_first = [5, 1, 3, 0, 2, 4]  # .9; then the .5s, earlier pixel first; then the zeros, earlier pixel first
+    least_first = [0, 2, 4, 1, 3, 5]  # the zeros, earlier pixel first; then the .5s, earlier first; then .9
+    counts = range(1, 6)
+    morf, lerf = road_masks(saliency, [count / 6 for count in counts])
+    for mask, order in ((morf, most_first), (lerf, least_first)):
+        removed = [sorted(torch.nonzero(m.flatten()).flatten().tolist()) for m in mask]
+        assert removed == [sorted(order[:count]) for count in counts]
+
+
 def square_explainer() -> Explainer:
     spec = InputSpec(size=64, mean=(0, 0, 0), std=(1, 1, 1))
     return Explainer(LoadedModel(build(), "squares", "none", ["red", "green", "blue"], spec), "features")
@@ -93,7 +105,7 @@ def test_the_square_model_has_the_known_answer(tmp_path: Path) -> None:
     assert target is not None and target.name == "red" and target.probability > 0.5
     assert scores.road_morf == pytest.approx([1 / 3] * len(ROAD_FRACTIONS), abs=2e-3)
     assert min(scores.road_lerf) > target.probability - 2e-3
-    assert scores.road_lerf[0] == pytest.approx(target.probability, abs=2e-3)  # 10 %: the far corner only
+    assert scores.road_lerf[0] == pytest.approx(target.probability, abs=2e-3)  # 10 %: the top rows, far enough
     assert scores.road == pytest.approx(sum(le - 1 / 3 for le in scores.road_lerf) / 2 / len(ROAD_FRACTIONS), abs=2e-3)
     summary = report.summary("gradcam")
     assert summary["road"] == pytest.approx(scores.road) and len(summary["road_morf_curve"]) == len(ROAD_FRACTIONS)

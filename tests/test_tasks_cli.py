@@ -1,6 +1,6 @@
 """Detectors and segmenters on the command line: rows and files per detection and per class, the drawn boxes and
 outlines, images without detections, --save-raw, --report, --skip-existing, --list-layers, gradcam eval against
-ground-truth boxes, and the one-line refusals."""
+ground-truth boxes, gradcam diff of their runs, their provenance, and the one-line refusals."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from square_model import square_image
 from typer.testing import CliRunner
 
 from gradcam_cli.cli import app
+from gradcam_cli.cli.diff import app as diff_app
 from gradcam_cli.cli.eval import app as eval_app
-from gradcam_cli.errors import EXIT_OK, EXIT_USAGE
+from gradcam_cli.errors import EXIT_IMAGE_FAILED, EXIT_OK, EXIT_USAGE
+from gradcam_cli.io.naming import RUN_RECORD_NAME
 from gradcam_cli.render.boxes import PALETTE
 
 MODELS = Path(__file__).with_name("task_models.py")
@@ -26,6 +28,10 @@ RED_BOX = (250, 60, 290, 100)
 
 def run(*args: str | Path) -> object:
     return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def run_diff(*args: str | Path) -> object:
+    return CliRunner().invoke(diff_app, [str(a) for a in args])
 
 
 def run_eval(*args: str | Path) -> object:
@@ -130,8 +136,94 @@ def test_skip_existing_resumes_a_detectors_run(inputs, tmp_path):
     assert statuses == {("grey.png", "skipped"), ("red.png", "skipped"), ("two.png", "ok")}
     kept = [r for r in rows(again) if r["status"] == "skipped" and r["target"]]
     assert [r["target"]["name"] for r in kept] == ["red"]  # the earlier row, from the manifest
+    first_rows = {(Path(r["input"]).name, r["method"]): r for r in rows(first)}
+    for row in (r for r in rows(again) if r["status"] == "skipped"):  # the earlier rows, fingerprints and all
+        earlier = first_rows[(Path(row["input"]).name, row["method"])]
+        assert row["fingerprint"] == earlier["fingerprint"] and row["provenance"] == earlier["provenance"]
     refused = detect(inputs, out, "--skip-existing", "--score-threshold", "0.3")
     assert refused.exit_code == EXIT_USAGE and "--score-threshold 0.5 (this run: 0.3)" in refused.stderr
+
+
+@pytest.mark.parametrize("model", [DETECTOR, SEGMENTER], ids=["detector", "segmenter"])
+def test_an_image_with_nothing_to_explain_is_no_drift_against_itself(inputs, tmp_path, model, restore_determinism):
+    """Two identical --deterministic runs over a grey image (no detection; only the background) and a red one:
+    its rows carry the fingerprint of their empty map, and gradcam diff finds no drift."""
+    manifests = []
+    for name in ("one", "two"):
+        out = tmp_path / name
+        args = ["-m", model, "--labels", inputs.parent / "classes.txt", "-o", out, "--workers", "0"]
+        result = run(inputs / "grey.png", inputs / "red.png", *args, "--manifest", out / "m.jsonl", "--deterministic")
+        assert result.exit_code == EXIT_OK, result.output
+        manifests.append(out / "m.jsonl")
+    grey = [json.loads(line) for line in manifests[0].read_text().splitlines() if "grey.png" in line]
+    assert [(row["target"], row["fingerprint"]) for row in grey] == [
+        (None, {"size": [200, 300], "grid": ["00" * 16] * 16})
+    ]
+    compared = run_diff(*manifests)
+    assert compared.exit_code == EXIT_OK, compared.output
+    assert compared.stderr.startswith("no drift: 2 image(s)")
+    line = next(line for line in compared.stdout.splitlines() if "grey.png" in line)
+    assert line.split()[1:7] == ["gradcam", "none", "-", "1.000", "1.000", "1.00"]
+
+
+@pytest.mark.parametrize(
+    ("model", "nothing"),
+    [(DETECTOR, "no detection"), (SEGMENTER, "only the background")],
+    ids=["detector", "segmenter"],
+)
+def test_a_detection_that_comes_or_goes_is_drift(inputs, tmp_path, model, nothing):
+    """grey.png explained, then a red square painted on it: drift both ways, whatever --allow-class-change says; a
+    run whose only rows found nothing compares equal with itself."""
+
+    def explained(name: str) -> Path:
+        out = tmp_path / name
+        result = run(inputs / "grey.png", "-m", model, "--labels", inputs.parent / "classes.txt", "-o", out,
+                     "--manifest", out / "m.jsonl")  # fmt: skip
+        assert result.exit_code == EXIT_OK, result.output
+        return out / "m.jsonl"
+
+    before = explained("grey")
+    square_image((300, 200), RED_BOX).save(inputs / "grey.png")
+    after = explained("red")
+    assert run_diff(before, before).exit_code == EXIT_OK  # nothing but rows without a target: no drift
+    came = run_diff(before, after)
+    assert came.exit_code == EXIT_IMAGE_FAILED
+    assert (
+        f"drift: {inputs / 'grey.png'} (gradcam, class 1 red): {nothing} in the baseline run (1 red in the current)"
+        in came.stdout
+    )
+    went = run_diff(after, before, "--allow-class-change")
+    assert went.exit_code == EXIT_IMAGE_FAILED
+    reasons = next(line for line in went.stdout.splitlines() if line.startswith("drift: "))
+    assert reasons.startswith(
+        f"drift: {inputs / 'grey.png'} (gradcam): {nothing} in the current run (1 red in the baseline); spearman 0.000"
+    )
+    assert "  gradcam  1 -> none  " in next(line for line in went.stdout.splitlines() if "grey.png" in line)
+
+
+@pytest.mark.parametrize(
+    ("model", "more", "settings"),
+    [
+        (DETECTOR, [], {"task": "detect", "score_threshold": 0.5, "max_detections": 10}),
+        (SEGMENTER, [], {"task": "segment"}),
+        (
+            f"{Path(__file__).with_name('square_model.py')}:build",
+            ["--score", "softmax"],
+            {"task": "classify", "score": "softmax"},
+        ),
+    ],
+    ids=["detector", "segmenter", "classifier"],
+)
+def test_rows_record_the_tasks_own_score_as_the_run_record_does(inputs, tmp_path, model, more, settings):
+    """A detector's or segmenter's rows name no classifier --score; a classifier's name the one it ran with."""
+    out = tmp_path / "out"
+    result = run(inputs / "red.png", "-m", model, "-o", out, "--json", *more)
+    assert result.exit_code == EXIT_OK, result.output
+    provenance = rows(result)[0]["provenance"]
+    record = json.loads((out / RUN_RECORD_NAME).read_text())
+    keys = ("task", "score", "score_threshold", "max_detections")
+    assert {key: provenance[key] for key in keys if key in provenance} == settings
+    assert {key: record[key] for key in keys if key in record} == settings
 
 
 def test_list_layers_marks_the_backbones_last_stage(inputs):

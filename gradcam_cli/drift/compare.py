@@ -5,14 +5,16 @@
 (False, [])
 
 A pair drifts when its image failed on one side only, when its class changed (the target, or the image's top
-class; unless ``allow_class_change``), when a map is missing on one side, when either correlation of the two maps
-falls below ``min_similarity``, or when the peak moved more than ``max_peak_shift`` of the image's diagonal. Rows
-without a partner are drift too, unless ``allow_missing``. Maps are compared as the ``.npy`` files where both rows
-have one, else as their fingerprints.
+class; unless ``allow_class_change``), when one side explains a class and the other found nothing to explain (its
+row has no target: no detection, or only the background), when a map is missing on one side, when either
+correlation of the two maps falls below ``min_similarity``, or when the peak moved more than ``max_peak_shift`` of
+the image's diagonal. Rows without a partner are drift too, unless ``allow_missing``. Maps are compared as the
+``.npy`` files where both rows have one, else as their fingerprints.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ import torch
 
 from ..cam.maps import upsample
 from ..errors import UsageError
+from ..io.discovery import VIDEO_SUFFIXES
 from ..options import DiffOptions
 from .manifests import MapRow, Side, read_side
 from .measures import peak_shift, pearson, spearman, top_iou
@@ -134,6 +137,7 @@ class DriftReport:
                 "baseline_only": [_missing(row) for row in self.baseline_only],
                 "current_only": [_missing(row) for row in self.current_only],
             },
+            "ignored_lines": {"baseline": self.baseline.ignored, "current": self.current.ignored},
             "provenance_changed": self.changed,
         }
 
@@ -146,10 +150,7 @@ def diff_runs(baseline: str | Path, current: str | Path, options: DiffOptions | 
     for side in (before, after):
         explained = [row for row in side.rows if row.status != "error"]
         if explained and all(row.grid is None and row.raw is None for row in explained):
-            raise UsageError(
-                f"{side.shown}: no row has a fingerprint or a .npy map (written by an older gradcam-cli?); "
-                "run it again to compare it"
-            )
+            raise UsageError(f"{side.shown}: no row has a fingerprint or a .npy map: {why_no_maps(explained)}")
     pairing = pair_rows(before.rows, after.rows)
     if not pairing.pairs:
         raise UsageError(
@@ -158,6 +159,30 @@ def diff_runs(baseline: str | Path, current: str | Path, options: DiffOptions | 
     results = [compare_pair(pair, options) for pair in pairing.pairs]
     changed = provenance_changes(before.rows, after.rows)
     return DriftReport(before, after, options, results, pairing.baseline_only, pairing.current_only, changed)
+
+
+def why_no_maps(rows: list[MapRow]) -> str:
+    """Why rows carry no map to compare, and what to do, as most of them say: video rows never have one, rows that
+    ``--skip-existing`` rebuilt from file names have no provenance either, rows without a target (nothing detected,
+    or only the background) had none before such rows got one, and rows without provenance are older still."""
+
+    def cause(row: MapRow) -> str:
+        if Path(row.input).suffix.lower() in VIDEO_SUFFIXES:
+            return "its rows are of videos, which have none (gradcam diff compares images)"
+        if row.provenance is None and row.status == "skipped":
+            return (
+                "its rows were rebuilt from file names by --skip-existing, without the earlier manifest; "
+                "run it again without --skip-existing to compare it"
+            )
+        if row.provenance is not None and row.target is None:
+            return (
+                "its rows have no target (nothing detected, or only the background) and were written by a "
+                "gradcam-cli that gave such rows no fingerprint; run it again to compare it"
+            )
+        return "it was written by a gradcam-cli older than fingerprints; run it again to compare it"
+
+    counts = Counter(cause(row) for row in rows)
+    return counts.most_common(1)[0][0]
 
 
 def pair_maps(pair: Pair) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int], str] | None:
@@ -199,6 +224,9 @@ def compare_pair(pair: Pair, options: DiffOptions) -> PairResult:
         return result
     if not options.allow_class_change:
         result.reasons += _class_changes(baseline, current)
+    nothing = _nothing_explained(baseline, current)
+    if nothing:
+        result.reasons.append(nothing)
     maps = pair_maps(pair)
     if maps is None:
         result.reasons.append("no map to compare on one side")
@@ -224,6 +252,19 @@ def _class_changes(baseline: MapRow, current: MapRow) -> list[str]:
     if top and top != target:
         reasons.append(f"top class {top}")
     return reasons
+
+
+def _nothing_explained(baseline: MapRow, current: MapRow) -> str | None:
+    """Where one side explains a class and the other's row says there was nothing to explain (no target, and the
+    fingerprint of its empty map): ``no detection in the current run (1 red in the baseline)``. Drift whatever the
+    options, as a detection (or a segmenter's class) came or went."""
+    sides = ((current, baseline, "current", "baseline"), (baseline, current, "baseline", "current"))
+    for empty, other, side, other_side in sides:
+        if empty.target is None and empty.grid is not None and other.target is not None:
+            task = (empty.provenance or {}).get("task")
+            nothing = {"detect": "no detection", "segment": "only the background"}.get(str(task), "no target")
+            return f"{nothing} in the {side} run ({shown_class(other.target)} in the {other_side})"
+    return None
 
 
 def _change(before: tuple[int, str] | None, after: tuple[int, str] | None) -> str | None:

@@ -33,6 +33,12 @@ def map_fingerprint(saliency: torch.Tensor) -> dict[str, Any]:
     return {"size": [height, width], "grid": rows}
 
 
+def empty_fingerprint(height: int, width: int) -> dict[str, Any]:
+    """The fingerprint of an (H, W) map of zeros (no evidence anywhere): the row of an image where a segmenter
+    explains nothing, having found only the background, carries it."""
+    return {"size": [height, width], "grid": ["00" * GRID] * GRID}
+
+
 def decode_fingerprint(value: Any) -> tuple[torch.Tensor, tuple[int, int]]:
     """(the (GRID, GRID) grid in [0, 1] as float64, the map's (H, W)) of a fingerprint; a ValueError saying what is
     wrong when ``value`` is not one."""

@@ -1,18 +1,22 @@
 """The two sides of ``gradcam diff``: a manifest (``.jsonl`` or ``.csv``, also ``--json`` output saved to a
-``.jsonl`` file), or an output folder holding one; read strictly, so that a malformed file is one line naming it.
+``.jsonl`` file), or an output folder holding one. Read as every reader of manifests reads them
+(:func:`~gradcam_cli.io.manifest.parse_rows`: a byte order mark is dropped, lines that are not rows, such as a row
+torn by a killed run, are left out, and the side says which); a file that is no manifest at all, or a row whose
+target or fingerprint is malformed, is one line naming it.
 """
 
 from __future__ import annotations
 
+import csv
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..errors import UsageError, describe
-from ..io.manifest import latest_row_sets, parse_rows
+from ..io.manifest import latest_row_sets, manifest_text, parse_rows
 from .fingerprint import decode_fingerprint
 
 MANIFEST_SUFFIXES = (".jsonl", ".csv")
@@ -43,11 +47,12 @@ class MapRow:
 @dataclass
 class Side:
     """One side of the diff: ``role`` (baseline or current, as messages name it), its manifest and its rows (each
-    input's latest set of rows, in file order)."""
+    input's latest set of rows, in file order); ``ignored``: the numbers of the lines that are not rows."""
 
     role: str
     path: Path
     rows: list[MapRow]
+    ignored: list[int] = field(default_factory=list)
 
     @property
     def shown(self) -> str:
@@ -84,18 +89,22 @@ def read_side(path: Path, role: str) -> Side:
         raise UsageError(f"{shown}: cannot read it: {describe(error, manifest)}") from None
     is_csv = manifest.suffix.lower() == ".csv"
     if is_csv:
-        header = data.split(b"\n", 1)[0].decode("utf-8", "replace").strip().split(",")
+        header = next(csv.reader([manifest_text(data).split("\n", 1)[0]]), [])
         if "input" not in header or "status" not in header:
             raise UsageError(f"{shown}: not a manifest (its first line names no input and status columns)")
     rows: list[dict[str, Any]] = []
+    ignored: list[int] = []
     for line, row in parse_rows(data, is_csv):
         if row is None:
-            raise UsageError(f"{shown}: line {line} is not a manifest row")
-        rows.append({**row, "line": line})
+            ignored.append(line)
+        else:
+            rows.append({**row, "line": line})
     if not rows:
-        raise UsageError(f"{shown}: no rows")
+        raise UsageError(
+            f"{shown}: " + (f"not a manifest (line {ignored[0]} is not a manifest row)" if ignored else "no rows")
+        )
     latest = [row for rows_of_input in latest_row_sets(rows).values() for row in rows_of_input]
-    return Side(role, manifest, [_map_row(row, manifest, shown) for row in latest])
+    return Side(role, manifest, [_map_row(row, manifest, shown) for row in latest], ignored)
 
 
 def _map_row(row: dict[str, Any], manifest: Path, shown: str) -> MapRow:

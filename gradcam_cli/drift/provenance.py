@@ -1,9 +1,10 @@
 """How a run's maps were made: the ``provenance`` object of every row it writes, and ``--deterministic``.
 
 The object names the versions (gradcam-cli, torch, torchvision), the model and its weights (a file's sha256 too,
-computed once per file and run), the layers, methods and score, which classes were explained, the input size, the
-device, dtype and precision, the options that change the maps, and whether PyTorch ran deterministically (and with which
-seed). docs/ci.md lists the fields.
+computed once per file and run), the layers and methods, the task and what it differentiates (a classifier's
+``--score``; a detector's ``--score-threshold`` and ``--max-detections``; as the run record has them), which classes
+were explained, the input size, the device, dtype and precision, the options that change the maps, and whether
+PyTorch ran deterministically (and with which seed). docs/ci.md lists the fields.
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ if TYPE_CHECKING:
 
 SEED = 0
 """The seed ``--deterministic`` sets (torch, Python's ``random``, NumPy)."""
-SCORE = "logit"
-"""What the gradient methods differentiate: the target class's score before the softmax."""
 _CHUNK = 1 << 20
 
 
@@ -88,7 +87,7 @@ def run_provenance(explainer: Explainer, run: RunOptions | None = None) -> dict[
         "weights_sha256": sha256,
         "layers": list(explainer.layer_names),
         "methods": list(explainer.methods),
-        "score": SCORE,
+        **explainer.settings,  # the task and its score's settings, as the run record has them
         "target_class": explainer.target,
         "top_k": explainer.top_k if explainer.target is None else 1,
         "input_size": list(spec.fixed_size) if spec.fixed_size else spec.size,

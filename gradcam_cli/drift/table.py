@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from .compare import DriftReport, PairResult, shown_class
-from .manifests import MapRow
+from .manifests import MapRow, Side
 
 INPUT_WIDTH = 40
 """Longer inputs are shown by their end."""
@@ -17,8 +17,8 @@ def format_table(report: DriftReport) -> list[str]:
     """The lines for people (the verdict comes separately: :func:`verdict`)."""
     before, after = report.baseline, report.current
     lines = [
-        f"baseline: {before.path} ({len(before.rows)} rows)",
-        f"current:  {after.path} ({len(after.rows)} rows)",
+        f"baseline: {before.path} ({counted(before)})",
+        f"current:  {after.path} ({counted(after)})",
         f"compared: {len(report.results)} pairs, {sources(report)}",
     ]
     if report.changed:
@@ -36,6 +36,17 @@ def format_table(report: DriftReport) -> list[str]:
     for side, missing in (("current", report.baseline_only), ("baseline", report.current_only)):
         lines += [f"missing in the {side} run: {described(row)}" for row in missing]
     return lines
+
+
+def counted(side: Side) -> str:
+    """``20 rows``, and the lines left out as no rows: ``20 rows; line 21 is not a row (torn by a killed run?), left
+    out``."""
+    if not side.ignored:
+        return f"{len(side.rows)} rows"
+    shown = ", ".join(map(str, side.ignored[:5])) + (", ..." if len(side.ignored) > 5 else "")
+    noun = "line" if len(side.ignored) == 1 else "lines"
+    verb = "is not a row" if len(side.ignored) == 1 else "are not rows"
+    return f"{len(side.rows)} rows; {noun} {shown} {verb} (torn by a killed run?), left out"
 
 
 def sources(report: DriftReport) -> str:
@@ -60,11 +71,16 @@ def verdict(report: DriftReport) -> str:
 def pair_cells(result: PairResult) -> list[str]:
     """A pair's cells under ``COLUMNS``, then ``DRIFT`` or nothing."""
     baseline, current = result.pair.baseline, result.pair.current
-    if baseline.target is not None and current.target is not None and baseline.target[0] != current.target[0]:
+    target = current.target or baseline.target
+    if "error" in (baseline.status, current.status):
+        shown = shown_class(target) if target else f"{baseline.status} / {current.status}"
+    elif baseline.target is None or current.target is None:  # a side with nothing to explain (or a rebuilt row)
+        before, after = (str(row.target[0]) if row.target else "none" for row in (baseline, current))
+        shown = "none" if before == after else f"{before} -> {after}"
+    elif baseline.target[0] != current.target[0]:
         shown = f"{baseline.target[0]} -> {current.target[0]}"
     else:
-        target = current.target or baseline.target
-        shown = shown_class(target) if target else f"{baseline.status} / {current.status}"
+        shown = shown_class(current.target)
     change = result.probability_change
     return [
         _short(result.input),

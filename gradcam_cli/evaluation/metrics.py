@@ -40,13 +40,15 @@ def step_counts(pixels: int, steps: int) -> list[int]:
     return [round(k * pixels / steps) for k in range(steps + 1)]
 
 
-def importance_ranks(saliency: torch.Tensor) -> torch.Tensor:
-    """Each pixel's position when the map is sorted from most to least salient (0 = most salient), as (H, W).
+def importance_ranks(saliency: torch.Tensor, least_first: bool = False) -> torch.Tensor:
+    """Each pixel's position when the map is sorted from most to least salient (0 = most salient), or with
+    ``least_first`` from least to most salient (0 = least salient), as (H, W).
 
-    Ties keep row-major order (a stable sort), so the result is deterministic.
+    Either way ties keep row-major order (a stable sort): of two equal pixels, the earlier in row-major order comes
+    first, so the result is deterministic.
     """
     flat = saliency.flatten()
-    order = torch.sort(flat, descending=True, stable=True).indices
+    order = torch.sort(flat, descending=not least_first, stable=True).indices
     ranks = torch.empty_like(order)
     ranks[order] = torch.arange(flat.numel(), device=flat.device)
     return ranks.view(saliency.shape)

@@ -13,7 +13,9 @@ device, by conjugate gradients with a Jacobi preconditioner, to a relative resid
 
 Measures, at removal fractions q in :data:`ROAD_FRACTIONS`: MoRF removes the fraction q of the pixels with the
 highest saliency (most relevant first; lower probability is better), LeRF the fraction q with the lowest (least
-relevant first; higher is better); ties in the map keep row-major order, as in deletion and insertion. The
+relevant first; higher is better); ties in the map keep row-major order in both, as in deletion and insertion:
+of two pixels with the same saliency, the earlier in row-major order is removed first, by MoRF and by LeRF alike
+(Grad-CAM maps have large regions of exact zeros, which LeRF's first fractions remove from the top left on). The
 combined score is pytorch-grad-cam's ``ROADCombined``: mean over q of (LeRF_q - MoRF_q) / 2 (higher is better).
 """
 
@@ -184,11 +186,12 @@ def road_masks(
     saliency: torch.Tensor, fractions: Sequence[float] = ROAD_FRACTIONS
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(MoRF, LeRF) boolean masks of the pixels removed at each fraction, each (len(fractions), H, W): the
-    ``round(q * H * W)`` most salient pixels, and as many least salient ones."""
-    ranks = importance_ranks(saliency)
-    pixels = ranks.numel()
-    counts = torch.tensor([round(q * pixels) for q in fractions], device=ranks.device).view(-1, 1, 1)
-    return ranks.unsqueeze(0) < counts, ranks.unsqueeze(0) >= pixels - counts
+    ``round(q * H * W)`` most salient pixels, and as many least salient ones; among equal values, the earlier
+    pixels in row-major order go first in both."""
+    most, least = importance_ranks(saliency), importance_ranks(saliency, least_first=True)
+    pixels = most.numel()
+    counts = torch.tensor([round(q * pixels) for q in fractions], device=most.device).view(-1, 1, 1)
+    return most.unsqueeze(0) < counts, least.unsqueeze(0) < counts
 
 
 def combined(morf: Sequence[float], lerf: Sequence[float]) -> float:

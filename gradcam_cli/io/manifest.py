@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import json
@@ -131,11 +132,18 @@ def read_manifest(path: Path) -> list[dict[str, Any]]:
     return [row for _, row in parse_rows(data, path.suffix.lower() == ".csv") if row is not None]
 
 
+def manifest_text(data: bytes) -> str:
+    """A manifest's bytes as text: UTF-8, without the byte order mark a spreadsheet may have saved it with (bytes
+    that are not UTF-8 become surrogates, so that such file names are written back as they were)."""
+    return data.removeprefix(codecs.BOM_UTF8).decode("utf-8", "surrogateescape")
+
+
 def parse_rows(data: bytes, is_csv: bool) -> Iterator[tuple[int, dict[str, Any] | None]]:
     """(line number, row) of each row of a manifest's bytes (``.jsonl``, or ``.csv`` after its header), with the
     values of ``MANIFEST_FIELDS`` (``None`` for a column the file lacks); the row is ``None`` where the line is not
-    a manifest row: no JSON object or CSV record of the header's length, no ``input``, no known ``status``."""
-    text = data.decode("utf-8", "surrogateescape")
+    a manifest row: no JSON object or CSV record of the header's length, no ``input``, no known ``status``. Every
+    reader of manifests reads them so, and leaves such lines out (a row torn by a killed run)."""
+    text = manifest_text(data)
     rows = _csv_rows(text) if is_csv else _json_rows(text)
     for line, row in rows:
         valid = row is not None and isinstance(row.get("input"), str) and row.get("status") in STATUSES

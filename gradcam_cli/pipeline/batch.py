@@ -39,7 +39,7 @@ from torch.utils.data import DataLoader
 
 from ..cam.explainer import Explainer
 from ..cam.results import Explanation, ImageExplanation
-from ..drift.fingerprint import map_fingerprint
+from ..drift.fingerprint import empty_fingerprint, map_fingerprint
 from ..errors import GradcamError, describe
 from ..io.discovery import InputImage
 from ..options import OutputOptions, RunOptions
@@ -320,13 +320,13 @@ class BatchRunner:
         """Name this image's files and rows, and hand the writing to a writer thread."""
         files: list[tuple[OutputKind, Path, Explanation | None]] = []
         rows = []
-        combined: dict[str, list[str]] = {}
+        combined: dict[str, tuple[list[str], Explanation]] = {}
         for explanation in result.explanations:
             named = [(kind, kind.path(self.output, image, explanation)) for kind in self.kinds if kind.per_explanation]
             files.extend((kind, path, explanation) for kind, path in named)
             listed = [str(path) for kind, path in named if kind.listed]
             if explanation.rank == 0:  # a detector's combined map: listed in its method's rows
-                combined[explanation.method] = listed
+                combined[explanation.method] = listed, explanation
                 continue
             rows.append(
                 self._record(
@@ -339,14 +339,19 @@ class BatchRunner:
                     fingerprint=map_fingerprint(explanation.saliency),
                 )
             )
-        for method, listed in combined.items():
+        for method, (listed, explanation) in combined.items():
             own = [row for row in rows if row.method == method]
             for row in own:
                 row.outputs += listed
-            if not own:  # no detection above the threshold: a row without a target says so
-                rows.append(self._record(image, "ok", method=method, outputs=list(listed)))
-        if not rows:  # a segmenter that sees nothing but the background: the same
-            rows = [self._record(image, "ok", method=m, predictions=result.predictions) for m in self.explainer.methods]
+            if not own:  # no detection above the threshold: a row without a target says so, with the (empty) map
+                fingerprint = map_fingerprint(explanation.saliency)
+                rows.append(self._record(image, "ok", method=method, outputs=list(listed), fingerprint=fingerprint))
+        if not rows:  # a segmenter that sees nothing but the background: the same, with an empty map's fingerprint
+            empty = empty_fingerprint(int(pixels.shape[0]), int(pixels.shape[1]))
+            rows = [
+                self._record(image, "ok", method=m, predictions=result.predictions, fingerprint=empty)
+                for m in self.explainer.methods
+            ]
         for kind in self.kinds:
             if not kind.per_explanation:
                 path = kind.path(self.output, image, None)

@@ -4,7 +4,7 @@ A detector's image has as many files as it has detections, which a resumed run c
 model; but each method's combined map (``<stem>_<method>_boxes``, written also when nothing was detected) is
 written after all of that image's per-detection files. An image is skipped when, for every method, the combined
 map's listed files exist. Its rows are the earlier run's rows of that image from the manifest, where it has them;
-otherwise one row per method, without a target, listing the combined files.
+otherwise one row per method, without a target, listing the combined files (rebuilt: no fingerprint or provenance).
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def resumed_detection_rows(
     found: Sequence[FoundExplanation], earlier: Sequence[dict[str, Any]], skipped: Callable[..., Record]
 ) -> list[Record]:
     """The rows of a detector's image whose outputs exist, status ``skipped``: the earlier run's rows of it (their
-    targets, predictions, outputs and times), or, without any, one row per method listing its combined files."""
+    targets, predictions, outputs, times, fingerprints and provenance), or, without any, one row per method listing
+    its combined files."""
     methods = {entry.method for entry in found}
     usable = [
         Record.from_dict(row) for row in earlier if row["status"] in ("ok", "skipped") and row.get("method") in methods
@@ -60,6 +61,8 @@ def resumed_detection_rows(
                 predictions=row.predictions,
                 outputs=row.outputs,
                 seconds=row.seconds,
+                fingerprint=row.fingerprint,
+                provenance=row.provenance,
             )
             for row in usable
         ]
