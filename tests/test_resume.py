@@ -125,6 +125,24 @@ def test_with_a_fixed_class_rows_are_rebuilt_for_that_class(tmp_path, images, sq
     assert all(Path(r.outputs[0]).name.endswith("_gradcam_2-blue.png") for r in rows)
 
 
+def test_an_image_whose_rows_the_resumed_manifest_lacks_is_explained_again(tmp_path, images):
+    """A killed run may leave an image's files without its rows (they wait for an earlier image's), or with some of
+    them: resuming that manifest explains such an image again, so it ends with every image's full rows, once."""
+    out = tmp_path / "out"
+    manifest = out / "m.jsonl"
+    assert gradcam(tmp_path, "-o", out, "--top-k", "2", "--manifest", manifest).exit_code == 0
+    before = jsonl(manifest)
+    lost = [row for row in before if not row["input"].endswith("b.png")]  # b.png: no row left
+    lost.remove(next(row for row in lost if row["input"].endswith("d.png")))  # d.png: one of its two
+    manifest.write_text("".join(json.dumps(row) + "\n" for row in lost))
+    again = gradcam(tmp_path, "-o", out, "--top-k", "2", "--manifest", manifest, "--skip-existing")
+    assert again.exit_code == 0, again.output
+    assert "done: 2 ok, 0 failed, 3 skipped" in again.stderr
+    rows = jsonl(manifest)
+    assert [row["status"] for row in rows] == ["skipped", "skipped", "ok", "ok"] * 2 + ["skipped"] * 2
+    assert [{**row, "status": "ok", "seconds": 0} for row in rows] == [{**row, "seconds": 0} for row in before]
+
+
 def test_the_earlier_rows_stay_in_the_manifest_while_a_resumed_run_goes(tmp_path, images, square_model):
     """A crash at any moment loses nothing: this run's rows are appended; Ctrl-C still leaves one set per input."""
     out = tmp_path / "out"
@@ -357,3 +375,7 @@ def test_a_skipped_video_gets_its_earlier_rows_or_its_files(tmp_path, square_mod
     with Session(OutputOptions(out, manifest=lost, skip_existing=True)) as session:
         list(session.explain(explainer, [], video))
     assert [row["outputs"] for row in jsonl(lost)] == [row["outputs"] for row in before]
+    manifest.write_text(json.dumps(before[0]) + "\n")  # a row lost: the clip is explained again
+    with Session(OutputOptions(out, manifest=manifest, skip_existing=True)) as session:
+        assert [r.status for r in session.explain(explainer, [], video)] == ["ok", "ok"]
+    assert [{**row, "seconds": 0} for row in jsonl(manifest)] == [{**row, "seconds": 0} for row in before]

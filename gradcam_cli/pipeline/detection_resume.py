@@ -4,31 +4,47 @@ A detector's image has as many files as it has detections, which a resumed run c
 model; but each method's combined map (``<stem>_<method>_boxes``, written also when nothing was detected) is
 written after all of that image's per-detection files. An image is skipped when, for every method, the combined
 map's listed files exist. Its rows are the earlier run's rows of that image from the manifest, where it has them;
-otherwise one row per method, without a target, listing the combined files.
+otherwise one row per method, without a target, listing the combined files. When the manifest being resumed lacks
+some (:attr:`~gradcam_cli.pipeline.resume.EarlierRows.required`: no row of a method, or fewer detection rows than
+detection overlays on disk), the image is explained again.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..cam.results import Explanation, Prediction
 from ..io.discovery import InputImage
+from ..io.naming import TARGET_TAIL
 from .records import Record
 from .resume import ExistingOutputs, FoundExplanation
 
 _COMBINED = Prediction(-1, "all detections", 0.0)
+_PROBE_TARGET = Prediction(0, "x", 0.0)
+_PROBE_MARK = "_box1_0-x"
+_RANK_AND_TAIL = re.compile(rf"\d+_{TARGET_TAIL.pattern}")
 COMBINED_TAIL = "boxes"
 """How a :class:`FoundExplanation` of a combined map is marked."""
+
+
+@dataclass
+class FoundDetections(FoundExplanation):
+    """A method's combined map found, and how many per-detection overlays (``<stem>_<method>_box<rank>_...``) lie
+    beside it."""
+
+    detections: int = 0
 
 
 class CombinedOutputs(ExistingOutputs):
     """:class:`ExistingOutputs` for a detector: each method's combined map, all its listed files."""
 
     def find(self, image: InputImage) -> list[FoundExplanation] | None:
-        found = []
+        found: list[FoundExplanation] = []
         for method in self.methods:
             combined = Explanation(method, _COMBINED, torch.empty(0), rank=0)
             outputs = []
@@ -39,19 +55,40 @@ class CombinedOutputs(ExistingOutputs):
                 if path.name not in self.index.names(path.parent):
                     return None
                 outputs.append(str(path))
-            found.append(FoundExplanation(method, COMBINED_TAIL, outputs))
+            found.append(FoundDetections(method, COMBINED_TAIL, outputs, self._detections(image, method)))
         return found
+
+    def _detections(self, image: InputImage, method: str) -> int:
+        """How many per-detection files of the first listed per-explanation kind (the overlay) ``method`` has."""
+        kind = next(kind for kind in self.kinds if kind.listed and kind.per_explanation)
+        probe = kind.path(self.options, image, Explanation(method, _PROBE_TARGET, torch.empty(0), rank=1))
+        cut = probe.name.rfind(_PROBE_MARK)
+        prefix, ending = probe.name[:cut] + "_box", probe.name[cut + len(_PROBE_MARK) :]
+        return sum(
+            1
+            for name in self.index.names(probe.parent)
+            if name.startswith(prefix)
+            and name.endswith(ending)
+            and _RANK_AND_TAIL.fullmatch(name[len(prefix) : len(name) - len(ending)])
+        )
 
 
 def resumed_detection_rows(
-    found: Sequence[FoundExplanation], earlier: Sequence[dict[str, Any]], skipped: Callable[..., Record]
-) -> list[Record]:
+    found: Sequence[FoundExplanation],
+    earlier: Sequence[dict[str, Any]],
+    skipped: Callable[..., Record],
+    required: bool = False,
+) -> list[Record] | None:
     """The rows of a detector's image whose outputs exist, status ``skipped``: the earlier run's rows of it (their
-    targets, predictions, outputs and times), or, without any, one row per method listing its combined files."""
+    targets, predictions, outputs, times, fingerprints and provenance), or, without any, one row per method listing
+    its combined files. ``None`` when ``required`` and the earlier rows lack a method's, or some of its detections'
+    (the image is explained again)."""
     methods = {entry.method for entry in found}
     usable = [
         Record.from_dict(row) for row in earlier if row["status"] in ("ok", "skipped") and row.get("method") in methods
     ]
+    if required and not all(_complete(entry, usable) for entry in found):
+        return None
     if usable:
         return [
             skipped(
@@ -60,7 +97,17 @@ def resumed_detection_rows(
                 predictions=row.predictions,
                 outputs=row.outputs,
                 seconds=row.seconds,
+                fingerprint=row.fingerprint,
+                provenance=row.provenance,
             )
             for row in usable
         ]
     return [skipped(method=entry.method, outputs=list(entry.outputs)) for entry in found]
+
+
+def _complete(entry: FoundExplanation, usable: Sequence[Record]) -> bool:
+    """Whether ``usable`` has ``entry``'s method's rows: one at least, and one per detection overlay found."""
+    own = [row for row in usable if row.method == entry.method]
+    if isinstance(entry, FoundDetections) and sum(row.target is not None for row in own) != entry.detections:
+        return False
+    return bool(own)
