@@ -268,3 +268,38 @@ def test_a_run_killed_between_an_images_files_and_its_row_resumes_with_every_ful
     assert [Path(row["input"]).name for row in rows] == names
     assert [row["status"] for row in rows] == ["skipped"] * 2 + ["ok"] * 6  # im03.png explained again
     assert [{**row, "status": "ok"} for row in rows] == expected  # each row whole: predictions, target, fingerprint
+
+
+@pytest.mark.slow
+def test_a_second_run_cannot_write_a_manifest_another_run_is_writing(tmp_path):
+    """``gradcam big -o runA --manifest runA/manifest.jsonl &`` then ``gradcam many -o runB --manifest
+    runA/manifest.jsonl``: the second run is refused at once (one line, exit 2), also when it names the manifest
+    through a link or a relative path, and the first one's manifest comes out whole."""
+    names = _eight_images(tmp_path / "in")
+    run_a, run_b = tmp_path / "runA", tmp_path / "runB"
+    manifest = run_a / "manifest.jsonl"
+    first = [str(tmp_path / "in"), "-m", SQUARE_MODEL, "-o", str(run_a), "--manifest", str(manifest)]
+    process, release = held_run([*first, "--batch-size", "2", "--workers", "0"], after=3, stderr=subprocess.PIPE)
+    try:
+        (tmp_path / "link").symlink_to(run_a)
+        second = [str(tmp_path / "in"), "-m", SQUARE_MODEL, "-o", str(run_b), "--manifest"]
+        refused = subprocess.run(
+            [*gradcam_command(), *second, str(manifest)], capture_output=True, text=True, timeout=HANG_GUARD
+        )
+        assert refused.returncode == 2
+        assert refused.stderr == (
+            f"error: another gradcam run (pid {process.pid}) is writing to {manifest}; "
+            "wait for it or choose another --manifest\n"
+        )
+        for named in (tmp_path / "link" / "manifest.jsonl", Path(os.path.relpath(manifest))):
+            again = CliRunner().invoke(app, [*second, str(named)])
+            assert again.exit_code == 2 and f"(pid {process.pid}) is writing to {named}" in again.stderr
+            assert len(again.stderr.splitlines()) == 1
+        assert list(run_b.iterdir()) == []
+    finally:
+        os.close(release)
+    _, stderr = process.communicate(timeout=HANG_GUARD)
+    assert process.returncode == 0, stderr
+    assert b"\0" not in manifest.read_bytes()
+    rows = read_manifest(manifest)
+    assert [Path(row["input"]).name for row in rows] == names and {row["status"] for row in rows} == {"ok"}

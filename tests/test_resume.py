@@ -19,7 +19,7 @@ from gradcam_cli.cli import app
 from gradcam_cli.errors import UsageError
 from gradcam_cli.io.discovery import discover
 from gradcam_cli.io.lock import FolderLock
-from gradcam_cli.io.manifest import latest_row_sets, read_manifest
+from gradcam_cli.io.manifest import latest_row_sets, manifest_lock, read_manifest
 from gradcam_cli.io.naming import LOCK_NAME, RUN_RECORD_NAME, manifest_lock_path
 from gradcam_cli.options import OutputOptions, RunOptions
 from gradcam_cli.pipeline.batch import BatchRunner
@@ -222,16 +222,36 @@ def test_a_second_run_into_a_locked_output_folder_fails_with_one_line(tmp_path, 
     assert not (out / LOCK_NAME).exists()  # removed when the run ends
 
 
-def test_a_manifest_outside_the_output_folder_is_locked_too(tmp_path, images):
+@pytest.mark.parametrize("named", ["outside", "inside", "linked folder", "linked file", "relative"])
+def test_a_manifest_another_run_writes_is_refused_whatever_path_names_it(tmp_path, images, monkeypatch, named):
+    """The manifest is claimed by itself, not only through the output folder it may lie in: a run writing to it
+    from another output folder keeps out a run that names it in any way."""
     manifest = tmp_path / "shared" / "m.jsonl"
     manifest.parent.mkdir()
-    with FolderLock(manifest_lock_path(manifest), manifest, "--manifest"):
-        locked = gradcam(tmp_path, "-o", tmp_path / "out", "--manifest", manifest)
+    manifest.write_text("{}\n")
+    (tmp_path / "link").symlink_to(manifest.parent)
+    (tmp_path / "alias.jsonl").symlink_to(manifest)
+    monkeypatch.chdir(tmp_path)
+    out, given = {
+        "outside": (tmp_path / "out", manifest),
+        "inside": (manifest.parent, manifest),
+        "linked folder": (tmp_path / "out", tmp_path / "link" / "m.jsonl"),
+        "linked file": (tmp_path / "out", tmp_path / "alias.jsonl"),
+        "relative": (tmp_path / "out", Path("link/../shared/m.jsonl")),
+    }[named]
+    shown = f"{given} ({manifest})" if named.startswith("linked") else given  # the file a link leads to
+    with manifest_lock(manifest):
+        locked = gradcam(tmp_path, "-o", out, "--manifest", given)
         assert locked.exit_code == 2
-        assert locked.stderr.startswith("error: another gradcam run (pid ") and "--manifest" in locked.stderr
-        assert len(locked.stderr.splitlines()) == 1 and not manifest.exists()
-    assert gradcam(tmp_path, "-o", tmp_path / "out", "--manifest", manifest).exit_code == 0
-    assert len(jsonl(manifest)) == 5
+        assert locked.stderr == (
+            f"error: another gradcam run (pid {os.getpid()}) is writing to {shown}; "
+            "wait for it or choose another --manifest\n"
+        )
+        assert manifest.read_text() == "{}\n" and not list(out.glob("*.png"))
+    if named == "linked file":  # once it is free: written through the link, which stays one
+        assert gradcam(tmp_path, "-o", out, "--manifest", given, "--skip-existing").exit_code == 0
+        assert len(jsonl(manifest)) == 5 and (tmp_path / "alias.jsonl").is_symlink()
+        assert not manifest_lock_path(manifest).exists()  # removed when the run ends
 
 
 def test_the_lock_is_exclusive_within_the_library(tmp_path):
