@@ -11,7 +11,6 @@ detection overlays on disk), the image is explained again.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,14 +19,12 @@ import torch
 
 from ..cam.results import Explanation, Prediction
 from ..io.discovery import InputImage
-from ..io.naming import TARGET_TAIL
 from .records import Record
 from .resume import ExistingOutputs, FoundExplanation
 
 _COMBINED = Prediction(-1, "all detections", 0.0)
 _PROBE_TARGET = Prediction(0, "x", 0.0)
 _PROBE_MARK = "_box1_0-x"
-_RANK_AND_TAIL = re.compile(rf"\d+_{TARGET_TAIL.pattern}")
 COMBINED_TAIL = "boxes"
 """How a :class:`FoundExplanation` of a combined map is marked."""
 
@@ -59,18 +56,16 @@ class CombinedOutputs(ExistingOutputs):
         return found
 
     def _detections(self, image: InputImage, method: str) -> int:
-        """How many per-detection files of the first listed per-explanation kind (the overlay) ``method`` has."""
+        """How many per-detection files of the first listed per-explanation kind (the overlay) ``method`` has: ranks
+        1, 2, ... while one is found (a lookup each, in the folder's listing indexed once)."""
         kind = next(kind for kind in self.kinds if kind.listed and kind.per_explanation)
         probe = kind.path(self.options, image, Explanation(method, _PROBE_TARGET, torch.empty(0), rank=1))
         cut = probe.name.rfind(_PROBE_MARK)
-        prefix, ending = probe.name[:cut] + "_box", probe.name[cut + len(_PROBE_MARK) :]
-        return sum(
-            1
-            for name in self.index.names(probe.parent)
-            if name.startswith(prefix)
-            and name.endswith(ending)
-            and _RANK_AND_TAIL.fullmatch(name[len(prefix) : len(name) - len(ending)])
-        )
+        head, ending = probe.name[:cut] + "_box", probe.name[cut + len(_PROBE_MARK) :]
+        count = 0
+        while self.index.matches(probe.parent, f"{head}{count + 1}", ending):
+            count += 1
+        return count
 
 
 def resumed_detection_rows(
