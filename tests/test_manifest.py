@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import comparable
 from PIL import Image
 from square_model import square_image
 from typer.testing import CliRunner
@@ -131,10 +132,11 @@ HANG_GUARD = 600
 """Seconds a subprocess may take before a test gives up: a guard against hangs, never a measure of speed."""
 
 
-def held_run(arguments: list[str], after: int, **popen) -> tuple[subprocess.Popen, int]:
+def held_run(arguments: list[str], after: int | str, **popen) -> tuple[subprocess.Popen, int]:
     """Start ``gradcam ARGUMENTS`` with every output file after the first ``after`` held just before it is named
-    (tests/held_writes.py), and return once it is so held: the process, and the descriptor whose closing releases
-    the held files."""
+    (tests/held_writes.py; ``after`` ``"HOLD:UNTIL:ROWS"``: the files matching HOLD held, until one matching UNTIL
+    and ROWS manifest rows are written), and return once it is so held: the process, and the descriptor whose
+    closing releases the held files."""
     ready_read, ready_write = os.pipe()
     release_read, release_write = os.pipe()
     script = Path(__file__).with_name("held_writes.py")
@@ -152,7 +154,7 @@ def held_run(arguments: list[str], after: int, **popen) -> tuple[subprocess.Pope
         process.wait()
         os.close(release_write)
         pytest.fail(
-            f"the run ended or hung before {after} files were written and the next one held "
+            f"the run ended or hung before {after} (files written, the next one held) was reached "
             "(outputs are held only where they are written as unnamed O_TMPFILE files)"
         )
     return process, release_write
@@ -227,3 +229,77 @@ def test_a_run_killed_midway_leaves_only_complete_files_and_resumes(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "ctrl-c.jsonl").read_text().splitlines()]
     written = sorted(p.name for p in interrupted.glob("*.png"))
     assert sorted(Path(row["outputs"][0]).name for row in rows) == written
+
+
+def _eight_images(folder: Path) -> list[str]:
+    folder.mkdir()
+    for i in range(8):
+        square_image(colour=["red", "green", "blue"][i % 3]).save(folder / f"im{i:02d}.png")
+    return [f"im{i:02d}.png" for i in range(8)]
+
+
+@pytest.mark.slow
+def test_a_run_killed_between_an_images_files_and_its_row_resumes_with_every_full_row(tmp_path):
+    """Rows go out in input order, files as the writers finish them: killed while image 2's overlay is held and
+    image 3's is written (its row waits for image 2's), the run leaves image 3 done on disk and missing from the
+    manifest. Resuming explains it again: the manifest ends with every image's full row, once, as a clean run's.
+    (Held once images 0 and 1 have their rows, so that the resumed run batches the others as the clean run did:
+    other batches could change a probability in its last digit.)"""
+    names = _eight_images(tmp_path / "in")
+
+    def arguments(out: Path) -> list[str]:
+        command = [str(tmp_path / "in"), "-m", SQUARE_MODEL, "-o", str(out), "--manifest", str(out / "m.jsonl")]
+        return [*command, "--batch-size", "2", "--workers", "0"]
+
+    clean = CliRunner().invoke(app, arguments(tmp_path / "clean"))
+    assert clean.exit_code == 0, clean.output
+    out = tmp_path / "out"
+    process, release = held_run(arguments(out), "im02_*:im03_*:2", stderr=subprocess.DEVNULL)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=HANG_GUARD)
+    os.close(release)
+    assert process.returncode == -signal.SIGKILL
+    assert list(out.glob("im03_gradcam_*.png")) and not list(out.glob("im02_*"))
+    assert [Path(row["input"]).name for row in read_manifest(out / "m.jsonl")] == names[:2]  # not im03.png's
+
+    resumed = CliRunner().invoke(app, [*arguments(out), "--skip-existing"])
+    assert resumed.exit_code == 0, resumed.output
+    rows, expected = comparable(out / "m.jsonl", out), comparable(tmp_path / "clean" / "m.jsonl", tmp_path / "clean")
+    assert [Path(row["input"]).name for row in rows] == names
+    assert [row["status"] for row in rows] == ["skipped"] * 2 + ["ok"] * 6  # im03.png explained again
+    assert [{**row, "status": "ok"} for row in rows] == expected  # each row whole: predictions, target, fingerprint
+
+
+@pytest.mark.slow
+def test_a_second_run_cannot_write_a_manifest_another_run_is_writing(tmp_path):
+    """``gradcam big -o runA --manifest runA/manifest.jsonl &`` then ``gradcam many -o runB --manifest
+    runA/manifest.jsonl``: the second run is refused at once (one line, exit 2), also when it names the manifest
+    through a link or a relative path, and the first one's manifest comes out whole."""
+    names = _eight_images(tmp_path / "in")
+    run_a, run_b = tmp_path / "runA", tmp_path / "runB"
+    manifest = run_a / "manifest.jsonl"
+    first = [str(tmp_path / "in"), "-m", SQUARE_MODEL, "-o", str(run_a), "--manifest", str(manifest)]
+    process, release = held_run([*first, "--batch-size", "2", "--workers", "0"], after=3, stderr=subprocess.PIPE)
+    try:
+        (tmp_path / "link").symlink_to(run_a)
+        second = [str(tmp_path / "in"), "-m", SQUARE_MODEL, "-o", str(run_b), "--manifest"]
+        refused = subprocess.run(
+            [*gradcam_command(), *second, str(manifest)], capture_output=True, text=True, timeout=HANG_GUARD
+        )
+        assert refused.returncode == 2
+        assert refused.stderr == (
+            f"error: another gradcam run (pid {process.pid}) is writing to {manifest}; "
+            "wait for it or choose another --manifest\n"
+        )
+        for named in (tmp_path / "link" / "manifest.jsonl", Path(os.path.relpath(manifest))):
+            again = CliRunner().invoke(app, [*second, str(named)])
+            assert again.exit_code == 2 and f"(pid {process.pid}) is writing to {named}" in again.stderr
+            assert len(again.stderr.splitlines()) == 1
+        assert list(run_b.iterdir()) == []
+    finally:
+        os.close(release)
+    _, stderr = process.communicate(timeout=HANG_GUARD)
+    assert process.returncode == 0, stderr
+    assert b"\0" not in manifest.read_bytes()
+    rows = read_manifest(manifest)
+    assert [Path(row["input"]).name for row in rows] == names and {row["status"] for row in rows} == {"ok"}

@@ -19,7 +19,7 @@ from gradcam_cli.cli import app
 from gradcam_cli.errors import UsageError
 from gradcam_cli.io.discovery import discover
 from gradcam_cli.io.lock import FolderLock
-from gradcam_cli.io.manifest import latest_row_sets, read_manifest
+from gradcam_cli.io.manifest import latest_row_sets, manifest_lock, read_manifest
 from gradcam_cli.io.naming import LOCK_NAME, RUN_RECORD_NAME, manifest_lock_path
 from gradcam_cli.options import OutputOptions, RunOptions
 from gradcam_cli.pipeline.batch import BatchRunner
@@ -125,6 +125,24 @@ def test_with_a_fixed_class_rows_are_rebuilt_for_that_class(tmp_path, images, sq
     assert all(Path(r.outputs[0]).name.endswith("_gradcam_2-blue.png") for r in rows)
 
 
+def test_an_image_whose_rows_the_resumed_manifest_lacks_is_explained_again(tmp_path, images):
+    """A killed run may leave an image's files without its rows (they wait for an earlier image's), or with some of
+    them: resuming that manifest explains such an image again, so it ends with every image's full rows, once."""
+    out = tmp_path / "out"
+    manifest = out / "m.jsonl"
+    assert gradcam(tmp_path, "-o", out, "--top-k", "2", "--manifest", manifest).exit_code == 0
+    before = jsonl(manifest)
+    lost = [row for row in before if not row["input"].endswith("b.png")]  # b.png: no row left
+    lost.remove(next(row for row in lost if row["input"].endswith("d.png")))  # d.png: one of its two
+    manifest.write_text("".join(json.dumps(row) + "\n" for row in lost))
+    again = gradcam(tmp_path, "-o", out, "--top-k", "2", "--manifest", manifest, "--skip-existing")
+    assert again.exit_code == 0, again.output
+    assert "done: 2 ok, 0 failed, 3 skipped" in again.stderr
+    rows = jsonl(manifest)
+    assert [row["status"] for row in rows] == ["skipped", "skipped", "ok", "ok"] * 2 + ["skipped"] * 2
+    assert [{**row, "status": "ok", "seconds": 0} for row in rows] == [{**row, "seconds": 0} for row in before]
+
+
 def test_the_earlier_rows_stay_in_the_manifest_while_a_resumed_run_goes(tmp_path, images, square_model):
     """A crash at any moment loses nothing: this run's rows are appended; Ctrl-C still leaves one set per input."""
     out = tmp_path / "out"
@@ -204,16 +222,36 @@ def test_a_second_run_into_a_locked_output_folder_fails_with_one_line(tmp_path, 
     assert not (out / LOCK_NAME).exists()  # removed when the run ends
 
 
-def test_a_manifest_outside_the_output_folder_is_locked_too(tmp_path, images):
+@pytest.mark.parametrize("named", ["outside", "inside", "linked folder", "linked file", "relative"])
+def test_a_manifest_another_run_writes_is_refused_whatever_path_names_it(tmp_path, images, monkeypatch, named):
+    """The manifest is claimed by itself, not only through the output folder it may lie in: a run writing to it
+    from another output folder keeps out a run that names it in any way."""
     manifest = tmp_path / "shared" / "m.jsonl"
     manifest.parent.mkdir()
-    with FolderLock(manifest_lock_path(manifest), manifest, "--manifest"):
-        locked = gradcam(tmp_path, "-o", tmp_path / "out", "--manifest", manifest)
+    manifest.write_text("{}\n")
+    (tmp_path / "link").symlink_to(manifest.parent)
+    (tmp_path / "alias.jsonl").symlink_to(manifest)
+    monkeypatch.chdir(tmp_path)
+    out, given = {
+        "outside": (tmp_path / "out", manifest),
+        "inside": (manifest.parent, manifest),
+        "linked folder": (tmp_path / "out", tmp_path / "link" / "m.jsonl"),
+        "linked file": (tmp_path / "out", tmp_path / "alias.jsonl"),
+        "relative": (tmp_path / "out", Path("link/../shared/m.jsonl")),
+    }[named]
+    shown = f"{given} ({manifest})" if named.startswith("linked") else given  # the file a link leads to
+    with manifest_lock(manifest):
+        locked = gradcam(tmp_path, "-o", out, "--manifest", given)
         assert locked.exit_code == 2
-        assert locked.stderr.startswith("error: another gradcam run (pid ") and "--manifest" in locked.stderr
-        assert len(locked.stderr.splitlines()) == 1 and not manifest.exists()
-    assert gradcam(tmp_path, "-o", tmp_path / "out", "--manifest", manifest).exit_code == 0
-    assert len(jsonl(manifest)) == 5
+        assert locked.stderr == (
+            f"error: another gradcam run (pid {os.getpid()}) is writing to {shown}; "
+            "wait for it or choose another --manifest\n"
+        )
+        assert manifest.read_text() == "{}\n" and not list(out.glob("*.png"))
+    if named == "linked file":  # once it is free: written through the link, which stays one
+        assert gradcam(tmp_path, "-o", out, "--manifest", given, "--skip-existing").exit_code == 0
+        assert len(jsonl(manifest)) == 5 and (tmp_path / "alias.jsonl").is_symlink()
+        assert not manifest_lock_path(manifest).exists()  # removed when the run ends
 
 
 def test_the_lock_is_exclusive_within_the_library(tmp_path):
@@ -357,3 +395,7 @@ def test_a_skipped_video_gets_its_earlier_rows_or_its_files(tmp_path, square_mod
     with Session(OutputOptions(out, manifest=lost, skip_existing=True)) as session:
         list(session.explain(explainer, [], video))
     assert [row["outputs"] for row in jsonl(lost)] == [row["outputs"] for row in before]
+    manifest.write_text(json.dumps(before[0]) + "\n")  # a row lost: the clip is explained again
+    with Session(OutputOptions(out, manifest=manifest, skip_existing=True)) as session:
+        assert [r.status for r in session.explain(explainer, [], video)] == ["ok", "ok"]
+    assert [{**row, "seconds": 0} for row in jsonl(manifest)] == [{**row, "seconds": 0} for row in before]

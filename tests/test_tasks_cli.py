@@ -226,6 +226,23 @@ def test_rows_record_the_tasks_own_score_as_the_run_record_does(inputs, tmp_path
     assert {key: record[key] for key in keys if key in record} == settings
 
 
+def test_a_detectors_image_whose_rows_the_resumed_manifest_lacks_is_explained_again(inputs, tmp_path):
+    """A killed run may leave an image's files without its rows, or with some of them (two.png has a row per
+    detection): resuming that manifest explains such an image again, so that it ends with every full row."""
+    out = tmp_path / "out"
+    manifest = out / "rows.jsonl"
+    assert detect(inputs, out, "--manifest", manifest).exit_code == EXIT_OK
+    before = [json.loads(line) for line in manifest.read_text().splitlines()]
+    assert [Path(row["input"]).name for row in before] == ["grey.png", "red.png", "two.png", "two.png"]
+    manifest.write_text("".join(json.dumps(row) + "\n" for row in before[1:-1]))  # grey.png's row, one of two.png's
+    again = detect(inputs, out, "--manifest", manifest, "--skip-existing")
+    assert again.exit_code == EXIT_OK, again.output
+    after = [json.loads(line) for line in manifest.read_text().splitlines()]
+    assert [row["status"] for row in after] == ["ok", "skipped", "ok", "ok"]
+    # the same rows as the first run's, the skipped one's fingerprint and provenance included
+    assert [{**row, "status": "ok", "seconds": 0} for row in after] == [{**row, "seconds": 0} for row in before]
+
+
 def test_list_layers_marks_the_backbones_last_stage(inputs):
     result = run("-m", DETECTOR, "--list-layers")
     assert result.exit_code == EXIT_OK, result.output

@@ -14,7 +14,8 @@ from typing import Any
 
 from ..errors import GradcamError, UsageError, describe
 from .atomic import write_atomic
-from .lock import ensure_folder
+from .lock import FolderLock, ensure_folder
+from .naming import manifest_lock_path
 
 MANIFEST_FIELDS = (
     "input",
@@ -45,6 +46,15 @@ def check_manifest_path(path: Path) -> None:
     if path.is_dir():
         raise UsageError(f"--manifest {path} is a folder; give a .jsonl or .csv file name")
     ensure_folder(path.parent, "--manifest", path)
+
+
+def manifest_lock(path: Path) -> FolderLock:
+    """The lock a run holds on the manifest ``path`` while it writes it (before it opens it), so that two runs never
+    write one manifest at once, whatever path each names it by (relative, through symbolic links): the hidden file
+    ``.<name>.lock`` beside the file ``path`` leads to."""
+    real = Path(os.path.realpath(path))
+    shown = str(path) if str(real) == os.path.abspath(path) else f"{path} ({real})"
+    return FolderLock(manifest_lock_path(real), shown, "--manifest")
 
 
 class ManifestWriter:
@@ -240,7 +250,7 @@ def write_manifest(path: Path, rows: Sequence[dict[str, Any]]) -> None:
     else:
         data = b"".join(_json_line(row) for row in rows)
     try:
-        write_atomic(path, data)
+        write_atomic(Path(os.path.realpath(path)), data)  # through a symbolic link: the file it leads to
     except OSError as error:
         raise GradcamError(f"--manifest {path}: cannot write it: {describe(error, path)}") from None
 

@@ -128,11 +128,12 @@ class BatchRunner:
         places: list[int] = []
         for place, image in enumerate(images):
             found = existing.find(image) if self.output.skip_existing else None
-            if found is None:
+            rows = self.skipped(image, found) if found is not None else None
+            if rows is None:
                 todo.append(image)
                 places.append(place)
                 continue
-            in_order.add(place, self.skipped(image, found))
+            in_order.add(place, rows)
             tick = on_skipped or on_image
             if tick:
                 tick()
@@ -150,17 +151,19 @@ class BatchRunner:
             raise
         yield from in_order.rest()
 
-    def skipped(self, image: InputImage, found: Sequence[FoundExplanation]) -> list[Record]:
-        """The rows of an image whose outputs exist: its earlier rows, or rows rebuilt from the files found."""
+    def skipped(self, image: InputImage, found: Sequence[FoundExplanation]) -> list[Record] | None:
+        """The rows of an image whose outputs exist: its earlier rows, or rows rebuilt from the files found; ``None``
+        where the manifest being resumed lacks some of its rows (:attr:`EarlierRows.required`): explain it again."""
 
         def row(**fields: Any) -> Record:
             return self._record(image, "skipped", **fields)
 
-        earlier = self.earlier.get(str(image.path))
+        earlier, required = self.earlier.get(str(image.path)), self.earlier.required
         if self.explainer.task.value == "detect":
-            return resumed_detection_rows(found, earlier, row) or [row()]
-        rows = resumed_rows(found, earlier, row, self.explainer.model.class_name)
-        return rows or [row()]
+            rows = resumed_detection_rows(found, earlier, row, required)
+        else:
+            rows = resumed_rows(found, earlier, row, self.explainer.model.class_name, required)
+        return rows if rows is None else rows or [row()]
 
     def explain_images(
         self,

@@ -1,6 +1,7 @@
 """Resuming (``--skip-existing``): which images a previous run already finished, found from the files on disk; their
-rows, taken back from the manifest of that run or rebuilt from the file names; and the run record that keeps a
-resumed run from mixing its outputs with those of another model, layer or look."""
+rows, taken back from the manifest of that run (an image whose files exist but whose rows the manifest being resumed
+lacks, as a killed run leaves it, is explained again) or, without such a manifest, rebuilt from the file names; and
+the run record that keeps a resumed run from mixing its outputs with those of another model, layer or look."""
 
 from __future__ import annotations
 
@@ -141,10 +142,17 @@ class ExistingOutputs:
 
 
 class EarlierRows:
-    """The rows earlier runs wrote to the manifest: each input's latest set, by input."""
+    """The rows earlier runs wrote to the manifest: each input's latest set, by input.
 
-    def __init__(self, rows: Iterable[dict[str, Any]] = ()) -> None:
+    ``required``: the rows of a manifest this run resumes (the file existed), which must hold every finished
+    image's rows: an image whose outputs exist but whose rows it lacks (a run killed after writing the files, before
+    the rows) is explained again. Without such a manifest (none given, or a new one), rows are rebuilt from the
+    files.
+    """
+
+    def __init__(self, rows: Iterable[dict[str, Any]] = (), required: bool = False) -> None:
         self.by_input = latest_row_sets(rows)
+        self.required = required
 
     def get(self, input_path: str) -> list[dict[str, Any]]:
         return self.by_input.get(row_key({"input": input_path}), [])
@@ -155,8 +163,11 @@ def resumed_rows(
     earlier: Sequence[dict[str, Any]],
     skipped: Callable[..., Record],
     class_name: Callable[[int], str],
-) -> list[Record]:
-    """The rows of an image whose outputs all exist: one per method and class found, status ``skipped``.
+    required: bool = False,
+) -> list[Record] | None:
+    """The rows of an image whose outputs all exist: one per method and class found, status ``skipped``; ``None``
+    when ``required`` (:attr:`EarlierRows.required`) and the earlier rows lack any of them (the image is explained
+    again).
 
     Each takes predictions, target, outputs, seconds, fingerprint and provenance from the earlier run's row with
     the same main output, where the manifest has one; the others are rebuilt from the file names (the class index
@@ -180,8 +191,12 @@ def resumed_rows(
             }
             matched.append((place, skipped(method=before.method, target=before.target, **fields)))
             continue
+        if required:
+            return None
         target = Prediction(entry.class_index, class_name(entry.class_index), math.nan)
         rebuilt.append(skipped(method=entry.method, target=target, predictions=predictions, outputs=entry.outputs))
+    if required and not matched:
+        return None
     return [row for _, row in sorted(matched, key=lambda pair: pair[0])] + rebuilt
 
 

@@ -6,9 +6,11 @@
 ...         print(record.input, record.status)
 
 Entering the session claims the output folder before anything is computed: it is created if missing, checked to
-be a writable folder, and locked (so is the manifest, when it lies outside); every problem there is one
-:class:`~gradcam_cli.errors.UsageError`. With ``--skip-existing`` the manifest keeps its rows: this run's rows are
-appended as they come, and when the session ends it is rewritten with one set of rows per input, in input order.
+be a writable folder, and locked (so is the manifest, wherever it lies: another run may name it from another output
+folder); every problem there is one :class:`~gradcam_cli.errors.UsageError`. With ``--skip-existing`` the manifest
+keeps its rows: this run's rows are appended as they come, and when the session ends it is rewritten with one set
+of rows per input, in input order; an image whose outputs exist but whose rows that manifest lacks (a killed run's)
+is explained again (:class:`~gradcam_cli.pipeline.resume.EarlierRows`).
 
 With ``RunOptions(shard=...)`` the session explains only its shard's inputs (:mod:`~gradcam_cli.pipeline.shards`):
 it shares the output folder with the other shards (each holds the folder's lock shared and its own exclusively),
@@ -22,7 +24,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
@@ -33,8 +35,15 @@ from ..errors import GradcamError, UsageError, describe
 from ..io.atomic import remove_stale_temporaries
 from ..io.discovery import InputImage
 from ..io.lock import FolderLock, ensure_folder
-from ..io.manifest import ManifestWriter, check_manifest_path, read_manifest, rewrite_manifest, row_key
-from ..io.naming import INDEX_NAME, LOCK_NAME, MANIFEST_NAME, manifest_lock_path, shard_lock_name, shard_manifest_path
+from ..io.manifest import (
+    ManifestWriter,
+    check_manifest_path,
+    manifest_lock,
+    read_manifest,
+    rewrite_manifest,
+    row_key,
+)
+from ..io.naming import INDEX_NAME, LOCK_NAME, MANIFEST_NAME, shard_lock_name, shard_manifest_path
 from ..options import OutputOptions, RunOptions
 from ..render.colour import colormap_table
 from .batch import BatchRunner
@@ -126,11 +135,10 @@ class Session:
             manifest = self.manifest
             if manifest is not None:
                 check_manifest_path(manifest)
-                if not _is_within(manifest.parent, output_dir):
-                    self._locks.enter_context(FolderLock(manifest_lock_path(manifest), manifest, "--manifest"))
-                if self.output.skip_existing:
+                self._locks.enter_context(manifest_lock(manifest))  # another run may name it, from another folder
+                if self.output.skip_existing:  # a manifest resumed must end with every finished input's rows
                     rows = read_manifest(manifest)
-                    self.earlier, self._earlier_rows = EarlierRows(rows), len(rows)
+                    self.earlier, self._earlier_rows = EarlierRows(rows, manifest.exists()), len(rows)
                 self._manifest = ManifestWriter(manifest, append=self.output.skip_existing)
             if not shared:
                 remove_stale_temporaries(output_dir)  # only now: another run's temporaries are not stale
@@ -207,7 +215,11 @@ class Session:
                 except GradcamError:
                     frames = 0
                 with progress(f"{video.path.name}: frames", frames) as tick:
-                    for record in video_runner.run(video, on_frame=tick):
+                    records = video_runner.run(video, on_frame=tick)
+                    if self._rows_lost(video_runner, video, records):  # explained again, as images are
+                        again = replace(self.output, skip_existing=False)
+                        records = VideoRunner(explainer, again, self.run).run(video, on_frame=tick)
+                    for record in records:
                         for row in self._resumed_video(video_runner, video, record):
                             yield self._keep(row)
 
@@ -276,6 +288,15 @@ class Session:
         self.provenance = run_provenance(explainer, self.run)
         self._started = True
 
+    def _rows_lost(self, runner: VideoRunner, video: InputImage, records: Sequence[Record]) -> bool:
+        """Whether ``records`` is a skipped video whose rows the manifest being resumed lacks, some or all
+        (:attr:`~gradcam_cli.pipeline.resume.EarlierRows.required`)."""
+        if not self.earlier.required or [record.status for record in records] != ["skipped"]:
+            return False
+        earlier = self.earlier.get(str(video.path))
+        listed = {os.path.abspath(row["outputs"][0]) for row in earlier if row["status"] != "error" and row["outputs"]}
+        return any(os.path.abspath(path) not in listed for _, path in runner.outputs(video))
+
     def _resumed_video(self, runner: VideoRunner, video: InputImage, record: Record) -> list[Record]:
         """A skipped video's rows: its earlier ones from the manifest, or one per output video found."""
         if record.status != "skipped" or record.outputs:
@@ -304,8 +325,3 @@ class Session:
 def shard_manifest_base(output: OutputOptions) -> Path:
     """The manifest a sharded run's shards are merged into: ``--manifest``, else ``<output_dir>/manifest.jsonl``."""
     return output.manifest or output.output_dir / MANIFEST_NAME
-
-
-def _is_within(path: Path, folder: Path) -> bool:
-    inner, outer = os.path.realpath(path), os.path.realpath(folder)
-    return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
