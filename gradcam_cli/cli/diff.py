@@ -32,8 +32,12 @@ Exit codes: 0 no drift; 1 drift (the images are named); 2 usage error (also a ma
 
 @app.command(help=HELP)
 def diff(
-    baseline: Annotated[Path, typer.Argument(metavar="BASELINE", hidden=True, show_default=False)],
-    current: Annotated[Path, typer.Argument(metavar="CURRENT", hidden=True, show_default=False)],
+    baseline: Annotated[
+        Path, typer.Argument(parser=params.parse_path, metavar="BASELINE", hidden=True, show_default=False)
+    ],
+    current: Annotated[
+        Path, typer.Argument(parser=params.parse_path, metavar="CURRENT", hidden=True, show_default=False)
+    ],
     min_similarity: Annotated[
         float,
         typer.Option(min=-1.0, max=1.0, metavar="S", help="Drift when either correlation of a pair's maps is below S."),
@@ -52,7 +56,11 @@ def diff(
     ] = False,
     report: Annotated[
         Path | None,
-        typer.Option(metavar="DIR", help="Write an HTML page, DIR/index.html: baseline | current | difference."),
+        typer.Option(
+            parser=params.parse_folder,
+            metavar="DIR",
+            help="Write an HTML page, DIR/index.html: baseline | current | difference.",
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the whole comparison as one JSON object.")] = False,
     quiet: params.QuietOpt = False,

@@ -96,7 +96,14 @@ def explain(
         int, typer.Option(min=1, metavar="N", help="Videos: explain every Nth frame and hold its map in between.")
     ] = 1,
     output_dir: Annotated[
-        Path, typer.Option("--output-dir", "-o", metavar="DIR", help="Where outputs go (input tree mirrored).")
+        Path,
+        typer.Option(
+            "--output-dir",
+            "-o",
+            parser=params.parse_folder,
+            metavar="DIR",
+            help="Where outputs go (input tree mirrored).",
+        ),
     ] = Path("gradcam_out"),
     device: params.DeviceOpt = "auto",
     precision: params.PrecisionOpt = "fp32",
@@ -123,7 +130,10 @@ def explain(
         ),
     ] = None,
     manifest: Annotated[
-        Path | None, typer.Option(metavar="PATH", help="Write one row per output to this .jsonl or .csv file.")
+        Path | None,
+        typer.Option(
+            parser=params.parse_path, metavar="PATH", help="Write one row per output to this .jsonl or .csv file."
+        ),
     ] = None,
     shard: Annotated[
         Shard | None,

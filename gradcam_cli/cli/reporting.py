@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, GradcamError
+from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, GradcamError, path_error
 
 if TYPE_CHECKING:
     from ..models.tasks import Task
@@ -47,16 +47,20 @@ class Reporter:
 
 
 def run_reported(reporter: Reporter, run: Callable[[], int]) -> None:
-    """Run a command's body; a GradcamError or Ctrl-C becomes one error line and its exit code."""
+    """Run a command's body; a GradcamError, a path the file system refuses to name
+    (:func:`gradcam_cli.errors.path_error`) or Ctrl-C becomes one error line and its exit code."""
     try:
         code = run()
-    except GradcamError as error:
+    except (GradcamError, OSError) as error:
+        usage = error if isinstance(error, GradcamError) else path_error(error)
+        if usage is None:
+            raise
         if reporter.verbose:
             import traceback
 
             traceback.print_exc()
-        reporter.error(str(error))
-        code = error.exit_code
+        reporter.error(str(usage))
+        code = usage.exit_code
     except KeyboardInterrupt:
         reporter.error("interrupted")
         code = EXIT_INTERRUPTED
