@@ -3,10 +3,13 @@ shows only once it means something. Every test here runs on a fake clock and fak
 
 from __future__ import annotations
 
+import errno
+import io
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import typer
 from square_model import square_image
 from typer.testing import CliRunner
 
@@ -162,3 +165,52 @@ def test_an_all_skipped_run_ends_without_a_rate(tmp_path):
     last = again.stderr.strip().splitlines()[-1]
     assert last.startswith("done: 0 ok, 0 failed, 3 skipped in ")
     assert last.endswith("(nothing to explain: every output exists)")
+
+
+# --- a stdout that stops taking output ---------------------------------------------------------------------------
+
+
+class FailingStdout(io.StringIO):
+    """A stdout that takes ``lines`` lines, then fails every write with ``error``."""
+
+    def __init__(self, lines: int, error: OSError) -> None:
+        super().__init__()
+        self.left, self.error = lines, error
+
+    def write(self, text: str) -> int:
+        if self.left == 0:
+            raise self.error
+        self.left -= text.count("\n")
+        return super().write(text)
+
+
+@pytest.mark.parametrize(
+    ("error", "failure_code", "code", "said"),
+    [
+        (BrokenPipeError(errno.EPIPE, "Broken pipe"), cli.EXIT_IMAGE_FAILED, 0, "warning: stdout was closed by its "
+         "reader after 2 lines; nothing more was printed, but the command ran to its end"),
+        (OSError(errno.ENOSPC, "No space left on device"), cli.EXIT_IMAGE_FAILED, 1, "error: cannot write to stdout "
+         "after 2 lines (no space left on device); nothing more was printed, but the command ran to its end"),
+        (OSError(errno.EIO, "Input/output error"), cli.EXIT_USAGE, 2, "error: cannot write to stdout after 2 lines "
+         "(input/output error); nothing more was printed, but the command ran to its end"),
+    ],
+)  # fmt: skip
+def test_a_failing_stdout_stops_the_printing_not_the_command(capsys, error, failure_code, code, said):
+    reporter = cli.Reporter(quiet=False, verbose=False, as_json=False, stdout_failure_code=failure_code)
+    stdout = FailingStdout(2, error)
+    reporter.stdout = stdout
+    done: list[int] = []
+
+    def command() -> int:
+        for i in range(5):
+            reporter.result(f"result {i}")
+            done.append(i)
+        print("a stray print")  # not a result: on stderr
+        return 0
+
+    with pytest.raises(typer.Exit) as exited:
+        cli.run_reported(reporter, command)
+    assert exited.value.exit_code == code
+    assert done == [0, 1, 2, 3, 4]
+    assert stdout.getvalue() == "result 0\nresult 1\n"
+    assert capsys.readouterr().err.splitlines() == ["a stray print", said]

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import EXIT_IMAGE_FAILED, EXIT_OK
+from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, EXIT_USAGE
 from ..options import MAX_PEAK_SHIFT, MIN_SIMILARITY, DiffOptions
 from . import params
 from .reporting import Reporter, run_reported
@@ -66,7 +66,7 @@ def diff(
     quiet: params.QuietOpt = False,
     verbose: params.VerboseOpt = False,
 ) -> None:
-    reporter = Reporter(quiet, verbose, as_json)
+    reporter = Reporter(quiet, verbose, as_json, stdout_failure_code=EXIT_USAGE)  # 1 means drift
 
     def run() -> int:
         from ..drift.compare import diff_runs
@@ -79,7 +79,7 @@ def diff(
 
             reporter.info(f"report written to {write_report(result, report)}")
         if reporter.as_json:
-            print(json.dumps(result.to_dict()), flush=True)
+            reporter.emit(json.dumps(result.to_dict()))
         for line in format_table(result):
             reporter.result(line)
         reporter.info(verdict(result))

@@ -172,7 +172,7 @@ class EvalCommand:
         if boxes and unboxed:
             reporter.info(f"{len(unboxed)} image(s) have no boxes: scored for faithfulness only")
         if reporter.as_json:
-            print(json.dumps(report.to_dict()), flush=True)
+            reporter.emit(json.dumps(report.to_dict()))
         for line in format_report(report):
             reporter.result(line)
         if options.plot is not None and report.ok:

@@ -192,10 +192,7 @@ def explain(
     if engine != "ray" and ray_only:
         run_reported(reporter, lambda: _refuse(f"{ray_only[0]} is for --engine ray; add --engine ray or leave it out"))
     if version:
-        from .. import __version__
-
-        print(f"gradcam-cli {__version__}")
-        raise typer.Exit(EXIT_OK)
+        run_reported(reporter, lambda: _print_version(reporter))
     command = ExplainCommand(
         reporter,
         inputs or [],
@@ -241,6 +238,13 @@ def _refuse(message: str) -> int:
     raise UsageError(message)
 
 
+def _print_version(reporter: Reporter) -> int:
+    from .. import __version__
+
+    reporter.emit(f"gradcam-cli {__version__}")
+    return EXIT_OK
+
+
 class ExplainCommand:
     """The parsed command, run as one of its three actions; every action returns the exit code."""
 
@@ -260,7 +264,7 @@ class ExplainCommand:
         from ..models.loading import available_models
 
         for name in available_models():
-            print(name)
+            self.reporter.emit(name)
         return EXIT_OK
 
     def list_layers(self) -> int:
@@ -276,12 +280,13 @@ class ExplainCommand:
         infos, chosen = layer_table(loaded, device, images[0].path if images else None)
         for info in infos:
             if self.reporter.as_json:
-                print(json.dumps({**_layer_row(info), "default": info.name == chosen}))
+                self.reporter.emit(json.dumps({**_layer_row(info), "default": info.name == chosen}))
             else:
-                print(_layer_line(info, chosen))
+                self.reporter.emit(_layer_line(info, chosen))
         if not self.reporter.as_json:
-            print(
-                "\n* default layer   + candidate (spatial output: N,C,H,W, channel-last N,H,W,C or ViT tokens N,L,C; "
+            self.reporter.emit("")
+            self.reporter.emit(
+                "* default layer   + candidate (spatial output: N,C,H,W, channel-last N,H,W,C or ViT tokens N,L,C; "
                 "more than one position)   xN: runs N times per forward (its last call is explained)"
             )
         return EXIT_OK
