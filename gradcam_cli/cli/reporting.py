@@ -180,6 +180,13 @@ class Throughput:
         return remaining / rate if rate else None
 
 
+def rate_text(per_second: float, unit: str = "img") -> str:
+    """``12.3 img/s``; below one a second, the seconds each takes (``4.2 s/img``), never ``0.0 img/s``."""
+    if per_second >= 1:
+        return f"{per_second:.1f} {unit}/s"
+    return f"{1 / per_second:.1f} s/{unit.removesuffix('s')}"
+
+
 def throughput_columns(unit: str = "img") -> list[Any]:
     """The rate and time-left columns: from the :class:`Throughput` in a row's ``throughput`` field where it has one
     (the image or frame row); other rows (scorecam's passes) show no rate and rich's own time left. Built lazily:
@@ -193,7 +200,7 @@ def throughput_columns(unit: str = "img") -> list[Any]:
             if throughput is None:
                 return Text("")
             rate = throughput.per_second(finished=task.total is not None and task.completed >= task.total)
-            return Text(f"{rate:.1f} {unit}/s" if rate else "", style="progress.data.speed")
+            return Text(rate_text(rate, unit) if rate else "", style="progress.data.speed")
 
     class TimeLeftColumn(TimeRemainingColumn):
         def render(self, task: Any) -> Text:
@@ -214,7 +221,8 @@ class ProgressBar:
     """A rich progress bar on stderr when it is a terminal and not --quiet; otherwise a no-op callback.
 
     Call it once per image: ``bar()`` for one explained (or failed), ``bar(skipped=True)`` for one skipped because
-    its outputs exist, which advances the bar but not its rate. Lines printed while it shows go above it."""
+    its outputs exist, which advances the bar but not its rate. Lines printed while it shows go above it, each
+    left whole for the terminal to wrap (rich would cut them at its width, inside paths)."""
 
     def __init__(
         self, reporter: Reporter, total: int, label: str = "explaining", clock: Callable[[], float] = time.monotonic
@@ -234,7 +242,7 @@ class ProgressBar:
                 BarColumn(),
                 MofNCompleteColumn(),
                 *throughput_columns("frames" if self.label.endswith("frames") else "img"),
-                console=Console(stderr=True),
+                console=Console(stderr=True, soft_wrap=True),
                 transient=True,
             )
             self.bar.__enter__()
@@ -243,10 +251,10 @@ class ProgressBar:
         return self
 
     def print(self, line: str) -> None:
-        """``line`` above the bar, as it is (no markup, no highlighting)."""
+        """``line`` above the bar, as it is (no markup, no highlighting, no wrapping of its own)."""
         from rich.text import Text
 
-        self.bar.console.print(Text(line))
+        self.bar.console.print(Text(line), soft_wrap=True)
 
     def __call__(self, skipped: bool = False) -> None:
         self.throughput.tick(skipped)
