@@ -284,6 +284,23 @@ def test_whatever_a_model_prints_goes_to_stderr_and_json_stays_clean(images, lab
             assert said in result.stderr
 
 
+def test_control_characters_in_names_are_escaped_so_each_output_stays_one_line(images, labels, tmp_path):
+    (images / "wide.png").rename(images / "wi\nde.png")
+    (images / "tall.png").rename(images / "ta\tll\x1b[31m.png")
+    (images / "bro\rken.png").write_bytes(b"not an image")
+    out = tmp_path / "out"
+    result = run(images, *square_args(labels, out, "-t", "red"))
+    assert result.exit_code == EXIT_IMAGE_FAILED, result.output
+    assert [re.sub(r" \(\d+\.\d%\)", "", line) for line in result.stdout.splitlines()] == [
+        f"{images}/ta\\tll\\x1b[31m.png: gradcam for red -> {out}/ta\\tll\\x1b[31m_gradcam_0-red.png",
+        f"{images}/wi\\nde.png: gradcam for red -> {out}/wi\\nde_gradcam_0-red.png",
+    ]
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert error == f"error: {images}/bro\\rken.png: not an image Pillow can read"
+    rows = json_rows(run(images, *square_args(labels, tmp_path / "again", "-t", "red", "--json")))
+    assert {Path(row["input"]).name for row in rows} == {"wi\nde.png", "ta\tll\x1b[31m.png", "bro\rken.png"}
+
+
 # --- real processes -----------------------------------------------------------------------------------------------
 
 

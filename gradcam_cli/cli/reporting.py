@@ -23,6 +23,23 @@ if TYPE_CHECKING:
     from ..pipeline.session import Counts
 
 
+_ESCAPES = {
+    **{code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))},
+    **{0xDC80 + byte: f"\\x{0x80 + byte:02x}" for byte in range(0x80)},  # bytes of a name that is not UTF-8
+    ord("\n"): "\\n",
+    ord("\r"): "\\r",
+    ord("\t"): "\\t",
+    0x2028: "\\u2028",
+    0x2029: "\\u2029",
+}
+
+
+def one_line(text: str) -> str:
+    """``text`` with control characters (a newline in a file name, a terminal escape), line separators and the
+    undecodable bytes of a name escaped (``\\n``, ``\\x1b``, ``\\xff``), so that a console line stays one line."""
+    return text.translate(_ESCAPES)
+
+
 class Reporter:
     """Results on stdout, one line each (JSON lines with --json); messages on stderr.
 
@@ -41,18 +58,18 @@ class Reporter:
 
     def info(self, message: str) -> None:
         if not self.quiet:
-            _to_stderr(message)
+            _to_stderr(one_line(message))
 
     def detail(self, message: str) -> None:
         if self.verbose and not self.quiet:
-            _to_stderr(message)
+            _to_stderr(one_line(message))
 
     def result(self, message: str) -> None:
         if not self.quiet and not self.as_json:
-            self.emit(message)
+            self.emit(one_line(message))
 
     def error(self, message: str) -> None:
-        _to_stderr(f"error: {message}")
+        _to_stderr(f"error: {one_line(message)}")
 
     def record(self, record: Record) -> None:
         if self.as_json:
