@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import difflib
+import errno
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -101,3 +103,51 @@ def describe(error: BaseException, path: str | Path | None = None) -> str:
     if not text.strip(" :.'\""):
         text = next((phrase for kind, phrase in _PHRASES.items() if isinstance(error, kind)), "unexpected failure")
     return text if len(text) <= _MAX_CHARS else text[: _MAX_CHARS - 1].rstrip() + "…"
+
+
+PATH_NAME_ERRORS = frozenset({errno.ENAMETOOLONG, errno.ELOOP})
+"""OS errors about how a path is spelt rather than what is there: only the one who typed the path can mend it."""
+_SHOWN_PART = 40
+
+
+def path_error(error: BaseException) -> UsageError | None:
+    """A one-line :class:`UsageError` for an OS error in :data:`PATH_NAME_ERRORS` (a path with a part over the file
+    system's limit, typically 255 bytes, or a loop of symbolic links), naming the path with its overlong part cut
+    short; ``None`` for any other error.
+
+    Such errors can come from almost any call that takes a path (even ``Path.is_dir``), so the commands turn them
+    into usage errors in one place (:func:`gradcam_cli.cli.reporting.run_reported`) instead of at every call.
+    """
+    if not isinstance(error, OSError) or error.errno not in PATH_NAME_ERRORS:
+        return None
+    if error.filename is None:
+        return UsageError(describe(error))
+    name = os.fsdecode(error.filename)
+    reason = describe(error, name)
+    if error.errno == errno.ENAMETOOLONG:
+        reason = _too_long(name, reason)
+    return UsageError(f"{_shortened(name)}: {reason}")
+
+
+def _too_long(name: str, reason: str) -> str:
+    """Which limit ``name`` is over: a part's (``NAME_MAX``), or the whole path's (``PATH_MAX``)."""
+    longest = max((len(os.fsencode(part)) for part in Path(name).parts), default=0)
+    folder = next((p for p in Path(os.path.abspath(name)).parents if os.path.isdir(p)), Path(os.sep))
+    try:
+        part_limit, path_limit = os.pathconf(folder, "PC_NAME_MAX"), os.pathconf(folder, "PC_PATH_MAX")
+    except (OSError, ValueError, AttributeError):  # no pathconf (Windows), or no such setting
+        part_limit, path_limit = 255, 4096
+    if longest > part_limit:
+        return f"{reason} (one part of it is {longest} bytes; the file system allows {part_limit})"
+    return f"{reason} (the path is {len(os.fsencode(name))} bytes; the limit is {path_limit})"
+
+
+def _shortened(name: str) -> str:
+    """``name`` with each overlong part, then the whole if still long, cut to its start and end, so that the
+    message stays readable."""
+    parts = [_cut(part, _SHOWN_PART) for part in name.split(os.sep)]
+    return _cut(os.sep.join(parts), 4 * _SHOWN_PART)
+
+
+def _cut(text: str, most: int) -> str:
+    return f"{text[: most // 2]}…{text[-most // 4 :]}" if len(text) > most else text

@@ -251,6 +251,56 @@ def test_outputs_are_never_written_over_an_input(images, labels):
     assert (images / "wide_gradcam_0-red_gradcam_0-red.png").exists()  # the other input was still explained
 
 
+# --- stdout: results only, one line each ---------------------------------------------------------------------------
+
+NOISY_MODEL = """
+import sys
+sys.path.insert(0, {tests!r})
+from square_model import ColourDetector
+print("noisy: imported")
+
+class Noisy(ColourDetector):
+    def forward(self, x):
+        print("noisy: forward")
+        return super().forward(x)
+
+def build():
+    print("Loaded pretrained weights for noisy")
+    sys.stdout.write("noisy: written\\n")
+    return Noisy()
+"""
+
+
+def test_whatever_a_model_prints_goes_to_stderr_and_json_stays_clean(images, labels, tmp_path):
+    factory = tmp_path / "noisy.py"
+    factory.write_text(NOISY_MODEL.format(tests=str(Path(__file__).parent)), encoding="utf-8")
+    out = tmp_path / "out"
+    for extra in (["--json"], ["--json", "--list-layers"]):
+        result = run(images, "-m", f"{factory}:build", "--labels", labels, "-o", out, "--workers", "0", *extra)
+        assert result.exit_code == EXIT_OK, result.output
+        rows = json_rows(result)  # every stdout line is JSON
+        assert len(rows) == (2 if extra == ["--json"] else 5)
+        for said in ("noisy: imported", "Loaded pretrained weights for noisy", "noisy: written", "noisy: forward"):
+            assert said in result.stderr
+
+
+def test_control_characters_in_names_are_escaped_so_each_output_stays_one_line(images, labels, tmp_path):
+    (images / "wide.png").rename(images / "wi\nde.png")
+    (images / "tall.png").rename(images / "ta\tll\x1b[31m.png")
+    (images / "bro\rken.png").write_bytes(b"not an image")
+    out = tmp_path / "out"
+    result = run(images, *square_args(labels, out, "-t", "red"))
+    assert result.exit_code == EXIT_IMAGE_FAILED, result.output
+    assert [re.sub(r" \(\d+\.\d%\)", "", line) for line in result.stdout.splitlines()] == [
+        f"{images}/ta\\tll\\x1b[31m.png: gradcam for red -> {out}/ta\\tll\\x1b[31m_gradcam_0-red.png",
+        f"{images}/wi\\nde.png: gradcam for red -> {out}/wi\\nde_gradcam_0-red.png",
+    ]
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert error == f"error: {images}/bro\\rken.png: not an image Pillow can read"
+    rows = json_rows(run(images, *square_args(labels, tmp_path / "again", "-t", "red", "--json")))
+    assert {Path(row["input"]).name for row in rows} == {"wi\nde.png", "ta\tll\x1b[31m.png", "bro\rken.png"}
+
+
 # --- real processes -----------------------------------------------------------------------------------------------
 
 
@@ -312,3 +362,53 @@ print("not reached")
     assert done.stderr.strip().splitlines() == [f"error: {tmp_path / 'missing.jpg'}: no such file or directory"]
     assert (tmp_path / "thread.txt").read_text() == "done"
     assert (tmp_path / "atexit.txt").read_text() == "ran"
+
+
+def explain_in_a_process(images: Path, labels: Path, out: Path, stdout: int, *more: str) -> tuple[int, list[str]]:
+    """``python -m gradcam_cli`` over ``images`` with its stdout on the descriptor ``stdout``: exit code, stderr."""
+    args = [sys.executable, "-m", "gradcam_cli", str(images), *map(str, square_args(labels, out, *more))]
+    done = subprocess.run(
+        args,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+        timeout=600,  # hang guard only
+    )
+    return done.returncode, [line for line in done.stderr.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_a_stdout_closed_by_its_reader_stops_the_printing_not_the_run(images, labels, tmp_path):
+    square_image(size=(90, 60), box=(5, 5, 25, 25)).save(images / "third.png")
+    reader, writer = os.pipe()
+    os.close(reader)  # the reader is gone before the first line: every write meets a broken pipe
+    try:
+        code, stderr = explain_in_a_process(
+            images, labels, tmp_path / "out", writer, "--manifest", tmp_path / "m.jsonl"
+        )
+    finally:
+        os.close(writer)
+    assert code == EXIT_OK, stderr
+    assert stderr[-1] == (
+        "warning: stdout was closed by its reader after 0 lines; nothing more was printed, but the command ran to "
+        "its end"
+    )
+    assert not any(line.startswith("error:") or "Traceback" in line for line in stderr), stderr
+    assert sorted(p.name.split("_")[0] for p in (tmp_path / "out").glob("*.png")) == ["tall", "third", "wide"]
+    rows = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [row["status"] for row in rows] == ["ok"] * 3
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_full_stdout_is_one_line_and_exit_1_and_every_output_is_written(images, labels, tmp_path):
+    with open("/dev/full", "wb") as full:
+        code, stderr = explain_in_a_process(images, labels, tmp_path / "out", full.fileno(), "--json")
+    assert code == EXIT_IMAGE_FAILED, stderr
+    errors = [line for line in stderr if line.startswith("error:") or "Traceback" in line]
+    assert errors == [
+        "error: cannot write to stdout after 0 lines (no space left on device); nothing more was printed, but the "
+        "command ran to its end"
+    ]
+    assert sorted(p.name.split("_")[0] for p in (tmp_path / "out").glob("*.png")) == ["tall", "wide"]

@@ -370,3 +370,100 @@ def test_video_failure_names_the_clip_once_without_a_class_name(tmp_path, square
     )
     (record,) = records
     assert record.error == f"{clip}: not a video OpenCV can read"
+
+
+# --- paths as typed: empty, or more than the file system can name -----------------------------------------------
+
+
+def gradcam(monkeypatch, capsys, *args: str | Path) -> tuple[int, str, str]:
+    """The console script's own dispatch (``gradcam eval``, ``diff``, ``merge`` included), in this process."""
+    from gradcam_cli import cli
+
+    monkeypatch.setattr("sys.argv", ["gradcam", *map(str, args)])
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    out, err = capsys.readouterr()
+    return int(exited.value.code or 0), out, err
+
+
+def one_error(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err and "Errno" not in err and CLASS_NAME.search(err) is None, err
+    return lines[0]
+
+
+EMPTY = {
+    "input": ["", "-m", SQUARE],
+    "input among others": ["photo.png", "", "-m", SQUARE],
+    "-o": ["photo.png", "-m", SQUARE, "-o", ""],
+    "--manifest": ["photo.png", "-m", SQUARE, "--manifest", ""],
+    "--labels": ["photo.png", "-m", SQUARE, "--labels", ""],
+    "--weights": ["photo.png", "-m", "resnet18", "--weights", ""],
+    "eval input": ["eval", "", "-m", SQUARE],
+    "eval --boxes": ["eval", "photo.png", "-m", SQUARE, "--boxes", ""],
+    "eval --plot": ["eval", "photo.png", "-m", SQUARE, "--plot", ""],
+    "diff baseline": ["diff", "", "run"],
+    "diff current": ["diff", "run", ""],
+    "diff --report": ["diff", "run", "run", "--report", ""],
+    "merge": ["merge", ""],
+}
+
+
+@pytest.mark.parametrize("case", EMPTY)
+def test_an_empty_path_is_refused_never_read_as_the_current_folder(tmp_path, monkeypatch, capsys, case):
+    """``gradcam "$IMG"`` with IMG unset explained everything below the working folder (Path("") is ".")."""
+    monkeypatch.chdir(tmp_path)
+    square_image(size=(64, 48), box=(10, 10, 20, 20)).save(tmp_path / "photo.png")
+    code, out, err = gradcam(monkeypatch, capsys, *EMPTY[case])
+    assert code == EXIT_USAGE, err
+    assert "empty" in one_error(err) and "shell variable unset?" in err
+    assert out == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["photo.png"]  # nothing explained, nothing created
+
+
+LONG = "x" * 300  # over the 255-byte limit of a file name on every common file system
+TOO_LONG = {
+    "-o": ["photo.png", "-m", SQUARE, "-o", f"out/{LONG}"],
+    "--manifest": ["photo.png", "-m", SQUARE, "--manifest", f"{LONG}.jsonl"],
+    "input": [f"{LONG}.png", "-m", SQUARE],
+    "input pattern": [f"{LONG}*.png", "-m", SQUARE],
+    "hf: model": ["photo.png", "-m", f"hf:{LONG}"],
+    "file.py model": ["photo.png", "-m", f"{LONG}.py:build"],
+    "--weights": ["photo.png", "-m", "resnet18", "--weights", f"{LONG}.pth"],
+    "--labels": ["photo.png", "-m", SQUARE, "--labels", f"{LONG}.txt"],
+    "eval input": ["eval", f"{LONG}.png", "-m", SQUARE],
+    "eval --boxes": ["eval", "photo.png", "-m", SQUARE, "--boxes", f"{LONG}.csv"],
+    "diff baseline": ["diff", LONG, "base.jsonl"],
+    "diff current": ["diff", "base.jsonl", f"{LONG}/manifest.jsonl"],
+    "diff --report": ["diff", "base.jsonl", "base.jsonl", "--report", LONG],
+    "merge": ["merge", LONG],
+}
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(case, marks=pytest.mark.slow) if case == "hf: model" else case for case in TOO_LONG]
+)  # hf: imports transformers (seconds)
+def test_a_path_the_file_system_cannot_name_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, case):
+    monkeypatch.chdir(tmp_path)
+    square_image(size=(64, 48), box=(10, 10, 20, 20)).save(tmp_path / "photo.png")
+    (tmp_path / "base.jsonl").write_bytes((Path(__file__).parent / "drift_baseline.jsonl").read_bytes())
+    code, _, err = gradcam(monkeypatch, capsys, *TOO_LONG[case])
+    assert code == EXIT_USAGE, err
+    assert "file name too long" in one_error(err)
+
+
+def test_the_too_long_message_names_the_path_cut_short_and_the_limit(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    square_image(size=(64, 48), box=(10, 10, 20, 20)).save(tmp_path / "photo.png")
+    code, _, err = gradcam(monkeypatch, capsys, "photo.png", "-m", SQUARE, "-o", tmp_path / LONG / "out")
+    assert code == EXIT_USAGE
+    assert one_error(err) == (
+        f"error: {tmp_path}/{'x' * 20}…{'x' * 10}/out: file name too long (one part of it is 300 bytes; the file "
+        "system allows 255)"
+    )
+    deep = "/".join(["a"] * 2100)  # every part short, the whole over PATH_MAX (4096)
+    code, _, err = gradcam(monkeypatch, capsys, "photo.png", "-m", SQUARE, "-o", deep)
+    assert code == EXIT_USAGE
+    line = one_error(err)
+    assert line.endswith("file name too long (the path is 4199 bytes; the limit is 4096)") and len(line) < 300

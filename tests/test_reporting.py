@@ -3,10 +3,18 @@ shows only once it means something. Every test here runs on a fake clock and fak
 
 from __future__ import annotations
 
+import errno
+import io
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import typer.testing
+from conftest import ROOT
 from square_model import square_image
 from typer.testing import CliRunner
 
@@ -162,3 +170,131 @@ def test_an_all_skipped_run_ends_without_a_rate(tmp_path):
     last = again.stderr.strip().splitlines()[-1]
     assert last.startswith("done: 0 ok, 0 failed, 3 skipped in ")
     assert last.endswith("(nothing to explain: every output exists)")
+
+
+def test_a_rate_under_one_a_second_shows_the_seconds_each_takes():
+    clock = FakeClock()
+    slow = cli.Throughput(clock)
+    for _ in range(3):
+        slow.tick()
+        clock.now += 12.5  # scorecam on a big layer: seconds per image
+    assert columns(task(slow, 3, total=10)) == ("12.5 s/img", "0:01:28")  # not "0.1 img/s", never "0.0 img/s"
+    frames, _ = cli.throughput_columns("frames")
+    assert frames.render(task(slow, 3, total=10)).plain == "12.5 s/frame"
+    assert cli.rate_text(1.0) == "1.0 img/s" and cli.rate_text(0.999) == "1.0 s/img"
+
+
+# --- a stdout that stops taking output ---------------------------------------------------------------------------
+
+
+class FailingStdout(io.StringIO):
+    """A stdout that takes ``lines`` lines, then fails every write with ``error``."""
+
+    def __init__(self, lines: int, error: OSError) -> None:
+        super().__init__()
+        self.left, self.error = lines, error
+
+    def write(self, text: str) -> int:
+        if self.left == 0:
+            raise self.error
+        self.left -= text.count("\n")
+        return super().write(text)
+
+
+@pytest.mark.parametrize(
+    ("error", "failure_code", "code", "said"),
+    [
+        (BrokenPipeError(errno.EPIPE, "Broken pipe"), cli.EXIT_IMAGE_FAILED, 0, "warning: stdout was closed by its "
+         "reader after 2 lines; nothing more was printed, but the command ran to its end"),
+        (OSError(errno.ENOSPC, "No space left on device"), cli.EXIT_IMAGE_FAILED, 1, "error: cannot write to stdout "
+         "after 2 lines (no space left on device); nothing more was printed, but the command ran to its end"),
+        (OSError(errno.EIO, "Input/output error"), cli.EXIT_USAGE, 2, "error: cannot write to stdout after 2 lines "
+         "(input/output error); nothing more was printed, but the command ran to its end"),
+    ],
+)  # fmt: skip
+def test_a_failing_stdout_stops_the_printing_not_the_command(capsys, error, failure_code, code, said):
+    reporter = cli.Reporter(quiet=False, verbose=False, as_json=False, stdout_failure_code=failure_code)
+    stdout = FailingStdout(2, error)
+    reporter.stdout = stdout
+    done: list[int] = []
+
+    def command() -> int:
+        for i in range(5):
+            reporter.result(f"result {i}")
+            done.append(i)
+        print("a stray print")  # not a result: on stderr
+        return 0
+
+    with pytest.raises(typer.Exit) as exited:
+        cli.run_reported(reporter, command)
+    assert exited.value.exit_code == code
+    assert done == [0, 1, 2, 3, 4]
+    assert stdout.getvalue() == "result 0\nresult 1\n"
+    assert capsys.readouterr().err.splitlines() == ["a stray print", said]
+
+
+# --- results above a progress bar ---------------------------------------------------------------------------------
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def test_result_lines_above_the_bar_stay_whole_at_any_terminal_width(tmp_path, monkeypatch):
+    """On a terminal, results printed while the bar shows go through rich's console, which used to cut them at the
+    terminal's width, inside paths. Here both streams claim to be a 40-column terminal."""
+    monkeypatch.setattr(typer.testing._NamedTextIOWrapper, "isatty", lambda _self: True)
+    monkeypatch.setenv("COLUMNS", "40")
+    folder = tmp_path / "a folder with a rather long name"
+    folder.mkdir()
+    for i in range(3):
+        square_image().save(folder / f"photograph number {i}.png")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, [str(folder), "-m", SQUARE_MODEL, "-o", str(out), "--workers", "0"])
+    assert result.exit_code == 0, result.output
+    shown = ANSI.sub("", result.stderr).replace("\r", "\n")  # the terminal: the bar and the lines above it
+    lines = [line for line in shown.splitlines() if "gradcam for" in line]
+    assert len(lines) == 3, shown
+    for i, line in enumerate(lines):
+        assert re.fullmatch(
+            rf"{re.escape(str(folder / f'photograph number {i}.png'))}: gradcam for \w+ \(\d+\.\d%\) -> "
+            rf"{re.escape(str(out / f'photograph number {i}_gradcam_'))}\d-\w+\.png",
+            line,
+        ), line
+
+
+@pytest.mark.slow
+def test_result_lines_stay_whole_on_a_real_narrow_terminal(tmp_path):
+    """The same through a pseudo-terminal 40 columns wide, in a process of its own."""
+    pty = pytest.importorskip("pty")
+    import fcntl
+    import struct
+    import termios
+
+    for i in range(3):
+        square_image().save(tmp_path / f"photograph number {i}.png")
+    out = tmp_path / "out"
+    primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 40, 0, 0))
+    env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
+    env.update(PYTHONPATH=str(ROOT), TERM="xterm")
+    args = [str(tmp_path), "-m", SQUARE_MODEL, "-o", str(out), "--workers", "0"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gradcam_cli", *args], stdin=secondary, stdout=secondary, stderr=secondary, env=env
+    )
+    os.close(secondary)
+    shown = b""
+    while True:  # until the process has closed the terminal (EIO on Linux, b"" elsewhere)
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(primary)
+    assert process.wait(timeout=600) == 0  # hang guard only
+    text = ANSI.sub("", shown.decode()).replace("\r\n", "\n").replace("\r", "\n")
+    lines = [line for line in text.splitlines() if "gradcam for" in line]
+    assert len(lines) == 3, text
+    for i, line in enumerate(lines):
+        assert line.startswith(f"{tmp_path / f'photograph number {i}.png'}: gradcam for ")
+        assert re.search(rf"-> {re.escape(str(out / f'photograph number {i}_gradcam_'))}\d-\w+\.png$", line), line

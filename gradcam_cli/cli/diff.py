@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import EXIT_IMAGE_FAILED, EXIT_OK
+from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, EXIT_USAGE
 from ..options import MAX_PEAK_SHIFT, MIN_SIMILARITY, DiffOptions
 from . import params
 from .reporting import Reporter, run_reported
@@ -32,8 +32,12 @@ Exit codes: 0 no drift; 1 drift (the images are named); 2 usage error (also a ma
 
 @app.command(help=HELP)
 def diff(
-    baseline: Annotated[Path, typer.Argument(metavar="BASELINE", hidden=True, show_default=False)],
-    current: Annotated[Path, typer.Argument(metavar="CURRENT", hidden=True, show_default=False)],
+    baseline: Annotated[
+        Path, typer.Argument(parser=params.parse_path, metavar="BASELINE", hidden=True, show_default=False)
+    ],
+    current: Annotated[
+        Path, typer.Argument(parser=params.parse_path, metavar="CURRENT", hidden=True, show_default=False)
+    ],
     min_similarity: Annotated[
         float,
         typer.Option(min=-1.0, max=1.0, metavar="S", help="Drift when either correlation of a pair's maps is below S."),
@@ -52,13 +56,17 @@ def diff(
     ] = False,
     report: Annotated[
         Path | None,
-        typer.Option(metavar="DIR", help="Write an HTML page, DIR/index.html: baseline | current | difference."),
+        typer.Option(
+            parser=params.parse_folder,
+            metavar="DIR",
+            help="Write an HTML page, DIR/index.html: baseline | current | difference.",
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the whole comparison as one JSON object.")] = False,
     quiet: params.QuietOpt = False,
     verbose: params.VerboseOpt = False,
 ) -> None:
-    reporter = Reporter(quiet, verbose, as_json)
+    reporter = Reporter(quiet, verbose, as_json, stdout_failure_code=EXIT_USAGE)  # 1 means drift
 
     def run() -> int:
         from ..drift.compare import diff_runs
@@ -71,7 +79,7 @@ def diff(
 
             reporter.info(f"report written to {write_report(result, report)}")
         if reporter.as_json:
-            print(json.dumps(result.to_dict()), flush=True)
+            reporter.emit(json.dumps(result.to_dict()))
         for line in format_table(result):
             reporter.result(line)
         reporter.info(verdict(result))

@@ -65,7 +65,9 @@ def evaluate(
     boxes: Annotated[
         Path | None,
         typer.Option(
-            metavar="PATH", help="Ground truth: CSV image,x1,y1,x2,y2[,class], or a folder of Pascal VOC XML files."
+            parser=params.parse_path,
+            metavar="PATH",
+            help="Ground truth: CSV image,x1,y1,x2,y2[,class], or a folder of Pascal VOC XML files.",
         ),
     ] = None,
     tolerance: Annotated[
@@ -90,7 +92,11 @@ def evaluate(
     ] = False,
     plot: Annotated[
         Path | None,
-        typer.Option(metavar="PATH", help="Write the mean deletion/insertion curves to this .png, .pdf or .svg."),
+        typer.Option(
+            parser=params.parse_path,
+            metavar="PATH",
+            help="Write the mean deletion/insertion curves to this .png, .pdf or .svg.",
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the whole report as one JSON object.")] = False,
     device: params.DeviceOpt = "auto",
@@ -166,7 +172,7 @@ class EvalCommand:
         if boxes and unboxed:
             reporter.info(f"{len(unboxed)} image(s) have no boxes: scored for faithfulness only")
         if reporter.as_json:
-            print(json.dumps(report.to_dict()), flush=True)
+            reporter.emit(json.dumps(report.to_dict()))
         for line in format_report(report):
             reporter.result(line)
         if options.plot is not None and report.ok:

@@ -96,7 +96,14 @@ def explain(
         int, typer.Option(min=1, metavar="N", help="Videos: explain every Nth frame and hold its map in between.")
     ] = 1,
     output_dir: Annotated[
-        Path, typer.Option("--output-dir", "-o", metavar="DIR", help="Where outputs go (input tree mirrored).")
+        Path,
+        typer.Option(
+            "--output-dir",
+            "-o",
+            parser=params.parse_folder,
+            metavar="DIR",
+            help="Where outputs go (input tree mirrored).",
+        ),
     ] = Path("gradcam_out"),
     device: params.DeviceOpt = "auto",
     precision: params.PrecisionOpt = "fp32",
@@ -123,7 +130,10 @@ def explain(
         ),
     ] = None,
     manifest: Annotated[
-        Path | None, typer.Option(metavar="PATH", help="Write one row per output to this .jsonl or .csv file.")
+        Path | None,
+        typer.Option(
+            parser=params.parse_path, metavar="PATH", help="Write one row per output to this .jsonl or .csv file."
+        ),
     ] = None,
     shard: Annotated[
         Shard | None,
@@ -182,10 +192,7 @@ def explain(
     if engine != "ray" and ray_only:
         run_reported(reporter, lambda: _refuse(f"{ray_only[0]} is for --engine ray; add --engine ray or leave it out"))
     if version:
-        from .. import __version__
-
-        print(f"gradcam-cli {__version__}")
-        raise typer.Exit(EXIT_OK)
+        run_reported(reporter, lambda: _print_version(reporter))
     command = ExplainCommand(
         reporter,
         inputs or [],
@@ -231,6 +238,13 @@ def _refuse(message: str) -> int:
     raise UsageError(message)
 
 
+def _print_version(reporter: Reporter) -> int:
+    from .. import __version__
+
+    reporter.emit(f"gradcam-cli {__version__}")
+    return EXIT_OK
+
+
 class ExplainCommand:
     """The parsed command, run as one of its three actions; every action returns the exit code."""
 
@@ -250,7 +264,7 @@ class ExplainCommand:
         from ..models.loading import available_models
 
         for name in available_models():
-            print(name)
+            self.reporter.emit(name)
         return EXIT_OK
 
     def list_layers(self) -> int:
@@ -266,12 +280,13 @@ class ExplainCommand:
         infos, chosen = layer_table(loaded, device, images[0].path if images else None)
         for info in infos:
             if self.reporter.as_json:
-                print(json.dumps({**_layer_row(info), "default": info.name == chosen}))
+                self.reporter.emit(json.dumps({**_layer_row(info), "default": info.name == chosen}))
             else:
-                print(_layer_line(info, chosen))
+                self.reporter.emit(_layer_line(info, chosen))
         if not self.reporter.as_json:
-            print(
-                "\n* default layer   + candidate (spatial output: N,C,H,W, channel-last N,H,W,C or ViT tokens N,L,C; "
+            self.reporter.emit("")
+            self.reporter.emit(
+                "* default layer   + candidate (spatial output: N,C,H,W, channel-last N,H,W,C or ViT tokens N,L,C; "
                 "more than one position)   xN: runs N times per forward (its last call is explained)"
             )
         return EXIT_OK

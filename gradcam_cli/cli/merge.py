@@ -28,7 +28,9 @@ shards made with other settings or over other inputs, a shard still running)."""
 
 @app.command(help=HELP)
 def merge(
-    output_dir: Annotated[Path, typer.Argument(metavar="OUTPUT_DIR", hidden=True, show_default=False)],
+    output_dir: Annotated[
+        Path, typer.Argument(parser=params.parse_folder, metavar="OUTPUT_DIR", hidden=True, show_default=False)
+    ],
     partial: Annotated[
         bool, typer.Option("--partial", help="Merge the shards there are, though some never ran or did not finish.")
     ] = False,

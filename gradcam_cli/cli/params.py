@@ -93,6 +93,33 @@ def parse_shard(text: str | Shard) -> Shard:
         raise typer.BadParameter(str(error)) from None
 
 
+EMPTY_PATH = "an empty path (is a shell variable unset?)"
+
+
+def parse_path(text: str | Path) -> Path:
+    """A path option's value; an empty one (an unset shell variable) is refused, not taken for the current folder
+    as ``Path("")`` would be."""
+    if isinstance(text, Path):  # a default
+        return text
+    if not text:
+        raise typer.BadParameter(EMPTY_PATH)
+    return Path(text)
+
+
+def parse_folder(text: str | Path) -> Path:
+    """A folder option's value, as :func:`parse_path`; the refusal says how to name the current folder."""
+    if not text:
+        raise typer.BadParameter(f"{EMPTY_PATH}; use . for the current folder")
+    return parse_path(text)
+
+
+def parse_weights(text: str) -> str:
+    """``--weights``: a name or a file; empty is refused as :func:`parse_path` refuses it."""
+    if not text:
+        raise typer.BadParameter("an empty value (is a shell variable unset?); use DEFAULT, none, a name or a file")
+    return text
+
+
 def parse_device(text: str) -> str:
     """``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps`` (whether it exists is checked when the model loads)."""
     device = text.strip().lower()
@@ -116,6 +143,7 @@ WeightsOpt = Annotated[
     typer.Option(
         "--weights",
         "-w",
+        parser=parse_weights,
         metavar="WEIGHTS",
         help="DEFAULT, a torchvision weights name (IMAGENET1K_V1), none (random; nothing is downloaded), or a "
         "state-dict or .safetensors file.",
@@ -124,7 +152,9 @@ WeightsOpt = Annotated[
 NumClassesOpt = Annotated[
     int | None, typer.Option(min=1, metavar="N", help="Classes of a replaced head (with --weights PATH).")
 ]
-LabelsOpt = Annotated[Path | None, typer.Option(metavar="PATH", help="Text file with one class name per line.")]
+LabelsOpt = Annotated[
+    Path | None, typer.Option(parser=parse_path, metavar="PATH", help="Text file with one class name per line.")
+]
 InputSizeOpt = Annotated[
     int | None,
     typer.Option(

@@ -1,18 +1,21 @@
-"""How the commands talk to the user: messages on stderr, results and JSON on stdout, progress bars, and errors
-turned into one line and an exit code."""
+"""How the commands talk to the user: results on stdout, messages on stderr, progress bars, and errors turned into
+one line and an exit code."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import typer
 
-from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, GradcamError
+from ..errors import EXIT_IMAGE_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, GradcamError, describe, path_error
 
 if TYPE_CHECKING:
     from ..models.tasks import Task
@@ -20,43 +23,120 @@ if TYPE_CHECKING:
     from ..pipeline.session import Counts
 
 
-class Reporter:
-    """Human messages on stderr (or stdout for results when not --json), JSON lines on stdout."""
+_ESCAPES = {
+    **{code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))},
+    **{0xDC80 + byte: f"\\x{0x80 + byte:02x}" for byte in range(0x80)},  # bytes of a name that is not UTF-8
+    ord("\n"): "\\n",
+    ord("\r"): "\\r",
+    ord("\t"): "\\t",
+    0x2028: "\\u2028",
+    0x2029: "\\u2029",
+}
 
-    def __init__(self, quiet: bool, verbose: bool, as_json: bool) -> None:
+
+def one_line(text: str) -> str:
+    """``text`` with control characters (a newline in a file name, a terminal escape), line separators and the
+    undecodable bytes of a name escaped (``\\n``, ``\\x1b``, ``\\xff``), so that a console line stays one line."""
+    return text.translate(_ESCAPES)
+
+
+class Reporter:
+    """Results on stdout, one line each (JSON lines with --json); messages on stderr.
+
+    Stdout carries nothing else while :func:`run_reported` runs a command: whatever else prints there (a model
+    factory, a package announcing its weights) goes to stderr. A stdout that stops taking output (its reader
+    closed it, a full disk) stops the printing, not the command; :func:`run_reported` says so at the end in one
+    line, and a failing stdout other than a closed pipe ends with ``stdout_failure_code`` at least.
+    """
+
+    def __init__(self, quiet: bool, verbose: bool, as_json: bool, stdout_failure_code: int = EXIT_IMAGE_FAILED) -> None:
         self.quiet, self.verbose, self.as_json = quiet, verbose, as_json
+        self.stdout_failure_code = stdout_failure_code
+        self.stdout: TextIO | None = sys.stdout
+        self.printed = 0
+        self.stdout_error: OSError | None = None
 
     def info(self, message: str) -> None:
         if not self.quiet:
-            print(message, file=sys.stderr)
+            _to_stderr(one_line(message))
 
     def detail(self, message: str) -> None:
         if self.verbose and not self.quiet:
-            print(message, file=sys.stderr)
+            _to_stderr(one_line(message))
 
     def result(self, message: str) -> None:
         if not self.quiet and not self.as_json:
-            print(message)
+            self.emit(one_line(message))
 
     def error(self, message: str) -> None:
-        print(f"error: {message}", file=sys.stderr)
+        _to_stderr(f"error: {one_line(message)}")
 
     def record(self, record: Record) -> None:
         if self.as_json:
-            print(json.dumps(record.to_dict()), flush=True)
+            self.emit(json.dumps(record.to_dict()))
+
+    def emit(self, line: str) -> None:
+        """Print ``line`` on stdout as it is (through the progress bar's console while one shows on a terminal);
+        after stdout has failed once, nothing."""
+        if self.stdout is None or self.stdout_error is not None:
+            return
+        try:
+            bar = ProgressBar.active
+            if bar is not None and self.stdout.isatty():
+                bar.print(line)
+            else:
+                self.stdout.write(line + "\n")
+                self.stdout.flush()
+        except OSError as error:
+            self.stdout_error = error
+            _silence(self.stdout)
+            return
+        self.printed += 1
+
+    def stdout_lost(self, code: int) -> int:
+        """After a command whose stdout failed: one line saying so, and the exit code to end with."""
+        if self.stdout_error is None:
+            return code
+        lines = f"{self.printed} line{'' if self.printed == 1 else 's'}"
+        rest = "nothing more was printed, but the command ran to its end"
+        if self.stdout_error.errno == errno.EPIPE:
+            self.info(f"warning: stdout was closed by its reader after {lines}; {rest}")
+            return code
+        self.error(f"cannot write to stdout after {lines} ({describe(self.stdout_error)}); {rest}")
+        return max(code, self.stdout_failure_code)
+
+
+def _to_stderr(line: str) -> None:
+    with contextlib.suppress(OSError):  # a closed or full stderr: the exit code still tells
+        print(line, file=sys.stderr)
+
+
+def _silence(stream: TextIO) -> None:
+    """Point a failed stdout's descriptor at the null device, so that the flush at exit (of what could not be
+    written) does not fail again."""
+    with contextlib.suppress(OSError, ValueError):  # no descriptor (a test's stream): nothing flushes it at exit
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, stream.fileno())
+        os.close(null)
 
 
 def run_reported(reporter: Reporter, run: Callable[[], int]) -> None:
-    """Run a command's body; a GradcamError or Ctrl-C becomes one error line and its exit code."""
+    """Run a command's body with stdout kept for results (anything else printed goes to stderr); a GradcamError, a
+    path the file system refuses to name (:func:`gradcam_cli.errors.path_error`) or Ctrl-C becomes one error line
+    and its exit code, and a failed stdout is reported (:meth:`Reporter.stdout_lost`)."""
     try:
-        code = run()
-    except GradcamError as error:
+        with contextlib.redirect_stdout(sys.stderr):
+            code = reporter.stdout_lost(run())
+    except (GradcamError, OSError) as error:
+        usage = error if isinstance(error, GradcamError) else path_error(error)
+        if usage is None:
+            raise
         if reporter.verbose:
             import traceback
 
             traceback.print_exc()
-        reporter.error(str(error))
-        code = error.exit_code
+        reporter.error(str(usage))
+        code = usage.exit_code
     except KeyboardInterrupt:
         reporter.error("interrupted")
         code = EXIT_INTERRUPTED
@@ -117,6 +197,13 @@ class Throughput:
         return remaining / rate if rate else None
 
 
+def rate_text(per_second: float, unit: str = "img") -> str:
+    """``12.3 img/s``; below one a second, the seconds each takes (``4.2 s/img``), never ``0.0 img/s``."""
+    if per_second >= 1:
+        return f"{per_second:.1f} {unit}/s"
+    return f"{1 / per_second:.1f} s/{unit.removesuffix('s')}"
+
+
 def throughput_columns(unit: str = "img") -> list[Any]:
     """The rate and time-left columns: from the :class:`Throughput` in a row's ``throughput`` field where it has one
     (the image or frame row); other rows (scorecam's passes) show no rate and rich's own time left. Built lazily:
@@ -130,7 +217,7 @@ def throughput_columns(unit: str = "img") -> list[Any]:
             if throughput is None:
                 return Text("")
             rate = throughput.per_second(finished=task.total is not None and task.completed >= task.total)
-            return Text(f"{rate:.1f} {unit}/s" if rate else "", style="progress.data.speed")
+            return Text(rate_text(rate, unit) if rate else "", style="progress.data.speed")
 
     class TimeLeftColumn(TimeRemainingColumn):
         def render(self, task: Any) -> Text:
@@ -151,7 +238,8 @@ class ProgressBar:
     """A rich progress bar on stderr when it is a terminal and not --quiet; otherwise a no-op callback.
 
     Call it once per image: ``bar()`` for one explained (or failed), ``bar(skipped=True)`` for one skipped because
-    its outputs exist, which advances the bar but not its rate."""
+    its outputs exist, which advances the bar but not its rate. Lines printed while it shows go above it, each
+    left whole for the terminal to wrap (rich would cut them at its width, inside paths)."""
 
     def __init__(
         self, reporter: Reporter, total: int, label: str = "explaining", clock: Callable[[], float] = time.monotonic
@@ -171,14 +259,19 @@ class ProgressBar:
                 BarColumn(),
                 MofNCompleteColumn(),
                 *throughput_columns("frames" if self.label.endswith("frames") else "img"),
-                console=Console(stderr=True),
+                console=Console(stderr=True, soft_wrap=True),
                 transient=True,
-                redirect_stdout=sys.stdout.isatty(),  # piped results (--json) must stay on stdout, not the bar's stderr
             )
             self.bar.__enter__()
             self.task = self.bar.add_task(self.label, total=self.total, throughput=self.throughput)
             ProgressBar.active = self
         return self
+
+    def print(self, line: str) -> None:
+        """``line`` above the bar, as it is (no markup, no highlighting, no wrapping of its own)."""
+        from rich.text import Text
+
+        self.bar.console.print(Text(line), soft_wrap=True)
 
     def __call__(self, skipped: bool = False) -> None:
         self.throughput.tick(skipped)

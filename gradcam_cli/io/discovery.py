@@ -32,10 +32,11 @@ def discover(
 
     Directories and glob patterns yield files with an image suffix in any case (``.JPG``, ``.Tiff``); hidden
     files and folders (names starting with ``.``) are left out of directory walks. Files named explicitly are
-    always tried, since the format is read from the content. Directory symlinks are followed, but no directory
-    is visited twice, so symlink cycles end. ``exclude`` (the output directory) is never searched, so earlier
-    outputs are never read back as inputs; it may not be an input directory itself. ``warn`` receives one line
-    per directory that cannot be read.
+    always tried, since the format is read from the content. An empty string is refused (``Path("")`` would be the
+    current folder: an unset shell variable would explain everything below it). Directory symlinks are followed,
+    but no directory is visited twice, so symlink cycles end. ``exclude`` (the output directory) is never
+    searched, so earlier outputs are never read back as inputs; it may not be an input directory itself. ``warn``
+    receives one line per directory that cannot be read.
 
     Output stems mirror each directory's tree. With several inputs, each directory's part of the tree is led by
     its path relative to the inputs' common folder (``a/photos``, ``b/photos``), and any stems that would still
@@ -45,6 +46,8 @@ def discover(
     excluded = _real(exclude) if exclude is not None else None
     roots: list[tuple[Path, list[Path], bool]] = []
     for raw in inputs:
+        if isinstance(raw, str) and not raw:
+            raise UsageError("INPUT '' is an empty path (is a shell variable unset?); use . for the current folder")
         path = Path(raw)
         if path.is_dir():
             if excluded is not None and _real(path) == excluded:

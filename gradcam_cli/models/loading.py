@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import ModelLoadError, UsageError, describe, suggest
+from ..errors import ModelLoadError, UsageError, describe, path_error, suggest
 from ..io.images import InputSpec
 from ..options import ModelOptions
 from .hf_models import load_hf
@@ -234,6 +234,8 @@ def _load_custom(spec: str, weights: str) -> LoadedModel:
     except ImportError as error:
         raise UsageError(f"cannot import {target!r}: {describe(error)}") from error
     except Exception as error:
+        if path_error(error) is not None:  # a path too long to name: the command says so, exit 2
+            raise
         raise ModelLoadError(f"importing {target} failed: {describe(error)}") from error
     factory = getattr(code, factory_name, None)
     if not callable(factory):
