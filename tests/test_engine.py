@@ -321,6 +321,26 @@ def test_backward_stops_at_the_target_layer():
     assert x.grad is None
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("layer", ["1", "2", "3"])
+def test_channels_last_batches_get_the_gradients_of_a_convolution_followed_by_batch_norm(batch, layer):
+    """Issue 20: a channels-last batch of one through a full backward hook on a convolution followed by a batch
+    norm got wrong gradients on the CPU (PyTorch's batch-norm backward misread the hook's re-viewed output)."""
+    torch.manual_seed(0)
+    norm = nn.BatchNorm2d(64)
+    norm.running_mean.uniform_(-1, 1)
+    norm.running_var.uniform_(0.5, 2)
+    head = (nn.SiLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 5))
+    model = nn.Sequential(nn.Conv2d(3, 32, 3), nn.Conv2d(32, 64, 1, bias=False), norm, *head).eval()
+    inputs = torch.randn(batch, 3, 9, 11)
+    activations, expected, _ = reference(model, layer, inputs.clone(), 2)
+    with LayerCapture(model, {layer: model.get_submodule(layer)}) as cap:
+        logits = cap.forward(inputs.contiguous(memory_format=torch.channels_last))
+        gradients = cap.gradients(logits[:, 2].sum())[layer]
+        assert torch.allclose(cap.activations()[layer], activations, atol=1e-5)
+    assert torch.allclose(gradients, expected, atol=1e-6, rtol=1e-4)
+
+
 @pytest.mark.parametrize(("name", "layer"), [("vgg11", "features.18"), ("resnet18", "layer4.1.bn2")])
 def test_no_warning_reaches_the_user_on_inplace_patterns(name, layer):
     """Fresh models (so the in-place fallback happens again), every warning recorded."""

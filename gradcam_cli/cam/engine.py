@@ -38,6 +38,13 @@ from torch import nn
 from ..errors import UsageError
 
 _INPLACE_ERROR_MARKERS = ("BackwardHookFunction", "inplace")
+
+_HOOK_FIRING = "Full backward hook is firing when gradients are computed with respect to module outputs"
+# The engine's full backward hooks fire "with respect to module outputs since no inputs require gradients" by
+# design (the graph starts at the layer), which PyTorch warns of at every backward pass. The filter is also set once
+# for the process: warnings.catch_warnings() is not thread-safe, and a decoding thread's own catch_warnings() can
+# restore the filters without the pass's filter while the pass runs.
+warnings.filterwarnings("ignore", message=_HOOK_FIRING)
 _modules_needing_tensor_hooks: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
@@ -139,8 +146,8 @@ class LayerCapture:
         leaves = [record.leaf for record in records if record.leaf is not None]
         for record in records:
             record.gradients = None
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        with warnings.catch_warnings():  # quiet also where the process's filters show every warning
+            warnings.filterwarnings("ignore", message=_HOOK_FIRING)
             direct = torch.autograd.grad(score, [*leaves, *extra], retain_graph=retain_graph, allow_unused=True)
         grads = {}
         for record, leaf, fallback in zip(records, leaves, direct, strict=False):
@@ -221,7 +228,7 @@ class LayerCapture:
             if tensor_mode:
                 record.leaf.register_hook(save_gradient)  # type: ignore[no-untyped-call]
                 return record.leaf.clone()
-            return layout_kept_through_hook(record.leaf)
+            return standard_layout(record.leaf)
 
         def on_backward(_module: nn.Module, _grad_input: object, grad_output: Sequence[torch.Tensor]) -> None:
             record.gradients = grad_output[0]
@@ -238,19 +245,21 @@ class LayerCapture:
             record.handles.clear()
 
 
-def layout_kept_through_hook(output: torch.Tensor) -> torch.Tensor:
-    """``output``, or a contiguous copy of it where the full backward hook's view would make its layout ambiguous.
+def standard_layout(output: torch.Tensor) -> torch.Tensor:
+    """What the network gets in place of a layer's output under a full backward hook: ``output`` itself, or a copy
+    in the standard (contiguous) memory layout where it is in another one, channels-last say.
 
     PyTorch's full backward hook hands the network ``output.view_as(output)``, and a view recomputes the stride of
     every size-1 dimension. A channels-last batch of one image (1, C, H, W) thus reaches the next op with batch
-    stride C instead of C*H*W: still channels-last contiguous, but no longer "channels-last-like" by PyTorch's own
-    stride heuristic, and CPU batch norm's backward, which checks one and dispatches on the other, then reads the
-    incoming gradient in the wrong layout (wrong gradients, no error). A copy in the standard layout has the same
-    values, and its view the same strides; the rest of the network runs in that layout.
+    stride C instead of C*H*W: still channels-last contiguous, but no longer channels-last by PyTorch's stride
+    heuristic, and CPU batch norm's backward, which checks the layout one way and dispatches on it the other, then
+    reads the incoming gradient in the wrong layout: wrong gradients, no error (PyTorch 2.15; ``aten``'s
+    ``native_batch_norm_backward`` given ``x.view(x.shape)`` of such an ``x`` shows it alone). A contiguous copy has
+    the same values and keeps its strides through the view. Batches of every size get it, so that what runs after
+    the layer, and how it rounds, never depends on how many images share a batch (a shard's maps equal a whole
+    run's).
     """
-    if output.is_contiguous() or output.view_as(output).stride() == output.stride():
-        return output
-    return output.contiguous()
+    return output if output.is_contiguous() else output.contiguous()
 
 
 def as_logits(output: object) -> torch.Tensor:
