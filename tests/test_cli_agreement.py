@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import method_reference
 import numpy as np
 import pytest
 import torch
@@ -274,3 +275,33 @@ def test_a_folded_run_agrees_with_the_formula(arch, kind, subjects, tmp_path, mo
     # BatchNormAct2d does not fold: its run of 33 runs unfolded
     assert {(4, True), (1, True)} <= set(seen["batches"]), seen["batches"]
     check_rows(subject, layer, rows, FOLDED_RUN)
+
+
+OTHER_METHODS = ("eigengradcam", "guided-gradcam", "guided-backprop", "fullgrad")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["efficientnet_b0", "mobilenet_v2", "resnet50"])
+def test_the_other_gradient_methods_agree_on_a_single_image(arch, subjects, tmp_path):
+    """Eigen-Grad-CAM, Guided Grad-CAM, guided backpropagation and FullGrad on the command line's path (a
+    channels-last batch of one) at the convolution followed by a batch norm, against tests/method_reference.py."""
+    subject = subjects(arch)
+    layer = LAYERS[arch][KINDS.index("conv-bn")]
+    arguments = [str(subject.images[0]), "--model", arch, "--weights", str(subject.weights), "--layer", layer,
+                 "--input-size", str(HEIGHT), "--method", ",".join(OTHER_METHODS), "--save-raw", "--json",
+                 "-o", str(tmp_path)]  # fmt: skip
+    result = CliRunner().invoke(app, arguments)
+    assert result.exit_code == 0, result.output
+    rows = {row["method"]: row for row in map(json.loads, result.stdout.splitlines())}
+    x, net, module = subject.inputs[:1].clone().requires_grad_(True), subject.model, subject.model.get_submodule(layer)
+    target = rows["fullgrad"]["target"]["index"]
+    guided = method_reference.guided_gradient(net, x, target)
+    expected = {
+        "eigengradcam": method_reference.eigengradcam(net, module, x, target),
+        "guided-gradcam": method_reference.guided_display(guided * method_reference.gradcam(net, module, x, target)),
+        "guided-backprop": method_reference.guided_display(guided),
+        "fullgrad": method_reference.fullgrad(net, x, target),
+    }
+    for method, row in rows.items():
+        ours = np.load(next(p for p in row["outputs"] if p.endswith(".npy")))
+        assert pearson(ours, expected[method].detach()) >= PEARSON_MIN, method
