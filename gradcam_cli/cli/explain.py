@@ -261,7 +261,7 @@ class ExplainCommand:
 
         images = discover(self.inputs) if self.inputs else []
         device = resolve_device(self.model_options.device)
-        loaded = load_model(self.model_options)
+        loaded = load_model(self.model_options, architecture_only=True)  # the layers need no weights
         loaded.module.to(device)
         infos, chosen = layer_table(loaded, device, images[0].path if images else None)
         for info in infos:
