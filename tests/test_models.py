@@ -161,6 +161,39 @@ def test_the_architecture_alone_is_the_model_its_weights_describe(offline, monke
     assert table(alone) == table(loaded)
 
 
+# --- --input-size: fixed sizes and the bound ---------------------------------------------------------------------
+
+
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    ("model", "size", "expected"),
+    [
+        ("timm:test_vit", 224, "--input-size 224 does not apply to timm:test_vit: it takes a fixed 160x160 input"),
+        pytest.param("vit_b_16", 384, "does not apply to vit_b_16: it takes a fixed 224x224 input", marks=SLOW),
+        pytest.param("ssd300_vgg16", 600, "does not apply to ssd300_vgg16: it takes a fixed 300x300 input", marks=SLOW),
+        ("resnet18", 4000, "--input-size 4000 is too large for resnet18: at most 896 (4 times its own 224;"),
+        pytest.param("fcn_resnet50", 2081, "at most 2080 (4 times its own 520;", marks=SLOW),
+        ("fasterrcnn_mobilenet_v3_large_320_fpn", 1281, "at most 1280 (4 times its own 320;"),
+        (f"{ROOT / 'tests' / 'square_model.py'}:build", 2049, "at most 2048 (memory grows with the square"),
+    ],
+)
+def test_an_input_size_that_would_be_ignored_or_exhaust_memory_is_refused(model, size, expected):
+    with pytest.raises(UsageError) as caught:
+        load_model(model, "none", input_size=size)
+    assert expected in str(caught.value) and one_sentence(str(caught.value)), caught.value
+
+
+def test_the_largest_input_sizes_allowed_and_a_fixed_size_given_as_is():
+    assert load_model("resnet18", "none", input_size=896).input_spec.size == 896
+    assert load_model("timm:test_vit", "none", input_size=160).input_spec.fixed_size == (160, 160)
+    detector = load_model("fasterrcnn_mobilenet_v3_large_320_fpn", "none", input_size=1280)
+    assert detector.input_spec.size == 1280 and detector.module.transform.min_size == (1280,)
+    custom = load_model(f"{ROOT / 'tests' / 'square_model.py'}:build", "none", input_size=2048)
+    assert custom.input_spec.size == 2048
+
+
 # --- weights from a file ----------------------------------------------------------------------------------------
 
 

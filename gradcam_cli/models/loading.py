@@ -32,6 +32,11 @@ from .weights import (
 LITE0 = "efficientnet_lite0"
 LITE0_SPEC = InputSpec(mean=(0.498, 0.498, 0.498), std=(0.502, 0.502, 0.502))
 """EfficientNet-Lite was trained in TensorFlow on (pixel - 127) / 128."""
+MAX_INPUT_SCALE = 4
+"""``--input-size`` is at most this many times the model's own size (896 for a 224-pixel classifier): memory grows
+with the square of the size, and ResNet-50 at 4000 needs over 20 GB."""
+UNKNOWN_SIZE_LIMIT = 2048
+"""The largest ``--input-size`` for a model that does not say its own size (a ``file.py:factory`` classifier)."""
 
 
 @dataclass
@@ -113,6 +118,9 @@ def load_model(
         loaded.task = Task.parse(model.task)
     elif custom:
         loaded.task = infer_task(loaded.module, loaded.input_spec, name)
+    if model.input_size is not None:
+        own = (detection_spec(loaded.module, None) if loaded.task is Task.DETECT else None) or loaded.input_spec
+        check_input_size(name, own, model.input_size, known=not custom or own is not loaded.input_spec)
     spec = detection_spec(loaded.module, model.input_size) if loaded.task is Task.DETECT else None
     if spec is not None:
         loaded.input_spec = spec
@@ -144,6 +152,27 @@ def count_classes(module: nn.Module, spec: InputSpec) -> int | None:
         module.train(training)
     output = getattr(output, "logits", output)  # a Hugging Face model's output object
     return int(output.shape[1]) if isinstance(output, torch.Tensor) and output.dim() == 2 else None
+
+
+def check_input_size(name: str, own: InputSpec, size: int, known: bool = True) -> None:
+    """UsageError for an ``--input-size`` that would be ignored or exhaust memory: any size but its own for a model
+    that takes a fixed size (ViT, SSD), and more than :data:`MAX_INPUT_SCALE` times the model's own size
+    (``known``: the model says its size; else at most :data:`UNKNOWN_SIZE_LIMIT`, for your own models)."""
+    if own.fixed_size is not None:
+        if size != min(own.fixed_size):
+            height, width = own.fixed_size
+            raise UsageError(
+                f"--input-size {size} does not apply to {name}: it takes a fixed {height}x{width} input; leave "
+                "--input-size out"
+            )
+        return
+    limit = MAX_INPUT_SCALE * own.size if known else UNKNOWN_SIZE_LIMIT
+    if size > limit:
+        why = "memory grows with the square of the size"
+        if known:
+            ratio = (size / own.size) ** 2
+            why = f"{MAX_INPUT_SCALE} times its own {own.size}; {why}: {ratio:.0f}x its own at {size}"
+        raise UsageError(f"--input-size {size} is too large for {name}: at most {limit} ({why})")
 
 
 def _load_torchvision(name: str, weights: str, num_classes: int | None, architecture_only: bool) -> LoadedModel:
