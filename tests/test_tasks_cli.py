@@ -280,6 +280,22 @@ def test_a_detector_heads_anchor_scores_are_no_token_grid(inputs, tmp_path):
     assert not list((tmp_path / "out").glob("*.png"))
 
 
+def test_no_detection_says_what_removed_them(inputs, tmp_path):
+    """--score-threshold, --target-class, and the detector's own cut-off where that is the higher one."""
+    own = detect(inputs / "red.png", tmp_path / "out", "--target-class", "green")
+    assert own.exit_code == EXIT_OK, own.output
+    assert "  gradcam: no detection of green (--target-class) above --score-threshold 0.5 -> " in own.stdout
+    from gradcam_cli.cam.detection import DetectionScore, no_detection
+    from gradcam_cli.models.loading import load_model
+
+    loaded = load_model("fasterrcnn_mobilenet_v3_large_320_fpn", "none")
+    assert no_detection(loaded, DetectionScore(threshold=0.0), 1) == (
+        "no detection of person (--target-class) above fasterrcnn_mobilenet_v3_large_320_fpn's own cut-off 0.05 "
+        "(--score-threshold 0 is lower)"
+    )
+    assert no_detection(loaded, DetectionScore(threshold=0.3)) == "no detection above --score-threshold 0.3"
+
+
 def test_videos_are_refused_for_detectors(inputs, tmp_path):
     clip = tmp_path / "clip.mp4"
     writer = cv2.VideoWriter(str(clip), cv2.VideoWriter_fourcc(*"mp4v"), 5, (64, 48))
