@@ -107,3 +107,43 @@ def test_every_option_is_documented(module: str, page: str) -> None:
         option for option in _options(app) if not re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", documented)
     ]
     assert missing == []
+
+
+def readme_examples() -> list[tuple[str, list[str]]]:
+    """The README's console examples that run from a fresh clone (on ``docs/examples/``): each command and the
+    stdout lines shown under it."""
+    examples: list[tuple[str, list[str]]] = []
+    for block in re.findall(r"^```console\n(.*?)^```", README.read_text(encoding="utf-8"), re.M | re.S):
+        for line in block.splitlines():
+            if line.startswith("$ "):
+                examples.append((line[2:], []))
+            elif examples:
+                examples[-1][1].append(line)
+    return [(command, shown) for command, shown in examples if command.startswith("gradcam docs/examples/")]
+
+
+@pytest.mark.slow
+def test_the_readme_detector_and_segmenter_examples_run_from_a_clone_as_shown(tmp_path, monkeypatch) -> None:
+    """Their inputs are committed (docs/examples/), and the command prints exactly the lines the README shows: the
+    layer chosen (stderr, which a terminal shows first), then the results (stdout)."""
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from gradcam_cli.cli import app
+
+    examples = readme_examples()
+    assert [shlex.split(command)[3] for command, _ in examples] == [
+        "tests/task_models.py:build_detector",
+        "tests/task_models.py:build_segmenter",
+    ]
+    for folder in ("docs", "tests"):  # the repository's paths, so that gradcam_out/ is written in tmp_path
+        (tmp_path / folder).symlink_to(ROOT / folder)
+    monkeypatch.chdir(tmp_path)
+    for command, shown in examples:
+        result = CliRunner().invoke(app, [*shlex.split(command)[1:], "--workers", "0"])
+        assert result.exit_code == 0, result.output
+        assert [*result.stderr.splitlines(), *result.stdout.splitlines()] == shown, command
+        for line in shown:
+            if " -> " in line:
+                assert (tmp_path / line.split(" -> ")[1]).is_file()

@@ -102,6 +102,19 @@ def test_bad_voc_files_are_named(tmp_path: Path, text: str, message: str) -> Non
     assert "bad.xml" in str(raised.value)
 
 
+def test_a_boxes_csv_that_is_not_utf8_says_so_in_a_sentence(tmp_path: Path) -> None:
+    """As a labels file does: no codec error; a spreadsheet's UTF-8 with a byte-order mark still reads."""
+    path = tmp_path / "boxes.csv"
+    path.write_bytes("caf\u00e9.jpg,1,2,30,40,chat\n".encode("latin-1"))
+    with pytest.raises(UsageError) as raised:
+        read_boxes(path)
+    assert str(raised.value) == (
+        f"boxes file {path} is not UTF-8 text; save it as UTF-8 (CSV: image,x1,y1,x2,y2[,class] per line)"
+    )
+    path.write_bytes("\ufeffcaf\u00e9.jpg,1,2,30,40,chat\n".encode())
+    assert [b.image for b in read_boxes(path)] == ["caf\u00e9.jpg"]
+
+
 def test_missing_boxes_are_usage_errors(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="does not exist"):
         read_boxes(tmp_path / "nope.csv")

@@ -57,7 +57,7 @@ def test_entries_merge_rows_per_image_and_link_relatively(tmp_path: Path) -> Non
     assert cat["views"][0]["href"] == "b%20cat%231_gradcam_0-class-0.png"  # relative and percent-encoded
     assert cat["files"] == [["panel", "b%20cat%231_panel.png"]]  # the per-image panel once, not per row
     assert cat["src"] == "../imgs/b%20cat%231.jpg" or cat["src"].endswith("imgs/b%20cat%231.jpg")
-    assert entries[2]["status"] == "error" and entries[2]["error"].endswith("not an image")
+    assert entries[2]["status"] == "error" and entries[2]["error"] == "not an image"  # the path is shown before it
     assert entries[3]["status"] == "skipped"
 
 
@@ -88,13 +88,16 @@ def test_page_is_self_contained_and_never_embeds_images(tmp_path: Path) -> None:
     overlay = out / "a_gradcam_0-class-0.png"
     out.mkdir()
     Image.fromarray(np.full((300, 400, 3), 200, np.uint8)).save(overlay)
-    records = [_record("a.jpg", out), _record("bad.jpg", out, status="error", error="</script><b>boom</b>")]
+    failed = _record("bad.jpg", out, status="error", error="bad.jpg: </script><b>boom</b>")
+    records = [_record("a.jpg", out), failed]
     path = write_gallery(records, out)
     page = path.read_text()
     assert path == out / "index.html"
     assert "base64" not in page and "data:image" not in page
     assert not re.search(r'(src|href)="(https?:)?//', page)  # no external resources
     assert "</script><b>" not in page and "&lt;/script&gt;&lt;b&gt;boom" in page  # escaped in HTML and JSON
+    failed = re.search(r'<ul class="failures">(.*?)</ul>', page)
+    assert failed and failed.group(1).count("bad.jpg") == 2  # the link's href and its text; the reason once
     assert 'loading: "lazy"' in page
     thumb = thumbnail_path(out, overlay)  # made from the overlay file, since no run wrote it
     assert thumb == out / "_thumbs" / "a_gradcam_0-class-0.jpg" and thumb.is_file()

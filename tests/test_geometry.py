@@ -158,7 +158,7 @@ def test_the_input_is_resized_with_the_models_own_filter(interpolation):
 def test_models_that_need_a_fixed_size_get_exactly_it():
     from gradcam_cli.models.loading import load_model
 
-    vit = load_model("vit_b_16", "none", input_size=160)  # --input-size cannot change a fixed size
+    vit = load_model("vit_b_16", "none")  # --input-size cannot change a fixed size (it is refused: test_models.py)
     assert vit.input_spec.fixed_size == (224, 224)
     assert vit.input_spec.resized_shape(320, 480) == (224, 224)
     assert tuple(to_input_tensor(Image.new("RGB", (480, 320)), vit.input_spec).shape) == (3, 224, 224)

@@ -267,7 +267,32 @@ def test_a_hub_id_neither_cached_nor_downloadable_is_one_sentence(hub_cache, mon
     message = str(caught.value)
     assert caught.value.exit_code == EXIT_MODEL and one_sentence(message), message
     assert message.startswith("hf:someone/not-cached (not a folder here, so a hub id) could not be found")
+    assert message.endswith("or pass hf:FOLDER, a folder saved with save_pretrained")
+    assert "--weights" not in message  # --weights none would need the hub id's configuration just the same
     assert len(attempts) == (0 if offline else 1)
+
+
+def test_list_layers_of_timm_and_hugging_face_models_needs_no_weights(hf_vit, hub_cache):
+    """With an empty cache and no network, timm's architecture is in code; a hub id needs only its configuration
+    files (cached here without the weights), and the listing matches the one of the folder with its weights."""
+    from gradcam_cli.cli import app
+
+    folder, _ = hf_vit
+    cache, attempts = hub_cache
+    configuration = {p.name: p for p in folder.iterdir() if p.suffix == ".json"}
+    assert sorted(configuration) == ["config.json", "preprocessor_config.json"]
+    cache_repo(cache, "someone/tiny-vit", configuration)
+    with pytest.raises(ModelLoadError):  # explaining needs the weights, which are not cached
+        load_model("hf:someone/tiny-vit")
+    attempts.clear()
+    timm_listing = CliRunner().invoke(app, ["--list-layers", "--model", "timm:test_vit"])
+    assert timm_listing.exit_code == 0, timm_listing.output
+    assert re.search(r"^\* blocks\.5\.norm1 +LayerNorm +1x101x64 ", timm_listing.stdout, re.MULTILINE)
+    hub = CliRunner().invoke(app, ["--list-layers", "--model", "hf:someone/tiny-vit"])
+    assert hub.exit_code == 0, hub.output
+    assert attempts == []  # not even a look-up
+    local = CliRunner().invoke(app, ["--list-layers", "--model", f"hf:{folder}"])
+    assert hub.stdout == local.stdout and "* vit.layers.1.layernorm_before" in hub.stdout
 
 
 def test_hugging_face_mistakes_are_usage_errors(hf_vit, tmp_path):

@@ -104,6 +104,96 @@ def test_pretrained_weights_cannot_take_num_classes():
         load_model("resnet18", "DEFAULT", num_classes=3)
 
 
+# --- --list-layers: the architecture without its weights --------------------------------------------------------
+
+
+def test_list_layers_needs_neither_cached_weights_nor_the_network(offline):
+    """DeepLabV3's DEFAULT weights add an auxiliary head: the architecture the weights describe is listed, while
+    nothing is downloaded or read."""
+    from typer.testing import CliRunner
+
+    from gradcam_cli.cli import app
+
+    model = "deeplabv3_mobilenet_v3_large"
+    small = ["--input-size", "96"]  # a quick dry pass: 6 x 6 at the backbone's stride 16
+    result = CliRunner().invoke(app, ["--list-layers", "--model", model, *small])
+    assert result.exit_code == 0, result.output
+    assert offline == []  # no download was even attempted
+    rows = {line[2:].split()[0]: line for line in result.stdout.split("\n\n")[0].splitlines()}
+    assert rows["backbone.16"].startswith("* ") and "1x960x6x6" in rows["backbone.16"]
+    # the auxiliary head (built for the weights only: none without them) and the weights' 21 classes
+    assert "aux_classifier.4" in rows and "1x21x6x6" in rows["classifier.4"]
+
+
+ARCHITECTURES = [
+    ("googlenet", "DEFAULT"),  # built with auxiliary heads for the weights, which then drops them
+    ("inception_v3", "DEFAULT"),
+    ("densenet121", "DEFAULT"),  # renames the checkpoint's keys
+    ("fcn_resnet50", "DEFAULT"),  # an auxiliary head
+    ("ssdlite320_mobilenet_v3_large", "DEFAULT"),  # 91 classes, no backbone weights
+    ("vit_b_16", "IMAGENET1K_SWAG_E2E_V1"),  # a 384 x 384 input: a larger position embedding
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "weights"), ARCHITECTURES, ids=[name for name, _ in ARCHITECTURES])
+def test_the_architecture_alone_is_the_model_its_weights_describe(offline, monkeypatch, name, weights):
+    """Against torchvision's own record of each weights' model (its parameter count), and against the model built
+    with the weights (served in place of a download): the same layers, types and output shapes."""
+    from gradcam_cli.cam.layers import layer_table
+
+    chosen = torchvision.models.get_model_weights(name)[weights]
+    alone = load_model(name, weights, architecture_only=True)
+    assert offline == []
+    assert sum(p.numel() for p in alone.module.parameters()) == chosen.meta["num_params"]
+    if name == "googlenet":  # its builder drops the heads the checkpoint holds: no state dict to serve it
+        return
+    state = {key: value.clone() for key, value in alone.module.state_dict().items()}
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", lambda *args, **kwargs: state)
+    loaded = load_model(name, weights)
+    assert loaded.input_spec == alone.input_spec
+    cpu = torch.device("cpu")
+
+    def table(model: LoadedModel) -> tuple[list[tuple[object, ...]], str]:
+        infos, default = layer_table(model, cpu)
+        return [(i.name, i.kind, i.output_shape, i.calls, i.is_candidate) for i in infos], default
+
+    assert table(alone) == table(loaded)
+
+
+# --- --input-size: fixed sizes and the bound ---------------------------------------------------------------------
+
+
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    ("model", "size", "expected"),
+    [
+        ("timm:test_vit", 224, "--input-size 224 does not apply to timm:test_vit: it takes a fixed 160x160 input"),
+        pytest.param("vit_b_16", 384, "does not apply to vit_b_16: it takes a fixed 224x224 input", marks=SLOW),
+        pytest.param("ssd300_vgg16", 600, "does not apply to ssd300_vgg16: it takes a fixed 300x300 input", marks=SLOW),
+        ("resnet18", 4000, "--input-size 4000 is too large for resnet18: at most 896 (4 times its own 224;"),
+        pytest.param("fcn_resnet50", 2081, "at most 2080 (4 times its own 520;", marks=SLOW),
+        ("fasterrcnn_mobilenet_v3_large_320_fpn", 1281, "at most 1280 (4 times its own 320;"),
+        (f"{ROOT / 'tests' / 'square_model.py'}:build", 2049, "at most 2048 (memory grows with the square"),
+    ],
+)
+def test_an_input_size_that_would_be_ignored_or_exhaust_memory_is_refused(model, size, expected):
+    with pytest.raises(UsageError) as caught:
+        load_model(model, "none", input_size=size)
+    assert expected in str(caught.value) and one_sentence(str(caught.value)), caught.value
+
+
+def test_the_largest_input_sizes_allowed_and_a_fixed_size_given_as_is():
+    assert load_model("resnet18", "none", input_size=896).input_spec.size == 896
+    assert load_model("timm:test_vit", "none", input_size=160).input_spec.fixed_size == (160, 160)
+    detector = load_model("fasterrcnn_mobilenet_v3_large_320_fpn", "none", input_size=1280)
+    assert detector.input_spec.size == 1280 and detector.module.transform.min_size == (1280,)
+    custom = load_model(f"{ROOT / 'tests' / 'square_model.py'}:build", "none", input_size=2048)
+    assert custom.input_spec.size == 2048
+
+
 # --- weights from a file ----------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,5 @@
-"""Colour mapping and blending: drawn from the float map in [0, 1], any matplotlib colormap, documented alpha."""
+"""Colour mapping and blending: drawn from the float map in [0, 1], any matplotlib colormap, documented alpha; a
+detection's label drawn whole inside the image."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from PIL import Image
 
 from gradcam_cli.errors import UsageError
+from gradcam_cli.render.boxes import colour, draw_boxes
 from gradcam_cli.render.colour import blend, colorize, colormap_table, heatmap_image
 from gradcam_cli.render.encode import encode_image, save_image
 
@@ -127,3 +129,32 @@ def test_jpeg_quality_reaches_the_files(tmp_path: Path, square_model) -> None:
         assert Image.open(io.BytesIO(data)).format == "JPEG"
         sizes[quality] = len(data)
     assert sizes[20] < sizes[95]
+
+
+def _label_patch(image: np.ndarray, fill: tuple[int, int, int], above: int) -> np.ndarray:
+    """The label drawn above row ``above``: the bounding box of ``fill``'s pixels there, text included."""
+    ys, xs = np.nonzero((image[:above] == fill).all(axis=2))
+    return image[ys.min() : ys.max() + 1, xs.min() : xs.max() + 1]
+
+
+def _contains(image: np.ndarray, patch: np.ndarray) -> bool:
+    height, width = patch.shape[:2]
+    return any(
+        np.array_equal(image[y : y + height, x : x + width], patch)
+        for y in range(image.shape[0] - height + 1)
+        for x in range(image.shape[1] - width + 1)
+    )
+
+
+@pytest.mark.parametrize(
+    "box", [(80.0, 30.0, 100.0, 55.0), (85.0, 0.0, 100.0, 40.0), (0.0, 0.0, 100.0, 60.0)], ids=["right", "top", "all"]
+)
+def test_a_boxs_label_is_drawn_whole_inside_the_image(box) -> None:
+    """At the right edge and in the top-right corner, the label is the very one drawn for a box in open space
+    (the same caption at the same size), moved inside the image, not cut off."""
+    caption, rank = "person 99.9%", 2
+    open_space = draw_boxes(torch.zeros(60, 400, 3, dtype=torch.uint8), [((200.0, 30.0, 230.0, 55.0), caption, rank)])
+    label = _label_patch(open_space.numpy(), colour(rank), 30)
+    assert label.shape[1] > 40 and (label.sum(axis=2) < 150).any()  # wider than the boxes, with dark text in it
+    edge = draw_boxes(torch.zeros(60, 100, 3, dtype=torch.uint8), [(box, caption, rank)]).numpy()
+    assert _contains(edge, label)

@@ -303,6 +303,7 @@ def test_gradcam_eval_scores_a_detectors_maps_against_ground_truth_boxes(inputs,
         ),
         (["--panel"], "error: --panel is for classifiers and segmenters; a detector's <stem>_<method>_boxes overlay"),
         (["--score", "sigmoid"], "error: --score sigmoid is for classifiers; a detector has its own score"),
+        (["--top-k", "3"], "error: --top-k 3 is for classifiers and segmenters; a detector explains each detection"),
     ],
 )
 def test_what_a_detector_cannot_do_is_refused_in_one_line(inputs, tmp_path, more, message):
@@ -310,6 +311,98 @@ def test_what_a_detector_cannot_do_is_refused_in_one_line(inputs, tmp_path, more
     assert result.exit_code == EXIT_USAGE
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("error")]
     assert line.startswith(message) and not list((tmp_path / "out").glob("*.png"))
+
+
+@pytest.mark.parametrize(
+    ("model", "more", "message"),
+    [
+        ("square", ["--score-threshold", "0.3"], "error: --score-threshold 0.3 is for detectors; a classifier has no"),
+        ("segmenter", ["--max-detections", "3"], "error: --max-detections 3 is for detectors; a segmenter has no"),
+    ],
+)
+def test_a_detectors_options_are_refused_for_other_models_in_one_line(inputs, tmp_path, model, more, message):
+    """The rule of docs/cli.md: an option for other models, given a value other than its default, is refused."""
+    square = f"{Path(__file__).with_name('square_model.py')}:build"
+    result = run(inputs / "red.png", "-m", square if model == "square" else SEGMENTER, "-o", tmp_path / "out", *more)
+    assert result.exit_code == EXIT_USAGE
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert line.startswith(message) and not list((tmp_path / "out").glob("*.png"))
+
+
+ANCHOR_DETECTOR = """
+import torch
+from torch import nn
+
+from task_models import SquareDetector
+
+
+class AnchorHead(nn.Module):
+    \"\"\"Like SSD's head: every cell of two feature levels' class scores, as (N, anchors, classes).\"\"\"
+
+    def forward(self, features):
+        levels = [features, nn.functional.avg_pool2d(features, 2)]
+        return torch.cat([level.flatten(2) for level in levels], dim=2).transpose(1, 2)
+
+
+class AnchorDetector(SquareDetector):
+    def __init__(self):
+        super().__init__()
+        self.head = AnchorHead()
+
+    def forward(self, images):
+        originals = [(int(image.shape[-2]), int(image.shape[-1])) for image in images]
+        batch, _ = self.transform(list(images))
+        features = self.backbone.body(batch.tensors)
+        scores = self.head(features)
+        found = [self._detect(cells + 0 * scores.sum()) for cells in features]
+        return self.transform.postprocess(found, batch.image_sizes, originals)
+
+
+def build():
+    return AnchorDetector()
+"""
+
+
+def test_a_detector_heads_anchor_scores_are_no_token_grid(inputs, tmp_path):
+    """(N, 720 anchors, 3 classes) would read as a 24 x 30 token grid of the 96 x 96 input: it is neither a
+    candidate nor suggested, and choosing it is refused in one line (the detector's default layer suggested)."""
+    factory = tmp_path / "anchors.py"
+    factory.write_text(ANCHOR_DETECTOR, encoding="utf-8")
+    model = f"{factory}:build"
+    listing = run("-m", model, "--list-layers")
+    assert listing.exit_code == EXIT_OK, listing.output
+    table = {line[2:].split()[0]: line for line in listing.stdout.split("\n\n")[0].splitlines()}
+    assert table["head"].startswith("  ") and "1x720x3" in table["head"]  # shown, but no candidate
+    assert [name for name, line in table.items() if line.startswith(("*", "+"))] == [
+        "backbone.body",
+        "backbone.body.0",
+        "backbone.body.1",
+        "backbone.body.2",
+    ]
+    for layers in (["head"], ["backbone.body.2", "head"]):
+        result = run(inputs / "red.png", "-m", model, "-o", tmp_path / "out", *(f"--layer={n}" for n in layers))
+        assert result.exit_code == EXIT_USAGE
+        assert result.stderr.splitlines() == [
+            "error: layer 'head' outputs 1x720x3: a sequence with no spatial grid (only transformer classifiers' "
+            "sequences are patch tokens); choose a spatial layer such as backbone.body (see --list-layers)"
+        ]
+    assert not list((tmp_path / "out").glob("*.png"))
+
+
+def test_no_detection_says_what_removed_them(inputs, tmp_path):
+    """--score-threshold, --target-class, and the detector's own cut-off where that is the higher one."""
+    own = detect(inputs / "red.png", tmp_path / "out", "--target-class", "green")
+    assert own.exit_code == EXIT_OK, own.output
+    assert "  gradcam: no detection of green (--target-class) above --score-threshold 0.5 -> " in own.stdout
+    from gradcam_cli.cam.detection import DetectionScore, no_detection
+    from gradcam_cli.models.loading import load_model
+
+    loaded = load_model("fasterrcnn_mobilenet_v3_large_320_fpn", "none")
+    assert no_detection(loaded, DetectionScore(threshold=0.0), 1) == (
+        "no detection of person (--target-class) above fasterrcnn_mobilenet_v3_large_320_fpn's own cut-off 0.05 "
+        "(--score-threshold 0 is lower)"
+    )
+    assert no_detection(loaded, DetectionScore(threshold=0.3)) == "no detection above --score-threshold 0.3"
 
 
 def test_videos_are_refused_for_detectors(inputs, tmp_path):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -34,6 +35,9 @@ from ..models.tasks import describe_output
 from .maps import to_image_maps
 from .results import Explanation, ImageExplanation, Prediction
 from .scores import Cams, ClassName, MaskedProbability, sum_or_none
+
+if TYPE_CHECKING:
+    from ..models.loading import LoadedModel
 
 MATCH_IOU = 0.5
 """Least intersection over union for a detection of another pass to count as the same detection."""
@@ -203,6 +207,31 @@ class DetectionTargets:
             x1, y1, x2, y2 = (round(value, 1) for value in box)
             shown.append(Prediction(label, class_name(label), float(found["scores"][i].detach()), box=(x1, y1, x2, y2)))
         return shown
+
+
+def own_cutoff(module: nn.Module) -> float | None:
+    """The least score a detector returns a detection with, its own cut-off (``None``: it has none): torchvision's
+    ``box_score_thresh`` (Faster, Mask and Keypoint R-CNN: 0.05) or ``score_thresh`` (RetinaNet 0.05, FCOS 0.2,
+    SSD 0.01, SSDlite 0.001)."""
+    for owner in (getattr(module, "roi_heads", None), module):
+        value = getattr(owner, "score_thresh", None)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+def no_detection(model: LoadedModel, score: DetectionScore, target: int | None = None) -> str:
+    """What an image without an explained detection says, naming what removed them: ``--score-threshold``, the
+    detector's own cut-off where that is higher (:func:`own_cutoff`), and ``--target-class`` when it is given."""
+    which = "detection"
+    if target is not None:
+        name = model.class_name(target)
+        which = f"detection of {name if name != str(target) else f'class {target}'} (--target-class)"
+    cutoff = own_cutoff(model.module)
+    if cutoff is not None and cutoff > score.threshold:
+        lower = f"--score-threshold {score.threshold:g} is lower"
+        return f"no {which} above {model.name}'s own cut-off {cutoff:g} ({lower})"
+    return f"no {which} above --score-threshold {score.threshold:g}"
 
 
 def _combined_target(shown: Sequence[Prediction]) -> Prediction:

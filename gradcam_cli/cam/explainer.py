@@ -26,11 +26,11 @@ from ..models.devices import resolve_device
 from ..models.folding import fold_batch_norms
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel, load_model
-from ..models.tasks import Task, detection_spec, detection_transform, infer_task, task_of_shape
+from ..models.tasks import Task, check_task_options, detection_spec, detection_transform, infer_task, task_of_shape
 from ..options import SCORE_NAMES, ExplainOptions, ModelOptions
 from .detection import DetectionScore
 from .engine import LayerCapture
-from .layers import check_layers, dry_pass, model_default_layer, resolve_layer
+from .layers import LayerInfo, check_layers, dry_pass, forget_tokens, model_default_layer, reads_tokens, resolve_layer
 from .methods import METHODS, SCORECAM_BATCH_SIZE, ProgressCallback
 from .passes import MethodInputs
 from .precision import autocast, check_precision, full_precision, to_float32
@@ -113,20 +113,23 @@ class Explainer:
             shown = task_of_shape(infos[0].output_shape) if infos and not infos[0].name else None
             model.task = shown or infer_task(model.module, model.input_spec, model.name)
         self.task = model.task
+        self.tokens = reads_tokens(model)
+        """Whether 3-D layer outputs are token sequences (see :mod:`gradcam_cli.cam.reshape`)."""
+        if not self.tokens:
+            forget_tokens(infos)
         for method in self.methods:
             if self.task.value not in METHODS[method].tasks:
                 kinds = " and ".join(f"{Task(task).noun}s" for task in METHODS[method].tasks)
                 taken = ", ".join(name for name, m in METHODS.items() if self.task.value in m.tasks)
                 raise UsageError(f"--method {method} is for {kinds}; a {self.task.noun} takes {taken}")
         self.score_name = score
-        self.score: Score = self._score(score, score_threshold, max_detections)
+        self.score: Score = self._score(score, score_threshold, max_detections, top_k)
         if aug_smooth and self.task is not Task.CLASSIFY:
             raise UsageError(
                 f"--aug-smooth is for classifiers: a {self.task.noun}'s targets in a flipped or rescaled view are "
                 "other pixels and boxes; run without it"
             )
-        check_layers(model.module, infos, names)
-        self.layer_names = names or [model_default_layer(model, infos)]
+        self.layer_names = self._checked_layers(infos, names)
         self.layers = resolved or {name: resolve_layer(model.module, name) for name in self.layer_names}
         self.layer_calls: dict[str, int] = {}
         self._folded: tuple[nn.Module, dict[str, nn.Module]] | None = None
@@ -137,6 +140,19 @@ class Explainer:
         self.precision = check_precision(precision)
         self.options: tuple[ModelOptions, ExplainOptions] | None = None
         """The options :meth:`from_options` built this explainer from (the Ray engine's actors rebuild it)."""
+
+    def _checked_layers(self, infos: list[LayerInfo], names: list[str]) -> list[str]:
+        """``names`` once :func:`check_layers` accepts them, or the model's default layer. A refused layer of a
+        detector gets its default layer suggested (the spatial layers just before a detector's head are its own)."""
+        default = None
+        if not names or self.task is Task.DETECT:
+            try:
+                default = model_default_layer(self.model, infos)
+            except UsageError:
+                if not names:
+                    raise
+        check_layers(self.model.module, infos, names, self.tokens, default if self.task is Task.DETECT else None)
+        return names or [str(default)]
 
     @classmethod
     def from_options(
@@ -172,12 +188,14 @@ class Explainer:
         explainer.options = (model_options, options) if model_options is not None else None
         return explainer
 
-    def _score(self, name: str, threshold: float, max_detections: int) -> Score:
-        """What this explainer's task differentiates (see :mod:`gradcam_cli.cam.scores`)."""
+    def _score(self, name: str, threshold: float, max_detections: int, top_k: int) -> Score:
+        """What this explainer's task differentiates (see :mod:`gradcam_cli.cam.scores`); options of another task
+        are refused (:func:`~gradcam_cli.models.tasks.check_task_options`)."""
         if name not in SCORE_NAMES:
             raise UsageError(f"unknown score {name!r}; use {', '.join(SCORE_NAMES)}")
-        if name != "logit" and self.task is not Task.CLASSIFY:
-            raise UsageError(f"--score {name} is for classifiers; a {self.task.noun} has its own score")
+        check_task_options(
+            self.task, ExplainOptions(top_k=top_k, score=name, score_threshold=threshold, max_detections=max_detections)
+        )
         if self.task is Task.DETECT:
             if max_detections < 1:
                 raise UsageError("--max-detections must be at least 1")
@@ -286,7 +304,7 @@ class Explainer:
             targets = self.score.targets(output, inputs, target, top_k, chosen)
             prefix = self.model.prefix_tokens
             raw = capture.activations()
-            layouts = {n: spatial(a, size, n, prefix) for n, a in raw.items()}
+            layouts = {n: spatial(a, size, n, prefix, self.tokens) for n, a in raw.items()}
             activations = {n: to_float32(a) for n, a in layouts.items()}
             chosen_targets = targets.targets if isinstance(targets, ClassTargets) else None
             extras = MethodInputs(
@@ -310,7 +328,9 @@ class Explainer:
                         gradients = {n: torch.zeros_like(a) for n, a in activations.items()}
                     else:
                         raw_gradients = capture.gradients(score, retain_graph=k < targets.count - 1)
-                        gradients = {n: to_float32(spatial(g, size, n, prefix)) for n, g in raw_gradients.items()}
+                        gradients = {
+                            n: to_float32(spatial(g, size, n, prefix, self.tokens)) for n, g in raw_gradients.items()
+                        }
                 for name in self.methods:
                     method = METHODS[name]
                     if method.class_agnostic and k > 0:

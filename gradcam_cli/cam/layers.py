@@ -12,7 +12,8 @@ from torch import nn
 
 from ..errors import GradcamError, ModelLoadError, UsageError, describe, suggest
 from ..io.images import InputSpec, load_image, to_input_tensor
-from ..models.tasks import NAMED_LAYERS, layer_scopes
+from ..models.hub import HF_PREFIX, TIMM_PREFIX
+from ..models.tasks import NAMED_LAYERS, Task, layer_scopes
 from .reshape import Layout, infer_layout
 
 if TYPE_CHECKING:
@@ -54,11 +55,33 @@ def resolve_layer(model: nn.Module, name: str) -> nn.Module:
         raise UsageError(f"unknown layer {name!r}.{hint}") from None
 
 
-def inspect_layers(model: nn.Module, example: torch.Tensor, prefix_tokens: int | None = None) -> list[LayerInfo]:
+def reads_tokens(model: LoadedModel) -> bool:
+    """Whether ``model``'s 3-D (N, L, C) outputs may be token sequences on a patch grid: only a classifier's, of a
+    family known to use tokens: a timm or Hugging Face model, or one with an attention module or a patch embedding
+    (a convolution whose stride is its kernel: torchvision's ViT, your own transformer or mixer). Elsewhere a 3-D
+    output has no grid: a detector head's (N, anchors, classes)."""
+    if model.task is not Task.CLASSIFY:
+        return False
+    if model.prefix_tokens is not None or model.name.startswith((TIMM_PREFIX, HF_PREFIX)):
+        return True
+    return any(_makes_tokens(module) for module in model.module.modules())
+
+
+def _makes_tokens(module: nn.Module) -> bool:
+    """An attention module, or a patch embedding: a convolution cutting its input into patches (stride = kernel)."""
+    if "attention" in type(module).__name__.lower():
+        return True
+    return isinstance(module, nn.Conv2d) and module.stride == module.kernel_size and module.stride[0] > 1
+
+
+def inspect_layers(
+    model: nn.Module, example: torch.Tensor, prefix_tokens: int | None = None, tokens: bool = True
+) -> list[LayerInfo]:
     """Every module with its output shape, from one dry forward pass with a forward hook on each module.
 
     Modules that run several times per forward report the shape of their last call and the number of calls.
-    ``prefix_tokens``: the model's own count of non-spatial leading tokens (see :mod:`gradcam_cli.cam.reshape`).
+    ``prefix_tokens``: the model's own count of non-spatial leading tokens; ``tokens``: whether 3-D outputs may be
+    token sequences (see :mod:`gradcam_cli.cam.reshape`).
     """
     infos = {name: LayerInfo(name, type(m).__name__, None, 0, -1) for name, m in model.named_modules()}
     counter = iter(range(1 << 62))
@@ -78,7 +101,8 @@ def inspect_layers(model: nn.Module, example: torch.Tensor, prefix_tokens: int |
             info.finished_at = next(counter)
             info.output_shape = tuple(output.shape) if isinstance(output, torch.Tensor) else None
             info.output_type = type(output).__name__
-            info.layout = infer_layout(info.output_shape, input_size, prefix_tokens) if info.output_shape else None
+            shape = info.output_shape
+            info.layout = infer_layout(shape, input_size, prefix_tokens, tokens) if shape else None
 
         return hook
 
@@ -155,7 +179,7 @@ def dry_pass(model: LoadedModel, device: torch.device, example: torch.Tensor | N
     if example is None:
         example = blank_input(model.input_spec, device)
     try:
-        return inspect_layers(model.module, example, model.prefix_tokens)
+        return inspect_layers(model.module, example, model.prefix_tokens, reads_tokens(model))
     except (GradcamError, torch.cuda.OutOfMemoryError):
         raise
     except Exception as error:
@@ -178,11 +202,22 @@ def _forward_failure(model: LoadedModel, device: torch.device, example: torch.Te
     return ModelLoadError(f"{model.name} fails on a {height}x{width} input: {describe(error)}")
 
 
-def check_layers(model: nn.Module, infos: list[LayerInfo], names: Sequence[str]) -> None:
+def forget_tokens(infos: list[LayerInfo]) -> None:
+    """Drop the token layouts of ``infos`` (made before the model's task was known to be one without tokens)."""
+    for info in infos:
+        if info.layout is not None and info.layout.kind == "tokens":
+            info.layout = None
+
+
+def check_layers(
+    model: nn.Module, infos: list[LayerInfo], names: Sequence[str], tokens: bool = True, suggestion: str | None = None
+) -> None:
     """UsageError for the first of ``names`` whose output cannot give a map: a single position (global pooling,
-    ``avgpool``: its map is flat), no spatial grid at all (``fc``) or no tensor (a Hugging Face attention module's
-    tuple). The message names the nearest spatial layer before it. Layers that did not run are left to the engine
-    to report."""
+    ``avgpool``: its map is flat), no spatial grid at all (``fc``; a sequence in a model without tokens, such as a
+    detector head's (N, anchors, classes)) or no tensor (a Hugging Face attention module's tuple). The message names
+    the nearest spatial layer before it, or ``suggestion`` (a detector's default layer: the spatial layers just
+    before its head are the head's own). ``tokens``: whether the model's 3-D outputs may be tokens
+    (:func:`reads_tokens`). Layers that did not run are left to the engine to report."""
     by_name = {info.name: info for info in infos}
     for name in names:
         info = by_name.get(name)
@@ -193,8 +228,10 @@ def check_layers(model: nn.Module, infos: list[LayerInfo], names: Sequence[str])
         else:
             shape = "x".join(map(str, info.output_shape))
             why = "a single position, so its map is flat" if info.layout else "no spatial grid, so it has no map"
+            if not tokens and len(info.output_shape) == 3:
+                why = "a sequence with no spatial grid (only transformer classifiers' sequences are patch tokens)"
             what = f"{shape}: {why}"
-        nearest = _nearest_spatial_layer(model, infos, info)
+        nearest = suggestion or _nearest_spatial_layer(model, infos, info)
         advice = f"a spatial layer such as {nearest}" if nearest else "another layer"
         raise UsageError(f"layer {name!r} outputs {what}; choose {advice} (see --list-layers)")
 

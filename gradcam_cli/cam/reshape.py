@@ -10,7 +10,10 @@ The rule: a spatial grid (h, w) fits the input when both sides shrink by about t
 a factor 1.5) and neither exceeds the input. A 4-D tensor is channel-first unless only the channel-last reading
 fits (or fits strictly better); a 3-D tensor (N, L, C) is a sequence of ``prefix`` non-spatial tokens followed by
 an h x w grid in row-major order (token ``prefix + r * w + c`` sits at row r, column c), as torchvision's, timm's
-and Hugging Face's ViTs flatten their patch embeddings.
+and Hugging Face's ViTs flatten their patch embeddings. Only models known to use tokens have 3-D outputs read so
+(classifiers from timm or Hugging Face, or with an attention module or a patch embedding:
+:func:`gradcam_cli.cam.layers.reads_tokens`);
+elsewhere a 3-D output is no grid: an SSD head's (N, 3234 anchors, 91 classes) would otherwise read as 49 x 66.
 
 How many prefix tokens there are is the model's own count where the model gives one (``prefix_tokens``: timm's
 ``num_prefix_tokens``, the class, distillation and register tokens of a Hugging Face model): then only that count
@@ -64,11 +67,15 @@ def _mismatch(grid: tuple[int, int], size: Sequence[int]) -> float | None:
     return mismatch if mismatch <= math.log(MAX_STRIDE_RATIO) else None
 
 
-def infer_layout(shape: Sequence[int], input_size: Sequence[int], prefix_tokens: int | None = None) -> Layout | None:
+def infer_layout(
+    shape: Sequence[int], input_size: Sequence[int], prefix_tokens: int | None = None, tokens: bool = True
+) -> Layout | None:
     """The layout of a layer output of ``shape`` for an input of ``input_size`` = (H, W); None if not spatial.
 
     Any 4-D output is at least readable as channel-first (the layers of a CNN), so 4-D shapes always get a layout.
-    ``prefix_tokens``: the model's own count of leading non-spatial tokens (``None``: guessed).
+    ``prefix_tokens``: the model's own count of leading non-spatial tokens (``None``: guessed). ``tokens``: whether
+    3-D outputs may be token sequences at all (only in models known to use them:
+    :func:`gradcam_cli.cam.layers.reads_tokens`); without, a detector head's (N, anchors, classes) is no grid.
     """
     if len(shape) == 4:
         first = _mismatch((shape[2], shape[3]), input_size)
@@ -76,7 +83,7 @@ def infer_layout(shape: Sequence[int], input_size: Sequence[int], prefix_tokens:
         if last is not None and (first is None or last < first - 1e-9):
             return Layout("nhwc", shape[1], shape[2])
         return Layout("nchw", shape[2], shape[3])
-    if len(shape) == 3:
+    if len(shape) == 3 and tokens:
         return _token_layout(shape[1], input_size, prefix_tokens)
     return None
 
@@ -113,10 +120,14 @@ def to_spatial(tensor: torch.Tensor, layout: Layout) -> torch.Tensor:
 
 
 def spatial(
-    tensor: torch.Tensor, input_size: Sequence[int], layer: str = "", prefix_tokens: int | None = None
+    tensor: torch.Tensor,
+    input_size: Sequence[int],
+    layer: str = "",
+    prefix_tokens: int | None = None,
+    tokens: bool = True,
 ) -> torch.Tensor:
     """:func:`to_spatial` with the layout inferred from ``tensor``'s shape; UsageError if it has no grid."""
-    layout = infer_layout(tuple(tensor.shape), input_size, prefix_tokens)
+    layout = infer_layout(tuple(tensor.shape), input_size, prefix_tokens, tokens)
     if layout is None:
         shape = "x".join(map(str, tensor.shape))
         raise UsageError(

@@ -18,6 +18,7 @@ from . import params
 from .reporting import PassProgress, ProgressBar, Reporter, default_layer_reason, run_reported, run_summary
 
 if TYPE_CHECKING:
+    from ..cam.explainer import Explainer
     from ..cam.layers import LayerInfo
     from ..cam.results import Prediction
     from ..options import ExplainOptions, ModelOptions
@@ -275,7 +276,7 @@ class ExplainCommand:
 
         images = discover(self.inputs) if self.inputs else []
         device = resolve_device(self.model_options.device)
-        loaded = load_model(self.model_options)
+        loaded = load_model(self.model_options, architecture_only=True)  # the layers need no weights
         loaded.module.to(device)
         infos, chosen = layer_table(loaded, device, images[0].path if images else None)
         for info in infos:
@@ -322,7 +323,7 @@ class ExplainCommand:
             started = time.perf_counter()  # the summary times the explaining, not the model's loading
             bars = lambda label, total: ProgressBar(reporter, total, label)  # noqa: E731
             shown: set[str] = set()
-            nothing = _nothing_found(explainer.task.value, self.explain_options.score_threshold)
+            nothing = _nothing_found(explainer)
             for record in session.explain(explainer, images, videos, progress=bars):
                 reporter.record(record)
                 _report_record(reporter, record, single, record.input not in shown, nothing)
@@ -352,11 +353,14 @@ def _layer_line(info: LayerInfo, chosen: str) -> str:
     return f"{mark} {info.name:<40} {info.kind:<28} {shape:<20} {calls}"
 
 
-def _nothing_found(task: str, threshold: float) -> str | None:
-    """What a row without a target means for the task (``None``: a video's row)."""
-    if task == "detect":
-        return f"no detection above --score-threshold {threshold:g}"
-    return "no class other than the background" if task == "segment" else None
+def _nothing_found(explainer: Explainer) -> str | None:
+    """What a row without a target means for the task, naming what filtered a detector's detections (``None``: a
+    video's row)."""
+    from ..cam.detection import DetectionScore, no_detection
+
+    if isinstance(explainer.score, DetectionScore):
+        return no_detection(explainer.model, explainer.score, explainer.target)
+    return "no class other than the background" if explainer.task.value == "segment" else None
 
 
 def _report_record(reporter: Reporter, record: Record, single: bool, first_row: bool, nothing: str | None) -> None:

@@ -49,9 +49,13 @@ def read_boxes(path: str | Path) -> list[GroundTruthBox]:
 
 def _read_csv(path: Path) -> list[GroundTruthBox]:
     try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"cannot read boxes file {path}: {getattr(error, 'strerror', None) or error}") from error
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise UsageError(
+            f"boxes file {path} is not UTF-8 text; save it as UTF-8 (CSV: image,x1,y1,x2,y2[,class] per line)"
+        ) from error
+    except OSError as error:
+        raise UsageError(f"cannot read boxes file {path}: {describe(error, path)}") from error
     boxes = []
     first = True
     for number, row in enumerate(csv.reader(text.splitlines()), 1):

@@ -19,29 +19,43 @@ from torch import nn
 
 from ..errors import ModelLoadError, UsageError, describe
 from ..io.images import IMAGENET_MEAN, IMAGENET_STD, InputSpec
-from .hub import HF_PREFIX, HubModel, HubUnavailable, check_num_classes, hub_snapshot, missing_extra, not_cached
+from .hub import (
+    HF_PREFIX,
+    HubModel,
+    HubUnavailable,
+    check_num_classes,
+    hub_configuration,
+    hub_snapshot,
+    missing_extra,
+    not_cached,
+)
 from .weights import apply_state_dict, load_state_dict_file
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 """What a hub id looks like: ``name`` or ``organisation/name``."""
 TOKEN_PARAMETERS = ("cls_token", "distillation_token", "register_tokens")
 """The learned tokens Hugging Face ViTs put before the patch tokens (BEiT, DeiT, DINOv2 with registers...)."""
+NO_HUB_ID = "or pass hf:FOLDER, a folder saved with save_pretrained"
+"""How to go without the hub when a hub id is not cached (``--weights`` does not help: the configuration is needed)."""
 GENERIC_LABEL = re.compile(r"LABEL_\d+")
 """transformers' placeholder class names: a config without real ones is shown by class index."""
 
 
-def load_hf(model: str, weights: str, num_classes: int | None) -> HubModel:
-    """Load ``hf:PATH`` with ``weights``: DEFAULT (the folder's own), none (random) or a state-dict file."""
+def load_hf(model: str, weights: str, num_classes: int | None, architecture_only: bool = False) -> HubModel:
+    """Load ``hf:PATH`` with ``weights``: DEFAULT (the folder's own), none (random) or a state-dict file.
+    ``architecture_only``: the model its configuration describes, with random parameters; a hub id then needs only
+    its configuration files (no weights are downloaded or read)."""
     try:
         from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification
     except ImportError as error:
         raise missing_extra(model) from error
     check_num_classes(model, weights, num_classes)
-    folder = _folder(model)
+    own_weights = weights.upper() == "DEFAULT" and not architecture_only
+    folder = _folder(model, own_weights)
     with _quiet_transformers():
         config = _load(model, lambda: AutoConfig.from_pretrained(folder))
         _check_image_classifier(model, config)
-        if weights.upper() == "DEFAULT":
+        if own_weights:
             module = _load(model, lambda: AutoModelForImageClassification.from_pretrained(folder))
         else:
             if num_classes:
@@ -51,7 +65,7 @@ def load_hf(model: str, weights: str, num_classes: int | None) -> HubModel:
             processor = AutoImageProcessor.from_pretrained(folder)
         except Exception:  # no preprocessor_config.json: the defaults apply (docs/models.md)
             processor = None
-    if weights.lower() not in ("default", "none"):
+    if weights.lower() not in ("default", "none") and not architecture_only:
         apply_state_dict(module, load_state_dict_file(weights), weights)
     return describe_hf(module, processor, weights)
 
@@ -111,8 +125,9 @@ def _triple(values: Any) -> tuple[float, float, float]:
     return first, second, third
 
 
-def _folder(model: str) -> str:
-    """The local folder of ``hf:PATH``: PATH itself, or the cached (else downloaded) snapshot of hub id PATH."""
+def _folder(model: str, weights: bool = True) -> str:
+    """The local folder of ``hf:PATH``: PATH itself, or the cached (else downloaded) snapshot of hub id PATH (its
+    configuration files alone when ``weights`` are not needed)."""
     target = model.removeprefix(HF_PREFIX)
     path = Path(target).expanduser()
     if path.is_dir():
@@ -124,9 +139,9 @@ def _folder(model: str) -> str:
     if not HUB_ID.fullmatch(target):
         raise UsageError(f"folder {target} does not exist; pass a folder saved with save_pretrained or a hub id")
     try:
-        return str(hub_snapshot(target))
+        return str(hub_snapshot(target) if weights else hub_configuration(target))
     except HubUnavailable as error:
-        raise not_cached(f"{model} (not a folder here, so a hub id)", target, str(error)) from error
+        raise not_cached(f"{model} (not a folder here, so a hub id)", target, str(error), NO_HUB_ID) from error
 
 
 def _load(model: str, load: Any) -> Any:

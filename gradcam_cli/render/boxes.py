@@ -43,7 +43,8 @@ def colour(rank: int) -> tuple[int, int, int]:
 
 def draw_boxes(overlay: torch.Tensor, marks: Sequence[Mark]) -> torch.Tensor:
     """``overlay`` (H, W, 3) uint8 with each box drawn in its rank's colour and its caption on a filled label
-    above it (inside the image where the box touches the top)."""
+    above it. The label stays inside the image: inside the box where the box touches the top, moved left where it
+    would pass the right edge (a label wider than the image starts at its left edge)."""
     image = Image.fromarray(overlay.cpu().numpy())
     draw = ImageDraw.Draw(image)
     height, width = overlay.shape[:2]
@@ -55,9 +56,10 @@ def draw_boxes(overlay: torch.Tensor, marks: Sequence[Mark]) -> torch.Tensor:
         draw.rectangle((x1, y1, max(x1, x2 - 1), max(y1, y2 - 1)), outline=fill, width=thickness)
         left, top, right, bottom = draw.textbbox((0, 0), caption, font=font)
         label_h, label_w = bottom - top + 2 * thickness, right - left + 2 * thickness
-        y = y1 - label_h if y1 - label_h >= 0 else y1
-        draw.rectangle((x1, y, x1 + label_w, y + label_h), fill=fill)
-        draw.text((x1 + thickness - left, y + thickness - top), caption, fill=(0, 0, 0), font=font)
+        y = y1 - label_h if y1 - label_h >= 0 else max(0, min(y1, height - 1 - label_h))
+        x = max(0, min(x1, width - 1 - label_w))
+        draw.rectangle((x, y, x + label_w, y + label_h), fill=fill)
+        draw.text((x + thickness - left, y + thickness - top), caption, fill=(0, 0, 0), font=font)
     return torch.from_numpy(np.asarray(image).copy())
 
 

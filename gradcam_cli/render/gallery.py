@@ -129,7 +129,7 @@ def gallery_entries(records: Iterable[Record], output_dir: Path) -> list[dict[st
             }
         if record.status == "error":
             entry["status"] = "error"
-            entry["error"] = record.error or "failed"
+            entry["error"] = (record.error or "failed").removeprefix(f"{record.input}: ")  # shown after the path
             continue
         if record.status not in ("ok", "skipped") or not record.outputs:
             continue
