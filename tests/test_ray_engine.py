@@ -8,6 +8,7 @@ The tests that start Ray are marked slow (starting Ray and its actors takes seve
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -28,7 +29,14 @@ from gradcam_cli.cli import app
 from gradcam_cli.errors import EXIT_IMAGE_FAILED, GradcamError, ModelLoadError, UsageError
 from gradcam_cli.io.discovery import discover
 from gradcam_cli.options import ExplainOptions, ModelOptions, OutputOptions, RunOptions
-from gradcam_cli.pipeline.ray_engine import ClusterError, cluster_error, driver_explainer, import_ray
+from gradcam_cli.pipeline.ray_engine import (
+    SINGLE_MACHINE,
+    ClusterError,
+    cluster_error,
+    connect,
+    driver_explainer,
+    import_ray,
+)
 from gradcam_cli.pipeline.session import Session
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,9 +68,13 @@ def not_deterministic() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def ray_instance() -> Iterator[object]:
-    """A local Ray instance for this module: 2 CPUs, no dashboard, an 80 MB object store."""
+    """A local Ray instance for this module: 2 CPUs, no dashboard, an 80 MB object store, on the loopback only
+    (imported as gradcam imports it, or after it did)."""
+    if "ray" not in sys.modules:
+        os.environ[SINGLE_MACHINE] = "0"
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'gradcam-cli[ray]')")
     pytest.importorskip("ray.data", reason="Ray Data is not installed (pip install 'gradcam-cli[ray]')")
+    assert ipaddress.ip_address(ray.util.get_node_ip_address()).is_loopback, "Ray was imported off the loopback"
     saved = os.environ.get("RAY_BACKEND_LOG_LEVEL")
     os.environ["RAY_BACKEND_LOG_LEVEL"] = "fatal"
     ray.init(
@@ -198,3 +210,34 @@ def test_an_actor_that_cannot_start_ends_the_run_with_its_own_one_line_error(
     assert result.exit_code == 2
     assert result.stderr == f"error: the Ray workers run gradcam-cli {__version__}, this command 9.9.9; install one\n"
     assert result.stdout == ""
+
+
+def test_a_local_instance_is_never_started_off_the_loopback(monkeypatch):
+    """Where Ray was imported before gradcam could keep a new instance on the loopback, none is started."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_BACKEND_LOG_LEVEL", "fatal")  # as connect sets it (restored after the test)
+    started: list[object] = []
+
+    class Util:
+        @staticmethod
+        def get_node_ip_address() -> str:
+            return "192.0.2.7"  # what Ray takes for this machine's address then
+
+    class Ray:
+        util = Util
+
+        @staticmethod
+        def is_initialized() -> bool:
+            return False
+
+        @staticmethod
+        def init(**options: object) -> None:
+            started.append(options)
+            raise ConnectionError("no cluster there")
+
+    with pytest.raises(UsageError, match=r"^a local Ray instance would listen on 192\.0\.2\.7, reachable from"):
+        connect(Ray, None)
+    assert started == []
+    with pytest.raises(UsageError, match=r"^--ray-address ray://head:10001: cannot connect or start a cluster"):
+        connect(Ray, "ray://head:10001")  # a cluster's address: tried, its security is the cluster's
+    assert len(started) == 1

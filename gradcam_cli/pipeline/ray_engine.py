@@ -20,6 +20,7 @@ only here, and only when the engine runs (``pip install 'gradcam-cli[ray]'``).
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import logging
 import math
@@ -276,8 +277,18 @@ def enter(cwd: str) -> None:
         os.chdir(cwd)
 
 
+SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray's switch for instances that stay on one machine, read as Ray is imported: at ``0`` Ray takes the loopback for
+this machine's address, so an instance started here listens on 127.0.0.1 only (whoever reaches Ray's services runs
+code on the machine, unless token authentication is on). A driver on a real cluster is unaffected (it finds its
+node by the processes running there); Ray only refuses to ``ray start`` a second node with it."""
+
+
 def import_ray() -> Any:
-    """Ray and Ray Data, or a one-line :class:`UsageError` saying how to install them."""
+    """Ray and Ray Data, or a one-line :class:`UsageError` saying how to install them. Imported here first, Ray is
+    told that an instance started by this process stays on the loopback (:data:`SINGLE_MACHINE`)."""
+    if "ray" not in sys.modules:
+        os.environ[SINGLE_MACHINE] = "0"
     try:
         import ray
         import ray.data
@@ -287,11 +298,19 @@ def import_ray() -> Any:
 
 
 def connect(ray: Any, address: str | None) -> bool:
-    """Connect to the cluster at ``address`` (``None``: ``RAY_ADDRESS``, else a new local instance), quietly;
-    returns whether this call did it (and the run should disconnect), ``False`` when Ray was initialised already."""
+    """Connect to the cluster at ``address`` (``None``: ``RAY_ADDRESS``, else a new local instance, which listens on
+    the loopback only or is not started), quietly; returns whether this call did it (and the run should disconnect),
+    ``False`` when Ray was initialised already."""
     quiet()
     if ray.is_initialized():
         return False
+    if (address or os.environ.get("RAY_ADDRESS") or "local") == "local":
+        here = ray.util.get_node_ip_address()  # where a new instance would listen (Ray's own choice)
+        if not ipaddress.ip_address(here).is_loopback:
+            raise UsageError(
+                f"a local Ray instance would listen on {here}, reachable from the network: Ray was imported before "
+                f"gradcam; set {SINGLE_MACHINE}=0 before importing it, or start Ray yourself"
+            )
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")  # Ray's C++ core: no warnings on stderr
     try:
         with _stderr_silenced():  # the line saying that it is set, and the new cluster's start-up messages
