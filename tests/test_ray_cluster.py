@@ -3,6 +3,10 @@ subprocess), every Ray service on the loopback:
 
 - the local instance that gradcam starts itself listens on 127.0.0.1 only (Ray's services have no authentication
   but a token: anyone who reaches them runs code), and stops with the run;
+- a run on a two-node cluster (tests/ray_cluster.py) whose second node's raylet is killed while an actor there is
+  in the middle of a batch either completes through Ray's retries (no image lost, none twice) or ends with
+  ``error: the Ray job failed: ...``; either way stdout holds result lines only, and a rerun with
+  ``--skip-existing`` ends with every image's full row and the maps of a local run (docs/scale.md).
 
 Each starts Ray (tens of seconds on two busy cores): marked slow. Every Ray process a test starts is in a process
 group of its own, which the test kills at the end whatever happened.
@@ -13,7 +17,10 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import ipaddress
+import json
 import os
+import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -23,10 +30,15 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
+from conftest import RAY_MAP_TOLERANCE, RAY_OVERLAY_LEVELS, assert_rows_agree, comparable
+from PIL import Image
 from ray_cluster import listening
 from square_model import square_image
+from typer.testing import CliRunner
 
+from gradcam_cli.cli import app
 from gradcam_cli.io.discovery import discover
 from gradcam_cli.pipeline.ray_engine import SINGLE_MACHINE
 
@@ -120,3 +132,98 @@ def test_a_local_instance_that_gradcam_starts_listens_on_the_loopback_only(scrat
     assert left == []  # the instance stopped with the run
     stdout = (scratch / "stdout").read_text().splitlines()
     assert [line.split(": ")[0] for line in stdout] == [str(image) for image in images]
+
+
+def test_losing_a_node_mid_run_loses_no_image_and_a_rerun_completes_it(scratch):
+    """Every actor starts on the second node (the head's CPUs are held until then), explains a batch and holds in
+    the middle of the next when that node's raylet is killed; the head's CPUs are freed, the gate opens, and the run
+    goes on where Ray can take it."""
+    images = photos(scratch / "in", 20, broken=True)
+    broken = str(scratch / "in" / "broken.png")
+    common = ["--batch-size", "1", "--save-raw", "--manifest"]
+    local, out = scratch / "local", scratch / "out"
+    here = CliRunner().invoke(app, command(scratch / "in", local, *common, str(local / "m.jsonl"))[3:])
+    assert here.exit_code == 1 and here.stderr.count("error:") == 1, here.output  # broken.png
+
+    gate = scratch / "gate"
+    env = {
+        **os.environ,
+        SINGLE_MACHINE: "0",
+        "RAY_TMPDIR": str(scratch),
+        "RAY_AUTH_MODE": "token",  # and no one else on this machine may use the cluster either
+        "RAY_AUTH_TOKEN": secrets.token_hex(16),
+        "GRADCAM_TEST_GATE": str(gate),
+    }
+    env.pop("RAY_ADDRESS", None)
+    (scratch / "cluster").mkdir()
+    with (scratch / "cluster" / "stdout").open("w") as log:
+        cluster = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "ray_cluster.py"), str(scratch), "3", "3"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+    assert cluster.stdin is not None
+    run: subprocess.Popen | None = None
+    try:
+        wait_for((scratch / "cluster.json").exists, "the cluster had started", cluster)
+        cluster_info = json.loads((scratch / "cluster.json").read_text())
+        second = cluster_info["node"]
+        (gate / f"after-{second}").write_text("4")  # each actor there explains 4 images (a batch), then holds
+        ray_run = command(scratch / "in", out, *common, str(out / "m.jsonl"), "--engine", "ray", "--actors", "2")
+        ray_run += ["--ray-address", cluster_info["address"]]
+        run = spawn(ray_run, env, scratch)
+        wait_for(lambda: any(gate.glob(f"held-{second}-*")), "an actor on the second node was mid-batch", run)
+        sockets = listening(cluster.pid) + listening(run.pid)  # the cluster's processes, and the driver's
+        assert sockets and [socket for socket in sockets if not loopback(socket[0])] == []
+        os.kill(cluster_info["raylet"], signal.SIGKILL)
+        cluster.stdin.write("free\n")  # the head's CPUs, for the actors Ray starts again
+        cluster.stdin.flush()
+        (gate / "open").touch()
+        run.wait(timeout=HANG_GUARD)
+
+        stdout = (scratch / "stdout").read_text().splitlines()
+        stderr = (scratch / "stderr").read_text()
+        rows = [json.loads(line) for line in (out / "m.jsonl").read_text().splitlines()]
+        recorded = [row["input"] for row in rows]
+        failed = [line for line in stderr.splitlines() if line.startswith("error: the Ray job failed: ")]
+        assert run.returncode == 1, stderr  # broken.png, or the job
+        assert len(recorded) == len(set(recorded)), "an image has two rows"
+        assert all(line.startswith(f"{scratch / 'in'}{os.sep}") and " -> " in line for line in stdout), stdout
+        assert len(stdout) == len(set(stdout)) == len([row for row in rows if row["status"] == "ok"])
+        assert all(re.match(r"(using layer |done: |error: )", line) for line in stderr.splitlines()), stderr
+        if failed:  # the job failed: one line says so, after what was finished is recorded
+            assert len(failed) == 1 and set(recorded) <= {str(image) for image in images}, stderr
+        else:  # Ray's retries finished it: every image once, in input order
+            assert recorded == [str(image) for image in images]
+            assert [line for line in stderr.splitlines() if line.startswith("error:")] == [
+                f"error: {broken}: not an image Pillow can read"
+            ]
+        print(f"after the node's loss: {'the job failed' if failed else 'completed by Ray retries'}; {stderr}")
+
+        resumed = subprocess.run(
+            [*ray_run, "--skip-existing"], env=env, capture_output=True, text=True, timeout=HANG_GUARD
+        )
+    finally:
+        (gate / "open").touch()
+        if run is not None:
+            stop(run)
+        cluster.stdin.close()  # the cluster stops...
+        try:
+            cluster.wait(timeout=HANG_GUARD)
+        finally:
+            stop(cluster)  # ... and whatever it left is killed
+
+    assert resumed.returncode == 1, resumed.stderr  # broken.png, tried again
+    got, expected = comparable(out / "m.jsonl", out), comparable(local / "m.jsonl", local)
+    assert_rows_agree(got, expected, skipped=True)  # every image once, in input order, with its full row
+    assert all(row["predictions"] and row["target"] for row in got if row["input"] != broken)
+    maps = sorted(path.relative_to(local) for path in local.glob("*.npy"))
+    assert maps == sorted(path.relative_to(out) for path in out.glob("*.npy")) and len(maps) == 20
+    for name in maps:
+        np.testing.assert_allclose(np.load(out / name), np.load(local / name), rtol=0, atol=RAY_MAP_TOLERANCE)
+        overlays = [np.asarray(Image.open(folder / name.with_suffix(".png")), np.int16) for folder in (out, local)]
+        assert np.abs(overlays[0] - overlays[1]).max() <= RAY_OVERLAY_LEVELS, name

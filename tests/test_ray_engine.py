@@ -15,6 +15,7 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,7 @@ from gradcam_cli.options import ExplainOptions, ModelOptions, OutputOptions, Run
 from gradcam_cli.pipeline.ray_engine import (
     SINGLE_MACHINE,
     ClusterError,
+    actor_pool,
     cluster_error,
     connect,
     driver_explainer,
@@ -241,3 +243,34 @@ def test_a_local_instance_is_never_started_off_the_loopback(monkeypatch):
     with pytest.raises(UsageError, match=r"^--ray-address ray://head:10001: cannot connect or start a cluster"):
         connect(Ray, "ray://head:10001")  # a cluster's address: tried, its security is the cluster's
     assert len(started) == 1
+
+
+def test_the_actor_pool_leaves_a_cpu_to_decode_and_has_no_idle_actors():
+    """Each actor takes a CPU and decoding needs one more: with none left the run would wait for ever (measured: a
+    local instance of 2 CPUs, --actors 2, 40 images, nothing written in 4 minutes)."""
+    cpu_only = RunOptions(engine="ray", batch_size=1)  # 4 images per call
+    assert actor_pool({"CPU": 5.0}, cpu_only, "cpu", 40) == (2, 0.0, 4)  # one per two CPUs
+    assert actor_pool({"CPU": 5.0}, replace(cpu_only, actors=4), "cpu", 40) == (4, 0.0, 4)
+    assert actor_pool({"CPU": 2.0}, replace(cpu_only, actors=2), "cpu", 3) == (1, 0.0, 4)  # one call: one actor
+    with pytest.raises(
+        UsageError,
+        match=r"^the Ray cluster has 2 CPUs: 2 actors would take them all and leave "
+        r"none to decode the images; give --actors 1 or fewer$",
+    ):
+        actor_pool({"CPU": 2.0}, replace(cpu_only, actors=2), "cpu", 40)
+    with pytest.raises(UsageError, match=r"^the Ray cluster has 1 of the 2 CPUs it needs \(one for an actor, one"):
+        actor_pool({"CPU": 1.0}, cpu_only, "cpu", 40)
+    gpus = {"CPU": 8.0, "GPU": 2.0}
+    assert actor_pool(gpus, RunOptions(engine="ray"), "cuda", 1000) == (2, 1.0, 64)  # one per GPU, 16 per batch
+    assert actor_pool(gpus, RunOptions(engine="ray", gpus_per_worker=0.5), "cuda", 1000) == (4, 0.5, 64)
+
+
+@pytest.mark.slow
+def test_a_pool_that_would_leave_no_cpu_to_decode_is_one_line(photos, tmp_path, ray_instance):
+    result = gradcam(photos, tmp_path / "out", "--engine", "ray", "--actors", "2", "--batch-size", "1")
+    assert result.exit_code == 2
+    assert errors(result) == [
+        "error: the Ray cluster has 2 CPUs: 2 actors would take them all and leave none to decode the images; "
+        "give --actors 1 or fewer"
+    ]
+    assert result.stdout == "" and not list((tmp_path / "out").glob("*.png"))

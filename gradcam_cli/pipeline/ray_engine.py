@@ -27,6 +27,7 @@ import math
 import os
 import re
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -111,6 +112,7 @@ class RayRunner(BatchRunner):
         finally:
             if started:
                 ray.shutdown()
+                _cluster_messages(True)
         if interrupted():
             raise KeyboardInterrupt
 
@@ -120,19 +122,7 @@ class RayRunner(BatchRunner):
         assert options is not None
         model, explain = options
         run = self.run_options
-        gpus = float(ray.cluster_resources().get("GPU", 0))
-        per_actor = run.gpus_per_worker
-        if per_actor is None:
-            per_actor = 1.0 if gpus and model.device != "cpu" else 0.0
-        if per_actor > gpus:
-            raise UsageError(f"--gpus-per-worker {per_actor:g}: the Ray cluster has {gpus:g} GPUs")
-        if model.device.startswith("cuda") and not per_actor:
-            raise UsageError(f"--device {model.device}: the actors have no GPU; give --gpus-per-worker 1 (or more)")
-        cpus = int(ray.cluster_resources().get("CPU", 1))
-        actors = run.actors or (int(gpus // per_actor) if per_actor else max(1, cpus // 2))
-        per_call = BATCHES_PER_CALL * (
-            run.batch_size or default_batch_size(torch.device("cuda" if per_actor else "cpu"))
-        )
+        actors, per_actor, per_call = actor_pool(ray.cluster_resources(), run, model.device, len(todo))
         items = [
             {"index": i, "path": os.fsencode(str(image.path)), "stem": os.fsencode(str(image.output_stem))}
             for i, image in enumerate(todo)
@@ -160,13 +150,39 @@ class RayRunner(BatchRunner):
                     "cwd": cwd,
                     "version": __version__,
                 },
-                compute=ray.data.ActorPoolStrategy(size=max(1, actors)),
+                compute=ray.data.ActorPoolStrategy(size=actors),
                 num_cpus=1,
                 num_gpus=per_actor or None,
                 # Waiting OpenMP threads sleep, as in a local run (the writer threads share the cores). Options the
                 # decoding tasks lack also keep Ray Data from fusing decoding into the actors (one image at a time).
                 runtime_env={"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}},
             )
+
+
+def actor_pool(resources: dict[str, float], run: RunOptions, device: str, images: int) -> tuple[int, float, int]:
+    """The actor pool for ``images`` images on a cluster with ``resources``: its size (never more actors than calls
+    to make), the GPUs of each actor and the images of each call. Each actor takes a CPU and the decoding tasks need
+    one more; without it the run would wait for ever, so it is a usage error."""
+    gpus = float(resources.get("GPU", 0))
+    per_actor = run.gpus_per_worker
+    if per_actor is None:
+        per_actor = 1.0 if gpus and device != "cpu" else 0.0
+    if per_actor > gpus:
+        raise UsageError(f"--gpus-per-worker {per_actor:g}: the Ray cluster has {gpus:g} GPUs")
+    if device.startswith("cuda") and not per_actor:
+        raise UsageError(f"--device {device}: the actors have no GPU; give --gpus-per-worker 1 (or more)")
+    cpus = int(resources.get("CPU", 0))
+    per_call = BATCHES_PER_CALL * (run.batch_size or default_batch_size(torch.device("cuda" if per_actor else "cpu")))
+    wanted = run.actors or (int(gpus // per_actor) if per_actor else cpus // 2)
+    actors = max(1, min(wanted, math.ceil(images / per_call)))
+    if cpus < 2:
+        raise UsageError(f"the Ray cluster has {cpus} of the 2 CPUs it needs (one for an actor, one for decoding)")
+    if actors >= cpus:
+        raise UsageError(
+            f"the Ray cluster has {cpus} CPUs: {actors} actors would take them all and leave none to decode the "
+            f"images; give --actors {cpus - 1} or fewer"
+        )
+    return actors, per_actor, per_call
 
 
 @contextlib.contextmanager
@@ -318,7 +334,18 @@ def connect(ray: Any, address: str | None) -> bool:
     except Exception as error:
         where = f"--ray-address {address}" if address else "Ray"
         raise UsageError(f"{where}: cannot connect or start a cluster ({describe(error)})") from None
+    _cluster_messages(False)
     return True
+
+
+def _cluster_messages(shown: bool) -> None:
+    """Ray's driver prints the cluster's error messages (a node lost, a task retried: lines and a raylet's log
+    each time) on stdout, which carries gradcam's results (``--json``): they are off while gradcam is connected,
+    as the rest of Ray's output is (the run's outcome says what matters). Ray has no option for it but its
+    module's switch (the tests check that stdout stays clean through a node's loss)."""
+    worker = sys.modules.get("ray._private.worker")
+    if worker is not None and hasattr(worker, "_worker_logs_enabled"):
+        setattr(worker, "_worker_logs_enabled", shown)  # noqa: B010
 
 
 @contextlib.contextmanager
@@ -336,10 +363,11 @@ def _stderr_silenced() -> Iterator[None]:
 
 
 def quiet() -> None:
-    """Keep Ray's and Ray Data's log lines (and their tracebacks) off stderr, which carries gradcam's own one-line
-    messages; a failed job is reported as one of them (:func:`cluster_error`)."""
+    """Keep Ray's and Ray Data's log lines (and their tracebacks) and warnings off stderr, which carries gradcam's
+    own one-line messages; a failed job is reported as one of them (:func:`cluster_error`)."""
     for name in ("ray", "ray.data", "ray.util"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    warnings.filterwarnings("ignore", module=r"ray(\.|$)")
 
 
 def cluster_error(error: BaseException) -> GradcamError:
