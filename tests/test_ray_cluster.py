@@ -121,7 +121,9 @@ def test_a_local_instance_that_gradcam_starts_listens_on_the_loopback_only(scrat
         sockets = listening(run.pid)  # Ray's services, the driver and the workers, all up while the actor waits
         (gate / "open").touch()
         run.wait(timeout=HANG_GUARD)
-        left = listening(run.pid)
+        deadline = time.monotonic() + HANG_GUARD
+        while (left := listening(run.pid)) and time.monotonic() < deadline:  # Ray's processes end with the run
+            time.sleep(0.1)
     finally:
         (gate / "open").touch()
         stop(run)
