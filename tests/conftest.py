@@ -75,3 +75,31 @@ def comparable(manifest: Path, out: Path) -> list[dict]:
         row["seconds"] = None
         row["outputs"] = [os.path.relpath(path, out) for path in row["outputs"]]
     return rows
+
+
+RAY_MAP_TOLERANCE, RAY_OVERLAY_LEVELS = 2e-6, 3
+"""How far a Ray run's maps and overlays may be from a local run's: float rounding, as with another batching or
+thread count (docs/scale.md, The Ray engine)."""
+
+
+def assert_rows_agree(got: list[dict], expected: list[dict], skipped: bool = False) -> None:
+    """Comparable rows (:func:`comparable`) of two runs that agree to float rounding: the same fields, but the
+    probabilities within 1e-5 and each fingerprint cell within one level. ``skipped``: ``got`` may have ``skipped``
+    rows where ``expected`` has ``ok`` ones."""
+    assert [row["input"] for row in got] == [row["input"] for row in expected]
+    for mine, theirs in zip(got, expected, strict=True):
+        mine, theirs = dict(mine), dict(theirs)
+        if skipped and (mine["status"], theirs["status"]) == ("skipped", "ok"):
+            mine["status"] = "ok"
+        ours, local = [*mine.pop("predictions"), mine.pop("target")], [*theirs.pop("predictions"), theirs.pop("target")]
+        assert [p and (p["index"], p["name"]) for p in ours] == [p and (p["index"], p["name"]) for p in local], mine
+        for p, q in zip(ours, local, strict=True):
+            assert p is None or abs(p["probability"] - q["probability"]) <= 1e-5, (mine["input"], p, q)
+        cells = [mine.pop("fingerprint"), theirs.pop("fingerprint")]
+        if None in cells:
+            assert cells[0] == cells[1], mine["input"]
+        else:
+            assert cells[0]["size"] == cells[1]["size"], mine["input"]
+            grids = [bytes.fromhex("".join(cell["grid"])) for cell in cells]
+            assert max(abs(a - b) for a, b in zip(*grids, strict=True)) <= 1, mine["input"]
+        assert mine == theirs

@@ -20,12 +20,14 @@ only here, and only when the engine runs (``pip install 'gradcam-cli[ray]'``).
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import logging
 import math
 import os
 import re
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -110,6 +112,7 @@ class RayRunner(BatchRunner):
         finally:
             if started:
                 ray.shutdown()
+                _cluster_messages(True)
         if interrupted():
             raise KeyboardInterrupt
 
@@ -119,19 +122,7 @@ class RayRunner(BatchRunner):
         assert options is not None
         model, explain = options
         run = self.run_options
-        gpus = float(ray.cluster_resources().get("GPU", 0))
-        per_actor = run.gpus_per_worker
-        if per_actor is None:
-            per_actor = 1.0 if gpus and model.device != "cpu" else 0.0
-        if per_actor > gpus:
-            raise UsageError(f"--gpus-per-worker {per_actor:g}: the Ray cluster has {gpus:g} GPUs")
-        if model.device.startswith("cuda") and not per_actor:
-            raise UsageError(f"--device {model.device}: the actors have no GPU; give --gpus-per-worker 1 (or more)")
-        cpus = int(ray.cluster_resources().get("CPU", 1))
-        actors = run.actors or (int(gpus // per_actor) if per_actor else max(1, cpus // 2))
-        per_call = BATCHES_PER_CALL * (
-            run.batch_size or default_batch_size(torch.device("cuda" if per_actor else "cpu"))
-        )
+        actors, per_actor, per_call = actor_pool(ray.cluster_resources(), run, model.device, len(todo))
         items = [
             {"index": i, "path": os.fsencode(str(image.path)), "stem": os.fsencode(str(image.output_stem))}
             for i, image in enumerate(todo)
@@ -159,13 +150,39 @@ class RayRunner(BatchRunner):
                     "cwd": cwd,
                     "version": __version__,
                 },
-                compute=ray.data.ActorPoolStrategy(size=max(1, actors)),
+                compute=ray.data.ActorPoolStrategy(size=actors),
                 num_cpus=1,
                 num_gpus=per_actor or None,
                 # Waiting OpenMP threads sleep, as in a local run (the writer threads share the cores). Options the
                 # decoding tasks lack also keep Ray Data from fusing decoding into the actors (one image at a time).
                 runtime_env={"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}},
             )
+
+
+def actor_pool(resources: dict[str, float], run: RunOptions, device: str, images: int) -> tuple[int, float, int]:
+    """The actor pool for ``images`` images on a cluster with ``resources``: its size (never more actors than calls
+    to make), the GPUs of each actor and the images of each call. Each actor takes a CPU and the decoding tasks need
+    one more; without it the run would wait for ever, so it is a usage error."""
+    gpus = float(resources.get("GPU", 0))
+    per_actor = run.gpus_per_worker
+    if per_actor is None:
+        per_actor = 1.0 if gpus and device != "cpu" else 0.0
+    if per_actor > gpus:
+        raise UsageError(f"--gpus-per-worker {per_actor:g}: the Ray cluster has {gpus:g} GPUs")
+    if device.startswith("cuda") and not per_actor:
+        raise UsageError(f"--device {device}: the actors have no GPU; give --gpus-per-worker 1 (or more)")
+    cpus = int(resources.get("CPU", 0))
+    per_call = BATCHES_PER_CALL * (run.batch_size or default_batch_size(torch.device("cuda" if per_actor else "cpu")))
+    wanted = run.actors or (int(gpus // per_actor) if per_actor else cpus // 2)
+    actors = max(1, min(wanted, math.ceil(images / per_call)))
+    if cpus < 2:
+        raise UsageError(f"the Ray cluster has {cpus} of the 2 CPUs it needs (one for an actor, one for decoding)")
+    if actors >= cpus:
+        raise UsageError(
+            f"the Ray cluster has {cpus} CPUs: {actors} actors would take them all and leave none to decode the "
+            f"images; give --actors {cpus - 1} or fewer"
+        )
+    return actors, per_actor, per_call
 
 
 @contextlib.contextmanager
@@ -276,8 +293,18 @@ def enter(cwd: str) -> None:
         os.chdir(cwd)
 
 
+SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray's switch for instances that stay on one machine, read as Ray is imported: at ``0`` Ray takes the loopback for
+this machine's address, so an instance started here listens on 127.0.0.1 only (whoever reaches Ray's services runs
+code on the machine, unless token authentication is on). A driver on a real cluster is unaffected (it finds its
+node by the processes running there); Ray only refuses to ``ray start`` a second node with it."""
+
+
 def import_ray() -> Any:
-    """Ray and Ray Data, or a one-line :class:`UsageError` saying how to install them."""
+    """Ray and Ray Data, or a one-line :class:`UsageError` saying how to install them. Imported here first, Ray is
+    told that an instance started by this process stays on the loopback (:data:`SINGLE_MACHINE`)."""
+    if "ray" not in sys.modules:
+        os.environ[SINGLE_MACHINE] = "0"
     try:
         import ray
         import ray.data
@@ -287,11 +314,19 @@ def import_ray() -> Any:
 
 
 def connect(ray: Any, address: str | None) -> bool:
-    """Connect to the cluster at ``address`` (``None``: ``RAY_ADDRESS``, else a new local instance), quietly;
-    returns whether this call did it (and the run should disconnect), ``False`` when Ray was initialised already."""
+    """Connect to the cluster at ``address`` (``None``: ``RAY_ADDRESS``, else a new local instance, which listens on
+    the loopback only or is not started), quietly; returns whether this call did it (and the run should disconnect),
+    ``False`` when Ray was initialised already."""
     quiet()
     if ray.is_initialized():
         return False
+    if (address or os.environ.get("RAY_ADDRESS") or "local") == "local":
+        here = ray.util.get_node_ip_address()  # where a new instance would listen (Ray's own choice)
+        if not ipaddress.ip_address(here).is_loopback:
+            raise UsageError(
+                f"a local Ray instance would listen on {here}, reachable from the network: Ray was imported before "
+                f"gradcam; set {SINGLE_MACHINE}=0 before importing it, or start Ray yourself"
+            )
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")  # Ray's C++ core: no warnings on stderr
     try:
         with _stderr_silenced():  # the line saying that it is set, and the new cluster's start-up messages
@@ -299,7 +334,18 @@ def connect(ray: Any, address: str | None) -> bool:
     except Exception as error:
         where = f"--ray-address {address}" if address else "Ray"
         raise UsageError(f"{where}: cannot connect or start a cluster ({describe(error)})") from None
+    _cluster_messages(False)
     return True
+
+
+def _cluster_messages(shown: bool) -> None:
+    """Ray's driver prints the cluster's error messages (a node lost, a task retried: lines and a raylet's log
+    each time) on stdout, which carries gradcam's results (``--json``): they are off while gradcam is connected,
+    as the rest of Ray's output is (the run's outcome says what matters). Ray has no option for it but its
+    module's switch (the tests check that stdout stays clean through a node's loss)."""
+    worker = sys.modules.get("ray._private.worker")
+    if worker is not None and hasattr(worker, "_worker_logs_enabled"):
+        setattr(worker, "_worker_logs_enabled", shown)  # noqa: B010
 
 
 @contextlib.contextmanager
@@ -317,10 +363,11 @@ def _stderr_silenced() -> Iterator[None]:
 
 
 def quiet() -> None:
-    """Keep Ray's and Ray Data's log lines (and their tracebacks) off stderr, which carries gradcam's own one-line
-    messages; a failed job is reported as one of them (:func:`cluster_error`)."""
+    """Keep Ray's and Ray Data's log lines (and their tracebacks) and warnings off stderr, which carries gradcam's
+    own one-line messages; a failed job is reported as one of them (:func:`cluster_error`)."""
     for name in ("ray", "ray.data", "ray.util"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    warnings.filterwarnings("ignore", module=r"ray(\.|$)")
 
 
 def cluster_error(error: BaseException) -> GradcamError:
