@@ -170,6 +170,7 @@ class Explainer:
         if isinstance(model, ModelOptions):
             device = resolve_device(model.device)
             model = load_model(model)
+            model.module.eval().requires_grad_(False)  # its own model, as every pass wants it: nothing to switch
         explainer = cls(
             model,
             list(options.layers) or None,
