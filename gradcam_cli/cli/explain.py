@@ -15,14 +15,12 @@ import typer
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
 from ..options import DEFAULT_MAX_SIDE, ImageFormat, OutputOptions, RunOptions, Shard
 from . import params
+from .lines import layer_line, layer_row, report_record
 from .reporting import PassProgress, ProgressBar, Reporter, default_layer_reason, run_reported, run_summary
 
 if TYPE_CHECKING:
     from ..cam.explainer import Explainer
-    from ..cam.layers import LayerInfo
-    from ..cam.results import Prediction
     from ..options import ExplainOptions, ModelOptions
-    from ..pipeline.records import Record
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
@@ -281,9 +279,9 @@ class ExplainCommand:
         infos, chosen = layer_table(loaded, device, images[0].path if images else None)
         for info in infos:
             if self.reporter.as_json:
-                self.reporter.emit(json.dumps({**_layer_row(info), "default": info.name == chosen}))
+                self.reporter.emit(json.dumps({**layer_row(info), "default": info.name == chosen}))
             else:
-                self.reporter.emit(_layer_line(info, chosen))
+                self.reporter.emit(layer_line(info, chosen))
         if not self.reporter.as_json:
             self.reporter.emit("")
             self.reporter.emit(
@@ -326,7 +324,7 @@ class ExplainCommand:
             nothing = _nothing_found(explainer)
             for record in session.explain(explainer, images, videos, progress=bars):
                 reporter.record(record)
-                _report_record(reporter, record, single, record.input not in shown, nothing)
+                report_record(reporter, record, single, record.input not in shown, nothing)
                 shown.add(record.input)
         if session.gallery is not None:
             reporter.info(f"gallery written to {session.gallery}")
@@ -334,23 +332,6 @@ class ExplainCommand:
             unit = "inputs" if videos else "images"
             reporter.info(run_summary(session.counts, time.perf_counter() - started, unit))
         return EXIT_IMAGE_FAILED if session.counts.error else EXIT_OK
-
-
-def _layer_row(info: LayerInfo) -> dict[str, object]:
-    return {
-        "name": info.name,
-        "type": info.kind,
-        "output_shape": info.output_shape,
-        "calls": info.calls,
-        "candidate": info.is_candidate,
-    }
-
-
-def _layer_line(info: LayerInfo, chosen: str) -> str:
-    mark = "*" if info.name == chosen else "+" if info.is_candidate else " "
-    shape = "x".join(map(str, info.output_shape)) if info.output_shape else "-" if info.calls == 0 else "(non-tensor)"
-    calls = f"x{info.calls}" if info.calls > 1 else ""
-    return f"{mark} {info.name:<40} {info.kind:<28} {shape:<20} {calls}"
 
 
 def _nothing_found(explainer: Explainer) -> str | None:
@@ -361,45 +342,3 @@ def _nothing_found(explainer: Explainer) -> str | None:
     if isinstance(explainer.score, DetectionScore):
         return no_detection(explainer.model, explainer.score, explainer.target)
     return "no class other than the background" if explainer.task.value == "segment" else None
-
-
-def _report_record(reporter: Reporter, record: Record, single: bool, first_row: bool, nothing: str | None) -> None:
-    if record.status == "error":
-        reporter.error(record.error or f"{record.input}: failed")
-        return
-    if record.status == "skipped":
-        reporter.detail(f"skipped {record.input} (outputs exist)")
-        return
-    if single and first_row:
-        reporter.result(f"{record.input}  (model {record.model}, layer {record.layer})")
-        for rank, p in enumerate(record.predictions, 1):
-            reporter.result(f"  {rank}. {p.name:<30} {p.probability:7.2%}  {_where(p)}")
-    target = record.target
-    if target is None and nothing is not None:
-        outputs = f" -> {record.outputs[0]}" if record.outputs else ""
-        line = f"{record.method}: {nothing}{outputs}"
-    else:
-        label = f"{target.name} ({_how_much(target)})" if target else "each frame's own top class"
-        line = f"{record.method} for {label} -> {record.outputs[0]}"
-    reporter.result(f"  {line}" if single else f"{record.input}: {line}")
-
-
-def _where(p: Prediction) -> str:
-    """A prediction's class, and a detection's box or a segmenter class's share of the pixels."""
-    if p.box is not None:
-        return f"(class {p.index}) at {_box(p.box)}"
-    if p.share is not None:
-        return f"(class {p.index}) on {p.share:.1%} of the pixels"
-    return f"(class {p.index})"
-
-
-def _how_much(p: Prediction) -> str:
-    if p.box is not None:
-        return f"{p.probability:.1%} at {_box(p.box)}"
-    if p.share is not None:
-        return f"{p.share:.1%} of the pixels"
-    return f"{p.probability:.1%}"
-
-
-def _box(box: tuple[float, float, float, float]) -> str:
-    return "[" + ", ".join(f"{value:g}" for value in box) + "]"
