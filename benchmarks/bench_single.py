@@ -14,9 +14,10 @@ ResNet-50 (random weights) at 224x224, layer4, Grad-CAM of the top class, on the
   ``LayerAttribution.interpolate``).
 
 Each round runs every case once, in an order that rotates from round to round, so that a busy machine or a warming
-cache slows all of them alike; each case's time is its median over the rounds. Printed: each case's median and its
-ratio to ``forward`` and to ``minimal``. Usage: ``python benchmarks/bench_single.py [--rounds N] [--batch N]
-[--threads N]``.
+cache slows all of them alike. Printed: each case's median time, and the medians over the rounds of its ratio to
+``forward`` and to ``minimal`` and of its difference from ``minimal``, each taken within a round.
+
+Usage: ``python benchmarks/bench_single.py [--rounds N] [--batch N] [--threads N]``.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def peers(model: torch.nn.Module, x: torch.Tensor) -> dict[str, Callable[[], obj
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
@@ -129,13 +130,16 @@ def main() -> int:
             cases[name]()
             times[name].append(time.perf_counter() - started)
     median = {name: statistics.median(values) for name, values in times.items()}
-    print(f"resnet50 (random weights), {args.batch}x3x224x224, layer4, {args.threads} CPU threads, {args.rounds} rounds")
-    print(f"{'case':<20} {'median':>10} {'/forward':>9} {'/minimal':>9}")
+    shape = f"{args.batch}x3x224x224"
+    print(f"resnet50 (random weights), {shape}, layer4, {args.threads} CPU threads, {args.rounds} rounds")
+    print(f"{'case':<20} {'median':>10} {'/forward':>9} {'/minimal':>9} {'- minimal':>10}")
     for name, seconds in median.items():
-        print(
-            f"{name:<20} {seconds * 1000:7.1f} ms {seconds / median['forward']:8.3f}x "
-            f"{seconds / median['minimal']:8.3f}x"
-        )
+        # ratios and differences within each round (one call of each case, back to back), then their median:
+        # the machine's drifts in speed, which move whole rounds, cancel out
+        ratio = statistics.median(a / b for a, b in zip(times[name], times["forward"], strict=True))
+        to_minimal = statistics.median(a / b for a, b in zip(times[name], times["minimal"], strict=True))
+        extra = statistics.median(a - b for a, b in zip(times[name], times["minimal"], strict=True))
+        print(f"{name:<20} {seconds * 1000:7.1f} ms {ratio:8.3f}x {to_minimal:8.3f}x {extra * 1000:+7.2f} ms")
     return 0
 
 
