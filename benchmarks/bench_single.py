@@ -7,7 +7,7 @@ ResNet-50 (random weights) at 224x224, layer4, Grad-CAM of the top class, on the
   backward hook keeping the gradient, one forward and one backward pass, the weighted sum, ReLU, bilinear upsampling
   to the input and min-max normalisation;
 * ``gradcam-cli``: ``Explainer.explain_batch`` (hooks, model state kept, score, maps upsampled to the input, the
-  results built), on the model in eval mode with frozen parameters (as ``load_model`` returns it), and
+  results built), on the model in eval mode with frozen parameters (as ``Explainer.from_options`` holds it), and
   ``gradcam-cli, built`` on one in training mode with parameters requiring gradients (as torchvision builds it:
   each pass switches both and back);
 * the peers, where installed: pytorch-grad-cam's ``GradCAM`` and captum's ``LayerGradCam`` (upsampled with
@@ -103,7 +103,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     torch.manual_seed(0)
-    model = torchvision.models.resnet50(weights=None).eval().requires_grad_(False)  # as load_model returns it
+    model = torchvision.models.resnet50(weights=None).eval().requires_grad_(False)  # as from_options holds it
     x = torch.randn(args.batch, 3, 224, 224)
     explainer = Explainer(model, "layer4")
     built = copy.deepcopy(model).train().requires_grad_(True)  # as torchvision builds it
