@@ -82,6 +82,20 @@ RAY_MAP_TOLERANCE, RAY_OVERLAY_LEVELS = 2e-6, 3
 thread count (docs/scale.md, The Ray engine)."""
 
 
+def assert_outputs_agree(got: Path, expected: Path, count: int) -> None:
+    """The ``.npy`` maps (``count`` of them) of two output folders, and their PNG overlays, agree to float rounding
+    (``RAY_MAP_TOLERANCE``, ``RAY_OVERLAY_LEVELS``)."""
+    import numpy as np
+    from PIL import Image
+
+    maps = sorted(path.relative_to(expected) for path in expected.rglob("*.npy"))
+    assert maps == sorted(path.relative_to(got) for path in got.rglob("*.npy")) and len(maps) == count
+    for name in maps:
+        np.testing.assert_allclose(np.load(got / name), np.load(expected / name), rtol=0, atol=RAY_MAP_TOLERANCE)
+        overlays = [np.asarray(Image.open(folder / name.with_suffix(".png")), np.int16) for folder in (got, expected)]
+        assert np.abs(overlays[0] - overlays[1]).max() <= RAY_OVERLAY_LEVELS, name
+
+
 def assert_rows_agree(got: list[dict], expected: list[dict], skipped: bool = False) -> None:
     """Comparable rows (:func:`comparable`) of two runs that agree to float rounding: the same fields, but the
     probabilities within 1e-5 and each fingerprint cell within one level. ``skipped``: ``got`` may have ``skipped``

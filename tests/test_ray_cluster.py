@@ -30,10 +30,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
-from conftest import RAY_MAP_TOLERANCE, RAY_OVERLAY_LEVELS, assert_rows_agree, comparable
-from PIL import Image
+from conftest import assert_outputs_agree, assert_rows_agree, comparable
 from ray_cluster import listening
 from square_model import square_image
 from typer.testing import CliRunner
@@ -223,9 +221,4 @@ def test_losing_a_node_mid_run_loses_no_image_and_a_rerun_completes_it(scratch):
     got, expected = comparable(out / "m.jsonl", out), comparable(local / "m.jsonl", local)
     assert_rows_agree(got, expected, skipped=True)  # every image once, in input order, with its full row
     assert all(row["predictions"] and row["target"] for row in got if row["input"] != broken)
-    maps = sorted(path.relative_to(local) for path in local.glob("*.npy"))
-    assert maps == sorted(path.relative_to(out) for path in out.glob("*.npy")) and len(maps) == 20
-    for name in maps:
-        np.testing.assert_allclose(np.load(out / name), np.load(local / name), rtol=0, atol=RAY_MAP_TOLERANCE)
-        overlays = [np.asarray(Image.open(folder / name.with_suffix(".png")), np.int16) for folder in (out, local)]
-        assert np.abs(overlays[0] - overlays[1]).max() <= RAY_OVERLAY_LEVELS, name
+    assert_outputs_agree(out, local, 20)

@@ -18,11 +18,9 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from conftest import RAY_MAP_TOLERANCE, RAY_OVERLAY_LEVELS, assert_rows_agree, comparable
-from PIL import Image
+from conftest import assert_outputs_agree, assert_rows_agree, comparable
 from square_model import square_image
 from typer.testing import CliRunner
 
@@ -118,12 +116,7 @@ def test_a_ray_run_writes_what_a_local_run_writes(photos, tmp_path, ray_instance
     shown = [[float(p) for p in PERCENT.findall(result.stdout)] for result in (there, here)]
     assert shown[0] == pytest.approx(shown[1], abs=0.11)
     assert_rows_agree(comparable(remote / "m.jsonl", remote), comparable(local / "m.jsonl", local))
-    maps = sorted(path.relative_to(local) for path in local.rglob("*.npy"))
-    assert maps == sorted(path.relative_to(remote) for path in remote.rglob("*.npy")) and len(maps) == 9
-    for name in maps:
-        np.testing.assert_allclose(np.load(remote / name), np.load(local / name), rtol=0, atol=RAY_MAP_TOLERANCE)
-        overlays = [np.asarray(Image.open(out / name.with_suffix(".png")), np.int16) for out in (remote, local)]
-        assert np.abs(overlays[0] - overlays[1]).max() <= RAY_OVERLAY_LEVELS, name
+    assert_outputs_agree(remote, local, 9)
     assert (remote / "index.html").is_file()
 
     resumed = gradcam(photos, remote, *common, "--manifest", remote / "m.jsonl", "--engine", "ray", "--skip-existing")
