@@ -207,10 +207,10 @@ def recorded_batches(monkeypatch) -> Iterator[dict[str, list]]:
     yield seen
 
 
-def run_cli(subject: Subject, layer: str, inputs: Path, out: Path) -> list[dict]:
+def run_cli(subject: Subject, layer: str, inputs: Path, out: Path, *more: str) -> list[dict]:
     arguments = [str(inputs), "--model", subject.name, "--weights", str(subject.weights), "--layer", layer,
                  "--input-size", str(HEIGHT), "--method", ",".join(METHODS), "--save-raw", "--json",
-                 "-o", str(out)]  # fmt: skip
+                 "-o", str(out), *more]  # fmt: skip
     result = CliRunner().invoke(app, arguments)
     assert result.exit_code == 0, result.output
     return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
@@ -274,6 +274,18 @@ def test_a_folded_run_agrees_with_the_formula(arch, kind, subjects, tmp_path, mo
     assert seen["folded"] == [not arch.startswith("timm:")], "the run did not fold its batch norms"  # timm's
     # BatchNormAct2d does not fold: its run of 33 runs unfolded
     assert {(4, True), (1, True)} <= set(seen["batches"]), seen["batches"]
+    check_rows(subject, layer, rows, FOLDED_RUN)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+@pytest.mark.parametrize("arch", ["efficientnet_b0", "mobilenet_v2"])
+def test_the_gpu_path_agrees_with_the_formula(arch, subjects, tmp_path):
+    """--device cuda (batches of 16, no channels-last): a single image and a run of 33, against the CPU reference."""
+    subject = subjects(arch)
+    layer = LAYERS[arch][KINDS.index("conv-bn")]
+    check_rows(subject, layer, run_cli(subject, layer, subject.images[0], tmp_path / "one", "--device", "cuda"), 1)
+    rows = run_cli(subject, layer, subject.images[0].parent, tmp_path / "all", "--device", "cuda")
     check_rows(subject, layer, rows, FOLDED_RUN)
 
 
