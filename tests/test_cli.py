@@ -325,6 +325,7 @@ def test_help_does_not_import_torch():
     assert done.stdout.strip().splitlines()[-1] == "False"
 
 
+@pytest.mark.slow  # a subprocess of its own
 def test_python_dash_m_gradcam_cli_explains_an_image(images, labels, tmp_path):
     out = tmp_path / "out"
     done = subprocess.run(
@@ -337,6 +338,7 @@ def test_python_dash_m_gradcam_cli_explains_an_image(images, labels, tmp_path):
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow  # a subprocess of its own
 def test_the_console_script_exits_quickly_yet_finishes_what_is_running(tmp_path):
     # entry_point skips the interpreter's teardown, so it must first wait for running threads, run the atexit
     # handlers and flush the streams, and keep the command's exit code and its one-line error.

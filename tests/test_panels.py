@@ -119,6 +119,7 @@ def test_runner_writes_one_panel_per_image_listed_in_every_row(tmp_path: Path, s
         assert height > 1.2 * width * 0.5  # a two-row grid (top-2)
 
 
+@pytest.mark.slow  # a subprocess of its own
 def test_matplotlib_and_opencv_are_imported_lazily() -> None:
     code = (
         "import sys, gradcam_cli.cli, gradcam_cli.pipeline.session, gradcam_cli.render.panels;"

@@ -262,6 +262,7 @@ def test_each_row_of_a_clip_reports_the_whole_clips_seconds(
     assert [r.seconds for r in records] == [float(FRAMES), float(FRAMES)]
 
 
+@pytest.mark.slow  # a subprocess of its own
 def test_unreadable_videos_are_one_line_each_with_no_decoder_noise(clip: Path, tmp_path: Path) -> None:
     """A text file, an empty file, a truncated mp4 and a clip with no frames: one `error:` line each, naming the
     file and the reason, exit 1, and the good clip beside them still explained. Run as a real process, so that what
