@@ -221,3 +221,16 @@ class DiffOptions:
     max_peak_shift: float = MAX_PEAK_SHIFT
     allow_class_change: bool = False
     allow_missing: bool = False
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """How ``gradcam serve`` listens and what it takes: ``host`` and ``port`` (0: a free port), the colormap and
+    opacity its page starts with, and the largest upload it decodes (``max_upload_bytes`` of file, ``max_pixels``)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8765
+    colormap: str = "jet"
+    alpha: float = 0.5
+    max_upload_bytes: int = 20 * 2**20
+    max_pixels: int = 40_000_000

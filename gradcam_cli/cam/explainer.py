@@ -12,7 +12,7 @@ Classifiers, detectors and segmenters alike: what is differentiated for each com
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -132,6 +132,9 @@ class Explainer:
         self.layer_names = self._checked_layers(infos, names)
         self.layers = resolved or {name: resolve_layer(model.module, name) for name in self.layer_names}
         self.layer_calls: dict[str, int] = {}
+        self.capture: Callable[[nn.Module, Mapping[str, nn.Module]], LayerCapture] = LayerCapture
+        """What each pass hooks the layers with: :class:`LayerCapture`, or a subclass (``gradcam serve`` keeps a
+        pass's graph to explain another class without a forward pass: :mod:`gradcam_cli.serve.replay`)."""
         self._folded: tuple[nn.Module, dict[str, nn.Module]] | None = None
         self.aug_smooth = aug_smooth
         self.eigen_smooth = eigen_smooth
@@ -297,7 +300,7 @@ class Explainer:
         extra passes some take: :mod:`gradcam_cli.cam.passes`)."""
         size = tuple(inputs.shape[-2:])
         module, layers = self._folded or (self.model.module, self.layers)
-        with LayerCapture(module, layers) as capture, ExitStack() as passes:
+        with self.capture(module, layers) as capture, ExitStack() as passes:
             with autocast(self.device, self.precision):
                 output = capture.forward_output(inputs)
             output = full_precision(output)  # scores, activations and gradients in float32 from here on

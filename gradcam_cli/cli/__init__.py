@@ -35,6 +35,11 @@ def main() -> None:
 
         run_app(diff_app, "gradcam diff", sys.argv[2:])
         return
+    if sys.argv[1:2] == ["serve"]:
+        from .serve import app as serve_app
+
+        run_app(serve_app, "gradcam serve", sys.argv[2:])
+        return
     if sys.argv[1:2] == ["merge"]:
         from .merge import app as merge_app
 

@@ -1,0 +1,362 @@
+"""``create_app``: the explorer as a Starlette ASGI app, which ``gradcam serve`` runs on uvicorn and a notebook or
+another service can mount.
+
+Routes (every answer JSON or a file; every failure ``{"error": "<one line>"}`` with a 4xx or 500 status):
+
+- ``GET /``: the page; ``GET /static/<name>``: its script and style (a fixed list).
+- ``GET /api/info``: the model (name, task, layers with shapes and the default marked, methods) or none, the run.
+- ``GET /api/images``: the served inputs, paged; ``POST /api/upload``: an image (the body), checked and decoded.
+- ``GET /api/images/<id>.png``: an image as decoded (what the maps line up with).
+- ``GET /api/map?image=&layer=&method=&target=&rank=``: a map computed (or replayed, or kept); ``GET
+  /api/maps/<id>.png`` its 16-bit values packed in a PNG, ``.../overlay.png``, ``.../heatmap.png``, ``.../map.npy``
+  its downloads, ``.../faithfulness`` its deletion/insertion (and ROAD) figures.
+- ``GET /api/run/rows``: a page of the run's rows (filters, sort); ``GET /api/run/rows/<n>/outputs/<k>``: a row's
+  file; ``GET /files/<path>``: a file inside the run folder.
+
+Safety: files are served only from inside the run folder (after resolving symbolic links) and the given inputs;
+requests other than GET/HEAD must come from the page's own origin (a cross-origin ``Origin`` is refused with 403).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ..io.discovery import InputImage
+from ..io.naming import RUN_RECORD_NAME
+from ..options import ServeOptions
+from ..render.colour import colormap_table
+from .files import contained, row_output
+from .http import (
+    HttpError,
+    blocking,
+    bytes_response,
+    error_response,
+    float_param,
+    guarded,
+    int_param,
+    json_response,
+    required_param,
+    text_param,
+)
+from .images import ImageStore
+from .model import ModelService
+from .runindex import RowFilter, RunIndex
+
+PAGE_COLORMAPS = ("jet", "turbo", "viridis", "inferno", "magma", "gray")
+"""The colormaps the page offers (any matplotlib name works in a download's ``colormap``)."""
+STATIC = {"app.js": "text/javascript", "style.css": "text/css"}
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' blob: data:; style-src 'self'; object-src 'none'; "
+    "frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+@dataclass
+class Explorer:
+    """What the app serves: the model (or none), the images, the run (or none) and its folder."""
+
+    options: ServeOptions
+    images: ImageStore
+    service: ModelService | None = None
+    run: RunIndex | None = None
+    run_dir: Path | None = None
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+def create_app(
+    service: ModelService | None = None,
+    inputs: Sequence[InputImage] = (),
+    run_dir: Path | None = None,
+    manifest: Path | None = None,
+    options: ServeOptions | None = None,
+    drift: Path | None = None,
+    work_dir: Path | None = None,
+) -> Starlette:
+    """The explorer's ASGI app: ``service`` explains (none: a run view only), ``inputs`` are the served images,
+    ``run_dir``/``manifest`` a finished run (its index is built now), ``drift`` a ``gradcam diff --json`` result.
+    Uploads and a fallback index live in ``work_dir`` (default: a new temporary folder)."""
+    options = options or ServeOptions()
+    work = work_dir or Path(tempfile.mkdtemp(prefix="gradcam-serve-"))
+    run = RunIndex(manifest, work, drift) if manifest is not None else None
+    record: dict[str, Any] = {}
+    if run_dir is not None:
+        try:
+            loaded = json.loads((run_dir / RUN_RECORD_NAME).read_text(encoding="utf-8"))
+            record = loaded if isinstance(loaded, dict) else {}
+        except (OSError, ValueError):
+            record = {}
+
+    def row_input(number: int) -> tuple[str, Path] | None:
+        found = run.row(number) if run is not None else None
+        return (str(found["input"]), Path(found["input"])) if found else None
+
+    uploads = work / "uploads"
+    uploads.mkdir(parents=True, exist_ok=True)
+    images = ImageStore(inputs, uploads, options, row_input)
+    if service is not None:
+        images.forgotten.append(service.passes.drop)
+    explorer = Explorer(options, images, service, run, run_dir.resolve() if run_dir else None, record)
+    routes = [
+        Route("/", _page(explorer)),
+        Route("/static/{name}", _static),
+        Route("/api/info", guarded(_info(explorer))),
+        Route("/api/images", guarded(_images(explorer))),
+        Route("/api/upload", guarded(_upload(explorer)), methods=["POST"]),
+        Route("/api/images/{id}.png", guarded(_image_png(explorer))),
+        Route("/api/map", guarded(_map(explorer))),
+        Route("/api/maps/{id}.png", guarded(_map_file(explorer, "png"))),
+        Route("/api/maps/{id}/overlay.png", guarded(_map_file(explorer, "overlay"))),
+        Route("/api/maps/{id}/heatmap.png", guarded(_map_file(explorer, "heatmap"))),
+        Route("/api/maps/{id}/map.npy", guarded(_map_file(explorer, "npy"))),
+        Route("/api/maps/{id}/faithfulness", guarded(_faithfulness(explorer))),
+        Route("/api/run/rows", guarded(_rows(explorer))),
+        Route("/api/run/rows/{row:int}/outputs/{k:int}", guarded(_row_file(explorer))),
+        Route("/files/{path:path}", guarded(_file(explorer))),
+    ]
+    app = Starlette(routes=routes, middleware=[Middleware(SameOrigin)])
+    app.state.explorer = explorer
+    return app
+
+
+class SameOrigin:
+    """Refuse (403) a request that is not GET or HEAD when its ``Origin`` is another site's; add security headers."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        if request.method not in ("GET", "HEAD"):
+            origin = request.headers.get("origin")
+            host = request.headers.get("host", "")
+            fetch_site = request.headers.get("sec-fetch-site")
+            if (origin is not None and origin not in (f"http://{host}", f"https://{host}")) or fetch_site in (
+                "cross-site",
+                "same-site",
+            ):
+                await error_response(403, "cross-origin requests are refused")(scope, receive, send)
+                return
+
+        async def with_headers(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", [])
+                for key, value in SECURITY_HEADERS.items():
+                    message["headers"].append((key.lower().encode(), value.encode()))
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+def _page(explorer: Explorer) -> Any:
+    async def page(request: Request) -> Response:
+        html = resources.files("gradcam_cli.serve").joinpath("page/index.html").read_bytes()
+        return Response(html, media_type="text/html; charset=utf-8", headers={"Cache-Control": "no-store"})
+
+    return page
+
+
+async def _static(request: Request) -> Response:
+    name = request.path_params["name"]
+    if name not in STATIC:
+        return error_response(404, "no such file")
+    data = resources.files("gradcam_cli.serve").joinpath(f"page/{name}").read_bytes()
+    return Response(data, media_type=STATIC[name], headers={"Cache-Control": "no-store"})
+
+
+def _needs_model(explorer: Explorer) -> ModelService:
+    if explorer.service is None:
+        raise HttpError(409, "no model is loaded; start gradcam serve with --model to explain images")
+    return explorer.service
+
+
+def _info(explorer: Explorer) -> Any:
+    async def info(request: Request) -> Response:
+        run = None
+        if explorer.run is not None:
+            facets = await blocking(explorer.run.facets)
+            run = {**facets, "manifest": str(explorer.run.manifest), "record": explorer.record}
+        model = explorer.service.info() if explorer.service is not None else None
+        options = explorer.options
+        colormap = str(explorer.record.get("colormap") or options.colormap)
+        alpha = explorer.record.get("alpha")
+        return json_response(
+            {
+                "model": model,
+                "run": run,
+                "inputs": len(explorer.images.inputs),
+                "colormaps": {name: _table(name) for name in dict.fromkeys((*PAGE_COLORMAPS, colormap))},
+                "colormap": colormap,
+                "alpha": float(alpha) if isinstance(alpha, (int, float)) else options.alpha,
+            }
+        )
+
+    return info
+
+
+def _images(explorer: Explorer) -> Any:
+    async def images(request: Request) -> Response:
+        offset = int_param(request, "offset", 0, 0, 10**9)
+        limit = int_param(request, "limit", 50, 1, 200)
+        total, page = explorer.images.listing(offset, limit, text_param(request, "q"))
+        return json_response({"total": total, "images": page})
+
+    return images
+
+
+def _upload(explorer: Explorer) -> Any:
+    async def upload(request: Request) -> Response:
+        limit = explorer.options.max_upload_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise HttpError(413, f"the upload is {int(declared):,} bytes; at most {limit:,} are taken")
+        data = bytearray()
+        async for chunk in request.stream():
+            data.extend(chunk)
+            if len(data) > limit:
+                raise HttpError(413, f"the upload is over {limit:,} bytes")
+        source = await blocking(lambda: explorer.images.upload(bytes(data), text_param(request, "name")))
+        _, decoded = await blocking(lambda: explorer.images.decoded(source.id))
+        height, width = decoded.size
+        return json_response({"id": source.id, "name": source.name, "width": width, "height": height})
+
+    return upload
+
+
+def _image_png(explorer: Explorer) -> Any:
+    async def image_png(request: Request) -> Response:
+        _, decoded = await blocking(lambda: explorer.images.decoded(request.path_params["id"]))
+        return bytes_response(await blocking(decoded.display_png), "image/png", cache=False)
+
+    return image_png
+
+
+def _map(explorer: Explorer) -> Any:
+    async def compute(request: Request) -> Response:
+        service = _needs_model(explorer)
+        image_id = required_param(request, "image")
+        layer, method = text_param(request, "layer"), text_param(request, "method")
+        target, rank = text_param(request, "target"), int_param(request, "rank", 0, 0, 1000)
+
+        def work() -> dict[str, Any]:
+            source, decoded = explorer.images.decoded(image_id)
+            return service.explain(source, decoded, layer, method, target, rank).to_dict()
+
+        return json_response(await blocking(work))
+
+    return compute
+
+
+def _map_file(explorer: Explorer, kind: str) -> Any:
+    async def map_file(request: Request) -> Response:
+        service = _needs_model(explorer)
+        stored = service.maps.get(request.path_params["id"])
+        if stored is None:
+            raise HttpError(404, "this map is no longer kept; ask for it again")
+        if kind == "png":
+            return bytes_response(await blocking(stored.packed_png), "image/png")
+        if kind == "npy":
+            return bytes_response(await blocking(stored.npy), "application/octet-stream", f"{stored.name}.npy")
+        colormap = text_param(request, "colormap", explorer.options.colormap) or "jet"
+        colormap_table(colormap)  # an unknown name: a UsageError, 400, with close matches
+        if kind == "heatmap":
+            data = await blocking(lambda: stored.heatmap_png(colormap))
+            return bytes_response(data, "image/png", f"{stored.name}_heatmap.png")
+        alpha = float_param(request, "alpha", 0.0, 1.0)
+        opacity = explorer.options.alpha if alpha is None else alpha
+        data = await blocking(lambda: stored.overlay_png(colormap, opacity))
+        return bytes_response(data, "image/png", f"{stored.name}.png")
+
+    return map_file
+
+
+def _faithfulness(explorer: Explorer) -> Any:
+    async def faithfulness(request: Request) -> Response:
+        service = _needs_model(explorer)
+        stored = service.maps.get(request.path_params["id"])
+        if stored is None:
+            raise HttpError(404, "this map is no longer kept; ask for it again")
+        road = text_param(request, "road") in ("1", "true", "yes")
+
+        def work() -> dict[str, Any]:
+            _, decoded = explorer.images.decoded(stored.image)
+            return service.faithfulness(stored, decoded, road)
+
+        return json_response(await blocking(work))
+
+    return faithfulness
+
+
+def _table(name: str) -> list[list[int]]:
+    """A colormap's 256 RGB entries (0-255), which the page colours maps with (all sent once, with the info)."""
+    return [[round(float(v) * 255) for v in entry] for entry in colormap_table(name).tolist()]
+
+
+def _rows(explorer: Explorer) -> Any:
+    async def rows(request: Request) -> Response:
+        if explorer.run is None:
+            raise HttpError(409, "no run is served; start gradcam serve with a run's output folder")
+        where = RowFilter(
+            predicted=text_param(request, "predicted"),
+            target=text_param(request, "target"),
+            min_probability=float_param(request, "pmin", 0.0, 1.0),
+            max_probability=float_param(request, "pmax", 0.0, 1.0),
+            status=text_param(request, "status"),
+            drift=text_param(request, "drift"),
+            query=text_param(request, "q"),
+            sort=text_param(request, "sort", "row") or "row",
+            desc=text_param(request, "order") == "desc",
+        )
+        offset = int_param(request, "offset", 0, 0, 10**9)
+        limit = int_param(request, "limit", 50, 1, 200)
+        run = explorer.run
+        return json_response(await blocking(lambda: run.page(where, offset, limit)))
+
+    return rows
+
+
+def _row_file(explorer: Explorer) -> Any:
+    async def row_file(request: Request) -> Response:
+        if explorer.run is None or explorer.run_dir is None:
+            raise HttpError(409, "no run is served")
+        run, root = explorer.run, explorer.run_dir
+        found = await blocking(lambda: run.row(request.path_params["row"]))
+        if found is None:
+            raise HttpError(404, f"no row {request.path_params['row']}")
+        path = row_output(root, run.manifest, found["outputs"], request.path_params["k"])
+        return _file_response(path)
+
+    return row_file
+
+
+def _file(explorer: Explorer) -> Any:
+    async def file(request: Request) -> Response:
+        if explorer.run_dir is None:
+            raise HttpError(404, "no run folder is served")
+        return _file_response(contained(explorer.run_dir, request.path_params["path"]))
+
+    return file
+
+
+def _file_response(path: Path) -> Response:
+    media = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".webp": "image/webp"}
+    kind = media.get(path.suffix.lower(), "application/octet-stream")
+    download = None if kind.startswith("image/") else path.name.encode("ascii", "replace").decode().replace('"', "_")
+    return bytes_response(path.read_bytes(), kind, download, cache=False)

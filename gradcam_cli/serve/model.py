@@ -1,0 +1,214 @@
+"""The model behind the explorer: loaded once, every use of it serialised by one lock.
+
+:class:`ModelService` answers the page's questions about an image with the library's own code: predictions and
+maps from an :class:`~gradcam_cli.cam.explainer.Explainer` (one per layer and method, built on first use), the
+layer list from :func:`~gradcam_cli.cam.layers.inspect_layers` (through ``dry_pass``), class names matched as
+``--target-class`` matches them, and faithfulness figures from ``gradcam eval``'s
+:class:`~gradcam_cli.evaluation.evaluate.Evaluator`. Each explainer's ``capture`` is a
+:class:`~gradcam_cli.serve.replay.ReplayFactory`, so that another class of an image already explained at a layer
+costs one backward pass and no forward pass (:class:`~gradcam_cli.serve.replay.RetainedPasses` bounds what is kept).
+
+One lock (``model_lock``) serialises every pass: hooks, retained graphs and the model's mode flags are never shared
+by two requests at once, and a request that fails leaves the model as the engine restores it.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..cam.explainer import Explainer
+from ..cam.layers import dry_pass, model_default_layer
+from ..cam.methods import METHODS
+from ..errors import UsageError, suggest
+from ..models.labels import resolve_target
+from ..models.loading import LoadedModel
+from ..models.tasks import Task
+from ..options import EvalOptions, ExplainOptions, ModelOptions
+from .images import DecodedImage, Source
+from .maps import MapStore, StoredMap, map_id
+from .replay import RETAINED_PASSES, ReplayFactory, RetainedPasses
+
+MAX_EXPLAINERS = 16
+"""Explainers kept (one per layer and method; each holds only names and hooks-free settings)."""
+
+
+@dataclass
+class MapAnswer:
+    """A computed map with what the page shows beside it; ``forward``: whether this request ran the model."""
+
+    stored: StoredMap
+    forward: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        e = self.stored.explanation
+        height, width = e.saliency.shape[-2:]
+        return {
+            "id": self.stored.id,
+            "image": self.stored.image,
+            "layer": self.stored.layer,
+            "method": e.method,
+            "target": prediction_dict(e.target),
+            "rank": e.rank,
+            "width": int(width),
+            "height": int(height),
+            "name": self.stored.name,
+            "predictions": [prediction_dict(p) for p in self.stored.predictions],
+            "forward": self.forward,
+        }
+
+
+def prediction_dict(p: Any) -> dict[str, Any]:
+    """A :class:`~gradcam_cli.cam.results.Prediction` as the manifest writes it."""
+    out: dict[str, Any] = {"index": p.index, "name": p.name, "probability": p.probability}
+    if p.box is not None:
+        out["box"] = [float(v) for v in p.box]
+    if p.share is not None:
+        out["share"] = p.share
+    return out
+
+
+class ModelService:
+    """One loaded model, explained on request; ``options`` are the run's (or the command's) explain options."""
+
+    def __init__(
+        self, model: LoadedModel | ModelOptions, options: ExplainOptions | None = None, retained: int = RETAINED_PASSES
+    ) -> None:
+        options = options or ExplainOptions()
+        self.options = options
+        base = Explainer.from_options(model, options)
+        self.model = base.model
+        self.task = base.task
+        self.device = base.device
+        self.default_layer = base.layer_label
+        self.default_method = base.methods[0]
+        self.model_lock = threading.Lock()
+        self.passes = RetainedPasses(retained)
+        self.maps = MapStore()
+        self._explainers: dict[tuple[str, str], Explainer] = {(base.layer_label, base.methods[0]): base}
+        infos = dry_pass(self.model, self.device)
+        try:
+            default = model_default_layer(self.model, infos)
+        except UsageError:
+            default = None
+        self.layers = [
+            {"name": i.name, "kind": i.kind, "shape": list(i.output_shape or ()), "default": i.name == default}
+            for i in infos
+            if i.is_candidate
+        ]
+        self.methods = [name for name, m in METHODS.items() if self.task.value in m.tasks]
+
+    def info(self) -> dict[str, Any]:
+        """What the page needs to build its controls."""
+        return {
+            "model": self.model.name,
+            "task": self.task.value,
+            "layers": self.layers,
+            "default_layer": self.default_layer,
+            "methods": self.methods,
+            "default_method": self.default_method,
+        }
+
+    def explainer(self, layer: str | None, method: str | None) -> Explainer:
+        """The explainer for ``layer`` (names joined by ``+``) and ``method``; a bad name is a UsageError."""
+        layer = layer or self.default_layer
+        method = method or self.default_method
+        key = (layer, method)
+        if key not in self._explainers:
+            if method not in self.methods:
+                raise UsageError(f"unknown method {method!r} for a {self.task.noun}.{suggest(method, self.methods)}")
+            names = [name for name in layer.split("+") if name]
+            options = ExplainOptions(
+                layers=tuple(names),
+                methods=(method,),
+                score=self.options.score,
+                score_threshold=self.options.score_threshold,
+                max_detections=self.options.max_detections,
+                top_k=self.options.top_k,
+            )
+            if len(self._explainers) >= MAX_EXPLAINERS:
+                self._explainers.pop(next(iter(self._explainers)))
+            self._explainers[key] = Explainer.from_options(self.model, options)
+        return self._explainers[key]
+
+    def target_index(self, text: str | None) -> int | None:
+        """A class by index or name, matched as ``--target-class`` matches it."""
+        return resolve_target(self.model, text) if text else None
+
+    def explain(
+        self, source: Source, image: DecodedImage, layer: str | None, method: str | None, target: str | None, rank: int
+    ) -> MapAnswer:
+        """The map of ``target`` (a classifier's or segmenter's class; ``None``: the top one) or of detection
+        ``rank`` (0: every detection's combined map), at ``layer`` with ``method``."""
+        with self.model_lock:
+            explainer = self.explainer(layer, method)
+            index = self.target_index(target) if self.task is not Task.DETECT else None
+            key = map_id(source.id, explainer.layer_label, explainer.methods[0], index, rank)
+            stored = self.maps.get(key)
+            if stored is not None:
+                return MapAnswer(stored, False)
+            factory = ReplayFactory(self.passes, source.id)
+            explainer.capture = factory
+            try:
+                batch = image.batch(self.model.input_spec)
+                result = explainer.explain_batch(batch, [image.size], target=index)[0]
+            finally:
+                explainer.capture = _plain_capture()
+        result.pixels = image.pixels
+        chosen = _chosen(result.explanations, rank, self.task)
+        stored = StoredMap(key, source.id, source.stem, explainer.layer_label, chosen, result.predictions, image.pixels)
+        if self.task is Task.DETECT:  # every detection's map came with this pass: keep them all
+            for other in result.explanations:
+                if other is not chosen and other.rank is not None:
+                    other_key = map_id(source.id, explainer.layer_label, explainer.methods[0], None, other.rank)
+                    self.maps.put(
+                        StoredMap(
+                            other_key, source.id, source.stem, stored.layer, other, result.predictions, image.pixels
+                        )
+                    )
+        self.maps.put(stored)
+        return MapAnswer(stored, factory.forward)
+
+    def faithfulness(self, stored: StoredMap, image: DecodedImage, road: bool) -> dict[str, Any]:
+        """Deletion and insertion AUC, Average Drop (and ROAD with ``road``) of a classifier's map, computed by
+        ``gradcam eval``'s evaluator for this image and this map."""
+        if self.task is not Task.CLASSIFY:
+            raise UsageError(f"faithfulness figures here are for classifiers; use gradcam eval for a {self.task.noun}")
+        from ..evaluation.evaluate import Evaluator
+
+        with self.model_lock:
+            explainer = self.explainer(stored.layer, stored.explanation.method)
+            evaluator = Evaluator(explainer, EvalOptions(steps=20, road=road))
+            inputs = image.batch(self.model.input_spec).to(self.device)
+            saliency = stored.explanation.saliency.to(self.device)[None, None]
+            small = torch.nn.functional.interpolate(saliency, size=tuple(inputs.shape[-2:]), mode="bilinear")[0, 0]
+            scores = evaluator._perturbation_scores(inputs[0], stored.explanation.target, {"map": small})["map"]
+        out: dict[str, Any] = {
+            "deletion_auc": scores.deletion_auc,
+            "insertion_auc": scores.insertion_auc,
+            "masked_probability": scores.masked_probability,
+            "deletion": scores.deletion,
+            "insertion": scores.insertion,
+        }
+        if road:
+            out["road"] = scores.road
+        return out
+
+
+def _plain_capture() -> Any:
+    from ..cam.engine import LayerCapture
+
+    return LayerCapture
+
+
+def _chosen(explanations: list[Any], rank: int, task: Task) -> Any:
+    """The explanation a request asked for: a detector's detection ``rank`` (0: combined), else the first."""
+    if task is Task.DETECT:
+        for explanation in explanations:
+            if explanation.rank == rank:
+                return explanation
+        raise UsageError(f"no detection {rank} in this image ({len(explanations) - 1} found)")
+    return explanations[0]

@@ -1,0 +1,266 @@
+// gradcam serve's page. Every text from the server is set with textContent (never innerHTML); maps arrive once as
+// 16-bit values packed in a PNG (red: high byte, green: low byte) and are coloured and blended here, so colormap and
+// opacity change without a request.
+"use strict";
+const $ = (id) => document.getElementById(id);
+const state = { info: null, image: null, photo: null, map: null, values: null, answer: null, offset: 0, total: 0 };
+const PAGE = 25;
+
+function el(tag, text, attrs) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  return node;
+}
+
+function say(text) { $("status").textContent = text; }
+
+async function api(url, options) {
+  const response = await fetch(url, options);
+  const body = await response.json();
+  if (!response.ok) throw new Error(body.error || response.statusText);
+  return body;
+}
+
+function loadImage(url) {
+  return new Promise((resolve, reject) => {
+    const img = new Image();
+    img.onload = () => resolve(img);
+    img.onerror = () => reject(new Error("cannot load " + url));
+    img.src = url;
+  });
+}
+
+function pixelsOf(img) {
+  const c = document.createElement("canvas");
+  c.width = img.naturalWidth; c.height = img.naturalHeight;
+  const ctx = c.getContext("2d");
+  ctx.drawImage(img, 0, 0);
+  return ctx.getImageData(0, 0, c.width, c.height);
+}
+
+function unpack(data) {  // the packed PNG's 16-bit values, as floats in [0, 1]
+  const n = data.width * data.height, out = new Float32Array(n), d = data.data;
+  for (let i = 0; i < n; i++) out[i] = (d[4 * i] * 256 + d[4 * i + 1]) / 65535;
+  return out;
+}
+
+function paint(canvas, photo, values, boxes) {
+  const table = state.info.colormaps[$("colormap").value];
+  const alpha = parseFloat($("alpha").value);
+  canvas.width = photo.width; canvas.height = photo.height;
+  const ctx = canvas.getContext("2d");
+  const out = ctx.createImageData(photo.width, photo.height);
+  const p = photo.data, o = out.data;
+  for (let i = 0; i < values.length; i++) {
+    const c = table[Math.round(values[i] * 255)];
+    for (let ch = 0; ch < 3; ch++) o[4 * i + ch] = Math.round((1 - alpha) * p[4 * i + ch] + alpha * c[ch]);
+    o[4 * i + 3] = 255;
+  }
+  ctx.putImageData(out, 0, 0);
+  ctx.lineWidth = 2; ctx.strokeStyle = "#fff";
+  for (const box of boxes || []) ctx.strokeRect(box[0], box[1], box[2] - box[0], box[3] - box[1]);
+}
+
+function redraw() {
+  if (!state.values) return;
+  const a = state.answer;
+  const boxes = (a.rank === null) ? [] : (a.rank === 0 ? a.predictions.map((p) => p.box) : [a.target.box]);
+  paint($("view"), state.photo, state.values, boxes.filter(Boolean));
+  for (const fig of $("compare").children) paint(fig.firstChild, state.photo, fig.values, []);
+}
+
+function setSelect(select, items, chosen) {
+  select.replaceChildren();
+  for (const [value, label] of items) {
+    const option = el("option", label, { value });
+    if (value === chosen) option.selected = true;
+    select.append(option);
+  }
+}
+
+async function explain(params) {
+  if (!state.image) return;
+  const model = state.info.model;
+  const q = new URLSearchParams({ image: state.image, layer: $("layer").value, method: $("method").value });
+  for (const [k, v] of Object.entries(params || {})) if (v !== null && v !== undefined && v !== "") q.set(k, v);
+  say("explaining...");
+  try {
+    const answer = await api("/api/map?" + q);
+    const img = await loadImage(`/api/maps/${answer.id}.png`);
+    state.answer = answer;
+    state.values = unpack(pixelsOf(img));
+    showPredictions(answer, model.task);
+    const cm = encodeURIComponent($("colormap").value), al = $("alpha").value;
+    $("dl-overlay").href = `/api/maps/${answer.id}/overlay.png?colormap=${cm}&alpha=${al}`;
+    $("dl-heatmap").href = `/api/maps/${answer.id}/heatmap.png?colormap=${cm}`;
+    $("dl-npy").href = `/api/maps/${answer.id}/map.npy`;
+    $("caption").textContent = `${answer.method} for ${answer.target.name} at ${answer.layer}` +
+      (answer.forward ? "" : " (no forward pass)");
+    $("faith-out").textContent = "";
+    redraw();
+    $("view").dataset.mapId = answer.id;
+    say("");
+  } catch (error) { say("error: " + error.message); }
+}
+
+function showPredictions(answer, task) {
+  const list = $("predictions");
+  list.replaceChildren();
+  $("pred-title").textContent = task === "detect" ? "Detections" : task === "segment" ? "Classes" : "Predictions";
+  if (task === "detect") {
+    const all = el("button", "all detections", { type: "button", "data-rank": "0" });
+    if (answer.rank === 0) all.classList.add("chosen");
+    all.onclick = () => explain({ rank: 0 });
+    list.append(el("li")); list.lastChild.append(all);
+  }
+  answer.predictions.forEach((p, i) => {
+    let text = `${p.name} ${(100 * p.probability).toFixed(1)}%`;
+    if (p.share !== undefined) text += ` on ${(100 * p.share).toFixed(1)}% of the pixels`;
+    const button = el("button", text, { type: "button", "data-index": p.index });
+    const chosen = task === "detect" ? answer.rank === i + 1 : answer.target.index === p.index;
+    if (chosen) button.classList.add("chosen");
+    button.onclick = () => (task === "detect" ? explain({ rank: i + 1 }) : explain({ target: String(p.index) }));
+    const item = el("li"); item.append(button); list.append(item);
+  });
+}
+
+async function chooseImage(id) {
+  state.image = id;
+  state.photo = pixelsOf(await loadImage(`/api/images/${id}.png`));
+  $("compare").replaceChildren();
+  await explain({});
+}
+
+async function upload(file) {
+  say("uploading...");
+  try {
+    const body = await api("/api/upload?name=" + encodeURIComponent(file.name), { method: "POST", body: file });
+    const option = el("option", body.name, { value: body.id });
+    $("inputs").append(option); option.selected = true;
+    await chooseImage(body.id);
+  } catch (error) { say("error: " + error.message); }
+}
+
+function addCompare() {
+  if (!state.values) return;
+  if ($("compare").children.length >= 4) $("compare").firstChild.remove();
+  const fig = el("figure"); const canvas = el("canvas");
+  fig.values = state.values;
+  fig.append(canvas, el("figcaption", $("caption").textContent));
+  $("compare").append(fig);
+  redraw();
+}
+
+async function faithfulness() {
+  if (!state.answer) return;
+  say("measuring...");
+  try {
+    const f = await api(`/api/maps/${state.answer.id}/faithfulness?road=1`);
+    $("faith-out").textContent = `deletion AUC ${f.deletion_auc.toFixed(3)}  insertion AUC ${f.insertion_auc.toFixed(3)}` +
+      (f.road !== undefined ? `  ROAD ${f.road.toFixed(3)}` : "");
+    say("");
+  } catch (error) { say("error: " + error.message); }
+}
+
+// The run view: a page of rows at a time, filtered and sorted on the server.
+function runQuery() {
+  const q = new URLSearchParams({ offset: state.offset, limit: PAGE, sort: $("f-sort").value });
+  if ($("f-desc").checked) q.set("order", "desc");
+  for (const [key, id] of [["q", "f-q"], ["predicted", "f-predicted"], ["target", "f-target"], ["pmin", "f-pmin"],
+    ["pmax", "f-pmax"], ["status", "f-status"], ["drift", "f-drift"]]) {
+    if ($(id).value) q.set(key, $(id).value);
+  }
+  return q;
+}
+
+async function loadRows() {
+  try {
+    const page = await api("/api/run/rows?" + runQuery());
+    state.total = page.total;
+    const body = $("rows-body");
+    body.replaceChildren();
+    for (const row of page.rows) {
+      const tr = el("tr", null, { "data-row": row.row });
+      if (row.status === "error") tr.classList.add("failed");
+      const prob = row.probability === null ? "" : (100 * row.probability).toFixed(1) + "%";
+      for (const cell of [row.row, row.input, row.status, row.error || "", row.method || "", row.target_name || "",
+        prob, row.predicted_name || "", row.drift || ""]) tr.append(el("td", cell));
+      tr.onclick = () => showRow(row);
+      body.append(tr);
+    }
+    const last = Math.min(state.offset + PAGE, state.total);
+    $("page-label").textContent = `${state.total ? state.offset + 1 : 0}-${last} of ${state.total}`;
+  } catch (error) { say("error: " + error.message); }
+}
+
+function showRow(row) {
+  const detail = $("row-detail");
+  detail.replaceChildren(el("h3", row.input));
+  if (row.error) detail.append(el("p", row.error));
+  row.outputs.forEach((out, k) => {
+    if (/\.(png|jpe?g|webp)$/i.test(out)) detail.append(el("img", null, { src: `/api/run/rows/${row.row}/outputs/${k}`, alt: out }));
+  });
+  if (state.info.model && row.status !== "error") {
+    const live = el("button", "explain live", { type: "button" });
+    live.onclick = async () => { showView("image"); await chooseImage("r" + row.row); };
+    detail.append(live);
+  }
+}
+
+function showView(which) {
+  $("image-view").hidden = which !== "image";
+  $("run-view").hidden = which !== "run";
+}
+
+async function start() {
+  const info = await api("/api/info");
+  state.info = info;
+  setSelect($("colormap"), Object.keys(info.colormaps).map((n) => [n, n]), info.colormap);
+  $("alpha").value = info.alpha;
+  $("colormap").onchange = redraw;
+  $("alpha").oninput = redraw;
+  if (info.model) {
+    const m = info.model;
+    $("model-name").textContent = `${m.model} (${m.task})`;
+    const layers = m.layers.map((l) => [l.name, `${l.name} ${JSON.stringify(l.shape)}${l.default ? " (default)" : ""}`]);
+    if (!m.layers.some((l) => l.name === m.default_layer)) layers.unshift([m.default_layer, m.default_layer + " (default)"]);
+    setSelect($("layer"), layers, m.default_layer);
+    setSelect($("method"), m.methods.map((n) => [n, n]), m.default_method);
+    $("layer").onchange = () => explain({ target: state.answer && m.task !== "detect" ? String(state.answer.target.index) : "" });
+    $("method").onchange = $("layer").onchange;
+    const images = await api("/api/images?limit=200");
+    setSelect($("inputs"), [["", "(choose)"], ...images.images.map((i) => [i.id, i.name])], "");
+    $("inputs").onchange = () => $("inputs").value && chooseImage($("inputs").value);
+    $("upload").onchange = () => $("upload").files[0] && upload($("upload").files[0]);
+    const drop = $("drop");
+    drop.ondragover = (e) => { e.preventDefault(); drop.classList.add("over"); };
+    drop.ondragleave = () => drop.classList.remove("over");
+    drop.ondrop = (e) => { e.preventDefault(); drop.classList.remove("over"); if (e.dataTransfer.files[0]) upload(e.dataTransfer.files[0]); };
+    $("target-go").onclick = () => explain({ target: $("target").value });
+    $("compare-add").onclick = addCompare;
+    $("faith").onclick = faithfulness;
+  } else {
+    $("model-name").textContent = "(no model: run view only)";
+    $("tab-image").disabled = true;
+  }
+  $("tab-image").onclick = () => showView("image");
+  $("tab-run").onclick = () => showView("run");
+  if (info.run) {
+    for (const s of info.run.statuses) $("f-status").append(el("option", s, { value: s }));
+    for (const d of info.run.drift) $("f-drift").append(el("option", d, { value: d }));
+    setSelect($("f-sort"), info.run.columns.map((c) => [c, c]), "row");
+    const head = $("rows-head");
+    for (const h of ["#", "input", "status", "error", "method", "target", "p", "predicted", "drift"]) head.append(el("th", h));
+    $("f-apply").onclick = () => { state.offset = 0; loadRows(); };
+    $("prev").onclick = () => { state.offset = Math.max(0, state.offset - PAGE); loadRows(); };
+    $("next").onclick = () => { if (state.offset + PAGE < state.total) { state.offset += PAGE; loadRows(); } };
+    await loadRows();
+    if (!info.model) showView("run");
+  } else {
+    $("tab-run").disabled = true;
+  }
+  document.body.dataset.ready = "1";
+}
+
+start().catch((error) => say("error: " + error.message));

@@ -1,0 +1,245 @@
+"""A finished run's manifest as an SQLite index (standard library ``sqlite3``), for paging, filtering and sorting.
+
+The manifest is read with the library's reader (:func:`~gradcam_cli.io.manifest.parse_rows`, torn rows left out,
+and :func:`~gradcam_cli.io.manifest.latest_row_sets`, a resumed input's latest rows only) into one table, written
+next to the manifest as ``.<name>.gradcam-index.sqlite`` (or, where that folder cannot be written, in the server's
+own temporary folder). The index records the manifest's size and modification time; every request compares them
+with the file's and rebuilds the index when the manifest changed. Queries page on the server (``LIMIT``/``OFFSET``
+over indexed columns), so a page costs the same at 100,000 rows as at 100, and no request sends every row.
+
+Drift: given a ``gradcam diff --json`` result, each row of an input that drifts is ``drift``, a compared one
+``ok``, others have no drift status.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError, describe
+from ..io.manifest import latest_row_sets, parse_rows
+
+COLUMNS = (
+    "row",
+    "input",
+    "status",
+    "error",
+    "method",
+    "layer",
+    "target_index",
+    "target_name",
+    "probability",
+    "predicted_index",
+    "predicted_name",
+    "predicted_probability",
+    "drift",
+)
+"""What a page of rows gives per row (also the columns it sorts by), besides ``outputs``."""
+SCHEMA = 2
+PAGE_MAX = 200
+
+
+@dataclass(frozen=True)
+class RowFilter:
+    """What a page shows: rows whose predicted class / target (index or name, any case), probability range,
+    status, drift status and input (a substring) match; sorted by ``sort`` (a column), descending with ``desc``."""
+
+    predicted: str | None = None
+    target: str | None = None
+    min_probability: float | None = None
+    max_probability: float | None = None
+    status: str | None = None
+    drift: str | None = None
+    query: str | None = None
+    sort: str = "row"
+    desc: bool = False
+
+
+class RunIndex:
+    """The index of one manifest; ``drift``: a ``gradcam diff --json`` file (its drifting inputs are marked)."""
+
+    def __init__(self, manifest: Path, fallback_dir: Path, drift: Path | None = None) -> None:
+        self.manifest, self.drift_file = manifest, drift
+        hidden = manifest.parent / f".{manifest.name}.gradcam-index.sqlite"
+        self.path = hidden if os.access(manifest.parent, os.W_OK) else fallback_dir / "run-index.sqlite"
+        self._lock = threading.Lock()
+        self._stamp: tuple[int, int] | None = None
+        self.builds = 0
+        self.refresh()
+
+    def _file_stamp(self) -> tuple[int, int]:
+        try:
+            stat = self.manifest.stat()
+        except OSError as error:
+            raise UsageError(f"{self.manifest}: cannot read it: {describe(error, self.manifest)}") from None
+        return stat.st_mtime_ns, stat.st_size
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, check_same_thread=False)
+
+    def refresh(self) -> None:
+        """Rebuild the index if the manifest's size or modification time differ from the ones it was built from."""
+        with self._lock:
+            stamp = self._file_stamp()
+            if stamp == self._stamp:
+                return
+            if self._stamp is None and self.path.exists():
+                with self._connect() as db:
+                    try:
+                        kept = db.execute("SELECT mtime, size, schema FROM meta").fetchone()
+                    except sqlite3.DatabaseError:
+                        kept = None
+                if kept == (*stamp, SCHEMA):
+                    self._stamp = stamp
+                    return
+            self._build(stamp)
+            self._stamp = stamp
+
+    def _build(self, stamp: tuple[int, int]) -> None:
+        data = self.manifest.read_bytes()
+        rows = [row for _, row in parse_rows(data, self.manifest.suffix.lower() == ".csv") if row is not None]
+        drifting, compared = self._drift_sets()
+        temporary = self.path.with_name(self.path.name + f".{os.getpid()}.tmp")
+        temporary.unlink(missing_ok=True)
+        db = sqlite3.connect(temporary)
+        try:
+            db.execute("CREATE TABLE meta (mtime INTEGER, size INTEGER, schema INTEGER)")
+            db.execute("INSERT INTO meta VALUES (?, ?, ?)", (*stamp, SCHEMA))
+            db.execute(
+                "CREATE TABLE rows (row INTEGER PRIMARY KEY, input TEXT, status TEXT, error TEXT, method TEXT, "
+                "layer TEXT, target_index INTEGER, target_name TEXT, probability REAL, predicted_index INTEGER, "
+                "predicted_name TEXT, predicted_probability REAL, drift TEXT, outputs TEXT)"
+            )
+            records: list[tuple[Any, ...]] = []
+            for rows_of_input in latest_row_sets(rows).values():
+                for row in rows_of_input:
+                    records.append(_record(len(records), row, drifting, compared))
+            db.executemany(f"INSERT INTO rows VALUES ({', '.join('?' * 14)})", records)
+            for column in COLUMNS[1:]:
+                db.execute(f"CREATE INDEX by_{column} ON rows ({column}, row)")
+            db.execute("CREATE INDEX by_target_lower ON rows (lower(target_name))")
+            db.execute("CREATE INDEX by_predicted_lower ON rows (lower(predicted_name))")
+            db.commit()
+        finally:
+            db.close()
+        os.replace(temporary, self.path)
+        self.builds += 1
+
+    def _drift_sets(self) -> tuple[set[str], set[str]]:
+        if self.drift_file is None:
+            return set(), set()
+        try:
+            report = json.loads(self.drift_file.read_text(encoding="utf-8"))
+            drifting = {str(name) for name in report["drifting"]}
+            compared = {str(pair["input"]) for pair in report["pairs"]}
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise UsageError(
+                f"--drift {self.drift_file}: not a gradcam diff --json result ({describe(error)})"
+            ) from None
+        return drifting, compared
+
+    def page(self, where: RowFilter, offset: int, limit: int) -> dict[str, Any]:
+        """``{"total", "rows"}``: how many rows match, and ``limit`` (at most :data:`PAGE_MAX`) of them."""
+        self.refresh()
+        clauses, values = _clauses(where)
+        sql_where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        if where.sort not in COLUMNS:
+            raise UsageError(f"cannot sort by {where.sort!r}; use one of {', '.join(COLUMNS)}")
+        order = f"{where.sort} {'DESC' if where.desc else 'ASC'}, row {'DESC' if where.desc else 'ASC'}"
+        limit = max(1, min(limit, PAGE_MAX))
+        with self._lock, self._connect() as db:
+            (total,) = db.execute(f"SELECT count(*) FROM rows {sql_where}", values).fetchone()
+            cursor = db.execute(
+                f"SELECT {', '.join(COLUMNS)}, outputs FROM rows {sql_where} ORDER BY {order} LIMIT ? OFFSET ?",
+                [*values, limit, offset],
+            )
+            rows = [
+                {**dict(zip(COLUMNS, found[:-1], strict=True)), "outputs": json.loads(found[-1])} for found in cursor
+            ]
+        return {"total": total, "offset": offset, "rows": rows}
+
+    def row(self, number: int) -> dict[str, Any] | None:
+        """Row ``number`` (as the index numbers rows), or ``None``."""
+        self.refresh()
+        with self._lock, self._connect() as db:
+            found = db.execute(f"SELECT {', '.join(COLUMNS)}, outputs FROM rows WHERE row = ?", (number,)).fetchone()
+        if found is None:
+            return None
+        return {**dict(zip(COLUMNS, found[:-1], strict=True)), "outputs": json.loads(found[-1])}
+
+    def facets(self) -> dict[str, Any]:
+        """The values filters offer: statuses, drift statuses and how many rows there are."""
+        self.refresh()
+        with self._lock, self._connect() as db:
+            statuses = [s for (s,) in db.execute("SELECT DISTINCT status FROM rows ORDER BY status")]
+            drift = [d for (d,) in db.execute("SELECT DISTINCT drift FROM rows WHERE drift IS NOT NULL ORDER BY drift")]
+            (total,) = db.execute("SELECT count(*) FROM rows").fetchone()
+        return {"total": total, "statuses": statuses, "drift": drift, "columns": list(COLUMNS)}
+
+
+def _record(number: int, row: dict[str, Any], drifting: set[str], compared: set[str]) -> tuple[Any, ...]:
+    target = row.get("target") if isinstance(row.get("target"), dict) else None
+    predictions = row.get("predictions")
+    top = predictions[0] if isinstance(predictions, list) and predictions and isinstance(predictions[0], dict) else None
+    name = str(row["input"])
+    drift = "drift" if name in drifting else "ok" if name in compared else None
+    outputs = [o for o in row.get("outputs") or [] if isinstance(o, str)]
+    return (
+        number,
+        name,
+        row["status"],
+        row.get("error"),
+        row.get("method"),
+        row.get("layer"),
+        _number(target, "index"),
+        target.get("name") if target else None,
+        _number(target, "probability"),
+        _number(top, "index"),
+        top.get("name") if top else None,
+        _number(top, "probability"),
+        drift,
+        json.dumps(outputs),
+    )
+
+
+def _number(item: dict[str, Any] | None, key: str) -> Any:
+    value = item.get(key) if item else None
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _clauses(where: RowFilter) -> tuple[list[str], list[Any]]:
+    clauses: list[str] = []
+    values: list[Any] = []
+    for column, text in (("predicted", where.predicted), ("target", where.target)):
+        if text:
+            if text.strip().isdigit():
+                clauses.append(f"{column}_index = ?")
+                values.append(int(text))
+            else:
+                clauses.append(f"lower({column}_name) = ?")
+                values.append(text.strip().lower())
+    if where.min_probability is not None:
+        clauses.append("probability >= ?")
+        values.append(where.min_probability)
+    if where.max_probability is not None:
+        clauses.append("probability <= ?")
+        values.append(where.max_probability)
+    for column, value in (("status", where.status), ("drift", where.drift)):
+        if value:
+            clauses.append(f"{column} = ?")
+            values.append(value)
+    if where.query:
+        clauses.append("instr(lower(input), ?) > 0")
+        values.append(where.query.lower())
+    return clauses, values
+
+
+def page_columns() -> Sequence[str]:
+    """The sortable columns."""
+    return COLUMNS

@@ -1,0 +1,61 @@
+"""Running the explorer's app on uvicorn: a socket bound first (port 0: a free one), so that the URL is known and
+printed before the first request, then uvicorn until Ctrl-C (which it turns back into ``KeyboardInterrupt`` once
+it has shut down, so that the command exits with 130 as every command does)."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Callable
+
+from starlette.types import ASGIApp
+
+LOOPBACK_NAMES = ("localhost",)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host``:``port`` (0: a free port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(128)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    """The page's URL for a bound socket."""
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/"
+
+
+def serve(app: ASGIApp, sock: socket.socket, on_started: Callable[[], None] | None = None) -> None:
+    """Serve ``app`` on ``sock`` until interrupted; ``on_started`` runs once uvicorn accepts connections."""
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    server = uvicorn.Server(config)
+    if on_started is not None:
+        original = server.startup
+
+        async def startup(sockets: list[socket.socket] | None = None) -> None:
+            await original(sockets)
+            on_started()
+
+        server.startup = startup  # type: ignore[method-assign]
+    server.run(sockets=[sock])
