@@ -20,13 +20,13 @@ import torch
 from PIL import Image
 
 pytest.importorskip("starlette")
-from starlette.testclient import TestClient  # noqa: E402
+from starlette.testclient import TestClient
 
-from gradcam_cli import Explainer  # noqa: E402
-from gradcam_cli.options import ModelOptions, ServeOptions  # noqa: E402
-from gradcam_cli.serve import ModelService, create_app  # noqa: E402
-from gradcam_cli.serve.files import contained  # noqa: E402
-from gradcam_cli.serve.http import HttpError  # noqa: E402
+from gradcam_cli import Explainer
+from gradcam_cli.options import ModelOptions, ServeOptions
+from gradcam_cli.serve import ModelService, create_app
+from gradcam_cli.serve.files import contained
+from gradcam_cli.serve.http import HttpError
 
 ROOT = Path(__file__).resolve().parent.parent
 TWO = ROOT / "docs" / "examples" / "two.png"
@@ -72,7 +72,7 @@ def test_maps_match_the_library_and_a_class_switch_runs_no_forward_pass(client, 
     image_id = upload(test_client, image)
     first = test_client.get(f"/api/map?image={image_id}").json()
     assert first["forward"] is True and first["target"]["name"] == "blue"  # the background is blue
-    assert [p["name"] for p in first["predictions"]][0] == "blue"
+    assert next(p["name"] for p in first["predictions"]) == "blue"
     reference = Explainer(square_model, "features", "gradcam")
     for name, index in (("red", 0), ("GREEN", 1)):
         switched = test_client.get(f"/api/map?image={image_id}&target={name}").json()
