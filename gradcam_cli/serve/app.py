@@ -19,6 +19,7 @@ requests other than GET/HEAD must come from the page's own origin (a cross-origi
 
 from __future__ import annotations
 
+import functools
 import json
 import tempfile
 from collections.abc import Sequence
@@ -304,6 +305,7 @@ def _faithfulness(explorer: Explorer) -> Any:
     return faithfulness
 
 
+@functools.lru_cache(maxsize=32)
 def _table(name: str) -> list[list[int]]:
     """A colormap's 256 RGB entries (0-255), which the page colours maps with (all sent once, with the info)."""
     return [[round(float(v) * 255) for v in entry] for entry in colormap_table(name).tolist()]

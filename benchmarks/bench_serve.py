@@ -1,0 +1,211 @@
+"""``gradcam serve`` under a bounded load on 127.0.0.1: the app on uvicorn in this process, clients over HTTP.
+
+ResNet-18 (random weights, no download) at its default layer, 224-pixel inputs, on the CPU. Printed:
+
+* ``first map / library``: the first map of a newly uploaded image (``GET /api/map``, a forward and a backward
+  pass) against the library's single-image ``Explainer.explain`` of the same image, medians, start-up excluded;
+* ``class switch``: another class of an image already explained (replayed: no forward pass), against the same;
+* p50/p95 per request kind with 4 concurrent clients (maps with class switches, packed map PNGs, overlays,
+  run-view pages, info);
+* a run of 100,000 rows: the index build, and the p50/p95 of filtered, sorted pages with 4 concurrent clients.
+
+Usage: ``python benchmarks/bench_serve.py [--rounds N] [--rows N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gradcam_cli.cam.explainer import Explainer
+from gradcam_cli.options import ModelOptions
+from gradcam_cli.serve import ModelService, create_app
+from gradcam_cli.serve.server import bind, url_of
+
+
+class Running:
+    """An ASGI app on uvicorn in a thread, on a free port of 127.0.0.1."""
+
+    def __init__(self, app: Any) -> None:
+        import uvicorn
+
+        self.sock = bind("127.0.0.1", 0)
+        self.url = url_of(self.sock).rstrip("/")
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def picture(seed: int) -> Image.Image:
+    generator = torch.Generator().manual_seed(seed)
+    pixels = (torch.rand(240, 320, 3, generator=generator) * 255).to(torch.uint8)
+    return Image.fromarray(pixels.numpy())
+
+
+def png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def timed(work: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
+
+
+def percentiles(values: list[float]) -> str:
+    ordered = sorted(values)
+    p50 = ordered[len(ordered) // 2]
+    p95 = ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+    return f"p50 {1000 * p50:7.1f} ms  p95 {1000 * p95:7.1f} ms  (n={len(values)})"
+
+
+def model_figures(rounds: int) -> None:
+    service = ModelService(ModelOptions("resnet18", weights="none", device="cpu"))
+    library = Explainer.from_options(ModelOptions("resnet18", weights="none", device="cpu"))
+    library.model.module.load_state_dict(service.model.module.state_dict())
+    server = Running(create_app(service))
+    client = httpx.Client(base_url=server.url, timeout=120)
+    first, switch, baseline = [], [], []
+    ids = []
+    for n in range(rounds):
+        image = picture(n)
+        baseline.append(timed(lambda image=image: library.explain(image)))
+        image_id = client.post("/api/upload", content=png(image)).json()["id"]
+        ids.append(image_id)
+        first.append(timed(lambda image_id=image_id: client.get(f"/api/map?image={image_id}").raise_for_status()))
+        answer: dict[str, Any] = {}
+        switch.append(
+            timed(
+                lambda image_id=image_id: answer.update(client.get(f"/api/map?image={image_id}&target={n + 7}").json())
+            )
+        )
+        assert answer["forward"] is False, answer
+    lib = statistics.median(baseline)
+    print(f"library explain (one image)      median {1000 * lib:7.1f} ms")
+    print(f"first map of a new image         median {1000 * statistics.median(first):7.1f} ms  "
+          f"ratio to library {statistics.median(first) / lib:.2f}x")  # fmt: skip
+    print(f"class switch (no forward pass)   median {1000 * statistics.median(switch):7.1f} ms  "
+          f"ratio to library {statistics.median(switch) / lib:.2f}x")  # fmt: skip
+
+    kinds: dict[str, list[float]] = defaultdict(list)
+    lock = threading.Lock()
+
+    def client_loop(worker: int) -> None:
+        with httpx.Client(base_url=server.url, timeout=120) as own:
+            for k in range(rounds * 2):
+                image_id = ids[(worker + k) % len(ids)]
+                target = (worker * 31 + k * 17) % 1000
+                for kind, url in (
+                    ("map (class switch)", f"/api/map?image={image_id}&target={target}"),
+                    ("info", "/api/info"),
+                ):
+                    started = time.perf_counter()
+                    answer = own.get(url)
+                    answer.raise_for_status()
+                    with lock:
+                        kinds[kind].append(time.perf_counter() - started)
+                map_id = answer.json()["id"] if "map" in url else None
+                if map_id is None:
+                    map_id = own.get(f"/api/map?image={image_id}&target={target}").json()["id"]
+                for kind, url in (
+                    ("map PNG (16-bit)", f"/api/maps/{map_id}.png"),
+                    ("overlay PNG", f"/api/maps/{map_id}/overlay.png"),
+                ):
+                    started = time.perf_counter()
+                    own.get(url).raise_for_status()
+                    with lock:
+                        kinds[kind].append(time.perf_counter() - started)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(client_loop, range(4)))
+    print("4 concurrent clients:")
+    for kind, values in kinds.items():
+        print(f"  {kind:<22} {percentiles(values)}")
+    server.stop()
+
+
+def run_figures(rows: int) -> None:
+    folder = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+    names = ["red", "green", "blue", "cat", "dog"]
+    with (folder / "manifest.jsonl").open("w") as out:
+        for n in range(rows):
+            if n % 50 == 7:
+                row: dict[str, Any] = {
+                    "input": f"in/{n}.jpg",
+                    "status": "error",
+                    "error": "not an image",
+                    "outputs": [],
+                }
+            else:
+                target = {"index": n % 5, "name": names[n % 5], "probability": (n * 7919 % 1000) / 1000}
+                row = {"input": f"in/{n}.jpg", "status": "ok", "error": None, "outputs": [f"{n}_gradcam.jpg"],
+                       "predictions": [target], "target": target, "method": "gradcam", "layer": "layer4"}  # fmt: skip
+            out.write(json.dumps(row) + "\n")
+    started = time.perf_counter()
+    app = create_app(None, run_dir=folder, manifest=folder / "manifest.jsonl", work_dir=folder / "work")
+    print(f"run of {rows:,} rows: index built in {time.perf_counter() - started:.2f} s")
+    server = Running(app)
+    filters = [
+        "status=error",
+        "target=cat&pmin=0.2&pmax=0.6&sort=probability&order=desc",
+        "predicted=dog&sort=input",
+        "q=99&sort=probability",
+        "pmin=0.9&offset=5000",
+        "sort=target_name&order=desc&offset=50000",
+    ]
+    times: list[float] = []
+    lock = threading.Lock()
+
+    def client_loop(worker: int) -> None:
+        with httpx.Client(base_url=server.url, timeout=60) as own:
+            for k in range(30):
+                url = f"/api/run/rows?limit=50&{filters[(worker + k) % len(filters)]}"
+                started = time.perf_counter()
+                own.get(url).raise_for_status()
+                with lock:
+                    times.append(time.perf_counter() - started)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(client_loop, range(4)))
+    print(f"  filtered page, 4 clients       {percentiles(times)}")
+    server.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--rows", type=int, default=100_000)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    model_figures(args.rounds)
+    run_figures(args.rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
