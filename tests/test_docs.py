@@ -95,8 +95,8 @@ def _options(app: typer.Typer) -> list[str]:
 
 @pytest.mark.parametrize(
     ("module", "page"),
-    [("explain", "cli.md"), ("eval", "evaluation.md"), ("diff", "ci.md"), ("merge", "scale.md")],
-    ids=["gradcam", "gradcam eval", "gradcam diff", "gradcam merge"],
+    [("explain", "cli.md"), ("eval", "evaluation.md"), ("diff", "ci.md"), ("merge", "scale.md"), ("serve", "serve.md")],
+    ids=["gradcam", "gradcam eval", "gradcam diff", "gradcam merge", "gradcam serve"],
 )
 def test_every_option_is_documented(module: str, page: str) -> None:
     import importlib

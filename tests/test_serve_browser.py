@@ -130,11 +130,11 @@ def test_run_view_filter_and_paging(browser, tmp_path):
         page.wait_for_selector("body[data-ready='1']")
         assert page.text_content("#page-label") == "1-25 of 60"
         page.click("#next")
-        page.wait_for_function("document.getElementById('page-label').textContent === '26-50 of 60'")
+        page.wait_for_function("() => document.getElementById('page-label').textContent === '26-50 of 60'")
         assert page.locator("#rows-body tr").first.get_attribute("data-row") == "25"
         page.select_option("#f-status", "error")
         page.click("#f-apply")
-        page.wait_for_function("document.getElementById('page-label').textContent === '1-6 of 6'")
+        page.wait_for_function("() => document.getElementById('page-label').textContent === '1-6 of 6'")
         assert page.locator("#rows-body tr.failed").count() == 6
         assert page.locator("#rows-body b").count() == 0  # the error's markup is text
         page.locator("#rows-body tr").first.click()
