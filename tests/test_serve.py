@@ -31,6 +31,7 @@ from gradcam_cli.serve.http import HttpError
 ROOT = Path(__file__).resolve().parent.parent
 TWO = ROOT / "docs" / "examples" / "two.png"
 LABELS = ROOT / "docs" / "examples" / "squares.txt"
+LOCAL = "http://127.0.0.1:8765"
 
 
 def squares(width: int = 64, height: int = 48) -> Image.Image:
@@ -56,7 +57,7 @@ def unpack(data: bytes) -> np.ndarray:
 def client(square_model, tmp_path):
     service = ModelService(square_model)
     app = create_app(service, work_dir=tmp_path / "work", options=ServeOptions(max_upload_bytes=200_000))
-    with TestClient(app) as test_client:
+    with TestClient(app, base_url=LOCAL) as test_client:
         yield test_client, service
 
 
@@ -116,6 +117,33 @@ def test_layers_methods_downloads_and_faithfulness(client):
     assert test_client.get("/api/info").status_code == 200  # still serving
 
 
+@pytest.mark.slow
+def test_faithfulness_figures_are_gradcam_evals(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from gradcam_cli.cli.eval import app as eval_app
+
+    monkeypatch.chdir(ROOT)
+    model = ["--model", "tests/square_model.py:build", "--weights", "none", "--input-size", "16"]
+    image = tmp_path / "squares.png"
+    squares().save(image)
+    service = ModelService(ModelOptions("tests/square_model.py:build", weights="none", input_size=16))
+    with TestClient(create_app(service, work_dir=tmp_path / "work"), base_url=LOCAL) as test_client:
+        image_id = upload(test_client, squares())
+        shown = test_client.get(f"/api/map?image={image_id}&target=1&method=layercam&layer=features.0").json()
+        served = test_client.get(f"/api/maps/{shown['id']}/faithfulness?road=1").json()
+        wrong_task = test_client.get("/api/maps/nothing/faithfulness")
+        assert wrong_task.status_code == 404
+    options = ["--target-class", "1", "--method", "layercam", "--layer", "features.0", "--steps", "20", "--road"]
+    result = CliRunner().invoke(eval_app, [str(image), *model, *options, "--json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    expected = json.loads(result.stdout.splitlines()[0])["per_image"][0]["methods"]["layercam"]
+    assert served["target"]["index"] == 1 and served["steps"] == 20
+    for key in ("deletion_auc", "insertion_auc", "masked_probability", "road"):
+        assert served[key] == pytest.approx(expected[key], abs=1e-6), key
+    assert served["deletion"] == pytest.approx(expected["deletion_curve"], abs=1e-6)
+
+
 def test_parallel_requests_agree_with_single_requests(square_model, tmp_path):
     images = [squares(), squares(48, 64).transpose(Image.Transpose.FLIP_LEFT_RIGHT)]
     asks = [
@@ -125,11 +153,11 @@ def test_parallel_requests_agree_with_single_requests(square_model, tmp_path):
         for method in ("gradcam", "layercam")
     ]
     single = ModelService(square_model)
-    with TestClient(create_app(single, work_dir=tmp_path / "a")) as one:
+    with TestClient(create_app(single, work_dir=tmp_path / "a"), base_url=LOCAL) as one:
         ids = [upload(one, image, f"{n}.png") for n, image in enumerate(images)]
         expected = {ask: one.get(f"/api/maps/{one.get(_url(ids, ask)).json()['id']}.png").content for ask in asks}
     parallel = ModelService(square_model)
-    with TestClient(create_app(parallel, work_dir=tmp_path / "b")) as many:
+    with TestClient(create_app(parallel, work_dir=tmp_path / "b"), base_url=LOCAL) as many:
         ids = [upload(many, image, f"{n}.png") for n, image in enumerate(images)]
         barrier = threading.Barrier(6, timeout=60)
 
@@ -152,7 +180,7 @@ def _url(ids: list[str], item: tuple[int, str, str]) -> str:
 def test_uploads_are_checked_before_and_while_decoding(square_model, tmp_path):
     service = ModelService(square_model)
     options = ServeOptions(max_upload_bytes=50_000, max_pixels=100_000)
-    with TestClient(create_app(service, work_dir=tmp_path, options=options)) as test_client:
+    with TestClient(create_app(service, work_dir=tmp_path, options=options), base_url=LOCAL) as test_client:
         data = png(squares())
         cases = {
             "too large": (os.urandom(60_000), 413),
@@ -174,12 +202,30 @@ def test_state_changes_refuse_other_origins(client):
     for headers in ({"Origin": "http://evil.example"}, {"Sec-Fetch-Site": "cross-site"}):
         answer = test_client.post("/api/upload", content=data, headers=headers)
         assert answer.status_code == 403 and answer.json() == {"error": "cross-origin requests are refused"}
-    same = test_client.post("/api/upload", content=data, headers={"Origin": "http://testserver"})
+    same = test_client.post("/api/upload", content=data, headers={"Origin": LOCAL})
     assert same.status_code == 200
     assert test_client.get("/api/upload").status_code == 405
+    rebound = test_client.get("/api/info", headers={"Host": "attacker.example:8765"})
+    assert rebound.status_code == 403 and "127.0.0.1" in rebound.json()["error"]
+    assert test_client.get("/api/info", headers={"Host": "localhost:8765"}).status_code == 200
+    assert test_client.get("/api/info", headers={"Host": "[::1]:8765"}).status_code == 200
     page = test_client.get("/")
     assert "default-src 'self'" in page.headers["content-security-policy"]
     assert ".innerHTML" not in test_client.get("/static/app.js").text  # text is set with textContent only
+
+
+def test_loopback_hosts():
+    from gradcam_cli.serve.app import host_name
+    from gradcam_cli.serve.server import is_loopback
+
+    assert [is_loopback(h) for h in ("127.0.0.1", "127.1.2.3", "localhost", "::1", "[::1]")] == [True] * 5
+    assert [is_loopback(h) for h in ("0.0.0.0", "192.168.1.2", "example.com", "::", "")] == [False] * 5
+    assert [host_name(h) for h in ("127.0.0.1:80", "[::1]:80", "localhost", "::1")] == [
+        "127.0.0.1",
+        "::1",
+        "localhost",
+        "::1",
+    ]
 
 
 def write_run(folder: Path, rows: int, errors_every: int = 7) -> Path:
@@ -217,7 +263,7 @@ def test_run_view_pages_filters_sorts_and_follows_the_manifest(tmp_path, monkeyp
     drift = tmp_path / "diff.json"
     drift.write_text(json.dumps({"drifting": ["in/img000001.png"], "pairs": [{"input": "in/img000000.png"}]}))
     app = create_app(None, run_dir=run, manifest=manifest, drift=drift, work_dir=tmp_path / "work")
-    with TestClient(app) as test_client:
+    with TestClient(app, base_url=LOCAL) as test_client:
         info = test_client.get("/api/info").json()
         assert info["model"] is None and info["run"]["total"] == 100 and info["run"]["statuses"] == ["error", "ok"]
         page = test_client.get("/api/run/rows?limit=10&offset=20").json()
@@ -246,7 +292,9 @@ def test_only_files_inside_the_run_folder_are_served(tmp_path):
     (run / "inside.png").write_bytes(png(squares(4, 4)))
     (tmp_path / "secret.txt").write_text("secret")
     (run / "link.txt").symlink_to(tmp_path / "secret.txt")
-    with TestClient(create_app(None, run_dir=run, manifest=manifest, work_dir=tmp_path / "work")) as test_client:
+    with TestClient(
+        create_app(None, run_dir=run, manifest=manifest, work_dir=tmp_path / "work"), base_url=LOCAL
+    ) as test_client:
         assert test_client.get("/files/inside.png").status_code == 200
         for url in (
             "/files/%2e%2e/secret.txt",
@@ -265,13 +313,14 @@ def test_only_files_inside_the_run_folder_are_served(tmp_path):
     assert contained(run, "inside.png") == (run / "inside.png").resolve()
 
 
+@pytest.mark.slow
 def test_detector_and_segmenter(tmp_path):
     for factory, task in (("build_detector", "detect"), ("build_segmenter", "segment")):
         options = ModelOptions(f"{ROOT}/tests/task_models.py:{factory}", labels=LABELS)
         from gradcam_cli.io.discovery import discover
 
         service = ModelService(options)
-        with TestClient(create_app(service, discover([TWO]), work_dir=tmp_path / task)) as test_client:
+        with TestClient(create_app(service, discover([TWO]), work_dir=tmp_path / task), base_url=LOCAL) as test_client:
             assert test_client.get("/api/images").json()["images"][0]["id"] == "i0"
             combined = test_client.get("/api/map?image=i0").json()
             if task == "detect":
@@ -290,7 +339,9 @@ def test_detector_and_segmenter(tmp_path):
 def test_the_command_prints_its_url_serves_and_exits_130_on_ctrl_c(tmp_path):
     run = tmp_path / "out"
     write_run(run, 5)
-    command = [sys.executable, "-m", "gradcam_cli", "serve", str(run), "--port", "0"]
+    (run / ".gradcam-run.json").write_text(json.dumps({"layers": ["features.0"], "colormap": "viridis", "alpha": 0.3}))
+    model = ["--model", str(ROOT / "tests" / "square_model.py:build"), "--weights", "none"]
+    command = [sys.executable, "-m", "gradcam_cli", "serve", str(run), *model, "--port", "0", "--host", "localhost"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -299,7 +350,11 @@ def test_the_command_prints_its_url_serves_and_exits_130_on_ctrl_c(tmp_path):
         url = line.split()[2]
         import httpx
 
+        assert url.startswith("http://127.0.0.1:")
         assert httpx.get(url + "api/run/rows", timeout=30).json()["total"] == 5
+        info = httpx.get(url + "api/info", timeout=30).json()
+        assert info["model"]["default_layer"] == "features.0"  # the run record's settings are the defaults
+        assert (info["colormap"], info["alpha"]) == ("viridis", 0.3)
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 130
         assert process.stderr and process.stderr.read().strip().splitlines()[-1] == "error: interrupted"

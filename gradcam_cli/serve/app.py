@@ -55,6 +55,7 @@ from .http import (
 from .images import ImageStore
 from .model import ModelService
 from .runindex import RowFilter, RunIndex
+from .server import is_loopback
 
 PAGE_COLORMAPS = ("jet", "turbo", "viridis", "inferno", "magma", "gray")
 """The colormaps the page offers (any matplotlib name works in a download's ``colormap``)."""
@@ -129,22 +130,27 @@ def create_app(
         Route("/api/run/rows/{row:int}/outputs/{k:int}", guarded(_row_file(explorer))),
         Route("/files/{path:path}", guarded(_file(explorer))),
     ]
-    app = Starlette(routes=routes, middleware=[Middleware(SameOrigin)])
+    app = Starlette(routes=routes, middleware=[Middleware(SameOrigin, local=is_loopback(options.host))])
     app.state.explorer = explorer
     return app
 
 
 class SameOrigin:
-    """Refuse (403) a request that is not GET or HEAD when its ``Origin`` is another site's; add security headers."""
+    """Refuse (403) a request that is not GET or HEAD when its ``Origin`` is another site's; with ``local`` (the app
+    listens on a loopback address) also any request whose ``Host`` is not a loopback name (DNS rebinding: another
+    site's name pointed at 127.0.0.1). Adds the security headers to every answer."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def __init__(self, app: ASGIApp, local: bool = True) -> None:
+        self.app, self.local = app, local
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         request = Request(scope)
+        if self.local and not is_loopback(host_name(request.headers.get("host", ""))):
+            await error_response(403, "this server answers only to 127.0.0.1 and localhost")(scope, receive, send)
+            return
         if request.method not in ("GET", "HEAD"):
             origin = request.headers.get("origin")
             host = request.headers.get("host", "")
@@ -164,6 +170,13 @@ class SameOrigin:
             await send(message)
 
         await self.app(scope, receive, with_headers)
+
+
+def host_name(host: str) -> str:
+    """The name in a ``Host`` header, without its port (``[::1]:80`` -> ``::1``)."""
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
 def _page(explorer: Explorer) -> Any:
@@ -297,8 +310,7 @@ def _faithfulness(explorer: Explorer) -> Any:
         road = text_param(request, "road") in ("1", "true", "yes")
 
         def work() -> dict[str, Any]:
-            _, decoded = explorer.images.decoded(stored.image)
-            return service.faithfulness(stored, decoded, road)
+            return service.faithfulness(stored, explorer.images.source(stored.image).path, road)
 
         return json_response(await blocking(work))
 

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
-
-import torch
 
 from ..cam.explainer import Explainer
 from ..cam.layers import dry_pass, model_default_layer
@@ -32,6 +31,8 @@ from .images import DecodedImage, Source
 from .maps import MapStore, StoredMap, map_id
 from .replay import RETAINED_PASSES, ReplayFactory, RetainedPasses
 
+FAITHFULNESS_STEPS = 20
+"""Points on the deletion and insertion curves the page asks for (``gradcam eval --steps``)."""
 MAX_EXPLAINERS = 16
 """Explainers kept (one per layer and method; each holds only names and hooks-free settings)."""
 
@@ -172,29 +173,40 @@ class ModelService:
         self.maps.put(stored)
         return MapAnswer(stored, factory.forward)
 
-    def faithfulness(self, stored: StoredMap, image: DecodedImage, road: bool) -> dict[str, Any]:
-        """Deletion and insertion AUC, Average Drop (and ROAD with ``road``) of a classifier's map, computed by
-        ``gradcam eval``'s evaluator for this image and this map."""
+    def faithfulness(self, stored: StoredMap, path: Path, road: bool) -> dict[str, Any]:
+        """``gradcam eval``'s figures for the map ``stored`` shows, by its own evaluator (what ``gradcam eval PATH
+        --target-class N --layer L --method M --steps 20 [--road]`` prints): deletion and insertion AUC and curves,
+        the masked image's probability, and with ``road`` the combined ROAD score. Classifiers only, as there."""
         if self.task is not Task.CLASSIFY:
-            raise UsageError(f"faithfulness figures here are for classifiers; use gradcam eval for a {self.task.noun}")
+            raise UsageError(
+                f"deletion, insertion and ROAD are measured for classifiers (as gradcam eval does), not a {self.task.noun}"
+            )
         from ..evaluation.evaluate import Evaluator
 
+        explanation = stored.explanation
+        options = ExplainOptions(
+            layers=tuple(stored.layer.split("+")),
+            methods=(explanation.method,),
+            target_class=str(explanation.target.index),
+            score=self.options.score,
+        )
         with self.model_lock:
-            explainer = self.explainer(stored.layer, stored.explanation.method)
-            evaluator = Evaluator(explainer, EvalOptions(steps=20, road=road))
-            inputs = image.batch(self.model.input_spec).to(self.device)
-            saliency = stored.explanation.saliency.to(self.device)[None, None]
-            small = torch.nn.functional.interpolate(saliency, size=tuple(inputs.shape[-2:]), mode="bilinear")[0, 0]
-            scores = evaluator._perturbation_scores(inputs[0], stored.explanation.target, {"map": small})["map"]
+            explainer = Explainer.from_options(self.model, options)
+            scores = Evaluator(explainer, EvalOptions(steps=FAITHFULNESS_STEPS, road=road)).evaluate_image(path)
+        if scores.error is not None or scores.target is None:
+            raise UsageError(scores.error or "this image could not be evaluated")
+        figures = scores.methods[explanation.method]
         out: dict[str, Any] = {
-            "deletion_auc": scores.deletion_auc,
-            "insertion_auc": scores.insertion_auc,
-            "masked_probability": scores.masked_probability,
-            "deletion": scores.deletion,
-            "insertion": scores.insertion,
+            "target": prediction_dict(scores.target),
+            "steps": FAITHFULNESS_STEPS,
+            "deletion_auc": figures.deletion_auc,
+            "insertion_auc": figures.insertion_auc,
+            "masked_probability": figures.masked_probability,
+            "deletion": figures.deletion,
+            "insertion": figures.insertion,
         }
         if road:
-            out["road"] = scores.road
+            out["road"] = figures.road
         return out
 
 

@@ -156,7 +156,8 @@ async function faithfulness() {
   if (!state.answer) return;
   say("measuring...");
   try {
-    const f = await api(`/api/maps/${state.answer.id}/faithfulness?road=1`);
+    const road = $("faith-road").checked ? "?road=1" : "";
+    const f = await api(`/api/maps/${state.answer.id}/faithfulness${road}`);
     $("faith-out").textContent = `deletion AUC ${f.deletion_auc.toFixed(3)}  insertion AUC ${f.insertion_auc.toFixed(3)}` +
       (f.road !== undefined ? `  ROAD ${f.road.toFixed(3)}` : "");
     say("");
