@@ -179,7 +179,7 @@ class ModelService:
         the masked image's probability, and with ``road`` the combined ROAD score. Classifiers only, as there."""
         if self.task is not Task.CLASSIFY:
             raise UsageError(
-                f"deletion, insertion and ROAD are measured for classifiers (as gradcam eval does), not a {self.task.noun}"
+                f"deletion, insertion and ROAD are for classifiers (as in gradcam eval), not a {self.task.noun}"
             )
         from ..evaluation.evaluate import Evaluator
 
