@@ -196,6 +196,25 @@ def test_uploads_are_checked_before_and_while_decoding(square_model, tmp_path):
         assert test_client.post("/api/upload", content=data).status_code == 200  # still serving
 
 
+def test_a_failing_model_is_an_error_answer_and_the_server_keeps_serving(client, square_model, monkeypatch):
+    test_client, _ = client
+    image_id = upload(test_client, squares())
+    flags = [p.requires_grad for p in square_model.module.parameters()]
+    modes = [m.training for m in square_model.module.modules()]
+
+    def broken(_x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("the head broke\nsecond line")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(square_model.module.fc, "forward", broken)
+        failed = test_client.get(f"/api/map?image={image_id}")
+    assert failed.status_code == 500 and failed.json() == {"error": "the request failed: the head broke"}
+    assert test_client.get(f"/api/map?image={image_id}").status_code == 200
+    assert not any(m._forward_hooks or m._backward_hooks for m in square_model.module.modules())
+    assert [p.requires_grad for p in square_model.module.parameters()] == flags  # the model as it was found
+    assert [m.training for m in square_model.module.modules()] == modes
+
+
 def test_state_changes_refuse_other_origins(client):
     test_client, _ = client
     data = png(squares())

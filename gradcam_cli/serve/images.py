@@ -24,6 +24,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from ..errors import ImageError
+from ..io.atomic import write_atomic
 from ..io.discovery import InputImage
 from ..io.images import InputSpec, load_image, to_input_tensor, to_pixel_tensor
 from ..options import DEFAULT_MAX_SIDE, ServeOptions
@@ -148,7 +149,7 @@ class ImageStore:
             if image_id in self._uploads:
                 self._uploads.move_to_end(image_id)
                 return self._uploads[image_id]
-        path.write_bytes(data)
+        write_atomic(path, data)
         try:
             decoded = decode(path)
         except HttpError:
