@@ -269,11 +269,9 @@ def _map(explorer: Explorer) -> Any:
         layer, method = text_param(request, "layer"), text_param(request, "method")
         target, rank = text_param(request, "target"), int_param(request, "rank", 0, 0, 1000)
 
-        def work() -> dict[str, Any]:
-            source, decoded = explorer.images.decoded(image_id)
-            return service.explain(source, decoded, layer, method, target, rank).to_dict()
-
-        return json_response(await blocking(work))
+        source, decoded = await blocking(lambda: explorer.images.decoded(image_id))
+        answer = await service.run(lambda: service.explain(source, decoded, layer, method, target, rank))
+        return json_response(answer.to_dict())
 
     return compute
 
@@ -309,10 +307,8 @@ def _faithfulness(explorer: Explorer) -> Any:
             raise HttpError(404, "this map is no longer kept; ask for it again")
         road = text_param(request, "road") in ("1", "true", "yes")
 
-        def work() -> dict[str, Any]:
-            return service.faithfulness(stored, explorer.images.source(stored.image).path, road)
-
-        return json_response(await blocking(work))
+        path = explorer.images.source(stored.image).path
+        return json_response(await service.run(lambda: service.faithfulness(stored, path, road)))
 
     return faithfulness
 

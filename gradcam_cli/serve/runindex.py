@@ -17,7 +17,6 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ COLUMNS = (
     "drift",
 )
 """What a page of rows gives per row (also the columns it sorts by), besides ``outputs``."""
-SCHEMA = 2
+SCHEMA = 3
 PAGE_MAX = 200
 
 
@@ -69,6 +68,8 @@ class RunIndex:
         hidden = manifest.parent / f".{manifest.name}.gradcam-index.sqlite"
         self.path = hidden if os.access(manifest.parent, os.W_OK) else fallback_dir / "run-index.sqlite"
         self._lock = threading.Lock()
+        self._local = threading.local()
+        self._generation = 0
         self._stamp: tuple[int, int] | None = None
         self.builds = 0
         self.refresh()
@@ -82,6 +83,19 @@ class RunIndex:
 
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.path, check_same_thread=False)
+
+    def _reader(self) -> sqlite3.Connection:
+        """This thread's read-only connection to the current index (its page cache kept between requests); queries
+        of several threads run at once, SQLite releasing the GIL while it works."""
+        local = self._local
+        if getattr(local, "generation", None) != self._generation:
+            if getattr(local, "db", None) is not None:
+                local.db.close()
+            local.db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
+            local.db.execute("PRAGMA cache_size = -32768")
+            local.generation = self._generation
+        db: sqlite3.Connection = local.db
+        return db
 
     def refresh(self) -> None:
         """Rebuild the index if the manifest's size or modification time differ from the ones it was built from."""
@@ -97,6 +111,7 @@ class RunIndex:
                         kept = None
                 if kept == (*stamp, SCHEMA):
                     self._stamp = stamp
+                    self._generation += 1
                     return
             self._build(stamp)
             self._stamp = stamp
@@ -123,13 +138,15 @@ class RunIndex:
             db.executemany(f"INSERT INTO rows VALUES ({', '.join('?' * 14)})", records)
             for column in COLUMNS[1:]:
                 db.execute(f"CREATE INDEX by_{column} ON rows ({column}, row)")
-            db.execute("CREATE INDEX by_target_lower ON rows (lower(target_name))")
-            db.execute("CREATE INDEX by_predicted_lower ON rows (lower(predicted_name))")
+            for column in ("target", "predicted"):  # a class by name or index, often with a probability range
+                db.execute(f"CREATE INDEX by_{column}_lower ON rows (lower({column}_name), probability, row)")
+                db.execute(f"CREATE INDEX by_{column}_range ON rows ({column}_index, probability, row)")
             db.commit()
         finally:
             db.close()
         os.replace(temporary, self.path)
         self.builds += 1
+        self._generation += 1
 
     def _drift_sets(self) -> tuple[set[str], set[str]]:
         if self.drift_file is None:
@@ -153,22 +170,20 @@ class RunIndex:
             raise UsageError(f"cannot sort by {where.sort!r}; use one of {', '.join(COLUMNS)}")
         order = f"{where.sort} {'DESC' if where.desc else 'ASC'}, row {'DESC' if where.desc else 'ASC'}"
         limit = max(1, min(limit, PAGE_MAX))
-        with self._lock, self._connect() as db:
-            (total,) = db.execute(f"SELECT count(*) FROM rows {sql_where}", values).fetchone()
-            cursor = db.execute(
-                f"SELECT {', '.join(COLUMNS)}, outputs FROM rows {sql_where} ORDER BY {order} LIMIT ? OFFSET ?",
-                [*values, limit, offset],
-            )
-            rows = [
-                {**dict(zip(COLUMNS, found[:-1], strict=True)), "outputs": json.loads(found[-1])} for found in cursor
-            ]
+        db = self._reader()
+        (total,) = db.execute(f"SELECT count(*) FROM rows {sql_where}", values).fetchone()
+        cursor = db.execute(
+            f"SELECT {', '.join(COLUMNS)}, outputs FROM rows {sql_where} ORDER BY {order} LIMIT ? OFFSET ?",
+            [*values, limit, offset],
+        )
+        rows = [{**dict(zip(COLUMNS, found[:-1], strict=True)), "outputs": json.loads(found[-1])} for found in cursor]
         return {"total": total, "offset": offset, "rows": rows}
 
     def row(self, number: int) -> dict[str, Any] | None:
         """Row ``number`` (as the index numbers rows), or ``None``."""
         self.refresh()
-        with self._lock, self._connect() as db:
-            found = db.execute(f"SELECT {', '.join(COLUMNS)}, outputs FROM rows WHERE row = ?", (number,)).fetchone()
+        db = self._reader()
+        found = db.execute(f"SELECT {', '.join(COLUMNS)}, outputs FROM rows WHERE row = ?", (number,)).fetchone()
         if found is None:
             return None
         return {**dict(zip(COLUMNS, found[:-1], strict=True)), "outputs": json.loads(found[-1])}
@@ -176,10 +191,10 @@ class RunIndex:
     def facets(self) -> dict[str, Any]:
         """The values filters offer: statuses, drift statuses and how many rows there are."""
         self.refresh()
-        with self._lock, self._connect() as db:
-            statuses = [s for (s,) in db.execute("SELECT DISTINCT status FROM rows ORDER BY status")]
-            drift = [d for (d,) in db.execute("SELECT DISTINCT drift FROM rows WHERE drift IS NOT NULL ORDER BY drift")]
-            (total,) = db.execute("SELECT count(*) FROM rows").fetchone()
+        db = self._reader()
+        statuses = [s for (s,) in db.execute("SELECT DISTINCT status FROM rows ORDER BY status")]
+        drift = [d for (d,) in db.execute("SELECT DISTINCT drift FROM rows WHERE drift IS NOT NULL ORDER BY drift")]
+        (total,) = db.execute("SELECT count(*) FROM rows").fetchone()
         return {"total": total, "statuses": statuses, "drift": drift, "columns": list(COLUMNS)}
 
 
@@ -238,8 +253,3 @@ def _clauses(where: RowFilter) -> tuple[list[str], list[Any]]:
         clauses.append("instr(lower(input), ?) > 0")
         values.append(where.query.lower())
     return clauses, values
-
-
-def page_columns() -> Sequence[str]:
-    """The sortable columns."""
-    return COLUMNS
