@@ -1,4 +1,4 @@
-"""``gradcam serve`` under a bounded load on 127.0.0.1: the app on uvicorn in this process, clients over HTTP.
+"""``gradcam serve`` under a bounded load on 127.0.0.1: the command in a process of its own, clients over HTTP.
 
 ResNet-18 (random weights, no download) at its default layer, 224-pixel inputs, on the CPU. Printed:
 
@@ -7,9 +7,10 @@ ResNet-18 (random weights, no download) at its default layer, 224-pixel inputs, 
 * ``class switch``: another class of an image already explained (replayed: no forward pass), against the same;
 * p50/p95 per request kind with 4 concurrent clients (maps with class switches, packed map PNGs, overlays,
   run-view pages, info);
-* a run of 100,000 rows: the index build, and the p50/p95 of filtered, sorted pages with 4 concurrent clients.
+* a run of 100,000 rows: the start-up (the index built), and the p50/p95 of filtered, sorted pages with 4
+  concurrent clients and with one.
 
-Usage: ``python benchmarks/bench_serve.py [--rounds N] [--rows N]``.
+Usage: ``python benchmarks/bench_serve.py [--rounds N] [--rows N] [--only-run]``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -28,6 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as gradcam sets it: idle threads must not spin on 2 cores
+
 import httpx
 import torch
 from PIL import Image
@@ -36,27 +42,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gradcam_cli.cam.explainer import Explainer
 from gradcam_cli.options import ModelOptions
-from gradcam_cli.serve import ModelService, create_app
-from gradcam_cli.serve.server import bind, url_of
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
-class Running:
-    """An ASGI app on uvicorn in a thread, on a free port of 127.0.0.1."""
+class Served:
+    """``gradcam serve ARGS --port 0`` in a process of its own (as users run it), until :meth:`stop` (Ctrl-C)."""
 
-    def __init__(self, app: Any) -> None:
-        import uvicorn
-
-        self.sock = bind("127.0.0.1", 0)
-        self.url = url_of(self.sock).rstrip("/")
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.01)
+    def __init__(self, *args: str) -> None:
+        command = [sys.executable, "-m", "gradcam_cli", "serve", *args, "--port", "0", "--quiet"]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+        line = self.process.stdout.readline() if self.process.stdout else ""
+        if not line.startswith("serving on "):
+            self.process.kill()
+            raise SystemExit(f"gradcam serve did not start: {line!r}")
+        self.url = line.split()[2].rstrip("/")
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=60)
+        finally:
+            self.process.kill()
 
 
 def picture(seed: int) -> Image.Image:
@@ -85,10 +93,8 @@ def percentiles(values: list[float]) -> str:
 
 
 def model_figures(rounds: int) -> None:
-    service = ModelService(ModelOptions("resnet18", weights="none", device="cpu"))
     library = Explainer.from_options(ModelOptions("resnet18", weights="none", device="cpu"))
-    library.model.module.load_state_dict(service.model.module.state_dict())
-    server = Running(create_app(service))
+    server = Served("--model", "resnet18", "--weights", "none", "--device", "cpu")
     client = httpx.Client(base_url=server.url, timeout=120)
     first, with_png, switch, baseline = [], [], [], []
     ids = []
@@ -177,9 +183,8 @@ def run_figures(rows: int) -> None:
                        "predictions": [target], "target": target, "method": "gradcam", "layer": "layer4"}  # fmt: skip
             out.write(json.dumps(row) + "\n")
     started = time.perf_counter()
-    app = create_app(None, run_dir=folder, manifest=folder / "manifest.jsonl", work_dir=folder / "work")
-    print(f"run of {rows:,} rows: index built in {time.perf_counter() - started:.2f} s")
-    server = Running(app)
+    server = Served(str(folder))
+    print(f"run of {rows:,} rows: gradcam serve started, its index built, in {time.perf_counter() - started:.2f} s")
     filters = [
         "status=error",
         "target=cat&pmin=0.2&pmax=0.6&sort=probability&order=desc",

@@ -374,6 +374,10 @@ def test_the_command_prints_its_url_serves_and_exits_130_on_ctrl_c(tmp_path):
         info = httpx.get(url + "api/info", timeout=30).json()
         assert info["model"]["default_layer"] == "features.0"  # the run record's settings are the defaults
         assert (info["colormap"], info["alpha"]) == ("viridis", 0.3)
+        image = httpx.get(url + "api/images/r0.png", timeout=30)
+        assert image.status_code == 422  # the row's input does not exist here: an answer, not a crash
+        upload = httpx.post(url + "api/upload", content=png(squares()), timeout=30).json()
+        assert httpx.get(url + f"api/map?image={upload['id']}", timeout=60).json()["layer"] == "features.0"
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 130
         assert process.stderr and process.stderr.read().strip().splitlines()[-1] == "error: interrupted"

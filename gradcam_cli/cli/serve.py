@@ -169,11 +169,15 @@ def start(
     except OSError as error:
         raise UsageError(f"cannot listen on {options.host}:{options.port}: {describe(error)}") from None
     url = url_of(sock)
-    reporter.result(f"serving on {url} (Ctrl-C to stop)")
+    reporter.emit(f"serving on {url} (Ctrl-C to stop)")  # also with --quiet: the one way to learn a free port
 
     def started() -> None:
         if open_browser:
             webbrowser.open(url)
 
-    serve(app, sock, started)
+    try:
+        serve(app, sock, started)
+    finally:
+        if service is not None:
+            service.close()
     return EXIT_OK

@@ -114,6 +114,10 @@ class ModelService:
         """Await ``work`` (which uses the model) on the service's own thread."""
         return await asyncio.wrap_future(self._thread.submit(work))
 
+    def close(self) -> None:
+        """Let the service's thread end (once its work in hand is done); the command calls it when it stops."""
+        self._thread.shutdown(wait=False, cancel_futures=True)
+
     def info(self) -> dict[str, Any]:
         """What the page needs to build its controls."""
         return {

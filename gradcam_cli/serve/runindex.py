@@ -42,6 +42,7 @@ COLUMNS = (
 """What a page of rows gives per row (also the columns it sorts by), besides ``outputs``."""
 SCHEMA = 3
 PAGE_MAX = 200
+COUNTS_KEPT = 256
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ class RunIndex:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._generation = 0
+        self._counts: dict[tuple[int, str, tuple[Any, ...]], int] = {}
+        """Rows matching each filter asked for lately, by index generation (paging a filter counts it once)."""
         self._stamp: tuple[int, int] | None = None
         self.builds = 0
         self.refresh()
@@ -171,7 +174,13 @@ class RunIndex:
         order = f"{where.sort} {'DESC' if where.desc else 'ASC'}, row {'DESC' if where.desc else 'ASC'}"
         limit = max(1, min(limit, PAGE_MAX))
         db = self._reader()
-        (total,) = db.execute(f"SELECT count(*) FROM rows {sql_where}", values).fetchone()
+        key = (self._generation, sql_where, tuple(values))
+        total = self._counts.get(key)
+        if total is None:
+            (total,) = db.execute(f"SELECT count(*) FROM rows {sql_where}", values).fetchone()
+            if len(self._counts) >= COUNTS_KEPT:
+                self._counts.clear()
+            self._counts[key] = total
         cursor = db.execute(
             f"SELECT {', '.join(COLUMNS)}, outputs FROM rows {sql_where} ORDER BY {order} LIMIT ? OFFSET ?",
             [*values, limit, offset],
