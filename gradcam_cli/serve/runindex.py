@@ -40,7 +40,7 @@ COLUMNS = (
     "drift",
 )
 """What a page of rows gives per row (also the columns it sorts by), besides ``outputs``."""
-SCHEMA = 3
+SCHEMA = 4
 PAGE_MAX = 200
 COUNTS_KEPT = 256
 
@@ -132,18 +132,19 @@ class RunIndex:
             db.execute(
                 "CREATE TABLE rows (row INTEGER PRIMARY KEY, input TEXT, status TEXT, error TEXT, method TEXT, "
                 "layer TEXT, target_index INTEGER, target_name TEXT, probability REAL, predicted_index INTEGER, "
-                "predicted_name TEXT, predicted_probability REAL, drift TEXT, outputs TEXT)"
+                "predicted_name TEXT, predicted_probability REAL, drift TEXT, outputs TEXT, input_key TEXT)"
             )
             records: list[tuple[Any, ...]] = []
             for rows_of_input in latest_row_sets(rows).values():
                 for row in rows_of_input:
                     records.append(_record(len(records), row, drifting, compared))
-            db.executemany(f"INSERT INTO rows VALUES ({', '.join('?' * 14)})", records)
+            db.executemany(f"INSERT INTO rows VALUES ({', '.join('?' * 15)})", records)
             for column in COLUMNS[1:]:
                 db.execute(f"CREATE INDEX by_{column} ON rows ({column}, row)")
             for column in ("target", "predicted"):  # a class by name or index, often with a probability range
                 db.execute(f"CREATE INDEX by_{column}_lower ON rows (lower({column}_name), probability, row)")
                 db.execute(f"CREATE INDEX by_{column}_range ON rows ({column}_index, probability, row)")
+            db.execute("ANALYZE")  # statistics, so that the planner scans in sort order when a filter matches many rows
             db.commit()
         finally:
             db.close()
@@ -229,6 +230,7 @@ def _record(number: int, row: dict[str, Any], drifting: set[str], compared: set[
         _number(top, "probability"),
         drift,
         json.dumps(outputs),
+        name.lower(),
     )
 
 
@@ -259,6 +261,6 @@ def _clauses(where: RowFilter) -> tuple[list[str], list[Any]]:
             clauses.append(f"{column} = ?")
             values.append(value)
     if where.query:
-        clauses.append("instr(lower(input), ?) > 0")
+        clauses.append("instr(input_key, ?) > 0")
         values.append(where.query.lower())
     return clauses, values
