@@ -300,6 +300,8 @@ def test_run_view_pages_filters_sorts_and_follows_the_manifest(tmp_path, monkeyp
         assert test_client.get("/api/run/rows?sort=input;drop").status_code == 400
         assert test_client.get("/api/run/rows/0/outputs/0").headers["content-type"] == "image/png"
         assert test_client.get("/api/map?image=r0").status_code == 409  # no model: run view only
+        again = create_app(None, run_dir=run, manifest=manifest, work_dir=tmp_path / "work2")
+        assert again.state.explorer.run.builds == 0  # the index beside the manifest is reused while it is unchanged
         write_run(run, 120)
         assert test_client.get("/api/run/rows").json()["total"] == 120  # rebuilt from the changed manifest
         assert app.state.explorer.run.builds == 2

@@ -35,6 +35,7 @@ EPILOG = (
     "Also: gradcam eval INPUT... measures how faithful the maps are (see gradcam eval --help); gradcam diff "
     "BASELINE CURRENT compares two runs' maps and reports drift (see gradcam diff --help); gradcam merge OUTPUT_DIR "
     "merges the manifests of a --shard run (see gradcam merge --help)."
+    " gradcam serve [PATH...] explores images or a finished run in the browser (see gradcam serve --help)."
 )
 
 

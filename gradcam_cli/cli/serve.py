@@ -33,7 +33,7 @@ Exit codes: 0 stopped; 2 usage error; 3 model/weights unavailable; 130 interrupt
 
 @app.command(help=HELP)
 def serve(
-    paths: Annotated[list[str] | None, typer.Argument(metavar="[PATH]...", hidden=True, show_default=False)] = None,
+    paths: Annotated[list[str] | None, typer.Argument(metavar="PATH", hidden=True, show_default=False)] = None,
     model: Annotated[
         str | None,
         typer.Option(
