@@ -307,6 +307,20 @@ def test_run_view_pages_filters_sorts_and_follows_the_manifest(tmp_path, monkeyp
         assert app.state.explorer.run.builds == 2
 
 
+def test_a_run_row_is_explained_live_with_a_model(square_model, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "out"
+    manifest = write_run(run, 3)
+    (tmp_path / "in").mkdir()
+    squares().save(tmp_path / "in" / "img000001.png")
+    app = create_app(ModelService(square_model), run_dir=run, manifest=manifest, work_dir=tmp_path / "work")
+    with TestClient(app, base_url=LOCAL) as test_client:
+        answer = test_client.get("/api/map?image=r1&target=red")
+        assert answer.status_code == 200 and answer.json()["name"] == "img000001_gradcam_0-red"
+        assert Image.open(io.BytesIO(test_client.get("/api/images/r1.png").content)).size == (64, 48)
+        assert test_client.get("/api/map?image=r7").status_code == 404  # no such row
+
+
 def test_only_files_inside_the_run_folder_are_served(tmp_path):
     run = tmp_path / "out"
     manifest = write_run(run, 3)
