@@ -402,6 +402,20 @@ def test_the_command_prints_its_url_serves_and_exits_130_on_ctrl_c(tmp_path):
         process.wait()
 
 
+def test_another_host_is_warned_of(tmp_path):
+    from typer.testing import CliRunner
+
+    from gradcam_cli.cli.serve import app
+
+    run = tmp_path / "out"
+    write_run(run, 2)
+    # 192.0.2.1 (TEST-NET-1) is no address of this machine: the warning comes, then binding fails; nothing listens
+    result = CliRunner().invoke(app, [str(run), "--host", "192.0.2.1", "--port", "0"])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and lines[0].startswith("warning: listening on 192.0.2.1: anyone who can reach")
+    assert lines[-1].startswith("error: cannot listen on 192.0.2.1:0")
+
+
 def test_a_missing_path_is_a_usage_error(tmp_path):
     from typer.testing import CliRunner
 

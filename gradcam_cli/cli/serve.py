@@ -7,6 +7,7 @@ uvicorn (:mod:`gradcam_cli.serve.server`). Torch loads after parsing.
 from __future__ import annotations
 
 import json
+import tempfile
 import webbrowser
 from pathlib import Path
 from typing import Annotated, Any
@@ -163,21 +164,22 @@ def start(
             f"warning: listening on {options.host}: anyone who can reach this machine can use the explorer "
             "(and its model); use --host 127.0.0.1 to keep it local"
         )
-    app = create_app(service, inputs, run_dir, manifest, options, drift)
-    try:
-        sock = bind(options.host, options.port)
-    except OSError as error:
-        raise UsageError(f"cannot listen on {options.host}:{options.port}: {describe(error)}") from None
-    url = url_of(sock)
-    reporter.emit(f"serving on {url} (Ctrl-C to stop)")  # also with --quiet: the one way to learn a free port
+    with tempfile.TemporaryDirectory(prefix="gradcam-serve-") as work:  # uploads; removed when the server stops
+        app = create_app(service, inputs, run_dir, manifest, options, drift, Path(work))
+        try:
+            sock = bind(options.host, options.port)
+        except OSError as error:
+            raise UsageError(f"cannot listen on {options.host}:{options.port}: {describe(error)}") from None
+        url = url_of(sock)
+        reporter.emit(f"serving on {url} (Ctrl-C to stop)")  # also with --quiet: the one way to learn a free port
 
-    def started() -> None:
-        if open_browser:
-            webbrowser.open(url)
+        def started() -> None:
+            if open_browser:
+                webbrowser.open(url)
 
-    try:
-        serve(app, sock, started)
-    finally:
-        if service is not None:
-            service.close()
+        try:
+            serve(app, sock, started)
+        finally:
+            if service is not None:
+                service.close()
     return EXIT_OK
