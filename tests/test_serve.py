@@ -416,6 +416,17 @@ def test_another_host_is_warned_of(tmp_path):
     assert lines[-1].startswith("error: cannot listen on 192.0.2.1:0")
 
 
+def test_without_the_extra_one_line_says_so(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from gradcam_cli.cli.serve import app
+
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if not installed: importing it raises ImportError
+    result = CliRunner().invoke(app, [str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.output == "error: gradcam serve needs the optional extra: pip install 'gradcam-cli[serve]'\n"
+
+
 def test_a_missing_path_is_a_usage_error(tmp_path):
     from typer.testing import CliRunner
 

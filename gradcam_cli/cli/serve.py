@@ -114,6 +114,11 @@ def start(
     given: dict[str, Any],
 ) -> int:
     """Load what is asked, bind, print the URL and serve until Ctrl-C."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise UsageError("gradcam serve needs the optional extra: pip install 'gradcam-cli[serve]'") from None
     from ..io.discovery import discover
     from ..io.naming import RUN_RECORD_NAME
     from ..serve import create_app
