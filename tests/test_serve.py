@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -380,7 +381,9 @@ def test_the_command_prints_its_url_serves_and_exits_130_on_ctrl_c(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        line = process.stdout.readline() if process.stdout else ""
+        assert process.stdout is not None
+        ready, _, _ = select.select([process.stdout], [], [], 120)  # a hang guard, never a timing
+        line = process.stdout.readline() if ready else ""
         assert line.startswith("serving on http://127.0.0.1:"), line
         url = line.split()[2]
         import httpx
