@@ -279,7 +279,7 @@ class ExplainCommand:
         infos, chosen = layer_table(loaded, device, images[0].path if images else None)
         for info in infos:
             if self.reporter.as_json:
-                self.reporter.emit(json.dumps({**layer_row(info), "default": info.name == chosen}))
+                self.reporter.emit(json.dumps({**layer_row(info), "default": info.name in chosen.split("+")}))
             else:
                 self.reporter.emit(layer_line(info, chosen))
         if not self.reporter.as_json:
