@@ -20,9 +20,9 @@ SIZE = 64
 """The training images' side (also the model's input size)."""
 
 
-def tiny_config() -> dict[str, object]:
+def tiny_config(head: list[object] | None = None) -> dict[str, object]:
     """A YOLO model file's contents: five strided convolutions (P1/2 .. P5/32), a C3k2 block and ultralytics'
-    ``Detect`` head on P3, P4 and P5, two classes."""
+    ``Detect`` head (or ``head``: its name and arguments) on P3, P4 and P5, two classes."""
     return {
         "nc": 2,
         "reg_max": 1,
@@ -34,7 +34,7 @@ def tiny_config() -> dict[str, object]:
             [-1, 1, "Conv", [32, 3, 2]],
             [-1, 1, "Conv", [32, 3, 2]],
         ],
-        "head": [[[3, 4, 5], 1, "Detect", ["nc"]]],
+        "head": [[[3, 4, 5], 1, *(head or ["Detect", ["nc"]])]],
     }
 
 
