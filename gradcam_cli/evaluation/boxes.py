@@ -7,7 +7,7 @@ import math
 import os
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING
 
@@ -43,7 +43,7 @@ def read_boxes(path: str | Path) -> list[GroundTruthBox]:
     if path.is_dir() and not any(path.glob("*.xml")) and any(path.glob("*.txt")):
         from .yolo_labels import read_yolo_labels
 
-        boxes = read_yolo_labels(path)
+        boxes = [GroundTruthBox(n, box, str(c), where, normalised=True) for n, box, c, where in read_yolo_labels(path)]
     elif path.is_dir():
         boxes = _read_voc(path)
     elif path.is_file():
@@ -156,14 +156,24 @@ def match_boxes(
             names = ", ".join(str(c.path) for c in candidates[:3])
             raise UsageError(f"{entry.source}: {entry.image!r} matches several inputs ({names}); give a longer path")
         if candidates and entry.normalised:
-            from .yolo_labels import in_pixels
-
-            matched.setdefault(candidates[0].path, []).append(in_pixels(entry, candidates[0].path, categories))
+            matched.setdefault(candidates[0].path, []).append(_in_pixels(entry, candidates[0].path, categories))
         elif candidates:
             matched.setdefault(candidates[0].path, []).append(entry)
         else:
             unmatched.append(entry)
     return matched, unmatched
+
+
+def _in_pixels(entry: GroundTruthBox, image: Path, categories: Sequence[str] | None) -> GroundTruthBox:
+    """A YOLO label's box of ``image`` in its pixels, its class index replaced by the model's name for it."""
+    from .yolo_labels import shown_size
+
+    width, height = shown_size(image)
+    x1, y1, x2, y2 = entry.box
+    index = int(entry.label or 0)
+    label = categories[index] if categories is not None and index < len(categories) else entry.label
+    box = (x1 * width, y1 * height, x2 * width, y2 * height)
+    return replace(entry, image=str(image), box=box, label=label, normalised=False)
 
 
 def _path_ends_with(path: PurePath, tail: PurePath) -> bool:

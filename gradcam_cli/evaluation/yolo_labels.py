@@ -8,22 +8,23 @@ numbers after the class) is read as its bounding box. Class ``i`` is named as th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 from PIL import Image
 
 from ..errors import UsageError, describe
-from .boxes import GroundTruthBox
+
+YoloLabel = tuple[str, tuple[float, float, float, float], int, str]
+"""One object: the image's name without suffix, (x1, y1, x2, y2) as fractions of its size, its class index, and
+where it was read (file and line)."""
 
 ROTATED = (5, 6, 7, 8)
 """EXIF orientations that swap an image's width and height."""
 
 
-def read_yolo_labels(folder: Path) -> list[GroundTruthBox]:
-    """Every box of the ``.txt`` files in ``folder``, in fractions of their image (``normalised``)."""
-    boxes = []
+def read_yolo_labels(folder: Path) -> list[YoloLabel]:
+    """Every box of the ``.txt`` files in ``folder``, in fractions of their image."""
+    boxes: list[YoloLabel] = []
     for file in sorted(folder.glob("*.txt")):
         try:
             lines = file.read_text(encoding="utf-8-sig").splitlines()
@@ -47,21 +48,16 @@ def read_yolo_labels(folder: Path) -> list[GroundTruthBox]:
                 raise UsageError(f"{where}: expected class cx cy w h, got {len(cells)} field(s)")
             if not (0 <= x1 < x2 <= 1.0001 and 0 <= y1 < y2 <= 1.0001 and label >= 0):
                 raise UsageError(f"{where}: a YOLO box is class cx cy w h with fractions of the image in [0, 1]")
-            boxes.append(GroundTruthBox(file.stem, (x1, y1, x2, y2), str(label), where, normalised=True))
+            boxes.append((file.stem, (x1, y1, x2, y2), label, where))
     return boxes
 
 
-def in_pixels(entry: GroundTruthBox, image: Path, categories: Sequence[str] | None) -> GroundTruthBox:
-    """A ``normalised`` box of ``image`` in its pixels, its class index replaced by the model's name for it."""
+def shown_size(image: Path) -> tuple[int, int]:
+    """(width, height) of ``image`` as it is shown (EXIF orientation applied), from its header."""
     try:
         with Image.open(image) as opened:
             width, height = opened.size
-            if opened.getexif().get(0x0112) in ROTATED:
-                width, height = height, width
+            rotated = opened.getexif().get(0x0112) in ROTATED
     except OSError as error:
         raise UsageError(f"cannot read {image}: {describe(error, image)}") from error
-    x1, y1, x2, y2 = entry.box
-    index = int(entry.label or 0)
-    label = categories[index] if categories is not None and index < len(categories) else entry.label
-    box = (x1 * width, y1 * height, x2 * width, y2 * height)
-    return replace(entry, image=str(image), box=box, label=label, normalised=False)
+    return (height, width) if rotated else (width, height)
