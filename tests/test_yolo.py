@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -215,11 +217,20 @@ def test_the_cli_explains_a_folder_writes_rows_and_evaluates_against_yolo_labels
     folder.mkdir()
     square_scene([RED, BLUE]).save(folder / "two.png")
     square_scene(WIDE, (128, 64)).save(folder / "wide.png")
+    clip = tmp_path / "clip.mp4"
+    writer = cv2.VideoWriter(str(clip), cv2.VideoWriter_fourcc(*"mp4v"), 5, (64, 64))
+    for _ in range(3):
+        writer.write(np.asarray(square_scene([RED, BLUE]))[:, :, ::-1].copy())
+    writer.release()
     out = tmp_path / "out"
     model = f"yolo:{checkpoint}"
-    result = CliRunner().invoke(app, [str(folder), "-m", model, "-o", str(out), "--json", "--workers", "0"])
+    arguments = [str(folder), str(clip), "-m", model, "-o", str(out), "--json", "--workers", "0", "--every", "2"]
+    result = CliRunner().invoke(app, arguments)
     assert result.exit_code == EXIT_OK, result.output
     found = [json.loads(line) for line in result.stdout.splitlines()]
+    video = found.pop()
+    assert video["outputs"] == [str(out / "clip_gradcam_boxes.mp4")] and Path(video["outputs"][0]).is_file()
+    assert {p["name"] for p in video["predictions"]} == {"red", "blue"}
     assert {(Path(r["input"]).name, r["target"]["name"]) for r in found} == {
         (name, colour) for name in ("two.png", "wide.png") for colour in ("red", "blue")
     }
