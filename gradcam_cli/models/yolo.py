@@ -6,7 +6,9 @@ never reaches the network: ``YOLO_OFFLINE`` (no online check, no analytics, no u
 off (no pip installs) and ``YOLO_VERBOSE`` off (nothing on stdout, which ``--json`` keeps for its rows).
 
 - ``yolo:best.pt``: an ultralytics checkpoint, loaded with ``torch.load(weights_only=True)`` through ultralytics'
-  own allow-list of model classes (``torch_safe_load(safe_only=True)``); nothing in the file can run code. A bare
+  own allow-list of its model classes (``torch_safe_load(safe_only=True)``; refused where torch cannot load that
+  way, rather than ultralytics' silent fall-back to a full unpickling). The allow-list is large: a checkpoint from
+  an untrusted source is still code to be trusted (docs/yolo.md). A bare
   name (``yolo:yolo11n.pt``) is looked for in the current folder and then in ultralytics' weights folder, as
   ultralytics itself looks; it is never downloaded.
 - ``yolo:yolo11n.yaml`` (ultralytics' own model files, by name) or ``yolo:path/to/model.yaml``: the architecture,
@@ -206,8 +208,14 @@ def _checkpoint_path(target: str) -> Path:
 def _from_checkpoint(path: Path, random: bool) -> tuple[Any, int]:
     """The model of an ultralytics checkpoint (``ema`` if it has one, else ``model``) and its training size;
     ``random``: its architecture with random weights."""
+    from ultralytics.nn import tasks
     from ultralytics.nn.tasks import guess_model_task, torch_safe_load
 
+    if not getattr(getattr(tasks, "_SafeLoad", None), "SUPPORTED", False):  # it would unpickle in full instead
+        raise ModelLoadError(
+            f"{path}: this torch and ultralytics cannot load a checkpoint with weights_only=True; gradcam loads "
+            "no other way (update torch and ultralytics)"
+        )
     try:
         checkpoint, _ = torch_safe_load(str(path.resolve()), safe_only=True)
     except Exception as error:
