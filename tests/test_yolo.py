@@ -154,32 +154,35 @@ def test_maps_equal_autograd_of_the_traced_anchors_logit(squares, checkpoint):
 
 
 def test_nms_tracing_picks_the_anchor_that_won_when_two_overlapping_anchors_compete():
-    from gradcam_cli.models.yolo import load_yolo
+    from ultralytics.nn.tasks import DetectionModel
 
-    model = load_yolo("yolo:yolo11n.yaml", "none").module
-    logits = torch.full((1, 80, 8), -9.0)
-    decoded = torch.zeros(1, 84, 8)  # (x, y, w, h, confidence per class) per anchor, as the head decodes them
+    from gradcam_cli.models.yolo_net import YoloNet
+
+    model = YoloNet(DetectionModel(tiny_config(), verbose=False), "detect")
+    logits = torch.full((1, 2, 8), -9.0)
+    decoded = torch.zeros(1, 6, 8)  # (x, y, w, h, confidence per class) per anchor, as the head decodes them
     decoded[0, :4] = torch.tensor([[5.0, 5, 10, 10]] * 8).T
     decoded[0, :4, 2] = torch.tensor([30.0, 30, 40, 40])  # anchors 2 and 4 overlap (IoU 0.95), 4 scores higher
     decoded[0, :4, 4] = torch.tensor([30.5, 30.5, 39, 39])
     decoded[0, :4, 1] = torch.tensor([75.0, 75, 30, 30])  # anchor 1: elsewhere, lower
     for anchor, score in ((2, 0.6), (4, 0.9), (1, 0.5)):
-        decoded[0, 4 + 3, anchor] = score
-        logits[0, 3, anchor] = torch.logit(torch.tensor(score))
+        decoded[0, 4 + 1, anchor] = score
+        logits[0, 1, anchor] = torch.logit(torch.tensor(score))
     rows, traced = model._suppress(decoded, logits)
     assert traced[0].tolist() == [4, 1]
     assert rows[0][:, 4].tolist() == pytest.approx([0.9, 0.5])
 
 
-def test_yolo_models_refuse_with_one_line():
+def test_yolo_models_refuse_with_one_line(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tiny_config()), encoding="utf-8")
     with pytest.raises(ModelLoadError, match=r"^yolo11n\.pt is not in the local cache .* gradcam never downloads"):
         load_model(ModelOptions("yolo:yolo11n.pt"))
     with pytest.raises(UsageError, match=r"no such file, nor one of ultralytics' model files\. Did you mean"):
         load_model(ModelOptions("yolo:yolo11q.yaml", "none"))
     with pytest.raises(UsageError, match=r"is an architecture without weights: add --weights none"):
         load_model(ModelOptions("yolo:yolo11n.yaml"))
-    with pytest.raises(UsageError, match=r"--task classify does not fit yolo:yolo11n.yaml, a YOLO detect model"):
-        load_model(ModelOptions("yolo:yolo11n.yaml", "none", task="classify"))
+    with pytest.raises(UsageError, match=r"--task classify does not fit yolo:.*tiny.yaml, a YOLO detect model"):
+        load_model(ModelOptions(f"yolo:{tmp_path / 'tiny.yaml'}", "none", task="classify"))
 
 
 @pytest.mark.slow
@@ -192,6 +195,8 @@ def test_every_method_serves_yolo_and_box_scores_differ(squares):
     for method in methods:
         assert torch.isfinite(cams[method][0][0]).all() and cams[method][0][0].amax() > 0, method
     assert not torch.allclose(boxed["gradcam"][0][0], cams["gradcam"][0][0])
+    only_red = Explainer(squares, target="red").explain(square_scene([RED, BLUE]))
+    assert [p.name for p in only_red.predictions] == ["red"]
 
 
 @pytest.mark.slow
@@ -254,3 +259,15 @@ def test_the_cli_says_how_to_get_a_missing_checkpoint_in_one_line(tmp_path):
     result = CliRunner().invoke(app, [str(tmp_path), "-m", "yolo:yolo11n.pt", "-o", str(tmp_path / "out")])
     assert result.exit_code in (EXIT_MODEL, EXIT_USAGE)
     assert len(result.stderr.splitlines()) == 1 and "gradcam never downloads it" in result.stderr
+
+
+@pytest.mark.slow
+def test_an_end_to_end_heads_detections_are_traced_to_their_query():
+    model = load_model(ModelOptions("yolo:yolo26n.yaml", "none", input_size=64)).module
+    model.conf = 1e-6
+    torch.manual_seed(0)
+    with torch.no_grad():
+        (found,) = model(torch.rand(1, 3, 48, 64))
+    assert len(found["scores"]) > 10
+    traced = found["class_logits"][found["labels"], found["anchors"]].sigmoid()
+    assert torch.allclose(traced, found["scores"], atol=1e-6)  # each row's confidence is its query's class score

@@ -89,12 +89,7 @@ def load_yolo(name: str, weights: str, architecture_only: bool = False, task: st
     suffix = Path(target).suffix.lower()
     net: Any
     if suffix in (".yaml", ".yml"):
-        net, imgsz = _from_yaml(target), DEFAULT_SIZE
-        if weights.upper() == "DEFAULT" and not architecture_only:
-            raise UsageError(
-                f"--model {name} is an architecture without weights: add --weights none (random weights) or "
-                "--weights FILE (a state dict)"
-            )
+        net, imgsz = _from_yaml(target, weights.upper() == "DEFAULT" and not architecture_only, task), DEFAULT_SIZE
     elif suffix == ".pt":
         net, imgsz = _from_checkpoint(_checkpoint_path(target), weights.lower() == "none")
     else:
@@ -150,8 +145,9 @@ def with_input_size(module: nn.Module, spec: InputSpec, name: str, size: int) ->
     return letterbox_spec(size) if spec.keep_aspect else replace(spec, size=size)
 
 
-def _from_yaml(target: str) -> Any:
-    """A model built from an ultralytics model file (a path, or one of ultralytics' own names), random weights."""
+def _from_yaml(target: str, unweighted: bool, task: str | None) -> Any:
+    """A model built from an ultralytics model file (a path, or one of ultralytics' own names), random weights;
+    refused before it is built where no ``--weights`` were given (``unweighted``) or ``--task`` does not fit it."""
     from ultralytics.nn.tasks import guess_model_task, yaml_model_load
 
     try:
@@ -162,8 +158,14 @@ def _from_yaml(target: str) -> Any:
         if Path(target).is_file():
             raise UsageError(f"--model yolo:{target}: not an ultralytics model file ({describe(error)})") from error
         raise UsageError(f"--model yolo:{target}: no such file, nor one of ultralytics' model files.{hint}") from error
-    task = guess_model_task(config)
-    builder = _builder(task, f"yolo:{target}")
+    kind = guess_model_task(config)
+    builder = _builder(kind, f"yolo:{target}")
+    _check_task(f"yolo:{target}", str(kind), task)
+    if unweighted:
+        raise UsageError(
+            f"--model yolo:{target} is an architecture without weights: add --weights none (random weights) or "
+            "--weights FILE (a state dict)"
+        )
     try:
         return builder(config, verbose=False)
     except Exception as error:
