@@ -214,11 +214,12 @@ class Explainer:
     def settings(self) -> dict[str, object]:
         """What the task adds to a run record: the task, and a classifier's score or a detector's selection."""
         if isinstance(self.score, DetectionScore | YoloScore):
-            return {
+            settings: dict[str, object] = {
                 "task": "detect",
                 "score_threshold": self.score.threshold,
                 "max_detections": self.score.max_detections,
             }
+            return {**settings, "score": self.score.kind} if isinstance(self.score, YoloScore) else settings
         if self.task is Task.SEGMENT:
             return {"task": "segment"}
         return {"task": "classify", "score": self.score_name}
