@@ -144,6 +144,7 @@ def test_maps_equal_autograd_of_the_traced_anchors_logit(squares, checkpoint):
     targets, cams = explainer.compute_targets(to_input_tensor(image, squares.input_spec).unsqueeze(0))
     traced = [int(targets.detections[0]["anchors"][i]) for i in targets.picked[0]]
     assert traced == anchors and len(anchors) >= 2
+    assert max(anchors) < 8 * 8  # P3's cells: their logits do not depend on P4 and P5, so the head is the whole path
     for k, layers in enumerate(reference):
         assert layers[0].amax() > 0  # the traced anchors are P3's; P4 and P5 do not reach their logits (maps of 0)
         for got, expected in zip(cams["gradcam"][k], layers, strict=True):
