@@ -58,8 +58,9 @@ def overlaps(box: tuple[float, ...], square: tuple[int, ...]) -> bool:
     return box[0] < square[3] and square[1] < box[2] and box[1] < square[4] and square[2] < box[3]
 
 
-def check_peaks(result, squares: list[tuple[int, int, int, int, int]]) -> None:
-    """Each detection's map peaks inside its box, and is brighter there than on the squares outside its box."""
+def check_peaks(result, squares: list[tuple[int, int, int, int, int]], cell: float = 8) -> None:
+    """Each detection's map peaks inside its box, give or take one P3 cell (``cell``: 8 input pixels, in the original
+    image's pixels: the maps' resolution), and is brighter there than on the squares outside its box."""
     assert {p.name for p in result.predictions} == {"red", "blue"}, result.predictions
     for explanation in result.explanations:
         if explanation.rank == 0:
@@ -67,7 +68,7 @@ def check_peaks(result, squares: list[tuple[int, int, int, int, int]]) -> None:
         box = explanation.target.box
         saliency = explanation.saliency
         y, x = peak(saliency)
-        assert box[0] - 2 <= x < box[2] + 2 and box[1] - 2 <= y < box[3] + 2, (explanation.method, box, (y, x))
+        assert box[0] - cell <= x < box[2] + cell and box[1] - cell <= y < box[3] + cell, (box, (y, x))
         x1, y1, x2, y2 = (round(v) for v in box)
         own = saliency[y1:y2, x1:x2].mean()
         for square in squares:
@@ -94,7 +95,7 @@ def test_boxes_and_maps_line_up_with_a_non_square_images_pixels(squares, tmp_pat
         for label, *box in WIDE:
             assert max(abs(a - b) for a, b in zip(found[CLASSES[label]].box, box, strict=True)) <= 4
         assert all(explanation.saliency.shape == (64, 128) for explanation in result.explanations)
-        check_peaks(result, WIDE)
+        check_peaks(result, WIDE, cell=16)  # the input is the image at half its size
 
 
 def reference_gradcam(net, image: Image.Image, spec) -> tuple[list[int], list[list[torch.Tensor]]]:
