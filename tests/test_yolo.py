@@ -19,6 +19,7 @@ from yolo_model import CLASSES, save_checkpoint, square_scene, tiny_config, trai
 
 from gradcam_cli import Explainer, load_model
 from gradcam_cli.cli import app
+from gradcam_cli.cli.diff import app as diff_app
 from gradcam_cli.cli.eval import app as eval_app
 from gradcam_cli.errors import EXIT_MODEL, EXIT_OK, EXIT_USAGE, ModelLoadError, UsageError
 from gradcam_cli.io.images import to_input_tensor
@@ -243,8 +244,13 @@ def test_the_cli_explains_a_folder_writes_rows_and_evaluates_against_yolo_labels
     out = tmp_path / "out"
     model = f"yolo:{checkpoint}"
     arguments = [str(folder), str(clip), "-m", model, "-o", str(out), "--json", "--workers", "0", "--every", "2"]
-    result = CliRunner().invoke(app, arguments)
+    result = CliRunner().invoke(app, [*arguments, "--report", "--manifest", str(out / "rows.jsonl")])
     assert result.exit_code == EXIT_OK, result.output
+    assert (out / "index.html").is_file() and len((out / "rows.jsonl").read_text().splitlines()) == 5
+    images = [line for line in (out / "rows.jsonl").read_text().splitlines() if "clip.mp4" not in line]
+    (tmp_path / "images.jsonl").write_text("\n".join(images) + "\n")  # gradcam diff compares images' maps
+    same = CliRunner().invoke(diff_app, [str(tmp_path / "images.jsonl"), str(tmp_path / "images.jsonl")])
+    assert same.exit_code == EXIT_OK and "4 pairs, 4 from fingerprints" in same.stdout and "no drift" in same.stderr
     found = [json.loads(line) for line in result.stdout.splitlines()]
     video = found.pop()
     assert video["outputs"] == [str(out / "clip_gradcam_boxes.mp4")] and Path(video["outputs"][0]).is_file()
