@@ -41,7 +41,7 @@ MAX_PEAK_SHIFT = 0.1
 image's diagonal."""
 TASK_NAMES = ("classify", "detect", "segment")
 """The tasks ``--task`` accepts, as :class:`gradcam_cli.models.tasks.Task` defines them."""
-SCORE_NAMES = ("logit", "softmax", "sigmoid")
+SCORE_NAMES = ("logit", "softmax", "sigmoid", "box")
 """What ``--score`` differentiates for a classifier (see :mod:`gradcam_cli.cam.scores`)."""
 PRECISION_NAMES = ("fp32", "bf16", "fp16")
 """What ``--precision`` accepts: the forward pass in float32, or autocast to bfloat16 or float16 (see

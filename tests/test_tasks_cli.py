@@ -405,15 +405,32 @@ def test_no_detection_says_what_removed_them(inputs, tmp_path):
     assert no_detection(loaded, DetectionScore(threshold=0.3)) == "no detection above --score-threshold 0.3"
 
 
-def test_videos_are_refused_for_detectors(inputs, tmp_path):
-    clip = tmp_path / "clip.mp4"
-    writer = cv2.VideoWriter(str(clip), cv2.VideoWriter_fourcc(*"mp4v"), 5, (64, 48))
+def write_clip(clip: Path) -> Path:
+    """Two frames of red.png as an mp4 clip."""
+    writer = cv2.VideoWriter(str(clip), cv2.VideoWriter_fourcc(*"mp4v"), 5, (300, 200))
     for _ in range(2):
-        writer.write(np.full((48, 64, 3), 128, np.uint8))
+        writer.write(np.asarray(square_image((300, 200), RED_BOX))[:, :, ::-1].copy())
     writer.release()
-    result = detect(inputs / "red.png", tmp_path / "out", clip)
-    assert result.exit_code == EXIT_USAGE
-    assert f"error: videos are explained with classifiers only; {clip} is a video" in result.stderr
+    return clip
+
+
+@pytest.mark.slow
+def test_a_detectors_video_is_its_combined_map_with_the_boxes(inputs, tmp_path):
+    clip = write_clip(inputs / "clip.mp4")
+    result = detect(clip, tmp_path / "out", "--json")
+    assert result.exit_code == EXIT_OK, result.output
+    (row,) = rows(result)
+    assert row["outputs"] == [str(tmp_path / "out" / "clip_gradcam_boxes.mp4")]
+    assert [p["name"] for p in row["predictions"]] == ["red"]
+    capture = cv2.VideoCapture(row["outputs"][0])
+    assert capture.get(cv2.CAP_PROP_FRAME_COUNT) == 2 and capture.read()[1].shape == (200, 300, 3)
+
+
+def test_videos_are_refused_for_segmenters(tmp_path):
+    clip = write_clip(tmp_path / "clip.mp4")
+    refused = run(clip, "-m", SEGMENTER, "-o", tmp_path / "seg")
+    assert refused.exit_code == EXIT_USAGE
+    assert f"error: videos are explained with classifiers and detectors only; {clip} is a video" in refused.stderr
 
 
 def test_unrecognised_tasks_and_wrong_task_overrides_are_one_line(inputs, tmp_path):

@@ -32,7 +32,7 @@ from torch import nn
 
 from ..errors import UsageError
 from ..models.tasks import describe_output
-from .maps import to_image_maps
+from .maps import Region, to_image_maps
 from .results import Explanation, ImageExplanation, Prediction
 from .scores import Cams, ClassName, MaskedProbability, sum_or_none
 
@@ -96,7 +96,7 @@ class Geometry:
     """Where a batch's input went inside the detector: the fraction of the feature maps that shows the image
     (``region``, height and width), and the input's size the boxes are given in."""
 
-    region: tuple[float, float] = (1.0, 1.0)
+    region: Region = (1.0, 1.0)
     input_size: tuple[int, int] = (1, 1)
 
 
@@ -150,7 +150,7 @@ class DetectionTargets:
         return max((len(p) for p in self.picked), default=0) + 1
 
     @property
-    def region(self) -> tuple[float, float]:
+    def region(self) -> Region:
         return self.geometry.region
 
     def _chosen(self, n: int, k: int) -> list[int]:

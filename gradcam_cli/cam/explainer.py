@@ -39,6 +39,7 @@ from .results import ImageExplanation, Prediction
 from .scores import Cams, ClassScore, ClassTargets, Score, Targets
 from .segmentation import SegmentationScore
 from .smoothing import IDENTITY, augmentations, average_views
+from .yolo import YoloScore, is_yolo_module, yolo_score, yolo_takes
 
 
 class Explainer:
@@ -118,7 +119,7 @@ class Explainer:
         if not self.tokens:
             forget_tokens(infos)
         for method in self.methods:
-            if self.task.value not in METHODS[method].tasks:
+            if self.task.value not in METHODS[method].tasks and not yolo_takes(method, model.module):
                 kinds = " and ".join(f"{Task(task).noun}s" for task in METHODS[method].tasks)
                 taken = ", ".join(name for name, m in METHODS.items() if self.task.value in m.tasks)
                 raise UsageError(f"--method {method} is for {kinds}; a {self.task.noun} takes {taken}")
@@ -155,7 +156,7 @@ class Explainer:
                 if not names:
                     raise
         check_layers(self.model.module, infos, names, self.tokens, default if self.task is Task.DETECT else None)
-        return names or [str(default)]
+        return names or str(default).split("+")
 
     @classmethod
     def from_options(
@@ -197,6 +198,10 @@ class Explainer:
         are refused (:func:`~gradcam_cli.models.tasks.check_task_options`)."""
         if name not in SCORE_NAMES:
             raise UsageError(f"unknown score {name!r}; use {', '.join(SCORE_NAMES)}")
+        if is_yolo_module(self.model.module):
+            return yolo_score(self.model.module, name, threshold, max_detections, top_k)
+        if name == "box":
+            raise UsageError("--score box is for YOLO detectors (--model yolo:...)")
         check_task_options(
             self.task, ExplainOptions(top_k=top_k, score=name, score_threshold=threshold, max_detections=max_detections)
         )
@@ -211,12 +216,13 @@ class Explainer:
     @property
     def settings(self) -> dict[str, object]:
         """What the task adds to a run record: the task, and a classifier's score or a detector's selection."""
-        if isinstance(self.score, DetectionScore):
-            return {
+        if isinstance(self.score, DetectionScore | YoloScore):
+            settings: dict[str, object] = {
                 "task": "detect",
                 "score_threshold": self.score.threshold,
                 "max_detections": self.score.max_detections,
             }
+            return {**settings, "score": self.score.kind} if isinstance(self.score, YoloScore) else settings
         if self.task is Task.SEGMENT:
             return {"task": "segment"}
         return {"task": "classify", "score": self.score_name}

@@ -159,7 +159,10 @@ def default_layer(model: nn.Module, infos: list[LayerInfo], scopes: Sequence[str
 
 def model_default_layer(model: LoadedModel, infos: list[LayerInfo]) -> str:
     """:func:`default_layer` for a loaded model: a detector or segmenter looks in its backbone first, and some of
-    torchvision's detectors have their own (:data:`gradcam_cli.models.tasks.NAMED_LAYERS`)."""
+    torchvision's detectors have their own (:data:`gradcam_cli.models.tasks.NAMED_LAYERS`). A model that declares
+    its default layers (a YOLO detector's head inputs: ``LoadedModel.default_layers``) gets them, joined with ``+``."""
+    if model.default_layers:
+        return "+".join(model.default_layers)
     named = NAMED_LAYERS.get(model.name)
     if named is not None and any(info.name == named and info.is_candidate for info in infos):
         return named

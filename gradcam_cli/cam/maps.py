@@ -35,20 +35,28 @@ def upsample(maps: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
     return F.interpolate(maps.unsqueeze(1).float(), size=tuple(size), mode="bilinear", align_corners=False)[:, 0]
 
 
-def upsample_region(maps: torch.Tensor, size: Sequence[int], region: tuple[float, float] = (1.0, 1.0)) -> torch.Tensor:
-    """:func:`upsample` of (N, h, w) maps of which only the top-left ``region`` = (height, width) fraction shows
-    the image (a detector's padded batch): that part alone is stretched over ``size``, the padding never is.
+Region = tuple[float, ...]
+"""The part of a layer's maps that shows the image, as fractions of their height and width: ``(height, width)``
+of the top-left part (a torchvision detector pads at the bottom and right), or ``(top, left, height, width)`` (a
+YOLO letterbox pads on both sides)."""
+
+
+def upsample_region(maps: torch.Tensor, size: Sequence[int], region: Region = (1.0, 1.0)) -> torch.Tensor:
+    """:func:`upsample` of (N, h, w) maps of which only the ``region`` (:data:`Region`) shows the image (a
+    detector's padded batch): that part alone is stretched over ``size``, the padding never is.
 
     One bilinear resampling (``grid_sample``, ``align_corners=False``, border clamping): output pixel centre
-    ``y + 0.5`` of H reads the map at ``(y + 0.5) * fy * h / H - 0.5``, as :func:`upsample` does for ``fy = 1``.
+    ``y + 0.5`` of H reads the map at ``(top + (y + 0.5) * fy / H) * h - 0.5``, as :func:`upsample` does for
+    ``top = 0, fy = 1``.
     """
-    if tuple(region) == (1.0, 1.0):
+    if tuple(region) in ((1.0, 1.0), (0.0, 0.0, 1.0, 1.0)):
         return upsample(maps, size)
     height, width = int(size[0]), int(size[1])
-    fy, fx = region
+    top, left, fy, fx = region if len(region) == 4 else (0.0, 0.0, *region)
     device = maps.device
-    ys = ((torch.arange(height, device=device) + 0.5) * (2 * fy / height) - 1).view(height, 1).expand(height, width)
-    xs = ((torch.arange(width, device=device) + 0.5) * (2 * fx / width) - 1).view(1, width).expand(height, width)
+    ys = (torch.arange(height, device=device) + 0.5) * (2 * fy / height) + 2 * top - 1
+    xs = (torch.arange(width, device=device) + 0.5) * (2 * fx / width) + 2 * left - 1
+    ys, xs = ys.view(height, 1).expand(height, width), xs.view(1, width).expand(height, width)
     grid = torch.stack([xs, ys], dim=-1).unsqueeze(0).expand(maps.shape[0], height, width, 2)
     sampled = F.grid_sample(
         maps.unsqueeze(1).float(), grid, mode="bilinear", padding_mode="border", align_corners=False
@@ -56,9 +64,7 @@ def upsample_region(maps: torch.Tensor, size: Sequence[int], region: tuple[float
     return sampled[:, 0]
 
 
-def to_image_maps(
-    cams: Sequence[torch.Tensor], size: Sequence[int], region: tuple[float, float] = (1.0, 1.0)
-) -> torch.Tensor:
+def to_image_maps(cams: Sequence[torch.Tensor], size: Sequence[int], region: Region = (1.0, 1.0)) -> torch.Tensor:
     """Upsample and normalise one (N, h, w) CAM per layer; several layers fuse as the mean of normalised maps.
 
     The fused map is normalised once more so that it, too, spans [0, 1]. ``region``: see :func:`upsample_region`.

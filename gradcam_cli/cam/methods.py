@@ -25,7 +25,7 @@ from .ablation import AblatedScores
 from .engine import as_logits
 from .fullgrad import FullGradients, fullgrad_map
 from .guided import guided_saliency
-from .maps import normalise, upsample, upsample_region
+from .maps import Region, normalise, upsample, upsample_region
 from .smoothing import first_component
 
 ProgressCallback = Callable[[int, int], object]
@@ -177,7 +177,7 @@ class MaskedScores:
         batch_size: int = SCORECAM_BATCH_SIZE,
         progress: ProgressCallback | None = None,
         probability: Callable[[object, torch.Tensor], torch.Tensor] | None = None,
-        region: tuple[float, float] = (1.0, 1.0),
+        region: Region = (1.0, 1.0),
     ) -> None:
         if targets is None and probability is None:
             raise ValueError("MaskedScores needs targets or a probability function")
@@ -222,9 +222,7 @@ class MaskedScores:
             self.progress(done, total)
 
 
-def scorecam_masks(
-    maps: torch.Tensor, size: tuple[int, int] | torch.Size, region: tuple[float, float] = (1.0, 1.0)
-) -> torch.Tensor:
+def scorecam_masks(maps: torch.Tensor, size: tuple[int, int] | torch.Size, region: Region = (1.0, 1.0)) -> torch.Tensor:
     """Score-CAM's masks H^k: each (h, w) map bilinearly upsampled to the input ``size`` and min-max scaled to
     [0, 1]: (B, h, w) -> (B, H, W). ``region``: the part of the maps that shows the input."""
     return normalise(upsample_region(maps, size, region))

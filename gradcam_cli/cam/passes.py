@@ -28,6 +28,7 @@ from .fullgrad import FullGradients, FullGradPass
 from .guided import GuidedPass
 from .methods import ABLATED, FULLGRAD, GUIDED, MASKED, CamMethod, MaskedScores, ProgressCallback
 from .scores import ClassTargets, Targets
+from .yolo import YoloTargets
 
 
 class MethodInputs:
@@ -89,16 +90,20 @@ class MethodInputs:
         return self.targets
 
     def _ablated(self, layer: str, k: int) -> AblatedScores:
-        targets = self._class_targets()
-        score = targets.scored(k)
-        samples = torch.arange(self.inputs.shape[0], device=self.inputs.device)
+        if isinstance(self.targets, YoloTargets):  # a YOLO detection: its anchor's score (gradcam_cli.cam.yolo)
+            score, original = self.targets.ablated(k)
+        else:
+            targets = self._class_targets()
+            score = targets.scored(k)
+            samples = torch.arange(self.inputs.shape[0], device=self.inputs.device)
+            original = score(targets.logits.detach(), samples)
         layer_output, channel_dim = self.layer_outputs[layer]
         return AblatedScores(
             lambda inputs, replacement: self.capture.forward_output_replaced(inputs, layer, replacement),
             self.inputs,
             layer_output,
             score,
-            score(targets.logits.detach(), samples),
+            original,
             channel_dim,
             self.batch_size,
             self.progress,

@@ -29,6 +29,10 @@ class Prediction:
     probability: float
     box: Box | None = None
     share: float | None = None
+    area: int | None = None
+    """A YOLO instance's mask area, in pixels of the original image."""
+    keypoints: list[tuple[float, float, float]] | None = None
+    """A YOLO pose's keypoints: (x, y) in the original image's pixels and the model's visibility in [0, 1]."""
 
 
 @dataclass
@@ -70,12 +74,15 @@ class ImageExplanation:
     def mark(self, overlay: torch.Tensor, explanation: Explanation) -> torch.Tensor:
         """An (H, W, 3) uint8 ``overlay`` of ``explanation`` with what it explains drawn on it: a detection's box
         with its label and score (every detection's, for the combined map), a segmenter's region outline."""
-        from ..render.boxes import draw_boxes, draw_outline
+        from ..render.boxes import draw_boxes, draw_outline, draw_points
 
         if explanation.region is not None:
             overlay = draw_outline(overlay, explanation.region)
         if explanation.rank is None:
             return overlay
         ranked = enumerate(self.predictions, 1) if explanation.rank == 0 else [(explanation.rank, explanation.target)]
+        ranked = list(ranked)
         marks = [(p.box, f"{p.name} {p.probability:.2f}", rank) for rank, p in ranked if p.box is not None]
+        points = [(p.keypoints, rank) for rank, p in ranked if p.keypoints]
+        overlay = draw_points(overlay, points) if points else overlay
         return draw_boxes(overlay, marks) if marks else overlay

@@ -23,7 +23,7 @@ import torch
 
 from ..errors import UsageError
 from .engine import as_logits
-from .maps import to_image_maps
+from .maps import Region, to_image_maps
 from .results import TOP_PREDICTIONS, Explanation, ImageExplanation, Prediction
 
 MaskedProbability = Callable[[object, torch.Tensor], torch.Tensor]
@@ -42,9 +42,9 @@ class Targets(Protocol):
         """Targets per sample (the most any sample has)."""
 
     @property
-    def region(self) -> tuple[float, float]:
-        """The top-left part of the layer's maps that shows the input (see
-        :func:`gradcam_cli.cam.maps.upsample_region`): all of it, except in a detector's padded batch."""
+    def region(self) -> Region:
+        """The part of the layer's maps that shows the input (:data:`~gradcam_cli.cam.maps.Region`): all of it,
+        except in a detector's padded batch."""
 
     def value(self, k: int) -> torch.Tensor | None:
         """The differentiable sum of every sample's ``k``-th target's score; ``None``: no sample has one."""

@@ -156,7 +156,8 @@ class EvalCommand:
         boxes = read_boxes(options.boxes) if options.boxes is not None else None
         explainer = Explainer.from_options(self.model_options, self.explain_options)
         if not self.explain_options.layers:
-            reporter.info(f"using layer {explainer.layer_label} ({default_layer_reason(explainer.task)})")
+            reason = default_layer_reason(explainer.task, bool(explainer.model.default_layers))
+            reporter.info(f"using layer {explainer.layer_label} ({reason})")
         evaluator = evaluator_for(explainer, options)
         started = time.perf_counter()
         with ProgressBar(reporter, len(images), "evaluating") as progress:

@@ -280,7 +280,7 @@ class ExplainCommand:
         infos, chosen = layer_table(loaded, device, images[0].path if images else None)
         for info in infos:
             if self.reporter.as_json:
-                self.reporter.emit(json.dumps({**layer_row(info), "default": info.name == chosen}))
+                self.reporter.emit(json.dumps({**layer_row(info), "default": info.name in chosen.split("+")}))
             else:
                 self.reporter.emit(layer_line(info, chosen))
         if not self.reporter.as_json:
@@ -316,7 +316,8 @@ class ExplainCommand:
                 explainer = Explainer.from_options(self.model_options, self.explain_options, progress=progress)
             session.start(explainer)
             if not self.explain_options.layers:
-                reporter.info(f"using layer {explainer.layer_label} ({default_layer_reason(explainer.task)})")
+                reason = default_layer_reason(explainer.task, bool(explainer.model.default_layers))
+                reporter.info(f"using layer {explainer.layer_label} ({reason})")
             model = explainer.model
             reporter.detail(f"model {model.name} ({model.weights}, {explainer.task.value}) on {explainer.device}")
             started = time.perf_counter()  # the summary times the explaining, not the model's loading

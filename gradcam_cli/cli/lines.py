@@ -24,8 +24,9 @@ def layer_row(info: LayerInfo) -> dict[str, object]:
 
 
 def layer_line(info: LayerInfo, chosen: str) -> str:
-    """A layer's line of the ``--list-layers`` table: ``*`` the default, ``+`` a candidate."""
-    mark = "*" if info.name == chosen else "+" if info.is_candidate else " "
+    """A layer's line of the ``--list-layers`` table: ``*`` the default (``chosen``: several joined with ``+``),
+    ``+`` a candidate."""
+    mark = "*" if info.name in chosen.split("+") else "+" if info.is_candidate else " "
     shape = "x".join(map(str, info.output_shape)) if info.output_shape else "-" if info.calls == 0 else "(non-tensor)"
     calls = f"x{info.calls}" if info.calls > 1 else ""
     return f"{mark} {info.name:<40} {info.kind:<28} {shape:<20} {calls}"

@@ -143,9 +143,11 @@ def run_reported(reporter: Reporter, run: Callable[[], int]) -> None:
     raise typer.Exit(code)
 
 
-def default_layer_reason(task: Task) -> str:
-    """Why the default layer was chosen, as the 'using layer' message says it."""
+def default_layer_reason(task: Task, declared: bool = False) -> str:
+    """Why the default layer was chosen, as the 'using layer' message says it (``declared``: the model's own, a YOLO
+    detector's head inputs)."""
     kind = "last spatial layer" if task.value == "classify" else "last stage of the backbone"
+    kind = "the feature maps entering the head" if declared else kind
     return f"{kind}; choose with --layer"
 
 

@@ -7,7 +7,7 @@ import math
 import os
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING
 
@@ -26,17 +26,25 @@ class GroundTruthBox:
     box: metrics.Box
     label: str | None
     source: str
+    normalised: bool = False
+    """A YOLO label's box: fractions of its image's width and height, its label the class index
+    (:mod:`gradcam_cli.evaluation.yolo_labels`), its ``image`` the image's name without suffix."""
 
 
 def read_boxes(path: str | Path) -> list[GroundTruthBox]:
-    """Boxes from a CSV file (``image,x1,y1,x2,y2[,class]``) or a folder of Pascal VOC XML files.
+    """Boxes from a CSV file (``image,x1,y1,x2,y2[,class]``), a folder of Pascal VOC XML files, or a folder of YOLO
+    label ``.txt`` files (:mod:`gradcam_cli.evaluation.yolo_labels`).
 
     CSV corners are pixel coordinates with exclusive ends (``0,0,10,10`` covers pixels 0..9); a first line that is
     not a box is taken as a header; blank lines and lines starting with ``#`` are skipped. VOC's 1-based inclusive
     ``xmin..xmax`` become ``xmin - 1 .. xmax``. A malformed line raises :class:`UsageError` naming it.
     """
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() and not any(path.glob("*.xml")) and any(path.glob("*.txt")):
+        from .yolo_labels import read_yolo_labels
+
+        boxes = [GroundTruthBox(n, box, str(c), where, normalised=True) for n, box, c, where in read_yolo_labels(path)]
+    elif path.is_dir():
         boxes = _read_voc(path)
     elif path.is_file():
         boxes = _read_csv(path)
@@ -121,12 +129,14 @@ def _corners(cells: Sequence[str], where: str) -> metrics.Box:
 
 
 def match_boxes(
-    boxes: Sequence[GroundTruthBox], images: Sequence[InputImage]
+    boxes: Sequence[GroundTruthBox], images: Sequence[InputImage], categories: Sequence[str] | None = None
 ) -> tuple[dict[Path, list[GroundTruthBox]], list[GroundTruthBox]]:
     """Assign boxes to input images: ``({image path: boxes}, boxes naming no input image)``.
 
     A box's image matches an input whose path ends with it: a bare file name, or a relative path of any depth
     (``JPEGImages/0001.jpg``); an absolute path must be the input's. A name that fits several inputs is an error.
+    A YOLO label's box matches the input of its name, any suffix, and comes back in its pixels, its class named as
+    ``categories`` (the model's class names) name it.
     """
     by_name: dict[str, list[InputImage]] = {}
     for image in images:
@@ -140,14 +150,30 @@ def match_boxes(
             for image in by_name.get(wanted.name, [])
             if _path_ends_with(Path(os.path.normpath(image.path.absolute())), wanted)
         ]
+        if entry.normalised:
+            candidates = [image for image in images if image.path.stem == entry.image]
         if len(candidates) > 1:
             names = ", ".join(str(c.path) for c in candidates[:3])
             raise UsageError(f"{entry.source}: {entry.image!r} matches several inputs ({names}); give a longer path")
-        if candidates:
+        if candidates and entry.normalised:
+            matched.setdefault(candidates[0].path, []).append(_in_pixels(entry, candidates[0].path, categories))
+        elif candidates:
             matched.setdefault(candidates[0].path, []).append(entry)
         else:
             unmatched.append(entry)
     return matched, unmatched
+
+
+def _in_pixels(entry: GroundTruthBox, image: Path, categories: Sequence[str] | None) -> GroundTruthBox:
+    """A YOLO label's box of ``image`` in its pixels, its class index replaced by the model's name for it."""
+    from .yolo_labels import shown_size
+
+    width, height = shown_size(image)
+    x1, y1, x2, y2 = entry.box
+    index = int(entry.label or 0)
+    label = categories[index] if categories is not None and index < len(categories) else entry.label
+    box = (x1 * width, y1 * height, x2 * width, y2 * height)
+    return replace(entry, image=str(image), box=box, label=label, normalised=False)
 
 
 def _path_ends_with(path: PurePath, tail: PurePath) -> bool:

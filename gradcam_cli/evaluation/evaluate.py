@@ -119,7 +119,7 @@ class Evaluator:
         inputs = [image for image in images if isinstance(image, InputImage)]
         if len(inputs) < len(images):
             inputs = discover([image.path if isinstance(image, InputImage) else image for image in images])
-        matched, unmatched = match_boxes(boxes, inputs) if boxes else ({}, [])
+        matched, unmatched = match_boxes(boxes, inputs, self.explainer.model.categories) if boxes else ({}, [])
         if boxes and not matched:
             raise UsageError(f"none of the {len(boxes)} boxes names one of the input images (e.g. {boxes[0].image!r})")
         results = []

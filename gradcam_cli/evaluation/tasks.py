@@ -62,7 +62,7 @@ class TaskEvaluator:
         inputs = [image for image in images if isinstance(image, InputImage)]
         if len(inputs) < len(images):
             inputs = discover([image.path if isinstance(image, InputImage) else image for image in images])
-        matched, unmatched = match_boxes(boxes, inputs)
+        matched, unmatched = match_boxes(boxes, inputs, self.explainer.model.categories)
         if not matched:
             raise UsageError(f"none of the {len(boxes)} boxes names one of the input images (e.g. {boxes[0].image!r})")
         results = []

@@ -20,6 +20,8 @@ MAX_IMAGE_PIXELS = 64_000_000
 """Images with more pixels are refused before decoding (a 48 MP photo passes; decompression bombs do not)."""
 MAX_ASPECT = 4
 """The network input's longer side is at most this many times its shorter side (see ``InputSpec.resized_shape``)."""
+OPENCV_LINEAR = "opencv-linear"
+"""``InputSpec.interpolation`` for OpenCV's ``INTER_LINEAR`` resize, as ultralytics' letterbox resizes."""
 SIXTEEN_BIT_MAX = 65535
 """Largest value of a 16-bit channel: wider integer pixels than this cannot be scaled to 8 bits meaningfully."""
 
@@ -35,7 +37,8 @@ class InputSpec:
     max_side: int | None = None
     """Longest side of the network input; ``None``: ``MAX_ASPECT * size`` (896 for 224); never below ``size``."""
     interpolation: str = "bilinear"
-    """How images are resized to the network input: a Pillow filter name (bilinear, bicubic, nearest, lanczos...)."""
+    """How images are resized to the network input: a Pillow filter name (bilinear, bicubic, nearest, lanczos...),
+    or :data:`OPENCV_LINEAR` (OpenCV's bilinear filter, which does not smooth when shrinking: YOLO's letterbox)."""
     keep_aspect: bool = False
     """Scale the image as a whole instead of squeezing it: the shorter side becomes ``size`` unless the longer side
     would pass ``max_side``, which it then meets (torchvision's detection transform's rule)."""
@@ -126,8 +129,14 @@ def shrink_factor(size: tuple[int, int], max_side: int | None) -> int:
 def to_input_tensor(image: Image.Image, spec: InputSpec) -> torch.Tensor:
     """Resize the whole image (no crop) as ``spec`` says and normalise it: a (3, H, W) float tensor."""
     height, width = spec.resized_shape(image.height, image.width)
-    resized = image.resize((width, height), Image.Resampling[spec.interpolation.upper()])
-    pixels = torch.from_numpy(np.asarray(resized, dtype=np.uint8).copy()).permute(2, 0, 1).float().div_(255)
+    if spec.interpolation == OPENCV_LINEAR:
+        from .video import opencv
+
+        cv2 = opencv()
+        array = cv2.resize(np.asarray(image, dtype=np.uint8), (width, height), interpolation=cv2.INTER_LINEAR)
+    else:
+        array = np.asarray(image.resize((width, height), Image.Resampling[spec.interpolation.upper()]), np.uint8)
+    pixels = torch.from_numpy(array.copy()).permute(2, 0, 1).float().div_(255)
     mean = torch.tensor(spec.mean).view(3, 1, 1)
     std = torch.tensor(spec.std).view(3, 1, 1)
     return (pixels - mean) / std

@@ -32,6 +32,13 @@ os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")  # AV_LOG_QUIET
 os.environ.setdefault("OPENCV_LOG_LEVEL", "OFF")
 
 
+def opencv() -> Any:
+    """The ``cv2`` module, imported once OpenCV's logging is quieted (see the module docstring)."""
+    import cv2
+
+    return cv2
+
+
 def is_video(path: str | Path) -> bool:
     """Whether ``path`` names an existing file with a video suffix (.mp4, .avi, .mov, .mkv, .webm)."""
     path = Path(path)

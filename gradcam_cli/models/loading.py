@@ -28,6 +28,7 @@ from .weights import (
     torchvision_weights_only,
     weights_failure,
 )
+from .yolo import is_yolo, load_yolo, with_input_size
 
 LITE0 = "efficientnet_lite0"
 LITE0_SPEC = InputSpec(mean=(0.498, 0.498, 0.498), std=(0.502, 0.502, 0.502))
@@ -52,6 +53,9 @@ class LoadedModel:
     prefix_tokens: int | None = None
     """Leading non-spatial tokens (class, distillation, register) of the model's token sequences, as the model
     declares them (timm, Hugging Face); ``None``: found from each layer's shape (:mod:`gradcam_cli.cam.reshape`)."""
+    default_layers: tuple[str, ...] = ()
+    """The layers explained when none is chosen, as the model declares them (a YOLO detector's head inputs); empty:
+    the default layer rule of :mod:`gradcam_cli.cam.layers`."""
 
     def class_name(self, index: int) -> str:
         """Human name of class ``index`` (the index itself when the model has no names)."""
@@ -101,8 +105,15 @@ def load_model(
         model = ModelOptions(model, weights, num_classes, path, input_size, task=task)
     name = model.model
     hub = name.startswith((TIMM_PREFIX, HF_PREFIX))
-    custom = not hub and ":" in name and not _is_windows_drive(name)
-    if hub:
+    yolo = is_yolo(name)
+    custom = not hub and not yolo and ":" in name and not _is_windows_drive(name)
+    if yolo:
+        yolo_model = load_yolo(name, model.weights, architecture_only, model.task)
+        loaded = LoadedModel(
+            yolo_model.module, name, model.weights, yolo_model.categories, yolo_model.input_spec, yolo_model.task
+        )
+        loaded.default_layers = tuple(getattr(yolo_model.module, "head_inputs", ()))
+    elif hub:
         load = load_timm if name.startswith(TIMM_PREFIX) else load_hf
         built = load(name, model.weights, model.num_classes, architecture_only)
         loaded = LoadedModel(
@@ -114,7 +125,7 @@ def load_model(
         loaded = _load_lite0(model.weights, architecture_only)
     else:
         loaded = _load_torchvision(name, model.weights, model.num_classes, architecture_only)
-    if model.task is not None:
+    if model.task is not None and not yolo:
         loaded.task = Task.parse(model.task)
     elif custom:
         loaded.task = infer_task(loaded.module, loaded.input_spec, name)
@@ -124,6 +135,8 @@ def load_model(
     spec = detection_spec(loaded.module, model.input_size) if loaded.task is Task.DETECT else None
     if spec is not None:
         loaded.input_spec = spec
+    elif yolo and model.input_size is not None:
+        loaded.input_spec = with_input_size(loaded.module, loaded.input_spec, name, model.input_size)
     elif model.input_size is not None and model.input_size != loaded.input_spec.size:
         loaded.input_spec = replace(loaded.input_spec, size=model.input_size)
     if model.labels is not None:

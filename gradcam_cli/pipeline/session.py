@@ -188,11 +188,11 @@ class Session:
     ) -> Iterator[Record]:
         """Explain every image, then every video, yielding each record once it is written and recorded.
 
-        :meth:`start` comes first, unless it was called already. Videos are for classifiers only."""
-        if videos and explainer.task.value != "classify":
+        :meth:`start` comes first, unless it was called already. Videos are for classifiers and detectors."""
+        if videos and explainer.task.value == "segment":
             raise UsageError(
-                f"videos are explained with classifiers only; {videos[0].path} is a video and {explainer.model.name} "
-                f"a {explainer.task.noun}"
+                f"videos are explained with classifiers and detectors only; {videos[0].path} is a video and "
+                f"{explainer.model.name} a {explainer.task.noun}"
             )
         if videos and self.run.engine == "ray":
             raise UsageError(f"--engine ray explains images only; {videos[0].path} is a video: run videos without it")

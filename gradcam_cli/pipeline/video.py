@@ -1,7 +1,8 @@
 """Explaining video clips: read frames with OpenCV, explain every Nth, write an overlay video of the same size and rate.
 
 ``gradcam clip.mp4`` writes ``<output_dir>/clip_<method>_top1.mp4`` (``_<index>-<class>`` instead of ``_top1`` with
-``--target-class``; ``_top2``... with ``--top-k``). Frames between explained ones (``--every N``) reuse the last map,
+``--target-class``; ``_top2``... with ``--top-k``; a detector's: ``clip_<method>_boxes.mp4``, the combined map of
+each frame's detections with their boxes drawn). Frames between explained ones (``--every N``) reuse the last map,
 blended over their own pixels, so motion stays smooth and the cost drops N-fold. Videos are written with the
 ``mp4v`` (MPEG-4 Part 2) codec, which OpenCV's bundled FFmpeg always has, to a temporary file that is renamed into
 place when the clip is done. ``--save-raw``, ``--save-heatmap`` and ``--panel`` are for images: a run with videos
@@ -86,6 +87,8 @@ class VideoRunner:
         """(method, output path) for each video this input produces, in the order of its explanations."""
         target = self.explainer.target
         rows = []
+        if self.explainer.task.value == "detect":  # one video per method: the combined map, every box drawn
+            return [(m, video_output_path(self.output.output_dir, video, m, "boxes")) for m in self.explainer.methods]
         for rank in range(1 if target is not None else self.explainer.top_k):
             label = video_label(rank + 1, target, self.explainer.model.class_name(target) if target is not None else "")
             for method in self.explainer.methods:
@@ -202,8 +205,12 @@ class VideoRunner:
     ) -> None:
         """Blend one RGB frame with each of ``result``'s maps and append it to the matching output video."""
         pixels = torch.from_numpy(frame)
-        for writer, explanation in zip(clip.writers, result.explanations, strict=True):
+        detector = self.explainer.task.value == "detect"
+        shown = [e for e in result.explanations if e.rank == 0] if detector else result.explanations
+        for writer, explanation in zip(clip.writers, shown, strict=True):
             overlay = blend(pixels, explanation.saliency, self.table, self.output.alpha).cpu()
+            if detector:
+                overlay = result.mark(overlay, explanation)
             if clip.frames == 0 and self.output.report:
                 clip.first_overlays.append(overlay)
             writer.write(np.ascontiguousarray(overlay.numpy()[:, :, ::-1]))

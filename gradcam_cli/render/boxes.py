@@ -27,6 +27,8 @@ PALETTE = (
 OUTLINE = (255, 255, 255)
 """A segmenter's region outline."""
 
+VISIBLE = 0.5
+"""Least visibility of a keypoint drawn (ultralytics' own plotting threshold)."""
 Mark = tuple[tuple[float, float, float, float], str, int]
 """A box ``(x1, y1, x2, y2)`` in pixels, its caption, and its detection rank (1-based: its colour)."""
 
@@ -74,6 +76,21 @@ def draw_outline(overlay: torch.Tensor, region: torch.Tensor) -> torch.Tensor:
     marked = overlay.clone()
     marked[border] = torch.tensor(OUTLINE, dtype=torch.uint8, device=overlay.device)
     return marked
+
+
+def draw_points(
+    overlay: torch.Tensor, poses: Sequence[tuple[Sequence[tuple[float, float, float]], int]]
+) -> torch.Tensor:
+    """``overlay`` (H, W, 3) uint8 with each pose's keypoints (x, y, visibility) drawn as dots in its rank's colour,
+    those the model sees (visibility at least :data:`VISIBLE`) only."""
+    image = Image.fromarray(overlay.cpu().numpy())
+    draw = ImageDraw.Draw(image)
+    radius = line_width(*overlay.shape[:2]) + 1
+    for points, rank in poses:
+        for x, y, visible in points:
+            if visible >= VISIBLE:
+                draw.ellipse((x - radius, y - radius, x + radius, y + radius), fill=colour(rank), outline=OUTLINE)
+    return torch.from_numpy(np.asarray(image).copy())
 
 
 def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:

@@ -1,0 +1,98 @@
+"""A tiny YOLO detector trained in seconds on generated images of coloured squares, so what it detects is known.
+
+Class 0 is a red square, class 1 a blue one, on a grey background; :func:`train_squares` trains ultralytics' own
+YOLO11 architecture (widths and depths scaled down) with ultralytics' own loss, seeded.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import types
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+CLASSES = ["red", "blue"]
+COLOURS = [(220, 30, 30), (30, 30, 220)]
+SIZE = 64
+CLS_GAIN = 1.5
+"""The weight of the classification loss (ultralytics: 0.5; higher: confident detections in 150 steps)."""
+"""The training images' side (also the model's input size)."""
+
+
+def tiny_config(head: list[object] | None = None) -> dict[str, object]:
+    """A YOLO model file's contents: five strided convolutions (P1/2 .. P5/32), a C3k2 block and ultralytics'
+    ``Detect`` head (or ``head``: its name and arguments) on P3, P4 and P5, two classes."""
+    return {
+        "nc": 2,
+        "reg_max": 1,
+        "backbone": [
+            [-1, 1, "Conv", [8, 3, 2]],
+            [-1, 1, "Conv", [16, 3, 2]],
+            [-1, 1, "Conv", [16, 3, 2]],
+            [-1, 1, "C3k2", [16, False, 0.25]],
+            [-1, 1, "Conv", [32, 3, 2]],
+            [-1, 1, "Conv", [32, 3, 2]],
+        ],
+        "head": [[[3, 4, 5], 1, *(head or ["Detect", ["nc"]])]],
+    }
+
+
+def square_scene(boxes: list[tuple[int, int, int, int, int]], size: tuple[int, int] = (SIZE, SIZE)) -> Image.Image:
+    """A grey (W, H) ``size`` image with a square per (class, x1, y1, x2, y2) of ``boxes``."""
+    image = Image.new("RGB", size, (128, 128, 128))
+    for label, x1, y1, x2, y2 in boxes:
+        image.paste(COLOURS[label], (x1, y1, x2, y2))
+    return image
+
+
+def _random_scene(rng: random.Random) -> list[tuple[int, int, int, int, int]]:
+    boxes: list[tuple[int, int, int, int, int]] = []
+    while len(boxes) < rng.randint(1, 2):
+        side = rng.randint(14, 26)
+        x1, y1 = rng.randint(0, SIZE - side), rng.randint(0, SIZE - side)
+        box = (rng.randint(0, 1), x1, y1, x1 + side, y1 + side)
+        if all(x1 >= b[3] + 4 or b[1] >= x1 + side + 4 or y1 >= b[4] + 4 or b[2] >= y1 + side + 4 for b in boxes):
+            boxes.append(box)
+    return boxes
+
+
+def train_squares(steps: int = 150, seed: int = 0) -> torch.nn.Module:
+    """A tiny DetectionModel trained ``steps`` Adam steps on batches of 16 random scenes (seeded)."""
+    import numpy as np
+    from ultralytics.nn.tasks import DetectionModel
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    net = DetectionModel(tiny_config(), verbose=False)
+    net.args = types.SimpleNamespace(box=7.5, cls=CLS_GAIN, dfl=1.5)
+    net.names = dict(enumerate(CLASSES))
+    optimiser = torch.optim.Adam(net.parameters(), lr=0.01)
+    net.train()
+    for _ in range(steps):
+        images, rows = [], []
+        for n in range(16):
+            scene = _random_scene(rng)
+            pixels = np.asarray(square_scene(scene), dtype=np.float32) / 255
+            images.append(torch.from_numpy(pixels).permute(2, 0, 1))
+            for label, x1, y1, x2, y2 in scene:
+                rows.append([n, label, (x1 + x2) / 2 / SIZE, (y1 + y2) / 2 / SIZE, (x2 - x1) / SIZE, (y2 - y1) / SIZE])
+        table = torch.tensor(rows)
+        batch = {"img": torch.stack(images), "batch_idx": table[:, 0], "cls": table[:, 1:2], "bboxes": table[:, 2:]}
+        loss, _ = net.loss(batch)
+        optimiser.zero_grad()
+        loss.sum().backward()
+        optimiser.step()
+    return net.eval()
+
+
+def save_checkpoint(net: torch.nn.Module, path: Path) -> Path:
+    """``net`` saved as ultralytics saves a trained model (a dict with ``model`` and ``train_args``)."""
+    net = copy.deepcopy(net).float()
+    for attribute in ("args", "criterion"):
+        if hasattr(net, attribute):
+            delattr(net, attribute)
+    torch.save({"model": net, "train_args": {"imgsz": SIZE}}, path)
+    return path
