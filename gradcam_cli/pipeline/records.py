@@ -39,7 +39,7 @@ class Record:
             if prediction is not None:
                 probability = prediction["probability"]
                 prediction["probability"] = round(probability, 6) if math.isfinite(probability) else None
-                for extra in ("box", "share"):
+                for extra in ("box", "share", "score"):
                     if prediction[extra] is None:
                         del prediction[extra]
                 if "box" in prediction:
@@ -83,4 +83,5 @@ def _prediction(value: Any) -> Prediction | None:
         if isinstance(box, list) and len(box) == 4
         else None,
         share=float(share) if isinstance(share, int | float) else None,
+        score=str(value["score"]) if isinstance(value.get("score"), str) else None,
     )
