@@ -28,8 +28,8 @@ from ..models.tasks import describe_output
 from .engine import model_state_preserved
 
 if TYPE_CHECKING:
-    from ..models.clip_models import TextTower
     from ..models.loading import LoadedModel
+    from ..models.text_tower import TextTower
 
 OUTPUT_ATTRIBUTES = ("image_embeds", "pooler_output")
 """What a model's output object offers as its embedding, first found first (transformers' output objects)."""

@@ -196,7 +196,7 @@ def explain(
         run_reported(reporter, lambda: _print_version(reporter))
     specs, mistake = params.target_specs(target)
     if mistake is not None:
-        run_reported(reporter, lambda: _refuse(mistake))
+        run_reported(reporter, lambda: params.refuse(mistake))
     task = task or ("classify" if specs or embedding else None)  # an embedding: no task to find from the output
     command = ExplainCommand(
         reporter,

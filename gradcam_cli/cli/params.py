@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import suggest
+from ..errors import UsageError, suggest
 from ..options import (
     DEVICE_PATTERN,
     ENGINE_NAMES,
@@ -241,7 +241,8 @@ MethodOpt = Annotated[
         "backward pass per target, shared), eigencam (no backward pass, class-agnostic), scorecam and ablationcam "
         "(no backward pass but one extra forward pass per channel of the layer, e.g. 2048 for resnet50 layer4, "
         "batched 32 at a time), fullgrad, guided-backprop, guided-gradcam (one extra forward pass, and one backward "
-        "pass per target through the whole network; pixel-level maps; classifiers only, as ablationcam).",
+        "pass per target through the whole network; pixel-level maps; classifiers only, as ablationcam), finercam (a "
+        "target against its nearest rivals: docs/targets.md).",
     ),
 ]
 TargetOpt = Annotated[
@@ -322,3 +323,9 @@ def target_specs(texts: list[str] | None) -> tuple[list[TargetSpec], str | None]
         return [TargetSpec.parse(text) for text in texts or ()], None
     except ValueError as error:
         return [], f"--target {error}"
+
+
+def refuse(message: str) -> int:
+    """Raise a usage error found while parsing (a ``--target`` that does not parse), for
+    :func:`~gradcam_cli.cli.reporting.run_reported` to report as every other."""
+    raise UsageError(message)

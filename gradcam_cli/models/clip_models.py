@@ -16,9 +16,8 @@ whole preprocessing at a fixed size, as their position embeddings need.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,34 +27,13 @@ from torch import nn
 from ..errors import GradcamError, ModelLoadError, UsageError, describe, suggest
 from ..io.images import InputSpec
 from .hub import OPEN_CLIP_PREFIX, HubModel, HubUnavailable, hub_file, missing_extra, not_cached
+from .text_tower import TextTower
 from .weights import apply_state_dict, load_state_dict_file
 
 OPEN_CLIP_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 """The files open_clip publishes a pretrained tag's weights as on the Hugging Face hub, in the order it reads them."""
 HF_CLIP_TYPES = ("clip", "siglip")
 """The Hugging Face ``model_type``s loaded as CLIP-style models (their ``CLIPModel``, ``SiglipModel``)."""
-
-
-@dataclass
-class TextTower:
-    """A CLIP-style model's text side: ``encode(prompts, device)`` gives their (P, D) embeddings. ``logit_scale`` and
-    ``logit_bias`` turn an image-text cosine into the model's logit, ``scale * cos + bias``; a model with a bias
-    (SigLIP) scores each prompt on its own (sigmoid), one without (CLIP) ranks the prompts (softmax)."""
-
-    module: nn.Module
-    tokenize: Callable[[list[str]], Mapping[str, torch.Tensor]]
-    embed: Callable[..., torch.Tensor]
-    logit_scale: float
-    logit_bias: float | None = None
-
-    def encode(self, prompts: list[str], device: torch.device) -> torch.Tensor:
-        """The (P, D) float32 embeddings of ``prompts``, computed on ``device`` without autograd."""
-        self.module.to(device).eval()
-        inputs = {name: value.to(device) for name, value in self.tokenize(prompts).items()}
-        with torch.no_grad():
-            embedded: Any = self.embed(**inputs)
-        tensor = embedded if isinstance(embedded, torch.Tensor) else embedded.pooler_output  # transformers 5
-        return torch.as_tensor(tensor).float()
 
 
 class ImageEmbedder(nn.Module):

@@ -174,8 +174,8 @@ def _kind(model: str, config: Any) -> str:
         return "clip"
     if kind not in KNOWN:
         raise UsageError(
-            f"{model} is a {kind or 'model of unknown type'} model, not one of the vision models transformers "
-            "loads with AutoModelForImageClassification (or a CLIP or SigLIP model)"
+            f"{model} is a {kind or 'model of unknown type'} model, not one of the image classifiers transformers "
+            "loads with AutoModelForImageClassification (nor a vision backbone, CLIP or SigLIP model)"
         )
     return "embed" if architectures and not headed else "classify"
 

@@ -20,7 +20,7 @@ from ..errors import ModelLoadError, UsageError, describe
 from ..io.images import InputSpec
 
 if TYPE_CHECKING:
-    from .clip_models import TextTower
+    from .text_tower import TextTower
 
 TIMM_PREFIX = "timm:"
 HF_PREFIX = "hf:"

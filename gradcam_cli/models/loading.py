@@ -31,7 +31,7 @@ from .weights import (
 )
 
 if TYPE_CHECKING:
-    from .clip_models import TextTower
+    from .text_tower import TextTower
 
 LITE0 = "efficientnet_lite0"
 LITE0_SPEC = InputSpec(mean=(0.498, 0.498, 0.498), std=(0.502, 0.502, 0.502))
