@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from gradcam_cli import Explainer, load_model
 from gradcam_cli.cli import app
 from gradcam_cli.cli.diff import app as diff_app
+from gradcam_cli.cli.eval import app as eval_app
 from gradcam_cli.errors import EXIT_OK, EXIT_USAGE
 from gradcam_cli.io.images import load_image, to_input_tensor
 from gradcam_cli.targets import TargetSpec
@@ -238,7 +239,7 @@ def test_cli_similarity_json_manifest_diff_and_gallery(scene, tmp_path):
     result = run(*args, "-o", out, "--manifest", manifest, "--report")
     assert result.exit_code == EXIT_OK, result.output
     row = json.loads(result.stdout.splitlines()[0])
-    assert row["target"]["name"] == f"similar:{ref}" and row["target"]["score"] == "cosine"
+    assert row["target"]["name"] == "similar:ref.png" and row["target"]["score"] == "cosine"
     assert -1.0 <= row["target"]["probability"] <= 1.0
     assert json.loads(manifest.read_text().splitlines()[0])["target"] == row["target"]
     assert (out / "index.html").is_file() and "similar" in (out / "index.html").read_text()
@@ -292,3 +293,43 @@ def test_cli_mistakes_are_one_line(scene, tmp_path, model, args, message):
     assert result.exit_code == EXIT_USAGE, result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+
+
+def test_batch_reads_the_reference_once_and_eval_scores_the_similarity(scene, tmp_path, monkeypatch):
+    from gradcam_cli.cam import embeddings
+
+    folder = tmp_path / "batch"
+    folder.mkdir()
+    for name in ("a", "b", "c"):
+        load_image(scene).save(folder / f"{name}.png")
+    reads = []
+    monkeypatch.setattr(embeddings, "load_image", lambda path: reads.append(path) or load_image(path))
+    ref = scene.parent / "ref.png"
+    result = run(
+        folder,
+        "-m",
+        EMBED,
+        "--weights",
+        "none",
+        "--target",
+        f"similar:{ref}",
+        "--batch-size",
+        "2",
+        "-o",
+        tmp_path / "out",
+        "--json",
+    )
+    assert result.exit_code == EXIT_OK, result.output
+    assert reads == [ref]  # once per run, not per image or batch
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(rows) == 3 and len({row["target"]["probability"] for row in rows}) == 1
+    result = CliRunner().invoke(
+        eval_app, [str(scene), "-m", EMBED, "--weights", "none", "--target", f"similar:{ref}", "--steps", "4", "--json"]
+    )
+    assert result.exit_code == EXIT_OK, result.output
+    report = json.loads(result.stdout)
+    image = report["per_image"][0]
+    assert image["target"]["name"] == "similar:ref.png"
+    curve = image["methods"]["gradcam"]["deletion_curve"]
+    assert curve[0] == pytest.approx(rows[0]["target"]["probability"], abs=1e-5)  # the cosine, deleted step by step
+    assert curve[-1] < curve[0]

@@ -62,8 +62,9 @@ class Explainer:
     inputs (scorecam) or ablated copies (ablationcam) per forward pass; ``progress``: called as
     ``progress(done, total)`` during those forward passes (``None``: silent). ``precision``: ``fp32``, or
     ``bf16``/``fp16`` to run the explained forward pass under autocast (see :mod:`gradcam_cli.cam.precision`; maps
-    are computed in float32 either way). A method that does not serve the model's task
-    (:attr:`gradcam_cli.cam.methods.CamMethod.tasks`) is refused with a one-line UsageError.
+    are computed in float32 either way). A method that does not serve the model's task is refused with a one-line
+    UsageError. ``targets``: ``--target`` specs (strings or :class:`~gradcam_cli.targets.TargetSpec`), each explained
+    in every image (:mod:`gradcam_cli.cam.targets`, docs/targets.md); ``embedding``: which output is the embedding.
     Layers whose output is channel-last (Swin) or a token sequence (ViT) are reshaped to (N, C, h, w) first.
     Building the explainer makes one dry pass at the model's input size (see :func:`gradcam_cli.cam.layers.dry_pass`):
     it picks the default layer, refuses a layer with a single position (``avgpool``) or no spatial grid (``fc``), and
@@ -129,7 +130,6 @@ class Explainer:
                 raise UsageError(f"--method {method} is for {kinds}; a {self.task.noun} takes {taken}")
         self.score_name = score or ("cosine" if model.text is not None else "logit")
         self.target_specs, self.embedding = tuple(TargetSpec.parse(spec) for spec in targets), embedding
-        """The explicit targets (``--target``; :mod:`gradcam_cli.cam.targets`), empty: classes; ``--embedding``."""
         explicit = self.target_specs or model.text is not None or model.embeds
         self.score: Score = (
             explicit_score(model, self.target_specs, self.device, self.target, top_k, self.methods, score, embedding)
@@ -230,7 +230,7 @@ class Explainer:
             }
         if self.task is Task.SEGMENT:
             return {"task": "segment"}
-        chosen = {"targets": [str(spec) for spec in self.target_specs], "embedding": self.embedding}
+        chosen = {"targets": " | ".join(map(str, self.target_specs)), "embedding": self.embedding}
         return {"task": "classify", "score": self.score_name, **(chosen if self.target_specs else {})}
 
     @property

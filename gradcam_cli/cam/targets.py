@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -178,7 +179,8 @@ class TargetScore:
                 raise UsageError(f"{spec}: embeddings of {embedding.shape[1]} and {reference.shape[0]} values differ")
             return embedding @ reference.to(embedding.device)
 
-        return Resolved(spec, f"similar:{spec.value}", k, score, None, "cosine")
+        name = Path(spec.value).name or spec.value  # the file or folder (the whole path is in the run record)
+        return Resolved(spec, f"similar:{name}", k, score, None, "cosine")
 
     def _output(self, spec: TargetSpec, k: int) -> Resolved:
         which, index, sign = self.embedding, spec.index, spec.sign
