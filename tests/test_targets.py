@@ -142,6 +142,7 @@ def test_similarity_map_is_gradcam_of_the_cosine_and_peaks_on_the_shared_object(
     assert inside(peak(result.explanations[0].saliency), RED)
 
 
+@pytest.mark.slow
 def test_a_folder_is_the_mean_of_its_embeddings(scene):
     model = load_model(EMBED, "none")
     folder = scene.parent / "refs"
@@ -154,6 +155,7 @@ def test_a_folder_is_the_mean_of_its_embeddings(scene):
     torch.testing.assert_close(targets.original(0), expected)
 
 
+@pytest.mark.slow
 def test_embedding_chooses_one_output_of_several(scene):
     model = load_model(EMBED_DICT, "none", task="classify")
     explainer = Explainer(model, targets=[f"similar:{scene.parent / 'ref.png'}"], embedding="embedding")
@@ -188,6 +190,7 @@ def test_contrast_changes_sign_where_the_evidence_differs(scene, square_model):
     assert result.explanations[0].target.name == "red - blue"
 
 
+@pytest.mark.slow
 def test_output_targets_and_a_single_logit_head(scene, square_model):
     inputs = to_input_tensor(load_image(scene), square_model.input_spec)[None]
     cams = Explainer(square_model, targets=["output:2"]).compute_targets(inputs)[1]
@@ -207,6 +210,7 @@ def test_output_targets_and_a_single_logit_head(scene, square_model):
     assert inside(peak(result.explanations[1].saliency), BLUE)
 
 
+@pytest.mark.slow
 def test_finercam_is_gradcam_of_the_class_minus_its_weighted_rivals(scene, square_model):
     inputs = to_input_tensor(load_image(scene), square_model.input_spec)[None]
     explainer = Explainer(square_model, methods="finercam", targets=["class:red"])
@@ -222,6 +226,7 @@ def test_finercam_is_gradcam_of_the_class_minus_its_weighted_rivals(scene, squar
     assert plain.shape == expected.shape[1:] or plain.shape == expected.shape
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["scorecam", "ablationcam", "gradcam++", "layercam"])
 def test_every_method_that_takes_a_score_explains_a_similarity(scene, method):
     model = load_model(EMBED, "none")
@@ -232,6 +237,7 @@ def test_every_method_that_takes_a_score_explains_a_similarity(scene, method):
 # ------------------------------------------------------------------------------------------------- command line
 
 
+@pytest.mark.slow
 def test_cli_similarity_json_manifest_diff_and_gallery(scene, tmp_path):
     out, manifest = tmp_path / "out", tmp_path / "m.jsonl"
     ref = scene.parent / "ref.png"
@@ -247,6 +253,7 @@ def test_cli_similarity_json_manifest_diff_and_gallery(scene, tmp_path):
     assert CliRunner().invoke(diff_app, [str(manifest), str(tmp_path / "n.jsonl")]).exit_code == EXIT_OK
 
 
+@pytest.mark.slow
 def test_cli_contrast_and_output_lines(scene, tmp_path):
     labels = scene.parent / "colours.txt"
     result = run(
@@ -274,17 +281,25 @@ def test_cli_contrast_and_output_lines(scene, tmp_path):
     ("model", "args", "message"),
     [
         (SQUARE, ["--target", "text:a dog"], "has no text tower"),
-        (EMBED, ["--target", "class:red"], "has no class names"),
+        pytest.param(EMBED, ["--target", "class:red"], "has no class names", marks=pytest.mark.slow),
         (SQUARE, ["--target", "simlar:x.png"], "Did you mean: similar"),
-        (SQUARE, ["--target", "class:red", "--top-k", "2"], "--top-k"),
+        pytest.param(SQUARE, ["--target", "class:red", "--top-k", "2"], "--top-k", marks=pytest.mark.slow),
         (SQUARE, ["--target", "class:rde"], "Did you mean: red"),
-        (SQUARE, ["--target", "class:red", "--target-class", "red"], "--target-class"),
-        (EMBED, ["--target", "similar:missing.png"], "does not exist"),
+        pytest.param(
+            SQUARE, ["--target", "class:red", "--target-class", "red"], "--target-class", marks=pytest.mark.slow
+        ),
+        pytest.param(EMBED, ["--target", "similar:missing.png"], "does not exist", marks=pytest.mark.slow),
         (EMBED, ["--target", "similar:REF", "--method", "finercam"], "has none"),
-        (SQUARE, ["--target", "output:7"], "has no output 7"),
-        (EMBED_DICT, ["--target", "similar:REF", "--embedding", "embeding"], "Did you mean: embedding"),
-        (EMBED_DICT, ["--target", "similar:REF"], "--embedding"),
+        pytest.param(SQUARE, ["--target", "output:7"], "has no output 7", marks=pytest.mark.slow),
+        pytest.param(
+            EMBED_DICT,
+            ["--target", "similar:REF", "--embedding", "embeding"],
+            "Did you mean: embedding",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(EMBED_DICT, ["--target", "similar:REF"], "--embedding", marks=pytest.mark.slow),
     ],
+    ids=lambda value: Path(value).name.replace(".py:", "-") if isinstance(value, str) and ".py:" in value else None,
 )
 def test_cli_mistakes_are_one_line(scene, tmp_path, model, args, message):
     args = [arg.replace("REF", str(scene.parent / "ref.png")) for arg in args]
@@ -295,6 +310,7 @@ def test_cli_mistakes_are_one_line(scene, tmp_path, model, args, message):
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
 
 
+@pytest.mark.slow
 def test_batch_reads_the_reference_once_and_eval_scores_the_similarity(scene, tmp_path, monkeypatch):
     from gradcam_cli.cam import embeddings
 
