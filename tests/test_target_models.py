@@ -207,3 +207,75 @@ def test_open_clip_text_maps_match_autograd_and_run_from_the_command_line(open_c
     assert len(list((tmp_path / "out").glob("scene_*_0-text-a-photo-of-a-dog.png"))) == 4
     result = run(pictures / "scene.png", "-m", "resnet18", "--weights", "none", "--target", "text:a dog")
     assert result.exit_code == EXIT_USAGE and "has no text tower" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def hf_siglip_and_vit(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny SiglipModel with a word-level tokenizer of its own, and a tiny ViTModel (no head: its pooled output is
+    the embedding), each saved with an image processor (32 px)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import (
+        PreTrainedTokenizerFast,
+        SiglipConfig,
+        SiglipImageProcessor,
+        SiglipModel,
+        ViTConfig,
+        ViTImageProcessor,
+        ViTModel,
+    )
+
+    torch.manual_seed(0)
+    siglip, vit = tmp_path_factory.mktemp("siglip"), tmp_path_factory.mktemp("vit")
+    words = ["<pad>", "</s>", "<unk>", "a", "photo", "of", "red", "blue", "square", "dog", "cat"]
+    tokenizer = Tokenizer(models.WordLevel({word: i for i, word in enumerate(words)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>", eos_token="</s>")
+    layers = {"hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2}
+    text = {"vocab_size": len(words), "num_hidden_layers": 1, "max_position_embeddings": 8, **layers}
+    vision = {"num_hidden_layers": 2, "image_size": 32, "patch_size": 8, **layers}
+    config = SiglipConfig(text_config=text, vision_config=vision)
+    config.text_config.bos_token_id = config.text_config.eos_token_id = 1
+    SiglipModel(config).save_pretrained(siglip)
+    fast.save_pretrained(siglip)
+    SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(siglip)
+    ViTModel(ViTConfig(num_hidden_layers=2, image_size=32, patch_size=8, **layers)).save_pretrained(vit)
+    ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(vit)
+    return siglip, vit
+
+
+def test_siglip_prompts_and_a_vit_backbone_match_autograd(hf_siglip_and_vit, pictures):
+    from transformers import AutoTokenizer, SiglipModel, ViTModel
+
+    siglip_folder, vit_folder = hf_siglip_and_vit
+    model = load_model(f"hf:{siglip_folder}", "DEFAULT")
+    layer = "vision_model.encoder.layers.1.layer_norm1"
+    explainer = Explainer(model, layer, targets=[f"text:{PROMPTS[0]}"], score="logit")
+    inputs = to_input_tensor(load_image(pictures / "scene.png"), model.input_spec)[None]
+    siglip = SiglipModel.from_pretrained(siglip_folder).eval()
+    tokens = AutoTokenizer.from_pretrained(siglip_folder)([PROMPTS[0]], padding="max_length", max_length=8)
+    with torch.no_grad():
+        text = siglip.get_text_features(input_ids=torch.tensor(tokens["input_ids"]))
+        text = F.normalize(getattr(text, "pooler_output", text))
+    scale, bias = siglip.logit_scale.exp(), siglip.logit_bias
+
+    def logit(pixels):
+        return scale * F.normalize(siglip.vision_model(pixel_values=pixels).pooler_output) @ text[0] + bias
+
+    where = siglip.vision_model.encoder.layers[1].layer_norm1
+    expected = token_gradcam(logit, where, inputs, lambda out: out, prefix=0)  # SigLIP has no class token
+    assert pearson(explainer.compute_targets(inputs)[1]["gradcam"][0][0], expected) >= 0.999
+
+    model = load_model(f"hf:{vit_folder}", "DEFAULT")
+    assert model.embeds
+    explainer = Explainer(model, "layers.1.layernorm_before", targets=[f"similar:{pictures / 'ref.png'}"])
+    vit = ViTModel.from_pretrained(vit_folder).eval()
+    with torch.no_grad():
+        ref_pixels = to_input_tensor(load_image(pictures / "ref.png"), model.input_spec)[None]
+        reference = F.normalize(vit(pixel_values=ref_pixels).pooler_output)
+
+    def pooled(pixels):
+        return F.normalize(vit(pixel_values=pixels).pooler_output)
+
+    inputs = to_input_tensor(load_image(pictures / "scene.png"), model.input_spec)[None]
+    expected = token_gradcam(pooled, vit.layers[1].layernorm_before, inputs, lambda out: out @ reference[0])
+    assert pearson(explainer.compute_targets(inputs)[1]["gradcam"][0][0], expected) >= 0.999
