@@ -12,10 +12,10 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[lite0,timm,hf,ray,serve,yolo,test]'
+	$(BIN)/python -m pip install --quiet -e '.[lite0,timm,hf,ray,serve,yolo,clip,test]'
 	touch $(STAMP)
 
-install: $(STAMP) browser  ## create .venv and install the tool with every extra (lite0, timm, hf, ray, serve, yolo) and the test tools
+install: $(STAMP) browser  ## create .venv and install the tool with every extra (lite0, timm, hf, ray, serve, yolo, clip) and the test tools
 
 browser:  ## headless Chromium for the gallery's browser tests: Debian's package when root, else the tests say how
 	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then :; \

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .targets import TargetSpec
+
 DEFAULT_MAX_SIDE = 4096
 """Images whose longer side is larger are shrunk by a whole factor to fit first (``--max-side``; 0: never)."""
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
@@ -29,6 +31,7 @@ METHOD_NAMES = (
     "fullgrad",
     "guided-backprop",
     "guided-gradcam",
+    "finercam",
 )
 """The CAM methods ``--method`` accepts, as registered in :data:`gradcam_cli.cam.methods.METHODS`."""
 POINTING_TOLERANCE = 15.0
@@ -41,7 +44,7 @@ MAX_PEAK_SHIFT = 0.1
 image's diagonal."""
 TASK_NAMES = ("classify", "detect", "segment")
 """The tasks ``--task`` accepts, as :class:`gradcam_cli.models.tasks.Task` defines them."""
-SCORE_NAMES = ("logit", "softmax", "sigmoid", "box")
+SCORE_NAMES = ("logit", "softmax", "sigmoid", "cosine", "box")
 """What ``--score`` differentiates for a classifier (see :mod:`gradcam_cli.cam.scores`)."""
 PRECISION_NAMES = ("fp32", "bf16", "fp16")
 """What ``--precision`` accepts: the forward pass in float32, or autocast to bfloat16 or float16 (see
@@ -115,9 +118,15 @@ class ExplainOptions:
     top_k: int = 1
     aug_smooth: bool = False
     eigen_smooth: bool = False
-    score: str = "logit"
+    score: str | None = None
+    """``None``: a class's logit, a text prompt's cosine (docs/targets.md)."""
     score_threshold: float = 0.5
     max_detections: int = 10
+    targets: tuple[TargetSpec, ...] = ()
+    """What each map explains (:mod:`gradcam_cli.targets`, docs/targets.md); empty: ``target_class`` or the top
+    ``top_k`` classes."""
+    embedding: str | None = None
+    """Which of a model's outputs is its embedding (``similar:`` targets); ``None``: the output itself."""
 
 
 @dataclass(frozen=True)

@@ -120,7 +120,7 @@ def tiny_cnn() -> nn.Module:
 def test_every_method_is_registered_with_formula_and_paper() -> None:
     assert list(METHODS) == [
         *("gradcam", "gradcam++", "xgradcam", "hirescam", "layercam", "scorecam", "eigencam"),
-        *("eigengradcam", "ablationcam", "fullgrad", "guided-backprop", "guided-gradcam"),
+        *("eigengradcam", "ablationcam", "fullgrad", "guided-backprop", "guided-gradcam", "finercam"),
     ]
     assert tuple(METHODS) == METHOD_NAMES  # the names the parser accepts without importing torch
     uses_gradients = {name for name, method in METHODS.items() if method.uses_gradients}
@@ -128,12 +128,12 @@ def test_every_method_is_registered_with_formula_and_paper() -> None:
     assert {"scorecam", "ablationcam"} == {name for name, method in METHODS.items() if method.uses_model}
     assert {"eigencam"} == {name for name, method in METHODS.items() if method.class_agnostic}
     classifiers_only = {name for name, method in METHODS.items() if method.tasks == ("classify",)}
-    assert classifiers_only == {"ablationcam", "fullgrad", "guided-backprop", "guided-gradcam"}
+    assert classifiers_only == {"ablationcam", "fullgrad", "guided-backprop", "guided-gradcam", "finercam"}
     for name, method in METHODS.items():
         assert method.name == name
         doc = method.compute.__doc__ or ""
         assert "L = " in doc, name
-        assert any(str(year) in doc for year in range(2017, 2022)), name
+        assert any(str(year) in doc for year in range(2017, 2026)), name
 
 
 # --- formulas by hand --------------------------------------------------------------------------------------------

@@ -28,10 +28,11 @@ from ..models.labels import resolve_target
 from ..models.loading import LoadedModel, load_model
 from ..models.tasks import Task, check_task_options, detection_spec, detection_transform, infer_task, task_of_shape
 from ..options import SCORE_NAMES, ExplainOptions, ModelOptions
+from ..targets import TargetSpec
 from .detection import DetectionScore
 from .engine import LayerCapture
 from .layers import LayerInfo, check_layers, dry_pass, forget_tokens, model_default_layer, reads_tokens, resolve_layer
-from .methods import METHODS, SCORECAM_BATCH_SIZE, ProgressCallback
+from .methods import FINER, METHODS, SCORECAM_BATCH_SIZE, ProgressCallback
 from .passes import MethodInputs
 from .precision import autocast, check_precision, full_precision, to_float32
 from .reshape import spatial
@@ -39,6 +40,7 @@ from .results import ImageExplanation, Prediction
 from .scores import Cams, ClassScore, ClassTargets, Score, Targets
 from .segmentation import SegmentationScore
 from .smoothing import IDENTITY, augmentations, average_views
+from .targets import SpecTargets, explicit_score
 from .yolo import YoloScore, is_yolo_module, yolo_score, yolo_takes
 
 
@@ -61,8 +63,9 @@ class Explainer:
     inputs (scorecam) or ablated copies (ablationcam) per forward pass; ``progress``: called as
     ``progress(done, total)`` during those forward passes (``None``: silent). ``precision``: ``fp32``, or
     ``bf16``/``fp16`` to run the explained forward pass under autocast (see :mod:`gradcam_cli.cam.precision`; maps
-    are computed in float32 either way). A method that does not serve the model's task
-    (:attr:`gradcam_cli.cam.methods.CamMethod.tasks`) is refused with a one-line UsageError.
+    are computed in float32 either way). A method that does not serve the model's task is refused with a one-line
+    UsageError. ``targets``: ``--target`` specs (strings or :class:`~gradcam_cli.targets.TargetSpec`), each explained
+    in every image (:mod:`gradcam_cli.cam.targets`, docs/targets.md); ``embedding``: which output is the embedding.
     Layers whose output is channel-last (Swin) or a token sequence (ViT) are reshaped to (N, C, h, w) first.
     Building the explainer makes one dry pass at the model's input size (see :func:`gradcam_cli.cam.layers.dry_pass`):
     it picks the default layer, refuses a layer with a single position (``avgpool``) or no spatial grid (``fc``), and
@@ -82,17 +85,20 @@ class Explainer:
         eigen_smooth: bool = False,
         score_batch_size: int = SCORECAM_BATCH_SIZE,
         progress: ProgressCallback | None = None,
-        score: str = "logit",
+        score: str | None = None,
         score_threshold: float = 0.5,
         max_detections: int = 10,
         task: str | None = None,
         precision: str = "fp32",
+        targets: Sequence[TargetSpec | str] = (),
+        embedding: str | None = None,
     ) -> None:
         bare = isinstance(model, nn.Module)
         if isinstance(model, nn.Module):
             model = LoadedModel(model, type(model).__name__, "custom", None, InputSpec())
             if detection_transform(model.module) is not None:
                 model.task = Task.DETECT
+        task = task or ("classify" if bare and (targets or embedding) else None)  # targets say what it does
         if task is not None:
             model.task = Task.parse(task)
         if bare and model.task is Task.DETECT:
@@ -123,8 +129,14 @@ class Explainer:
                 kinds = " and ".join(f"{Task(task).noun}s" for task in METHODS[method].tasks)
                 taken = ", ".join(name for name, m in METHODS.items() if self.task.value in m.tasks)
                 raise UsageError(f"--method {method} is for {kinds}; a {self.task.noun} takes {taken}")
-        self.score_name = score
-        self.score: Score = self._score(score, score_threshold, max_detections, top_k)
+        self.score_name = score or ("cosine" if model.text is not None else "logit")
+        self.target_specs, self.embedding = tuple(TargetSpec.parse(spec) for spec in targets), embedding
+        explicit = self.target_specs or model.text is not None or model.embeds
+        self.score: Score = (
+            explicit_score(model, self.target_specs, self.device, self.target, top_k, self.methods, score, embedding)
+            if explicit
+            else self._score(score, score_threshold, max_detections, top_k)
+        )
         if aug_smooth and self.task is not Task.CLASSIFY:
             raise UsageError(
                 f"--aug-smooth is for classifiers: a {self.task.noun}'s targets in a flipped or rescaled view are "
@@ -189,19 +201,23 @@ class Explainer:
             score_threshold=options.score_threshold,
             max_detections=options.max_detections,
             precision=model_options.precision if model_options is not None else "fp32",
+            targets=options.targets,
+            embedding=options.embedding,
         )
         explainer.options = (model_options, options) if model_options is not None else None
         return explainer
 
-    def _score(self, name: str, threshold: float, max_detections: int, top_k: int) -> Score:
+    def _score(self, name: str | None, threshold: float, max_detections: int, top_k: int) -> Score:
         """What this explainer's task differentiates (see :mod:`gradcam_cli.cam.scores`); options of another task
         are refused (:func:`~gradcam_cli.models.tasks.check_task_options`)."""
-        if name not in SCORE_NAMES:
+        if name is not None and name not in SCORE_NAMES:
             raise UsageError(f"unknown score {name!r}; use {', '.join(SCORE_NAMES)}")
         if is_yolo_module(self.model.module):
-            return yolo_score(self.model.module, name, threshold, max_detections, top_k)
+            return yolo_score(self.model.module, name or "logit", threshold, max_detections, top_k)
         if name == "box":
             raise UsageError("--score box is for YOLO detectors (--model yolo:...)")
+        if name is not None and name not in SCORE_NAMES[:3]:
+            raise UsageError(f"unknown score {name!r} for a class; use {', '.join(SCORE_NAMES[:3])}")
         check_task_options(
             self.task, ExplainOptions(top_k=top_k, score=name, score_threshold=threshold, max_detections=max_detections)
         )
@@ -211,7 +227,7 @@ class Explainer:
             return DetectionScore(detection_transform(self.model.module), threshold, max_detections)
         if self.task is Task.SEGMENT:
             return SegmentationScore()
-        return ClassScore(name)
+        return ClassScore(name or "logit")
 
     @property
     def settings(self) -> dict[str, object]:
@@ -225,7 +241,8 @@ class Explainer:
             return {**settings, "score": self.score.kind} if isinstance(self.score, YoloScore) else settings
         if self.task is Task.SEGMENT:
             return {"task": "segment"}
-        return {"task": "classify", "score": self.score_name}
+        chosen = {"targets": " | ".join(map(str, self.target_specs)), "embedding": self.embedding}
+        return {"task": "classify", "score": self.score_name, **(chosen if self.target_specs else {})}
 
     @property
     def layer_label(self) -> str:
@@ -284,12 +301,13 @@ class Explainer:
         top_k = top_k or self.top_k
         inputs = inputs.to(self.device)
         targets, cams = self._compute_view(inputs, target, top_k)
-        if not self.aug_smooth or not isinstance(targets, ClassTargets):
+        if not self.aug_smooth or not isinstance(targets, ClassTargets | SpecTargets):
             return targets, cams
         size = tuple(inputs.shape[-2:])
         views = [(IDENTITY, cams)]
         for view in augmentations(self.model.input_spec.fixed_size is not None)[1:]:
-            views.append((view, self._compute_view(view.apply(inputs), chosen=targets.targets)[1]))
+            chosen = targets.targets if isinstance(targets, ClassTargets) else None
+            views.append((view, self._compute_view(view.apply(inputs), chosen=chosen)[1]))
         smoothed = {
             method: [
                 [average_views([(view, c[method][k][i]) for view, c in views], size) for i in range(len(self.layers))]
@@ -327,6 +345,10 @@ class Explainer:
                 passes,
                 self.score_batch_size,
                 self.progress,
+                lambda score: {
+                    n: to_float32(spatial(g, size, n, prefix, self.tokens))
+                    for n, g in capture.gradients(score, retain_graph=True).items()
+                },
             )
             need_gradients = any(METHODS[method].uses_gradients for method in self.methods)
             cams: Cams = {method: [] for method in self.methods}
@@ -337,7 +359,8 @@ class Explainer:
                     if score is None:  # no sample has a k-th target: nothing to differentiate
                         gradients = {n: torch.zeros_like(a) for n, a in activations.items()}
                     else:
-                        raw_gradients = capture.gradients(score, retain_graph=k < targets.count - 1)
+                        finer = any(METHODS[m].extra == FINER for m in self.methods)  # differentiates again
+                        raw_gradients = capture.gradients(score, retain_graph=k < targets.count - 1 or finer)
                         gradients = {
                             n: to_float32(spatial(g, size, n, prefix, self.tokens)) for n, g in raw_gradients.items()
                         }

@@ -34,10 +34,11 @@ ProgressCallback = Callable[[int, int], object]
 SCORECAM_BATCH_SIZE = 32
 """Masked inputs per forward pass in Score-CAM, ablated copies in AblationCAM (``Explainer(score_batch_size=...)``)."""
 
-MASKED, ABLATED, GUIDED, FULLGRAD = "masked", "ablated", "guided", "fullgrad"
+MASKED, ABLATED, GUIDED, FULLGRAD, FINER = "masked", "ablated", "guided", "fullgrad", "finer"
 """What a method takes as third argument (:attr:`CamMethod.extra`): a :class:`MaskedScores`, an
 :class:`~gradcam_cli.cam.ablation.AblatedScores`, the target's guided (N, 3, H, W) input gradient
-(:class:`~gradcam_cli.cam.guided.GuidedPass`), or its :class:`~gradcam_cli.cam.fullgrad.FullGradients`."""
+(:class:`~gradcam_cli.cam.guided.GuidedPass`), its :class:`~gradcam_cli.cam.fullgrad.FullGradients`, or the
+layer's gradient of the target's Finer-CAM score (:mod:`gradcam_cli.cam.finer`)."""
 
 
 @dataclass(frozen=True)
@@ -322,6 +323,18 @@ def guided_gradcam(
     return guided_saliency(guided * cam[:, None].to(guided.dtype))
 
 
+def finercam(
+    activations: torch.Tensor, gradients: torch.Tensor | None, finer: torch.Tensor, *, eigen_smooth: bool = False
+) -> torch.Tensor:
+    """Finer-CAM (Zhang et al., "Finer-CAM: Spotting the Difference Reveals Finer Details for Visual Explanation",
+    CVPR 2025): Grad-CAM of the target's score minus its nearest classes' (:mod:`gradcam_cli.cam.finer`), with
+    ``finer`` = dS/dA for that score S.
+
+    w_k = mean_{i,j} dS/dA^k_{ij};  L = ReLU(sum_k w_k A^k).
+    """
+    return gradcam(activations, finer, eigen_smooth=eigen_smooth)
+
+
 CLASSIFY: tuple[str, ...] = ("classify",)
 
 
@@ -340,6 +353,7 @@ METHODS: dict[str, CamMethod] = {
         CamMethod("fullgrad", fullgrad, uses_gradients=False, extra=FULLGRAD, tasks=CLASSIFY),
         CamMethod("guided-backprop", guided_backprop, uses_gradients=False, extra=GUIDED, tasks=CLASSIFY),
         CamMethod("guided-gradcam", guided_gradcam, extra=GUIDED, tasks=CLASSIFY),
+        CamMethod("finercam", finercam, uses_gradients=False, extra=FINER, tasks=CLASSIFY),
     )
 }
 """Every method, by the name ``--method`` accepts, in :data:`gradcam_cli.options.METHOD_NAMES` order."""

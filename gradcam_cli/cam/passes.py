@@ -7,10 +7,12 @@
 - guided backpropagation and Guided Grad-CAM: the target's guided input gradient, from one
   :class:`~gradcam_cli.cam.guided.GuidedPass` per view, backpropagated once per target;
 - FullGrad: the target's :class:`~gradcam_cli.cam.fullgrad.FullGradients`, from one
-  :class:`~gradcam_cli.cam.fullgrad.FullGradPass` per view, backpropagated once per target.
+  :class:`~gradcam_cli.cam.fullgrad.FullGradPass` per view, backpropagated once per target;
+- Finer-CAM: each layer's gradient of the target's Finer-CAM score (:mod:`gradcam_cli.cam.finer`), one more
+  backward pass through the capture's own graph per target.
 
 The guided and full-gradient passes re-score the targets chosen in the capture's own pass on their own output
-(classifiers only: the methods that need them refuse other tasks when the explainer is built).
+(classifiers and explicit targets only: the methods that need them refuse other tasks when the explainer is built).
 """
 
 from __future__ import annotations
@@ -26,14 +28,18 @@ from .ablation import AblatedScores
 from .engine import LayerCapture
 from .fullgrad import FullGradients, FullGradPass
 from .guided import GuidedPass
-from .methods import ABLATED, FULLGRAD, GUIDED, MASKED, CamMethod, MaskedScores, ProgressCallback
-from .scores import ClassTargets, Targets
+from .methods import ABLATED, FINER, FULLGRAD, GUIDED, MASKED, CamMethod, MaskedScores, ProgressCallback
+from .scores import Rescorable, Targets
 from .yolo import YoloTargets
+
+LayerGradients = Callable[[torch.Tensor], dict[str, torch.Tensor]]
+"""``gradients(score)``: each layer's gradient of ``score``, in the capture's graph (kept), as the methods take it."""
 
 
 class MethodInputs:
     """Builds the extra arguments for one view; ``rescore(output)`` chooses the same targets in another pass's
-    output. Passes it opens are closed by ``stack``, which must close before ``capture`` does."""
+    output; ``gradients(score)`` differentiates a score in the capture's graph (Finer-CAM). Passes it opens are
+    closed by ``stack``, which must close before ``capture`` does."""
 
     def __init__(
         self,
@@ -46,10 +52,11 @@ class MethodInputs:
         stack: ExitStack,
         batch_size: int,
         progress: ProgressCallback | None = None,
+        gradients: LayerGradients | None = None,
     ) -> None:
         self.model, self.capture, self.inputs, self.targets = model, capture, inputs, targets
         self.rescore, self.layer_outputs, self.stack = rescore, layer_outputs, stack
-        self.batch_size, self.progress = batch_size, progress
+        self.batch_size, self.progress, self.gradients = batch_size, progress, gradients
         self._guided: tuple[GuidedPass, Targets] | None = None
         self._full: tuple[FullGradPass, Targets] | None = None
         self._cache: dict[tuple[str, int], object] = {}
@@ -74,6 +81,10 @@ class MethodInputs:
             return (self._cached(GUIDED, k, self._guided_gradient),)
         if method.extra == FULLGRAD:
             return (self._cached(FULLGRAD, k, self._full_gradients),)
+        if method.extra == FINER:
+            finer = self._cached(FINER, k, self._finer_gradients)
+            assert isinstance(finer, dict)
+            return (finer[layer],)
         raise ValueError(f"unknown extra argument {method.extra!r}")
 
     def _cached(self, kind: str, k: int, build: Callable[[int], object]) -> object:
@@ -84,8 +95,8 @@ class MethodInputs:
             self._cache[(kind, k)] = build(k)
         return self._cache[(kind, k)]
 
-    def _class_targets(self) -> ClassTargets:
-        if not isinstance(self.targets, ClassTargets):
+    def _class_targets(self) -> Rescorable:
+        if not isinstance(self.targets, Rescorable):
             raise UsageError("this method explains classifiers only")
         return self.targets
 
@@ -94,9 +105,7 @@ class MethodInputs:
             score, original = self.targets.ablated(k)
         else:
             targets = self._class_targets()
-            score = targets.scored(k)
-            samples = torch.arange(self.inputs.shape[0], device=self.inputs.device)
-            original = score(targets.logits.detach(), samples)
+            score, original = targets.scored(k), targets.original(k)
         layer_output, channel_dim = self.layer_outputs[layer]
         return AblatedScores(
             lambda inputs, replacement: self.capture.forward_output_replaced(inputs, layer, replacement),
@@ -108,6 +117,12 @@ class MethodInputs:
             self.batch_size,
             self.progress,
         )
+
+    def _finer_gradients(self, k: int) -> dict[str, torch.Tensor]:
+        targets = self._class_targets()
+        if self.gradients is None:
+            raise ValueError("Finer-CAM needs the capture's gradients")
+        return self.gradients(targets.finer(k))
 
     def _guided_gradient(self, k: int) -> torch.Tensor:
         self._class_targets()

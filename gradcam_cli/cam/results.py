@@ -33,6 +33,9 @@ class Prediction:
     """A YOLO instance's mask area, in pixels of the original image."""
     keypoints: list[tuple[float, float, float]] | None = None
     """A YOLO pose's keypoints: (x, y) in the original image's pixels and the model's visibility in [0, 1]."""
+    score: str | None = None
+    """An explicit target's (``--target``): what ``probability`` holds when it is not a probability, ``cosine``,
+    ``logit`` or ``output`` (docs/targets.md)."""
 
 
 @dataclass

@@ -8,7 +8,10 @@ output of a masked batch. :meth:`Targets.results` turns the coarse maps into eac
 :class:`~gradcam_cli.cam.results.ImageExplanation`.
 
 - Classifiers (:class:`ClassScore`): class c's logit (``--score logit``, the default), its softmax probability or
-  its sigmoid (multi-label heads); probabilities shown are softmax, or sigmoid with ``--score sigmoid``.
+  its sigmoid (multi-label heads); probabilities shown are softmax, or sigmoid with ``--score sigmoid``. A CLIP-style
+  model with prompts (``--labels``) is a classifier whose classes are the prompts, through its
+  :class:`~gradcam_cli.cam.embeddings.PromptHead` (its scores also take ``cosine``, there the default).
+- Explicit ``--target`` specs (similarity, text prompts, contrasts, outputs; :mod:`gradcam_cli.cam.targets`).
 - Detectors (:mod:`gradcam_cli.cam.detection`): the score of one detection, and the sum of all of them.
 - Segmenters (:mod:`gradcam_cli.cam.segmentation`): the sum of class c's logits over the pixels predicted as c.
 """
@@ -17,14 +20,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
 from ..errors import UsageError
 from .engine import as_logits
+from .finer import finer_scores
 from .maps import Region, to_image_maps
 from .results import TOP_PREDICTIONS, Explanation, ImageExplanation, Prediction
+
+if TYPE_CHECKING:
+    from .embeddings import PromptHead
 
 MaskedProbability = Callable[[object, torch.Tensor], torch.Tensor]
 """``(output for masked inputs, the sample each came from)`` -> (B,) probability of that sample's target."""
@@ -56,6 +63,21 @@ class Targets(Protocol):
         """Each sample's predictions and maps, upsampled to its entry of ``sizes``."""
 
 
+@runtime_checkable
+class Rescorable(Protocol):
+    """Targets whose score another pass's output can be read for (AblationCAM), and which Finer-CAM contrasts with
+    their nearest classes (classifiers' and explicit targets)."""
+
+    def scored(self, k: int) -> MaskedProbability:
+        """How target ``k``'s score, the value differentiated, is read per sample from another output."""
+
+    def original(self, k: int) -> torch.Tensor:
+        """(N,) target ``k``'s score in this pass, detached."""
+
+    def finer(self, k: int) -> torch.Tensor:
+        """The differentiable sum over the batch of target ``k``'s Finer-CAM score (:mod:`gradcam_cli.cam.finer`)."""
+
+
 class Score(Protocol):
     """Reads a model's output for one task: chooses targets and scores them."""
 
@@ -76,19 +98,39 @@ def class_probabilities(logits: torch.Tensor, kind: str) -> torch.Tensor:
     return logits.sigmoid() if kind == "sigmoid" else logits.softmax(dim=1)
 
 
+def class_scores(logits: torch.Tensor, kind: str, head: PromptHead | None = None) -> torch.Tensor:
+    """What is differentiated for each class: the logits, their softmax or sigmoid, or (a prompt head's) the
+    cosines behind them."""
+    if kind == "logit":
+        return logits
+    if kind == "cosine" and head is not None:
+        return head.as_cosines(logits)
+    return class_probabilities(logits, kind)
+
+
+def shown_probabilities(logits: torch.Tensor, kind: str, head: PromptHead | None = None) -> torch.Tensor:
+    """The probabilities shown: :func:`class_probabilities`, or a prompt head's own (softmax over the prompts,
+    sigmoid for SigLIP) unless ``--score softmax`` or ``sigmoid`` says which."""
+    if head is not None and kind not in ("softmax", "sigmoid"):
+        return head.probabilities(logits)
+    return class_probabilities(logits, kind)
+
+
 @dataclass(frozen=True)
 class ClassScore:
-    """A classifier's score for class c: its ``logit`` (default), ``softmax`` probability or ``sigmoid``."""
+    """A classifier's score for class c: its ``logit`` (default), ``softmax`` probability or ``sigmoid``; with a
+    prompt ``head`` (a CLIP-style model), prompt c's, and also its ``cosine``."""
 
     kind: str = "logit"
+    head: PromptHead | None = None
 
     def targets(
         self, output: object, inputs: torch.Tensor, target: int | None, top_k: int, chosen: torch.Tensor | None = None
     ) -> ClassTargets:
-        logits = as_logits(output)
+        logits = self.head(output) if self.head is not None else as_logits(output)
         if chosen is None:
             chosen = _class_targets(logits, target, top_k)
-        return ClassTargets(logits, chosen, self.kind)
+        return ClassTargets(logits, chosen, self.kind, self.head)
 
 
 def _class_targets(logits: torch.Tensor, target: int | None, top_k: int) -> torch.Tensor:
@@ -103,10 +145,10 @@ def _class_targets(logits: torch.Tensor, target: int | None, top_k: int) -> torc
 
 
 class ClassTargets:
-    """A classifier's (N, K) target classes in its (N, classes) ``logits``."""
+    """A classifier's (N, K) target classes in its (N, classes) ``logits`` (a prompt ``head``'s, for CLIP)."""
 
-    def __init__(self, logits: torch.Tensor, targets: torch.Tensor, kind: str) -> None:
-        self.logits, self.targets, self.kind = logits, targets, kind
+    def __init__(self, logits: torch.Tensor, targets: torch.Tensor, kind: str, head: PromptHead | None = None) -> None:
+        self.logits, self.targets, self.kind, self.head = logits, targets, kind, head
 
     @property
     def count(self) -> int:
@@ -118,30 +160,38 @@ class ClassTargets:
 
     @property
     def probabilities(self) -> torch.Tensor:
-        """(N, classes) probabilities: softmax, or sigmoid with ``--score sigmoid``."""
-        return class_probabilities(self.logits.detach().float(), self.kind)
+        """(N, classes) probabilities: softmax, or sigmoid with ``--score sigmoid`` (a prompt head's own)."""
+        return shown_probabilities(self.logits.detach().float(), self.kind, self.head)
 
     def value(self, k: int) -> torch.Tensor:
-        scores = self.logits if self.kind == "logit" else class_probabilities(self.logits, self.kind)
-        return scores.gather(1, self.targets[:, k : k + 1]).sum()
+        return class_scores(self.logits, self.kind, self.head).gather(1, self.targets[:, k : k + 1]).sum()
+
+    def _logits(self, output: object) -> torch.Tensor:
+        return (self.head(output) if self.head is not None else as_logits(output)).float()
 
     def masked(self, k: int) -> MaskedProbability:
         def probability(output: object, samples: torch.Tensor) -> torch.Tensor:
-            probabilities = class_probabilities(as_logits(output).float(), self.kind)
+            probabilities = shown_probabilities(self._logits(output), self.kind, self.head)
             return probabilities.gather(1, self.targets[samples, k].unsqueeze(1)).squeeze(1)
 
         return probability
 
     def scored(self, k: int) -> MaskedProbability:
         """How AblationCAM reads target ``k``'s score, the value differentiated (logit, softmax or sigmoid), per
-        sample from another output (or from these logits)."""
+        sample from another output."""
 
         def score(output: object, samples: torch.Tensor) -> torch.Tensor:
-            logits = as_logits(output).float()
-            values = logits if self.kind == "logit" else class_probabilities(logits, self.kind)
+            values = class_scores(self._logits(output), self.kind, self.head)
             return values.gather(1, self.targets[samples, k].unsqueeze(1)).squeeze(1)
 
         return score
+
+    def original(self, k: int) -> torch.Tensor:
+        values = class_scores(self.logits.detach().float(), self.kind, self.head)
+        return values.gather(1, self.targets[:, k : k + 1]).squeeze(1)
+
+    def finer(self, k: int) -> torch.Tensor:
+        return finer_scores(self.logits, self.targets[:, k]).sum()
 
     def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
         probabilities, targets = self.probabilities, self.targets

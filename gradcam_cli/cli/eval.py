@@ -52,7 +52,9 @@ def evaluate(
     aug_smooth: params.AugSmoothOpt = False,
     eigen_smooth: params.EigenSmoothOpt = False,
     target_class: params.TargetOpt = None,
-    score: params.ScoreOpt = "logit",
+    target: params.TargetsOpt = None,
+    embedding: params.EmbeddingOpt = None,
+    score: params.ScoreOpt = None,
     score_threshold: params.ScoreThresholdOpt = 0.5,
     max_detections: params.MaxDetectionsOpt = 10,
     steps: Annotated[
@@ -105,6 +107,10 @@ def evaluate(
     verbose: params.VerboseOpt = False,
 ) -> None:
     reporter = Reporter(quiet, verbose, as_json)
+    specs, mistake = params.target_specs(target)
+    if mistake is not None:
+        run_reported(reporter, lambda: params.refuse(mistake))
+    task = task or ("classify" if specs or embedding else None)
     command = EvalCommand(
         reporter,
         inputs,
@@ -119,6 +125,8 @@ def evaluate(
             score,
             score_threshold=score_threshold,
             max_detections=max_detections,
+            targets=specs,
+            embedding=embedding,
         ),
         EvalOptions(steps, batch_size, tolerance, sanity, sanity_layers, boxes=boxes, plot=plot, road=road),
     )

@@ -49,12 +49,14 @@ def explain(
     num_classes: params.NumClassesOpt = None,
     labels: params.LabelsOpt = None,
     target_class: params.TargetOpt = None,
+    target: params.TargetsOpt = None,
+    embedding: params.EmbeddingOpt = None,
     top_k: Annotated[
         int,
         typer.Option("--top-k", "-k", min=1, metavar="K", help="Explain each of the top K classes (one output each)."),
     ] = 1,
     method: params.MethodOpt = params.MethodList(["gradcam"]),
-    score: params.ScoreOpt = "logit",
+    score: params.ScoreOpt = None,
     score_threshold: params.ScoreThresholdOpt = 0.5,
     max_detections: params.MaxDetectionsOpt = 10,
     aug_smooth: params.AugSmoothOpt = False,
@@ -193,12 +195,26 @@ def explain(
         run_reported(reporter, lambda: _refuse(f"{ray_only[0]} is for --engine ray; add --engine ray or leave it out"))
     if version:
         run_reported(reporter, lambda: _print_version(reporter))
+    specs, mistake = params.target_specs(target)
+    if mistake is not None:
+        run_reported(reporter, lambda: params.refuse(mistake))
+    task = task or ("classify" if specs or embedding else None)  # an embedding: no task to find from the output
     command = ExplainCommand(
         reporter,
         inputs or [],
         params.model_options(model, weights, num_classes, labels, input_size, device, task, precision),
         params.explain_options(
-            layer, method, target_class, top_k, aug_smooth, eigen_smooth, score, score_threshold, max_detections
+            layer,
+            method,
+            target_class,
+            top_k,
+            aug_smooth,
+            eigen_smooth,
+            score,
+            score_threshold,
+            max_detections,
+            specs,
+            embedding,
         ),
         OutputOptions(
             output_dir,

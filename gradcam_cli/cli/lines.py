@@ -68,6 +68,8 @@ def _how_much(p: Prediction) -> str:
         return f"{p.probability:.1%} at {_box(p.box)}"
     if p.share is not None:
         return f"{p.share:.1%} of the pixels"
+    if p.score is not None:
+        return f"{p.score} {p.probability:.4g}"
     return f"{p.probability:.1%}"
 
 

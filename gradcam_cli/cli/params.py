@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import suggest
+from ..errors import UsageError, suggest
 from ..options import (
     DEVICE_PATTERN,
     ENGINE_NAMES,
@@ -25,6 +25,7 @@ from ..options import (
     ModelOptions,
     Shard,
 )
+from ..targets import TargetSpec
 
 
 class MethodList(tuple[str, ...]):
@@ -150,7 +151,13 @@ WeightsOpt = Annotated[
     ),
 ]
 NumClassesOpt = Annotated[
-    int | None, typer.Option(min=1, metavar="N", help="Classes of a replaced head (with --weights PATH).")
+    int | None,
+    typer.Option(
+        min=0,
+        metavar="N",
+        help="Classes of a replaced head (with --weights PATH); 0 for timm: no head, its pooled features (an "
+        "embedding, for --target similar:).",
+    ),
 ]
 LabelsOpt = Annotated[
     Path | None, typer.Option(parser=parse_path, metavar="PATH", help="Text file with one class name per line.")
@@ -174,12 +181,30 @@ TaskOpt = Annotated[
     ),
 ]
 ScoreOpt = Annotated[
-    str,
+    str | None,
     typer.Option(
         parser=parse_score,
-        metavar="logit|softmax|sigmoid",
-        help="Classifiers: what is differentiated, the class's logit, softmax probability or sigmoid (multi-label "
-        "heads).",
+        metavar="logit|softmax|sigmoid|cosine",
+        help="Classifiers: what is differentiated, the class's logit (default), softmax probability or sigmoid "
+        "(multi-label heads); text: targets: the image-text cosine (default) or the logit, softmax, sigmoid.",
+        show_default=False,
+    ),
+]
+TargetsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--target",
+        metavar="KIND:VALUE",
+        help="What to explain (repeatable, one map each): class:NAME|INDEX, similar:IMAGE_OR_FOLDER, "
+        'text:"a photo of a dog", contrast:A,B, output:I[:neg] (docs/targets.md).',
+        show_default=False,
+    ),
+]
+EmbeddingOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="NAME",
+        help="Which of the model's outputs is its embedding (similar: targets): a key, attribute or index.",
     ),
 ]
 ScoreThresholdOpt = Annotated[
@@ -216,7 +241,8 @@ MethodOpt = Annotated[
         "backward pass per target, shared), eigencam (no backward pass, class-agnostic), scorecam and ablationcam "
         "(no backward pass but one extra forward pass per channel of the layer, e.g. 2048 for resnet50 layer4, "
         "batched 32 at a time), fullgrad, guided-backprop, guided-gradcam (one extra forward pass, and one backward "
-        "pass per target through the whole network; pixel-level maps; classifiers only, as ablationcam).",
+        "pass per target through the whole network; pixel-level maps; classifiers only, as ablationcam), finercam (a "
+        "target against its nearest rivals: docs/targets.md).",
     ),
 ]
 TargetOpt = Annotated[
@@ -268,11 +294,13 @@ def explain_options(
     top_k: int,
     aug_smooth: bool,
     eigen_smooth: bool,
-    score: str = "logit",
+    score: str | None = None,
     score_threshold: float = 0.5,
     max_detections: int = 10,
+    targets: list[TargetSpec] | None = None,
+    embedding: str | None = None,
 ) -> ExplainOptions:
-    """What to explain, from the shared options."""
+    """What to explain, from the shared options (``targets`` parsed by :func:`target_specs`)."""
     return ExplainOptions(
         tuple(layers or ()),
         tuple(methods),
@@ -283,4 +311,21 @@ def explain_options(
         score,
         score_threshold,
         max_detections,
+        tuple(targets or ()),
+        embedding,
     )
+
+
+def target_specs(texts: list[str] | None) -> tuple[list[TargetSpec], str | None]:
+    """The ``--target`` values parsed, and the one-line message of the first that does not parse (``None``: all
+    did), for the command to report as every other usage error."""
+    try:
+        return [TargetSpec.parse(text) for text in texts or ()], None
+    except ValueError as error:
+        return [], f"--target {error}"
+
+
+def refuse(message: str) -> int:
+    """Raise a usage error found while parsing (a ``--target`` that does not parse), for
+    :func:`~gradcam_cli.cli.reporting.run_reported` to report as every other."""
+    raise UsageError(message)

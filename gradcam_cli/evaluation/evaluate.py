@@ -15,11 +15,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..cam.engine import first_tensor, model_state_preserved
+from ..cam.engine import model_state_preserved
 from ..cam.explainer import Explainer
 from ..cam.maps import to_image_maps
 from ..cam.results import Prediction
-from ..cam.scores import class_probabilities
+from ..cam.scores import Cams, ClassTargets
+from ..cam.targets import SpecTargets
 from ..errors import GradcamError, UsageError, describe
 from ..io.discovery import InputImage, discover
 from ..io.images import load_image, to_input_tensor
@@ -77,6 +78,8 @@ class Evaluator:
             raise UsageError("--steps must be at least 2")
         if self.options.batch_size < 1:
             raise UsageError("--batch-size must be at least 1")
+        if len(explainer.target_specs) > 1:
+            raise UsageError("gradcam eval scores one target per image; give one --target")
         self.sanity_modules: list[str] = []
         self.randomised: list[Explainer] = []
         if self.options.sanity:
@@ -106,6 +109,8 @@ class Evaluator:
                     eigen_smooth=self.explainer.eigen_smooth,
                     score_batch_size=self.explainer.score_batch_size,
                     score=self.explainer.score_name,
+                    targets=self.explainer.target_specs,
+                    embedding=self.explainer.embedding,
                 )
             )
 
@@ -153,23 +158,46 @@ class Evaluator:
         explainer = self.explainer
         picture = load_image(path)
         inputs = to_input_tensor(picture, explainer.model.input_spec).unsqueeze(0).to(explainer.device)
-        probabilities, targets, cams = explainer.compute(inputs, explainer.target, top_k=1)
-        target_index = int(targets[0, 0])
-        target = explainer.prediction(target_index, float(probabilities[0, target_index]))
+        target, cams, read = self._explained(inputs)
+        target_index = target.index
         input_size = tuple(inputs.shape[-2:])
         maps = {method: to_image_maps(cams[method][0], input_size)[0] for method in explainer.methods}
-        scores = self._perturbation_scores(inputs[0], target, maps)
+        scores = self._perturbation_scores(inputs[0], target, maps, read)
         if boxes:
             self._score_boxes(scores, inputs, (picture.height, picture.width), boxes, target, cams)
         for randomised in self.randomised:
-            _, _, random_cams = randomised.compute(inputs, target_index, top_k=1)
+            random_cams = randomised.compute_targets(inputs, target_index, top_k=1)[1]
             for method in explainer.methods:
                 random_map = to_image_maps(random_cams[method][0], input_size)[0]
                 scores[method].sanity.append(metrics.spearman(maps[method], random_map))
         return ImageScores(str(path), target, scores)
 
+    def _explained(self, inputs: torch.Tensor) -> tuple[Prediction, Cams, Callable[[object], torch.Tensor]]:
+        """The target explained in one image, its maps, and how its score is read from the model's output for a
+        batch of perturbed copies: a class's probability (softmax; sigmoid with ``--score sigmoid``), or a
+        ``--target``'s own score (a similarity's cosine; a class's probability; docs/targets.md)."""
+        targets, cams = self.explainer.compute_targets(inputs, self.explainer.target, 1)
+        if isinstance(targets, SpecTargets):
+            resolved = targets.resolved[0]
+            read = resolved.display or resolved.score
+            value = float(read(targets.output).detach()[0])
+            return Prediction(resolved.index, resolved.name, value, score=resolved.shown), cams, read
+        assert isinstance(targets, ClassTargets)
+        index, score = int(targets.targets[0, 0]), self.explainer.score
+
+        def probability(output: object) -> torch.Tensor:
+            chosen = score.targets(output, inputs, index, 1)
+            assert isinstance(chosen, ClassTargets)
+            return chosen.probabilities[:, index]
+
+        return self.explainer.prediction(index, float(targets.probabilities[0, index])), cams, probability
+
     def _perturbation_scores(
-        self, image: torch.Tensor, target: Prediction, maps: dict[str, torch.Tensor]
+        self,
+        image: torch.Tensor,
+        target: Prediction,
+        maps: dict[str, torch.Tensor],
+        read: Callable[[object], torch.Tensor],
     ) -> dict[str, MethodScores]:
         """Deletion and insertion curves and the masked-image probability for every method, batched."""
         import torchvision.transforms.functional as TF
@@ -206,7 +234,7 @@ class Evaluator:
             jobs += [(method, kind, k) for kind in ("deletion", "insertion") for k in range(1, steps)]
             jobs.append((method, "masked", 0))
             jobs += [(method, "road", k) for k in range(2 * len(ROAD_FRACTIONS) if self.options.road else 0)]
-        scores = dict(zip(jobs, self._probabilities(jobs, build, target.index), strict=True))
+        scores = dict(zip(jobs, self._probabilities(jobs, build, read), strict=True))
         result = {}
         for method in maps:
             deletion = [scores[(method, "deletion", k)] for k in range(1, steps)]
@@ -230,17 +258,17 @@ class Evaluator:
         generator = torch.Generator(device=image.device).manual_seed(self.options.seed)
         return impute(image.expand(removed.shape[0], *image.shape), removed, generator=generator)
 
-    def _probabilities(self, jobs: list[Job], build: Callable[[Job], torch.Tensor], target: int) -> Iterator[float]:
-        """The target's probability for each job's image (softmax; sigmoid with ``--score sigmoid``), forwarded
-        ``batch_size`` images at a time."""
+    def _probabilities(
+        self, jobs: list[Job], build: Callable[[Job], torch.Tensor], read: Callable[[object], torch.Tensor]
+    ) -> Iterator[float]:
+        """The target's score for each job's image (:meth:`_explained`), forwarded ``batch_size`` images at a
+        time."""
         module = self.explainer.model.module
         size = self.options.batch_size
         with model_state_preserved(module), torch.inference_mode():
             for start in range(0, len(jobs), size):
                 batch = torch.stack([build(job) for job in jobs[start : start + size]])
-                output = module(batch)
-                logits = output if isinstance(output, torch.Tensor) else first_tensor(output)
-                yield from class_probabilities(logits.float(), self.explainer.score_name)[:, target].tolist()
+                yield from read(module(batch)).float().tolist()
 
     def _score_boxes(
         self,
@@ -273,7 +301,7 @@ class Evaluator:
 
     def _class_of(self, label: str | None) -> int | None:
         categories = self.explainer.model.categories
-        if label is None or categories is None:
+        if label is None or categories is None or self.explainer.target_specs:
             return None
         matches = [i for i, name in enumerate(categories) if name.lower() == label.lower()]
         return matches[0] if len(matches) == 1 else None

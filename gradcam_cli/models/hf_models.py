@@ -1,6 +1,9 @@
-"""Hugging Face image classifiers, ``--model hf:PATH``: a folder written by ``save_pretrained``, or a hub id.
+"""Hugging Face vision models, ``--model hf:PATH``: a folder written by ``save_pretrained``, or a hub id.
 
-The model is ``AutoModelForImageClassification``'s; its image processor (``preprocessor_config.json``) gives the
+A classifier is loaded with ``AutoModelForImageClassification``; a folder saved from a base model (its
+``architectures`` name no classification head: ``ViTModel``, ``Dinov2Model``) with ``AutoModel``, as an embedding
+model (its ``pooler_output`` is the embedding, see docs/targets.md); a ``CLIPModel`` or ``SiglipModel`` as a
+CLIP-style model (:mod:`gradcam_cli.models.clip_models`). The image processor (``preprocessor_config.json``) gives the
 normalisation, the input size (``height`` x ``width``: a fixed size; ``shortest_edge``: the shorter side) and the
 resampling filter, and ``id2label`` the class names. A hub id is read from the local cache, and downloaded into it
 only when missing (:func:`gradcam_cli.models.hub.hub_snapshot`); everything is then loaded from that folder.
@@ -19,6 +22,7 @@ from torch import nn
 
 from ..errors import ModelLoadError, UsageError, describe
 from ..io.images import IMAGENET_MEAN, IMAGENET_STD, InputSpec
+from .clip_models import HF_CLIP_TYPES, hf_clip
 from .hub import (
     HF_PREFIX,
     HubModel,
@@ -46,7 +50,7 @@ def load_hf(model: str, weights: str, num_classes: int | None, architecture_only
     ``architecture_only``: the model its configuration describes, with random parameters; a hub id then needs only
     its configuration files (no weights are downloaded or read)."""
     try:
-        from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification
+        from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoModelForImageClassification
     except ImportError as error:
         raise missing_extra(model) from error
     check_num_classes(model, weights, num_classes)
@@ -54,20 +58,27 @@ def load_hf(model: str, weights: str, num_classes: int | None, architecture_only
     folder = _folder(model, own_weights)
     with _quiet_transformers():
         config = _load(model, lambda: AutoConfig.from_pretrained(folder))
-        _check_image_classifier(model, config)
+        kind = _kind(model, config)
+        auto: Any = AutoModelForImageClassification if kind == "classify" else AutoModel
+        if num_classes and kind != "classify":
+            raise UsageError(f"--num-classes does not apply to {model}: it has no class head (it embeds images)")
         if own_weights:
-            module = _load(model, lambda: AutoModelForImageClassification.from_pretrained(folder))
+            module = _load(model, lambda: auto.from_pretrained(folder))
         else:
             if num_classes:
                 config.num_labels = num_classes
-            module = _load(model, lambda: AutoModelForImageClassification.from_config(config))
+            module = _load(model, lambda: auto.from_config(config))
         try:
             processor = AutoImageProcessor.from_pretrained(folder)
         except Exception:  # no preprocessor_config.json: the defaults apply (docs/models.md)
             processor = None
     if weights.lower() not in ("default", "none") and not architecture_only:
         apply_state_dict(module, load_state_dict_file(weights), weights)
-    return describe_hf(module, processor, weights)
+    if kind == "clip":
+        return hf_clip(module, folder, input_spec(processor, config.vision_config), weights)
+    described = describe_hf(module, processor, weights)
+    described.embeds = kind == "embed"
+    return described
 
 
 def describe_hf(module: nn.Module, processor: Any = None, weights: str = "DEFAULT") -> HubModel:
@@ -151,15 +162,22 @@ def _load(model: str, load: Any) -> Any:
         raise ModelLoadError(f"transformers could not load {model}: {describe(error)}") from error
 
 
-def _check_image_classifier(model: str, config: Any) -> None:
+def _kind(model: str, config: Any) -> str:
+    """``clip`` (a CLIP or SigLIP model), ``embed`` (a vision model saved without a classification head) or
+    ``classify``; a UsageError for a model that is none of transformers' vision models."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES as KNOWN
 
     kind = getattr(config, "model_type", "")
+    architectures = [str(name) for name in getattr(config, "architectures", None) or []]
+    headed = any(name.endswith("ForImageClassification") for name in architectures)
+    if kind in HF_CLIP_TYPES and not headed:
+        return "clip"
     if kind not in KNOWN:
         raise UsageError(
             f"{model} is a {kind or 'model of unknown type'} model, not one of the image classifiers transformers "
-            "loads with AutoModelForImageClassification"
+            "loads with AutoModelForImageClassification (nor a vision backbone, CLIP or SigLIP model)"
         )
+    return "embed" if architectures and not headed else "classify"
 
 
 @contextmanager

@@ -12,15 +12,20 @@ from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torch import nn
 
 from ..errors import ModelLoadError, UsageError, describe
 from ..io.images import InputSpec
 
+if TYPE_CHECKING:
+    from .text_tower import TextTower
+
 TIMM_PREFIX = "timm:"
 HF_PREFIX = "hf:"
-EXTRAS = {TIMM_PREFIX: "timm", HF_PREFIX: "hf"}
+OPEN_CLIP_PREFIX = "open_clip:"
+EXTRAS = {TIMM_PREFIX: "timm", HF_PREFIX: "hf", OPEN_CLIP_PREFIX: "clip"}
 """The optional extra each kind of model needs: ``pip install 'gradcam-cli[timm]'``."""
 PASS_INSTEAD = "or pass --weights PATH or --weights none"
 
@@ -35,6 +40,11 @@ class HubModel:
     input_spec: InputSpec
     prefix_tokens: int | None
     """Leading non-spatial tokens of its token sequences (class, distillation, register), as the model declares."""
+    embeds: bool = False
+    """Its output is an embedding, not class scores (timm's ``num_classes=0``, a transformers base model, a CLIP
+    image tower)."""
+    text: TextTower | None = None
+    """A CLIP-style model's text tower (:mod:`gradcam_cli.models.clip_models`)."""
 
 
 class HubUnavailable(Exception):

@@ -8,7 +8,7 @@ import importlib.util
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -16,8 +16,9 @@ from torch import nn
 from ..errors import ModelLoadError, UsageError, describe, path_error, suggest
 from ..io.images import InputSpec
 from ..options import ModelOptions
+from .clip_models import load_open_clip
 from .hf_models import load_hf
-from .hub import HF_PREFIX, TIMM_PREFIX
+from .hub import HF_PREFIX, OPEN_CLIP_PREFIX, TIMM_PREFIX
 from .labels import check_label_count, read_labels
 from .tasks import SEGMENTATION_SIZE, Task, detection_spec, infer_task, torchvision_names, torchvision_task
 from .timm_models import load_timm
@@ -29,6 +30,9 @@ from .weights import (
     weights_failure,
 )
 from .yolo import is_yolo, load_yolo, with_input_size
+
+if TYPE_CHECKING:
+    from .text_tower import TextTower
 
 LITE0 = "efficientnet_lite0"
 LITE0_SPEC = InputSpec(mean=(0.498, 0.498, 0.498), std=(0.502, 0.502, 0.502))
@@ -56,6 +60,10 @@ class LoadedModel:
     default_layers: tuple[str, ...] = ()
     """The layers explained when none is chosen, as the model declares them (a YOLO detector's head inputs); empty:
     the default layer rule of :mod:`gradcam_cli.cam.layers`."""
+    embeds: bool = False
+    """Its output is an embedding, not class scores: explained with ``similar:`` targets (docs/targets.md)."""
+    text: TextTower | None = None
+    """A CLIP-style model's text tower, for ``text:`` targets; its ``categories`` are then prompts (``--labels``)."""
 
     def class_name(self, index: int) -> str:
         """Human name of class ``index`` (the index itself when the model has no names)."""
@@ -89,12 +97,14 @@ def load_model(
     """Build and load a model, from :class:`ModelOptions` or, in a notebook, from the same fields by hand.
 
     ``model``: a torchvision classification, detection or segmentation model, ``efficientnet_lite0``, ``timm:NAME``,
-    ``hf:PATH`` (a folder saved with ``save_pretrained``, or a hub id), ``package.module:factory`` or
+    ``hf:PATH`` (a folder saved with ``save_pretrained``, or a hub id), ``open_clip:ARCH`` (docs/targets.md),
+    ``package.module:factory`` or
     ``path/to/file.py:factory``; ``task`` (``None``: found from the model) says what it does. ``weights``:
     ``DEFAULT``, a torchvision weights enum name (``IMAGENET1K_V1``), ``none`` (random initialisation, backbone
     included: nothing is downloaded) or the path of a state dict (``torch.save`` or safetensors). ``labels``: a text
     file, one class per line, which must name as many classes as the model has (a custom model's count is found
-    with one forward pass on a blank input). ``input_size``: ``None`` keeps the model's own. The model stays on the
+    with one forward pass on a blank input); a CLIP-style model's are prompts, any number. ``input_size``: ``None``
+    keeps the model's own. The model stays on the
     CPU (``ModelOptions.device`` is applied by :meth:`Explainer.from_options`). ``architecture_only``: build the
     model its weights describe (class count, input size, auxiliary heads) without downloading or reading them, its
     parameters left random: all ``--list-layers`` needs (a Hugging Face hub id still needs its configuration files,
@@ -104,9 +114,11 @@ def load_model(
         path = Path(labels) if labels is not None else None
         model = ModelOptions(model, weights, num_classes, path, input_size, task=task)
     name = model.model
-    hub = name.startswith((TIMM_PREFIX, HF_PREFIX))
+    hub = name.startswith((TIMM_PREFIX, HF_PREFIX, OPEN_CLIP_PREFIX))
     yolo = is_yolo(name)
     custom = not hub and not yolo and ":" in name and not _is_windows_drive(name)
+    if model.num_classes == 0 and not name.startswith(TIMM_PREFIX):
+        raise UsageError("--num-classes 0 (no head: an embedding model) is for timm: models")
     if yolo:
         yolo_model = load_yolo(name, model.weights, architecture_only, model.task)
         loaded = LoadedModel(
@@ -114,10 +126,22 @@ def load_model(
         )
         loaded.default_layers = tuple(getattr(yolo_model.module, "head_inputs", ()))
     elif hub:
-        load = load_timm if name.startswith(TIMM_PREFIX) else load_hf
-        built = load(name, model.weights, model.num_classes, architecture_only)
+        if name.startswith(OPEN_CLIP_PREFIX):
+            if model.num_classes is not None:
+                raise UsageError(f"--num-classes does not apply to {name}: it has no class head (it embeds images)")
+            built = load_open_clip(name, model.weights, architecture_only)
+        else:
+            load = load_timm if name.startswith(TIMM_PREFIX) else load_hf
+            built = load(name, model.weights, model.num_classes, architecture_only)
         loaded = LoadedModel(
-            built.module, name, built.weights, built.categories, built.input_spec, prefix_tokens=built.prefix_tokens
+            built.module,
+            name,
+            built.weights,
+            built.categories,
+            built.input_spec,
+            prefix_tokens=built.prefix_tokens,
+            embeds=built.embeds,
+            text=built.text,
         )
     elif custom:
         loaded = _load_custom(name, model.weights, architecture_only)
@@ -141,6 +165,9 @@ def load_model(
         loaded.input_spec = replace(loaded.input_spec, size=model.input_size)
     if model.labels is not None:
         names = read_labels(model.labels)
+        if loaded.text is not None:  # a CLIP-style model's classes are prompts, as many as given
+            loaded.categories = names
+            return loaded
         if custom or (hub and loaded.categories is None):
             classes = count_classes(loaded.module, loaded.input_spec)
         else:

@@ -66,7 +66,7 @@ def check_task_options(task: Task, options: ExplainOptions) -> None:
     (classifiers), ``--top-k`` (classifiers and segmenters), ``--score-threshold`` and ``--max-detections``
     (detectors). The rule, with ``--input-size`` and the other options it covers, is in docs/cli.md."""
     defaults = ExplainOptions()
-    if options.score != defaults.score and task is not Task.CLASSIFY:
+    if options.score not in (defaults.score, "logit") and task is not Task.CLASSIFY:
         raise UsageError(f"--score {options.score} is for classifiers; a {task.noun} has its own score")
     if options.top_k != defaults.top_k and task is Task.DETECT:
         raise UsageError(

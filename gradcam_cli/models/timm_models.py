@@ -1,4 +1,5 @@
-"""timm models, ``--model timm:NAME``: any timm classifier with its own preprocessing, prefix tokens and class names.
+"""timm models, ``--model timm:NAME``: any timm classifier with its own preprocessing, prefix tokens and class names;
+a model without a head (``num_classes`` 0: a feature extractor's weights) is an embedding model (docs/targets.md).
 
 ``NAME`` is what ``timm.create_model`` takes, with or without a pretrained tag (``resnet50``,
 ``vit_base_patch16_224.augreg2_in21k_ft_in1k``). Pretrained weights come from the Hugging Face cache (or torch
@@ -38,7 +39,7 @@ def load_timm(model: str, weights: str, num_classes: int | None, architecture_on
     name = model.removeprefix(TIMM_PREFIX)
     config = _pretrained_config(name)
     check_num_classes(model, weights, num_classes)
-    options: dict[str, Any] = {"num_classes": num_classes} if num_classes else {}
+    options: dict[str, Any] = {"num_classes": num_classes} if num_classes is not None else {}
     try:
         if weights.upper() == "DEFAULT" and not architecture_only:
             path, custom = _pretrained_file(model, config)
@@ -52,13 +53,10 @@ def load_timm(model: str, weights: str, num_classes: int | None, architecture_on
         raise ModelLoadError(f"timm could not build {model}: {describe(error)}") from error
     if weights.lower() not in ("default", "none") and not architecture_only:
         apply_state_dict(module, load_state_dict_file(_weights_path(name, weights)), weights)
-    if getattr(module, "num_classes", None) == 0:
-        raise UsageError(
-            f"{model} has no classifier head (timm's weights for it are a feature extractor); choose a tag "
-            "fine-tuned for classification, or pass --num-classes N with --weights PATH or none"
-        )
     tag = _config_of(module).get("tag") if weights.upper() == "DEFAULT" else None
-    return describe_timm(module, tag or weights)
+    described = describe_timm(module, tag or weights)
+    described.embeds = getattr(module, "num_classes", None) == 0  # no head: its pooled features are an embedding
+    return described
 
 
 def describe_timm(module: nn.Module, weights: str = "none") -> HubModel:

@@ -39,7 +39,7 @@ class Record:
             if prediction is not None:
                 probability = prediction["probability"]
                 prediction["probability"] = round(probability, 6) if math.isfinite(probability) else None
-                for extra in ("box", "share", "area", "keypoints"):
+                for extra in ("box", "share", "area", "keypoints", "score"):
                     if prediction[extra] is None:
                         del prediction[extra]
                 if "box" in prediction:
@@ -89,4 +89,5 @@ def _prediction(value: Any) -> Prediction | None:
         keypoints=[(float(x), float(y), float(v)) for x, y, v in value["keypoints"]]
         if isinstance(value.get("keypoints"), list)
         else None,
+        score=str(value["score"]) if isinstance(value.get("score"), str) else None,
     )

@@ -219,6 +219,8 @@ RECORD_LABELS = {
     "score_threshold": "--score-threshold",
     "max_detections": "--max-detections",
     "precision": "--precision",
+    "targets": "--target",
+    "embedding": "--embedding",
 }
 """The run record's keys (what changes the content of an output without changing its name), as messages say them."""
 RESUMING_OPTIONS = {"format": "--format", "quality": "--quality", "colormap": "--colormap", "alpha": "--alpha"}
