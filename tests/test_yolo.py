@@ -290,3 +290,14 @@ def test_an_end_to_end_heads_detections_are_traced_to_their_query():
     assert len(found["scores"]) > 10
     traced = found["class_logits"][found["labels"], found["anchors"]].sigmoid()
     assert torch.allclose(traced, found["scores"], atol=1e-6)  # each row's confidence is its query's class score
+
+
+def test_importing_ultralytics_leaves_pillow_as_it_was(tmp_path):
+    """ultralytics patches PIL.Image.open (a non-image then fails on a missing pi-heif, or pip-installs it)."""
+    from gradcam_cli.models.yolo import offline_ultralytics
+
+    offline_ultralytics()
+    assert Image.open.__module__ == "PIL.Image"
+    (tmp_path / "notes.jpg").write_text("not an image")
+    with pytest.raises(Image.UnidentifiedImageError):
+        Image.open(tmp_path / "notes.jpg")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from PIL import Image
 from torch import nn
 
 from ..errors import ModelLoadError, UsageError, describe, suggest
@@ -61,16 +62,20 @@ def offline_ultralytics() -> Any:
     """Set ultralytics' environment (:data:`ENVIRONMENT`) and import it; a UsageError when it is not installed.
 
     The variables are read when ultralytics is first imported, so a notebook that imported it earlier keeps its own
-    settings."""
+    settings. PIL's ``Image.open``, which ultralytics patches on import, is put back."""
     os.environ.update(ENVIRONMENT)
     from ..io import video  # noqa: F401  (quiets OpenCV's logging before ultralytics imports cv2)
 
     try:
         import ultralytics
+        from ultralytics.utils import patches
     except ImportError as error:
         raise UsageError(
             "--model yolo:... needs the optional extra: pip install 'gradcam-cli[yolo]' (ultralytics, AGPL-3.0)"
         ) from error
+    # ultralytics replaces PIL.Image.open with a version that, on any file Pillow cannot identify, checks for (and
+    # where allowed pip-installs) pi-heif: a non-image would then fail with an import error instead of Pillow's own.
+    Image.open = patches._image_open  # type: ignore[attr-defined]
     return ultralytics
 
 
