@@ -75,7 +75,7 @@ def offline_ultralytics() -> Any:
         ) from error
     # ultralytics replaces PIL.Image.open with a version that, on any file Pillow cannot identify, checks for (and
     # where allowed pip-installs) pi-heif: a non-image would then fail with an import error instead of Pillow's own.
-    Image.open = patches._image_open  # type: ignore[attr-defined]
+    Image.open = patches._image_open
     return ultralytics
 
 
