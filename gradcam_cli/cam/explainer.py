@@ -26,8 +26,8 @@ from ..models.devices import resolve_device
 from ..models.folding import fold_batch_norms
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel, load_model
-from ..models.tasks import Task, check_task_options, detection_spec, detection_transform, infer_task, task_of_shape
-from ..options import SCORE_NAMES, ExplainOptions, ModelOptions
+from ..models.tasks import Task, detection_spec, detection_transform, infer_task, task_of_shape
+from ..options import ExplainOptions, ModelOptions
 from ..targets import TargetSpec
 from .detection import DetectionScore
 from .engine import LayerCapture
@@ -37,11 +37,11 @@ from .passes import MethodInputs
 from .precision import autocast, check_precision, full_precision, to_float32
 from .reshape import spatial
 from .results import ImageExplanation, Prediction
-from .scores import Cams, ClassScore, ClassTargets, Score, Targets
-from .segmentation import SegmentationScore
+from .scores import Cams, ClassTargets, Score, Targets
 from .smoothing import IDENTITY, augmentations, average_views
 from .targets import SpecTargets, explicit_score
-from .yolo import YoloScore, is_yolo_module, yolo_score, yolo_takes
+from .task_scores import task_score
+from .yolo import YoloScore, yolo_takes
 
 
 class Explainer:
@@ -135,7 +135,7 @@ class Explainer:
         self.score: Score = (
             explicit_score(model, self.target_specs, self.device, self.target, top_k, self.methods, score, embedding)
             if explicit
-            else self._score(score, score_threshold, max_detections, top_k)
+            else task_score(model, score, score_threshold, max_detections, top_k)
         )
         if aug_smooth and self.task is not Task.CLASSIFY:
             raise UsageError(
@@ -206,28 +206,6 @@ class Explainer:
         )
         explainer.options = (model_options, options) if model_options is not None else None
         return explainer
-
-    def _score(self, name: str | None, threshold: float, max_detections: int, top_k: int) -> Score:
-        """What this explainer's task differentiates (see :mod:`gradcam_cli.cam.scores`); options of another task
-        are refused (:func:`~gradcam_cli.models.tasks.check_task_options`)."""
-        if name is not None and name not in SCORE_NAMES:
-            raise UsageError(f"unknown score {name!r}; use {', '.join(SCORE_NAMES)}")
-        if is_yolo_module(self.model.module):
-            return yolo_score(self.model.module, name or "logit", threshold, max_detections, top_k)
-        if name == "box":
-            raise UsageError("--score box is for YOLO detectors (--model yolo:...)")
-        if name is not None and name not in SCORE_NAMES[:3]:
-            raise UsageError(f"unknown score {name!r} for a class; use {', '.join(SCORE_NAMES[:3])}")
-        check_task_options(
-            self.task, ExplainOptions(top_k=top_k, score=name, score_threshold=threshold, max_detections=max_detections)
-        )
-        if self.task is Task.DETECT:
-            if max_detections < 1:
-                raise UsageError("--max-detections must be at least 1")
-            return DetectionScore(detection_transform(self.model.module), threshold, max_detections)
-        if self.task is Task.SEGMENT:
-            return SegmentationScore()
-        return ClassScore(name or "logit")
 
     @property
     def settings(self) -> dict[str, object]:

@@ -1,0 +1,38 @@
+"""What a model's task differentiates when no ``--target`` says otherwise: a classifier's class score, a detector's
+detections (torchvision's or a YOLO model's traced anchors) or a segmenter's classes (see :mod:`.scores`;
+explicit targets are :mod:`.targets`')."""
+
+from __future__ import annotations
+
+from ..errors import UsageError
+from ..models.loading import LoadedModel
+from ..models.tasks import Task, check_task_options, detection_transform
+from ..options import SCORE_NAMES, ExplainOptions
+from .detection import DetectionScore
+from .scores import ClassScore, Score
+from .segmentation import SegmentationScore
+from .yolo import is_yolo_module, yolo_score
+
+
+def task_score(model: LoadedModel, name: str | None, threshold: float, max_detections: int, top_k: int) -> Score:
+    """The :class:`Score` of ``model``'s task with ``--score name`` (``None``: the task's own), ``--score-threshold``,
+    ``--max-detections`` and ``--top-k``; options of another task are refused
+    (:func:`~gradcam_cli.models.tasks.check_task_options`)."""
+    if name is not None and name not in SCORE_NAMES:
+        raise UsageError(f"unknown score {name!r}; use {', '.join(SCORE_NAMES)}")
+    if is_yolo_module(model.module):
+        return yolo_score(model.module, name or "logit", threshold, max_detections, top_k)
+    if name == "box":
+        raise UsageError("--score box is for YOLO detectors (--model yolo:...)")
+    if name is not None and name not in SCORE_NAMES[:3]:
+        raise UsageError(f"unknown score {name!r} for a class; use {', '.join(SCORE_NAMES[:3])}")
+    check_task_options(
+        model.task, ExplainOptions(top_k=top_k, score=name, score_threshold=threshold, max_detections=max_detections)
+    )
+    if model.task is Task.DETECT:
+        if max_detections < 1:
+            raise UsageError("--max-detections must be at least 1")
+        return DetectionScore(detection_transform(model.module), threshold, max_detections)
+    if model.task is Task.SEGMENT:
+        return SegmentationScore()
+    return ClassScore(name or "logit")
