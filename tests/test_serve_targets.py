@@ -135,3 +135,47 @@ def test_a_run_records_targets():
     record = {"targets": "similar:refs/ | contrast:red,blue", "embedding": "embedding"}
     assert record_targets(record) == [TargetSpec.parse("similar:refs/"), TargetSpec.parse("contrast:red,blue")]
     assert record_targets({}) == [] and record_targets({"targets": "bad"}) == []
+
+
+def colour_clip():
+    """A CLIP-style model built here: the colour embedding as its image tower, a text tower that embeds a prompt
+    naming a colour as that colour's axis (and the embedding's constant), prompts ranked by softmax."""
+    import torch
+    from embedding_model import build
+    from torch import nn
+
+    from gradcam_cli.io.images import InputSpec
+    from gradcam_cli.models.loading import LoadedModel
+    from gradcam_cli.models.text_tower import TextTower
+
+    colours = ["red", "green", "blue"]
+
+    def tokenize(prompts: list[str]) -> dict[str, torch.Tensor]:
+        return {"ids": torch.tensor([next(i for i, c in enumerate(colours) if c in p) for p in prompts])}
+
+    def embed(ids: torch.Tensor) -> torch.Tensor:
+        return torch.cat([nn.functional.one_hot(ids, 3).float(), torch.full((len(ids), 1), 0.1)], dim=1)
+
+    prompts = [f"a {colour} square" for colour in colours]
+    text = TextTower(nn.Identity(), tokenize, embed, logit_scale=10.0)
+    spec = InputSpec(mean=(0, 0, 0), std=(1, 1, 1))
+    return LoadedModel(build(), "colour-clip", "none", prompts, spec, embeds=True, text=text)
+
+
+def test_a_clip_models_prompts_are_ranked_and_clicked_as_classes(served, tmp_path):
+    model = colour_clip()
+    app = create_app(ModelService(model), discover([str(served)]), work_dir=tmp_path / "work")
+    with TestClient(app, base_url=LOCAL) as client:
+        assert client.get("/api/info").json()["model"]["kind"] == "clip"
+        scene = next(i["id"] for i in client.get("/api/images").json()["images"] if i["name"].endswith("scene.png"))
+        top = client.get(f"/api/map?image={scene}").json()
+        assert {p["name"] for p in top["predictions"]} == {"a red square", "a green square", "a blue square"}
+        blue = next(p for p in top["predictions"] if p["name"] == "a blue square")
+        clicked = client.get(f"/api/map?image={scene}&target={blue['index']}").json()  # a click on a prompt
+        expected = Explainer(model).explain(served / "scene.png", target=blue["index"]).explanations[0]
+        assert clicked["target"]["name"] == "a blue square" and clicked["spec"] is None
+        assert np.abs(npy(client, clicked) - expected.saliency.numpy()).max() < 1e-4
+        typed = client.get(f"/api/map?image={scene}&target=text:a blue square").json()
+        library = Explainer(model, targets=["text:a blue square"]).explain(served / "scene.png").explanations[0]
+        assert typed["target"]["name"] == "text:a blue square"
+        assert np.abs(npy(client, typed) - library.saliency.numpy()).max() < 1e-4
