@@ -26,7 +26,8 @@ HELP = """Explore explanations in the browser: one image at a time, or a whole r
 PATH: a finished run's output folder (or its manifest), and/or image files, folders or quoted glob patterns.
 
 A run is browsed without a model (paged, filtered and sorted on the server); with --model (or with images and no
-run: the default model), any image can be explained live: click a class, switch layer or method, compare, download.
+run: the default model), any image can be explained live: click a class or type a target (--target's grammar), switch
+layer or method, compare, download.
 Listens on 127.0.0.1 unless --host says otherwise; stops with Ctrl-C.
 
 Exit codes: 0 stopped; 2 usage error; 3 model/weights unavailable; 130 interrupted (Ctrl-C)."""
