@@ -104,6 +104,14 @@ def test_upload_click_a_class_switch_layer_and_method(browser, square_model, tmp
         page.click("#compare-add")
         assert page.locator("#compare figure").count() == 1
         assert "/overlay.png?colormap=gray" in (page.get_attribute("#dl-overlay", "href") or "")
+        shown = canvas_sum(page)
+        page.fill("#target", "contrast:blue,red")  # a --target typed in the field
+        page.press("#target", "Enter")
+        wait_caption(page, "layercam for blue - red at features.0")
+        assert canvas_sum(page) != shown
+        page.fill("#target", "simlar:x.png")
+        page.click("#target-go")
+        page.wait_for_function("() => document.getElementById('status').textContent.includes('Did you mean: similar')")
     finally:
         page.close()
         server.stop()
@@ -160,6 +168,34 @@ def test_click_a_detection(browser, tmp_path):
         page.click("#predictions button:has-text('green')")
         wait_caption(page, "gradcam for green")
         assert canvas_sum(page) != combined
+    finally:
+        page.close()
+        server.stop()
+
+
+def test_an_embedding_model_is_asked_through_the_target_field(browser, tmp_path):
+    from gradcam_cli.models.loading import load_model
+    from gradcam_cli.serve import ModelService, create_app
+
+    scene = Image.new("RGB", (64, 48), (128, 128, 128))
+    scene.paste((255, 0, 0), (4, 4, 24, 24))
+    scene.save(tmp_path / "scene.png")
+    Image.new("RGB", (32, 32), (255, 0, 0)).save(tmp_path / "ref.png")
+    model = load_model(f"{ROOT}/tests/embedding_model.py:build", "none", task="classify")
+    model.embeds = True  # no classes: no predictions to list
+    server = Running(create_app(ModelService(model), discover([tmp_path]), work_dir=tmp_path / "work"))
+    page = browser.new_page()
+    try:
+        page.goto(server.url)
+        page.wait_for_selector("body[data-ready='1']")
+        scene_id = page.locator("#inputs option", has_text="scene.png").get_attribute("value") or ""
+        page.select_option("#inputs", scene_id)
+        page.wait_for_function("() => document.getElementById('status').textContent.includes('type a target')")
+        page.fill("#target", "similar:ref.png")
+        page.press("#target", "Enter")
+        wait_caption(page, "gradcam for similar:ref.png at features")
+        assert page.locator("#predictions li").count() == 0 and max(canvas_sum(page)) > 0
+        assert page.evaluate("document.getElementById('view').width") == 64  # the map, drawn
     finally:
         page.close()
         server.stop()

@@ -26,7 +26,8 @@ HELP = """Explore explanations in the browser: one image at a time, or a whole r
 PATH: a finished run's output folder (or its manifest), and/or image files, folders or quoted glob patterns.
 
 A run is browsed without a model (paged, filtered and sorted on the server); with --model (or with images and no
-run: the default model), any image can be explained live: click a class, switch layer or method, compare, download.
+run: the default model), any image can be explained live: click a class or type a target (--target's grammar), switch
+layer or method, compare, download.
 Listens on 127.0.0.1 unless --host says otherwise; stops with Ctrl-C.
 
 Exit codes: 0 stopped; 2 usage error; 3 model/weights unavailable; 130 interrupted (Ctrl-C)."""
@@ -55,6 +56,8 @@ def serve(
     max_detections: params.MaxDetectionsOpt = 10,
     device: params.DeviceOpt = "auto",
     input_size: params.InputSizeOpt = None,
+    target: params.TargetsOpt = None,
+    embedding: params.EmbeddingOpt = None,
     host: Annotated[
         str, typer.Option(metavar="HOST", help="Address to listen on (other than 127.0.0.1: a warning).")
     ] = ("127.0.0.1"),
@@ -69,6 +72,9 @@ def serve(
 ) -> None:
     reporter = Reporter(quiet, verbose, False)
     options = ServeOptions(host=host, port=port)
+    specs, mistake = params.target_specs(target)
+    if mistake is not None:
+        run_reported(reporter, lambda: params.refuse(mistake))
 
     given = {
         "task": task,
@@ -82,6 +88,8 @@ def serve(
         "max_detections": max_detections,
         "device": device,
         "input_size": input_size,
+        "targets": specs,
+        "embedding": embedding,
     }
     run_reported(reporter, lambda: start(reporter, paths or [], model, options, drift, open_browser, given))
 
@@ -102,6 +110,18 @@ def split_paths(paths: list[str]) -> tuple[Path | None, Path | None, list[str]]:
         else:
             images.append(text)
     return run_dir, manifest, images
+
+
+def record_targets(record: dict[str, Any]) -> list[Any]:
+    """A run record's ``--target`` specs (its ``targets``, joined by `` | ``); none where it has none or they do not
+    parse."""
+    from ..targets import parse_targets
+
+    text = record.get("targets")
+    try:
+        return list(parse_targets(text.split(" | "))) if isinstance(text, str) and text else []
+    except ValueError:
+        return []
 
 
 def start(
@@ -140,6 +160,8 @@ def start(
     service = None
     if model is not None:
         layers = given["layer"] or (record.get("layers") if isinstance(record.get("layers"), list) else None)
+        specs, embedding = given["targets"] or record_targets(record), given["embedding"] or record.get("embedding")
+        task = given["task"] or ("classify" if specs or embedding else None)  # as gradcam's own --target
         service = ModelService(
             params.model_options(
                 model,
@@ -148,7 +170,7 @@ def start(
                 given["labels"],
                 given["input_size"],
                 given["device"],
-                given["task"],
+                task,
             ),
             params.explain_options(
                 layers,
@@ -160,6 +182,8 @@ def start(
                 given["score"],
                 score_threshold=given["score_threshold"],
                 max_detections=given["max_detections"],
+                targets=specs,
+                embedding=embedding if isinstance(embedding, str) else None,
             ),
         )
         if not layers:

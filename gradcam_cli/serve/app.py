@@ -7,7 +7,8 @@ Routes (every answer JSON or a file; every failure ``{"error": "<one line>"}`` w
 - ``GET /api/info``: the model (name, task, layers with shapes and the default marked, methods) or none, the run.
 - ``GET /api/images``: the served inputs, paged; ``POST /api/upload``: an image (the body), checked and decoded.
 - ``GET /api/images/<id>.png``: an image as decoded (what the maps line up with).
-- ``GET /api/map?image=&layer=&method=&target=&rank=``: a map computed (or replayed, or kept); ``GET
+- ``GET /api/map?image=&layer=&method=&target=&rank=``: a map computed (or replayed, or kept; ``target``: a class,
+  or a ``--target`` spec whose ``similar:`` names a served image: :mod:`gradcam_cli.serve.targets`); ``GET
   /api/maps/<id>.png`` its 16-bit values packed in a PNG, ``.../overlay.png``, ``.../heatmap.png``, ``.../map.npy``
   its downloads, ``.../faithfulness`` its deletion/insertion (and ROAD) figures.
 - ``GET /api/run/rows``: a page of the run's rows (filters, sort); ``GET /api/run/rows/<n>/outputs/<k>``: a row's
@@ -39,6 +40,7 @@ from ..io.discovery import InputImage
 from ..io.naming import RUN_RECORD_NAME
 from ..options import ServeOptions
 from ..render.colour import colormap_table
+from ..targets import TargetSpec
 from .files import contained, row_output
 from .http import (
     HttpError,
@@ -56,6 +58,7 @@ from .images import ImageStore
 from .model import ModelService
 from .runindex import RowFilter, RunIndex
 from .server import is_loopback
+from .targets import page_target
 
 PAGE_COLORMAPS = ("jet", "turbo", "viridis", "inferno", "magma", "gray")
 """The colormaps the page offers (any matplotlib name works in a download's ``colormap``)."""
@@ -269,8 +272,10 @@ def _map(explorer: Explorer) -> Any:
         layer, method = text_param(request, "layer"), text_param(request, "method")
         target, rank = text_param(request, "target"), int_param(request, "rank", 0, 0, 1000)
 
+        chosen = page_target(target, explorer.images, service.targets)
+        shown = target.strip() if isinstance(chosen, TargetSpec) and target else None  # as typed: no server path
         source, decoded = await blocking(lambda: explorer.images.decoded(image_id))
-        answer = await service.run(lambda: service.explain(source, decoded, layer, method, target, rank))
+        answer = await service.run(lambda: service.explain(source, decoded, layer, method, chosen, rank, shown))
         return json_response(answer.to_dict())
 
     return compute

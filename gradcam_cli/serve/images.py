@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from ..errors import ImageError
+from ..errors import ImageError, suggest
 from ..io.atomic import write_atomic
 from ..io.discovery import InputImage
 from ..io.images import InputSpec, load_image, to_input_tensor, to_pixel_tensor
@@ -122,6 +122,24 @@ class ImageStore:
             if found is not None:
                 return Source(image_id, found[0], found[1])
         raise HttpError(404, f"no image {image_id}")
+
+    def named(self, name: str) -> Source:
+        """The served input or upload ``name`` names (its id, its name as listed, or that name's last part): what a
+        ``similar:`` target typed on the page may refer to. Anything else is a 400 naming the close matches."""
+        name = name.strip()
+        if IMAGE_ID.match(name):
+            return self.source(name)
+        with self._lock:
+            known = [*self.inputs, *self._uploads.values()]
+        for matches in ([s for s in known if s.name == name], [s for s in known if Path(s.name).name == name]):
+            if len(matches) == 1:
+                return matches[0]
+        names = sorted({Path(s.name).name for s in known})
+        raise HttpError(
+            400,
+            f"similar:{name}: not a served image; similar: takes a served input or an upload, by its id or name"
+            f".{suggest(name, names)}",
+        )
 
     def decoded(self, image_id: str) -> tuple[Source, DecodedImage]:
         """The image decoded (kept for the last few used); a file that cannot be read is 422."""

@@ -21,18 +21,21 @@ import asyncio
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ..cam.explainer import Explainer
 from ..cam.layers import dry_pass, model_default_layer
 from ..cam.methods import METHODS
+from ..cam.targets import model_kind
 from ..errors import UsageError, suggest
+from ..models.devices import resolve_device
 from ..models.labels import resolve_target
-from ..models.loading import LoadedModel
+from ..models.loading import LoadedModel, load_model
 from ..models.tasks import Task
 from ..options import EvalOptions, ExplainOptions, ModelOptions
+from ..targets import TargetSpec
 from .images import DecodedImage, Source
 from .maps import MapStore, StoredMap, map_id
 from .replay import RETAINED_PASSES, ReplayFactory, RetainedPasses
@@ -41,7 +44,7 @@ T = TypeVar("T")
 FAITHFULNESS_STEPS = 20
 """Points on the deletion and insertion curves the page asks for (``gradcam eval --steps``)."""
 MAX_EXPLAINERS = 16
-"""Explainers kept (one per layer and method; each holds only names and hooks-free settings)."""
+"""Explainers kept (one per layer, method and target; each holds only names, settings and a target's reference)."""
 
 
 @dataclass
@@ -50,6 +53,8 @@ class MapAnswer:
 
     stored: StoredMap
     forward: bool
+    spec: str | None = None
+    """The ``--target`` spec the map explains (as the page typed it, or the default's); ``None``: a class."""
 
     def to_dict(self) -> dict[str, Any]:
         e = self.stored.explanation
@@ -60,6 +65,7 @@ class MapAnswer:
             "layer": self.stored.layer,
             "method": e.method,
             "target": prediction_dict(e.target),
+            "spec": self.spec,
             "rank": e.rank,
             "width": int(width),
             "height": int(height),
@@ -80,14 +86,22 @@ def prediction_dict(p: Any) -> dict[str, Any]:
 
 
 class ModelService:
-    """One loaded model, explained on request; ``options`` are the run's (or the command's) explain options."""
+    """One loaded model, explained on request; ``options`` are the run's (or the command's) explain options: their
+    ``targets`` are the page's default targets (the first is explained when a request names none)."""
 
     def __init__(
         self, model: LoadedModel | ModelOptions, options: ExplainOptions | None = None, retained: int = RETAINED_PASSES
     ) -> None:
         options = options or ExplainOptions()
         self.options = options
-        base = Explainer.from_options(model, options)
+        self.targets = options.targets
+        if isinstance(model, ModelOptions):  # loaded here: an embedding model without a target has no explainer yet
+            device = resolve_device(model.device)
+            model = load_model(model)
+            model.module.eval().requires_grad_(False).to(device)
+        self.kind = model_kind(model)
+        first = self.targets[:1] or ((TargetSpec("output"),) if self.kind == "embed" else ())  # output:0 of any
+        base = Explainer.from_options(model, replace(options, targets=first, top_k=1 if first else options.top_k))
         self.model = base.model
         self.task = base.task
         self.device = base.device
@@ -97,7 +111,9 @@ class ModelService:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="gradcam-model")
         self.passes = RetainedPasses(retained)
         self.maps = MapStore()
-        self._explainers: dict[tuple[str, str], Explainer] = {(base.layer_label, base.methods[0]): base}
+        self._explainers: dict[tuple[str, str, str], Explainer] = {
+            (base.layer_label, base.methods[0], str(first[0]) if first else ""): base
+        }
         infos = dry_pass(self.model, self.device)
         try:
             default = model_default_layer(self.model, infos)
@@ -109,6 +125,8 @@ class ModelService:
             if i.is_candidate
         ]
         self.methods = [name for name, m in METHODS.items() if self.task.value in m.tasks]
+        for spec in self.targets[1:]:  # every default target checked now (and its explainer kept), as a run's
+            self.explainer(None, None, spec)
 
     async def run(self, work: Callable[[], T]) -> T:
         """Await ``work`` (which uses the model) on the service's own thread."""
@@ -127,13 +145,16 @@ class ModelService:
             "default_layer": self.default_layer,
             "methods": self.methods,
             "default_method": self.default_method,
+            "kind": self.kind,
+            "targets": [str(spec) for spec in self.targets],
         }
 
-    def explainer(self, layer: str | None, method: str | None) -> Explainer:
-        """The explainer for ``layer`` (names joined by ``+``) and ``method``; a bad name is a UsageError."""
+    def explainer(self, layer: str | None, method: str | None, target: TargetSpec | None = None) -> Explainer:
+        """The explainer for ``layer`` (names joined by ``+``), ``method`` and ``target`` (``None``: classes); a bad
+        name or a target that does not fit the model is a UsageError."""
         layer = layer or self.default_layer
         method = method or self.default_method
-        key = (layer, method)
+        key = (layer, method, str(target) if target is not None else "")
         if key not in self._explainers:
             if method not in self.methods:
                 raise UsageError(f"unknown method {method!r} for a {self.task.noun}.{suggest(method, self.methods)}")
@@ -144,7 +165,9 @@ class ModelService:
                 score=self.options.score,
                 score_threshold=self.options.score_threshold,
                 max_detections=self.options.max_detections,
-                top_k=self.options.top_k,
+                top_k=self.options.top_k if target is None else 1,
+                targets=(target,) if target is not None else (),
+                embedding=self.options.embedding,
             )
             if len(self._explainers) >= MAX_EXPLAINERS:
                 self._explainers.pop(next(iter(self._explainers)))
@@ -156,17 +179,32 @@ class ModelService:
         return resolve_target(self.model, text) if text else None
 
     def explain(
-        self, source: Source, image: DecodedImage, layer: str | None, method: str | None, target: str | None, rank: int
+        self,
+        source: Source,
+        image: DecodedImage,
+        layer: str | None,
+        method: str | None,
+        target: str | TargetSpec | None,
+        rank: int,
+        shown: str | None = None,
     ) -> MapAnswer:
-        """The map of ``target`` (a classifier's or segmenter's class; ``None``: the top one) or of detection
-        ``rank`` (0: every detection's combined map), at ``layer`` with ``method``."""
+        """The map of ``target`` (a classifier's or segmenter's class, or a ``--target`` spec; ``None``: the first
+        default target, else the top class) or of detection ``rank`` (0: every detection's combined map), at
+        ``layer`` with ``method``; ``shown``: the target as the page names it (default: the spec itself)."""
+        spec = (
+            target if isinstance(target, TargetSpec) else self.targets[0] if target is None and self.targets else None
+        )
+        shown = shown or (str(spec) if spec is not None else None)
         with self.model_lock:
-            explainer = self.explainer(layer, method)
-            index = self.target_index(target) if self.task is not Task.DETECT else None
-            key = map_id(source.id, explainer.layer_label, explainer.methods[0], index, rank)
+            explainer = self.explainer(layer, method, spec)
+            index = None
+            if spec is None and self.task is not Task.DETECT:
+                index = self.target_index(target if isinstance(target, str) else None)
+            chosen_target = str(spec) if spec is not None else index
+            key = map_id(source.id, explainer.layer_label, explainer.methods[0], chosen_target, rank)
             stored = self.maps.get(key)
             if stored is not None:
-                return MapAnswer(stored, False)
+                return MapAnswer(stored, False, shown)
             factory = ReplayFactory(self.passes, source.id)
             explainer.capture = factory
             try:
@@ -187,7 +225,7 @@ class ModelService:
                         )
                     )
         self.maps.put(stored)
-        return MapAnswer(stored, factory.forward)
+        return MapAnswer(stored, factory.forward, shown)
 
     def faithfulness(self, stored: StoredMap, path: Path, road: bool) -> dict[str, Any]:
         """``gradcam eval``'s figures for the map ``stored`` shows, by its own evaluator (what ``gradcam eval PATH
@@ -200,6 +238,10 @@ class ModelService:
         from ..evaluation.evaluate import Evaluator
 
         explanation = stored.explanation
+        if explanation.target.score is not None:
+            raise UsageError(
+                f"deletion and insertion of {explanation.target.name} are measured by gradcam eval --target, not here"
+            )
         options = ExplainOptions(
             layers=tuple(stored.layer.split("+")),
             methods=(explanation.method,),

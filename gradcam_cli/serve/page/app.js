@@ -107,7 +107,15 @@ async function explain(params) {
 function showPredictions(answer, task) {
   const list = $("predictions");
   list.replaceChildren();
-  $("pred-title").textContent = task === "detect" ? "Detections" : task === "segment" ? "Classes" : "Predictions";
+  const kind = state.info.model.kind;  // classify, embed (no classes: no list) or clip (its prompts ranked)
+  $("pred-title").textContent = task === "detect" ? "Detections" : task === "segment" ? "Classes" :
+    kind === "clip" ? "Prompts" : kind === "embed" ? "" : "Predictions";
+  for (const spec of state.info.model.targets) {  // the command's --target defaults, one click each
+    const button = el("button", spec, { type: "button", "data-spec": spec });
+    if (answer.spec === spec) button.classList.add("chosen");
+    button.onclick = () => { $("target").value = spec; explain({ target: spec }); };
+    const item = el("li"); item.append(button); list.append(item);
+  }
   if (task === "detect") {
     const all = el("button", "all detections", { type: "button", "data-rank": "0" });
     if (answer.rank === 0) all.classList.add("chosen");
@@ -118,7 +126,7 @@ function showPredictions(answer, task) {
     let text = `${p.name} ${(100 * p.probability).toFixed(1)}%`;
     if (p.share !== undefined) text += ` on ${(100 * p.share).toFixed(1)}% of the pixels`;
     const button = el("button", text, { type: "button", "data-index": p.index });
-    const chosen = task === "detect" ? answer.rank === i + 1 : answer.target.index === p.index;
+    const chosen = task === "detect" ? answer.rank === i + 1 : !answer.spec && answer.target.index === p.index;
     if (chosen) button.classList.add("chosen");
     button.onclick = () => (task === "detect" ? explain({ rank: i + 1 }) : explain({ target: String(p.index) }));
     const item = el("li"); item.append(button); list.append(item);
@@ -129,6 +137,12 @@ async function chooseImage(id) {
   state.image = id;
   state.photo = pixelsOf(await loadImage(`/api/images/${id}.png`));
   $("compare").replaceChildren();
+  const model = state.info.model;
+  if (model && model.kind === "embed" && !model.targets.length) {  // no classes: the target field asks for maps
+    if ($("target").value.includes(":")) await explain({ target: $("target").value });
+    else { state.values = null; state.answer = null; say("this model embeds images: type a target, e.g. similar:NAME (a served input or an upload)"); }
+    return;
+  }
   await explain({});
 }
 
@@ -228,7 +242,8 @@ async function start() {
     if (!m.layers.some((l) => l.name === m.default_layer)) layers.unshift([m.default_layer, m.default_layer + " (default)"]);
     setSelect($("layer"), layers, m.default_layer);
     setSelect($("method"), m.methods.map((n) => [n, n]), m.default_method);
-    $("layer").onchange = () => explain({ target: state.answer && m.task !== "detect" ? String(state.answer.target.index) : "" });
+    const again = (a) => (a.spec !== null ? a.spec : String(a.target.index));  // the same target, at another layer
+    $("layer").onchange = () => explain({ target: state.answer && m.task !== "detect" ? again(state.answer) : "" });
     $("method").onchange = $("layer").onchange;
     const images = await api("/api/images?limit=200");
     setSelect($("inputs"), [["", "(choose)"], ...images.images.map((i) => [i.id, i.name])], "");
@@ -239,6 +254,8 @@ async function start() {
     drop.ondragleave = () => drop.classList.remove("over");
     drop.ondrop = (e) => { e.preventDefault(); drop.classList.remove("over"); if (e.dataTransfer.files[0]) upload(e.dataTransfer.files[0]); };
     $("target-go").onclick = () => explain({ target: $("target").value });
+    $("target").onkeydown = (e) => { if (e.key === "Enter") $("target-go").click(); };
+    if (m.targets.length) $("target").value = m.targets[0];
     $("compare-add").onclick = addCompare;
     $("faith").onclick = faithfulness;
   } else {
