@@ -20,19 +20,21 @@ import torch
 from PIL import Image
 from torch import nn
 
-from ..errors import UsageError, suggest
+from ..errors import UsageError
 from ..io.images import InputSpec, load_image, to_input_tensor, to_pixel_tensor, to_rgb
 from ..models.devices import resolve_device
 from ..models.folding import fold_batch_norms
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel, load_model
 from ..models.tasks import Task, check_task_options, detection_spec, detection_transform, infer_task, task_of_shape
-from ..options import SCORE_NAMES, ExplainOptions, ModelOptions
+from ..options import SCORE_NAMES, ExplainOptions, ModelOptions, PerturbationOptions
 from .detection import DetectionScore
 from .engine import LayerCapture
 from .layers import LayerInfo, check_layers, dry_pass, forget_tokens, model_default_layer, reads_tokens, resolve_layer
-from .methods import METHODS, SCORECAM_BATCH_SIZE, ProgressCallback
+from .maps import pad_to_region
+from .methods import HESSIAN, METHODS, SCORECAM_BATCH_SIZE, ProgressCallback, resolve_methods
 from .passes import MethodInputs
+from .perturbation import check_perturbation, perturbation_settings
 from .precision import autocast, check_precision, full_precision, to_float32
 from .reshape import spatial
 from .results import ImageExplanation, Prediction
@@ -49,7 +51,10 @@ class Explainer:
     see :mod:`gradcam_cli.models.tasks`; ``task`` overrides it).
     ``layers``: dotted module names; ``None`` picks the last spatial layer. Several layers fuse into one map per
     method: the mean of the per-layer maps, each normalised to [0, 1], normalised again.
-    ``methods``: names from ``METHODS``; they share one forward pass and one backward pass per target.
+    ``methods``: names from ``METHODS``, or ``all`` (every method that serves the model's task); they share one
+    forward pass and one backward pass per target. Methods that read no layer (RISE, occlusion) need none: with only
+    them, no layer is chosen, and a model without spatial layers is explained too. ``perturbation``: their settings
+    and the seed of their masks and of randomcam's noise (:class:`~gradcam_cli.options.PerturbationOptions`).
     ``device``: where to run; ``None`` keeps the model where it is.
     ``target``: the class to explain in every image, an index or a class name; ``None``: each image's own top
     ``top_k`` classes (detectors: only detections of ``target``; ``top_k`` does not apply).
@@ -86,6 +91,7 @@ class Explainer:
         max_detections: int = 10,
         task: str | None = None,
         precision: str = "fp32",
+        perturbation: PerturbationOptions | None = None,
     ) -> None:
         bare = isinstance(model, nn.Module)
         if isinstance(model, nn.Module):
@@ -101,9 +107,7 @@ class Explainer:
             model.module.to(device)
         self.device = next(model.module.parameters(), torch.empty(0)).device
         self.methods = [methods] if isinstance(methods, str) else list(methods)
-        for method in self.methods:
-            if method not in METHODS:
-                raise UsageError(f"unknown method {method!r}.{suggest(method, METHODS)}")
+        resolve_methods(self.methods, model.task.value)  # unknown names fail before the dry pass
         self.target = resolve_target(model, target) if isinstance(target, str) else target
         self.top_k = top_k
         names = [layers] if isinstance(layers, str) else list(layers or [])
@@ -117,11 +121,8 @@ class Explainer:
         """Whether 3-D layer outputs are token sequences (see :mod:`gradcam_cli.cam.reshape`)."""
         if not self.tokens:
             forget_tokens(infos)
-        for method in self.methods:
-            if self.task.value not in METHODS[method].tasks:
-                kinds = " and ".join(f"{Task(task).noun}s" for task in METHODS[method].tasks)
-                taken = ", ".join(name for name, m in METHODS.items() if self.task.value in m.tasks)
-                raise UsageError(f"--method {method} is for {kinds}; a {self.task.noun} takes {taken}")
+        self.methods = resolve_methods(self.methods, self.task.value)
+        self.perturbation = check_perturbation(perturbation or PerturbationOptions())
         self.score_name = score
         self.score: Score = self._score(score, score_threshold, max_detections, top_k)
         if aug_smooth and self.task is not Task.CLASSIFY:
@@ -129,7 +130,8 @@ class Explainer:
                 f"--aug-smooth is for classifiers: a {self.task.noun}'s targets in a flipped or rescaled view are "
                 "other pixels and boxes; run without it"
             )
-        self.layer_names = self._checked_layers(infos, names)
+        layer_free = not names and not any(METHODS[method].uses_layer for method in self.methods)
+        self.layer_names = [] if layer_free else self._checked_layers(infos, names)
         self.layers = resolved or {name: resolve_layer(model.module, name) for name in self.layer_names}
         self.layer_calls: dict[str, int] = {}
         self._folded: tuple[nn.Module, dict[str, nn.Module]] | None = None
@@ -185,6 +187,7 @@ class Explainer:
             score_threshold=options.score_threshold,
             max_detections=options.max_detections,
             precision=model_options.precision if model_options is not None else "fp32",
+            perturbation=options.perturbation,
         )
         explainer.options = (model_options, options) if model_options is not None else None
         return explainer
@@ -213,10 +216,11 @@ class Explainer:
                 "task": "detect",
                 "score_threshold": self.score.threshold,
                 "max_detections": self.score.max_detections,
+                **perturbation_settings(self.perturbation, self.methods),
             }
         if self.task is Task.SEGMENT:
-            return {"task": "segment"}
-        return {"task": "classify", "score": self.score_name}
+            return {"task": "segment", **perturbation_settings(self.perturbation, self.methods)}
+        return {"task": "classify", "score": self.score_name, **perturbation_settings(self.perturbation, self.methods)}
 
     @property
     def layer_label(self) -> str:
@@ -250,7 +254,7 @@ class Explainer:
             self._folded = None
 
     def compute(
-        self, inputs: torch.Tensor, target: int | None = None, top_k: int | None = None
+        self, inputs: torch.Tensor, target: int | None = None, top_k: int | None = None, seed: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, Cams]:
         """Forward and backward passes for a batch of equally sized inputs of a classifier.
 
@@ -258,15 +262,16 @@ class Explainer:
         (N, h, w) map of target ``k`` at layer ``l`` (fullgrad and the guided methods: at the input's size; with
         ``aug_smooth``: the average of the views' maps at the input's size). ``target`` fixes the class for every
         sample; otherwise each sample's own top ``top_k`` classes are explained. Without either, the explainer's
-        own ``target`` and ``top_k`` apply. Detectors and segmenters: :meth:`compute_targets`.
+        own ``target`` and ``top_k`` apply. ``seed``: of RISE's masks and randomcam's noise for this call (default:
+        ``perturbation.seed``). Detectors and segmenters: :meth:`compute_targets`.
         """
-        targets, cams = self.compute_targets(inputs, target, top_k)
+        targets, cams = self.compute_targets(inputs, target, top_k, seed)
         if not isinstance(targets, ClassTargets):
             raise UsageError(f"compute() is for classifiers; explain a {self.task.noun} with compute_targets()")
         return targets.probabilities, targets.targets, cams
 
     def compute_targets(
-        self, inputs: torch.Tensor, target: int | None = None, top_k: int | None = None
+        self, inputs: torch.Tensor, target: int | None = None, top_k: int | None = None, seed: int | None = None
     ) -> tuple[Targets, Cams]:
         """:meth:`compute` for every task: the targets chosen (:class:`~gradcam_cli.cam.scores.Targets`, whose
         ``results`` make the images' explanations) and the coarse maps, ``cams[method][k][l]``."""
@@ -274,24 +279,29 @@ class Explainer:
             target = self.target
         top_k = top_k or self.top_k
         inputs = inputs.to(self.device)
-        targets, cams = self._compute_view(inputs, target, top_k)
+        targets, cams = self._compute_view(inputs, target, top_k, seed=seed)
         if not self.aug_smooth or not isinstance(targets, ClassTargets):
             return targets, cams
         size = tuple(inputs.shape[-2:])
         views = [(IDENTITY, cams)]
         for view in augmentations(self.model.input_spec.fixed_size is not None)[1:]:
-            views.append((view, self._compute_view(view.apply(inputs), chosen=targets.targets)[1]))
+            views.append((view, self._compute_view(view.apply(inputs), chosen=targets.targets, seed=seed)[1]))
         smoothed = {
             method: [
-                [average_views([(view, c[method][k][i]) for view, c in views], size) for i in range(len(self.layers))]
-                for k in range(targets.count)
+                [average_views([(view, c[method][k][i]) for view, c in views], size) for i in range(len(maps))]
+                for k, maps in enumerate(cams[method])
             ]
             for method in self.methods
         }
         return targets, smoothed
 
     def _compute_view(
-        self, inputs: torch.Tensor, target: int | None = None, top_k: int = 1, chosen: torch.Tensor | None = None
+        self,
+        inputs: torch.Tensor,
+        target: int | None = None,
+        top_k: int = 1,
+        chosen: torch.Tensor | None = None,
+        seed: int | None = None,
     ) -> tuple[Targets, Cams]:
         """One forward pass, one backward pass per target if a method needs gradients, then every method (with the
         extra passes some take: :mod:`gradcam_cli.cam.passes`)."""
@@ -318,8 +328,12 @@ class Explainer:
                 passes,
                 self.score_batch_size,
                 self.progress,
+                layout=lambda n, t: to_float32(spatial(t, size, n, prefix, self.tokens)),
+                perturbation=self.perturbation,
+                seed=seed,
             )
             need_gradients = any(METHODS[method].uses_gradients for method in self.methods)
+            keep_graph = any(METHODS[method].extra == HESSIAN for method in self.methods)
             cams: Cams = {method: [] for method in self.methods}
             for k in range(targets.count):
                 gradients: dict[str, torch.Tensor | None] = dict.fromkeys(self.layer_names)
@@ -328,7 +342,7 @@ class Explainer:
                     if score is None:  # no sample has a k-th target: nothing to differentiate
                         gradients = {n: torch.zeros_like(a) for n, a in activations.items()}
                     else:
-                        raw_gradients = capture.gradients(score, retain_graph=k < targets.count - 1)
+                        raw_gradients = capture.gradients(score, retain_graph=keep_graph or k < targets.count - 1)
                         gradients = {
                             n: to_float32(spatial(g, size, n, prefix, self.tokens)) for n, g in raw_gradients.items()
                         }
@@ -336,6 +350,10 @@ class Explainer:
                     method = METHODS[name]
                     if method.class_agnostic and k > 0:
                         cams[name].append(cams[name][0])
+                        continue
+                    if not method.uses_layer:  # one map at the input's resolution, in the frame of the layers' maps
+                        computed = method.compute(None, None, *extras.arguments(method, None, k))
+                        cams[name].append([pad_to_region(computed.detach().float(), targets.region)])
                         continue
                     cams[name].append(
                         [

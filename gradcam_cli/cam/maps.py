@@ -67,3 +67,14 @@ def to_image_maps(
     if len(per_layer) == 1:
         return per_layer[0]
     return normalise(torch.stack(per_layer).mean(dim=0))
+
+
+def pad_to_region(maps: torch.Tensor, region: tuple[float, float] = (1.0, 1.0)) -> torch.Tensor:
+    """(N, H, W) maps of the whole input, zero-padded at the bottom and right so that they fill the top-left
+    ``region`` fraction (see :func:`upsample_region`), as a detector's layer maps do: RISE's and occlusion's maps,
+    which cover the input alone, then line up with the image as the layers' maps do."""
+    if tuple(region) == (1.0, 1.0):
+        return maps
+    height, width = maps.shape[-2:]
+    padded_h, padded_w = max(height, round(height / region[0])), max(width, round(width / region[1]))
+    return F.pad(maps, (0, padded_w - width, 0, padded_h - height))
