@@ -14,6 +14,7 @@ import typer
 
 from ..errors import suggest
 from ..options import (
+    ALL_METHODS,
     DEVICE_PATTERN,
     ENGINE_NAMES,
     METHOD_NAMES,
@@ -23,6 +24,7 @@ from ..options import (
     ExplainOptions,
     ImageFormat,
     ModelOptions,
+    PerturbationOptions,
     Shard,
 )
 
@@ -39,7 +41,7 @@ def parse_methods(text: str | MethodList) -> MethodList:
     if not names:
         raise typer.BadParameter("needs at least one method name")
     for name in names:
-        if name not in METHOD_NAMES:
+        if name not in METHOD_NAMES and name != ALL_METHODS:
             hint = suggest(name, METHOD_NAMES) or f" Use {', '.join(METHOD_NAMES)}."
             raise typer.BadParameter(f"unknown method {name!r}.{hint}")
     return MethodList(names)
@@ -216,8 +218,18 @@ MethodOpt = Annotated[
         "backward pass per target, shared), eigencam (no backward pass, class-agnostic), scorecam and ablationcam "
         "(no backward pass but one extra forward pass per channel of the layer, e.g. 2048 for resnet50 layer4, "
         "batched 32 at a time), fullgrad, guided-backprop, guided-gradcam (one extra forward pass, and one backward "
-        "pass per target through the whole network; pixel-level maps; classifiers only, as ablationcam).",
+        "pass per target through the whole network; pixel-level maps; classifiers only, as ablationcam); "
+        "gradcam-elementwise, shapleycam (a second backward pass), kpcacam, fem, randomcam (noise: the floor), and "
+        "rise and occlusion (black-box: masked inputs, no layer); all: every method the model's task takes.",
     ),
+]
+RiseMasksOpt = Annotated[
+    int, typer.Option(min=1, metavar="N", help="RISE: random masks per image (7x7 cells, each kept with p 0.5).")
+]
+OcclusionWindowOpt = Annotated[int, typer.Option(min=1, metavar="PIXELS", help="Occlusion: the square window's side.")]
+OcclusionStrideOpt = Annotated[int, typer.Option(min=1, metavar="PIXELS", help="Occlusion: the window's step.")]
+SeedOpt = Annotated[
+    int, typer.Option(metavar="N", help="Seed of RISE's masks and randomcam's noise (and of eval's random draws).")
 ]
 TargetOpt = Annotated[
     str | None,
@@ -271,6 +283,7 @@ def explain_options(
     score: str = "logit",
     score_threshold: float = 0.5,
     max_detections: int = 10,
+    perturbation: PerturbationOptions | None = None,
 ) -> ExplainOptions:
     """What to explain, from the shared options."""
     return ExplainOptions(
@@ -283,4 +296,5 @@ def explain_options(
         score,
         score_threshold,
         max_detections,
+        perturbation or PerturbationOptions(),
     )

@@ -26,7 +26,7 @@ from ..io.images import load_image, to_input_tensor
 from ..options import EvalOptions
 from . import metrics
 from .boxes import GroundTruthBox, match_boxes, read_boxes
-from .report import BLUR_KERNEL, BLUR_SIGMA, BoxScore, EvalReport, ImageScores, MethodScores
+from .report import BLUR_KERNEL, BLUR_SIGMA, STABILITY_SIGMA, BoxScore, EvalReport, ImageScores, MethodScores
 from .road import ROAD_FRACTIONS, impute, road_masks
 from .tasks import TaskEvaluator
 
@@ -106,6 +106,7 @@ class Evaluator:
                     eigen_smooth=self.explainer.eigen_smooth,
                     score_batch_size=self.explainer.score_batch_size,
                     score=self.explainer.score_name,
+                    perturbation=self.explainer.perturbation,
                 )
             )
 
@@ -159,6 +160,10 @@ class Evaluator:
         input_size = tuple(inputs.shape[-2:])
         maps = {method: to_image_maps(cams[method][0], input_size)[0] for method in explainer.methods}
         scores = self._perturbation_scores(inputs[0], target, maps)
+        for method, saliency in maps.items():
+            scores[method].gini, scores[method].entropy = metrics.gini(saliency), metrics.entropy(saliency)
+        if self.options.stability:
+            self._stability(inputs, target_index, maps, scores)
         if boxes:
             self._score_boxes(scores, inputs, (picture.height, picture.width), boxes, target, cams)
         for randomised in self.randomised:
@@ -167,6 +172,21 @@ class Evaluator:
                 random_map = to_image_maps(random_cams[method][0], input_size)[0]
                 scores[method].sanity.append(metrics.spearman(maps[method], random_map))
         return ImageScores(str(path), target, scores)
+
+    def _stability(
+        self, inputs: torch.Tensor, target: int, maps: dict[str, torch.Tensor], scores: dict[str, MethodScores]
+    ) -> None:
+        """Each method's map change ||m' - m|| / ||m|| on ``stability_samples`` noisy copies of the (1, 3, H, W)
+        input (N(0, STABILITY_SIGMA^2) added in the network's input space, drawn from ``seed``), keeping only copies
+        whose top class is still ``target``."""
+        generator = torch.Generator().manual_seed(self.options.seed)
+        noise = torch.randn(self.options.stability_samples, *inputs.shape[1:], generator=generator)
+        noisy = inputs + STABILITY_SIGMA * noise.to(inputs.device, inputs.dtype)
+        probabilities, _, cams = self.explainer.compute(noisy, target, top_k=1)
+        kept = (probabilities.argmax(dim=1) == target).nonzero().flatten().tolist()
+        for method, saliency in maps.items():
+            noisy_maps = to_image_maps(cams[method][0], tuple(inputs.shape[-2:]))
+            scores[method].stability = [metrics.relative_change(saliency, noisy_maps[i]) for i in kept]
 
     def _perturbation_scores(
         self, image: torch.Tensor, target: Prediction, maps: dict[str, torch.Tensor]
