@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -138,8 +139,6 @@ def evaluate(
     verbose: params.VerboseOpt = False,
 ) -> None:
     reporter = Reporter(quiet, verbose, as_json)
-    if report_dir is not None and not rank:
-        raise typer.BadParameter("--report is for --rank", param_hint="--report")
     methods = params.MethodList([*method, "randomcam"]) if rank and "randomcam" not in method else method
     perturbation = PerturbationOptions(
         rise_masks, occlusion_window=occlusion_window, occlusion_stride=occlusion_stride, seed=seed
@@ -202,6 +201,8 @@ class EvalCommand:
         from ..io.discovery import discover
 
         reporter, options = self.reporter, self.options
+        if self.ranking.report is not None and not self.ranking.rank:
+            raise UsageError("--report is for --rank: add --rank (gradcam eval writes no page otherwise)")
         if options.plot is not None and options.plot.suffix.lower() not in PLOT_FORMATS:
             raise UsageError(f"--plot {options.plot}: use a file ending in {', '.join(PLOT_FORMATS)}")
         images = discover(self.inputs)
@@ -211,6 +212,8 @@ class EvalCommand:
         explainer = Explainer.from_options(self.model_options, self.explain_options)
         if not self.explain_options.layers:
             reporter.info(f"using layer {explainer.layer_label} ({default_layer_reason(explainer.task)})")
+        if self.ranking.rank and explainer.task.value != "classify":  # boxes only: what a detector is measured by
+            options = replace(options, sanity=False, road=False, stability=False)
         evaluator = evaluator_for(explainer, options)
         started = time.perf_counter()
         methods = len(explainer.methods)

@@ -219,7 +219,7 @@ MethodOpt = Annotated[
         "(no backward pass but one extra forward pass per channel of the layer, e.g. 2048 for resnet50 layer4, "
         "batched 32 at a time), fullgrad, guided-backprop, guided-gradcam (one extra forward pass, and one backward "
         "pass per target through the whole network; pixel-level maps; classifiers only, as ablationcam); "
-        "gradcam-elementwise, shapleycam (a second backward pass), kpcacam, fem, randomcam (noise: the floor), and "
+        "shapleycam (a second backward pass), gradcam-elementwise, kpcacam, fem, randomcam (noise: the floor), "
         "rise and occlusion (black-box: masked inputs, no layer); all: every method the model's task takes.",
     ),
 ]

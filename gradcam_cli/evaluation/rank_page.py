@@ -106,7 +106,7 @@ def _box_plots(report: EvalReport, rows: Sequence[RankRow]) -> bytes:
     for ax, metric in zip(axes.flat, metrics, strict=False):
         data = values(report, metric)
         ax.set_visible(True)
-        ax.boxplot([data[m] for m in report.methods], vert=False, tick_labels=list(report.methods))
+        ax.boxplot([data[m] for m in report.methods], orientation="horizontal", tick_labels=list(report.methods))
         label, better, _ = RANKED[metric]
         ax.set_title(f"{label} ({better} is better)", fontsize=10)
         ax.grid(alpha=0.3)
