@@ -122,6 +122,20 @@ def two_squares(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
+def test_rise_and_occlusion_explain_a_segmenter_class_where_its_pixels_are() -> None:
+    from task_models import build_segmenter
+
+    image = square_image((64, 64), (8, 30, 28, 50), "blue")
+    options = PerturbationOptions(rise_masks=60, rise_grid=4, occlusion_window=12, occlusion_stride=6)
+    explainer = Explainer(build_segmenter(), None, ["rise", "occlusion"], perturbation=options, target=3)
+    result = explainer.explain(image)
+    assert {e.target.index for e in result.explanations} == {3}  # blue
+    for explanation in result.explanations:
+        row, col = divmod(int(explanation.saliency.argmax()), explanation.saliency.shape[1])
+        assert 8 - 6 <= col < 28 + 6 and 30 - 6 <= row < 50 + 6, (explanation.method, row, col)
+
+
 def run(*args: str):
     return CliRunner().invoke(app, [*args], catch_exceptions=False)  # gradcam eval ARGS
 
