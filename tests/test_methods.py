@@ -315,7 +315,7 @@ def test_cli_writes_one_output_per_method(tmp_path) -> None:
     methods = ",".join(METHODS)
     model = f"{ROOT}/tests/square_model.py:build"
     args = [str(image), "--model", model, "-t", "0", "--method", methods, "-o", str(out), "--workers", "0", "-q"]
-    args += ["--rise-masks", "100"]
+    args += ["--rise-masks", "50", "--occlusion-window", "160", "--occlusion-stride", "160"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     written = sorted(p.name for p in out.iterdir() if p.name != RUN_RECORD_NAME)

@@ -15,8 +15,8 @@ from .smoothing import combine
 
 KPCA_COEF0 = 1.0
 """KPCA-CAM's sigmoid kernel k(x, y) = tanh(gamma <x, y> + coef0): its offset (scikit-learn's default)."""
-KPCA_MAX_POSITIONS = 1024
-"""The most positions KPCA-CAM decomposes (32 x 32): its kernel matrix has (h*w)^2 entries, so a larger layer is
+KPCA_MAX_POSITIONS = 400
+"""The most positions KPCA-CAM decomposes (20 x 20): its kernel matrix has (h*w)^2 entries, so a larger layer is
 average-pooled by a whole factor to fit first, and its map comes at that coarser grid."""
 FEM_SIGMAS = 2.0
 """FEM's threshold: a position counts when its activation exceeds the channel's mean by this many standard
@@ -44,7 +44,7 @@ def kernel_first_component(activations: torch.Tensor, coef0: float = KPCA_COEF0)
     coordinates v sqrt(lambda) (lambda clamped at 0). The sign, arbitrary in an eigenvector, is chosen so that the
     component correlates positively with the centred channel sum sum_k A^k (as :func:`eigencam`'s rule).
     Computed in float64 (float32 on MPS) with a dense eigendecomposition, O((h*w)^3): a millisecond at 7 x 7, a
-    tenth of a second at 32 x 32; a layer with more than :data:`KPCA_MAX_POSITIONS` positions is average-pooled to
+    tenth of a second at 20 x 20; a layer with more than :data:`KPCA_MAX_POSITIONS` positions is average-pooled to
     fit first, and the map comes at the pooled grid.
     """
     factor = math.ceil(math.sqrt(activations.shape[2] * activations.shape[3] / KPCA_MAX_POSITIONS))
