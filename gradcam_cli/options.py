@@ -32,8 +32,17 @@ METHOD_NAMES = (
     "guided-backprop",
     "guided-gradcam",
     "finercam",
+    "gradcam-elementwise",
+    "kpcacam",
+    "shapleycam",
+    "fem",
+    "randomcam",
+    "rise",
+    "occlusion",
 )
 """The CAM methods ``--method`` accepts, as registered in :data:`gradcam_cli.cam.methods.METHODS`."""
+ALL_METHODS = "all"
+"""``--method all``: every method that serves the model's task (:class:`gradcam_cli.cam.explainer.Explainer`)."""
 POINTING_TOLERANCE = 15.0
 """Pixels a map's maximum may lie outside a box and still count as a hit (Zhang et al. 2016)."""
 MIN_SIMILARITY = 0.95
@@ -105,6 +114,21 @@ class ModelOptions:
 
 
 @dataclass(frozen=True)
+class PerturbationOptions:
+    """The black-box methods' settings (:mod:`gradcam_cli.cam.perturbation`): RISE's ``rise_masks`` random masks,
+    each a ``rise_grid`` x ``rise_grid`` grid of cells kept with probability ``rise_probability``; occlusion's
+    square ``occlusion_window`` slid by ``occlusion_stride`` (pixels of the network input); ``seed`` for RISE's masks
+    and ``randomcam``'s noise."""
+
+    rise_masks: int = 4000
+    rise_grid: int = 7
+    rise_probability: float = 0.5
+    occlusion_window: int = 32
+    occlusion_stride: int = 16
+    seed: int = 0
+
+
+@dataclass(frozen=True)
 class ExplainOptions:
     """What to explain: layers (empty: the default layer), methods, which classes, smoothing, and the score.
 
@@ -127,6 +151,7 @@ class ExplainOptions:
     ``top_k`` classes."""
     embedding: str | None = None
     """Which of a model's outputs is its embedding (``similar:`` targets); ``None``: the output itself."""
+    perturbation: PerturbationOptions = PerturbationOptions()
 
 
 @dataclass(frozen=True)
@@ -207,8 +232,9 @@ class RunOptions:
 
 @dataclass(frozen=True)
 class EvalOptions:
-    """How ``gradcam eval`` measures: curve resolution, batching, pointing tolerance, the sanity check, and ROAD
-    (``road``; its noise is drawn from ``seed`` too)."""
+    """How ``gradcam eval`` measures: curve resolution, batching, pointing tolerance, the sanity check, ROAD
+    (``road``; its noise is drawn from ``seed`` too) and stability (``stability``: ``stability_samples`` noisy copies
+    of each image)."""
 
     steps: int = 50
     batch_size: int = 16
@@ -219,6 +245,8 @@ class EvalOptions:
     boxes: Path | None = None
     plot: Path | None = None
     road: bool = False
+    stability: bool = False
+    stability_samples: int = 3
 
 
 @dataclass(frozen=True)

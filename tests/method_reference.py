@@ -244,3 +244,126 @@ def pytorch_grad_cam_map(cam_class: type, model: nn.Module, layers: list[nn.Modu
         return torch.from_numpy(np.asarray(cam(input_tensor=x, targets=[ClassifierOutputTarget(target)])[0]))
     finally:
         cam.activations_and_grads.release()
+
+
+# --- the newer methods (issue 24): each written from its paper's formula -------------------------------------------
+
+
+def score_of(logits: torch.Tensor, target: int, score: str) -> torch.Tensor:
+    """The differentiated score: the logit, or the softmax probability of ``target``."""
+    return logits[0, target] if score == "logit" else torch.softmax(logits, dim=1)[0, target]
+
+
+def first_and_second_order(
+    model: nn.Module, layer: nn.Module, x: torch.Tensor, target: int, score: str = "logit"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The layer's own (1, C, h, w) output A, g = dS/dA and the Hessian-vector product H A (double backward)."""
+    with stashing([layer]) as stash, torch.enable_grad():
+        logits = model(x)
+        activations = stash[0][-1]
+        (gradients,) = torch.autograd.grad(score_of(logits, target, score), activations, create_graph=True)
+        if gradients.requires_grad:
+            (product,) = torch.autograd.grad(
+                gradients, activations, grad_outputs=activations.detach(), allow_unused=True
+            )
+        else:
+            product = None
+    product = torch.zeros_like(activations) if product is None else product
+    return activations.detach(), gradients.detach(), product.detach()
+
+
+def gradcam_elementwise(
+    model: nn.Module, layer: nn.Module, x: torch.Tensor, target: int, score: str = "logit"
+) -> torch.Tensor:
+    """ReLU(sum_k ReLU(g^k ⊙ A^k)), upsampled, min-max: (H, W)."""
+    activations, gradients, _ = first_and_second_order(model, layer, x, target, score)
+    cam = torch.relu(torch.relu(gradients.double() * activations.double()).sum(dim=1))[0]
+    return minmax(up(cam, tuple(x.shape[-2:])))
+
+
+def shapleycam(model: nn.Module, layer: nn.Module, x: torch.Tensor, target: int, score: str = "logit") -> torch.Tensor:
+    """ReLU(sum_k mean_ij(g - H A / 2)^k A^k) (Cai 2025), upsampled, min-max: (H, W)."""
+    activations, gradients, product = first_and_second_order(model, layer, x, target, score)
+    weights = (gradients.double() - 0.5 * product.double()).mean(dim=(2, 3), keepdim=True)
+    cam = torch.relu((weights * activations.double()).sum(dim=1))[0]
+    return minmax(up(cam, tuple(x.shape[-2:])))
+
+
+def fem(model: nn.Module, layer: nn.Module, x: torch.Tensor, target: int, k: float = 2.0) -> torch.Tensor:
+    """FEM in numpy (Fuad et al. 2020): w_k = share of channel k's positions above mean + k std; ReLU(sum w A)."""
+    activations, _ = activations_and_gradients(model, layer, x, target)
+    a = activations[0].double().numpy()
+    threshold = a.mean(axis=(1, 2)) + k * a.std(axis=(1, 2))
+    weights = (a > threshold[:, None, None]).mean(axis=(1, 2))
+    cam = np.maximum((weights[:, None, None] * a).sum(axis=0), 0)
+    return minmax(up(torch.from_numpy(cam), tuple(x.shape[-2:])))
+
+
+def kpcacam(model: nn.Module, layer: nn.Module, x: torch.Tensor, target: int) -> torch.Tensor:
+    """KPCA-CAM with scikit-learn's ``KernelPCA(n_components=1, kernel='sigmoid')`` (gamma 1/C, coef0 1) on the
+    positions' centred channel vectors (pytorch-grad-cam's procedure), signed to correlate with the centred channel
+    sum, ReLU, upsampled, min-max: (H, W)."""
+    from sklearn.decomposition import KernelPCA
+
+    activations, _ = activations_and_gradients(model, layer, x, target)
+    a = activations[0].double().numpy()
+    samples = a.reshape(a.shape[0], -1).T
+    samples = samples - samples.mean(axis=0)
+    projection = KernelPCA(n_components=1, kernel="sigmoid").fit_transform(samples)[:, 0]
+    if float((projection * samples.sum(axis=1)).sum()) < 0:
+        projection = -projection
+    cam = np.maximum(projection.reshape(a.shape[1:]), 0)
+    return minmax(up(torch.from_numpy(cam), tuple(x.shape[-2:])))
+
+
+def probability(model: nn.Module, x: torch.Tensor, target: int) -> float:
+    with torch.no_grad():
+        return float(torch.softmax(model(x), dim=1)[0, target])
+
+
+def occlusion(model: nn.Module, x: torch.Tensor, target: int, window: int, stride: int) -> torch.Tensor:
+    """Zeiler & Fergus occlusion, one window at a time: the mean drop of the softmax probability over the windows
+    covering each pixel (windows from 0 by ``stride``, plus one flush with the far edge), min-max: (H, W)."""
+    height, width = x.shape[-2:]
+
+    def starts(length: int) -> list[int]:
+        last = max(0, length - window)
+        found = list(range(0, last + 1, stride))
+        return found if found[-1] == last else [*found, last]
+
+    original = probability(model, x, target)
+    drops = torch.zeros(height, width, dtype=torch.float64)
+    counts = torch.zeros(height, width, dtype=torch.float64)
+    for top in starts(height):
+        for left in starts(width):
+            hidden = x.clone()
+            hidden[..., top : top + window, left : left + window] = 0.0
+            drops[top : top + window, left : left + window] += original - probability(model, hidden, target)
+            counts[top : top + window, left : left + window] += 1
+    return minmax(drops / counts)
+
+
+def rise_masks(count: int, grid: int, p: float, size: tuple[int, int], seed: int) -> torch.Tensor:
+    """RISE's masks from the documented draws (cells, then row and column offsets, one CPU generator), one at a
+    time: each grid x grid binary grid upsampled bilinearly to (grid + 1) cells and cropped: (count, H, W)."""
+    height, width = size
+    generator = torch.Generator().manual_seed(seed)
+    cells = (torch.rand(count, grid, grid, generator=generator) < p).float()
+    cell_h, cell_w = -(-height // grid), -(-width // grid)
+    rows = torch.randint(0, cell_h, (count,), generator=generator)
+    cols = torch.randint(0, cell_w, (count,), generator=generator)
+    masks = []
+    for i in range(count):
+        big = F.interpolate(cells[i][None, None], size=((grid + 1) * cell_h, (grid + 1) * cell_w), mode="bilinear")
+        top, left = int(rows[i]), int(cols[i])
+        masks.append(big[0, 0, top : top + height, left : left + width])
+    return torch.stack(masks)
+
+
+def rise(model: nn.Module, x: torch.Tensor, target: int, count: int, grid: int, p: float, seed: int) -> torch.Tensor:
+    """RISE (Petsiuk et al. 2018, Eq. 6): sum_i f(x ⊙ M_i) M_i / (N p), masks one at a time, min-max: (H, W)."""
+    masks = rise_masks(count, grid, p, tuple(x.shape[-2:]), seed)
+    total = torch.zeros(x.shape[-2:], dtype=torch.float64)
+    for mask in masks:
+        total += probability(model, x * mask, target) * mask.double()
+    return minmax(total / (count * p))

@@ -101,9 +101,8 @@ class LayerCapture:
 
     def __init__(self, model: nn.Module, layers: Mapping[str, nn.Module], tensor_hooks: bool = False) -> None:
         """``tensor_hooks``: start in tensor-hook mode for every layer (FullGrad hooks every BatchNorm, most of
-        them followed by an in-place ReLU)."""
-        if not layers:
-            raise UsageError("at least one target layer is needed")
+        them followed by an in-place ReLU). Without layers it hooks nothing: the passes of methods that read no
+        layer (RISE, occlusion) still get the model's state handled here."""
         self.model = model
         self.tensor_hooks = tensor_hooks
         self.records = {name: LayerRecord(name, module) for name, module in layers.items()}
@@ -167,6 +166,26 @@ class LayerCapture:
             grads[record.name] = torch.zeros_like(leaf) if grad is None else grad
         extras = [torch.zeros_like(t) if g is None else g for t, g in zip(extra, direct[len(leaves) :], strict=True)]
         return grads, extras
+
+    def hessian_vector_products(self, score: torch.Tensor) -> dict[str, torch.Tensor]:
+        """ShapleyCAM's second-order term: for each target layer, H A, the Hessian of ``score`` with respect to the
+        layer's output A times A itself, as the gradient of <dS/dA, A> with A held fixed (a second backward pass
+        through the first one, ``create_graph``). Zeros where the gradient does not depend on A (everything after
+        the layer piecewise linear). The graph is kept for the other targets and methods."""
+        records = [record for record in self.records.values() if record.leaf is not None]
+        leaves = [record.leaf for record in records if record.leaf is not None]
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_HOOK_FIRING)
+            first = torch.autograd.grad(score, leaves, retain_graph=True, create_graph=True, allow_unused=True)
+            products = {}
+            for record, leaf, gradient in zip(records, leaves, first, strict=True):
+                product = None
+                if gradient is not None and gradient.requires_grad:
+                    (product,) = torch.autograd.grad(
+                        gradient, leaf, grad_outputs=leaf.detach(), retain_graph=True, allow_unused=True
+                    )
+                products[record.name] = torch.zeros_like(leaf) if product is None else product.detach()
+        return products
 
     def forward_unhooked(self, inputs: torch.Tensor) -> torch.Tensor:
         """Logits of an extra forward pass with the hooks removed and autograd off (Score-CAM's masked inputs).

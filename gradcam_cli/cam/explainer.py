@@ -20,20 +20,22 @@ import torch
 from PIL import Image
 from torch import nn
 
-from ..errors import UsageError, suggest
+from ..errors import UsageError
 from ..io.images import InputSpec, load_image, to_input_tensor, to_pixel_tensor, to_rgb
 from ..models.devices import resolve_device
 from ..models.folding import fold_batch_norms
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel, load_model
 from ..models.tasks import Task, detection_spec, detection_transform, infer_task, task_of_shape
-from ..options import ExplainOptions, ModelOptions
+from ..options import ExplainOptions, ModelOptions, PerturbationOptions
 from ..targets import TargetSpec
 from .detection import DetectionScore
 from .engine import LayerCapture
-from .layers import LayerInfo, check_layers, dry_pass, forget_tokens, model_default_layer, reads_tokens, resolve_layer
-from .methods import FINER, METHODS, SCORECAM_BATCH_SIZE, ProgressCallback
+from .layers import chosen_layers, dry_pass, forget_tokens, reads_tokens, resolve_layer
+from .maps import pad_to_region
+from .methods import FINER, HESSIAN, METHODS, SCORECAM_BATCH_SIZE, ProgressCallback, resolve_methods
 from .passes import MethodInputs
+from .perturbation import check_perturbation, perturbation_settings
 from .precision import autocast, check_precision, full_precision, to_float32
 from .reshape import spatial
 from .results import ImageExplanation, Prediction
@@ -52,7 +54,10 @@ class Explainer:
     see :mod:`gradcam_cli.models.tasks`; ``task`` overrides it).
     ``layers``: dotted module names; ``None`` picks the last spatial layer. Several layers fuse into one map per
     method: the mean of the per-layer maps, each normalised to [0, 1], normalised again.
-    ``methods``: names from ``METHODS``; they share one forward pass and one backward pass per target.
+    ``methods``: names from ``METHODS``, or ``all`` (every method that serves the model's task); they share one
+    forward pass and one backward pass per target. Methods that read no layer (RISE, occlusion) need none: with only
+    them, no layer is chosen, and a model without spatial layers is explained too. ``perturbation``: their settings
+    and the seed of their masks and of randomcam's noise (:class:`~gradcam_cli.options.PerturbationOptions`).
     ``device``: where to run; ``None`` keeps the model where it is.
     ``target``: the class to explain in every image, an index or a class name; ``None``: each image's own top
     ``top_k`` classes (detectors: only detections of ``target``; ``top_k`` does not apply).
@@ -92,6 +97,7 @@ class Explainer:
         precision: str = "fp32",
         targets: Sequence[TargetSpec | str] = (),
         embedding: str | None = None,
+        perturbation: PerturbationOptions | None = None,
     ) -> None:
         bare = isinstance(model, nn.Module)
         if isinstance(model, nn.Module):
@@ -108,9 +114,7 @@ class Explainer:
             model.module.to(device)
         self.device = next(model.module.parameters(), torch.empty(0)).device
         self.methods = [methods] if isinstance(methods, str) else list(methods)
-        for method in self.methods:
-            if method not in METHODS:
-                raise UsageError(f"unknown method {method!r}.{suggest(method, METHODS)}")
+        resolve_methods(self.methods, model.task.value, also=METHODS)  # unknown names fail before the dry pass
         self.target = resolve_target(model, target) if isinstance(target, str) else target
         self.top_k = top_k
         names = [layers] if isinstance(layers, str) else list(layers or [])
@@ -124,11 +128,10 @@ class Explainer:
         """Whether 3-D layer outputs are token sequences (see :mod:`gradcam_cli.cam.reshape`)."""
         if not self.tokens:
             forget_tokens(infos)
-        for method in self.methods:
-            if self.task.value not in METHODS[method].tasks and not yolo_takes(method, model.module):
-                kinds = " and ".join(f"{Task(task).noun}s" for task in METHODS[method].tasks)
-                taken = ", ".join(name for name, m in METHODS.items() if self.task.value in m.tasks)
-                raise UsageError(f"--method {method} is for {kinds}; a {self.task.noun} takes {taken}")
+        self.methods = resolve_methods(
+            self.methods, self.task.value, [m for m in METHODS if yolo_takes(m, model.module)]
+        )
+        self.perturbation = check_perturbation(perturbation or PerturbationOptions())
         self.score_name = score or ("cosine" if model.text is not None else "logit")
         self.target_specs, self.embedding = tuple(TargetSpec.parse(spec) for spec in targets), embedding
         explicit = self.target_specs or model.text is not None or model.embeds
@@ -142,7 +145,8 @@ class Explainer:
                 f"--aug-smooth is for classifiers: a {self.task.noun}'s targets in a flipped or rescaled view are "
                 "other pixels and boxes; run without it"
             )
-        self.layer_names = self._checked_layers(infos, names)
+        layer_free = not names and not any(METHODS[method].uses_layer for method in self.methods)
+        self.layer_names = [] if layer_free else chosen_layers(model, infos, names, self.tokens)
         self.layers = resolved or {name: resolve_layer(model.module, name) for name in self.layer_names}
         self.layer_calls: dict[str, int] = {}
         self.capture: Callable[[nn.Module, Mapping[str, nn.Module]], LayerCapture] = LayerCapture
@@ -156,19 +160,6 @@ class Explainer:
         self.precision = check_precision(precision)
         self.options: tuple[ModelOptions, ExplainOptions] | None = None
         """The options :meth:`from_options` built this explainer from (the Ray engine's actors rebuild it)."""
-
-    def _checked_layers(self, infos: list[LayerInfo], names: list[str]) -> list[str]:
-        """``names`` once :func:`check_layers` accepts them, or the model's default layer. A refused layer of a
-        detector gets its default layer suggested (the spatial layers just before a detector's head are its own)."""
-        default = None
-        if not names or self.task is Task.DETECT:
-            try:
-                default = model_default_layer(self.model, infos)
-            except UsageError:
-                if not names:
-                    raise
-        check_layers(self.model.module, infos, names, self.tokens, default if self.task is Task.DETECT else None)
-        return names or str(default).split("+")
 
     @classmethod
     def from_options(
@@ -203,24 +194,24 @@ class Explainer:
             precision=model_options.precision if model_options is not None else "fp32",
             targets=options.targets,
             embedding=options.embedding,
+            perturbation=options.perturbation,
         )
         explainer.options = (model_options, options) if model_options is not None else None
         return explainer
 
     @property
     def settings(self) -> dict[str, object]:
-        """What the task adds to a run record: the task, and a classifier's score or a detector's selection."""
+        """What the task adds to a run record: the task, a classifier's score and targets or a detector's selection,
+        and the black-box methods' settings."""
+        settings = perturbation_settings(self.perturbation, self.methods)
         if isinstance(self.score, DetectionScore | YoloScore):
-            settings: dict[str, object] = {
-                "task": "detect",
-                "score_threshold": self.score.threshold,
-                "max_detections": self.score.max_detections,
-            }
-            return {**settings, "score": self.score.kind} if isinstance(self.score, YoloScore) else settings
+            detections = {"score_threshold": self.score.threshold, "max_detections": self.score.max_detections}
+            kind = {"score": self.score.kind} if isinstance(self.score, YoloScore) else {}
+            return {"task": "detect", **detections, **settings, **kind}
         if self.task is Task.SEGMENT:
-            return {"task": "segment"}
+            return {"task": "segment", **settings}
         chosen = {"targets": " | ".join(map(str, self.target_specs)), "embedding": self.embedding}
-        return {"task": "classify", "score": self.score_name, **(chosen if self.target_specs else {})}
+        return {"task": "classify", "score": self.score_name, **(chosen if self.target_specs else {}), **settings}
 
     @property
     def layer_label(self) -> str:
@@ -254,7 +245,7 @@ class Explainer:
             self._folded = None
 
     def compute(
-        self, inputs: torch.Tensor, target: int | None = None, top_k: int | None = None
+        self, inputs: torch.Tensor, target: int | None = None, top_k: int | None = None, seed: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, Cams]:
         """Forward and backward passes for a batch of equally sized inputs of a classifier.
 
@@ -262,15 +253,16 @@ class Explainer:
         (N, h, w) map of target ``k`` at layer ``l`` (fullgrad and the guided methods: at the input's size; with
         ``aug_smooth``: the average of the views' maps at the input's size). ``target`` fixes the class for every
         sample; otherwise each sample's own top ``top_k`` classes are explained. Without either, the explainer's
-        own ``target`` and ``top_k`` apply. Detectors and segmenters: :meth:`compute_targets`.
+        own ``target`` and ``top_k`` apply. ``seed``: of RISE's masks and randomcam's noise for this call (default:
+        ``perturbation.seed``). Detectors and segmenters: :meth:`compute_targets`.
         """
-        targets, cams = self.compute_targets(inputs, target, top_k)
+        targets, cams = self.compute_targets(inputs, target, top_k, seed)
         if not isinstance(targets, ClassTargets):
             raise UsageError(f"compute() is for classifiers; explain a {self.task.noun} with compute_targets()")
         return targets.probabilities, targets.targets, cams
 
     def compute_targets(
-        self, inputs: torch.Tensor, target: int | None = None, top_k: int | None = None
+        self, inputs: torch.Tensor, target: int | None = None, top_k: int | None = None, seed: int | None = None
     ) -> tuple[Targets, Cams]:
         """:meth:`compute` for every task: the targets chosen (:class:`~gradcam_cli.cam.scores.Targets`, whose
         ``results`` make the images' explanations) and the coarse maps, ``cams[method][k][l]``."""
@@ -278,25 +270,30 @@ class Explainer:
             target = self.target
         top_k = top_k or self.top_k
         inputs = inputs.to(self.device)
-        targets, cams = self._compute_view(inputs, target, top_k)
+        targets, cams = self._compute_view(inputs, target, top_k, seed=seed)
         if not self.aug_smooth or not isinstance(targets, ClassTargets | SpecTargets):
             return targets, cams
         size = tuple(inputs.shape[-2:])
         views = [(IDENTITY, cams)]
         for view in augmentations(self.model.input_spec.fixed_size is not None)[1:]:
             chosen = targets.targets if isinstance(targets, ClassTargets) else None
-            views.append((view, self._compute_view(view.apply(inputs), chosen=chosen)[1]))
+            views.append((view, self._compute_view(view.apply(inputs), chosen=chosen, seed=seed)[1]))
         smoothed = {
             method: [
-                [average_views([(view, c[method][k][i]) for view, c in views], size) for i in range(len(self.layers))]
-                for k in range(targets.count)
+                [average_views([(view, c[method][k][i]) for view, c in views], size) for i in range(len(maps))]
+                for k, maps in enumerate(cams[method])
             ]
             for method in self.methods
         }
         return targets, smoothed
 
     def _compute_view(
-        self, inputs: torch.Tensor, target: int | None = None, top_k: int = 1, chosen: torch.Tensor | None = None
+        self,
+        inputs: torch.Tensor,
+        target: int | None = None,
+        top_k: int = 1,
+        chosen: torch.Tensor | None = None,
+        seed: int | None = None,
     ) -> tuple[Targets, Cams]:
         """One forward pass, one backward pass per target if a method needs gradients, then every method (with the
         extra passes some take: :mod:`gradcam_cli.cam.passes`)."""
@@ -327,8 +324,13 @@ class Explainer:
                     n: to_float32(spatial(g, size, n, prefix, self.tokens))
                     for n, g in capture.gradients(score, retain_graph=True).items()
                 },
+                layout=lambda n, t: to_float32(spatial(t, size, n, prefix, self.tokens)),
+                perturbation=self.perturbation,
+                seed=seed,
             )
             need_gradients = any(METHODS[method].uses_gradients for method in self.methods)
+            # ShapleyCAM and Finer-CAM differentiate the capture's graph again
+            keep_graph = any(METHODS[method].extra in (HESSIAN, FINER) for method in self.methods)
             cams: Cams = {method: [] for method in self.methods}
             for k in range(targets.count):
                 gradients: dict[str, torch.Tensor | None] = dict.fromkeys(self.layer_names)
@@ -337,8 +339,7 @@ class Explainer:
                     if score is None:  # no sample has a k-th target: nothing to differentiate
                         gradients = {n: torch.zeros_like(a) for n, a in activations.items()}
                     else:
-                        finer = any(METHODS[m].extra == FINER for m in self.methods)  # differentiates again
-                        raw_gradients = capture.gradients(score, retain_graph=k < targets.count - 1 or finer)
+                        raw_gradients = capture.gradients(score, retain_graph=keep_graph or k < targets.count - 1)
                         gradients = {
                             n: to_float32(spatial(g, size, n, prefix, self.tokens)) for n, g in raw_gradients.items()
                         }
@@ -346,6 +347,10 @@ class Explainer:
                     method = METHODS[name]
                     if method.class_agnostic and k > 0:
                         cams[name].append(cams[name][0])
+                        continue
+                    if not method.uses_layer:  # one map at the input's resolution, in the frame of the layers' maps
+                        computed = method.compute(None, None, *extras.arguments(method, None, k))
+                        cams[name].append([pad_to_region(computed.detach().float(), targets.region)])
                         continue
                     cams[name].append(
                         [

@@ -257,3 +257,17 @@ def layer_table(model: LoadedModel, device: torch.device, image: Path | None = N
         example = to_input_tensor(load_image(image), model.input_spec).unsqueeze(0).to(device)
     infos = dry_pass(model, device, example)
     return [info for info in infos if info.name], model_default_layer(model, infos)
+
+
+def chosen_layers(model: LoadedModel, infos: list[LayerInfo], names: list[str], tokens: bool) -> list[str]:
+    """``names`` once :func:`check_layers` accepts them, or the model's default layer. A refused layer of a detector
+    gets its default layer suggested (the spatial layers just before a detector's head are its own)."""
+    default = None
+    if not names or model.task is Task.DETECT:
+        try:
+            default = model_default_layer(model, infos)
+        except UsageError:
+            if not names:
+                raise
+    check_layers(model.module, infos, names, tokens, default if model.task is Task.DETECT else None)
+    return names or str(default).split("+")

@@ -73,3 +73,16 @@ def to_image_maps(cams: Sequence[torch.Tensor], size: Sequence[int], region: Reg
     if len(per_layer) == 1:
         return per_layer[0]
     return normalise(torch.stack(per_layer).mean(dim=0))
+
+
+def pad_to_region(maps: torch.Tensor, region: Region = (1.0, 1.0)) -> torch.Tensor:
+    """(N, H, W) maps of the whole input, zero-padded so that they fill the ``region`` (:data:`Region`), as a
+    detector's layer maps do: RISE's and occlusion's maps, which cover the input alone, then line up with the image
+    as the layers' maps do."""
+    top, left, fy, fx = region if len(region) == 4 else (0.0, 0.0, *region)
+    if (fy, fx) == (1.0, 1.0):
+        return maps
+    height, width = maps.shape[-2:]
+    padded_h, padded_w = max(height, round(height / fy)), max(width, round(width / fx))
+    above, before = min(round(top * padded_h), padded_h - height), min(round(left * padded_w), padded_w - width)
+    return F.pad(maps, (before, padded_w - width - before, above, padded_h - height - above))

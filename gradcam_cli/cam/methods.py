@@ -15,18 +15,22 @@ FullGrad's and the guided methods' maps come at the network input's resolution, 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from ..options import METHOD_NAMES, TASK_NAMES
+from ..errors import UsageError, suggest
+from ..models.tasks import Task
+from ..options import ALL_METHODS, METHOD_NAMES, TASK_NAMES
 from .ablation import AblatedScores
 from .engine import as_logits
 from .fullgrad import FullGradients, fullgrad_map
 from .guided import guided_saliency
 from .maps import Region, normalise, upsample, upsample_region
-from .smoothing import first_component
+from .newer import fem, gradcam_elementwise, kpcacam, randomcam, shapleycam
+from .perturbation import occlusion, rise
+from .smoothing import combine, first_component
 
 ProgressCallback = Callable[[int, int], object]
 """Called as ``progress(done, total)`` while Score-CAM's masked inputs run."""
@@ -35,10 +39,13 @@ SCORECAM_BATCH_SIZE = 32
 """Masked inputs per forward pass in Score-CAM, ablated copies in AblationCAM (``Explainer(score_batch_size=...)``)."""
 
 MASKED, ABLATED, GUIDED, FULLGRAD, FINER = "masked", "ablated", "guided", "fullgrad", "finer"
+HESSIAN, SEEDED, PERTURBED = "hessian", "seeded", "perturbed"
 """What a method takes as third argument (:attr:`CamMethod.extra`): a :class:`MaskedScores`, an
 :class:`~gradcam_cli.cam.ablation.AblatedScores`, the target's guided (N, 3, H, W) input gradient
-(:class:`~gradcam_cli.cam.guided.GuidedPass`), its :class:`~gradcam_cli.cam.fullgrad.FullGradients`, or the
-layer's gradient of the target's Finer-CAM score (:mod:`gradcam_cli.cam.finer`)."""
+(:class:`~gradcam_cli.cam.guided.GuidedPass`), its :class:`~gradcam_cli.cam.fullgrad.FullGradients`, the
+layer's gradient of the target's Finer-CAM score (:mod:`gradcam_cli.cam.finer`), the Hessian-vector product H A of
+the layer (ShapleyCAM), a seed (randomcam), or the black-box :class:`~gradcam_cli.cam.perturbation.MaskedPasses`
+(RISE, occlusion)."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +53,9 @@ class CamMethod:
     """One registered method: its ``--method`` name, the pure function that computes its coarse map, what that
     function needs besides the activations (``uses_gradients``: the backward pass to the layer, one per target,
     shared by all such methods; ``extra``: a third argument, see :data:`MASKED`), whether one map serves every target
-    (``class_agnostic``), and the tasks it explains (``tasks``: names of :data:`gradcam_cli.options.TASK_NAMES`)."""
+    (``class_agnostic``), the tasks it explains (``tasks``: names of :data:`gradcam_cli.options.TASK_NAMES`), and
+    whether it reads a layer at all (``uses_layer``: RISE and occlusion do not; their maps come at the network
+    input's resolution, and they are given ``None`` for the activations and gradients)."""
 
     name: str
     compute: Callable[..., torch.Tensor]
@@ -54,23 +63,19 @@ class CamMethod:
     extra: str | None = None
     class_agnostic: bool = False
     tasks: tuple[str, ...] = TASK_NAMES
+    uses_layer: bool = True
 
     @property
     def uses_model(self) -> bool:
-        """Whether the method runs the model again on altered inputs or activations (Score-CAM, AblationCAM)."""
-        return self.extra in (MASKED, ABLATED)
+        """Whether the method runs the model again on altered inputs or activations (Score-CAM, AblationCAM, RISE,
+        occlusion)."""
+        return self.extra in (MASKED, ABLATED, PERTURBED)
 
     @property
     def reads_every_layer(self) -> bool:
         """Whether the method reads layers besides the explained ones (FullGrad: every bias and its gradient), so
         that folding batch norms into convolutions would change its maps."""
         return self.extra == FULLGRAD
-
-
-def combine(weighted: torch.Tensor, eigen_smooth: bool = False) -> torch.Tensor:
-    """ReLU(sum_k W_k), or ReLU(first principal component of W) with ``eigen_smooth``: (N, C, h, w) -> (N, h, w)."""
-    cam = first_component(weighted) if eigen_smooth else weighted.sum(dim=1)
-    return torch.relu(cam)
 
 
 def _spatial_sum(tensor: torch.Tensor) -> torch.Tensor:
@@ -354,8 +359,33 @@ METHODS: dict[str, CamMethod] = {
         CamMethod("guided-backprop", guided_backprop, uses_gradients=False, extra=GUIDED, tasks=CLASSIFY),
         CamMethod("guided-gradcam", guided_gradcam, extra=GUIDED, tasks=CLASSIFY),
         CamMethod("finercam", finercam, uses_gradients=False, extra=FINER, tasks=CLASSIFY),
+        CamMethod("gradcam-elementwise", gradcam_elementwise),
+        CamMethod("kpcacam", kpcacam, uses_gradients=False, class_agnostic=True),
+        CamMethod("shapleycam", shapleycam, extra=HESSIAN, tasks=("classify", "segment")),
+        CamMethod("fem", fem, uses_gradients=False, class_agnostic=True),
+        CamMethod("randomcam", randomcam, uses_gradients=False, extra=SEEDED, class_agnostic=True),
+        CamMethod("rise", rise, uses_gradients=False, extra=PERTURBED, uses_layer=False),
+        CamMethod("occlusion", occlusion, uses_gradients=False, extra=PERTURBED, uses_layer=False),
     )
 }
 """Every method, by the name ``--method`` accepts, in :data:`gradcam_cli.options.METHOD_NAMES` order."""
 if tuple(METHODS) != METHOD_NAMES:  # the parser validates --method against METHOD_NAMES without importing torch
     raise ImportError(f"METHODS {tuple(METHODS)} and options.METHOD_NAMES {METHOD_NAMES} disagree")
+
+
+def resolve_methods(names: Sequence[str], task: str, also: Collection[str] = ()) -> list[str]:
+    """``names`` checked against :data:`METHODS` and ``task`` (a one-line :class:`UsageError` for a name that is
+    not a method or a method that does not serve the task); ``all`` (:data:`~gradcam_cli.options.ALL_METHODS`)
+    stands for every method that serves the task, in registry order. ``also``: methods that serve this model
+    although not its task (a YOLO detector's AblationCAM)."""
+    for name in names:
+        if name not in METHODS and name != ALL_METHODS:
+            raise UsageError(f"unknown method {name!r}.{suggest(name, METHODS)}")
+    if ALL_METHODS in names:
+        names = [name for name, method in METHODS.items() if task in method.tasks or name in also]
+    for name in names:
+        if task not in METHODS[name].tasks and name not in also:
+            kinds = " and ".join(f"{Task(kind).noun}s" for kind in METHODS[name].tasks)
+            taken = ", ".join(other for other, method in METHODS.items() if task in method.tasks)
+            raise UsageError(f"--method {name} is for {kinds}; a {Task(task).noun} takes {taken}")
+    return list(names)

@@ -9,7 +9,12 @@
 - FullGrad: the target's :class:`~gradcam_cli.cam.fullgrad.FullGradients`, from one
   :class:`~gradcam_cli.cam.fullgrad.FullGradPass` per view, backpropagated once per target;
 - Finer-CAM: each layer's gradient of the target's Finer-CAM score (:mod:`gradcam_cli.cam.finer`), one more
-  backward pass through the capture's own graph per target.
+  backward pass through the capture's own graph per target;
+- ShapleyCAM: the layer's Hessian-vector product H A for the target
+  (:meth:`~gradcam_cli.cam.engine.LayerCapture.hessian_vector_products`, once per target for every layer);
+- randomcam: the seed of its noise;
+- RISE and occlusion: a :class:`~gradcam_cli.cam.perturbation.MaskedPasses` (masked inputs, no autograd), with the
+  masks' seed.
 
 The guided and full-gradient passes re-score the targets chosen in the capture's own pass on their own output
 (classifiers and explicit targets only: the methods that need them refuse other tasks when the explainer is built).
@@ -19,27 +24,46 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 from ..errors import UsageError
+from ..options import PerturbationOptions
 from .ablation import AblatedScores
 from .engine import LayerCapture
 from .fullgrad import FullGradients, FullGradPass
 from .guided import GuidedPass
-from .methods import ABLATED, FINER, FULLGRAD, GUIDED, MASKED, CamMethod, MaskedScores, ProgressCallback
+from .methods import (
+    ABLATED,
+    FINER,
+    FULLGRAD,
+    GUIDED,
+    HESSIAN,
+    MASKED,
+    PERTURBED,
+    SEEDED,
+    CamMethod,
+    MaskedScores,
+    ProgressCallback,
+)
+from .perturbation import MaskedPasses
 from .scores import Rescorable, Targets
 from .yolo import YoloTargets
 
 LayerGradients = Callable[[torch.Tensor], dict[str, torch.Tensor]]
 """``gradients(score)``: each layer's gradient of ``score``, in the capture's graph (kept), as the methods take it."""
 
+Layout = Callable[[str, torch.Tensor], torch.Tensor]
+"""``(layer, tensor in the layer's own layout)`` -> the tensor as (N, C, h, w), as its activations are given."""
+
 
 class MethodInputs:
     """Builds the extra arguments for one view; ``rescore(output)`` chooses the same targets in another pass's
     output; ``gradients(score)`` differentiates a score in the capture's graph (Finer-CAM). Passes it opens are
-    closed by ``stack``, which must close before ``capture`` does."""
+    closed by ``stack``, which must close before ``capture`` does. ``layout`` turns a layer's Hessian-vector product
+    into the methods' (N, C, h, w); ``perturbation`` and ``seed`` say which noise and masks randomcam and RISE draw."""
 
     def __init__(
         self,
@@ -53,18 +77,43 @@ class MethodInputs:
         batch_size: int,
         progress: ProgressCallback | None = None,
         gradients: LayerGradients | None = None,
+        *,
+        layout: Layout | None = None,
+        perturbation: PerturbationOptions | None = None,
+        seed: int | None = None,
     ) -> None:
         self.model, self.capture, self.inputs, self.targets = model, capture, inputs, targets
         self.rescore, self.layer_outputs, self.stack = rescore, layer_outputs, stack
         self.batch_size, self.progress, self.gradients = batch_size, progress, gradients
+        self.layout = layout or (lambda _layer, tensor: tensor)
+        perturbation = perturbation or PerturbationOptions()
+        self.perturbation = perturbation if seed is None else replace(perturbation, seed=seed)
         self._guided: tuple[GuidedPass, Targets] | None = None
         self._full: tuple[FullGradPass, Targets] | None = None
         self._cache: dict[tuple[str, int], object] = {}
 
-    def arguments(self, method: CamMethod, layer: str, k: int) -> tuple[object, ...]:
-        """The arguments ``method`` takes after the activations and gradients of ``layer``, for target ``k``."""
+    def arguments(self, method: CamMethod, layer: str | None, k: int) -> tuple[object, ...]:
+        """The arguments ``method`` takes after the activations and gradients of ``layer`` (``None`` for a method
+        that reads no layer), for target ``k``."""
         if method.extra is None:
             return ()
+        if method.extra == SEEDED:
+            return (self.perturbation.seed,)
+        if method.extra == PERTURBED:
+            passes = MaskedPasses(
+                self.capture.forward_output_unhooked,
+                self.inputs,
+                self.targets.masked(k),
+                self.perturbation,
+                self.batch_size,
+                self.progress,
+            )
+            return (passes,)
+        if method.extra == HESSIAN:
+            assert layer is not None
+            products = self._cached(HESSIAN, k, self._hessian_vector_products)
+            assert isinstance(products, dict)
+            return (products[layer],)
         if method.extra == MASKED:
             masked = MaskedScores(
                 self.capture.forward_output_unhooked,
@@ -76,6 +125,7 @@ class MethodInputs:
             )
             return (masked,)
         if method.extra == ABLATED:
+            assert layer is not None
             return (self._ablated(layer, k),)
         if method.extra == GUIDED:
             return (self._cached(GUIDED, k, self._guided_gradient),)
@@ -123,6 +173,13 @@ class MethodInputs:
         if self.gradients is None:
             raise ValueError("Finer-CAM needs the capture's gradients")
         return self.gradients(targets.finer(k))
+
+    def _hessian_vector_products(self, k: int) -> dict[str, torch.Tensor]:
+        score = self.targets.value(k)
+        if score is None:  # no sample has a k-th target
+            return {name: torch.zeros_like(self.layout(name, out)) for name, (out, _) in self.layer_outputs.items()}
+        products = self.capture.hessian_vector_products(score)
+        return {name: self.layout(name, product) for name, product in products.items()}
 
     def _guided_gradient(self, k: int) -> torch.Tensor:
         self._class_targets()

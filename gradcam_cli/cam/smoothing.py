@@ -42,6 +42,12 @@ def first_component(weighted: torch.Tensor) -> torch.Tensor:
     return projection.view(n, h, w).to(weighted.dtype)
 
 
+def combine(weighted: torch.Tensor, eigen_smooth: bool = False) -> torch.Tensor:
+    """ReLU(sum_k W_k), or ReLU(first principal component of W) with ``eigen_smooth``: (N, C, h, w) -> (N, h, w)."""
+    cam = first_component(weighted) if eigen_smooth else weighted.sum(dim=1)
+    return torch.relu(cam)
+
+
 @dataclass(frozen=True)
 class Augmentation:
     """One test-time view of the input: optionally mirrored left-right, then resized by ``scale``."""

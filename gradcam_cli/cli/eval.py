@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError, describe
-from ..options import POINTING_TOLERANCE, EvalOptions
+from ..options import POINTING_TOLERANCE, EvalOptions, PerturbationOptions
 from . import params
+from .ranking import RankOptions, rank_report
 from .reporting import ProgressBar, Reporter, default_layer_reason, run_reported
 
 if TYPE_CHECKING:
@@ -33,7 +35,9 @@ Per method: deletion and insertion AUC (RISE; lower deletion, higher insertion i
 Increase in Confidence (Grad-CAM++). With --road: ROAD (noisy linear imputation; most and least relevant first, and
 the combined score). With --boxes: pointing game (15-pixel tolerance) and the share of the map's
 energy inside the boxes, per class, and the images whose evidence lies mostly outside the object. With --sanity:
-the model-parameter randomisation test.
+the model-parameter randomisation test. With --stability: the maps' change under small input noise. Always: the
+maps' sparseness (Gini) and complexity (entropy). With --rank: all of them, every method ranked per metric with a
+95% bootstrap confidence interval over images (add --method all to rank every method; randomcam is always added).
 
 Exit codes: 0 all images evaluated; 1 some image failed; 2 usage error; 3 model/weights unavailable; 130
 interrupted."""
@@ -100,7 +104,37 @@ def evaluate(
             help="Write the mean deletion/insertion curves to this .png, .pdf or .svg.",
         ),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the whole report as one JSON object.")] = False,
+    stability: Annotated[
+        bool,
+        typer.Option(
+            "--stability",
+            help="Also measure how much each map changes under small input noise that keeps the prediction.",
+        ),
+    ] = False,
+    rank: Annotated[
+        bool,
+        typer.Option(
+            "--rank",
+            help="Measure everything (--sanity, --road, --stability) and rank the methods per metric, with 95% "
+            "bootstrap confidence intervals; marks methods that fail the sanity check or do not beat randomcam.",
+        ),
+    ] = False,
+    report_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--report",
+            parser=params.parse_path,
+            metavar="DIR",
+            help="With --rank: write an HTML page (table, curves, box plots, example maps side by side) into DIR.",
+        ),
+    ] = None,
+    rise_masks: params.RiseMasksOpt = 4000,
+    occlusion_window: params.OcclusionWindowOpt = 32,
+    occlusion_stride: params.OcclusionStrideOpt = 16,
+    seed: params.SeedOpt = 0,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the whole report as one JSON object (--rank: one per row).")
+    ] = False,
     device: params.DeviceOpt = "auto",
     input_size: params.InputSizeOpt = None,
     quiet: params.QuietOpt = False,
@@ -111,13 +145,17 @@ def evaluate(
     if mistake is not None:
         run_reported(reporter, lambda: params.refuse(mistake))
     task = task or ("classify" if specs or embedding else None)
+    methods = params.MethodList([*method, "randomcam"]) if rank and "randomcam" not in method else method
+    perturbation = PerturbationOptions(
+        rise_masks, occlusion_window=occlusion_window, occlusion_stride=occlusion_stride, seed=seed
+    )
     command = EvalCommand(
         reporter,
         inputs,
         params.model_options(model, weights, num_classes, labels, input_size, device, task),
         params.explain_options(
             layer,
-            method,
+            methods,
             target_class,
             1,
             aug_smooth,
@@ -127,8 +165,21 @@ def evaluate(
             max_detections=max_detections,
             targets=specs,
             embedding=embedding,
+            perturbation=perturbation,
         ),
-        EvalOptions(steps, batch_size, tolerance, sanity, sanity_layers, boxes=boxes, plot=plot, road=road),
+        EvalOptions(
+            steps,
+            batch_size,
+            tolerance,
+            sanity or rank,
+            sanity_layers,
+            seed,
+            boxes=boxes,
+            plot=plot,
+            road=road or rank,
+            stability=stability or (rank and not specs),  # stability measures a class's map
+        ),
+        RankOptions(rank, report_dir),
     )
     run_reported(reporter, command.run)
 
@@ -143,9 +194,11 @@ class EvalCommand:
         model: ModelOptions,
         explain: ExplainOptions,
         options: EvalOptions,
+        ranking: RankOptions | None = None,
     ) -> None:
         self.reporter, self.inputs = reporter, inputs
         self.model_options, self.explain_options, self.options = model, explain, options
+        self.ranking = ranking or RankOptions()
 
     def run(self) -> int:
         from ..cam.explainer import Explainer
@@ -156,6 +209,8 @@ class EvalCommand:
         from ..io.discovery import discover
 
         reporter, options = self.reporter, self.options
+        if self.ranking.report is not None and not self.ranking.rank:
+            raise UsageError("--report is for --rank: add --rank (gradcam eval writes no page otherwise)")
         if options.plot is not None and options.plot.suffix.lower() not in PLOT_FORMATS:
             raise UsageError(f"--plot {options.plot}: use a file ending in {', '.join(PLOT_FORMATS)}")
         images = discover(self.inputs)
@@ -166,10 +221,19 @@ class EvalCommand:
         if not self.explain_options.layers:
             reason = default_layer_reason(explainer.task, bool(explainer.model.default_layers))
             reporter.info(f"using layer {explainer.layer_label} ({reason})")
+        if self.ranking.rank and explainer.task.value != "classify":  # boxes only: what a detector is measured by
+            options = replace(options, sanity=False, road=False, stability=False)
         evaluator = evaluator_for(explainer, options)
         started = time.perf_counter()
-        with ProgressBar(reporter, len(images), "evaluating") as progress:
-            report = evaluator.run(images, boxes, on_image=progress)
+        methods = len(explainer.methods)
+        label = f"evaluating {methods} methods" if methods > 1 else "evaluating"
+        with ProgressBar(reporter, len(images) * methods, label) as progress:
+
+            def advance() -> None:
+                for _ in range(methods):  # one step per method and image: all methods share the image's passes
+                    progress()
+
+            report = evaluator.run(images, boxes, on_image=advance)
         elapsed = time.perf_counter() - started
         for failure in report.failed:
             reporter.error(failure.error or f"{failure.image}: failed")
@@ -180,9 +244,11 @@ class EvalCommand:
         unboxed = [image for image in report.ok if not any(s.boxes for s in image.methods.values())]
         if boxes and unboxed:
             reporter.info(f"{len(unboxed)} image(s) have no boxes: scored for faithfulness only")
-        if reporter.as_json:
+        if self.ranking.rank:
+            rank_report(reporter, explainer, report, images, self.ranking.report, options.seed)
+        elif reporter.as_json:
             reporter.emit(json.dumps(report.to_dict()))
-        for line in format_report(report):
+        for line in [] if self.ranking.rank else format_report(report):
             reporter.result(line)
         if options.plot is not None and report.ok:
             try:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
-from ..options import DEFAULT_MAX_SIDE, ImageFormat, OutputOptions, RunOptions, Shard
+from ..options import DEFAULT_MAX_SIDE, ImageFormat, OutputOptions, PerturbationOptions, RunOptions, Shard
 from . import params
 from .lines import layer_line, layer_row, report_record
 from .reporting import PassProgress, ProgressBar, Reporter, default_layer_reason, run_reported, run_summary
@@ -59,6 +59,10 @@ def explain(
     score: params.ScoreOpt = None,
     score_threshold: params.ScoreThresholdOpt = 0.5,
     max_detections: params.MaxDetectionsOpt = 10,
+    rise_masks: params.RiseMasksOpt = 4000,
+    occlusion_window: params.OcclusionWindowOpt = 32,
+    occlusion_stride: params.OcclusionStrideOpt = 16,
+    seed: params.SeedOpt = 0,
     aug_smooth: params.AugSmoothOpt = False,
     eigen_smooth: params.EigenSmoothOpt = False,
     alpha: Annotated[
@@ -215,6 +219,9 @@ def explain(
             max_detections,
             specs,
             embedding,
+            PerturbationOptions(
+                rise_masks, occlusion_window=occlusion_window, occlusion_stride=occlusion_stride, seed=seed
+            ),
         ),
         OutputOptions(
             output_dir,

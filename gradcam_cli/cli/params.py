@@ -14,6 +14,7 @@ import typer
 
 from ..errors import UsageError, suggest
 from ..options import (
+    ALL_METHODS,
     DEVICE_PATTERN,
     ENGINE_NAMES,
     METHOD_NAMES,
@@ -23,6 +24,7 @@ from ..options import (
     ExplainOptions,
     ImageFormat,
     ModelOptions,
+    PerturbationOptions,
     Shard,
 )
 from ..targets import TargetSpec
@@ -40,7 +42,7 @@ def parse_methods(text: str | MethodList) -> MethodList:
     if not names:
         raise typer.BadParameter("needs at least one method name")
     for name in names:
-        if name not in METHOD_NAMES:
+        if name not in METHOD_NAMES and name != ALL_METHODS:
             hint = suggest(name, METHOD_NAMES) or f" Use {', '.join(METHOD_NAMES)}."
             raise typer.BadParameter(f"unknown method {name!r}.{hint}")
     return MethodList(names)
@@ -242,8 +244,18 @@ MethodOpt = Annotated[
         "(no backward pass but one extra forward pass per channel of the layer, e.g. 2048 for resnet50 layer4, "
         "batched 32 at a time), fullgrad, guided-backprop, guided-gradcam (one extra forward pass, and one backward "
         "pass per target through the whole network; pixel-level maps; classifiers only, as ablationcam), finercam (a "
-        "target against its nearest rivals: docs/targets.md).",
+        "target against its nearest rivals: docs/targets.md); shapleycam (a second backward pass), "
+        "gradcam-elementwise, kpcacam, fem, randomcam (noise: the floor), rise and occlusion (black-box: masked "
+        "inputs, no layer); all: every method the model's task takes.",
     ),
+]
+RiseMasksOpt = Annotated[
+    int, typer.Option(min=1, metavar="N", help="RISE: random masks per image (7x7 cells, each kept with p 0.5).")
+]
+OcclusionWindowOpt = Annotated[int, typer.Option(min=1, metavar="PIXELS", help="Occlusion: the square window's side.")]
+OcclusionStrideOpt = Annotated[int, typer.Option(min=1, metavar="PIXELS", help="Occlusion: the window's step.")]
+SeedOpt = Annotated[
+    int, typer.Option(metavar="N", help="Seed of RISE's masks and randomcam's noise (and of eval's random draws).")
 ]
 TargetOpt = Annotated[
     str | None,
@@ -299,6 +311,7 @@ def explain_options(
     max_detections: int = 10,
     targets: list[TargetSpec] | None = None,
     embedding: str | None = None,
+    perturbation: PerturbationOptions | None = None,
 ) -> ExplainOptions:
     """What to explain, from the shared options (``targets`` parsed by :func:`target_specs`)."""
     return ExplainOptions(
@@ -313,6 +326,7 @@ def explain_options(
         max_detections,
         tuple(targets or ()),
         embedding,
+        perturbation or PerturbationOptions(),
     )
 
 

@@ -27,7 +27,7 @@ from ..io.images import load_image, to_input_tensor
 from ..options import EvalOptions
 from . import metrics
 from .boxes import GroundTruthBox, match_boxes, read_boxes
-from .report import BLUR_KERNEL, BLUR_SIGMA, BoxScore, EvalReport, ImageScores, MethodScores
+from .report import BLUR_KERNEL, BLUR_SIGMA, STABILITY_SIGMA, BoxScore, EvalReport, ImageScores, MethodScores
 from .road import ROAD_FRACTIONS, impute, road_masks
 from .tasks import TaskEvaluator
 
@@ -111,6 +111,7 @@ class Evaluator:
                     score=self.explainer.score_name,
                     targets=self.explainer.target_specs,
                     embedding=self.explainer.embedding,
+                    perturbation=self.explainer.perturbation,
                 )
             )
 
@@ -163,6 +164,12 @@ class Evaluator:
         input_size = tuple(inputs.shape[-2:])
         maps = {method: to_image_maps(cams[method][0], input_size)[0] for method in explainer.methods}
         scores = self._perturbation_scores(inputs[0], target, maps, read)
+        for method, saliency in maps.items():
+            scores[method].gini, scores[method].entropy = metrics.gini(saliency), metrics.entropy(saliency)
+        if self.options.stability:
+            if explainer.target_specs:
+                raise UsageError("--stability measures a class's map; run it without --target")
+            self._stability(inputs, target_index, maps, scores)
         if boxes:
             self._score_boxes(scores, inputs, (picture.height, picture.width), boxes, target, cams)
         for randomised in self.randomised:
@@ -191,6 +198,21 @@ class Evaluator:
             return chosen.probabilities[:, index]
 
         return self.explainer.prediction(index, float(targets.probabilities[0, index])), cams, probability
+
+    def _stability(
+        self, inputs: torch.Tensor, target: int, maps: dict[str, torch.Tensor], scores: dict[str, MethodScores]
+    ) -> None:
+        """Each method's map change ||m' - m|| / ||m|| on ``stability_samples`` noisy copies of the (1, 3, H, W)
+        input (N(0, STABILITY_SIGMA^2) added in the network's input space, drawn from ``seed``), keeping only copies
+        whose top class is still ``target``."""
+        generator = torch.Generator().manual_seed(self.options.seed)
+        noise = torch.randn(self.options.stability_samples, *inputs.shape[1:], generator=generator)
+        noisy = inputs + STABILITY_SIGMA * noise.to(inputs.device, inputs.dtype)
+        probabilities, _, cams = self.explainer.compute(noisy, target, top_k=1)
+        kept = (probabilities.argmax(dim=1) == target).nonzero().flatten().tolist()
+        for method, saliency in maps.items():
+            noisy_maps = to_image_maps(cams[method][0], tuple(inputs.shape[-2:]))
+            scores[method].stability = [metrics.relative_change(saliency, noisy_maps[i]) for i in kept]
 
     def _perturbation_scores(
         self,

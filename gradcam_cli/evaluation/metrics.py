@@ -141,3 +141,37 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
     if norm_a == 0.0 or norm_b == 0.0:
         return 1.0 if norm_a == norm_b else 0.0
     return float((ra * rb).sum()) / (norm_a * norm_b)
+
+
+def gini(saliency: torch.Tensor) -> float:
+    """Sparseness as the Gini index of the map's values (Chalasani et al., ICML 2020; Quantus' ``Sparseness``):
+    G = sum_i (2i - n - 1) v_(i) / (n sum_i v_i), v sorted ascending, i = 1..n. 0 for a uniform map, towards 1 when
+    one pixel holds everything; 0 for an all-zero map. Higher is sparser."""
+    values = saliency.detach().flatten().double().clamp_min(0).sort().values
+    total, n = float(values.sum()), values.numel()
+    if total == 0.0:
+        return 0.0
+    weights = 2 * torch.arange(1, n + 1, dtype=torch.float64, device=values.device) - n - 1
+    return float((weights * values).sum()) / (n * total)
+
+
+def entropy(saliency: torch.Tensor) -> float:
+    """Complexity as the Shannon entropy of the map taken as a distribution over its pixels (Bhatt et al., IJCAI
+    2020; Quantus' ``Complexity``): H = -sum_i p_i ln p_i, p_i = v_i / sum v, divided by ln n so that a uniform map
+    scores 1 (an all-zero map too) and a one-pixel map 0. Lower is simpler."""
+    values = saliency.detach().flatten().double().clamp_min(0)
+    total, n = float(values.sum()), values.numel()
+    if total == 0.0 or n < 2:
+        return 1.0
+    p = values / total
+    return float(-(p * torch.log(p.clamp_min(1e-300))).sum()) / math.log(n)
+
+
+def relative_change(original: torch.Tensor, perturbed: torch.Tensor) -> float:
+    """||m' - m||_2 / ||m||_2 of two maps (Yeh et al.'s normalised sensitivity, NeurIPS 2019); a zero original map
+    counts as changed (1) unless the other is zero too (0)."""
+    norm = float(original.detach().double().norm())
+    change = float((perturbed.detach().double() - original.detach().double()).norm())
+    if norm == 0.0:
+        return 0.0 if change == 0.0 else 1.0
+    return change / norm

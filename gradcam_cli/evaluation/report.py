@@ -23,6 +23,9 @@ BLUR_KERNEL = 11
 BLUR_SIGMA = 5.0
 SANITY_THRESHOLD = 0.9
 """Mean Spearman correlation above which a method's maps 'barely change' when the model is randomised."""
+STABILITY_SIGMA = 0.05
+"""Standard deviation of the Gaussian noise ``--stability`` adds to the network input (normalised units: about 3 of
+255 grey levels for an ImageNet-normalised model)."""
 OUTSIDE_THRESHOLD = 0.5
 """Images with less than this share of the map's energy inside the boxes are listed as 'evidence outside'."""
 
@@ -50,6 +53,11 @@ class MethodScores:
     """With ``--road``: the probability with each fraction of :data:`~gradcam_cli.evaluation.road.ROAD_FRACTIONS`
     of the pixels removed, most relevant first (``road_lerf``: least relevant first)."""
     road_lerf: list[float] = field(default_factory=list)
+    gini: float = math.nan
+    """Sparseness of the map (:func:`~gradcam_cli.evaluation.metrics.gini`); ``entropy``: its complexity."""
+    entropy: float = math.nan
+    stability: list[float] = field(default_factory=list)
+    """With ``--stability``: the map's relative change under each noisy copy that kept the prediction."""
 
     @property
     def deletion_auc(self) -> float:
@@ -132,6 +140,12 @@ class EvalReport:
                 road_morf_curve=[_mean(column) for column in zip(*(s.road_morf for _, s in scores), strict=True)],
                 road_lerf_curve=[_mean(column) for column in zip(*(s.road_lerf for _, s in scores), strict=True)],
             )
+        out.update(gini=_mean([s.gini for _, s in scores]), entropy=_mean([s.entropy for _, s in scores]))
+        changes = [s.stability for _, s in scores if s.stability]
+        if changes:
+            out.update(
+                stability_mean=_mean([_mean(c) for c in changes]), stability_max=_mean([max(c) for c in changes])
+            )
         rows = [(image, box) for image, s in scores for box in s.boxes]
         if rows:
             out["pointing"] = _pointing_table([box for _, box in rows])
@@ -213,6 +227,9 @@ def _image_dict(image: ImageScores) -> dict[str, Any]:
                     for b in s.boxes
                 ],
                 **({"sanity_spearman": s.sanity} if s.sanity else {}),
+                "gini": s.gini,
+                "entropy": s.entropy,
+                **({"stability": s.stability} if s.stability else {}),
             }
             for name, s in image.methods.items()
         },

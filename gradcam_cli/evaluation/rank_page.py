@@ -1,0 +1,119 @@
+"""The ``gradcam eval --rank --report DIR`` page: the ranking table, the mean deletion/insertion curves, one box plot
+per metric (each method's per-image values), and a few example images with every method's map side by side.
+
+Everything is written atomically into DIR: ``index.html``, ``curves.png``, ``boxes.png`` and ``example-N.png``;
+the page links the images and holds no pixels itself.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..cam.results import ImageExplanation
+from ..io.atomic import write_atomic
+from .rank import RANDOM_BASELINE, RANKED, RankRow, values
+from .report import EvalReport, write_plot
+
+STYLE = (
+    "body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:1em 0}"
+    "td,th{border:1px solid #ccc;padding:.3em .6em;text-align:right}td.m,th.m{text-align:left}"
+    ".bad{color:#b00;font-weight:bold}img{max-width:100%;border:1px solid #ddd}"
+)
+
+
+def write_rank_report(
+    folder: Path, report: EvalReport, rows: Sequence[RankRow], examples: Sequence[tuple[str, ImageExplanation]]
+) -> Path:
+    """Write the page and its figures into ``folder`` (created); returns the page's path."""
+    from ..render.panels import render_panel
+
+    folder.mkdir(parents=True, exist_ok=True)
+    figures = []
+    if report.has_curves:
+        write_plot(report, folder / "curves.png")
+        figures.append(("curves.png", "Mean deletion and insertion curves"))
+    write_atomic(folder / "boxes.png", _box_plots(report, rows))
+    figures.append(("boxes.png", "Per-image values of every metric, one box per method"))
+    shown = []
+    for number, (name, explained) in enumerate(examples, 1):
+        if explained.pixels is None or not explained.explanations:
+            continue
+        write_atomic(folder / f"example-{number}.png", render_panel(explained.pixels, explained.explanations))
+        shown.append((f"example-{number}.png", name))
+    page = _page(report, rows, figures, shown)
+    write_atomic(folder / "index.html", page.encode("utf-8"))
+    return folder / "index.html"
+
+
+def _page(
+    report: EvalReport,
+    rows: Sequence[RankRow],
+    figures: Sequence[tuple[str, str]],
+    examples: Sequence[tuple[str, str]],
+) -> str:
+    e = html.escape
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>gradcam eval --rank: {e(report.model)}</title><style>{STYLE}</style></head><body>",
+        f"<h1>Which map to trust: {e(report.model)}</h1>",
+        f"<p id='summary' data-methods='{len(report.methods)}' data-images='{len(report.ok)}'>"
+        f"{len(report.methods)} method(s) on {len(report.ok)} image(s); 95 % bootstrap confidence intervals over "
+        "images. <span class='bad'>sanity failed</span>: the maps barely change when the model is randomised; "
+        "<span class='bad'>not above randomcam</span>: no better than noise on deletion/insertion AUC or pointing.</p>",
+    ]
+    for metric in dict.fromkeys(row.metric for row in rows):
+        group = [row for row in rows if row.metric == metric]
+        parts.append(f"<h2>{e(group[0].label)} <small>({group[0].better} is better)</small></h2>")
+        parts.append(f"<table class='ranking' data-metric='{e(metric)}'><tr><th>#</th><th class='m'>method</th>")
+        parts.append("<th>mean</th><th>95 % CI</th><th class='m'>marks</th></tr>")
+        for row in group:
+            marks = [
+                *(["sanity failed"] if row.sanity_failed else []),
+                *(["not above randomcam"] if row.beats_random is False and row.method != RANDOM_BASELINE else []),
+            ]
+            parts.append(
+                f"<tr><td>{row.rank}</td><td class='m'>{e(row.method)}</td><td>{_fmt(row.mean)}</td>"
+                f"<td>[{_fmt(row.ci_low)}, {_fmt(row.ci_high)}]</td><td class='m bad'>{e(', '.join(marks))}</td></tr>"
+            )
+        parts.append("</table>")
+    for file, caption in figures:
+        parts.append(f"<h2>{e(caption)}</h2><img src='{e(file)}' alt='{e(caption)}'>")
+    if examples:
+        parts.append("<h2>Examples: every method's map side by side</h2>")
+    for file, name in examples:
+        parts.append(f"<figure class='example'><img src='{e(file)}' alt='{e(name)}'><figcaption>{e(name)}")
+        parts.append("</figcaption></figure>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _box_plots(report: EvalReport, rows: Sequence[RankRow]) -> bytes:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    metrics = list(dict.fromkeys(row.metric for row in rows))
+    columns = min(3, max(1, len(metrics)))
+    lines = max(1, math.ceil(len(metrics) / columns))
+    figure = Figure(figsize=(5 * columns, 0.6 * len(report.methods) * lines + 1.5 * lines), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(lines, columns, squeeze=False)
+    for ax in axes.flat:
+        ax.set_visible(False)
+    for ax, metric in zip(axes.flat, metrics, strict=False):
+        data = values(report, metric)
+        ax.set_visible(True)
+        ax.boxplot([data[m] for m in report.methods], orientation="horizontal", tick_labels=list(report.methods))
+        label, better, _ = RANKED[metric]
+        ax.set_title(f"{label} ({better} is better)", fontsize=10)
+        ax.grid(alpha=0.3)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def _fmt(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.3f}"
