@@ -285,6 +285,7 @@ def test_cli_contrast_and_output_lines(scene, tmp_path):
         (SQUARE, ["--target", "simlar:x.png"], "Did you mean: similar"),
         pytest.param(SQUARE, ["--target", "class:red", "--top-k", "2"], "--top-k", marks=pytest.mark.slow),
         (SQUARE, ["--target", "class:rde"], "Did you mean: red"),
+        (SQUARE, ["--target", "class:red", "--skip-existing"], "needs --manifest"),
         pytest.param(
             SQUARE, ["--target", "class:red", "--target-class", "red"], "--target-class", marks=pytest.mark.slow
         ),

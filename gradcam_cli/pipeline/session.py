@@ -282,6 +282,8 @@ class Session:
         record.update(explainer.settings)
         record["precision"] = explainer.precision
         if self.output.skip_existing:
+            if explainer.target_specs and self.output.manifest is None:  # file names carry a class, not a target
+                raise UsageError("--skip-existing with --target needs --manifest: skipped images' rows come from it")
             check_run_record(self.output.output_dir, record)
         write_run_record(self.output.output_dir, record)
         self.record = record
