@@ -303,3 +303,30 @@ def test_importing_ultralytics_leaves_pillow_as_it_was(tmp_path):
     (tmp_path / "notes.jpg").write_text("not an image")
     with pytest.raises(Image.UnidentifiedImageError):
         Image.open(tmp_path / "notes.jpg")
+
+
+@pytest.mark.slow
+def test_merged_shards_of_a_yolo_run_equal_one_local_run(checkpoint, tmp_path):
+    from conftest import RAY_MAP_TOLERANCE, comparable
+
+    from gradcam_cli.cli.merge import app as merge_app
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for k, scene in enumerate([[RED, BLUE], [RED], [BLUE], [BLUE, RED]]):
+        square_scene(scene).save(folder / f"scene{k}.png")
+    common = [str(folder), "-m", f"yolo:{checkpoint}", "--save-raw", "--workers", "0"]
+    local, sharded = tmp_path / "local", tmp_path / "sharded"
+    ran = CliRunner().invoke(app, [*common, "-o", str(local), "--manifest", str(local / "manifest.jsonl")])
+    assert ran.exit_code == EXIT_OK, ran.output
+    for k in range(2):
+        shard = CliRunner().invoke(app, [*common, "-o", str(sharded), "--shard", f"{k}/2"])
+        assert shard.exit_code == EXIT_OK, shard.output
+    merged = CliRunner().invoke(merge_app, [str(sharded)])
+    assert merged.exit_code == EXIT_OK, merged.output
+    rows = comparable(sharded / "manifest.jsonl", sharded)
+    assert rows == comparable(local / "manifest.jsonl", local) and len(rows) == 6  # a row per detection
+    maps = sorted(local.glob("*.npy"))
+    assert len(maps) == 10  # a map per detection and a combined one per image
+    for path in maps:  # another batch (2 images instead of 4): float rounding, as a Ray run (docs/scale.md)
+        assert np.abs(np.load(path) - np.load(sharded / path.name)).max() <= RAY_MAP_TOLERANCE, path.name
