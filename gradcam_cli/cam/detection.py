@@ -125,15 +125,24 @@ class DetectionScore:
         self, output: object, inputs: torch.Tensor, target: int | None, top_k: int, chosen: torch.Tensor | None = None
     ) -> DetectionTargets:
         detections = detections_of(output)
-        picked = []
-        for found in detections:
-            scores, labels = found["scores"].detach(), found["labels"]
-            keep = scores >= self.threshold
-            if target is not None:
-                keep &= labels == target
-            order = scores.masked_fill(~keep, -1.0).argsort(descending=True, stable=True)
-            picked.append([int(i) for i in order[: int(keep.sum())][: self.max_detections]])
+        picked = picked_detections(detections, self.threshold, target, self.max_detections)
         return DetectionTargets(detections, picked, detector_geometry(self.transform, inputs))
+
+
+def picked_detections(
+    detections: list[Detections], threshold: float, target: int | None, max_detections: int
+) -> list[list[int]]:
+    """Per image, the indices of the detections explained: scoring at least ``threshold`` (of class ``target``
+    where given), best first, at most ``max_detections``."""
+    picked = []
+    for found in detections:
+        scores, labels = found["scores"].detach(), found["labels"]
+        keep = scores >= threshold
+        if target is not None:
+            keep &= labels == target
+        order = scores.masked_fill(~keep, -1.0).argsort(descending=True, stable=True)
+        picked.append([int(i) for i in order[: int(keep.sum())][:max_detections]])
+    return picked
 
 
 @dataclass

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .ablation import ScoreReader
-from .detection import Detections, DetectionTargets, Geometry, detections_of
+from .detection import Detections, DetectionTargets, Geometry, detections_of, picked_detections
 from .maps import Region
 from .results import ImageExplanation, Prediction
 from .scores import Cams, ClassName, MaskedProbability, sum_or_none
@@ -94,14 +94,7 @@ class YoloScore:
         self, output: object, inputs: torch.Tensor, target: int | None, top_k: int, chosen: torch.Tensor | None = None
     ) -> YoloTargets:
         detections = detections_of(output)
-        picked = []
-        for found in detections:
-            scores, labels = found["scores"].detach(), found["labels"]
-            keep = scores >= self.threshold
-            if target is not None:
-                keep &= labels == target
-            order = scores.masked_fill(~keep, -1.0).argsort(descending=True, stable=True)
-            picked.append([int(i) for i in order[: int(keep.sum())][: self.max_detections]])
+        picked = picked_detections(detections, self.threshold, target, self.max_detections)
         height, width = int(inputs.shape[-2]), int(inputs.shape[-1])
         geometry = Geometry(letterbox_region(height, width, self.stride), (height, width))
         return YoloTargets(detections, picked, geometry, self.kind)
