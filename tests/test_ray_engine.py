@@ -128,6 +128,36 @@ def test_a_ray_run_writes_what_a_local_run_writes(photos, tmp_path, ray_instance
 
 
 @pytest.mark.slow
+def test_a_yolo_run_and_a_target_run_on_ray_write_what_local_runs_write(checkpoint, photos, tmp_path, ray_instance):
+    pytest.importorskip("ultralytics", reason="the [yolo] extra is not installed")
+    from yolo_model import square_scene
+
+    scenes = tmp_path / "scenes"
+    scenes.mkdir()
+    for k, boxes in enumerate([[(0, 8, 8, 32, 32), (1, 36, 30, 60, 54)], [(1, 10, 10, 40, 40)]]):
+        square_scene(boxes).save(scenes / f"scene{k}.png")
+    runs = {  # (inputs, options): a YOLO model's detections, and a --target (a contrast) on the square model
+        "yolo": (scenes, ["-m", f"yolo:{checkpoint}", "--workers", "0", "--batch-size", "1"]),
+        "target": (photos, ["-m", SQUARE_MODEL, "--labels", photos.parent / "labels.txt", "--workers", "0"]),
+    }
+    for name, (inputs, options) in runs.items():
+        if name == "target":
+            options = [*options, "--target", "contrast:red,blue"]
+        local, remote = tmp_path / name / "local", tmp_path / name / "remote"
+        for out, engine in ((local, []), (remote, ["--engine", "ray"])):
+            arguments = [inputs, *options, "--save-raw", "-o", out, "--manifest", out / "m.jsonl", *engine]
+            ran = CliRunner().invoke(app, [str(a) for a in arguments])
+            assert ran.exit_code in (0, EXIT_IMAGE_FAILED), ran.output  # the photos hold broken.png
+        rows = comparable(local / "m.jsonl", local)
+        assert_rows_agree(comparable(remote / "m.jsonl", remote), rows)
+        assert_outputs_agree(remote, local, len(list(local.rglob("*.npy"))))
+        if name == "yolo":
+            assert {row["target"]["name"] for row in rows} == {"red", "blue"} and len(rows) >= 3
+        else:
+            assert {row["target"]["name"] for row in rows if row["status"] == "ok"} == {"red - blue"}
+
+
+@pytest.mark.slow
 def test_every_image_ticks_the_progress_once_and_every_row_has_the_actors_provenance(photos, tmp_path, ray_instance):
     out = tmp_path / "out"
     ticks: list[bool] = []

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import yaml
 from PIL import Image
 from typer.testing import CliRunner
-from yolo_model import CLASSES, save_checkpoint, square_scene, tiny_config, train_squares
+from yolo_model import CLASSES, square_scene, tiny_config
 
 from gradcam_cli import Explainer, load_model
 from gradcam_cli.cli import app
@@ -35,18 +35,6 @@ RED, BLUE = (0, 8, 8, 32, 32), (1, 36, 30, 60, 54)
 """Two squares (class, x1, y1, x2, y2) of the 64 x 64 test scene."""
 WIDE = [(0, 10, 10, 46, 46), (1, 80, 20, 116, 56)]
 """Two squares of a 128 x 64 scene (letterboxed to 64 x 32: padded above and below)."""
-
-
-@pytest.fixture(scope="session")
-def checkpoint(tmp_path_factory) -> Path:
-    """The tiny YOLO trained on coloured squares (single-threaded: seeded and fast on busy cores), as a .pt file."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        net = train_squares()
-    finally:
-        torch.set_num_threads(threads)
-    return save_checkpoint(net, tmp_path_factory.mktemp("yolo") / "squares.pt")
 
 
 @pytest.fixture(scope="session")
