@@ -17,6 +17,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -55,6 +56,27 @@ def paired(function, baseline, device: torch.device, repeats: int, warm_up: bool
     return statistics.median(method_times), statistics.median(baseline_times)
 
 
+NEWER_LAYER_METHODS = ("gradcam-elementwise", "shapleycam", "kpcacam", "fem", "randomcam")
+BLACK_BOX_METHODS = ("rise", "occlusion")
+"""Timed by bench_newer_methods.py (RISE and occlusion once each, at their defaults), not here."""
+
+
+def resnet50_case(device: torch.device) -> tuple[torch.nn.Module, torch.Tensor, int, Callable[[], None]]:
+    """The benchmarks' setting: ResNet-50 (random weights, seeded), one 224x224 input, its top class, and the plain
+    forward pass every ratio is taken against."""
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50(weights=None).eval().to(device)
+    inputs = torch.randn(1, 3, 224, 224, device=device)
+    with torch.no_grad():
+        target = int(model(inputs).argmax())
+
+    def forward() -> None:
+        with torch.no_grad():
+            model(inputs)
+
+    return model, inputs, target, forward
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -67,21 +89,14 @@ def main() -> int:
     args = parser.parse_args()
 
     device = torch.device(args.device)
-    torch.manual_seed(0)
-    model = torchvision.models.resnet50(weights=None).eval().to(device)
-    inputs = torch.randn(1, 3, 224, 224, device=device)
-    with torch.no_grad():
-        target = int(model(inputs).argmax())
-
-    def forward() -> None:
-        with torch.no_grad():
-            model(inputs)
+    model, inputs, target, forward = resnet50_case(device)
 
     threads = f", {torch.get_num_threads()} CPU threads" if device.type == "cpu" else ""
     print(f"resnet50 (random weights), 1x3x224x224 on {device}{threads}; layer4; one target")
     print(f"{'case':<34} {'time':>12} {'forward':>10}  ratio")
 
-    cases: list[tuple[str, list[str], dict]] = [(name, [name], {}) for name in METHODS]
+    elsewhere = NEWER_LAYER_METHODS + BLACK_BOX_METHODS
+    cases: list[tuple[str, list[str], dict]] = [(name, [name], {}) for name in METHODS if name not in elsewhere]
     cases += [
         ("5 gradient methods, one run", ["gradcam", "gradcam++", "xgradcam", "hirescam", "layercam"], {}),
         ("gradcam --eigen-smooth", ["gradcam"], {"eigen_smooth": True}),

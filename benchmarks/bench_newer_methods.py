@@ -18,17 +18,14 @@ import sys
 from pathlib import Path
 
 import torch
-import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_methods import paired
+from bench_methods import BLACK_BOX_METHODS, NEWER_LAYER_METHODS, paired, resnet50_case
 
 from gradcam_cli.cam.explainer import Explainer
 from gradcam_cli.options import PerturbationOptions
-
-LAYER_METHODS = ["gradcam", "gradcam-elementwise", "shapleycam", "kpcacam", "fem", "randomcam"]
 
 
 def main() -> int:
@@ -40,24 +37,16 @@ def main() -> int:
     args = parser.parse_args()
 
     device = torch.device(args.device)
-    torch.manual_seed(0)
-    model = torchvision.models.resnet50(weights=None).eval().to(device)
-    inputs = torch.randn(1, 3, 224, 224, device=device)
-    with torch.no_grad():
-        target = int(model(inputs).argmax())
-
-    def forward() -> None:
-        with torch.no_grad():
-            model(inputs)
+    model, inputs, target, forward = resnet50_case(device)
 
     print(f"ResNet-50, 1x3x224x224, layer4, {device}: time / plain forward pass")
-    for method in [] if args.black_box_only else LAYER_METHODS:
+    for method in [] if args.black_box_only else ["gradcam", *NEWER_LAYER_METHODS]:
         score = "softmax" if method == "shapleycam" else "logit"
         explainer = Explainer(model, "layer4", method, score=score)
         took, base = paired(lambda e=explainer: e.compute(inputs, target), forward, device, args.repeats)
         print(f"  {method:<20} {took / base:6.2f}x  ({took * 1000:.0f} ms vs {base * 1000:.0f} ms)", flush=True)
     options = PerturbationOptions(rise_masks=args.rise_masks)
-    for method in ("rise", "occlusion"):
+    for method in BLACK_BOX_METHODS:
         explainer = Explainer(model, None, method, perturbation=options)
         took, base = paired(lambda e=explainer: e.compute(inputs, target), forward, device, 1, warm_up=False)
         print(
