@@ -289,14 +289,23 @@ def test_the_gpu_path_agrees_with_the_formula(arch, subjects, tmp_path):
     check_rows(subject, layer, rows, FOLDED_RUN)
 
 
-OTHER_METHODS = ("eigengradcam", "guided-gradcam", "guided-backprop", "fullgrad")
+OTHER_METHODS = (
+    "eigengradcam",
+    "guided-gradcam",
+    "guided-backprop",
+    "fullgrad",
+    "gradcam-elementwise",
+    "shapleycam",
+    "fem",
+)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["efficientnet_b0", "mobilenet_v2", "resnet50"])
 def test_the_other_gradient_methods_agree_on_a_single_image(arch, subjects, tmp_path):
-    """Eigen-Grad-CAM, Guided Grad-CAM, guided backpropagation and FullGrad on the command line's path (a
-    channels-last batch of one) at the convolution followed by a batch norm, against tests/method_reference.py."""
+    """Eigen-Grad-CAM, Guided Grad-CAM, guided backpropagation, FullGrad and the newer gradient methods on the
+    command line's path (a channels-last batch of one) at the convolution followed by a batch norm, against
+    tests/method_reference.py."""
     subject = subjects(arch)
     layer = LAYERS[arch][KINDS.index("conv-bn")]
     arguments = [str(subject.images[0]), "--model", arch, "--weights", str(subject.weights), "--layer", layer,
@@ -313,7 +322,11 @@ def test_the_other_gradient_methods_agree_on_a_single_image(arch, subjects, tmp_
         "guided-gradcam": method_reference.guided_display(guided * method_reference.gradcam(net, module, x, target)),
         "guided-backprop": method_reference.guided_display(guided),
         "fullgrad": method_reference.fullgrad(net, x, target),
+        "gradcam-elementwise": method_reference.gradcam_elementwise(net, module, x, target),
+        "shapleycam": method_reference.shapleycam(net, module, x, target),
+        "fem": method_reference.fem(net, module, x, target),
     }
+    assert sorted(rows) == sorted(OTHER_METHODS)
     for method, row in rows.items():
         ours = np.load(next(p for p in row["outputs"] if p.endswith(".npy")))
         assert pearson(ours, expected[method].detach()) >= PEARSON_MIN, method
