@@ -375,7 +375,7 @@ def test_detector_and_segmenter(tmp_path):
 def test_the_command_prints_its_url_serves_and_exits_130_on_ctrl_c(tmp_path):
     run = tmp_path / "out"
     write_run(run, 5)
-    (run / ".gradcam-run.json").write_text(json.dumps({"layers": ["features.0"], "colormap": "viridis", "alpha": 0.3}))
+    (run / ".gradcam-run.json").write_text(json.dumps({"layers": "features.0", "colormap": "viridis", "alpha": 0.3}))
     model = ["--model", str(ROOT / "tests" / "square_model.py:build"), "--weights", "none"]
     command = [sys.executable, "-m", "gradcam_cli", "serve", str(run), *model, "--port", "0", "--host", "localhost"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

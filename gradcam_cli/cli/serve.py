@@ -6,7 +6,6 @@ uvicorn (:mod:`gradcam_cli.serve.server`). Torch loads after parsing.
 
 from __future__ import annotations
 
-import json
 import tempfile
 import webbrowser
 from pathlib import Path
@@ -140,7 +139,7 @@ def start(
     except ImportError:
         raise UsageError("gradcam serve needs the optional extra: pip install 'gradcam-cli[serve]'") from None
     from ..io.discovery import discover
-    from ..io.naming import RUN_RECORD_NAME
+    from ..pipeline.resume import read_run_record
     from ..serve import create_app
     from ..serve.model import ModelService
     from ..serve.server import bind, is_loopback, serve, url_of
@@ -149,17 +148,13 @@ def start(
     inputs = discover(image_paths) if image_paths else []
     if image_paths and not inputs:
         raise UsageError(f"no images found in {' '.join(image_paths)}")
-    record: dict[str, Any] = {}
-    if run_dir is not None:
-        try:
-            record = json.loads((run_dir / RUN_RECORD_NAME).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            record = {}
+    record = read_run_record(run_dir) if run_dir is not None else {}
     if model is None and manifest is None:
         model = "resnet50"
     service = None
     if model is not None:
-        layers = given["layer"] or (record.get("layers") if isinstance(record.get("layers"), list) else None)
+        kept = record.get("layers")  # the run's layer label, "a+b" for several
+        layers = given["layer"] or (kept.split("+") if isinstance(kept, str) and kept else None)
         specs, embedding = given["targets"] or record_targets(record), given["embedding"] or record.get("embedding")
         task = given["task"] or ("classify" if specs or embedding else None)  # as gradcam's own --target
         service = ModelService(

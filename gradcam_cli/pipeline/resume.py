@@ -256,12 +256,7 @@ def run_record(
 def check_run_record(output_dir: Path, record: dict[str, Any]) -> None:
     """With ``--skip-existing``: a :class:`UsageError` naming what differs when the outputs in ``output_dir`` were
     made with other settings. No record (or an unreadable one: outputs of an older version): nothing to check."""
-    try:
-        earlier = json.loads((output_dir / RUN_RECORD_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return
-    if not isinstance(earlier, dict):
-        return
+    earlier = read_run_record(output_dir)
     differences = [
         (key, earlier[key], record[key])
         for key in RECORD_LABELS
@@ -277,6 +272,15 @@ def check_run_record(output_dir: Path, record: dict[str, Any]) -> None:
         else:
             advice = "choose another --output-dir or run without --skip-existing"
         raise UsageError(f"--skip-existing: the outputs in {output_dir} were made with {made}; {advice}")
+
+
+def read_run_record(output_dir: Path) -> dict[str, Any]:
+    """``<output_dir>/.gradcam-run.json``; empty where there is none or it is unreadable (an older version's)."""
+    try:
+        record = json.loads((output_dir / RUN_RECORD_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def write_run_record(output_dir: Path, record: dict[str, Any]) -> None:

@@ -21,7 +21,6 @@ requests other than GET/HEAD must come from the page's own origin (a cross-origi
 from __future__ import annotations
 
 import functools
-import json
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,8 +36,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..io.discovery import InputImage
-from ..io.naming import RUN_RECORD_NAME
 from ..options import ServeOptions
+from ..pipeline.resume import read_run_record
 from ..render.colour import colormap_table
 from ..targets import TargetSpec
 from .files import contained, row_output
@@ -98,13 +97,7 @@ def create_app(
     options = options or ServeOptions()
     work = work_dir or Path(tempfile.mkdtemp(prefix="gradcam-serve-"))
     run = RunIndex(manifest, work, drift) if manifest is not None else None
-    record: dict[str, Any] = {}
-    if run_dir is not None:
-        try:
-            loaded = json.loads((run_dir / RUN_RECORD_NAME).read_text(encoding="utf-8"))
-            record = loaded if isinstance(loaded, dict) else {}
-        except (OSError, ValueError):
-            record = {}
+    record = read_run_record(run_dir) if run_dir is not None else {}
 
     def row_input(number: int) -> tuple[str, Path] | None:
         found = run.row(number) if run is not None else None

@@ -201,27 +201,36 @@ class ModelService:
             if spec is None and self.task is not Task.DETECT:
                 index = self.target_index(target if isinstance(target, str) else None)
             chosen_target = str(spec) if spec is not None else index
-            key = map_id(source.id, explainer.layer_label, explainer.methods[0], chosen_target, rank)
+
+            def key_of(rank: int) -> str:
+                return map_id(source.id, explainer.layer_label, explainer.methods[0], chosen_target, rank)
+
+            key = key_of(rank)
             stored = self.maps.get(key)
             if stored is not None:
                 return MapAnswer(stored, False, shown)
-            factory = ReplayFactory(self.passes, source.id)
+            factory, previous = ReplayFactory(self.passes, source.id), explainer.capture
             explainer.capture = factory
             try:
                 batch = image.batch(self.model.input_spec)
                 result = explainer.explain_batch(batch, [image.size], target=index)[0]
             finally:
-                explainer.capture = _plain_capture()
+                explainer.capture = previous
         result.pixels = image.pixels
         chosen = _chosen(result.explanations, rank, self.task)
         stored = StoredMap(key, source.id, source.stem, explainer.layer_label, chosen, result.predictions, image.pixels)
         if self.task is Task.DETECT:  # every detection's map came with this pass: keep them all
             for other in result.explanations:
                 if other is not chosen and other.rank is not None:
-                    other_key = map_id(source.id, explainer.layer_label, explainer.methods[0], None, other.rank)
                     self.maps.put(
                         StoredMap(
-                            other_key, source.id, source.stem, stored.layer, other, result.predictions, image.pixels
+                            key_of(other.rank),
+                            source.id,
+                            source.stem,
+                            stored.layer,
+                            other,
+                            result.predictions,
+                            image.pixels,
                         )
                     )
         self.maps.put(stored)
@@ -266,12 +275,6 @@ class ModelService:
         if road:
             out["road"] = figures.road
         return out
-
-
-def _plain_capture() -> Any:
-    from ..cam.engine import LayerCapture
-
-    return LayerCapture
 
 
 def _chosen(explanations: list[Any], rank: int, task: Task) -> Any:
