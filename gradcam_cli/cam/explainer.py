@@ -27,7 +27,7 @@ from ..models.folding import fold_batch_norms
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel, load_model
 from ..models.tasks import Task, detection_spec, detection_transform, infer_task, task_of_shape
-from ..options import ExplainOptions, ModelOptions, PerturbationOptions
+from ..options import SCORE_NAMES, ExplainOptions, ModelOptions, PerturbationOptions
 from ..targets import TargetSpec
 from .detection import DetectionScore
 from .engine import LayerCapture
@@ -132,6 +132,8 @@ class Explainer:
             self.methods, self.task.value, [m for m in METHODS if yolo_takes(m, model.module)]
         )
         self.perturbation = check_perturbation(perturbation or PerturbationOptions())
+        if score is not None and score not in SCORE_NAMES:
+            raise UsageError(f"unknown score {score!r}; use {', '.join(SCORE_NAMES)}")
         self.score_name = score or ("cosine" if model.text is not None else "logit")
         self.target_specs, self.embedding = tuple(TargetSpec.parse(spec) for spec in targets), embedding
         explicit = self.target_specs or model.text is not None or model.embeds
@@ -310,6 +312,10 @@ class Explainer:
             layouts = {n: spatial(a, size, n, prefix, self.tokens) for n, a in raw.items()}
             activations = {n: to_float32(a) for n, a in layouts.items()}
             chosen_targets = targets.targets if isinstance(targets, ClassTargets) else None
+
+            def layout(name: str, tensor: torch.Tensor) -> torch.Tensor:  # a layer's tensor as the methods take it
+                return to_float32(spatial(tensor, size, name, prefix, self.tokens))
+
             extras = MethodInputs(
                 module,
                 capture,
@@ -320,11 +326,8 @@ class Explainer:
                 passes,
                 self.score_batch_size,
                 self.progress,
-                lambda score: {
-                    n: to_float32(spatial(g, size, n, prefix, self.tokens))
-                    for n, g in capture.gradients(score, retain_graph=True).items()
-                },
-                layout=lambda n, t: to_float32(spatial(t, size, n, prefix, self.tokens)),
+                lambda score: {n: layout(n, g) for n, g in capture.gradients(score, retain_graph=True).items()},
+                layout=layout,
                 perturbation=self.perturbation,
                 seed=seed,
             )
@@ -340,9 +343,7 @@ class Explainer:
                         gradients = {n: torch.zeros_like(a) for n, a in activations.items()}
                     else:
                         raw_gradients = capture.gradients(score, retain_graph=keep_graph or k < targets.count - 1)
-                        gradients = {
-                            n: to_float32(spatial(g, size, n, prefix, self.tokens)) for n, g in raw_gradients.items()
-                        }
+                        gradients = {n: layout(n, g) for n, g in raw_gradients.items()}
                 for name in self.methods:
                     method = METHODS[name]
                     if method.class_agnostic and k > 0:

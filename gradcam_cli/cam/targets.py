@@ -26,7 +26,6 @@ from ..errors import UsageError
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel
 from ..models.tasks import Task
-from ..options import SCORE_NAMES
 from ..targets import TargetSpec
 from .embeddings import PromptHead, reference_embedding, select_output, unit
 from .engine import as_logits, model_state_preserved
@@ -238,10 +237,8 @@ class SpecTargets:
     def masked(self, k: int) -> MaskedProbability:
         """Score-CAM's weights: the target's score in each masked input's output (a class's shown probability)."""
         resolved = self.resolved[k]
-        if resolved.spec.kind == "class":
-            index, kind = resolved.index, self.spec_score.class_kind
-            return lambda output, samples: class_probabilities(as_logits(output).float(), kind)[:, index]
-        return lambda output, samples: resolved.score(output).float()
+        read = resolved.display or resolved.score
+        return lambda output, samples: read(output).float()
 
     def scored(self, k: int) -> MaskedProbability:
         score = self.resolved[k].score
@@ -308,8 +305,6 @@ def explicit_score(
         raise UsageError("--target-class is --target class:NAME; give one of them")
     if specs and top_k > 1:
         raise UsageError("--top-k ranks classes; with --target each target is explained once (repeat --target)")
-    if score is not None and score not in SCORE_NAMES:
-        raise UsageError(f"unknown score {score!r}; use {', '.join(SCORE_NAMES)}")
     if not specs:
         if model.text is not None and model.categories:
             head = PromptHead.encode(model.text, model.categories, device, embedding)
@@ -318,7 +313,6 @@ def explicit_score(
         labels = " (or --labels FILE of prompts, ranked as classes)" if model.text is not None else ""
         raise UsageError(f"{model.name} embeds images and has no classes: give --target {what}{labels}")
     chosen = TargetScore(model, specs, device, score, embedding)
-    for method in methods:
-        if method == "finercam":
-            chosen.check_method(method)
+    if "finercam" in methods:
+        chosen.check_method("finercam")
     return chosen

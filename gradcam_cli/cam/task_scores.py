@@ -18,8 +18,6 @@ def task_score(model: LoadedModel, name: str | None, threshold: float, max_detec
     """The :class:`Score` of ``model``'s task with ``--score name`` (``None``: the task's own), ``--score-threshold``,
     ``--max-detections`` and ``--top-k``; options of another task are refused
     (:func:`~gradcam_cli.models.tasks.check_task_options`)."""
-    if name is not None and name not in SCORE_NAMES:
-        raise UsageError(f"unknown score {name!r}; use {', '.join(SCORE_NAMES)}")
     if is_yolo_module(model.module):
         return yolo_score(model.module, name or "logit", threshold, max_detections, top_k)
     if name == "box":

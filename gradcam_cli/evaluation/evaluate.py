@@ -80,6 +80,8 @@ class Evaluator:
             raise UsageError("--batch-size must be at least 1")
         if len(explainer.target_specs) > 1:
             raise UsageError("gradcam eval scores one target per image; give one --target")
+        if self.options.stability and explainer.target_specs:
+            raise UsageError("--stability measures a class's map; run it without --target")
         self.sanity_modules: list[str] = []
         self.randomised: list[Explainer] = []
         if self.options.sanity:
@@ -167,8 +169,6 @@ class Evaluator:
         for method, saliency in maps.items():
             scores[method].gini, scores[method].entropy = metrics.gini(saliency), metrics.entropy(saliency)
         if self.options.stability:
-            if explainer.target_specs:
-                raise UsageError("--stability measures a class's map; run it without --target")
             self._stability(inputs, target_index, maps, scores)
         if boxes:
             self._score_boxes(scores, inputs, (picture.height, picture.width), boxes, target, cams)

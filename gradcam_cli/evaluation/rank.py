@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from .report import EvalReport, ImageScores, MethodScores
+from . import metrics
+from .report import EvalReport, ImageScores, MethodScores, _mean
 
 BOOTSTRAP_RESAMPLES = 1000
 RANDOM_BASELINE = "randomcam"
@@ -29,12 +30,12 @@ Value = Callable[[ImageScores, MethodScores], float | None]
 
 def _drop(image: ImageScores, s: MethodScores) -> float | None:
     y = image.target.probability if image.target else 0.0
-    return 100.0 * max(0.0, y - s.masked_probability) / y if y > 0 and s.deletion else None
+    return metrics.average_drop([y], [s.masked_probability]) if y > 0 and s.deletion else None
 
 
 def _increase(image: ImageScores, s: MethodScores) -> float | None:
     y = image.target.probability if image.target else 0.0
-    return 100.0 * (s.masked_probability > y) if s.deletion else None
+    return metrics.increase_in_confidence([y], [s.masked_probability]) if s.deletion else None
 
 
 def _boxes(value: Callable[[MethodScores], float]) -> Value:
@@ -166,7 +167,3 @@ def format_ranking(rows: list[RankRow]) -> list[str]:
 
 def _better(direction: str, value: float, other: float) -> bool:
     return value < other if direction == "lower" else value > other
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
