@@ -100,13 +100,18 @@ class YoloScore:
         return YoloTargets(detections, picked, geometry, self.kind)
 
 
-def anchor_score(found: Detections, i: int, kind: str) -> torch.Tensor:
-    """Detection ``i``'s score in ``found`` (one image's YoloNet output): its anchor's logit for its class, or with
-    ``kind`` ``box`` its anchor's box extent."""
-    anchor = int(found["anchors"][i])
+def anchor_score(found: Detections, anchor: int, label: int, kind: str, probability: bool = False) -> torch.Tensor:
+    """The score at ``anchor`` of ``found`` (one image's YoloNet output): its logit for class ``label`` (its sigmoid
+    with ``probability``), or with ``kind`` ``box`` its box extent."""
     if kind == "box":
         return found["extents"][anchor]
-    return found["class_logits"][int(found["labels"][i]), anchor]
+    logit = found["class_logits"][label, anchor]
+    return logit.sigmoid() if probability else logit
+
+
+def detection_score(found: Detections, i: int, kind: str) -> torch.Tensor:
+    """Detection ``i``'s score in ``found``: :func:`anchor_score` at the anchor it was traced to, for its class."""
+    return anchor_score(found, int(found["anchors"][i]), int(found["labels"][i]), kind)
 
 
 class YoloTargets(DetectionTargets):
@@ -119,7 +124,7 @@ class YoloTargets(DetectionTargets):
     def value(self, k: int) -> torch.Tensor | None:
         return sum_or_none(
             [
-                anchor_score(self.detections[n], i, self.kind)
+                detection_score(self.detections[n], i, self.kind)
                 for n in range(len(self.picked))
                 for i in self._chosen(n, k)
             ]
@@ -136,11 +141,7 @@ class YoloTargets(DetectionTargets):
                 terms = []
                 for i in self._chosen(sample, k):
                     anchor, label = int(reference["anchors"][i]), int(reference["labels"][i])
-                    if self.kind == "box":
-                        terms.append(found[j]["extents"][anchor])
-                    else:
-                        logit = found[j]["class_logits"][label, anchor]
-                        terms.append(logit.sigmoid() if probability else logit)
+                    terms.append(anchor_score(found[j], anchor, label, self.kind, probability))
                 values.append(torch.stack(terms).sum() if terms else torch.zeros((), device=samples.device))
             return torch.stack(values).float().to(samples.device) if values else torch.zeros(0)
 
@@ -154,7 +155,7 @@ class YoloTargets(DetectionTargets):
         read = self._read(k, probability=False)
         original = torch.stack(
             [
-                sum_or_none([anchor_score(found, i, self.kind) for i in self._chosen(n, k)])
+                sum_or_none([detection_score(found, i, self.kind) for i in self._chosen(n, k)])
                 or torch.zeros((), device=found["scores"].device)
                 for n, found in enumerate(self.detections)
             ]

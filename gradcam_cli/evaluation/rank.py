@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from . import metrics
-from .report import EvalReport, ImageScores, MethodScores, _mean
+from .report import EvalReport, ImageScores, MethodScores, mean_or_nan
 
 BOOTSTRAP_RESAMPLES = 1000
 RANDOM_BASELINE = "randomcam"
@@ -53,7 +53,11 @@ RANKED: dict[str, tuple[str, str, Value]] = {
     "sanity": ("sanity rho (max over the cascade)", "lower", lambda _i, s: max(s.sanity) if s.sanity else None),
     "gini": ("sparseness (Gini)", "higher", lambda _i, s: s.gini),
     "entropy": ("complexity (entropy)", "lower", lambda _i, s: s.entropy),
-    "stability": ("instability (mean change)", "lower", lambda _i, s: _mean(s.stability) if s.stability else None),
+    "stability": (
+        "instability (mean change)",
+        "lower",
+        lambda _i, s: mean_or_nan(s.stability) if s.stability else None,
+    ),
 }
 """metric -> (label, which way is better, the value of one method on one image or ``None`` where not measured)."""
 
@@ -108,7 +112,7 @@ def rank(report: EvalReport, seed: int = 0, resamples: int = BOOTSTRAP_RESAMPLES
         flagged[method] = bool(sanity["flagged"]) if sanity else None
     measured = {metric: values(report, metric) for metric in RANKED}
     measured = {metric: columns for metric, columns in measured.items() if all(columns.values())}
-    means = {metric: {m: _mean(v) for m, v in columns.items()} for metric, columns in measured.items()}
+    means = {metric: {m: mean_or_nan(v) for m, v in columns.items()} for metric, columns in measured.items()}
     beats: dict[str, bool | None] = dict.fromkeys(report.methods)
     if RANDOM_BASELINE in report.methods:
         for method in report.methods:

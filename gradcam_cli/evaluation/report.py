@@ -125,26 +125,27 @@ class EvalReport:
         masked = [s.masked_probability for _, s in scores]
         if all(s.deletion for _, s in scores):
             out.update(
-                deletion_auc=_mean([s.deletion_auc for _, s in scores]),
-                insertion_auc=_mean([s.insertion_auc for _, s in scores]),
+                deletion_auc=mean_or_nan([s.deletion_auc for _, s in scores]),
+                insertion_auc=mean_or_nan([s.insertion_auc for _, s in scores]),
                 average_drop=metrics.average_drop(full, masked),
                 increase_in_confidence=metrics.increase_in_confidence(full, masked),
-                deletion_curve=[_mean(column) for column in zip(*(s.deletion for _, s in scores), strict=True)],
-                insertion_curve=[_mean(column) for column in zip(*(s.insertion for _, s in scores), strict=True)],
+                deletion_curve=[mean_or_nan(column) for column in zip(*(s.deletion for _, s in scores), strict=True)],
+                insertion_curve=[mean_or_nan(column) for column in zip(*(s.insertion for _, s in scores), strict=True)],
             )
         if all(s.road_morf for _, s in scores):
             out.update(
-                road=_mean([s.road for _, s in scores]),
-                road_morf=_mean([_mean(s.road_morf) for _, s in scores]),
-                road_lerf=_mean([_mean(s.road_lerf) for _, s in scores]),
-                road_morf_curve=[_mean(column) for column in zip(*(s.road_morf for _, s in scores), strict=True)],
-                road_lerf_curve=[_mean(column) for column in zip(*(s.road_lerf for _, s in scores), strict=True)],
+                road=mean_or_nan([s.road for _, s in scores]),
+                road_morf=mean_or_nan([mean_or_nan(s.road_morf) for _, s in scores]),
+                road_lerf=mean_or_nan([mean_or_nan(s.road_lerf) for _, s in scores]),
+                road_morf_curve=[mean_or_nan(column) for column in zip(*(s.road_morf for _, s in scores), strict=True)],
+                road_lerf_curve=[mean_or_nan(column) for column in zip(*(s.road_lerf for _, s in scores), strict=True)],
             )
-        out.update(gini=_mean([s.gini for _, s in scores]), entropy=_mean([s.entropy for _, s in scores]))
+        out.update(gini=mean_or_nan([s.gini for _, s in scores]), entropy=mean_or_nan([s.entropy for _, s in scores]))
         changes = [s.stability for _, s in scores if s.stability]
         if changes:
             out.update(
-                stability_mean=_mean([_mean(c) for c in changes]), stability_max=_mean([max(c) for c in changes])
+                stability_mean=mean_or_nan([mean_or_nan(c) for c in changes]),
+                stability_max=mean_or_nan([max(c) for c in changes]),
             )
         rows = [(image, box) for image, s in scores for box in s.boxes]
         if rows:
@@ -163,7 +164,7 @@ class EvalReport:
                 for image, box in outside
             ]
         if self.sanity_modules:
-            stages = [_mean(column) for column in zip(*(s.sanity for _, s in scores), strict=True)]
+            stages = [mean_or_nan(column) for column in zip(*(s.sanity for _, s in scores), strict=True)]
             out["sanity"] = {
                 "modules": self.sanity_modules,
                 "spearman": stages,
@@ -206,7 +207,7 @@ def _pointing_table(boxes: Sequence[BoxScore]) -> dict[str, Any]:
             "count": len(group),
             "hits": hits,
             "accuracy": 100.0 * hits / len(group),
-            "energy": _mean(energies) if energies else math.nan,
+            "energy": mean_or_nan(energies) if energies else math.nan,
         }
 
     labels = sorted({b.label for b in boxes if b.label is not None})
@@ -263,7 +264,7 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def _mean(values: Sequence[float]) -> float:
+def mean_or_nan(values: Sequence[float]) -> float:
     values = list(values)
     return sum(values) / len(values) if values else math.nan
 

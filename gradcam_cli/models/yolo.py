@@ -35,6 +35,7 @@ from ..errors import ModelLoadError, UsageError, describe, suggest
 from ..io.images import OPENCV_LINEAR, InputSpec
 from .tasks import Task
 from .weights import apply_state_dict, load_state_dict_file
+from .yolo_net import model_stride
 
 YOLO_PREFIX = "yolo:"
 TASKS = {"detect": Task.DETECT, "segment": Task.DETECT, "pose": Task.DETECT, "classify": Task.CLASSIFY}
@@ -106,7 +107,7 @@ def load_yolo(name: str, weights: str, architecture_only: bool = False, task: st
     net = net.float().eval()
     net.fuse(verbose=False)
     categories = _names(net)
-    stride = int(max(float(s) for s in net.stride))
+    stride = model_stride(net)
     size = -(-int(imgsz) // stride) * stride
     if kind == "classify":
         from .yolo_net import YoloClassifier
@@ -140,7 +141,7 @@ def letterbox_spec(size: int) -> InputSpec:
 def with_input_size(module: nn.Module, spec: InputSpec, name: str, size: int) -> InputSpec:
     """``spec`` at ``--input-size size``, which must be a multiple of the model's stride (32 for most YOLO models)."""
     net: Any = getattr(module, "net")  # noqa: B009  (YoloNet and YoloClassifier hold the ultralytics model there)
-    stride = int(max(float(s) for s in net.stride))
+    stride = model_stride(net)
     if size % stride:
         lower, upper = max(stride, size // stride * stride), -(-size // stride) * stride
         raise UsageError(

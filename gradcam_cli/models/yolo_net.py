@@ -68,7 +68,7 @@ class YoloNet(nn.Module):
         self.task = task
         self.conf = conf
         self.default_conf = conf
-        self.stride = int(max(float(s) for s in net.stride))
+        self.stride = model_stride(net)
         self.padding = (0, 0, 0, 0)
         """The (top, bottom, left, right) padding of the last forward pass."""
 
@@ -195,3 +195,8 @@ class YoloClassifier(nn.Module):
         output = self.net(images)
         logits: torch.Tensor = output[1] if isinstance(output, tuple | list) else output
         return logits
+
+
+def model_stride(net: Any) -> int:
+    """An ultralytics model's largest stride: its input sides are multiples of it."""
+    return int(max(float(s) for s in net.stride))
