@@ -271,3 +271,5 @@ class ServeOptions:
     alpha: float = 0.5
     max_upload_bytes: int = 20 * 2**20
     max_pixels: int = 40_000_000
+    request_seconds: float | None = 120.0
+    """How long one request's passes may run (Score-CAM's masked inputs, RISE's masks, ...; ``None``: no limit)."""

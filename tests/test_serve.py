@@ -301,7 +301,7 @@ def test_run_view_pages_filters_sorts_and_follows_the_manifest(tmp_path, monkeyp
         assert test_client.get("/api/run/rows?sort=input;drop").status_code == 400
         assert test_client.get("/api/run/rows/0/outputs/0").headers["content-type"] == "image/png"
         assert test_client.get("/api/map?image=r0").status_code == 409  # no model: run view only
-        again = create_app(None, run_dir=run, manifest=manifest, work_dir=tmp_path / "work2")
+        again = create_app(None, run_dir=run, manifest=manifest, drift=drift, work_dir=tmp_path / "work2")
         assert again.state.explorer.run.builds == 0  # the index beside the manifest is reused while it is unchanged
         write_run(run, 120)
         assert test_client.get("/api/run/rows").json()["total"] == 120  # rebuilt from the changed manifest
@@ -405,18 +405,23 @@ def test_the_command_prints_its_url_serves_and_exits_130_on_ctrl_c(tmp_path):
         process.wait()
 
 
-def test_another_host_is_warned_of(tmp_path):
+def test_another_host_is_warned_of_once_bound(tmp_path):
     from typer.testing import CliRunner
 
     from gradcam_cli.cli.serve import app
 
     run = tmp_path / "out"
     write_run(run, 2)
-    # 192.0.2.1 (TEST-NET-1) is no address of this machine: the warning comes, then binding fails; nothing listens
+    # 192.0.2.1 (TEST-NET-1) is no address of this machine: binding fails first, and nothing claims to listen
     result = CliRunner().invoke(app, [str(run), "--host", "192.0.2.1", "--port", "0"])
     lines = result.output.strip().splitlines()
-    assert result.exit_code == 2 and lines[0].startswith("warning: listening on 192.0.2.1: anyone who can reach")
-    assert lines[-1].startswith("error: cannot listen on 192.0.2.1:0")
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: cannot listen on 192.0.2.1:0")
+    # bound on every address: the warning, then (here) the model that cannot load; nothing is served
+    missing = str(tmp_path / "nothing.py") + ":build"
+    result = CliRunner().invoke(app, [str(run), "--host", "0.0.0.0", "--port", "0", "--model", missing])
+    lines = result.output.strip().splitlines()
+    assert lines[0].startswith("warning: listening on 0.0.0.0: anyone who can reach"), result.output
+    assert result.exit_code == 2 and "nothing.py" in lines[-1] and "serving on" not in result.output
 
 
 def test_without_the_extra_one_line_says_so(tmp_path, monkeypatch):

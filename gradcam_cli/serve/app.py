@@ -56,6 +56,7 @@ from .http import (
 from .images import ImageStore
 from .model import ModelService
 from .runindex import RowFilter, RunIndex
+from .runs import run_base
 from .server import is_loopback
 from .targets import page_target
 
@@ -80,6 +81,8 @@ class Explorer:
     run: RunIndex | None = None
     run_dir: Path | None = None
     record: dict[str, Any] = field(default_factory=dict)
+    base: Path = field(default_factory=Path.cwd)
+    """The folder the run's relative paths start from (:func:`~gradcam_cli.serve.runs.run_base`)."""
 
 
 def create_app(
@@ -98,17 +101,18 @@ def create_app(
     work = work_dir or Path(tempfile.mkdtemp(prefix="gradcam-serve-"))
     run = RunIndex(manifest, work, drift) if manifest is not None else None
     record = read_run_record(run_dir) if run_dir is not None else {}
+    base = run_base(run_dir or manifest.parent, manifest, record) if manifest is not None else Path.cwd()
 
     def row_input(number: int) -> tuple[str, Path] | None:
         found = run.row(number) if run is not None else None
-        return (str(found["input"]), Path(found["input"])) if found else None
+        return (str(found["input"]), base / found["path"]) if found else None
 
     uploads = work / "uploads"
     uploads.mkdir(parents=True, exist_ok=True)
     images = ImageStore(inputs, uploads, options, row_input)
     if service is not None:
         images.forgotten.append(service.passes.drop)
-    explorer = Explorer(options, images, service, run, run_dir.resolve() if run_dir else None, record)
+    explorer = Explorer(options, images, service, run, run_dir.resolve() if run_dir else None, record, base)
     routes = [
         Route("/", _page(explorer)),
         Route("/static/{name}", _static),
@@ -131,10 +135,17 @@ def create_app(
     return app
 
 
+OPEN_PATHS = ("/",)
+"""What another site may link to: the page itself (a link opens it). Everything else, GET included (an ``<img>`` of
+``/api/map`` on another site's page would run the model), answers only the page's own origin."""
+
+
 class SameOrigin:
-    """Refuse (403) a request that is not GET or HEAD when its ``Origin`` is another site's; with ``local`` (the app
-    listens on a loopback address) also any request whose ``Host`` is not a loopback name (DNS rebinding: another
-    site's name pointed at 127.0.0.1). Adds the security headers to every answer."""
+    """Refuse (403) a request from another site: a ``Sec-Fetch-Site`` other than ``same-origin`` or ``none`` (a
+    typed address), or an ``Origin`` other than the page's own, for every path but :data:`OPEN_PATHS` and for every
+    method (clients that send neither header, such as curl, are not browsers on another site's page); with
+    ``local`` (the app listens on a loopback address) also any request whose ``Host`` is not a loopback name (DNS
+    rebinding: another site's name pointed at 127.0.0.1). Adds the security headers to every answer."""
 
     def __init__(self, app: ASGIApp, local: bool = True) -> None:
         self.app, self.local = app, local
@@ -147,7 +158,7 @@ class SameOrigin:
         if self.local and not is_loopback(host_name(request.headers.get("host", ""))):
             await error_response(403, "this server answers only to 127.0.0.1 and localhost")(scope, receive, send)
             return
-        if request.method not in ("GET", "HEAD"):
+        if request.method not in ("GET", "HEAD") or request.url.path not in OPEN_PATHS:
             origin = request.headers.get("origin")
             host = request.headers.get("host", "")
             fetch_site = request.headers.get("sec-fetch-site")
@@ -268,7 +279,10 @@ def _map(explorer: Explorer) -> Any:
         chosen = page_target(target, explorer.images, service.targets)
         shown = target.strip() if isinstance(chosen, TargetSpec) and target else None  # as typed: no server path
         source, decoded = await blocking(lambda: explorer.images.decoded(image_id))
-        answer = await service.run(lambda: service.explain(source, decoded, layer, method, chosen, rank, shown))
+        seconds = explorer.options.request_seconds
+        answer = await service.run(
+            lambda: service.explain(source, decoded, layer, method, chosen, rank, shown, seconds)
+        )
         return json_response(answer.to_dict())
 
     return compute
@@ -306,7 +320,8 @@ def _faithfulness(explorer: Explorer) -> Any:
         road = text_param(request, "road") in ("1", "true", "yes")
 
         path = explorer.images.source(stored.image).path
-        return json_response(await service.run(lambda: service.faithfulness(stored, path, road)))
+        seconds = explorer.options.request_seconds
+        return json_response(await service.run(lambda: service.faithfulness(stored, path, road, seconds)))
 
     return faithfulness
 
@@ -348,7 +363,7 @@ def _row_file(explorer: Explorer) -> Any:
         found = await blocking(lambda: run.row(request.path_params["row"]))
         if found is None:
             raise HttpError(404, f"no row {request.path_params['row']}")
-        path = row_output(root, run.manifest, found["outputs"], request.path_params["k"])
+        path = row_output(root, explorer.base, run.manifest, found["outputs"], request.path_params["k"])
         return _file_response(path)
 
     return row_file
@@ -366,5 +381,5 @@ def _file(explorer: Explorer) -> Any:
 def _file_response(path: Path) -> Response:
     media = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".webp": "image/webp"}
     kind = media.get(path.suffix.lower(), "application/octet-stream")
-    download = None if kind.startswith("image/") else path.name.encode("ascii", "replace").decode().replace('"', "_")
+    download = None if kind.startswith("image/") else path.name
     return bytes_response(path.read_bytes(), kind, download, cache=False)

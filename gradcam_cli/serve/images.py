@@ -17,7 +17,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -30,6 +30,7 @@ from ..io.images import InputSpec, load_image, to_input_tensor, to_pixel_tensor
 from ..options import DEFAULT_MAX_SIDE, ServeOptions
 from ..render.encode import encode_image
 from .http import HttpError
+from .names import shown_text
 
 DECODED_IMAGES = 8
 """Decoded images kept (pixels, network input, the PNG the page shows)."""
@@ -89,7 +90,7 @@ class ImageStore:
         options: ServeOptions,
         row_input: Callable[[int], tuple[str, Path] | None] | None = None,
     ) -> None:
-        self.inputs = [Source(f"i{n}", str(image.path), image.path) for n, image in enumerate(inputs)]
+        self.inputs = [Source(f"i{n}", shown_text(str(image.path)), image.path) for n, image in enumerate(inputs)]
         self.uploads_dir, self.options, self.row_input = uploads, options, row_input
         self._uploads: OrderedDict[str, Source] = OrderedDict()
         self._decoded: OrderedDict[str, DecodedImage] = OrderedDict()
@@ -164,9 +165,11 @@ class ImageStore:
         shown = clean_name(name) or f"upload-{digest[:8]}.png"
         path = self.uploads_dir / f"{digest}{upload_suffix(shown)}"
         with self._lock:
-            if image_id in self._uploads:
+            if image_id in self._uploads:  # the same bytes again: listed under the name they came with now
+                kept = replace(self._uploads[image_id], name=shown)
+                self._uploads[image_id] = kept
                 self._uploads.move_to_end(image_id)
-                return self._uploads[image_id]
+                return kept
         write_atomic(path, data)
         try:
             decoded = decode(path)
