@@ -96,12 +96,13 @@ def test_a_run_started_elsewhere_is_served_from_anywhere_and_a_signal_cleans_up(
             assert served.get(f"api/images/r{row['row']}.png").status_code == 200  # type: ignore[attr-defined]
             live = served.get(f"api/map?image=r{row['row']}").json()  # type: ignore[attr-defined]
             assert live["width"] == 40 and live["name"].startswith(("a_", "bad"))
-        upload = (run / "manifest.jsonl").read_bytes()  # something to upload: an image
+        other_site = served.get("api/map?image=r0&method=scorecam", **{"Sec-Fetch-Site": "cross-site"})
+        assert other_site.status_code == 403  # type: ignore[attr-defined]
         import httpx
 
         image = (run.parent / "photos" / "a.png").read_bytes()
         assert httpx.post(served.url + "api/upload?name=x.png", content=image, timeout=60).status_code == 200
-        assert upload and list((tmp_path / "tmp").glob("gradcam-serve-*/uploads/*"))
+        assert list((tmp_path / "tmp").glob("gradcam-serve-*/uploads/*"))
     finally:
         code, errors = served.stop(number)
     assert code == 130 and errors.strip().splitlines()[-1] == "error: interrupted", errors

@@ -129,15 +129,16 @@ def int_param(request: Request, name: str, default: int, low: int, high: int) ->
     return value
 
 
-def float_param(request: Request, name: str, low: float, high: float) -> float | None:
-    """A number within [low, high], or None when absent."""
+def float_param(request: Request, name: str, low: float, high: float, label: str | None = None) -> float | None:
+    """A number within [low, high], or None when absent; ``label``: what messages call it (default: ``name``)."""
     text = text_param(request, name)
     if text is None:
         return None
+    label = label or name
     try:
         value = float(text)
     except ValueError:
-        raise HttpError(400, f"{name}: {text!r} is not a number") from None
+        raise HttpError(400, f"{label}: {text!r} is not a number") from None
     if not math.isfinite(value) or not low <= value <= high:
-        raise HttpError(400, f"{name}: {text} is not between {low:g} and {high:g}")
+        raise HttpError(400, f"{label}: {text} is not between {low:g} and {high:g}")
     return value

@@ -36,6 +36,8 @@ DECODED_IMAGES = 8
 """Decoded images kept (pixels, network input, the PNG the page shows)."""
 MAX_UPLOADS = 64
 """Uploads kept; an older upload's id is then unknown (the page says to upload it again)."""
+THUMBNAIL = 96
+"""The longer side of a thumbnail in the page's strip of inputs."""
 IMAGE_ID = re.compile(r"^(?:i[0-9]{1,9}|r[0-9]{1,12}|u[0-9a-f]{16})$")
 
 
@@ -73,6 +75,12 @@ class DecodedImage:
             self._inputs[spec] = to_input_tensor(self.image, spec).unsqueeze(0)
         return self._inputs[spec]
 
+    def thumbnail_png(self, side: int = THUMBNAIL) -> bytes:
+        """The decoded image shrunk to at most ``side`` pixels a side, as PNG (the page's strip of inputs)."""
+        small = self.image.copy()
+        small.thumbnail((side, side))
+        return encode_image(to_pixel_tensor(small), ".png")
+
     def display_png(self) -> bytes:
         """The decoded image as PNG: what the maps line up with (orientation applied), for the page."""
         if self._display is None:
@@ -99,8 +107,9 @@ class ImageStore:
         """Called with an image's id when it is forgotten (an upload dropped), so that what was kept of it goes."""
 
     def listing(self, offset: int, limit: int, query: str | None) -> tuple[int, list[dict[str, str]]]:
-        """The inputs (those whose name contains ``query``, any case), a page of them."""
-        chosen = self.inputs
+        """The inputs, then the uploads kept (those whose name contains ``query``, any case), a page of them."""
+        with self._lock:
+            chosen = [*self.inputs, *self._uploads.values()]
         if query:
             lowered = query.lower()
             chosen = [source for source in chosen if lowered in source.name.lower()]

@@ -149,6 +149,7 @@ class ModelService:
             "default_method": self.default_method,
             "kind": self.kind,
             "targets": [str(spec) for spec in self.targets],
+            "faithfulness": self.task is Task.CLASSIFY,
         }
 
     def explainer(self, layer: str | None, method: str | None, target: TargetSpec | None = None) -> Explainer:
@@ -199,6 +200,11 @@ class ModelService:
             target if isinstance(target, TargetSpec) else self.targets[0] if target is None and self.targets else None
         )
         shown = shown or (str(spec) if spec is not None else None)
+        if spec is None and self.task is Task.DETECT and isinstance(target, str):
+            raise UsageError(
+                f"{target}: a detector's maps are its detections'; click a detection (or all detections) instead "
+                "of typing a class"
+            )
         with self.model_lock:
             explainer = self.explainer(layer, method, spec)
             index = None
@@ -214,7 +220,8 @@ class ModelService:
             if stored is not None:
                 return MapAnswer(stored, False, shown)
             factory, previous = ReplayFactory(self.passes, source.id), (explainer.capture, explainer.progress)
-            explainer.capture, explainer.progress = factory, Deadline(seconds)
+            deadline = Deadline(seconds)
+            explainer.capture, explainer.progress = factory, deadline
             try:
                 batch = image.batch(self.model.input_spec)
                 result = explainer.explain_batch(batch, [image.size], target=index)[0]
@@ -238,7 +245,7 @@ class ModelService:
                         )
                     )
         self.maps.put(stored)
-        return MapAnswer(stored, factory.forward, shown)
+        return MapAnswer(stored, factory.forward or deadline.passes > 0, shown)
 
     def faithfulness(self, stored: StoredMap, path: Path, road: bool, seconds: float | None = None) -> dict[str, Any]:
         """``gradcam eval``'s figures for the map ``stored`` shows, by its own evaluator (what ``gradcam eval PATH
@@ -288,8 +295,11 @@ class Deadline:
     def __init__(self, seconds: float | None) -> None:
         self.seconds = seconds
         self.end = None if seconds is None else time.monotonic() + seconds
+        self.passes = 0
+        """How many passes of its own the method announced (Score-CAM's masked inputs, ...): 0, none ran."""
 
     def __call__(self, done: int, total: int) -> None:
+        self.passes = max(self.passes, total)
         if self.end is not None and done < total and time.monotonic() > self.end:
             raise HttpError(
                 503,
