@@ -208,3 +208,18 @@ def test_a_name_that_is_not_utf8_is_served_escaped(tmp_path, monkeypatch):
     with TestClient(app, base_url=LOCAL) as client:
         names = [i["name"] for i in client.get("/api/images").json()["images"]]
         assert sorted(Path(n).name for n in names) == ["a.png", "bad\\xff.png"]
+
+
+@pytest.mark.slow
+def test_a_yolo_models_default_layer_is_given_its_own_reason(tmp_path):
+    pytest.importorskip("ultralytics")
+    import yaml
+    from yolo_model import tiny_config
+
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tiny_config()), encoding="utf-8")
+    folder = photos(tmp_path / "photos", ("a.png",))
+    model = ["--model", f"yolo:{tmp_path / 'tiny.yaml'}", "--weights", "none", "--input-size", "64"]
+    served = Served([str(folder), *model], tmp_path, tmp_path / "tmp")
+    code, errors = served.stop(signal.SIGTERM)
+    assert code == 130
+    assert "(the feature maps entering the head; choose with --layer)" in errors, errors
