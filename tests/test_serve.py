@@ -486,6 +486,12 @@ def test_uploads_and_filters_say_what_the_user_gave(client, tmp_path):
     assert again["id"] == first["id"] and again["name"] == "second.png"
     listed = test_client.get(f"/api/map?image={again['id']}").json()
     assert listed["name"].startswith("second_")
+    other = test_client.post("/api/upload?name=%E7%8C%AB.png", content=png(squares(32, 24))).json()  # 猫.png
+    shown = test_client.get(f"/api/map?image={other['id']}").json()
+    overlay = test_client.get(f"/api/maps/{shown['id']}/overlay.png")
+    assert overlay.status_code == 200
+    disposition = overlay.headers["content-disposition"]
+    assert disposition.startswith('attachment; filename="_') and "filename*=UTF-8''%E7%8C%AB_gradcam_" in disposition
     run = tmp_path / "out"
     manifest = write_run(run, 5)
     app = create_app(None, run_dir=run, manifest=manifest, work_dir=tmp_path / "work")

@@ -300,7 +300,7 @@ class Deadline:
 
     def __call__(self, done: int, total: int) -> None:
         self.passes = max(self.passes, total)
-        if self.end is not None and done < total and time.monotonic() > self.end:
+        if self.end is not None and done < total and time.monotonic() >= self.end:
             raise HttpError(
                 503,
                 f"stopped after {self.seconds:g} s ({done} of {total} passes run): a request may take at most "
