@@ -30,7 +30,7 @@ PATH: a finished run's output folder (or its manifest), and/or image files, fold
 A run is browsed without a model (paged, filtered and sorted on the server); with --model (or with images and no
 run: the default model), any image can be explained live: click a class or type a target (--target's grammar), switch
 layer or method, compare, download.
-Listens on 127.0.0.1 unless --host says otherwise; stops with Ctrl-C.
+Listens on 127.0.0.1 unless --host says otherwise; stops with Ctrl-C (or SIGTERM, SIGHUP), its uploads removed.
 
 Exit codes: 0 stopped; 2 usage error; 3 model/weights unavailable; 130 interrupted (Ctrl-C)."""
 
