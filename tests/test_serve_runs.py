@@ -223,3 +223,17 @@ def test_a_yolo_models_default_layer_is_given_its_own_reason(tmp_path):
     code, errors = served.stop(signal.SIGTERM)
     assert code == 130
     assert "(the feature maps entering the head; choose with --layer)" in errors, errors
+
+
+def test_a_record_without_cwd_finds_the_run_from_its_outputs(tmp_path, monkeypatch):
+    run = make_run(tmp_path / "project", monkeypatch, ("a.png",))
+    record = json.loads((run / ".gradcam-run.json").read_text())
+    assert record["cwd"] == str(tmp_path / "project")
+    del record["cwd"]  # as an older version wrote it
+    (run / ".gradcam-run.json").write_text(json.dumps(record))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    app = create_app(None, run_dir=run, manifest=run / "manifest.jsonl", work_dir=tmp_path / "work")
+    with TestClient(app, base_url=LOCAL) as client:
+        assert client.get("/api/run/rows/0/outputs/0").status_code == 200
+        assert client.get("/api/images/r0.png").status_code == 200
