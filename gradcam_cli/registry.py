@@ -61,6 +61,14 @@ class Registry(Generic[T]):
         with self._lock:
             self._entries.pop(name, None)
 
+    def __setitem__(self, name: str, entry: T) -> None:
+        """``registry[name] = entry``: :meth:`register` with ``replace`` (as ``monkeypatch.setitem`` uses it)."""
+        self.register(name, entry, replace=True)
+
+    def __delitem__(self, name: str) -> None:
+        """``del registry[name]``: :meth:`unregister`."""
+        self.unregister(name)
+
     def __getitem__(self, name: str) -> T:
         """The entry ``name``; an unknown name is a one-line :class:`UsageError` with close matches."""
         entry = self.get(name)

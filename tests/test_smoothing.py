@@ -15,7 +15,8 @@ from square_model import square_image
 from test_methods import photo, random_model, tiny_cnn
 
 from gradcam_cli.cam.explainer import Explainer
-from gradcam_cli.cam.methods import FULLGRAD, GUIDED, METHODS
+from gradcam_cli.cam.methods import METHODS
+from gradcam_cli.cam.methods.needs import FULL_GRADIENTS, GUIDED_GRADIENT
 from gradcam_cli.cam.smoothing import IDENTITY, Augmentation, augmentations, first_component
 from gradcam_cli.io.images import InputSpec
 
@@ -109,7 +110,7 @@ def test_aug_smooth_keeps_the_maximum_inside_the_square_and_undoes_the_flip(squa
         saliency = explanation.saliency
         row, col = divmod(int(saliency.argmax()), saliency.shape[1])
         # Pixel-level maps (input gradients) peak on the square's edges, which the rescaled views blur by a pixel.
-        margin = 2 if METHODS[explanation.method].extra in (FULLGRAD, GUIDED) else 0
+        margin = 2 if METHODS[explanation.method].needs in (FULL_GRADIENTS, GUIDED_GRADIENT) else 0
         assert x1 - margin <= col < x2 + margin and y1 - margin <= row < y2 + margin, explanation.method
         # Had the flipped view's map not been flipped back, the mirror image of the square (x from 90 to 150)
         # would light up as much as the square itself.
