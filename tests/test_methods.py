@@ -120,7 +120,7 @@ def tiny_cnn() -> nn.Module:
 
 def test_every_method_is_registered_with_formula_and_paper() -> None:
     newer = ("gradcam-elementwise", "kpcacam", "shapleycam", "fem", "randomcam", "rise", "occlusion")
-    methods = {name: method for name, method in METHODS.items() if name not in newer}  # tests/test_newer_methods.py
+    methods = {name: method for name, method in METHODS.items() if name not in newer}  # tests/test_method_references.py
     assert list(methods) == [
         *("gradcam", "gradcam++", "xgradcam", "hirescam", "layercam", "scorecam", "eigencam"),
         *("eigengradcam", "ablationcam", "fullgrad", "guided-backprop", "guided-gradcam", "finercam"),

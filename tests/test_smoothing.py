@@ -70,7 +70,7 @@ def test_eigen_smooth_sweep(name: str, layer: str, method: str) -> None:
 
 
 def test_eigen_smooth_keeps_the_square(square_model) -> None:
-    skipped = {"scorecam", "randomcam", "rise", "occlusion"}  # noise; no layer (tests/test_newer_methods.py)
+    skipped = {"scorecam", "randomcam", "rise", "occlusion"}  # noise; no layer (tests/test_method_references.py)
     explainer = Explainer(square_model, "features", [m for m in METHODS if m not in skipped], eigen_smooth=True)
     for explanation in explainer.explain(square_image(), target=0).explanations:
         row, col = divmod(int(explanation.saliency.argmax()), explanation.saliency.shape[1])
@@ -103,7 +103,7 @@ def test_each_view_maps_back_to_the_original_geometry(view: Augmentation) -> Non
 
 def test_aug_smooth_keeps_the_maximum_inside_the_square_and_undoes_the_flip(square_model) -> None:
     newer = list(METHODS)[list(METHODS).index("guided-gradcam") + 1 :]
-    skipped = set(newer)  # noise, 6 views x 4,000 masked inputs, ... (tests/test_newer_methods.py)
+    skipped = set(newer)  # noise, 6 views x 4,000 masked inputs, ... (tests/test_method_references.py)
     explainer = Explainer(square_model, "features", [m for m in METHODS if m not in skipped], aug_smooth=True)
     x1, y1, x2, y2 = SQUARE_BOX
     for explanation in explainer.explain(square_image(), target=0).explanations:

@@ -30,6 +30,8 @@ from torch import nn
 from .ablation import ScoreReader
 from .detection import Detections, DetectionTargets, Geometry, detections_of, picked_detections
 from .maps import Region
+from .methods import METHODS
+from .methods.needs import ABLATED_SCORES
 from .results import ImageExplanation, Prediction
 from .scores import Cams, ClassName, MaskedProbability, sum_or_none
 
@@ -47,7 +49,7 @@ def is_yolo_module(module: nn.Module) -> bool:
 def yolo_takes(method: str, module: nn.Module) -> bool:
     """Whether ``method``, which is otherwise for classifiers, explains a YOLO detector (AblationCAM does: module
     docstring)."""
-    return method == "ablationcam" and is_yolo_module(module)
+    return METHODS[method].needs is ABLATED_SCORES and is_yolo_module(module)
 
 
 def yolo_score(module: nn.Module, name: str, threshold: float, max_detections: int, top_k: int) -> YoloScore:

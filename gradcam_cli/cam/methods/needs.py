@@ -22,12 +22,20 @@ class Need(Generic[E_co]):
     """One kind of extra input, of type ``E_co``: ``name`` as messages say it; ``uses_model``: building it runs the
     model again on altered inputs or activations; ``reads_every_layer``: it reads layers besides the explained ones
     (so folding batch norms would change it); ``keeps_graph``: it differentiates the explained pass's graph again
-    (so the first backward pass must keep it)."""
+    (so the first backward pass must keep it); ``shows_progress``: the command line shows a progress bar for its
+    passes."""
 
     def __init__(
-        self, name: str, *, uses_model: bool = False, reads_every_layer: bool = False, keeps_graph: bool = False
+        self,
+        name: str,
+        *,
+        uses_model: bool = False,
+        reads_every_layer: bool = False,
+        keeps_graph: bool = False,
+        shows_progress: bool = False,
     ) -> None:
         self.name = name
+        self.shows_progress = shows_progress
         self.uses_model = uses_model
         self.reads_every_layer = reads_every_layer
         self.keeps_graph = keeps_graph
@@ -36,9 +44,9 @@ class Need(Generic[E_co]):
         return f"Need({self.name!r})"
 
 
-MASKED_SCORES: Need[MaskedScores] = Need("masked scores", uses_model=True)
+MASKED_SCORES: Need[MaskedScores] = Need("masked scores", uses_model=True, shows_progress=True)
 """Score-CAM: the target's probability for the input masked by each channel (:class:`MaskedScores`)."""
-ABLATED_SCORES: Need[AblatedScores] = Need("ablated scores", uses_model=True)
+ABLATED_SCORES: Need[AblatedScores] = Need("ablated scores", uses_model=True, shows_progress=True)
 """AblationCAM: the target's score with each channel of the layer set to zero (:class:`AblatedScores`)."""
 GUIDED_GRADIENT: Need[torch.Tensor] = Need("guided gradient")
 """Guided backpropagation and Guided Grad-CAM: the target's guided (N, 3, H, W) input gradient

@@ -126,13 +126,19 @@ class CamMethod(Generic[E]):
         return self.needs is not None and self.needs.reads_every_layer
 
     @property
+    def shows_progress(self) -> bool:
+        """Whether the command line shows a progress bar for the method's passes (Score-CAM's masked inputs,
+        AblationCAM's ablated copies)."""
+        return self.needs is not None and self.needs.shows_progress
+
+    @property
     def keeps_graph(self) -> bool:
         """Whether the method differentiates the explained pass's graph again (ShapleyCAM, Finer-CAM), so that the
         backward pass to the layer must keep it."""
         return self.needs is not None and self.needs.keeps_graph
 
 
-def _register_plugin(name: str, loaded: object) -> None:
+def register_method_plugin(name: str, loaded: object) -> None:
     """An entry point of ``gradcam_cli.methods``: a module registered its methods on import; a :class:`CamMethod`
     is registered under the entry point's name (which must be its own)."""
     if isinstance(loaded, CamMethod):
@@ -143,7 +149,7 @@ def _register_plugin(name: str, loaded: object) -> None:
         raise UsageError(f"the method plugin {name!r} names a {type(loaded).__name__}, not a module or a CamMethod")
 
 
-METHODS: Registry[CamMethod[Any]] = Registry("method", METHODS_GROUP, _register_plugin)
+METHODS: Registry[CamMethod[Any]] = Registry("method", METHODS_GROUP, register_method_plugin)
 """Every method, by the name ``--method`` accepts: the package's own in docs/methods.md's order, then plugins' and
 a notebook's."""
 
