@@ -44,7 +44,7 @@ from .scores import Cams, ClassTargets, Score, Targets
 from .smoothing import IDENTITY, augmentations, average_views
 from .targets import SpecTargets, explicit_score
 from .task_scores import task_score
-from .yolo import YoloScore, yolo_takes
+from .yolo import YoloScore, pass_settings, yolo_takes
 
 
 class Explainer:
@@ -302,7 +302,7 @@ class Explainer:
         extra passes some take: :mod:`gradcam_cli.cam.passes`)."""
         size = tuple(inputs.shape[-2:])
         module, layers = self._folded or (self.model.module, self.layers)
-        with self.capture(module, layers) as capture, ExitStack() as passes:
+        with pass_settings(self.score), self.capture(module, layers) as capture, ExitStack() as passes:
             with autocast(self.device, self.precision):
                 output = capture.forward_output(inputs)
             output = full_precision(output)  # scores, activations and gradients in float32 from here on
