@@ -1,5 +1,6 @@
-"""The black-box methods, RISE and occlusion: the model is only run, never differentiated, on the input with parts
-of it masked, and the map is built from how the target's score responds. No layer is read.
+"""The black-box methods' passes (RISE and occlusion; their maps are :mod:`gradcam_cli.cam.methods.perturbation`'s):
+the model is only run, never differentiated, on the input with parts of it masked, and the map is built from how
+the target's score responds. No layer is read.
 
 **Masking.** A mask m (H, W) in [0, 1] multiplies the network input, x ⊙ m, so masked pixels go to zero: the
 dataset's mean colour for a classifier whose input is normalised (as the deletion baseline of ``gradcam eval``),
