@@ -260,8 +260,11 @@ MethodOpt = Annotated[
     typer.Option(
         parser=parse_methods,
         metavar="NAME[,NAME...]",
-        help=f"Method(s), comma-separated: {', '.join(METHOD_NAMES)}, or a plugin's (docs/methods.md: what each "
-        "computes and costs); all: every method the model's task takes.",
+        help=f"Method(s), comma-separated: {', '.join(METHOD_NAMES)}, or a plugin's; all: every method the model's "
+        "task takes. Costs (docs/methods.md): the gradient methods share one backward pass per target; scorecam and "
+        "ablationcam need one extra forward pass per channel of the layer (e.g. 2048 for resnet50 layer4, batched 32 "
+        "at a time), rise and occlusion one per mask or window; fullgrad and the guided methods a pass through the "
+        "whole network (pixel-level maps, classifiers only); shapleycam and finercam a second backward pass.",
     ),
 ]
 RiseMasksOpt = Annotated[
