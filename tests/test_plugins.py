@@ -140,3 +140,28 @@ def test_a_family_registered_in_a_notebook_loads_through_load_model(tmp_path: Pa
     finally:
         FAMILIES.unregister("double")
     assert family_of("double:4").name == "custom"
+
+
+def test_the_plugin_method_runs_from_the_command_line_and_equals_its_formula(scene: Path, tmp_path: Path) -> None:
+    from gradcam_cli import Explainer
+
+    out = tmp_path / "out"
+    args = [scene, "--model", "toy:tiny", "--weights", "none", "--method", "toy-saliency", "--target-class", "red"]
+    result = CliRunner().invoke(app, [*map(str, args), "--output-dir", str(out), "--json", "--save-raw"])
+    assert result.exit_code == EXIT_OK, result.output
+    assert json.loads(result.stdout.splitlines()[0])["method"] == "toy-saliency"
+    saliency = np.load(next(out.glob("*.npy")))
+    x1, y1, x2, y2 = RED_SQUARE
+    assert saliency[y1:y2, x1:x2].mean() > 0.9 and saliency[45:, 50:].max() < 0.1
+
+    model = load_model("toy:tiny", "none")
+    inputs = torch.rand(2, 3, 16, 24)
+    coarse = Explainer(model, "features", "toy-saliency").compute(inputs, target=0)[2]["toy-saliency"][0][0]
+    seen: list[torch.Tensor] = []
+    handle = model.module.get_submodule("features").register_forward_hook(lambda _m, _i, output: seen.append(output))
+    try:
+        logits = model.module(inputs)
+    finally:
+        handle.remove()
+    (gradients,) = torch.autograd.grad(logits[:, 0].sum(), seen[0])
+    assert torch.allclose(coarse, (gradients * seen[0]).abs().sum(dim=1), atol=1e-6)
