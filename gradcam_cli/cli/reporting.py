@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import typer
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, GradcamError, describe, path_error
+from ..io.display import displayable
 
 if TYPE_CHECKING:
     from ..models.tasks import Task
@@ -23,21 +24,9 @@ if TYPE_CHECKING:
     from ..pipeline.session import Counts
 
 
-_ESCAPES = {
-    **{code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))},
-    **{0xDC80 + byte: f"\\x{0x80 + byte:02x}" for byte in range(0x80)},  # bytes of a name that is not UTF-8
-    ord("\n"): "\\n",
-    ord("\r"): "\\r",
-    ord("\t"): "\\t",
-    0x2028: "\\u2028",
-    0x2029: "\\u2029",
-}
-
-
 def one_line(text: str) -> str:
-    """``text`` with control characters (a newline in a file name, a terminal escape), line separators and the
-    undecodable bytes of a name escaped (``\\n``, ``\\x1b``, ``\\xff``), so that a console line stays one line."""
-    return text.translate(_ESCAPES)
+    """``text`` as one console line: control characters, line separators and undecodable bytes escaped."""
+    return displayable(text)
 
 
 class Reporter:
