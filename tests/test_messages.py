@@ -467,3 +467,20 @@ def test_the_too_long_message_names_the_path_cut_short_and_the_limit(tmp_path, m
     assert code == EXIT_USAGE
     line = one_error(err)
     assert line.endswith("file name too long (the path is 4199 bytes; the limit is 4096)") and len(line) < 300
+
+
+# --- methods that read no layer -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["rise", "occlusion"])
+def test_black_box_methods_alone_name_no_empty_layer(tmp_path, method):
+    image = tmp_path / "in.png"
+    square_image((64, 48), (10, 10, 30, 30)).save(image)
+    small = ["--rise-masks", "8", "--occlusion-stride", "32", "--input-size", "64", "--workers", "0"]
+    result = run(image, "-m", SQUARE, "--method", method, "-o", tmp_path / "out", *small)
+    assert result.exit_code == 0, result.output
+    assert "layer " not in result.output, result.output  # neither "using layer  (...)" nor "(model M, layer )"
+    assert result.stdout.splitlines()[0] == f"{image}  (model {SQUARE})"
+    result = run(image, "-m", SQUARE, "--method", f"{method},gradcam", "-o", tmp_path / "out2", *small)
+    assert "using layer features (last spatial layer; choose with --layer)" in result.stderr
+    assert result.stdout.splitlines()[0] == f"{image}  (model {SQUARE}, layer features)"

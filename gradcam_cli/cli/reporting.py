@@ -19,6 +19,7 @@ from ..errors import EXIT_IMAGE_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, G
 from ..io.display import displayable
 
 if TYPE_CHECKING:
+    from ..cam.explainer import Explainer
     from ..models.tasks import Task
     from ..pipeline.records import Record
     from ..pipeline.session import Counts
@@ -138,6 +139,33 @@ def default_layer_reason(task: Task, declared: bool = False) -> str:
     kind = "last spatial layer" if task.value == "classify" else "last stage of the backbone"
     kind = "the feature maps entering the head" if declared else kind
     return f"{kind}; choose with --layer"
+
+
+LONG_PASSES = 10_000
+"""Masked forward passes per image and target above which RISE and occlusion are said, at start, to take long."""
+PASSES = ("scorecam", "ablationcam", "rise", "occlusion")
+"""The methods whose extra forward passes :class:`PassProgress` shows."""
+
+
+def passes_warning(explainer: Explainer) -> str | None:
+    """What RISE and occlusion will cost where it is more than LONG_PASSES masked forward passes per image and
+    target (counted at the smallest network input, ``--input-size`` square), and which options make it less."""
+    from ..cam.perturbation import occlusion_count
+
+    options, spec = explainer.perturbation, explainer.model.input_spec
+    height, width = spec.fixed_size or (spec.size, spec.size)
+    counts = {"rise": options.rise_masks, "occlusion": occlusion_count(options, (height, width)) + 1}
+    chosen = {method: counts[method] for method in counts if method in explainer.methods}
+    total = sum(chosen.values())
+    if total <= LONG_PASSES:
+        return None
+    parts = " + ".join(f"{count:,} for {method}" for method, count in chosen.items()) + ", " if len(chosen) > 1 else ""
+    cheaper = {"rise": "a smaller --rise-masks", "occlusion": "a larger --occlusion-stride or --occlusion-window"}
+    hints = " or ".join(cheaper[method] for method in chosen)
+    return (
+        f"warning: {total:,} masked forward passes per image and target ({parts}at {height}x{width} or more): "
+        f"this takes long; {hints} takes fewer"
+    )
 
 
 def run_summary(counts: Counts, seconds: float, unit: str = "images") -> str:
