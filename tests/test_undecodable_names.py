@@ -91,3 +91,15 @@ def test_names_the_font_cannot_draw_warn_nothing_on_stderr(tmp_path):
     assert result.stderr == ""
     assert [str(w.message) for w in caught if "Glyph" in str(w.message)] == []
     assert (tmp_path / "out" / "猫\x01_panel.png").stat().st_size > 0
+
+
+def test_eval_rank_report_shows_a_name_that_is_not_utf8(tmp_path):
+    from gradcam_cli.cli.eval import app as eval_app
+
+    folder = _inputs(tmp_path)
+    os.unlink(os.fsencode(folder) + b"/worse\xfe.png")
+    args = [folder, "-m", SQUARE, "--rank", "--method", "gradcam,layercam", "--report", tmp_path / "rank"]
+    result = run(*args, "--steps", "4", "--input-size", "32", command=eval_app)
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "rank" / "index.html").read_bytes().decode("utf-8")
+    assert "bad\\xff.png" in page
