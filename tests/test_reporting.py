@@ -347,3 +347,7 @@ def test_settings_that_take_long_are_said_before_the_first_image(tmp_path):
         assert len(warnings) == 1 and counts in warnings[0] and "takes long" in warnings[0], result.stderr
     result = CliRunner().invoke(app, [*start, "--method", "rise,occlusion"])
     assert "warning" not in result.stderr  # the defaults: 4,000 + 170
+    from gradcam_cli.cli.eval import app as eval_app
+
+    result = CliRunner().invoke(eval_app, [*start[:3], "--method", "occlusion", "--occlusion-stride", "1"])
+    assert "warning: 37,250 masked forward passes per image and target (at 224x224" in result.stderr

@@ -218,8 +218,8 @@ class EvalCommand:
             raise UsageError(f"no images found in {' '.join(self.inputs)}")
         boxes = read_boxes(options.boxes) if options.boxes is not None else None
         passes = [m for m in self.explain_options.methods if m in PASSES]
-        progress = PassProgress(reporter, f"{'/'.join(passes)} passes") if passes else None
-        explainer = Explainer.from_options(self.model_options, self.explain_options, progress=progress)
+        shown = PassProgress(reporter, f"{'/'.join(passes)} passes") if passes else None
+        explainer = Explainer.from_options(self.model_options, self.explain_options, progress=shown)
         if (warning := passes_warning(explainer)) is not None:
             reporter.info(warning)
         if not self.explain_options.layers and explainer.layer_names:  # RISE, occlusion alone: no layer
