@@ -12,6 +12,7 @@ import os
 import warnings
 from pathlib import Path
 
+import pytest
 from square_model import square_image
 from typer.testing import CliRunner
 
@@ -103,3 +104,34 @@ def test_eval_rank_report_shows_a_name_that_is_not_utf8(tmp_path):
     assert result.exit_code == 0, result.output
     page = (tmp_path / "rank" / "index.html").read_bytes().decode("utf-8")
     assert "bad\\xff.png" in page
+
+
+@pytest.mark.slow  # a process of its own
+def test_a_video_whose_name_is_not_utf8_is_explained(tmp_path):
+    """OpenCV takes UTF-8 names only (it crashed the process on ``clip\\xff.mp4``): the clip is opened through a
+    plainly named link and written under a plain temporary name, then renamed to its own. A process of its own, so
+    that a crash fails this test only."""
+    import subprocess
+    import sys
+
+    import cv2
+    import numpy as np
+    from conftest import ROOT
+
+    plain = tmp_path / "plain.mp4"
+    writer = cv2.VideoWriter(str(plain), cv2.VideoWriter_fourcc(*"mp4v"), 5, (64, 48))
+    for _ in range(4):
+        frame = np.full((48, 64, 3), 128, np.uint8)
+        frame[10:30, 10:30] = (20, 20, 230)  # BGR: red
+        writer.write(frame)
+    writer.release()
+    clip = os.fsencode(tmp_path) + b"/cl\xffip.mp4"
+    os.replace(plain, clip)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "gradcam_cli", os.fsdecode(clip), "-m", SQUARE, "-o", str(out), "--workers", "0"]
+    done = subprocess.run([*command, "--report"], capture_output=True, env=env, timeout=600)  # a hang guard only
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    assert os.listdir(os.fsencode(out / "_thumbs"))
+    assert b"cl\xffip_gradcam_top1.mp4" in os.listdir(os.fsencode(out))
+    assert b"cl\\xffip_gradcam_top1.mp4" in done.stdout  # the console escapes the name
