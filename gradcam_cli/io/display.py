@@ -19,7 +19,6 @@ from .naming import relative_posix
 
 _ESCAPES = {
     **{code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))},
-    **{0xDC80 + byte: f"\\x{0x80 + byte:02x}" for byte in range(0x80)},  # bytes of a name that is not UTF-8
     ord("\n"): "\\n",
     ord("\r"): "\\r",
     ord("\t"): "\\t",
@@ -28,10 +27,25 @@ _ESCAPES = {
 }
 
 
+def undecodable_escaped(text: str) -> str:
+    """``text`` with the undecodable bytes of a name written ``\\xNN`` (any other lone surrogate ``\\uNNNN``):
+    valid UTF-8, the rest as it is (``gradcam serve``'s JSON answers and SQLite text)."""
+    if not any("\ud800" <= ch <= "\udfff" for ch in text):
+        return text
+    return "".join(
+        f"\\x{ord(ch) - 0xDC00:02x}"
+        if "\udc80" <= ch <= "\udcff"
+        else f"\\u{ord(ch):04x}"
+        if "\ud800" <= ch <= "\udfff"
+        else ch
+        for ch in text
+    )
+
+
 def displayable(text: str) -> str:
     """``text`` with control characters (a newline in a file name, a terminal escape), line separators and the
     undecodable bytes of a name escaped (``\\n``, ``\\x1b``, ``\\xff``): one line of valid UTF-8."""
-    return text.translate(_ESCAPES)
+    return undecodable_escaped(text).translate(_ESCAPES)
 
 
 def href(path: Path | str, root: str) -> str:
