@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from cam_reference import pearson
+from PIL import Image
 from square_model import square_image
 from typer.testing import CliRunner
 
@@ -350,3 +352,19 @@ def test_batch_reads_the_reference_once_and_eval_scores_the_similarity(scene, tm
     curve = image["methods"]["gradcam"]["deletion_curve"]
     assert curve[0] == pytest.approx(rows[0]["target"]["probability"], abs=1e-5)  # the cosine, deleted step by step
     assert curve[-1] < curve[0]
+
+
+def test_a_targets_files_follow_max_side_and_its_row_names_the_target(scene, tmp_path):
+    """docs/batch.md, Large images: a --target's map and overlay are made at the shrunk size (320 x 240 at
+    --max-side 64: 64 x 48); its row is the one a full-size run gives."""
+    ref = scene.parent / "ref.png"
+    args = (scene, "--model", EMBED, "--weights", "none", "--target", f"similar:{ref}", "--json", "--save-raw")
+    result = run(*args, "-o", tmp_path / "out", "--max-side", "64")
+    assert result.exit_code == EXIT_OK, result.output
+    row = json.loads(result.stdout.splitlines()[0])
+    overlay, raw = (Path(path) for path in row["outputs"][:2])
+    assert row["fingerprint"]["size"] == [48, 64] and np.load(raw).shape == (48, 64)
+    assert Image.open(overlay).size == (64, 48)
+    full = json.loads(run(*args, "-o", tmp_path / "full", "--max-side", "0").stdout.splitlines()[0])
+    assert row["target"]["name"] == full["target"]["name"] == "similar:ref.png"
+    assert row["target"]["probability"] == pytest.approx(full["target"]["probability"], abs=0.05)

@@ -291,7 +291,7 @@ def explicit_score(
     specs: Sequence[TargetSpec],
     device: torch.device,
     target: int | None,
-    top_k: int,
+    top_k: int | None,
     methods: Sequence[str],
     score: str | None,
     embedding: str | None,
@@ -303,7 +303,7 @@ def explicit_score(
         raise UsageError(f"--target is for classifiers and embedding models; a {model.task.noun} explains its own")
     if specs and target is not None:
         raise UsageError("--target-class is --target class:NAME; give one of them")
-    if specs and top_k > 1:
+    if specs and top_k is not None:
         raise UsageError("--top-k ranks classes; with --target each target is explained once (repeat --target)")
     if not specs:
         if model.text is not None and model.categories:

@@ -59,8 +59,8 @@ def evaluate(
     target: params.TargetsOpt = None,
     embedding: params.EmbeddingOpt = None,
     score: params.ScoreOpt = None,
-    score_threshold: params.ScoreThresholdOpt = 0.5,
-    max_detections: params.MaxDetectionsOpt = 10,
+    score_threshold: params.ScoreThresholdOpt = None,
+    max_detections: params.MaxDetectionsOpt = None,
     steps: Annotated[
         int,
         typer.Option(
@@ -157,7 +157,7 @@ def evaluate(
             layer,
             methods,
             target_class,
-            1,
+            None,
             aug_smooth,
             eigen_smooth,
             score,
