@@ -5,6 +5,7 @@ labels). The model is a tiny YOLO trained in the session on coloured squares (te
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import cv2
@@ -180,6 +181,32 @@ def test_yolo_models_refuse_with_one_line(tmp_path):
         load_model(ModelOptions(f"yolo:{tmp_path / 'tiny.yaml'}", "none", task="classify"))
 
 
+def test_checkpoints_that_are_not_ultralytics_models_are_refused_in_one_line(tmp_path):
+    """A plain module as the model, random bytes, a plain pickle: one line naming the path once (with its leading
+    /), exit code 3, no torch warning on stderr (docs/yolo.md)."""
+    import pickle
+    import warnings
+
+    square_scene([RED]).save(tmp_path / "red.png")
+    torch.save({"model": torch.nn.Linear(3, 3)}, tmp_path / "linear.pt")
+    (tmp_path / "random.pt").write_bytes(bytes(range(7, 256)) * 8)
+    (tmp_path / "plain.pt").write_bytes(pickle.dumps({"a": 1}, protocol=4))
+    expected = {
+        "linear.pt": "holds a Linear as its model, not an ultralytics model",
+        "random.pt": "loads with weights_only=True (not a file torch.save writes)",
+        "plain.pt": "is not an ultralytics checkpoint that loads with weights_only=True (the file references types",
+    }
+    for name, message in expected.items():
+        path = tmp_path / name
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = CliRunner().invoke(app, [str(tmp_path / "red.png"), "-m", f"yolo:{path}", "-o", str(tmp_path)])
+        assert result.exit_code == EXIT_MODEL, result.output
+        assert result.stderr.splitlines() == [result.stderr.strip()] and result.stderr.startswith(f"error: {path} ")
+        assert message in result.stderr and result.stderr.count(name) == 1, result.stderr
+        assert not [w for w in caught if "pickle" in str(w.message)], [str(w.message) for w in caught]
+
+
 @pytest.mark.slow
 def test_every_method_serves_yolo_and_box_scores_differ(squares):
     batch = to_input_tensor(square_scene([RED, BLUE]), squares.input_spec).unsqueeze(0)
@@ -263,6 +290,8 @@ def test_the_cli_explains_a_folder_writes_rows_and_evaluates_against_yolo_labels
     assert evaluated.exit_code == EXIT_OK, evaluated.output
     pointing = json.loads(evaluated.stdout)["methods"]["layercam"]["pointing"]["overall"]
     assert pointing["count"] == 3 and pointing["hits"] == 3
+    timed = evaluated.stderr.splitlines()[-1]  # the time of 2 tiny images: milliseconds, never "0.0s"
+    assert re.fullmatch(r"evaluated 2 image\(s\), 0 failed, in ([1-9]\d* ms|\d+\.\ds)", timed) and "0.0s" not in timed
 
 
 def test_the_cli_says_how_to_get_a_missing_checkpoint_in_one_line(tmp_path):

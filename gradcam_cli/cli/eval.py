@@ -19,7 +19,7 @@ from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError, describe
 from ..options import POINTING_TOLERANCE, EvalOptions, PerturbationOptions
 from . import params
 from .ranking import RankOptions, rank_report
-from .reporting import ProgressBar, Reporter, default_layer_reason, run_reported
+from .reporting import ProgressBar, Reporter, default_layer_reason, duration, run_reported
 
 if TYPE_CHECKING:
     from ..options import ExplainOptions, ModelOptions
@@ -256,5 +256,5 @@ class EvalCommand:
             except OSError as error:
                 raise UsageError(f"cannot write --plot {options.plot}: {describe(error, options.plot)}") from error
             reporter.info(f"curves plotted to {options.plot}")
-        reporter.info(f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {elapsed:.1f}s")
+        reporter.info(f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {duration(elapsed)}")
         return EXIT_IMAGE_FAILED if report.failed else EXIT_OK
