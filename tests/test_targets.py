@@ -368,3 +368,20 @@ def test_a_targets_files_follow_max_side_and_its_row_names_the_target(scene, tmp
     full = json.loads(run(*args, "-o", tmp_path / "full", "--max-side", "0").stdout.splitlines()[0])
     assert row["target"]["name"] == full["target"]["name"] == "similar:ref.png"
     assert row["target"]["probability"] == pytest.approx(full["target"]["probability"], abs=0.05)
+
+
+def test_diff_reports_a_changed_similar_target_as_a_target_change(scene, tmp_path):
+    """Two runs of an embedding model, similar:a.png then similar:b.png: a target change (drift, exit 1), as a changed
+    class is, however alike the maps; the same target on both sides is no drift."""
+    refs = scene.parent / "refs"
+    manifests = {}
+    for name in ("a", "b"):
+        manifests[name] = tmp_path / f"{name}.jsonl"
+        args = (scene, "--model", EMBED, "--weights", "none", "--target", f"similar:{refs / name}.png")
+        result = run(*args, "-o", tmp_path / name, "--manifest", manifests[name])
+        assert result.exit_code == EXIT_OK, result.output
+    changed = CliRunner().invoke(diff_app, [str(manifests["a"]), str(manifests["b"])])
+    assert changed.exit_code == 1, changed.output
+    assert "target similar:a.png -> similar:b.png" in changed.output
+    same = CliRunner().invoke(diff_app, [str(manifests["a"]), str(manifests["a"])])
+    assert same.exit_code == EXIT_OK, same.output
