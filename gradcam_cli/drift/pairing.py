@@ -4,7 +4,8 @@ Inputs pair by their path as written (``./a.jpg`` is ``a.jpg``); those left over
 of their paths (the same file name at least), so runs made from different folders, with absolute or relative
 paths, still pair. Within an input and method, rows pair by target first (a class by its index, another
 ``--target`` by its name), then in the order they come (the image's first explained class with the other run's
-first, and so on), so that an image whose top class or target changed still pairs, as a class or target change. An image that failed on either side pairs as a whole.
+first, and so on), so that an image whose top class or target changed still pairs, as a class or target change.
+An image that failed on either side pairs as a whole.
 """
 
 from __future__ import annotations
