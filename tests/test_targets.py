@@ -385,3 +385,20 @@ def test_diff_reports_a_changed_similar_target_as_a_target_change(scene, tmp_pat
     assert "target similar:a.png -> similar:b.png" in changed.output
     same = CliRunner().invoke(diff_app, [str(manifests["a"]), str(manifests["a"])])
     assert same.exit_code == EXIT_OK, same.output
+
+
+def test_a_dict_output_model_is_an_embedding_model_for_contrasts_and_classes(scene, tmp_path):
+    """docs/targets.md: a custom model returning a dict is an embedding model once --target is given: a contrast of
+    references works (its parts without a kind are references too), a class is refused for want of a class head."""
+    refs = scene.parent / "refs"
+    base = (scene, "--model", EMBED_DICT, "--weights", "none", "--embedding", "embedding", "--json")
+    for contrast in (f"contrast:similar:{refs / 'a.png'},similar:{refs / 'b.png'}", f"contrast:{refs / 'a.png'},b.png"):
+        result = run(*base, "--target", contrast.replace(",b.png", f",{refs / 'b.png'}"), "-o", tmp_path / "out")
+        assert result.exit_code == EXIT_OK, result.output
+        row = json.loads(result.stdout.splitlines()[0])
+        assert row["target"]["name"] == "similar:a.png - similar:b.png" and row["target"]["score"] == "difference"
+    for more in (["--embedding", "embedding"], []):
+        args = (scene, "--model", EMBED_DICT, "--weights", "none", *more, "--target", "class:1", "-o", tmp_path / "x")
+        refused = run(*args)
+        assert refused.exit_code == EXIT_USAGE, refused.output
+        assert "has no class head (it embeds images); use similar: targets" in refused.stderr

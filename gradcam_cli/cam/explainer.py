@@ -136,7 +136,7 @@ class Explainer:
             raise UsageError(f"unknown score {score!r}; use {', '.join(SCORE_NAMES)}")
         self.score_name = score or ("cosine" if model.text is not None else "logit")
         self.target_specs, self.embedding = tuple(TargetSpec.parse(spec) for spec in targets), embedding
-        explicit = self.target_specs or model.text is not None or model.embeds
+        explicit = self.target_specs or model.text is not None or model.embeds or embedding is not None
         self.score: Score = (
             explicit_score(model, self.target_specs, self.device, self.target, top_k, self.methods, score, embedding)
             if explicit

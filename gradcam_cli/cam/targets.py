@@ -16,7 +16,7 @@ a prompt's logit minus its nearest rivals', and a contrast's A minus B.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,9 +58,13 @@ class Resolved:
     """What results show, where not the score: a class's probability, as ``--target-class`` shows it."""
 
 
-def model_kind(model: LoadedModel) -> str:
-    """``clip`` (a text tower), ``embed`` (an embedding model) or ``classify``."""
-    return "clip" if model.text is not None else "embed" if model.embeds else "classify"
+def model_kind(model: LoadedModel, output: object = None) -> str:
+    """``clip`` (a text tower), ``embed`` (an embedding model) or ``classify``. ``output``: the model's output on
+    an input, where known: a dict or tuple of tensors (no ``logits``) makes it an embedding model (docs/targets.md)."""
+    if model.text is not None:
+        return "clip"
+    several = isinstance(output, Mapping | tuple | list) and not hasattr(output, "logits")
+    return "embed" if model.embeds or several else "classify"
 
 
 class TargetScore:
@@ -79,7 +83,9 @@ class TargetScore:
         embedding: str | None = None,
     ) -> None:
         self.model, self.device, self.embedding = model, device, embedding
-        self.kind = model_kind(model)
+        with model_state_preserved(model.module), torch.no_grad():
+            blank = model.module(blank_input(model.input_spec, device))
+        self.kind = model_kind(model, blank)
         self.specs = [TargetSpec.parse(spec) for spec in specs]
         self.class_kind = score if score in ("logit", "softmax", "sigmoid") else "logit"
         self.text_kind = score or "cosine"
@@ -94,15 +100,9 @@ class TargetScore:
             self.head = PromptHead.encode(model.text, list(dict.fromkeys(prompts)), device, embedding)
         self.prompts = list(dict.fromkeys(prompts))
         self.resolved = [self._resolve(spec, k) for k, spec in enumerate(self.specs)]
-        self._check_on_blank()
-
-    def _check_on_blank(self) -> None:
-        """Every target scored once on a blank input's output: a target the output cannot give (an output index,
-        a class past the last, an embedding of another size) stops the run here, before any image."""
-        with model_state_preserved(self.model.module), torch.no_grad():
-            output = self.model.module(blank_input(self.model.input_spec, self.device))
-            for resolved in self.resolved:
-                resolved.score(output)
+        with torch.no_grad():  # a target the output cannot give (an output index, a class past the last, an
+            for resolved in self.resolved:  # embedding of another size) stops the run here, before any image
+                resolved.score(blank)
 
     def _is_text(self, spec: TargetSpec) -> bool:
         return spec.kind == "text" or (spec.kind == "" and self.kind == "clip")
