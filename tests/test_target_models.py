@@ -198,6 +198,8 @@ def test_open_clip_text_maps_match_autograd_and_run_from_the_command_line(open_c
         checkpoint,
         "--target",
         "text:a photo of a dog",
+        "--labels",  # rivals for Finer-CAM: a prompt alone has none
+        pictures / "prompts.txt",
         "--method",
         "gradcam,scorecam,ablationcam,finercam",
         "-o",
@@ -297,3 +299,17 @@ def test_a_hf_clip_folder_without_a_tokenizer_refuses_prompts_in_one_line(hf_cli
     assert line.startswith(f"error: {folder} has no tokenizer (vocab.json and merges.txt, or tokenizer.json)")
     similar = run(scene, "-m", f"hf:{folder}", "--target", f"similar:{pictures / 'ref.png'}", "-o", tmp_path / "ok")
     assert similar.exit_code == EXIT_OK, similar.output
+
+
+def test_finercam_refuses_a_single_prompt_as_it_refuses_any_target_without_rivals(hf_clip, pictures, tmp_path):
+    """A prompt that is the run's only one has no rivals (Finer-CAM would be Grad-CAM): refused in one line, as
+    similar: is; with --labels prompts it has rivals and runs."""
+    args = (pictures / "scene.png", "-m", f"hf:{hf_clip}", "--target", "text:a red square", "--method", "finercam")
+    alone = run(*args, "-o", tmp_path / "alone")
+    assert alone.exit_code == EXIT_USAGE, alone.output
+    assert alone.stderr.splitlines() == [
+        "error: --method finercam compares a target with its rivals; text:a red square has none (give other prompts "
+        "to compare it with: more text: targets, or --labels PROMPTS)"
+    ]
+    rivals = run(*args, "--labels", pictures / "prompts.txt", "-o", tmp_path / "rivals")
+    assert rivals.exit_code == EXIT_OK, rivals.output

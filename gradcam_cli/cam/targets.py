@@ -86,6 +86,8 @@ class TargetScore:
         with model_state_preserved(model.module), torch.no_grad():
             blank = model.module(blank_input(model.input_spec, device))
         self.kind = model_kind(model, blank)
+        self.columns = int(blank.shape[1]) if isinstance(blank, torch.Tensor) and blank.dim() == 2 else None
+        """The classes of a model whose output is (N, C) logits (``None``: another output)."""
         self.specs = [TargetSpec.parse(spec) for spec in specs]
         self.class_kind = score if score in ("logit", "softmax", "sigmoid") else "logit"
         self.text_kind = score or "cosine"
@@ -145,7 +147,8 @@ class TargetScore:
         def shown(output: object) -> torch.Tensor:
             return class_probabilities(as_logits(output).float(), kind)[:, index]
 
-        return Resolved(spec, self.model.class_name(index), index, score, finer, None, shown)
+        rivals = finer if self.columns is None or self.columns > 1 else None  # a single class has none
+        return Resolved(spec, self.model.class_name(index), index, score, rivals, None, shown)
 
     def _text(self, spec: TargetSpec, k: int) -> Resolved:
         head = self.head
@@ -166,7 +169,8 @@ class TargetScore:
             return finer_scores(head(output), torch.full((_rows(output),), column))
 
         shown = kind if kind in ("cosine", "logit") else None
-        return Resolved(spec, f"text:{spec.value}", k, score, finer, shown)
+        rivals = finer if len(self.prompts) > 1 else None  # a single prompt has none
+        return Resolved(spec, f"text:{spec.value}", k, score, rivals, shown)
 
     def _similar(self, spec: TargetSpec, k: int) -> Resolved:
         reference = reference_embedding(self.model, spec.value, self.embedding, self.device, str(spec))
@@ -191,12 +195,17 @@ class TargetScore:
         return Resolved(spec, str(spec), k, score, None, "output")
 
     def check_method(self, method: str) -> None:
-        """Finer-CAM needs rivals: a class's, a prompt's, or a contrast's B (a UsageError for other targets)."""
+        """Finer-CAM needs rivals: a class's other classes, a prompt's other prompts, or a contrast's B (a UsageError
+        for a target without any: a similarity, an output, a single prompt, the class of a single-class head)."""
+        hints = {
+            "text": "give other prompts to compare it with: more text: targets, or --labels PROMPTS",
+            "class": "the model has a single class",
+        }
         for resolved in self.resolved:
             if resolved.finer is None:
+                hint = hints.get(resolved.spec.kind, "use it with class:, text: or contrast: targets")
                 raise UsageError(
-                    f"--method {method} compares a target with its rivals; {resolved.spec} has none (use it with "
-                    "class:, text: or contrast: targets)"
+                    f"--method {method} compares a target with its rivals; {resolved.spec} has none ({hint})"
                 )
 
     def targets(
