@@ -395,3 +395,24 @@ def test_rows_are_in_the_original_images_pixels_above_max_side(checkpoint, tmp_p
         assert small["fingerprint"]["size"] == [64, 128] and large["fingerprint"]["size"] == [256, 512]
         overlay, raw = small["outputs"][:2]
         assert Image.open(overlay).size == (128, 64) and np.load(raw).shape == (64, 128)
+
+
+def test_two_explainers_with_their_own_thresholds_on_one_model_keep_their_own_detections(tmp_path):
+    """The score threshold is each explainer's own (the NMS's confidence for its passes), not set on the shared model:
+    built and run interleaved, each keeps what it keeps alone."""
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tiny_config()), encoding="utf-8")
+    model = load_model(ModelOptions(f"yolo:{tmp_path / 'tiny.yaml'}", "none", input_size=64))
+    inputs = to_input_tensor(square_scene([RED, BLUE]), model.input_spec).unsqueeze(0)
+
+    def scores(explainer: Explainer) -> torch.Tensor:
+        return explainer.compute_targets(inputs)[0].detections[0]["scores"]
+
+    low = Explainer(model, methods=["gradcam"], score_threshold=1e-6, max_detections=2)
+    alone = scores(low)
+    threshold = float(alone.median())
+    high = Explainer(model, methods=["gradcam"], score_threshold=threshold, max_detections=2)
+    kept = scores(high)
+    assert 0 < len(kept) < len(alone) and bool((kept >= threshold).all())
+    assert torch.equal(scores(low), alone)  # building and running `high` left `low`'s threshold alone
+    assert torch.equal(scores(high), kept)
+    assert model.module.conf == model.module.default_conf  # nothing set on the model
