@@ -19,7 +19,16 @@ from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError, describe
 from ..options import DEFAULT_METHOD, POINTING_TOLERANCE, RANDOM_BASELINE, EvalOptions, PerturbationOptions
 from . import params
 from .ranking import RankOptions, rank_report
-from .reporting import ProgressBar, Reporter, default_layer_reason, run_reported
+from .reporting import (
+    PassProgress,
+    ProgressBar,
+    Reporter,
+    default_layer_reason,
+    duration,
+    pass_methods,
+    passes_warning,
+    run_reported,
+)
 
 if TYPE_CHECKING:
     from ..options import ExplainOptions, ModelOptions
@@ -59,8 +68,8 @@ def evaluate(
     target: params.TargetsOpt = None,
     embedding: params.EmbeddingOpt = None,
     score: params.ScoreOpt = None,
-    score_threshold: params.ScoreThresholdOpt = 0.5,
-    max_detections: params.MaxDetectionsOpt = 10,
+    score_threshold: params.ScoreThresholdOpt = None,
+    max_detections: params.MaxDetectionsOpt = None,
     steps: Annotated[
         int,
         typer.Option(
@@ -158,7 +167,7 @@ def evaluate(
             layer,
             methods,
             target_class,
-            1,
+            None,
             aug_smooth,
             eigen_smooth,
             score,
@@ -218,8 +227,12 @@ class EvalCommand:
         if not images:
             raise UsageError(f"no images found in {' '.join(self.inputs)}")
         boxes = read_boxes(options.boxes) if options.boxes is not None else None
-        explainer = Explainer.from_options(self.model_options, self.explain_options)
-        if not self.explain_options.layers:
+        passes = pass_methods(self.explain_options.methods)
+        shown = PassProgress(reporter, f"{'/'.join(passes)} passes") if passes else None
+        explainer = Explainer.from_options(self.model_options, self.explain_options, progress=shown)
+        if (warning := passes_warning(explainer)) is not None:
+            reporter.info(warning)
+        if not self.explain_options.layers and explainer.layer_names:  # RISE, occlusion alone: no layer
             reason = default_layer_reason(explainer.task, bool(explainer.model.default_layers))
             reporter.info(f"using layer {explainer.layer_label} ({reason})")
         if self.ranking.rank and explainer.task.value != "classify":  # boxes only: what a detector is measured by
@@ -257,5 +270,5 @@ class EvalCommand:
             except OSError as error:
                 raise UsageError(f"cannot write --plot {options.plot}: {describe(error, options.plot)}") from error
             reporter.info(f"curves plotted to {options.plot}")
-        reporter.info(f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {elapsed:.1f}s")
+        reporter.info(f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {duration(elapsed)}")
         return EXIT_IMAGE_FAILED if report.failed else EXIT_OK
