@@ -102,14 +102,13 @@ class Explainer:
     ) -> None:
         bare = isinstance(model, nn.Module)
         if isinstance(model, nn.Module):
-            model = LoadedModel(model, type(model).__name__, "custom", None, InputSpec())
-            if detection_transform(model.module) is not None:
-                model.task = Task.DETECT
+            own = Task.DETECT if detection_transform(model) is not None else Task.CLASSIFY
+            model = LoadedModel(model, type(model).__name__, "custom", None, InputSpec(), own)
         task = task or ("classify" if bare and (targets or embedding) else None)  # targets say what it does
-        if task is not None:
-            model.task = Task.parse(task)
+        if task is not None:  # the caller's LoadedModel is left as it is: this explainer's copy says the task
+            model = model.with_profile(task=Task.parse(task))
         if bare and model.task is Task.DETECT:
-            model.input_spec = detection_spec(model.module, None) or model.input_spec
+            model = model.with_profile(input_spec=detection_spec(model.module, None) or model.input_spec)
         self.model = model
         if device is not None:
             model.module.to(device)
@@ -123,7 +122,8 @@ class Explainer:
         infos = dry_pass(model, self.device)
         if bare and task is None and model.task is Task.CLASSIFY:  # a bare module's task, from the dry pass
             shown = task_of_shape(infos[0].output_shape) if infos and not infos[0].name else None
-            model.task = shown or infer_task(model.module, model.input_spec, model.name)
+            model = model.with_profile(task=shown or infer_task(model.module, model.input_spec, model.name))
+            self.model = model
         self.task = model.task
         self.tokens = reads_tokens(model)
         """Whether 3-D layer outputs are token sequences (see :mod:`gradcam_cli.cam.reshape`)."""

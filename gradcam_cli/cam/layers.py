@@ -12,7 +12,6 @@ from torch import nn
 
 from ..errors import GradcamError, ModelLoadError, UsageError, describe, suggest
 from ..io.images import InputSpec, load_image, to_input_tensor
-from ..models.hub import HF_PREFIX, TIMM_PREFIX
 from ..models.tasks import NAMED_LAYERS, Task, layer_scopes
 from .engine import model_state_preserved
 from .reshape import Layout, infer_layout
@@ -58,12 +57,12 @@ def resolve_layer(model: nn.Module, name: str) -> nn.Module:
 
 def reads_tokens(model: LoadedModel) -> bool:
     """Whether ``model``'s 3-D (N, L, C) outputs may be token sequences on a patch grid: only a classifier's, of a
-    family known to use tokens: a timm or Hugging Face model, or one with an attention module or a patch embedding
-    (a convolution whose stride is its kernel: torchvision's ViT, your own transformer or mixer). Elsewhere a 3-D
-    output has no grid: a detector head's (N, anchors, classes)."""
+    family whose profile says it makes tokens (timm, Hugging Face), or one with an attention module or a patch
+    embedding (a convolution whose stride is its kernel: torchvision's ViT, your own transformer or mixer). Elsewhere
+    a 3-D output has no grid: a detector head's (N, anchors, classes)."""
     if model.task is not Task.CLASSIFY:
         return False
-    if model.prefix_tokens is not None or model.name.startswith((TIMM_PREFIX, HF_PREFIX)):
+    if model.prefix_tokens is not None or model.profile.tokens:
         return True
     return any(_makes_tokens(module) for module in model.module.modules())
 
