@@ -7,6 +7,7 @@ with the share of the pixels predicted as it (see docs/tasks.md).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from PIL import Image
@@ -36,6 +37,9 @@ class Prediction:
     score: str | None = None
     """An explicit target's (``--target``): what ``probability`` holds when it is not a probability, ``cosine``,
     ``logit`` or ``output`` (docs/targets.md)."""
+    details: dict[str, Any] | None = None
+    """What a task adds to its predictions (a plugin's task: :mod:`gradcam_cli.cam.tasks`), JSON-ready: written as
+    the prediction's own keys in its rows and read back from them."""
 
 
 @dataclass

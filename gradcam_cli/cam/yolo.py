@@ -44,12 +44,6 @@ def is_yolo_module(module: nn.Module) -> bool:
     return isinstance(module, YoloNet)
 
 
-def yolo_takes(method: str, module: nn.Module) -> bool:
-    """Whether ``method``, which is otherwise for classifiers, explains a YOLO detector (AblationCAM does: module
-    docstring)."""
-    return method == "ablationcam" and is_yolo_module(module)
-
-
 def yolo_score(module: nn.Module, name: str, threshold: float, max_detections: int, top_k: int) -> YoloScore:
     """The :class:`YoloScore` of ``--score name`` (``logit`` or ``box``), ``--score-threshold`` (its default 0.5:
     the model's own confidence threshold, 0.25) and ``--max-detections``; the NMS of ``module`` keeps detections

@@ -182,7 +182,7 @@ def start(
             ),
         )
         if not layers:
-            reporter.info(f"using layer {service.default_layer} ({default_layer_reason(service.task)})")
+            reporter.info(f"using layer {service.default_layer} ({default_layer_reason(service.model.task)})")
     if not is_loopback(options.host):
         reporter.info(
             f"warning: listening on {options.host}: anyone who can reach this machine can use the explorer "

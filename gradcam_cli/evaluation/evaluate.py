@@ -332,7 +332,7 @@ class Evaluator:
 def evaluator_for(explainer: Explainer, options: EvalOptions | None = None) -> Evaluator | TaskEvaluator:
     """The evaluator for the explainer's task: the whole protocol for a classifier, the boxes only for a detector
     or segmenter (:mod:`gradcam_cli.evaluation.tasks`)."""
-    if explainer.task.value == "classify":
+    if explainer.adapter.faithfulness:
         return Evaluator(explainer, options)
     return TaskEvaluator(explainer, options)
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..errors import ModelLoadError, UsageError, describe, path_error, suggest
 from ..io.images import InputSpec
-from ..options import ModelOptions
+from ..options import TASK_NAMES, ModelOptions
 from .clip_models import load_open_clip
 from .hf_models import load_hf
 from .hub import HF_PREFIX, OPEN_CLIP_PREFIX, TIMM_PREFIX
@@ -64,6 +64,9 @@ class LoadedModel:
     """Its output is an embedding, not class scores: explained with ``similar:`` targets (docs/targets.md)."""
     text: TextTower | None = None
     """A CLIP-style model's text tower, for ``text:`` targets; its ``categories`` are then prompts (``--labels``)."""
+    task_name: str | None = None
+    """``--task`` when it names a task adapter of a plugin (:mod:`gradcam_cli.cam.tasks`), not one of :class:`Task`:
+    that adapter explains the model."""
 
     def class_name(self, index: int) -> str:
         """Human name of class ``index`` (the index itself when the model has no names)."""
@@ -149,9 +152,10 @@ def load_model(
         loaded = _load_lite0(model.weights, architecture_only)
     else:
         loaded = _load_torchvision(name, model.weights, model.num_classes, architecture_only)
-    if model.task is not None and not yolo:
+    if model.task is not None and not yolo and model.task in TASK_NAMES:
         loaded.task = Task.parse(model.task)
     elif custom:
+        loaded.task_name = model.task
         loaded.task = infer_task(loaded.module, loaded.input_spec, name)
     if model.input_size is not None:
         own = (detection_spec(loaded.module, None) if loaded.task is Task.DETECT else None) or loaded.input_spec

@@ -39,6 +39,7 @@ class Record:
             if prediction is not None:
                 probability = prediction["probability"]
                 prediction["probability"] = round(probability, 6) if math.isfinite(probability) else None
+                prediction.update(prediction.pop("details") or {})
                 for extra in ("box", "share", "area", "keypoints", "score"):
                     if prediction[extra] is None:
                         del prediction[extra]
@@ -90,4 +91,9 @@ def _prediction(value: Any) -> Prediction | None:
         if isinstance(value.get("keypoints"), list)
         else None,
         score=str(value["score"]) if isinstance(value.get("score"), str) else None,
+        details={key: item for key, item in value.items() if key not in _OWN_KEYS} or None,
     )
+
+
+_OWN_KEYS = frozenset(("index", "name", "probability", "box", "share", "area", "keypoints", "score"))
+"""A prediction's keys in a row that are not a task's :attr:`~gradcam_cli.cam.results.Prediction.details`."""
