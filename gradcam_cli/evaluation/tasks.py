@@ -25,11 +25,12 @@ from typing import Any
 
 from ..cam.explainer import Explainer
 from ..cam.results import Prediction
-from ..errors import GradcamError, UsageError, describe
-from ..io.discovery import InputImage, discover
+from ..errors import UsageError
+from ..io.discovery import InputImage
 from ..options import EvalOptions
 from . import metrics
-from .boxes import GroundTruthBox, match_boxes
+from .boxes import GroundTruthBox
+from .images import evaluate_images, report_of, scored_safely
 from .report import BoxScore, EvalReport, ImageScores, MethodScores
 
 
@@ -52,43 +53,17 @@ class TaskEvaluator:
         kind = self.explainer.adapter.noun
         if not boxes:
             raise UsageError(f"gradcam eval of a {kind} needs --boxes: it measures where its maps point")
-        inputs = [image for image in images if isinstance(image, InputImage)]
-        if len(inputs) < len(images):
-            inputs = discover([image.path if isinstance(image, InputImage) else image for image in images])
-        matched, unmatched = match_boxes(boxes, inputs, self.explainer.model.categories)
-        if not matched:
-            raise UsageError(f"none of the {len(boxes)} boxes names one of the input images (e.g. {boxes[0].image!r})")
-        results = []
-        for image in inputs:
-            if image.path in matched:
-                results.append(self.evaluate_image(image.path, matched[image.path]))
-            if on_image:
-                on_image()
-        explainer = self.explainer
-        return EvalReport(
-            model=explainer.model.name,
-            layers=list(explainer.layer_names),
-            methods=list(explainer.methods),
-            options=self.options,
-            sanity_modules=[],
-            images=results,
-            unmatched_boxes=len(unmatched),
-            target=explainer.target,
-            undetected_boxes=self.undetected,
-        )
+        results, unmatched = evaluate_images(self.explainer, images, boxes, self.evaluate_image, on_image, True)
+        return report_of(self.explainer, self.options, results, unmatched, undetected=self.undetected)
 
     def evaluate_image(self, path: Path, boxes: Sequence[GroundTruthBox]) -> ImageScores:
         """The box scores of one image; a failure to read or run it is returned as ``error``, not raised."""
-        try:
-            result = self.explainer.explain(path)
-            pairs, undetected = self.explainer.adapter.box_pairs(self.explainer, path, result, boxes)
-            self.undetected += undetected
-        except UsageError:
-            raise
-        except GradcamError as error:
-            return ImageScores(str(path), error=str(error))
-        except Exception as error:
-            return ImageScores(str(path), error=f"{path}: cannot evaluate this image ({describe(error, path)})")
+        return scored_safely(path, lambda: self._scores(path, boxes))
+
+    def _scores(self, path: Path, boxes: Sequence[GroundTruthBox]) -> ImageScores:
+        result = self.explainer.explain(path)
+        pairs, undetected = self.explainer.adapter.box_pairs(self.explainer, path, result, boxes)
+        self.undetected += undetected
         scores = {method: MethodScores([], [], math.nan) for method in self.explainer.methods}
         for label, group, explanations in pairs:
             for explanation in explanations:

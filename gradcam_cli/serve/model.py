@@ -140,6 +140,8 @@ class ModelService:
         return {
             "model": self.model.name,
             "task": self.adapter.label,
+            "ranked": self.adapter.ranked,
+            "listed": self.adapter.listed,
             "layers": self.layers,
             "default_layer": self.default_layer,
             "methods": self.methods,

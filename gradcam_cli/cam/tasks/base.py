@@ -68,6 +68,8 @@ class TaskAdapter:
     """The task as records and messages name it (default: :attr:`name`; YOLO's detectors are ``detect``)."""
     noun = "model"
     by_name = True
+    listed = "Predictions"
+    """What ``gradcam serve``'s page titles the list of an image's predictions."""
     """``--task NAME`` names it (YOLO's adapter claims its models by their module, whatever ``--task`` says)."""
     ranked = False
     videos = True

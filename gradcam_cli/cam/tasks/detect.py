@@ -28,6 +28,7 @@ class DetectTask(TaskAdapter):
     name = "detect"
     noun = "detector"
     ranked = True
+    listed = "Detections"
     methods_of = "detect"
 
     def claims(self, model: LoadedModel, requested: str | None) -> bool:

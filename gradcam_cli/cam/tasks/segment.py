@@ -24,6 +24,7 @@ class SegmentTask(TaskAdapter):
     name = "segment"
     noun = "segmenter"
     videos = False
+    listed = "Classes"
     methods_of = "segment"
 
     def claims(self, model: LoadedModel, requested: str | None) -> bool:
