@@ -154,7 +154,7 @@ class Explainer:
                 "other pixels and boxes; run without it"
             )
         layer_free = not names and not any(METHODS[method].uses_layer for method in self.methods)
-        self.layer_names = [] if layer_free else chosen_layers(model, infos, names, self.tokens)
+        self.layer_names = [] if layer_free else chosen_layers(model, infos, names, self.tokens, adapter.ranked)
         self.layers = resolved or {name: resolve_layer(model.module, name) for name in self.layer_names}
         self.layer_calls: dict[str, int] = {}
         self.capture: Callable[[nn.Module, Mapping[str, nn.Module]], LayerCapture] = LayerCapture
