@@ -30,16 +30,26 @@ class Prediction:
     probability: float
     box: Box | None = None
     share: float | None = None
-    area: int | None = None
-    """A YOLO instance's mask area, in pixels of the original image."""
-    keypoints: list[tuple[float, float, float]] | None = None
-    """A YOLO pose's keypoints: (x, y) in the original image's pixels and the model's visibility in [0, 1]."""
     score: str | None = None
     """An explicit target's (``--target``): what ``probability`` holds when it is not a probability, ``cosine``,
     ``logit`` or ``output`` (docs/targets.md)."""
     details: dict[str, Any] | None = None
     """What a task adds to its predictions (a plugin's task: :mod:`gradcam_cli.cam.tasks`), JSON-ready: written as
-    the prediction's own keys in its rows and read back from them."""
+    the prediction's own keys in its rows and read back from them: a YOLO instance's ``area``, a pose's
+    ``keypoints``."""
+
+    @property
+    def area(self) -> int | None:
+        """A YOLO instance's mask area, in pixels of the original image (its ``details``)."""
+        area = (self.details or {}).get("area")
+        return int(area) if isinstance(area, int | float) else None
+
+    @property
+    def keypoints(self) -> list[tuple[float, float, float]] | None:
+        """A YOLO pose's keypoints (its ``details``): (x, y) in the original image's pixels and the model's
+        visibility in [0, 1]."""
+        points = (self.details or {}).get("keypoints")
+        return [(float(x), float(y), float(v)) for x, y, v in points] if isinstance(points, list) else None
 
 
 @dataclass

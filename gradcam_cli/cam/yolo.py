@@ -173,14 +173,16 @@ class YoloTargets(DetectionTargets):
         masks = self._masks(n, size)
         (in_h, in_w), (height, width) = self.geometry.input_size, size
         for j, (prediction, i) in enumerate(zip(shown, self.picked[n], strict=True)):
+            details = prediction.details = dict(prediction.details or {})
             if masks is not None:
-                prediction.area = int(masks[j].sum())
+                details["area"] = int(masks[j].sum())
             if "keypoints" in found:
                 points = found["keypoints"][i].detach().float().cpu()
-                prediction.keypoints = [
-                    (round(float(x) * width / in_w, 1), round(float(y) * height / in_h, 1), round(float(v), 3))
+                details["keypoints"] = [
+                    [round(float(x) * width / in_w, 1), round(float(y) * height / in_h, 1), round(float(v), 3)]
                     for x, y, v in points.tolist()
                 ]
+            prediction.details = details or None
         return shown
 
     def _masks(self, n: int, size: tuple[int, int]) -> torch.Tensor | None:
