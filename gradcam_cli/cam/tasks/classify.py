@@ -6,11 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ...errors import UsageError
-from ...options import SCORE_NAMES, ExplainOptions
+from ...options import ExplainOptions
 from ..scores import ClassScore, Score
 from ..targets import explicit_score
-from .base import ScoreRequest, TaskAdapter, register_task
+from .base import ScoreRequest, TaskAdapter, check_class_score, register_task
 
 if TYPE_CHECKING:
     from ...models.loading import LoadedModel
@@ -31,10 +30,7 @@ class ClassifyTask(TaskAdapter):
         return model.task.value == self.name
 
     def check_options(self, options: ExplainOptions) -> None:
-        if options.score == "box":
-            raise UsageError("--score box is for YOLO detectors (--model yolo:...)")
-        if options.score is not None and options.score not in SCORE_NAMES[:3]:
-            raise UsageError(f"unknown score {options.score!r} for a class; use {', '.join(SCORE_NAMES[:3])}")
+        check_class_score(options)
         TaskAdapter.check_options(self, replace(options, score=None))
 
     def score(self, model: LoadedModel, request: ScoreRequest) -> Score:

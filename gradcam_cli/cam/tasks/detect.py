@@ -10,11 +10,11 @@ import torch
 
 from ...errors import UsageError
 from ...models.tasks import detection_transform
-from ...options import SCORE_NAMES, ExplainOptions
+from ...options import ExplainOptions
 from ..detection import MATCH_IOU, DetectionScore, box_iou, no_detection
 from ..scores import Score
 from ..yolo import is_yolo_module
-from .base import Explained, Pair, ScoreRequest, TaskAdapter, register_task
+from .base import Explained, Pair, ScoreRequest, TaskAdapter, check_class_score, register_task
 
 if TYPE_CHECKING:
     from ...evaluation.boxes import GroundTruthBox
@@ -36,10 +36,7 @@ class DetectTask(TaskAdapter):
 
     def check_options(self, options: ExplainOptions) -> None:
         defaults = ExplainOptions()
-        if options.score == "box":
-            raise UsageError("--score box is for YOLO detectors (--model yolo:...)")
-        if options.score is not None and options.score not in SCORE_NAMES[:3]:
-            raise UsageError(f"unknown score {options.score!r} for a class; use {', '.join(SCORE_NAMES[:3])}")
+        check_class_score(options)
         if options.score not in (None, "logit"):
             raise UsageError(f"--score {options.score} is for classifiers; a {self.noun} has its own score")
         if options.top_k != defaults.top_k:

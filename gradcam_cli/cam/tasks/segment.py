@@ -6,11 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ...errors import UsageError
-from ...options import SCORE_NAMES, ExplainOptions
+from ...options import ExplainOptions
 from ..scores import Score
 from ..segmentation import SegmentationScore
-from .base import Explained, Pair, ScoreRequest, TaskAdapter, register_task
+from .base import Explained, Pair, ScoreRequest, TaskAdapter, check_class_score, register_task
 
 if TYPE_CHECKING:
     from ...evaluation.boxes import GroundTruthBox
@@ -31,10 +30,7 @@ class SegmentTask(TaskAdapter):
         return model.task.value == self.name and requested in (None, self.name)
 
     def check_options(self, options: ExplainOptions) -> None:
-        if options.score == "box":
-            raise UsageError("--score box is for YOLO detectors (--model yolo:...)")
-        if options.score is not None and options.score not in SCORE_NAMES[:3]:
-            raise UsageError(f"unknown score {options.score!r} for a class; use {', '.join(SCORE_NAMES[:3])}")
+        check_class_score(options)
         TaskAdapter.check_options(self, options)
 
     def score(self, model: LoadedModel, request: ScoreRequest) -> Score:
