@@ -47,7 +47,8 @@ def is_yolo_module(module: nn.Module) -> bool:
 def yolo_score(module: nn.Module, name: str, threshold: float, max_detections: int, top_k: int) -> YoloScore:
     """The :class:`YoloScore` of ``--score name`` (``logit`` or ``box``), ``--score-threshold`` (its default 0.5:
     the model's own confidence threshold, 0.25) and ``--max-detections``; the NMS of ``module`` keeps detections
-    from that confidence on."""
+    from that confidence on in the passes run under its task's
+    :meth:`~gradcam_cli.cam.tasks.TaskAdapter.pass_settings` (nothing is set on the model)."""
     from ..errors import UsageError
     from ..options import ExplainOptions
 
@@ -60,7 +61,6 @@ def yolo_score(module: nn.Module, name: str, threshold: float, max_detections: i
     net: Any = module  # a YoloNet (is_yolo_module)
     if threshold == ExplainOptions().score_threshold:
         threshold = float(net.default_conf)
-    net.conf = threshold
     return YoloScore(int(net.stride), threshold, max_detections, name)
 
 

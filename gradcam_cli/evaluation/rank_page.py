@@ -15,7 +15,8 @@ from pathlib import Path
 
 from ..cam.results import ImageExplanation
 from ..io.atomic import write_atomic
-from .rank import RANDOM_BASELINE, RANKED, RankRow, values
+from ..options import RANDOM_BASELINE
+from .rank import RANKED, RankRow, values
 from .report import EvalReport, write_plot
 
 STYLE = (

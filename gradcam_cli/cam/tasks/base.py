@@ -11,6 +11,7 @@ Nothing outside the adapters compares a task. How to add one: docs/internals.md 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -159,6 +160,10 @@ class TaskAdapter:
             if explanation.rank == rank:
                 return explanation
         raise UsageError(f"no detection {rank} in this image ({len(explanations) - 1} found)")
+
+    def pass_settings(self, score: Score) -> AbstractContextManager[None]:
+        """What the explained pass and its extra passes run under (default: nothing)."""
+        return nullcontext()
 
     def serve_target(self) -> bool:
         """Whether ``gradcam serve`` resolves a class to explain for a request (a ranked task explains them all)."""

@@ -4,11 +4,14 @@ the tracing rule of :mod:`gradcam_cli.cam.yolo`, shown as a detector's are (a ma
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from ...options import ExplainOptions
+from ..methods import METHODS
+from ..methods.needs import ABLATED_SCORES
 from ..scores import Score
 from ..yolo import is_yolo_module, yolo_score
 from .base import ScoreRequest, register_task
@@ -39,13 +42,21 @@ class YoloTask(DetectTask):
         )
 
     def takes(self, method: str, tasks: Sequence[str], module: nn.Module) -> bool:
-        return "detect" in tasks or method == "ablationcam"
+        return "detect" in tasks or METHODS[method].needs is ABLATED_SCORES
 
     def settings(
         self, model: LoadedModel, score: Score, request: ScoreRequest, perturbation: dict[str, object]
     ) -> dict[str, object]:
         chosen: Any = score
         return {**super().settings(model, score, request, perturbation), "score": chosen.kind}
+
+    def pass_settings(self, score: Score) -> AbstractContextManager[None]:
+        """The score's confidence threshold for the NMS (:func:`gradcam_cli.models.yolo_net.confidence`: this
+        pass's own, not set on the model)."""
+        from ...models.yolo_net import confidence
+
+        chosen: Any = score  # a YoloScore
+        return confidence(float(chosen.threshold))
 
     def nothing_found(self, model: LoadedModel, score: Score, target: int | None) -> str | None:
         return None
