@@ -24,7 +24,16 @@ from ..options import (
 )
 from . import params
 from .lines import layer_line, layer_row, report_record
-from .reporting import PassProgress, ProgressBar, Reporter, default_layer_reason, run_reported, run_summary
+from .reporting import (
+    PassProgress,
+    ProgressBar,
+    Reporter,
+    default_layer_reason,
+    pass_methods,
+    passes_warning,
+    run_reported,
+    run_summary,
+)
 
 if TYPE_CHECKING:
     from ..options import ExplainOptions, ModelOptions
@@ -323,7 +332,6 @@ class ExplainCommand:
 
     def run(self) -> int:
         from ..cam.explainer import Explainer
-        from ..cam.methods import METHODS
         from ..io.discovery import discover_inputs
         from ..pipeline.session import Session
         from ..pipeline.video import check_video_options
@@ -337,7 +345,7 @@ class ExplainCommand:
         check_video_options(self.output, videos)
         single = len(images) + len(videos) == 1
         with Session(self.output, self.run_options, notify=reporter.info) as session:
-            passes = [m for m in self.explain_options.methods if m in METHODS and METHODS[m].shows_progress]
+            passes = pass_methods(self.explain_options.methods)
             progress = PassProgress(reporter, f"{'/'.join(passes)} passes") if passes else None
             if self.run_options.engine == "ray":
                 from ..pipeline.ray_engine import driver_explainer
@@ -346,7 +354,9 @@ class ExplainCommand:
             else:
                 explainer = Explainer.from_options(self.model_options, self.explain_options, progress=progress)
             session.start(explainer)
-            if not self.explain_options.layers:
+            if (warning := passes_warning(explainer)) is not None:
+                reporter.info(warning)
+            if not self.explain_options.layers and explainer.layer_names:  # RISE, occlusion alone: no layer
                 reason = default_layer_reason(explainer.task, bool(explainer.model.default_layers))
                 reporter.info(f"using layer {explainer.layer_label} ({reason})")
             model = explainer.model
