@@ -6,7 +6,7 @@ with the share of the pixels predicted as it (see docs/tasks.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -50,6 +50,31 @@ class Prediction:
         visibility in [0, 1]."""
         points = (self.details or {}).get("keypoints")
         return [(float(x), float(y), float(v)) for x, y, v in points] if isinstance(points, list) else None
+
+
+def rescaled(prediction: Prediction, scale_y: float, scale_x: float) -> Prediction:
+    """A copy of ``prediction`` with its box, area and keypoints in pixels ``scale_y`` x ``scale_x`` times as large:
+    a shrunk image's (``--max-side``) measured in the original's. Nothing else changes (a share is a fraction)."""
+    if scale_y == 1 and scale_x == 1:
+        return prediction
+    box = prediction.box
+    details = dict(prediction.details or {})
+    if prediction.area is not None:
+        details["area"] = round(prediction.area * scale_y * scale_x)
+    if prediction.keypoints is not None:
+        details["keypoints"] = [[round(x * scale_x, 1), round(y * scale_y, 1), v] for x, y, v in prediction.keypoints]
+    return replace(
+        prediction,
+        box=(
+            round(box[0] * scale_x, 1),
+            round(box[1] * scale_y, 1),
+            round(box[2] * scale_x, 1),
+            round(box[3] * scale_y, 1),
+        )
+        if box is not None
+        else None,
+        details=details or None,
+    )
 
 
 @dataclass

@@ -90,17 +90,16 @@ class TaskAdapter:
         return requested == self.name
 
     def check_options(self, options: ExplainOptions) -> None:
-        """A one-line UsageError for an option this task does not take (``None``: not given)."""
-        defaults = ExplainOptions()
+        """A one-line UsageError for an option this task does not take, given at all (``None``: not given)."""
         if options.score is not None and options.score != "logit":
             raise UsageError(f"--score {options.score} is for classifiers; a {self.noun} has its own score")
         given = [
             f"{option} {value:g}"
-            for option, value, default in (
-                ("--score-threshold", options.score_threshold, defaults.score_threshold),
-                ("--max-detections", options.max_detections, defaults.max_detections),
+            for option, value in (
+                ("--score-threshold", options.score_threshold),
+                ("--max-detections", options.max_detections),
             )
-            if value != default
+            if value is not None
         ]
         if given:
             raise UsageError(f"{given[0]} is for detectors; a {self.noun} has no detections to choose from")

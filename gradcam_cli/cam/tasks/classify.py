@@ -35,7 +35,7 @@ class ClassifyTask(TaskAdapter):
 
     def score(self, model: LoadedModel, request: ScoreRequest) -> Score:
         options = request.options
-        if request.specs or model.text is not None or model.embeds:
+        if request.specs or model.text is not None or model.embeds or options.embedding is not None:
             return explicit_score(
                 model,
                 request.specs,

@@ -10,7 +10,7 @@ import torch
 
 from ...errors import UsageError
 from ...models.tasks import detection_transform
-from ...options import ExplainOptions
+from ...options import MAX_DETECTIONS, SCORE_THRESHOLD, ExplainOptions
 from ..detection import MATCH_IOU, DetectionScore, box_iou, no_detection
 from ..scores import Score
 from ..yolo import is_yolo_module
@@ -35,22 +35,23 @@ class DetectTask(TaskAdapter):
         return model.task.value == self.name and not is_yolo_module(model.module)  # YOLO's: .yolo
 
     def check_options(self, options: ExplainOptions) -> None:
-        defaults = ExplainOptions()
         check_class_score(options)
         if options.score not in (None, "logit"):
             raise UsageError(f"--score {options.score} is for classifiers; a {self.noun} has its own score")
-        if options.top_k != defaults.top_k:
+        if options.top_k is not None:
             raise UsageError(
                 f"--top-k {options.top_k} is for classifiers and segmenters; a detector explains each detection "
                 "scoring at least --score-threshold, at most --max-detections of them"
             )
-        if options.max_detections < 1:
+        if options.max_detections is not None and options.max_detections < 1:
             raise UsageError("--max-detections must be at least 1")
 
     def score(self, model: LoadedModel, request: ScoreRequest) -> Score:
         self.check_options(request.options)
         options = request.options
-        return DetectionScore(detection_transform(model.module), options.score_threshold, options.max_detections)
+        threshold = SCORE_THRESHOLD if options.score_threshold is None else options.score_threshold
+        most = MAX_DETECTIONS if options.max_detections is None else options.max_detections
+        return DetectionScore(detection_transform(model.module), threshold, most)
 
     def settings(
         self, model: LoadedModel, score: Score, request: ScoreRequest, perturbation: dict[str, object]
@@ -60,8 +61,8 @@ class DetectTask(TaskAdapter):
         return {"task": self.label, **detections, **perturbation}
 
     def nothing_found(self, model: LoadedModel, score: Score, target: int | None) -> str | None:
-        assert isinstance(score, DetectionScore)
-        return no_detection(model, score, target)
+        chosen: Any = score  # a DetectionScore, or a YOLO model's score (both have a threshold)
+        return no_detection(model, chosen, target)
 
     def where(self, prediction: Prediction) -> str:
         if prediction.box is None:  # the combined map's target

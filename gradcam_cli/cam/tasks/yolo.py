@@ -58,8 +58,5 @@ class YoloTask(DetectTask):
         chosen: Any = score  # a YoloScore
         return confidence(float(chosen.threshold))
 
-    def nothing_found(self, model: LoadedModel, score: Score, target: int | None) -> str | None:
-        return None
-
 
 register_task(YoloTask())
