@@ -255,15 +255,18 @@ def layer_table(model: LoadedModel, device: torch.device, image: Path | None = N
     return [info for info in infos if info.name], model_default_layer(model, infos)
 
 
-def chosen_layers(model: LoadedModel, infos: list[LayerInfo], names: list[str], tokens: bool) -> list[str]:
-    """``names`` once :func:`check_layers` accepts them, or the model's default layer. A refused layer of a detector
-    gets its default layer suggested (the spatial layers just before a detector's head are its own)."""
+def chosen_layers(
+    model: LoadedModel, infos: list[LayerInfo], names: list[str], tokens: bool, suggest: bool = False
+) -> list[str]:
+    """``names`` once :func:`check_layers` accepts them, or the model's default layer. With ``suggest`` (a
+    detector's task: the spatial layers just before its head are its own), a refused layer gets the default layer
+    suggested."""
     default = None
-    if not names or model.task is Task.DETECT:
+    if not names or suggest:
         try:
             default = model_default_layer(model, infos)
         except UsageError:
             if not names:
                 raise
-    check_layers(model.module, infos, names, tokens, default if model.task is Task.DETECT else None)
+    check_layers(model.module, infos, names, tokens, default if suggest else None)
     return names or str(default).split("+")

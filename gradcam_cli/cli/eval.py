@@ -235,7 +235,7 @@ class EvalCommand:
         if not self.explain_options.layers and explainer.layer_names:  # RISE, occlusion alone: no layer
             reason = default_layer_reason(explainer.task, bool(explainer.model.default_layers))
             reporter.info(f"using layer {explainer.layer_label} ({reason})")
-        if self.ranking.rank and explainer.task.value != "classify":  # boxes only: what a detector is measured by
+        if self.ranking.rank and not explainer.adapter.faithfulness:  # boxes only: what a detector is measured by
             options = replace(options, sanity=False, road=False, stability=False)
         evaluator = evaluator_for(explainer, options)
         started = time.perf_counter()

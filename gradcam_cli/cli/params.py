@@ -78,10 +78,16 @@ def parse_format(text: str | ImageFormat) -> ImageFormat:
 
 
 def parse_task(text: str) -> str:
-    """``classify``, ``detect`` or ``segment`` (any case)."""
+    """``classify``, ``detect`` or ``segment`` (any case), or a task a plugin registered
+    (:data:`gradcam_cli.cam.tasks.TASKS`, looked up only for a name that is none of those: it imports torch)."""
     task = text.strip().lower()
-    if task not in TASK_NAMES:
-        raise typer.BadParameter(f"{text!r}: use {', '.join(TASK_NAMES)}")
+    if task in TASK_NAMES:
+        return task
+    from ..cam.tasks import TASKS
+
+    names = [name for name, adapter in TASKS.items() if adapter.by_name]
+    if task not in names:
+        raise typer.BadParameter(f"{text!r}: use {', '.join(dict.fromkeys([*TASK_NAMES, *names]))}")
     return task
 
 

@@ -21,12 +21,13 @@ from ..cam.maps import to_image_maps
 from ..cam.results import Prediction
 from ..cam.scores import Cams, ClassTargets
 from ..cam.targets import SpecTargets
-from ..errors import GradcamError, UsageError, describe
-from ..io.discovery import InputImage, discover
+from ..errors import UsageError
+from ..io.discovery import InputImage
 from ..io.images import load_image, to_input_tensor
 from ..options import EvalOptions
 from . import metrics
-from .boxes import GroundTruthBox, match_boxes, read_boxes
+from .boxes import GroundTruthBox, read_boxes
+from .images import evaluate_images, report_of, scored_safely
 from .report import BLUR_KERNEL, BLUR_SIGMA, STABILITY_SIGMA, BoxScore, EvalReport, ImageScores, MethodScores
 from .road import ROAD_FRACTIONS, impute, road_masks
 from .tasks import TaskEvaluator
@@ -124,38 +125,12 @@ class Evaluator:
         on_image: Callable[[], Any] | None = None,
     ) -> EvalReport:
         """Evaluate every image; ``on_image`` is called once per image (for progress bars)."""
-        inputs = [image for image in images if isinstance(image, InputImage)]
-        if len(inputs) < len(images):
-            inputs = discover([image.path if isinstance(image, InputImage) else image for image in images])
-        matched, unmatched = match_boxes(boxes, inputs, self.explainer.model.categories) if boxes else ({}, [])
-        if boxes and not matched:
-            raise UsageError(f"none of the {len(boxes)} boxes names one of the input images (e.g. {boxes[0].image!r})")
-        results = []
-        for image in inputs:
-            results.append(self.evaluate_image(image.path, matched.get(image.path, [])))
-            if on_image:
-                on_image()
-        return EvalReport(
-            model=self.explainer.model.name,
-            layers=list(self.explainer.layer_names),
-            methods=list(self.explainer.methods),
-            options=self.options,
-            sanity_modules=self.sanity_modules,
-            images=results,
-            unmatched_boxes=len(unmatched),
-            target=self.explainer.target,
-        )
+        results, unmatched = evaluate_images(self.explainer, images, boxes, self.evaluate_image, on_image, False)
+        return report_of(self.explainer, self.options, results, unmatched, self.sanity_modules)
 
     def evaluate_image(self, path: Path, boxes: Sequence[GroundTruthBox] = ()) -> ImageScores:
         """All figures for one image; a failure to read or run it is returned as ``error``, not raised."""
-        try:
-            return self._evaluate(path, boxes)
-        except UsageError:
-            raise
-        except GradcamError as error:
-            return ImageScores(str(path), error=str(error))
-        except Exception as error:
-            return ImageScores(str(path), error=f"{path}: cannot evaluate this image ({describe(error, path)})")
+        return scored_safely(path, lambda: self._evaluate(path, boxes))
 
     def _evaluate(self, path: Path, boxes: Sequence[GroundTruthBox]) -> ImageScores:
         explainer = self.explainer
@@ -332,7 +307,7 @@ class Evaluator:
 def evaluator_for(explainer: Explainer, options: EvalOptions | None = None) -> Evaluator | TaskEvaluator:
     """The evaluator for the explainer's task: the whole protocol for a classifier, the boxes only for a detector
     or segmenter (:mod:`gradcam_cli.evaluation.tasks`)."""
-    if explainer.task.value == "classify":
+    if explainer.adapter.faithfulness:
         return Evaluator(explainer, options)
     return TaskEvaluator(explainer, options)
 

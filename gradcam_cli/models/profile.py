@@ -43,6 +43,9 @@ class ModelProfile:
     """Its output is an embedding, not class scores: explained with ``similar:`` targets (docs/targets.md)."""
     text: TextTower | None = None
     """A CLIP-style model's text tower, for ``text:`` targets; its ``categories`` are then prompts (``--labels``)."""
+    task_name: str | None = None
+    """``--task`` when it names a task adapter of a plugin (:mod:`gradcam_cli.cam.tasks`), not one of :class:`Task`:
+    that adapter explains the model."""
     size_known: bool = True
     """The model says its own input size (``--input-size`` is then at most 4 times it); ``False`` for your own
     ``file.py:factory`` models."""
@@ -98,6 +101,10 @@ class LoadedModel:
     @property
     def task(self) -> Task:
         return self.profile.task
+
+    @property
+    def task_name(self) -> str | None:
+        return self.profile.task_name
 
     @property
     def prefix_tokens(self) -> int | None:

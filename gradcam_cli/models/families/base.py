@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ...io.images import InputSpec
-from ...options import ModelOptions
+from ...options import TASK_NAMES, ModelOptions
 from ..hub import HubModel
 from ..profile import LoadedModel, ModelProfile
 from ..tasks import Task
@@ -56,8 +56,9 @@ class Family:
 
 
 def chosen_task(options: ModelOptions, own: Task) -> Task:
-    """``--task`` where given, else the model's own task."""
-    return Task.parse(options.task) if options.task is not None else own
+    """``--task`` where it names one of :class:`Task`, else the model's own task (a plugin's task adapter explains
+    the model as what it is: :attr:`~gradcam_cli.models.profile.ModelProfile.task_name`)."""
+    return Task.parse(options.task) if options.task is not None and options.task in TASK_NAMES else own
 
 
 def hub_model(built: HubModel, options: ModelOptions, tokens: bool) -> LoadedModel:

@@ -13,11 +13,11 @@ from torch import nn
 
 from ...errors import ModelLoadError, UsageError, describe, path_error, suggest
 from ...io.images import InputSpec
-from ...options import ModelOptions
+from ...options import TASK_NAMES, ModelOptions
 from ..profile import LoadedModel, ModelProfile
 from ..tasks import Task, infer_task
 from ..weights import apply_state_dict, load_state_dict_file
-from .base import Family
+from .base import Family, chosen_task
 
 
 class Custom(Family):
@@ -32,8 +32,10 @@ class Custom(Family):
         name = options.model
         module = _build(name, options.weights, architecture_only)
         spec = InputSpec()
-        task = Task.parse(options.task) if options.task is not None else infer_task(module, spec, name)
-        return LoadedModel(module, name, options.weights, profile=ModelProfile(spec, None, task, size_known=False))
+        plugin_task = options.task if options.task is not None and options.task not in TASK_NAMES else None
+        task = chosen_task(options, Task.CLASSIFY) if options.task in TASK_NAMES else infer_task(module, spec, name)
+        profile = ModelProfile(spec, None, task, task_name=plugin_task, size_known=False)
+        return LoadedModel(module, name, options.weights, profile=profile)
 
 
 def _build(spec: str, weights: str, architecture_only: bool) -> nn.Module:
