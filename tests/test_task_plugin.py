@@ -36,7 +36,10 @@ RED_BOX = (40, 20, 72, 52)
 def keypoints(monkeypatch: pytest.MonkeyPatch):
     """The plugin's adapter registered as an entry point naming it would register it; removed afterwards."""
     point = metadata.EntryPoint("keypoints", "task_plugins.keypoints:ADAPTER", "gradcam_cli.tasks")
-    monkeypatch.setattr(registry_module, "plugin_entry_points", lambda group: [point])
+    installed = registry_module.plugin_entry_points
+    monkeypatch.setattr(
+        registry_module, "plugin_entry_points", lambda group: [point] if group == point.group else installed(group)
+    )
     monkeypatch.setattr(TASKS, "_plugins_loaded", False)
     assert "keypoints" in TASKS  # loads the plugin: the registry's callback registers the adapter object
     yield TASKS["keypoints"]
