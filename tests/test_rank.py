@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -215,3 +216,24 @@ def test_cli_rank_report_in_headless_chromium(two_squares: Path, tmp_path: Path,
 
     pixels = torch.from_numpy(np.asarray(Image.open(shot).convert("L"), dtype=np.float32))
     assert pixels.std() > 10  # not a blank page
+
+
+def test_randomcam_draws_per_image_whatever_the_batch(tmp_path: Path) -> None:
+    from gradcam_cli.cli import app as gradcam
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i, corners in enumerate(PLACES[:3]):
+        square_image((64, 64), corners).save(folder / f"square{i}.png")
+    raw: dict[str, dict[str, np.ndarray]] = {}
+    for name, more in (("batched", []), ("single", ["--batch-size", "1"])):
+        out = tmp_path / name
+        args = [str(folder), "-m", SQUARE_MODEL, "-l", "features", "--method", "randomcam", "--save-raw", "-t", "0"]
+        result = CliRunner().invoke(gradcam, [*args, "-o", str(out), "--workers", "0", *more])
+        assert result.exit_code == 0, result.output
+        raw[name] = {path.name: np.load(path) for path in out.rglob("*.npy")}
+    assert len(raw["batched"]) == 3 and raw["batched"].keys() == raw["single"].keys()
+    for name, saliency in raw["batched"].items():
+        assert np.array_equal(saliency, raw["single"][name]), name
+    first, second, _ = raw["batched"].values()
+    assert not np.allclose(first, second)  # each image its own noise

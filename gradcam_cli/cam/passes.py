@@ -12,7 +12,7 @@
   backward pass through the capture's own graph per target;
 - ShapleyCAM: the layer's Hessian-vector product H A for the target
   (:meth:`~gradcam_cli.cam.engine.LayerCapture.hessian_vector_products`, once per target for every layer);
-- randomcam: the seed of its noise;
+- randomcam: the seeds of its noise, one per image (:func:`~gradcam_cli.cam.newer.image_seeds`);
 - RISE and occlusion: a :class:`~gradcam_cli.cam.perturbation.MaskedPasses` (masked inputs, no autograd), with the
   masks' seed.
 
@@ -48,6 +48,7 @@ from .methods import (
     MaskedScores,
     ProgressCallback,
 )
+from .newer import image_seeds
 from .perturbation import MaskedPasses
 from .scores import Rescorable, Targets
 from .yolo import YoloTargets
@@ -97,8 +98,8 @@ class MethodInputs:
         that reads no layer), for target ``k``."""
         if method.extra is None:
             return ()
-        if method.extra == SEEDED:
-            return (self.perturbation.seed,)
+        if method.extra == SEEDED:  # one seed per image, from its own pixels: batching cannot change its noise
+            return (image_seeds(self.perturbation.seed, self.inputs),)
         if method.extra == PERTURBED:
             passes = MaskedPasses(
                 self.capture.forward_output_unhooked,
