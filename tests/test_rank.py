@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ from gradcam_cli.cli.eval import app
 from gradcam_cli.evaluation import metrics
 from gradcam_cli.evaluation.evaluate import Evaluator
 from gradcam_cli.evaluation.rank import MIN_IMAGES, bootstrap, format_ranking, paired_interval, rank
-from gradcam_cli.evaluation.report import EvalReport, ImageScores, MethodScores
+from gradcam_cli.evaluation.report import SANITY_MIN_REPEAT, EvalReport, ImageScores, MethodScores
 from gradcam_cli.options import EvalOptions, PerturbationOptions
 
 PLACES = [(8, 8, 28, 28), (50, 20, 70, 40), (30, 60, 50, 80), (60, 62, 80, 82)]
@@ -82,17 +83,38 @@ def test_known_answers_faithful_above_randomcam_and_the_edge_detector_fails_sani
         METHODS, "edges", CamMethod("edges", edges, uses_gradients=False, extra=PERTURBED, uses_layer=False)
     )
     folder, boxes = squares
-    explainer = Explainer(square_model, "features", ["gradcam", "randomcam", "edges"])
+    few = PerturbationOptions(rise_masks=24, rise_grid=4)
+    methods = ["gradcam", "randomcam", "edges", "rise", "copy"]
+    monkeypatch.setitem(METHODS, "copy", replace(METHODS["gradcam"], name="copy"))  # gradcam's maps: a tie
+    explainer = Explainer(square_model, "features", methods, perturbation=few)
     options = EvalOptions(steps=8, sanity=True, sanity_layers=2, stability=True, stability_samples=2)
     report = Evaluator(explainer, options).run([folder], boxes)
     assert not report.failed
+    for image in report.ok:
+        rise = image.methods["rise"]
+        # fresh masks for the randomised models and the redraw: RISE's own masks cannot make the maps agree
+        assert rise.sanity_redraw is not None and rise.sanity_redraw < 0.99
+        assert image.methods["gradcam"].sanity_redraw is None  # deterministic: not redrawn
+    sanity = {m: report.summary(m)["sanity"] for m in methods}
+    assert sanity["randomcam"]["redraw_spearman"] < SANITY_MIN_REPEAT  # fresh noise does not repeat: flagged
+    assert sanity["rise"]["threshold"] == pytest.approx(0.9 * min(1.0, sanity["rise"]["redraw_spearman"]))
+    assert sanity["rise"]["flagged"] == (
+        sanity["rise"]["redraw_spearman"] < SANITY_MIN_REPEAT
+        or max(sanity["rise"]["spearman"]) > sanity["rise"]["threshold"]
+    )
     rows = {(row.metric, row.method): row for row in rank(report, seed=0)}
     for metric in ("deletion_auc", "insertion_auc", "pointing"):
         assert rows[(metric, "gradcam")].rank < rows[(metric, "randomcam")].rank, metric
         assert rows[(metric, "gradcam")].images == len(PLACES)
+        assert rows[(metric, "copy")].rank == rows[(metric, "gradcam")].rank, metric  # identical maps tie
+        assert rows[(metric, "copy")].group == rows[(metric, "gradcam")].group, metric
+    low, high = rows[("deletion_auc", "gradcam")].vs_random_low, rows[("deletion_auc", "gradcam")].vs_random_high
+    assert low <= high < 0  # the paired interval against randomcam excludes 0
+    assert rows[("insertion_auc", "gradcam")].vs_random_low > 0
     assert rows[("pointing", "gradcam")].mean == 100.0
     assert rows[("deletion_auc", "gradcam")].ci_high < rows[("deletion_auc", "randomcam")].ci_low
-    assert rows[("deletion_auc", "gradcam")].beats_random is True
+    # pointing on 4 images cannot tell gradcam (4 hits) from one noise draw (often 2-3 hits): decided by the interval
+    assert rows[("deletion_auc", "gradcam")].beats_random is (rows[("pointing", "gradcam")].vs_random_low > 0)
     assert rows[("deletion_auc", "randomcam")].beats_random is None  # not measured against itself
     assert rows[("deletion_auc", "gradcam")].sanity_failed is False
     assert rows[("deletion_auc", "edges")].sanity_failed is True  # the model plays no part: rho 1 at every stage
