@@ -216,6 +216,8 @@ def test_cli_rank_report_in_headless_chromium(two_squares: Path, tmp_path: Path,
         "gradcam,rise",
         "--rise-masks",
         "40",
+        "--target-class",
+        "2",
         "--rank",
         "--report",
         str(page),
@@ -226,12 +228,16 @@ def test_cli_rank_report_in_headless_chromium(two_squares: Path, tmp_path: Path,
     assert "SANITY FAILED" in result.stdout  # randomcam's noise does not depend on the model
     assert {p.name for p in page.iterdir()} == {
         "index.html",
+        "rows.jsonl",
         "curves.png",
         "boxes.png",
         *(f"example-{i}.png" for i in (1, 2)),
     }
     dom = _browse(chromium, tmp_path, (page / "index.html").as_uri(), "--dump-dom")
     assert 'data-methods="3"' in dom and 'data-images="2"' in dom
+    assert "<th>vs best</th><th>vs randomcam</th>" in dom and "data-group=" in dom  # the paired comparisons
+    assert "intervals are not reliable below" in dom  # two images: warned
+    assert "square0.png: 2 (" in dom  # the examples explain --target-class, not the top class (red, 0)
     assert dom.count('class="ranking"') >= 8
     shot = tmp_path / "shot.png"
     _browse(chromium, tmp_path, (page / "index.html").as_uri(), f"--screenshot={shot}", "--window-size=1000,800")
@@ -327,3 +333,49 @@ def test_rank_says_when_intervals_are_unreliable_or_absent() -> None:
     assert all(math.isnan(row.ci_low) and row.to_dict()["ci_low"] is None for row in one)
     assert {row.method: row.beats_random for row in one} == {"gradcam": None, "randomcam": None}
     assert format_ranking(one)[0].startswith("warning: one image: no confidence intervals")
+
+
+@pytest.mark.slow
+def test_cli_rank_plan_rows_interrupt_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i, corners in enumerate(PLACES[:3]):
+        square_image((64, 64), corners).save(folder / f"square{i}.png")
+    page = tmp_path / "page"
+    common = [str(folder), "--model", SQUARE_MODEL, "--layer", "features", "--steps", "4", "--sanity-layers", "1"]
+    common += ["--input-size", "32", "--rank", "--report", str(page)]
+    original, calls = Evaluator.evaluate_image, []
+
+    def interrupted(self, path, boxes=()):  # Ctrl-C while the second image is evaluated
+        calls.append(path.name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return original(self, path, boxes)
+
+    monkeypatch.setattr(Evaluator, "evaluate_image", interrupted)
+    stopped = run(*common)
+    assert stopped.exit_code == 130, stopped.output
+    assert "plan: 2 method(s) on 3 image(s)" in stopped.stderr  # printed before the heavy work
+    assert "deletion AUC (lower is better; 1 image(s))" in stopped.stdout  # the partial table
+    assert "add --skip-existing to resume" in stopped.stderr
+    lines = (page / "rows.jsonl").read_text().splitlines()
+    assert "settings" in json.loads(lines[0]) and [json.loads(line)["image"] for line in lines[1:]] == [
+        str(folder / "square0.png")
+    ]
+    calls.clear()
+    monkeypatch.setattr(
+        Evaluator, "evaluate_image", lambda self, path, boxes=(): calls.append(path) or original(self, path, boxes)
+    )
+    resumed = run(*common, "--skip-existing", "--json")
+    assert resumed.exit_code == 0, resumed.output
+    assert [path.name for path in calls] == ["square1.png", "square2.png"]  # the finished image is kept
+    rows = [json.loads(line) for line in resumed.stdout.splitlines() if line.startswith("{")]
+    assert {row["images"] for row in rows} == {3} and all(len(row["per_image"]) == 3 for row in rows)
+    assert len((page / "rows.jsonl").read_text().splitlines()) == 4
+    other = run(*common, "--skip-existing", "--steps", "5")
+    assert other.exit_code == 2 and "written by a run with other settings" in other.stderr
+    # a budget no method fits: only the floor is kept, and the plan says which were left out and why
+    tight = run(*common[:-2], "--method", "gradcam,gradcam++", "--budget", "0", "--json")
+    assert tight.exit_code == 0, tight.output
+    assert "left out to fit the 0s budget" in tight.stderr and "gradcam++ ~" in tight.stderr
+    assert {json.loads(line)["method"] for line in tight.stdout.splitlines() if line.startswith("{")} == {"randomcam"}

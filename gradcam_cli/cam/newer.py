@@ -122,7 +122,8 @@ def image_seeds(seed: int, inputs: torch.Tensor) -> list[int]:
     image draws the same noise whatever batch, shard or resumed run it is in, and two images draw different noise."""
     rows = inputs.detach().to("cpu", torch.float32).contiguous()
     return [
-        int.from_bytes(hashlib.blake2b(row.numpy().tobytes(), digest_size=8, key=str(seed).encode()).digest()) >> 1
+        int.from_bytes(hashlib.blake2b(row.numpy().tobytes(), digest_size=8, key=str(seed).encode()).digest(), "big")
+        >> 1
         for row in rows
     ]
 

@@ -8,7 +8,6 @@ the scores, their JSON form and the curve plot are in :mod:`gradcam_cli.evaluati
 
 import copy
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from ..options import EvalOptions
 from . import metrics
 from .boxes import GroundTruthBox, match_boxes, read_boxes
 from .draws import RANDOM_METHODS, averaged, random_draws, sanity_seed
+from .plan import with_methods
 from .report import BLUR_KERNEL, BLUR_SIGMA, STABILITY_SIGMA, BoxScore, EvalReport, ImageScores, MethodScores
 from .road import ROAD_FRACTIONS, impute, road_masks
 from .tasks import TaskEvaluator
@@ -104,34 +104,19 @@ class Evaluator:
             for depth, name in enumerate(names[:stage]):
                 reinitialise(module.get_submodule(name), self.options.seed + depth)
             module.to(self.explainer.device)
-            self.randomised.append(self._like(module, self.explainer.methods))
+            self.randomised.append(with_methods(self.explainer, self.explainer.methods, module))
         random = [method for method in self.explainer.methods if method in RANDOM_METHODS]
-        self.redraw = self._like(loaded.module, random) if random else None
-
-    def _like(self, module: nn.Module, methods: Sequence[str]) -> Explainer:
-        """An explainer like the evaluated one, for ``module`` and ``methods``."""
-        loaded = self.explainer.model
-        return Explainer(
-            replace(loaded, module=module),
-            self.explainer.layer_names,
-            methods,
-            target=self.explainer.target,
-            aug_smooth=self.explainer.aug_smooth,
-            eigen_smooth=self.explainer.eigen_smooth,
-            score_batch_size=self.explainer.score_batch_size,
-            score=self.explainer.score_name,
-            targets=self.explainer.target_specs,
-            embedding=self.explainer.embedding,
-            perturbation=self.explainer.perturbation,
-        )
+        self.redraw = with_methods(self.explainer, random) if random else None
 
     def run(
         self,
         images: Sequence[InputImage | str | Path],
         boxes: Sequence[GroundTruthBox] | None = None,
         on_image: Callable[[], Any] | None = None,
+        on_result: Callable[[ImageScores], Any] | None = None,
     ) -> EvalReport:
-        """Evaluate every image; ``on_image`` is called once per image (for progress bars)."""
+        """Evaluate every image; ``on_image`` is called once per image (for progress bars), ``on_result`` with each
+        image's scores as they are ready (``gradcam eval --rank``'s rows file)."""
         inputs = [image for image in images if isinstance(image, InputImage)]
         if len(inputs) < len(images):
             inputs = discover([image.path if isinstance(image, InputImage) else image for image in images])
@@ -141,6 +126,8 @@ class Evaluator:
         results = []
         for image in inputs:
             results.append(self.evaluate_image(image.path, matched.get(image.path, [])))
+            if on_result:
+                on_result(results[-1])
             if on_image:
                 on_image()
         return EvalReport(

@@ -43,7 +43,8 @@ def write_rank_report(
         if explained.pixels is None or not explained.explanations:
             continue
         write_atomic(folder / f"example-{number}.png", render_panel(explained.pixels, explained.explanations))
-        shown.append((f"example-{number}.png", name))
+        target = explained.explanations[0].target
+        shown.append((f"example-{number}.png", f"{name}: {target.name} ({target.probability:.3f})"))
     page = _page(report, rows, figures, shown)
     write_atomic(folder / "index.html", page.encode("utf-8"))
     return folder / "index.html"

@@ -54,8 +54,10 @@ class TaskEvaluator:
         images: Sequence[InputImage | str | Path],
         boxes: Sequence[GroundTruthBox] | None = None,
         on_image: Callable[[], Any] | None = None,
+        on_result: Callable[[ImageScores], Any] | None = None,
     ) -> EvalReport:
-        """Score every image that has boxes; ``on_image`` is called once per image."""
+        """Score every image that has boxes; ``on_image`` is called once per image, ``on_result`` with each scored
+        image's scores."""
         kind = self.explainer.task.noun
         if not boxes:
             raise UsageError(f"gradcam eval of a {kind} needs --boxes: it measures where its maps point")
@@ -69,6 +71,8 @@ class TaskEvaluator:
         for image in inputs:
             if image.path in matched:
                 results.append(self.evaluate_image(image.path, matched[image.path]))
+                if on_result:
+                    on_result(results[-1])
             if on_image:
                 on_image()
         explainer = self.explainer
