@@ -379,3 +379,25 @@ def test_cli_rank_plan_rows_interrupt_and_resume(tmp_path: Path, monkeypatch: py
     assert tight.exit_code == 0, tight.output
     assert "left out to fit the 0s budget" in tight.stderr and "gradcam++ ~" in tight.stderr
     assert {json.loads(line)["method"] for line in tight.stdout.splitlines() if line.startswith("{")} == {"randomcam"}
+
+
+EXPECTED_SANITY = {
+    "gradcam": False,  # the head's weights are its channel weights: a random head changes the map
+    "rise": False,  # fresh masks on the randomised model; its draws on the trained one repeat (rho ~0.4 at 100 masks)
+    "scorecam": True,  # softmax channel weights, all positive: the same positive mix of activations whatever the head
+    "eigencam": True,  # the activations alone: stages after the layer cannot change them
+    "kpcacam": True,
+    "fem": True,
+    "randomcam": True,  # fresh noise never repeats: flagged as not repeating (redraw rho ~0)
+}
+
+
+@pytest.mark.slow
+def test_sanity_cascade_expected_outcome_per_method(two_squares: Path, square_model) -> None:
+    """docs/evaluation.md's expected cascade outcomes, on the colour detector with its head re-initialised."""
+    perturbation = PerturbationOptions(rise_masks=100, rise_grid=5)
+    explainer = Explainer(square_model, "features", list(EXPECTED_SANITY), perturbation=perturbation)
+    report = Evaluator(explainer, EvalOptions(steps=4, sanity=True, sanity_layers=1)).run([two_squares])
+    flagged = {method: report.summary(method)["sanity"]["flagged"] for method in EXPECTED_SANITY}
+    assert flagged == EXPECTED_SANITY
+    assert report.summary("randomcam")["sanity"]["redraw_spearman"] < SANITY_MIN_REPEAT
