@@ -53,8 +53,10 @@ MAX_PEAK_SHIFT = 0.1
 image's diagonal."""
 TASK_NAMES = ("classify", "detect", "segment")
 """The tasks ``--task`` accepts, as :class:`gradcam_cli.models.tasks.Task` defines them."""
-SCORE_NAMES = ("logit", "softmax", "sigmoid", "cosine", "box")
-"""What ``--score`` differentiates for a classifier (see :mod:`gradcam_cli.cam.scores`)."""
+CLASS_SCORE_NAMES = ("logit", "softmax", "sigmoid", "rest")
+"""What ``--score`` differentiates for a class (see :mod:`gradcam_cli.cam.scores`); ``rest``: ShapleyCAM's ReST."""
+SCORE_NAMES = (*CLASS_SCORE_NAMES, "cosine", "box")
+"""Every ``--score``: a class's, a text prompt's ``cosine``, a YOLO box's ``box``."""
 PRECISION_NAMES = ("fp32", "bf16", "fp16")
 """What ``--precision`` accepts: the forward pass in float32, or autocast to bfloat16 or float16 (see
 :mod:`gradcam_cli.cam.precision`); maps are always computed in float32."""

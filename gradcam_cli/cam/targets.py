@@ -26,6 +26,7 @@ from ..errors import UsageError
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel
 from ..models.tasks import Task
+from ..options import CLASS_SCORE_NAMES
 from ..targets import TargetSpec
 from .embeddings import PromptHead, reference_embedding, select_output, unit
 from .engine import as_logits, model_state_preserved
@@ -81,7 +82,7 @@ class TargetScore:
         self.model, self.device, self.embedding = model, device, embedding
         self.kind = model_kind(model)
         self.specs = [TargetSpec.parse(spec) for spec in specs]
-        self.class_kind = score if score in ("logit", "softmax", "sigmoid") else "logit"
+        self.class_kind = score if score in CLASS_SCORE_NAMES else "logit"
         self.text_kind = score or "cosine"
         if score == "cosine" and any(spec.kinds() & {"class", ""} and self.kind == "classify" for spec in self.specs):
             raise UsageError(

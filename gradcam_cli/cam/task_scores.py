@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..errors import UsageError
 from ..models.loading import LoadedModel
 from ..models.tasks import Task, check_task_options, detection_transform
-from ..options import SCORE_NAMES, ExplainOptions
+from ..options import CLASS_SCORE_NAMES, ExplainOptions
 from .detection import DetectionScore
 from .scores import ClassScore, Score
 from .segmentation import SegmentationScore
@@ -22,8 +22,8 @@ def task_score(model: LoadedModel, name: str | None, threshold: float, max_detec
         return yolo_score(model.module, name or "logit", threshold, max_detections, top_k)
     if name == "box":
         raise UsageError("--score box is for YOLO detectors (--model yolo:...)")
-    if name is not None and name not in SCORE_NAMES[:3]:
-        raise UsageError(f"unknown score {name!r} for a class; use {', '.join(SCORE_NAMES[:3])}")
+    if name is not None and name not in CLASS_SCORE_NAMES:
+        raise UsageError(f"unknown score {name!r} for a class; use {', '.join(CLASS_SCORE_NAMES)}")
     check_task_options(
         model.task, ExplainOptions(top_k=top_k, score=name, score_threshold=threshold, max_detections=max_detections)
     )
