@@ -4,7 +4,7 @@ timed pass, the plan ``--method all`` gets on a CPU within the default budget, a
 ResNet-50 (random weights, seeded), one 224x224 input, ``layer4``, the ``--rank`` settings (50 steps, ROAD, the
 3-stage sanity cascade, 3 stability copies, randomcam over 4 draws) and the method defaults (RISE 4,000 masks,
 occlusion window 32 stride 16). The estimates are :func:`gradcam_cli.evaluation.plan.estimate`'s (each method's
-explanation timed once on the image, RISE's with 64 masks and scaled); the plan is
+explanation timed once on the image, the masked-input methods for 2 s and extrapolated); the plan is
 :func:`~gradcam_cli.evaluation.plan.choose`'s for ``--images`` images and ``--budget`` seconds; then one image is
 evaluated with the methods kept, timed, against the plan's sum for them.
 

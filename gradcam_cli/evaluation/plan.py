@@ -5,7 +5,8 @@ before the heavy work, and for ``--method all`` on a CPU (or any ``--budget``) t
 A method's evaluation on one image costs its explanation once for the image, once per sanity stage, once more for
 a random method's redraw and once per stability copy, plus one forward pass per perturbed image it is scored on
 (deletion and insertion steps, the masked image, ROAD's 18 images; randomcam four times over). The explanation is
-timed on the first image; RISE's is timed with at most :data:`TIMED_MASKS` masks and scaled to ``--rise-masks``.
+timed on the first image; a method that runs batches of masked inputs (Score-CAM, AblationCAM, RISE, occlusion) is
+stopped through its progress callback after :data:`TIMED_SECONDS` and its time extrapolated from the share done.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from torch import nn
 
 from ..cam.engine import model_state_preserved
 from ..cam.explainer import Explainer
-from ..options import EvalOptions, PerturbationOptions
+from ..cam.methods import ProgressCallback
+from ..options import EvalOptions
 from .draws import RANDOM_DRAWS, RANDOM_METHODS
 from .road import ROAD_FRACTIONS
 
@@ -27,17 +29,44 @@ BUDGET = 600.0
 """Seconds a ``--method all`` ranking may take on a CPU unless ``--budget`` says otherwise."""
 KEPT = ("randomcam",)
 """Methods kept whatever their cost: the floor."""
-TIMED_MASKS = 64
+TIMED_SECONDS = 2.0
+"""How long a method with batches of masked inputs is timed before its time is extrapolated."""
+
+
+class _Enough(Exception):
+    """Stops a timed explanation once its rate is known."""
+
+
+def _timed(explainer: Explainer, method: str, inputs: torch.Tensor) -> float:
+    """Seconds ``method`` takes to explain the (1, 3, H, W) ``inputs``, extrapolated from its progress."""
+    marks: dict[str, float] = {}
+
+    def progress(done: int, total: int) -> None:
+        now = time.perf_counter()
+        if "first" not in marks:
+            marks["first"], marks["setup"] = now, now - started
+        elif done and "share" not in marks and (now - marks["first"] > TIMED_SECONDS or done >= total):
+            marks["share"], marks["spent"] = done / total, now - marks["first"]
+            if done < total:
+                raise _Enough
+
+    single = with_methods(explainer, [method], progress=progress)
+    started = time.perf_counter()
+    try:
+        single.compute_targets(inputs, explainer.target, 1)
+    except _Enough:
+        return marks["setup"] + marks["spent"] / marks["share"]
+    return time.perf_counter() - started
 
 
 def with_methods(
     explainer: Explainer,
     methods: Sequence[str],
     module: nn.Module | None = None,
-    perturbation: PerturbationOptions | None = None,
+    progress: ProgressCallback | None = None,
 ) -> Explainer:
     """An explainer like ``explainer`` with other ``methods`` (and ``module`` in place of its model's module,
-    ``perturbation`` in place of its black-box settings)."""
+    ``progress`` in place of its masked passes' progress callback)."""
     loaded = explainer.model
     return Explainer(
         replace(loaded, module=module if module is not None else loaded.module),
@@ -50,7 +79,8 @@ def with_methods(
         score=explainer.score_name,
         targets=explainer.target_specs,
         embedding=explainer.embedding,
-        perturbation=perturbation or explainer.perturbation,
+        perturbation=explainer.perturbation,
+        progress=progress or explainer.progress,
     )
 
 
@@ -98,13 +128,7 @@ def estimate(
     for method in explainer.methods:
         if on_method:
             on_method(method)
-        scale, timed = 1.0, explainer.perturbation
-        if method == "rise" and timed.rise_masks > TIMED_MASKS:
-            scale, timed = timed.rise_masks / TIMED_MASKS, replace(timed, rise_masks=TIMED_MASKS)
-        single = with_methods(explainer, [method], perturbation=timed)
-        started = time.perf_counter()
-        single.compute_targets(inputs, explainer.target, 1)
-        explain = (time.perf_counter() - started) * scale
+        explain = _timed(explainer, method, inputs)
         redraw = 1 if options.sanity and method in RANDOM_METHODS else 0
         draws = RANDOM_DRAWS if method == "randomcam" else 1
         seconds[method] = explain * (repeats + redraw) + forward * passes * draws
