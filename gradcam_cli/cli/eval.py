@@ -147,7 +147,8 @@ def evaluate(
         typer.Option(
             min=0.0,
             metavar="SECONDS",
-            help="With --rank: keep the methods (cheapest first) whose estimated time fits SECONDS for the whole run "
+            help="With --rank: keep randomcam, then the methods in --method order while their estimated time fits "
+            "SECONDS for the whole run "
             "(default for --method all on a CPU: 600).",
         ),
     ] = None,

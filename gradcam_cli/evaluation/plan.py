@@ -136,12 +136,12 @@ def estimate(
 
 
 def choose(seconds: dict[str, float], images: int, budget: float | None) -> Plan:
-    """Keep the methods, cheapest first, while their total over ``images`` fits ``budget`` (None: all), and
-    :data:`KEPT` always; the order of ``seconds`` is kept."""
+    """Keep :data:`KEPT`, then each method in the order of ``seconds`` (``--method``'s: the classic methods first)
+    whose cost over ``images`` still fits ``budget`` (None: all)."""
     if budget is None:
         return Plan(seconds, list(seconds), [], images, None)
     chosen, spent = set(KEPT) & set(seconds), sum(seconds[m] for m in KEPT if m in seconds) * images
-    for method in sorted(seconds, key=lambda m: seconds[m]):
+    for method in seconds:
         if method not in chosen and spent + seconds[method] * images <= budget:
             chosen.add(method)
             spent += seconds[method] * images
