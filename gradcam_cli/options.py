@@ -40,7 +40,14 @@ METHOD_NAMES = (
     "rise",
     "occlusion",
 )
-"""The CAM methods ``--method`` accepts, as registered in :data:`gradcam_cli.cam.methods.METHODS`."""
+"""The package's own CAM methods, as :data:`gradcam_cli.cam.methods.BUILTIN_METHODS` registers them
+(tests/test_methods.py holds them equal): what ``--method`` accepts and ``--help`` lists before torch is imported.
+Once the method registry is loaded, ``--method`` takes its names, a notebook's and the plugins' methods too
+(:func:`gradcam_cli.cli.params.method_names`)."""
+DEFAULT_METHOD = "gradcam"
+"""The method ``--method`` and :class:`ExplainOptions` default to."""
+RANDOM_BASELINE = "randomcam"
+"""The noise baseline ``gradcam eval --rank`` adds and ranks every method against (docs/evaluation.md)."""
 ALL_METHODS = "all"
 """``--method all``: every method that serves the model's task (:class:`gradcam_cli.cam.explainer.Explainer`)."""
 POINTING_TOLERANCE = 15.0
@@ -139,7 +146,7 @@ class ExplainOptions:
     """
 
     layers: tuple[str, ...] = ()
-    methods: tuple[str, ...] = ("gradcam",)
+    methods: tuple[str, ...] = (DEFAULT_METHOD,)
     target_class: str | None = None
     top_k: int = 1
     aug_smooth: bool = False
@@ -265,7 +272,8 @@ class DiffOptions:
 @dataclass(frozen=True)
 class ServeOptions:
     """How ``gradcam serve`` listens and what it takes: ``host`` and ``port`` (0: a free port), the colormap and
-    opacity its page starts with, and the largest upload it decodes (``max_upload_bytes`` of file, ``max_pixels``)."""
+    opacity its page starts with, the largest upload it decodes (``max_upload_bytes`` of file, ``max_pixels``), and
+    how long one request's passes may run (``request_seconds``)."""
 
     host: str = "127.0.0.1"
     port: int = 8765
@@ -273,3 +281,5 @@ class ServeOptions:
     alpha: float = 0.5
     max_upload_bytes: int = 20 * 2**20
     max_pixels: int = 40_000_000
+    request_seconds: float | None = 120.0
+    """How long one request's passes may run (Score-CAM's masked inputs, RISE's masks, ...; ``None``: no limit)."""

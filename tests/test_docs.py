@@ -147,3 +147,16 @@ def test_the_readme_detector_and_segmenter_examples_run_from_a_clone_as_shown(tm
         for line in shown:
             if " -> " in line:
                 assert (tmp_path / line.split(" -> ")[1]).is_file()
+
+
+def test_the_method_table_is_the_registrys() -> None:
+    """docs/methods.md's table of methods is what the registrations say (regenerate it with
+    ``methods_table(BUILTIN_METHODS)``), and docs/cli.md's unknown ``--method`` example is the parser's message."""
+    from gradcam_cli.cam.methods import BUILTIN_METHODS
+    from gradcam_cli.cam.methods.table import methods_table
+    from gradcam_cli.cli.params import unknown_method
+    from gradcam_cli.options import METHOD_NAMES
+
+    assert methods_table(BUILTIN_METHODS) in (ROOT / "docs" / "methods.md").read_text(encoding="utf-8")
+    message = f"error: Invalid value for '--method': {unknown_method('foo', METHOD_NAMES)} (see gradcam --help)"
+    assert message in (ROOT / "docs" / "cli.md").read_text(encoding="utf-8").splitlines()

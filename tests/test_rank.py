@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,8 @@ from test_gallery import _browse, chromium  # noqa: F401  (the fixture, shared)
 from typer.testing import CliRunner
 
 from gradcam_cli import Explainer
-from gradcam_cli.cam.methods import METHODS, PERTURBED, CamMethod
+from gradcam_cli.cam.methods import METHODS, CamMethod
+from gradcam_cli.cam.methods.needs import MASKED_PASSES
 from gradcam_cli.cam.results import Prediction
 from gradcam_cli.cli.eval import app
 from gradcam_cli.evaluation import metrics
@@ -80,12 +80,12 @@ def test_known_answers_faithful_above_randomcam_and_the_edge_detector_fails_sani
     squares, square_model, monkeypatch
 ) -> None:
     monkeypatch.setitem(
-        METHODS, "edges", CamMethod("edges", edges, uses_gradients=False, extra=PERTURBED, uses_layer=False)
+        METHODS, "edges", CamMethod("edges", edges, uses_gradients=False, needs=MASKED_PASSES, uses_layer=False)
     )
     folder, boxes = squares
     few = PerturbationOptions(rise_masks=24, rise_grid=4)
     methods = ["gradcam", "randomcam", "edges", "rise", "copy"]
-    monkeypatch.setitem(METHODS, "copy", replace(METHODS["gradcam"], name="copy"))  # gradcam's maps: a tie
+    monkeypatch.setitem(METHODS, "copy", CamMethod("copy", METHODS["gradcam"].compute))  # gradcam's maps: a tie
     explainer = Explainer(square_model, "features", methods, perturbation=few)
     options = EvalOptions(steps=8, sanity=True, sanity_layers=2, stability=True, stability_samples=2)
     report = Evaluator(explainer, options).run([folder], boxes)

@@ -1,5 +1,6 @@
-"""The black-box methods, RISE and occlusion: the model is only run, never differentiated, on the input with parts
-of it masked, and the map is built from how the target's score responds. No layer is read.
+"""The black-box methods' passes (RISE and occlusion; their maps are :mod:`gradcam_cli.cam.methods.perturbation`'s):
+the model is only run, never differentiated, on the input with parts of it masked, and the map is built from how
+the target's score responds. No layer is read.
 
 **Masking.** A mask m (H, W) in [0, 1] multiplies the network input, x ⊙ m, so masked pixels go to zero: the
 dataset's mean colour for a classifier whose input is normalised (as the deletion baseline of ``gradcam eval``),
@@ -194,47 +195,3 @@ class MaskedPasses:
     def _report(self, done: int, total: int) -> None:
         if self.progress is not None:
             self.progress(done, total)
-
-
-def rise(
-    activations: torch.Tensor | None,
-    gradients: torch.Tensor | None,
-    passes: MaskedPasses,
-    *,
-    eigen_smooth: bool = False,
-) -> torch.Tensor:
-    """RISE (Petsiuk, Das & Saenko, "RISE: Randomized Input Sampling for Explanation of Black-box Models", BMVC 2018,
-    Eq. 6).
-
-    L = 1 / (N p) sum_i f(x ⊙ M_i) M_i: the masks weighted by the score of the input they keep (the masks, N, p and
-    f as in :mod:`gradcam_cli.cam.perturbation`), at the network input's resolution. Needs no layer and no
-    gradients: any model that can be run, even a non-differentiable one. ``eigen_smooth`` changes nothing.
-    """
-    total = torch.zeros(passes.inputs.shape[0], *passes.size, device=passes.inputs.device)
-    for masks, scores in passes.rise():
-        total += torch.einsum("nb,bhw->nhw", scores, masks.float())
-    return total / (passes.options.rise_masks * passes.options.rise_probability)
-
-
-def occlusion(
-    activations: torch.Tensor | None,
-    gradients: torch.Tensor | None,
-    passes: MaskedPasses,
-    *,
-    eigen_smooth: bool = False,
-) -> torch.Tensor:
-    """Occlusion (Zeiler & Fergus, "Visualizing and Understanding Convolutional Networks", ECCV 2014), as Captum's
-    ``Occlusion`` computes it.
-
-    L(p) = mean over the windows W that contain pixel p of f(x) - f(x with W set to zero): how much the score drops
-    when the pixel's neighbourhood is hidden (windows and f as in :mod:`gradcam_cli.cam.perturbation`), at the
-    network input's resolution. No ReLU: a window whose removal raises the score gives its pixels negative values,
-    the lowest once the map is normalised. Needs no layer and no gradients. ``eigen_smooth`` changes nothing.
-    """
-    original = passes.original()
-    drops = torch.zeros(passes.inputs.shape[0], *passes.size, device=passes.inputs.device)
-    counts = torch.zeros(passes.size, device=passes.inputs.device)
-    for windows, scores in passes.occlusion():
-        drops += torch.einsum("nb,bhw->nhw", original[:, None] - scores, windows)
-        counts += windows.sum(dim=0)
-    return drops / counts.clamp_min(1)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, GradcamError, UsageError, describe
-from ..options import ALL_METHODS, POINTING_TOLERANCE, EvalOptions, PerturbationOptions
+from ..options import ALL_METHODS, DEFAULT_METHOD, POINTING_TOLERANCE, RANDOM_BASELINE, EvalOptions, PerturbationOptions
 from . import params
 from .ranking import RankOptions, rank_report
 from .reporting import ProgressBar, Reporter, default_layer_reason, run_reported
@@ -52,7 +52,7 @@ interrupted."""
 @app.command(help=HELP)
 def evaluate(
     inputs: Annotated[list[str], typer.Argument(metavar="INPUT", hidden=True, show_default=False)],
-    method: params.MethodOpt = params.MethodList(["gradcam"]),
+    method: params.MethodOpt = params.MethodList([DEFAULT_METHOD]),
     model: params.ModelOpt = "resnet50",
     task: params.TaskOpt = None,
     weights: params.WeightsOpt = "DEFAULT",
@@ -169,7 +169,8 @@ def evaluate(
     if mistake is not None:
         run_reported(reporter, lambda: params.refuse(mistake))
     task = task or ("classify" if specs or embedding else None)
-    methods = params.MethodList([*method, "randomcam"]) if rank and "randomcam" not in method else method
+    baseline = RANDOM_BASELINE
+    methods = params.MethodList([*method, baseline]) if rank and baseline not in method else method
     perturbation = PerturbationOptions(
         rise_masks, occlusion_window=occlusion_window, occlusion_stride=occlusion_stride, seed=seed
     )

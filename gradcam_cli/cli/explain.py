@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
-from ..options import DEFAULT_MAX_SIDE, ImageFormat, OutputOptions, PerturbationOptions, RunOptions, Shard
+from ..options import (
+    DEFAULT_MAX_SIDE,
+    DEFAULT_METHOD,
+    ImageFormat,
+    OutputOptions,
+    PerturbationOptions,
+    RunOptions,
+    Shard,
+)
 from . import params
 from .lines import layer_line, layer_row, report_record
 from .reporting import PassProgress, ProgressBar, Reporter, default_layer_reason, run_reported, run_summary
@@ -55,7 +63,7 @@ def explain(
         int,
         typer.Option("--top-k", "-k", min=1, metavar="K", help="Explain each of the top K classes (one output each)."),
     ] = 1,
-    method: params.MethodOpt = params.MethodList(["gradcam"]),
+    method: params.MethodOpt = params.MethodList([DEFAULT_METHOD]),
     score: params.ScoreOpt = None,
     score_threshold: params.ScoreThresholdOpt = 0.5,
     max_detections: params.MaxDetectionsOpt = 10,
@@ -316,6 +324,7 @@ class ExplainCommand:
 
     def run(self) -> int:
         from ..cam.explainer import Explainer
+        from ..cam.methods import METHODS
         from ..io.discovery import discover_inputs
         from ..pipeline.session import Session
         from ..pipeline.video import check_video_options
@@ -329,7 +338,7 @@ class ExplainCommand:
         check_video_options(self.output, videos)
         single = len(images) + len(videos) == 1
         with Session(self.output, self.run_options, notify=reporter.info) as session:
-            passes = [m for m in self.explain_options.methods if m in ("scorecam", "ablationcam")]
+            passes = [m for m in self.explain_options.methods if m in METHODS and METHODS[m].shows_progress]
             progress = PassProgress(reporter, f"{'/'.join(passes)} passes") if passes else None
             if self.run_options.engine == "ray":
                 from ..pipeline.ray_engine import driver_explainer

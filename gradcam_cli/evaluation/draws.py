@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..cam.newer import image_seeds, randomcam
+from ..cam.methods.random import image_seeds, randomcam
 from ..cam.scores import Cams
 from .report import MethodScores, mean_or_nan
 

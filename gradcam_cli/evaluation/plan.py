@@ -20,7 +20,7 @@ from torch import nn
 
 from ..cam.engine import model_state_preserved
 from ..cam.explainer import Explainer
-from ..cam.methods import ProgressCallback
+from ..cam.masked_scores import ProgressCallback
 from ..options import EvalOptions
 from .draws import RANDOM_DRAWS, RANDOM_METHODS
 from .road import ROAD_FRACTIONS

@@ -21,13 +21,13 @@ from typing import Any
 
 import torch
 
+from ..options import RANDOM_BASELINE
 from . import metrics
 from .report import EvalReport, ImageScores, MethodScores, mean_or_nan
 
 BOOTSTRAP_RESAMPLES = 1000
 MIN_IMAGES = 10
 """Fewer images than this: the bootstrap intervals (percentile and BCa alike) under-cover; the table says so."""
-RANDOM_BASELINE = "randomcam"
 FAITHFULNESS = ("deletion_auc", "insertion_auc", "pointing")
 """The metrics a method must beat ``randomcam`` on (those measured)."""
 
