@@ -19,7 +19,7 @@ from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, GradcamError, UsageError, descr
 from ..options import ALL_METHODS, DEFAULT_METHOD, POINTING_TOLERANCE, RANDOM_BASELINE, EvalOptions, PerturbationOptions
 from . import params
 from .ranking import RankOptions, rank_report
-from .reporting import ProgressBar, Reporter, default_layer_reason, run_reported
+from .reporting import PassProgress, ProgressBar, Reporter, default_layer_reason, run_reported
 
 if TYPE_CHECKING:
     from ..cam.explainer import Explainer
@@ -248,7 +248,10 @@ class EvalCommand:
         if not images:
             raise UsageError(f"no images found in {' '.join(self.inputs)}")
         boxes = read_boxes(options.boxes) if options.boxes is not None else None
-        explainer = Explainer.from_options(self.model_options, self.explain_options)
+        # Score-CAM's, AblationCAM's, RISE's and occlusion's batches of masked inputs: a bar of their own under the
+        # image bar, so that a long image shows progress within seconds
+        passes = PassProgress(reporter, "masked passes")
+        explainer = Explainer.from_options(self.model_options, self.explain_options, progress=passes)
         if not self.explain_options.layers:
             reason = default_layer_reason(explainer.task, bool(explainer.model.default_layers))
             reporter.info(f"using layer {explainer.layer_label} ({reason})")
@@ -280,6 +283,8 @@ class EvalCommand:
 
                 ran = evaluator.run(todo, boxes, on_image=advance, on_result=record) if todo else None
         except KeyboardInterrupt:
+            if self.ranking.rank and not finished:
+                reporter.info("interrupted before the first image finished: nothing to rank")
             if self.ranking.rank and finished:
                 partial = self._report(evaluator, options, images, finished)
                 reporter.info(f"interrupted: the ranking of the {len(partial.ok)} image(s) finished")
