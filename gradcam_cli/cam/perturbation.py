@@ -128,8 +128,8 @@ class MaskedPasses:
 
     ``forward`` runs the model without hooks or autograd; ``inputs`` (N, 3, H, W) are the inputs explained;
     ``score(output, samples)`` reads each masked input's score (see the module docstring); ``options`` and ``seed``
-    say which masks. Masked inputs run ``batch_size`` at a time; ``progress(done, total)`` is called before the
-    first batch, after each one, and a last time with ``done == total`` even if a pass fails, as for Score-CAM.
+    say which masks. Masked inputs run ``batch_size`` at a time; ``progress(done masks, total)`` is called before
+    the first pass, after each one, and a last time with ``done == total`` even if a pass fails, as for Score-CAM.
     """
 
     def __init__(
@@ -145,6 +145,12 @@ class MaskedPasses:
         self.options = check_perturbation(options or PerturbationOptions())
         self.batch_size = max(1, batch_size)
         self.progress = progress
+
+    @property
+    def chunk(self) -> int:
+        """Masks per step: one forward pass of ``batch_size`` masked inputs for all N inputs, so that ``progress``
+        advances with every pass."""
+        return max(1, self.batch_size // int(self.inputs.shape[0]))
 
     @property
     def size(self) -> tuple[int, int]:
@@ -165,14 +171,14 @@ class MaskedPasses:
     def rise(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """RISE's masks in batches, each with its (N, B) scores."""
         total = self.options.rise_masks
-        masks = rise_masks(self.options, self.size, self.batch_size, self.inputs.device)
+        masks = rise_masks(self.options, self.size, self.chunk, self.inputs.device)
         return self._run(masks, total)
 
     def occlusion(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The occlusion windows in batches (1 inside), each with the (N, B) scores of the inputs with that window
         set to zero."""
         total = occlusion_count(self.options, self.size)
-        windows = occlusion_windows(self.options, self.size, self.batch_size, self.inputs.device)
+        windows = occlusion_windows(self.options, self.size, self.chunk, self.inputs.device)
         return ((1 - kept, scores) for kept, scores in self._run((1 - window for window in windows), total))
 
     def original(self) -> torch.Tensor:

@@ -19,7 +19,16 @@ from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, GradcamError, UsageError, descr
 from ..options import ALL_METHODS, DEFAULT_METHOD, POINTING_TOLERANCE, RANDOM_BASELINE, EvalOptions, PerturbationOptions
 from . import params
 from .ranking import RankOptions, rank_report
-from .reporting import PassProgress, ProgressBar, Reporter, default_layer_reason, run_reported
+from .reporting import (
+    PassProgress,
+    ProgressBar,
+    Reporter,
+    default_layer_reason,
+    duration,
+    pass_methods,
+    passes_warning,
+    run_reported,
+)
 
 if TYPE_CHECKING:
     from ..cam.explainer import Explainer
@@ -65,8 +74,8 @@ def evaluate(
     target: params.TargetsOpt = None,
     embedding: params.EmbeddingOpt = None,
     score: params.ScoreOpt = None,
-    score_threshold: params.ScoreThresholdOpt = 0.5,
-    max_detections: params.MaxDetectionsOpt = 10,
+    score_threshold: params.ScoreThresholdOpt = None,
+    max_detections: params.MaxDetectionsOpt = None,
     steps: Annotated[
         int,
         typer.Option(
@@ -182,7 +191,7 @@ def evaluate(
             layer,
             methods,
             target_class,
-            1,
+            None,
             aug_smooth,
             eigen_smooth,
             score,
@@ -248,11 +257,12 @@ class EvalCommand:
         if not images:
             raise UsageError(f"no images found in {' '.join(self.inputs)}")
         boxes = read_boxes(options.boxes) if options.boxes is not None else None
-        # Score-CAM's, AblationCAM's, RISE's and occlusion's batches of masked inputs: a bar of their own under the
-        # image bar, so that a long image shows progress within seconds
-        passes = PassProgress(reporter, "masked passes")
-        explainer = Explainer.from_options(self.model_options, self.explain_options, progress=passes)
-        if not self.explain_options.layers:
+        passes = pass_methods(self.explain_options.methods)
+        shown = PassProgress(reporter, f"{'/'.join(passes)} passes") if passes else None
+        explainer = Explainer.from_options(self.model_options, self.explain_options, progress=shown)
+        if (warning := passes_warning(explainer)) is not None:
+            reporter.info(warning)
+        if not self.explain_options.layers and explainer.layer_names:  # RISE, occlusion alone: no layer
             reason = default_layer_reason(explainer.task, bool(explainer.model.default_layers))
             reporter.info(f"using layer {explainer.layer_label} ({reason})")
         if self.ranking.rank and explainer.task.value != "classify":  # boxes only: what a detector is measured by
@@ -318,7 +328,7 @@ class EvalCommand:
             except OSError as error:
                 raise UsageError(f"cannot write --plot {options.plot}: {describe(error, options.plot)}") from error
             reporter.info(f"curves plotted to {options.plot}")
-        reporter.info(f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {elapsed:.1f}s")
+        reporter.info(f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {duration(elapsed)}")
         return EXIT_IMAGE_FAILED if report.failed else EXIT_OK
 
     def _planned(self, explainer: Explainer, images: list[InputImage], options: EvalOptions) -> Explainer:

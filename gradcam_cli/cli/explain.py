@@ -24,7 +24,16 @@ from ..options import (
 )
 from . import params
 from .lines import layer_line, layer_row, report_record
-from .reporting import PassProgress, ProgressBar, Reporter, default_layer_reason, run_reported, run_summary
+from .reporting import (
+    PassProgress,
+    ProgressBar,
+    Reporter,
+    default_layer_reason,
+    pass_methods,
+    passes_warning,
+    run_reported,
+    run_summary,
+)
 
 if TYPE_CHECKING:
     from ..cam.explainer import Explainer
@@ -60,13 +69,20 @@ def explain(
     target: params.TargetsOpt = None,
     embedding: params.EmbeddingOpt = None,
     top_k: Annotated[
-        int,
-        typer.Option("--top-k", "-k", min=1, metavar="K", help="Explain each of the top K classes (one output each)."),
-    ] = 1,
+        int | None,
+        typer.Option(
+            "--top-k",
+            "-k",
+            min=1,
+            metavar="K",
+            help="Explain each of the top K classes (one output each; default 1).",
+            show_default=False,
+        ),
+    ] = None,
     method: params.MethodOpt = params.MethodList([DEFAULT_METHOD]),
     score: params.ScoreOpt = None,
-    score_threshold: params.ScoreThresholdOpt = 0.5,
-    max_detections: params.MaxDetectionsOpt = 10,
+    score_threshold: params.ScoreThresholdOpt = None,
+    max_detections: params.MaxDetectionsOpt = None,
     rise_masks: params.RiseMasksOpt = 4000,
     occlusion_window: params.OcclusionWindowOpt = 32,
     occlusion_stride: params.OcclusionStrideOpt = 16,
@@ -324,7 +340,6 @@ class ExplainCommand:
 
     def run(self) -> int:
         from ..cam.explainer import Explainer
-        from ..cam.methods import METHODS
         from ..io.discovery import discover_inputs
         from ..pipeline.session import Session
         from ..pipeline.video import check_video_options
@@ -338,7 +353,7 @@ class ExplainCommand:
         check_video_options(self.output, videos)
         single = len(images) + len(videos) == 1
         with Session(self.output, self.run_options, notify=reporter.info) as session:
-            passes = [m for m in self.explain_options.methods if m in METHODS and METHODS[m].shows_progress]
+            passes = pass_methods(self.explain_options.methods)
             progress = PassProgress(reporter, f"{'/'.join(passes)} passes") if passes else None
             if self.run_options.engine == "ray":
                 from ..pipeline.ray_engine import driver_explainer
@@ -347,7 +362,9 @@ class ExplainCommand:
             else:
                 explainer = Explainer.from_options(self.model_options, self.explain_options, progress=progress)
             session.start(explainer)
-            if not self.explain_options.layers:
+            if (warning := passes_warning(explainer)) is not None:
+                reporter.info(warning)
+            if not self.explain_options.layers and explainer.layer_names:  # RISE, occlusion alone: no layer
                 reason = default_layer_reason(explainer.task, bool(explainer.model.default_layers))
                 reporter.info(f"using layer {explainer.layer_label} ({reason})")
             model = explainer.model
@@ -372,7 +389,8 @@ def _nothing_found(explainer: Explainer) -> str | None:
     """What a row without a target means for the task, naming what filtered a detector's detections (``None``: a
     video's row)."""
     from ..cam.detection import DetectionScore, no_detection
+    from ..cam.yolo import YoloScore
 
-    if isinstance(explainer.score, DetectionScore):
+    if isinstance(explainer.score, DetectionScore | YoloScore):
         return no_detection(explainer.model, explainer.score, explainer.target)
     return "no class other than the background" if explainer.task.value == "segment" else None

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..cam.results import ImageExplanation
 from ..io.atomic import write_atomic
+from ..io.display import displayable
 from .rank import RANKED, RankRow, format_interval, marks, values, warnings
 from .report import EvalReport, write_plot
 
@@ -56,7 +57,9 @@ def _page(
     figures: Sequence[tuple[str, str]],
     examples: Sequence[tuple[str, str]],
 ) -> str:
-    e = html.escape
+    def e(text: str) -> str:
+        return html.escape(displayable(text))
+
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>gradcam eval --rank: {e(report.model)}</title><style>{STYLE}</style></head><body>",

@@ -60,7 +60,7 @@ HESSIAN_PRODUCT: Need[torch.Tensor] = Need("Hessian-vector product", keeps_graph
 (:meth:`~gradcam_cli.cam.engine.LayerCapture.hessian_vector_products`)."""
 SEED: Need[list[int]] = Need("seed")
 """randomcam: the seeds of its noise, one per image (:func:`~gradcam_cli.cam.methods.random.image_seeds`)."""
-MASKED_PASSES: Need[MaskedPasses] = Need("masked passes", uses_model=True)
+MASKED_PASSES: Need[MaskedPasses] = Need("masked passes", uses_model=True, shows_progress=True)
 """RISE and occlusion: the black-box passes on masked inputs (:class:`MaskedPasses`)."""
 
 NEEDS: tuple[Need[object], ...] = (
