@@ -25,6 +25,7 @@ import torch
 from ..errors import UsageError
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel
+from ..options import CLASS_SCORE_NAMES
 from ..targets import TargetSpec
 from .embeddings import PromptHead, reference_embedding, select_output, unit
 from .engine import as_logits, model_state_preserved
@@ -90,7 +91,7 @@ class TargetScore:
         self.columns = int(blank.shape[1]) if isinstance(blank, torch.Tensor) and blank.dim() == 2 else None
         """The classes of a model whose output is (N, C) logits (``None``: another output)."""
         self.specs = [TargetSpec.parse(spec) for spec in specs]
-        self.class_kind = score if score in ("logit", "softmax", "sigmoid") else "logit"
+        self.class_kind = score if score in CLASS_SCORE_NAMES else "logit"
         self.text_kind = score or "cosine"
         if score == "cosine" and any(spec.kinds() & {"class", ""} and self.kind == "classify" for spec in self.specs):
             raise UsageError(

@@ -213,9 +213,10 @@ ScoreOpt = Annotated[
     str | None,
     typer.Option(
         parser=parse_score,
-        metavar="logit|softmax|sigmoid|cosine",
-        help="Classifiers: what is differentiated, the class's logit (default), softmax probability or sigmoid "
-        "(multi-label heads); text: targets: the image-text cosine (default) or the logit, softmax, sigmoid.",
+        metavar="logit|softmax|sigmoid|rest|cosine",
+        help="Classifiers: what is differentiated, the class's logit (default), softmax probability, sigmoid "
+        "(multi-label heads) or rest (logit + log softmax: ShapleyCAM's recommended target); text: targets: the "
+        "image-text cosine (default) or the logit, softmax, sigmoid.",
         show_default=False,
     ),
 ]

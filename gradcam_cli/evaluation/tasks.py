@@ -48,12 +48,16 @@ class TaskEvaluator:
         images: Sequence[InputImage | str | Path],
         boxes: Sequence[GroundTruthBox] | None = None,
         on_image: Callable[[], Any] | None = None,
+        on_result: Callable[[ImageScores], Any] | None = None,
     ) -> EvalReport:
-        """Score every image that has boxes; ``on_image`` is called once per image."""
+        """Score every image that has boxes; ``on_image`` is called once per image, ``on_result`` with each scored
+        image's scores."""
         kind = self.explainer.adapter.noun
         if not boxes:
             raise UsageError(f"gradcam eval of a {kind} needs --boxes: it measures where its maps point")
-        results, unmatched = evaluate_images(self.explainer, images, boxes, self.evaluate_image, on_image, True)
+        results, unmatched = evaluate_images(
+            self.explainer, images, boxes, self.evaluate_image, on_image, True, on_result
+        )
         return report_of(self.explainer, self.options, results, unmatched, undetected=self.undetected)
 
     def evaluate_image(self, path: Path, boxes: Sequence[GroundTruthBox]) -> ImageScores:

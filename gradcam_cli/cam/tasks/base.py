@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ...errors import UsageError
-from ...options import SCORE_NAMES, ExplainOptions
+from ...options import CLASS_SCORE_NAMES, ExplainOptions
 from ...registry import TASKS_GROUP, Registry
 
 if TYPE_CHECKING:
@@ -173,8 +173,8 @@ def check_class_score(options: ExplainOptions) -> None:
     """A one-line UsageError for ``--score`` naming no class score (``box`` is YOLO's; ``None``: not given)."""
     if options.score == "box":
         raise UsageError("--score box is for YOLO detectors (--model yolo:...)")
-    if options.score is not None and options.score not in SCORE_NAMES[:3]:
-        raise UsageError(f"unknown score {options.score!r} for a class; use {', '.join(SCORE_NAMES[:3])}")
+    if options.score is not None and options.score not in CLASS_SCORE_NAMES:
+        raise UsageError(f"unknown score {options.score!r} for a class; use {', '.join(CLASS_SCORE_NAMES)}")
 
 
 def _register_plugin(name: str, loaded: object) -> None:
