@@ -39,6 +39,9 @@ METHOD_NAMES = (
     "randomcam",
     "rise",
     "occlusion",
+    "rollout",
+    "attn-grad",
+    "attention",
 )
 """The CAM methods ``--method`` accepts, as registered in :data:`gradcam_cli.cam.methods.METHODS`."""
 ALL_METHODS = "all"

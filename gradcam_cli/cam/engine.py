@@ -22,6 +22,11 @@ AblationCAM's ablated activations (:meth:`LayerCapture.forward_output_unhooked`,
 from the input through every bias layer (:meth:`LayerCapture.full_gradients`, a capture of its own whose inputs
 require gradients, so that nothing is cut off), and guided backpropagation (:mod:`gradcam_cli.cam.guided`: no hook
 at all, a function mode that changes the ReLUs' backward rule while it is active).
+
+Attention (:meth:`LayerCapture.watch_attention`): the explained pass records each self-attention module's
+probabilities (N, heads, L, L), the tensors the values are multiplied with, on a copy of the input that requires
+gradients (so every layer's are in the graph); each module takes its plain path for that pass only, put back as
+found after it, also when it raises (:mod:`gradcam_cli.cam.attention.discovery`, by family).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
+from .attention.discovery import HF, MHA, TIMM, AttentionModel, AttentionSite
 
 _INPLACE_ERROR_MARKERS = ("BackwardHookFunction", "inplace")
 
@@ -59,6 +65,15 @@ class LayerRecord:
     gradients: torch.Tensor | None = None
     leaf: torch.Tensor | None = None
     handles: list[torch.utils.hooks.RemovableHandle] = field(default_factory=list)
+
+
+@dataclass
+class AttentionRecord:
+    """An attention module's probabilities (N, heads, L, L) at its last call; ``consumed``: what V was multiplied by."""
+
+    site: AttentionSite
+    probabilities: torch.Tensor | None = None
+    consumed: torch.Tensor | None = None
 
 
 @contextmanager
@@ -106,6 +121,8 @@ class LayerCapture:
         self.model = model
         self.tensor_hooks = tensor_hooks
         self.records = {name: LayerRecord(name, module) for name, module in layers.items()}
+        self.attention: list[AttentionRecord] = []
+        self.watched: AttentionModel | None = None
         self._exit_stack = ExitStack()
 
     def __enter__(self) -> LayerCapture:
@@ -120,6 +137,25 @@ class LayerCapture:
         self.remove_hooks()
         for record in self.records.values():
             record.activations = record.gradients = record.leaf = None
+        self.attention = []
+
+    def watch_attention(self, model: AttentionModel | None) -> None:
+        """Record the probabilities of ``model``'s attention (``watched``) during the next :meth:`forward_output`."""
+        self.watched, self.attention = model, [AttentionRecord(site) for site in (model.sites if model else ())]
+
+    def attention_maps(self) -> list[torch.Tensor]:
+        """Each watched module's probabilities (N, heads, L, L) from the explained pass, first layer first."""
+        missing = [record.site.name for record in self.attention if record.probabilities is None]
+        if missing:
+            raise UsageError(f"attention module {missing[0]!r} did not run during the forward pass")
+        return [record.probabilities.detach() for record in self.attention if record.probabilities is not None]
+
+    def attention_gradients(self, score: torch.Tensor, retain_graph: bool = False) -> list[torch.Tensor]:
+        """The gradient of a scalar ``score`` with respect to each watched module's probabilities (N, heads, L, L)."""
+        maps = self.attention_maps()  # every module ran
+        consumed = [record.consumed for record in self.attention if record.consumed is not None]
+        grads = torch.autograd.grad(score, consumed, retain_graph=retain_graph, allow_unused=True)
+        return [torch.zeros_like(p) if g is None else g.reshape(p.shape) for g, p in zip(grads, maps, strict=True)]
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """Run the model with hooks in place and return its logits (graph kept from the target layers on)."""
@@ -238,9 +274,19 @@ class LayerCapture:
             record.calls = 0
             record.activations = record.gradients = record.leaf = None
             self._register(record, tensor_mode=self.tensor_hooks or record.module in _modules_needing_tensor_hooks)
-        with torch.enable_grad():
+        with torch.enable_grad(), self._attention_pass():
+            if self.attention:  # every layer's probabilities in the graph, the first layer's too
+                inputs = inputs.detach().requires_grad_(True)
             output: object = self.model(inputs)
         return output
+
+    @contextmanager
+    def _attention_pass(self) -> Iterator[None]:
+        with ExitStack() as stack:  # the watched modules on their plain path, recording
+            for record in self.attention:
+                record.probabilities = record.consumed = None
+                stack.enter_context(_plain_attention(record))
+            yield
 
     def _register(self, record: LayerRecord, tensor_mode: bool) -> None:
         def save_gradient(grad: torch.Tensor) -> None:
@@ -274,6 +320,53 @@ class LayerCapture:
             for handle in record.handles:
                 handle.remove()
             record.handles.clear()
+
+
+def _record_probabilities(record: AttentionRecord, probabilities: object, consumed: object | None = None) -> None:
+    if not isinstance(probabilities, torch.Tensor) or probabilities.dim() != 4:
+        raise UsageError(f"attention module {record.site.name!r} gave no attention probabilities")
+    record.probabilities = probabilities
+    record.consumed = probabilities if consumed is None else consumed
+
+
+@contextmanager
+def _plain_attention(record: AttentionRecord) -> Iterator[None]:
+    """One attention module on its plain path, its probabilities recorded, until exit (by kind: see discovery)."""
+    site, module = record.site, record.site.module
+    handles: list[torch.utils.hooks.RemovableHandle] = []
+    restore: list[tuple[object, str, object]] = []
+    try:
+        if site.kind == TIMM:
+            restore.append((module, "fused_attn", module.fused_attn))
+            module.fused_attn = False
+            dropout = module.get_submodule("attn_drop")
+            handles.append(dropout.register_forward_hook(lambda _m, _i, output: _record_probabilities(record, output)))
+        elif site.kind == HF:
+            config = module.config
+            restore.append((config, "_attn_implementation", config._attn_implementation))
+            config._attn_implementation = "eager"
+            handles.append(
+                module.register_forward_hook(lambda _m, _i, output: _record_probabilities(record, output[1]))
+            )
+        elif site.kind == MHA:
+
+            def weights_wanted(
+                _m: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]
+            ) -> tuple[tuple[object, ...], dict[str, object]]:
+                return args, {**kwargs, "need_weights": True, "average_attn_weights": False}
+
+            def weights_seen(_m: nn.Module, _i: object, output: tuple[torch.Tensor, torch.Tensor]) -> None:
+                weights = output[1]  # a view (N, heads, L, L) of the (N * heads, L, L) probabilities used
+                _record_probabilities(record, weights, weights._base if weights._base is not None else weights)
+
+            handles.append(module.register_forward_pre_hook(weights_wanted, with_kwargs=True))
+            handles.append(module.register_forward_hook(weights_seen))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for owner, attribute, value in restore:
+            setattr(owner, attribute, value)
 
 
 def standard_layout(output: torch.Tensor) -> torch.Tensor:

@@ -29,11 +29,12 @@ from ..models.loading import LoadedModel, load_model
 from ..models.tasks import Task, detection_spec, detection_transform, infer_task, task_of_shape
 from ..options import SCORE_NAMES, ExplainOptions, ModelOptions, PerturbationOptions
 from ..targets import TargetSpec
+from .attention.discovery import attention_for
 from .detection import DetectionScore
 from .engine import LayerCapture
 from .layers import chosen_layers, dry_pass, forget_tokens, reads_tokens, resolve_layer
 from .maps import pad_to_region
-from .methods import FINER, HESSIAN, METHODS, SCORECAM_BATCH_SIZE, ProgressCallback, resolve_methods
+from .methods import ATTENTION_NEEDS, FINER, HESSIAN, METHODS, SCORECAM_BATCH_SIZE, ProgressCallback, resolve_methods
 from .passes import MethodInputs
 from .perturbation import check_perturbation, perturbation_settings
 from .precision import autocast, check_precision, full_precision, to_float32
@@ -131,6 +132,9 @@ class Explainer:
         self.methods = resolve_methods(
             self.methods, self.task.value, [m for m in METHODS if yolo_takes(m, model.module)]
         )
+        wanted = [name for name in self.methods if METHODS[name].extra in ATTENTION_NEEDS]
+        self.attention, self.left_out = attention_for(model, wanted, methods)  # and those --method all left out
+        self.methods = [name for name in self.methods if name not in self.left_out]
         self.perturbation = check_perturbation(perturbation or PerturbationOptions())
         if score is not None and score not in SCORE_NAMES:
             raise UsageError(f"unknown score {score!r}; use {', '.join(SCORE_NAMES)}")
@@ -302,6 +306,7 @@ class Explainer:
         size = tuple(inputs.shape[-2:])
         module, layers = self._folded or (self.model.module, self.layers)
         with self.capture(module, layers) as capture, ExitStack() as passes:
+            capture.watch_attention(self.attention)
             with autocast(self.device, self.precision):
                 output = capture.forward_output(inputs)
             output = full_precision(output)  # scores, activations and gradients in float32 from here on
@@ -333,7 +338,7 @@ class Explainer:
             )
             need_gradients = any(METHODS[method].uses_gradients for method in self.methods)
             # ShapleyCAM and Finer-CAM differentiate the capture's graph again
-            keep_graph = any(METHODS[method].extra in (HESSIAN, FINER) for method in self.methods)
+            keep_graph = any(METHODS[m].extra in (HESSIAN, FINER, *ATTENTION_NEEDS) for m in self.methods)
             cams: Cams = {method: [] for method in self.methods}
             for k in range(targets.count):
                 gradients: dict[str, torch.Tensor | None] = dict.fromkeys(self.layer_names)

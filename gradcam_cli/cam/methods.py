@@ -24,6 +24,7 @@ from ..errors import UsageError, suggest
 from ..models.tasks import Task
 from ..options import ALL_METHODS, METHOD_NAMES, TASK_NAMES
 from .ablation import AblatedScores
+from .attention.registered import attention_rollout, attn_grad, class_attention
 from .engine import as_logits
 from .fullgrad import FullGradients, fullgrad_map
 from .guided import guided_saliency
@@ -40,12 +41,15 @@ SCORECAM_BATCH_SIZE = 32
 
 MASKED, ABLATED, GUIDED, FULLGRAD, FINER = "masked", "ablated", "guided", "fullgrad", "finer"
 HESSIAN, SEEDED, PERTURBED = "hessian", "seeded", "perturbed"
+ATTENTION, ATTENTION_GRADIENTS = "attention", "attention-gradients"
+ATTENTION_NEEDS = (ATTENTION, ATTENTION_GRADIENTS)
 """What a method takes as third argument (:attr:`CamMethod.extra`): a :class:`MaskedScores`, an
 :class:`~gradcam_cli.cam.ablation.AblatedScores`, the target's guided (N, 3, H, W) input gradient
 (:class:`~gradcam_cli.cam.guided.GuidedPass`), its :class:`~gradcam_cli.cam.fullgrad.FullGradients`, the
 layer's gradient of the target's Finer-CAM score (:mod:`gradcam_cli.cam.finer`), the Hessian-vector product H A of
 the layer (ShapleyCAM), a seed (randomcam), or the black-box :class:`~gradcam_cli.cam.perturbation.MaskedPasses`
-(RISE, occlusion)."""
+(RISE, occlusion), or the explained pass's :class:`~gradcam_cli.cam.attention.tokens.AttentionMaps` (without or
+with the target's gradients: the attention methods)."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ class CamMethod:
     def reads_every_layer(self) -> bool:
         """Whether the method reads layers besides the explained ones (FullGrad: every bias and its gradient), so
         that folding batch norms into convolutions would change its maps."""
-        return self.extra == FULLGRAD
+        return self.extra in (FULLGRAD, *ATTENTION_NEEDS)
 
 
 def _spatial_sum(tensor: torch.Tensor) -> torch.Tensor:
@@ -366,6 +370,9 @@ METHODS: dict[str, CamMethod] = {
         CamMethod("randomcam", randomcam, uses_gradients=False, extra=SEEDED, class_agnostic=True),
         CamMethod("rise", rise, uses_gradients=False, extra=PERTURBED, uses_layer=False),
         CamMethod("occlusion", occlusion, uses_gradients=False, extra=PERTURBED, uses_layer=False),
+        CamMethod("rollout", attention_rollout, False, ATTENTION, True, CLASSIFY, uses_layer=False),
+        CamMethod("attn-grad", attn_grad, False, ATTENTION_GRADIENTS, tasks=CLASSIFY, uses_layer=False),
+        CamMethod("attention", class_attention, False, ATTENTION, True, CLASSIFY, uses_layer=False),
     )
 }
 """Every method, by the name ``--method`` accepts, in :data:`gradcam_cli.options.METHOD_NAMES` order."""

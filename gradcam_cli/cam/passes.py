@@ -14,7 +14,9 @@
   (:meth:`~gradcam_cli.cam.engine.LayerCapture.hessian_vector_products`, once per target for every layer);
 - randomcam: the seed of its noise;
 - RISE and occlusion: a :class:`~gradcam_cli.cam.perturbation.MaskedPasses` (masked inputs, no autograd), with the
-  masks' seed.
+  masks' seed;
+- the attention methods: the explained pass's :class:`~gradcam_cli.cam.attention.tokens.AttentionMaps`, with the
+  target's gradients with respect to the probabilities for attn-grad (one more backward pass per target).
 
 The guided and full-gradient passes re-score the targets chosen in the capture's own pass on their own output
 (classifiers and explicit targets only: the methods that need them refuse other tasks when the explainer is built).
@@ -32,11 +34,14 @@ from torch import nn
 from ..errors import UsageError
 from ..options import PerturbationOptions
 from .ablation import AblatedScores
+from .attention.tokens import AttentionMaps
 from .engine import LayerCapture
 from .fullgrad import FullGradients, FullGradPass
 from .guided import GuidedPass
 from .methods import (
     ABLATED,
+    ATTENTION,
+    ATTENTION_GRADIENTS,
     FINER,
     FULLGRAD,
     GUIDED,
@@ -49,6 +54,7 @@ from .methods import (
     ProgressCallback,
 )
 from .perturbation import MaskedPasses
+from .reshape import infer_layout
 from .scores import Rescorable, Targets
 from .yolo import YoloTargets
 
@@ -131,6 +137,9 @@ class MethodInputs:
             return (self._cached(GUIDED, k, self._guided_gradient),)
         if method.extra == FULLGRAD:
             return (self._cached(FULLGRAD, k, self._full_gradients),)
+        if method.extra in (ATTENTION, ATTENTION_GRADIENTS):
+            gradients = method.extra == ATTENTION_GRADIENTS
+            return (self._cached(method.extra, k if gradients else 0, lambda k: self._attention(k, gradients)),)
         if method.extra == FINER:
             finer = self._cached(FINER, k, self._finer_gradients)
             assert isinstance(finer, dict)
@@ -167,6 +176,26 @@ class MethodInputs:
             self.batch_size,
             self.progress,
         )
+
+    def _attention(self, k: int, gradients: bool) -> AttentionMaps:
+        attention = self.capture.watched
+        if attention is None:
+            raise ValueError("the attention methods need the model's attention watched")
+        probabilities = self.capture.attention_maps()
+        length = probabilities[0].shape[-1]
+        layout = infer_layout((1, length, 1), tuple(self.inputs.shape[-2:]), attention.prefix)
+        if layout is None or layout.prefix != attention.prefix:
+            raise UsageError(f"the attention's {length} tokens make no patch grid on this input")
+        grads = None
+        if gradients:
+            score = self.targets.value(k)
+            grads = (
+                [torch.zeros_like(p) for p in probabilities]
+                if score is None
+                else self.capture.attention_gradients(score, retain_graph=True)
+            )
+        grid = (layout.height, layout.width)
+        return AttentionMaps(probabilities, grads, attention.prefix, attention.class_token, grid)
 
     def _finer_gradients(self, k: int) -> dict[str, torch.Tensor]:
         targets = self._class_targets()

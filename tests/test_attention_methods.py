@@ -1,0 +1,241 @@
+"""The attention methods (rollout, attn-grad, attention) against their papers' formulas, on attention captured
+independently of the engine, across transformer families.
+
+The reference capture replaces ``F.scaled_dot_product_attention`` (which timm, Hugging Face's ``sdpa`` and
+``nn.MultiheadAttention`` with ``need_weights=False`` all call on their fused path) with a plain softmax attention
+that keeps its probabilities, runs the model as it comes (fused), and differentiates the score with
+``torch.autograd.grad``. The engine instead switches each module to its plain path and reads it there; the two
+agree only if both read the same probabilities and the formulas below match the methods'.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gradcam_cli.cam.attention.discovery import AttentionModel, attention_model, attention_sites
+from gradcam_cli.cam.engine import LayerCapture
+from gradcam_cli.cam.explainer import Explainer
+from gradcam_cli.errors import UsageError
+from gradcam_cli.io.images import InputSpec
+from gradcam_cli.models.loading import LoadedModel
+
+SIZE = 32
+METHODS = ("rollout", "attn-grad", "attention")
+
+
+def _timm(name: str, **kwargs: object) -> Callable[[], tuple[nn.Module, int]]:
+    def build() -> tuple[nn.Module, int]:
+        torch.manual_seed(0)
+        model = timm.create_model(
+            name,
+            pretrained=False,
+            img_size=SIZE,
+            patch_size=8,
+            embed_dim=32,
+            depth=3,
+            num_heads=4,
+            num_classes=5,
+            **kwargs,
+        )
+        return model.eval(), int(model.num_prefix_tokens)
+
+    return build
+
+
+def _hf_vit() -> tuple[nn.Module, int]:
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(0)
+    config = ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=64,
+        image_size=SIZE,
+        patch_size=8,
+        num_labels=5,
+    )
+    return HFLogits(ViTForImageClassification(config).eval()), 1
+
+
+def _torchvision_vit() -> tuple[nn.Module, int]:
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    model = VisionTransformer(SIZE, 8, num_layers=3, num_heads=4, hidden_dim=32, mlp_dim=64, num_classes=5)
+    nn.init.normal_(model.heads.head.weight)  # zeros as torchvision initialises it: no gradient at all
+    return model.eval(), 1
+
+
+class HFLogits(nn.Module):
+    """A Hugging Face classifier returning its logits (as the tool's loader wraps it)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=x).logits
+
+
+FAMILIES = {
+    "timm-vit": _timm("vit_tiny_patch16_224"),
+    "timm-deit-distilled": _timm("deit_tiny_distilled_patch16_224"),
+    "timm-dinov2-registers": _timm("vit_small_patch14_reg4_dinov2"),
+    "hf-vit": _hf_vit,
+    "torchvision-vit": _torchvision_vit,
+}
+
+
+def _reference_attention(model: nn.Module, inputs: torch.Tensor, target: torch.Tensor, monkeypatch: pytest.MonkeyPatch):
+    """Each layer's probabilities (N, heads, L, L) and dS/dA for S = sum_n logit[n, target[n]], from a plain
+    softmax attention put in place of the fused kernel."""
+    probabilities: list[torch.Tensor] = []
+
+    def plain(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **_kwargs):
+        assert attn_mask is None and not is_causal
+        scores = q @ k.transpose(-2, -1) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+        weights = scores.softmax(dim=-1)
+        probabilities.append(weights)
+        return weights @ v
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", plain)
+    inputs = inputs.clone().requires_grad_(True)
+    with torch.enable_grad():
+        logits = model(inputs)
+        score = logits.gather(1, target[:, None]).sum()
+        gradients = torch.autograd.grad(score, probabilities)
+    monkeypatch.undo()
+    shaped = [p.reshape(inputs.shape[0], -1, *p.shape[-2:]).detach() for p in probabilities]
+    return shaped, [g.reshape(s.shape) for g, s in zip(gradients, shaped, strict=True)], logits.detach()
+
+
+def _rollout(attentions, prefix):
+    rollout = None
+    for a in attentions:
+        length = a.shape[-1]
+        ã = 0.5 * a.mean(dim=1) + 0.5 * torch.eye(length)
+        ã = ã / ã.sum(dim=-1, keepdim=True)
+        rollout = ã if rollout is None else torch.bmm(ã, rollout)
+    return rollout[:, 0, prefix:]
+
+
+def _attn_grad(attentions, gradients, prefix):
+    n, _, length, _ = attentions[0].shape
+    relevance = torch.eye(length).repeat(n, 1, 1)
+    for a, g in zip(attentions, gradients, strict=True):
+        cam = (g * a).clamp(min=0).mean(dim=1)
+        relevance = relevance + torch.bmm(cam, relevance)
+    return relevance[:, 0, prefix:]
+
+
+def _pearson(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.flatten().double(), b.flatten().double()
+    a, b = a - a.mean(), b - b.mean()
+    return float((a * b).sum() / (a.norm() * b.norm()))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_attention_methods_agree_with_their_formulas(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    module, prefix = FAMILIES[family]()
+    torch.manual_seed(1)
+    inputs = torch.randn(2, 3, SIZE, SIZE)
+    loaded = LoadedModel(module, family, "none", None, InputSpec(SIZE, (SIZE, SIZE)), prefix_tokens=prefix)
+    explainer = Explainer(loaded, methods=list(METHODS))
+    assert explainer.attention is not None and explainer.attention.prefix == prefix
+    assert explainer.layer_names == []  # the attention methods read no layer
+    _, targets, cams = explainer.compute(inputs)
+    target = targets[:, 0]
+    attentions, gradients, _ = _reference_attention(module, inputs, target, monkeypatch)
+    assert len(attentions) == 3
+    grid = SIZE // 8
+    expected = {
+        "rollout": _rollout(attentions, prefix),
+        "attn-grad": _attn_grad(attentions, gradients, prefix),
+        "attention": attentions[-1].mean(dim=1)[:, 0, prefix:],
+    }
+    for method in METHODS:
+        got = cams[method][0][0]
+        assert got.shape == (2, grid, grid)
+        for n in range(2):
+            assert _pearson(got[n], expected[method][n].reshape(grid, grid)) >= 0.999, (method, n)
+
+
+@pytest.mark.parametrize("family", ["timm-vit", "hf-vit", "torchvision-vit"])
+def test_the_plain_path_gives_the_fused_paths_outputs_and_is_put_back(family: str) -> None:
+    """The engine's explained pass (plain path, probabilities recorded) gives the fused path's logits to float
+    rounding, and leaves every switch as it found it."""
+    module, prefix = FAMILIES[family]()
+    inputs = torch.randn(2, 3, SIZE, SIZE)
+    with torch.no_grad():
+        fused = module(inputs)
+    switches = [getattr(m, "fused_attn", None) for m in module.modules()]
+    implementations = [getattr(getattr(m, "config", None), "_attn_implementation", None) for m in module.modules()]
+    sites = attention_sites(module)
+    with LayerCapture(module, {}) as capture:
+        capture.watch_attention(AttentionModel(sites, prefix, True))
+        plain = capture.forward(inputs)
+        maps = capture.attention_maps()
+    assert torch.allclose(plain, fused, atol=1e-5, rtol=1e-5)
+    assert len(maps) == 3 and maps[0].shape == (2, 4, prefix + 16, prefix + 16)
+    assert torch.allclose(maps[0].sum(dim=-1), torch.ones(()), atol=1e-5)
+    assert [getattr(m, "fused_attn", None) for m in module.modules()] == switches
+    assert [getattr(getattr(m, "config", None), "_attn_implementation", None) for m in module.modules()] == (
+        implementations
+    )
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
+
+
+def test_register_tokens_never_show_even_when_they_draw_the_attention() -> None:
+    """A DINOv2-with-registers model whose class token attends almost only to its registers: the maps cover the
+    patches alone (the registers are prefix tokens, dropped), so no patch lights up for them."""
+    module, prefix = FAMILIES["timm-dinov2-registers"]()
+    assert prefix == 5
+    with torch.no_grad():  # class and register tokens alike, and queries and keys along them: q_cls . k_reg is large
+        direction = torch.randn(32)
+        module.cls_token.copy_(4 * direction)
+        module.reg_token.copy_(4 * direction.expand_as(module.reg_token))
+        module.pos_embed.zero_()
+        unit = F.layer_norm(direction, (32,))
+        unit = unit / unit.norm()
+        for block in module.blocks:
+            block.attn.qkv.weight[:64] = 4.0 * torch.outer(unit, unit).repeat(2, 1)
+            block.attn.qkv.bias.zero_()
+    loaded = LoadedModel(module, "dinov2-reg", "none", None, InputSpec(SIZE, (SIZE, SIZE)), prefix_tokens=prefix)
+    explainer = Explainer(loaded, methods=list(METHODS))
+    inputs = torch.randn(1, 3, SIZE, SIZE)
+    with LayerCapture(module, {}) as capture:
+        capture.watch_attention(explainer.attention)
+        capture.forward(inputs)
+        last = capture.attention_maps()[-1].mean(dim=1)[0, 0]
+    assert last[1:prefix].sum() > 0.5  # the registers draw most of the class token's attention
+    _, _, cams = explainer.compute(inputs)
+    for method in METHODS:
+        assert cams[method][0][0].shape == (1, 4, 4)  # 16 patches, not 21 tokens
+    assert torch.allclose(cams["attention"][0][0].flatten(), last[prefix:])
+
+
+def test_a_cnn_is_refused_with_one_line_and_all_leaves_the_attention_methods_out() -> None:
+    import torchvision
+
+    cnn = torchvision.models.resnet18(num_classes=3).eval()
+    with pytest.raises(UsageError, match="--method rollout is for transformers"):
+        Explainer(cnn, methods=["rollout"])
+    explainer = Explainer(cnn, methods=["all"])
+    assert explainer.left_out == ["rollout", "attn-grad", "attention"]
+    assert not set(explainer.methods) & set(METHODS)
+
+
+def test_swin_is_refused_with_one_line() -> None:
+    import torchvision
+
+    swin = torchvision.models.swin_t(num_classes=3).eval()
+    with pytest.raises(UsageError, match="attends within windows"):
+        attention_model(swin, "swin_t", None, "rollout")
