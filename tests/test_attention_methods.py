@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 
+import numpy as np
 import pytest
 import timm
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from torch import nn
 
 from gradcam_cli.cam.attention.discovery import AttentionModel, attention_model, attention_sites
@@ -24,7 +27,8 @@ from gradcam_cli.cam.engine import LayerCapture
 from gradcam_cli.cam.explainer import Explainer
 from gradcam_cli.errors import UsageError
 from gradcam_cli.io.images import InputSpec
-from gradcam_cli.models.loading import LoadedModel
+from gradcam_cli.models.loading import LoadedModel, load_model
+from gradcam_cli.options import ModelOptions
 
 SIZE = 32
 METHODS = ("rollout", "attn-grad", "attention")
@@ -239,3 +243,70 @@ def test_swin_is_refused_with_one_line() -> None:
     swin = torchvision.models.swin_t(num_classes=3).eval()
     with pytest.raises(UsageError, match="attends within windows"):
         attention_model(swin, "swin_t", None, "rollout")
+
+
+def test_each_attention_method_is_registered_with_its_formula_and_paper() -> None:
+    from gradcam_cli.cam.attention import last, relevance, rollout
+    from gradcam_cli.cam.methods import METHODS as REGISTERED
+
+    for name in METHODS:
+        method = REGISTERED[name]
+        assert method.tasks == ("classify",) and not method.uses_layer and not method.uses_gradients
+    assert {name for name in METHODS if REGISTERED[name].class_agnostic} == {"rollout", "attention"}
+    for module, paper in [(rollout, "Abnar & Zuidema"), (relevance, "Chefer, Gur & Wolf"), (last, "Caron")]:
+        assert paper in (module.__doc__ or "")
+    assert "R = Ã_L ... Ã_1" in (rollout.rollout_relevance.__doc__ or "")
+    assert "R <- R + Ā_l R" in (relevance.gradient_relevance.__doc__ or "")
+
+
+VIT = f"{Path(__file__).with_name('attention_models.py')}:build_vit"
+
+
+def _run(*args: object):
+    from typer.testing import CliRunner
+
+    from gradcam_cli.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_the_command_line_explains_a_wide_image_with_every_attention_method(tmp_path: Path) -> None:
+    """A 96 x 48 image at --input-size 32: a 64 x 32 input, a 4 x 8 patch grid after a class token and two
+    registers; each map comes at the image's size, in [0, 1], and equals the library's for the same input."""
+    image = tmp_path / "wide.png"
+    Image.fromarray((np.random.default_rng(0).random((48, 96, 3)) * 255).astype(np.uint8)).save(image)
+    out = tmp_path / "out"
+    methods = "rollout,attn-grad,attention"
+    result = _run(image, "--model", VIT, "--input-size", 32, "--method", methods, "-t", 1, "--save-raw", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert "using layer" not in result.stderr  # no layer read
+    loaded = load_model(ModelOptions(VIT, input_size=32))
+    library = Explainer(loaded, methods=methods.split(",")).explain(image, target=1)
+    for explanation in library.explanations:
+        raw = np.load(out / f"wide_{explanation.method}_1-1.npy")
+        assert raw.shape == (48, 96) and raw.min() >= 0 and raw.max() == pytest.approx(1.0)
+        assert np.allclose(raw, explanation.saliency.numpy(), atol=1e-5)
+
+
+def test_list_layers_marks_the_attention_modules() -> None:
+    result = _run("--list-layers", "--model", VIT, "--input-size", 32)
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.stdout.splitlines() if "default layer" not in line]
+    marked = [line.split()[1] for line in rows if line.endswith(" attention")]
+    assert marked == ["blocks.0.attn", "blocks.1.attn", "blocks.2.attn"]
+
+
+def test_method_all_says_which_methods_a_cnn_leaves_out(tmp_path: Path) -> None:
+    from square_model import square_image
+
+    image = tmp_path / "square.png"
+    square_image().save(image)
+    square = f"{Path(__file__).with_name('square_model.py')}:build"
+    result = _run(image, "--model", square, "--method", "rollout", "-o", tmp_path / "a")
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: --method rollout is for transformers")
+    cheap = ["--rise-masks", 10, "--occlusion-window", 160, "--occlusion-stride", 160, "-t", 0]
+    result = _run(image, "--model", square, "--method", "all", *cheap, "-o", tmp_path / "b")
+    assert result.exit_code == 0, result.output
+    assert "--method all leaves out rollout, attn-grad, attention (for transformers only)" in result.stderr
+    assert not [p for p in (tmp_path / "b").iterdir() if any(m in p.name for m in ("rollout", "attn-grad"))]

@@ -291,6 +291,7 @@ class ExplainCommand:
         return EXIT_OK
 
     def list_layers(self) -> int:
+        from ..cam.attention.discovery import attention_sites
         from ..cam.layers import layer_table
         from ..io.discovery import discover
         from ..models.devices import resolve_device
@@ -301,16 +302,19 @@ class ExplainCommand:
         loaded = load_model(self.model_options, architecture_only=True)  # the layers need no weights
         loaded.module.to(device)
         infos, chosen = layer_table(loaded, device, images[0].path if images else None)
+        attention = {site.name for site in attention_sites(loaded.module)}
         for info in infos:
             if self.reporter.as_json:
-                self.reporter.emit(json.dumps({**layer_row(info), "default": info.name in chosen.split("+")}))
+                row = layer_row(info, info.name in attention)
+                self.reporter.emit(json.dumps({**row, "default": info.name in chosen.split("+")}))
             else:
-                self.reporter.emit(layer_line(info, chosen))
+                self.reporter.emit(layer_line(info, chosen, info.name in attention))
         if not self.reporter.as_json:
             self.reporter.emit("")
             self.reporter.emit(
                 "* default layer   + candidate (spatial output: N,C,H,W, channel-last N,H,W,C or ViT tokens N,L,C; "
-                "more than one position)   xN: runs N times per forward (its last call is explained)"
+                "more than one position)   xN: runs N times per forward (its last call is explained)   "
+                "attention: read by rollout, attn-grad and attention"
             )
         return EXIT_OK
 
@@ -338,7 +342,9 @@ class ExplainCommand:
             else:
                 explainer = Explainer.from_options(self.model_options, self.explain_options, progress=progress)
             session.start(explainer)
-            if not self.explain_options.layers:
+            if explainer.left_out:
+                reporter.info(f"--method all leaves out {', '.join(explainer.left_out)} (for transformers only)")
+            if not self.explain_options.layers and explainer.layer_names:
                 reason = default_layer_reason(explainer.task, bool(explainer.model.default_layers))
                 reporter.info(f"using layer {explainer.layer_label} ({reason})")
             model = explainer.model

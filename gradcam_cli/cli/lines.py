@@ -12,24 +12,25 @@ if TYPE_CHECKING:
     from .reporting import Reporter
 
 
-def layer_row(info: LayerInfo) -> dict[str, object]:
-    """A layer's ``--list-layers --json`` row."""
+def layer_row(info: LayerInfo, attention: bool = False) -> dict[str, object]:
+    """A layer's ``--list-layers --json`` row; ``attention``: the attention methods read this module."""
     return {
         "name": info.name,
         "type": info.kind,
         "output_shape": info.output_shape,
         "calls": info.calls,
         "candidate": info.is_candidate,
+        "attention": attention,
     }
 
 
-def layer_line(info: LayerInfo, chosen: str) -> str:
+def layer_line(info: LayerInfo, chosen: str, attention: bool = False) -> str:
     """A layer's line of the ``--list-layers`` table: ``*`` the default (``chosen``: several joined with ``+``),
-    ``+`` a candidate."""
+    ``+`` a candidate; ``attention`` (a module the attention methods read) adds ``attention``."""
     mark = "*" if info.name in chosen.split("+") else "+" if info.is_candidate else " "
     shape = "x".join(map(str, info.output_shape)) if info.output_shape else "-" if info.calls == 0 else "(non-tensor)"
     calls = f"x{info.calls}" if info.calls > 1 else ""
-    return f"{mark} {info.name:<40} {info.kind:<28} {shape:<20} {calls}"
+    return f"{mark} {info.name:<40} {info.kind:<28} {shape:<20} {calls:<4}{' attention' if attention else ''}".rstrip()
 
 
 def report_record(reporter: Reporter, record: Record, single: bool, first_row: bool, nothing: str | None) -> None:

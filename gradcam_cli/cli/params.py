@@ -246,7 +246,9 @@ MethodOpt = Annotated[
         "pass per target through the whole network; pixel-level maps; classifiers only, as ablationcam), finercam (a "
         "target against its nearest rivals: docs/targets.md); shapleycam (a second backward pass), "
         "gradcam-elementwise, kpcacam, fem, randomcam (noise: the floor), rise and occlusion (black-box: masked "
-        "inputs, no layer); all: every method the model's task takes.",
+        "inputs, no layer); rollout, attention (a transformer's attention, no backward pass, class-agnostic) and "
+        "attn-grad (its attention weighted by gradients: one backward pass per target; docs/methods.md); all: every "
+        "method the model's task takes (the attention methods for transformers only).",
     ),
 ]
 RiseMasksOpt = Annotated[
