@@ -36,6 +36,7 @@ import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -322,32 +323,31 @@ class LayerCapture:
             record.handles.clear()
 
 
-def _record_probabilities(record: AttentionRecord, probabilities: object, consumed: object | None = None) -> None:
+def _record_probabilities(record: AttentionRecord, probabilities: object, consumed: object = None) -> None:
     if not isinstance(probabilities, torch.Tensor) or probabilities.dim() != 4:
         raise UsageError(f"attention module {record.site.name!r} gave no attention probabilities")
     record.probabilities = probabilities
-    record.consumed = probabilities if consumed is None else consumed
+    record.consumed = consumed if isinstance(consumed, torch.Tensor) else probabilities
 
 
 @contextmanager
 def _plain_attention(record: AttentionRecord) -> Iterator[None]:
     """One attention module on its plain path, its probabilities recorded, until exit (by kind: see discovery)."""
     site, module = record.site, record.site.module
+    switches: Any = module  # timm's attention and Hugging Face's config: attributes mypy does not know
     handles: list[torch.utils.hooks.RemovableHandle] = []
     restore: list[tuple[object, str, object]] = []
     try:
         if site.kind == TIMM:
-            restore.append((module, "fused_attn", module.fused_attn))
-            module.fused_attn = False
+            restore.append((module, "fused_attn", switches.fused_attn))
+            switches.fused_attn = False
             dropout = module.get_submodule("attn_drop")
             handles.append(dropout.register_forward_hook(lambda _m, _i, output: _record_probabilities(record, output)))
         elif site.kind == HF:
-            config = module.config
+            config = switches.config
             restore.append((config, "_attn_implementation", config._attn_implementation))
             config._attn_implementation = "eager"
-            handles.append(
-                module.register_forward_hook(lambda _m, _i, output: _record_probabilities(record, output[1]))
-            )
+            handles.append(module.register_forward_hook(lambda _m, _i, out: _record_probabilities(record, out[1])))
         elif site.kind == MHA:
 
             def weights_wanted(
