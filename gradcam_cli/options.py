@@ -42,6 +42,7 @@ METHOD_NAMES = (
     "rollout",
     "attn-grad",
     "attention",
+    "legrad",
 )
 """The CAM methods ``--method`` accepts, as registered in :data:`gradcam_cli.cam.methods.METHODS`."""
 ALL_METHODS = "all"

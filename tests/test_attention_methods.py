@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from copy import deepcopy
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,7 @@ from gradcam_cli.models.loading import LoadedModel, load_model
 from gradcam_cli.options import ModelOptions
 
 SIZE = 32
-METHODS = ("rollout", "attn-grad", "attention")
+METHODS = ("rollout", "attn-grad", "attention", "legrad")
 
 
 def _timm(name: str, **kwargs: object) -> Callable[[], tuple[nn.Module, int]]:
@@ -165,11 +166,43 @@ def test_attention_methods_agree_with_their_formulas(family: str, monkeypatch: p
         "attn-grad": _attn_grad(attentions, gradients, prefix),
         "attention": attentions[-1].mean(dim=1)[:, 0, prefix:],
     }
-    for method in METHODS:
+    for method in METHODS[:3]:  # LeGrad: below
         got = cams[method][0][0]
         assert got.shape == (2, grid, grid)
         for n in range(2):
             assert _pearson(got[n], expected[method][n].reshape(grid, grid)) >= 0.999, (method, n)
+
+
+def _truncated(model: nn.Module, block: str, keep: int) -> nn.Module:
+    """A copy of ``model`` whose blocks (the container holding ``block``) end after the first ``keep``."""
+    copy = deepcopy(model)
+    container = block.rpartition(".")[0]
+    parent_name, _, attribute = container.rpartition(".")
+    parent = copy.get_submodule(parent_name) if parent_name else copy
+    kept = list(getattr(parent, attribute))[:keep]
+    sequential = isinstance(getattr(parent, attribute), nn.Sequential)
+    setattr(parent, attribute, nn.Sequential(*kept) if sequential else nn.ModuleList(kept))
+    return copy
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_legrad_agrees_with_its_reference_code(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LeGrad as its reference code computes it: for each of the last two layers l, the model cut after block l
+    scores the target, and ReLU(ds_l/dA_l) averaged over heads and rows, at the patch columns, is summed."""
+    module, prefix = FAMILIES[family]()
+    torch.manual_seed(2)
+    inputs = torch.randn(2, 3, SIZE, SIZE)
+    loaded = LoadedModel(module, family, "none", None, InputSpec(SIZE, (SIZE, SIZE)), prefix_tokens=prefix)
+    explainer = Explainer(loaded, methods=["legrad"])
+    _, targets, cams = explainer.compute(inputs)
+    blocks = [site.name.rpartition(".")[0] for site in attention_sites(module)]
+    expected = torch.zeros(2, 16)
+    for layer in (1, 2):
+        cut = _truncated(module, blocks[0], layer + 1)
+        _, gradients, _ = _reference_attention(cut, inputs, targets[:, 0], monkeypatch)
+        expected += gradients[layer].clamp(min=0).mean(dim=(1, 2))[:, prefix:]
+    for n in range(2):
+        assert _pearson(cams["legrad"][0][0][n], expected[n]) >= 0.999
 
 
 @pytest.mark.parametrize("family", ["timm-vit", "hf-vit", "torchvision-vit"])
@@ -233,7 +266,7 @@ def test_a_cnn_is_refused_with_one_line_and_all_leaves_the_attention_methods_out
     with pytest.raises(UsageError, match="--method rollout is for transformers"):
         Explainer(cnn, methods=["rollout"])
     explainer = Explainer(cnn, methods=["all"])
-    assert explainer.left_out == ["rollout", "attn-grad", "attention"]
+    assert explainer.left_out == ["rollout", "attn-grad", "attention", "legrad"]
     assert not set(explainer.methods) & set(METHODS)
 
 
@@ -246,14 +279,15 @@ def test_swin_is_refused_with_one_line() -> None:
 
 
 def test_each_attention_method_is_registered_with_its_formula_and_paper() -> None:
-    from gradcam_cli.cam.attention import last, relevance, rollout
+    from gradcam_cli.cam.attention import last, legrad, relevance, rollout
     from gradcam_cli.cam.methods import METHODS as REGISTERED
 
     for name in METHODS:
         method = REGISTERED[name]
         assert method.tasks == ("classify",) and not method.uses_layer and not method.uses_gradients
     assert {name for name in METHODS if REGISTERED[name].class_agnostic} == {"rollout", "attention"}
-    for module, paper in [(rollout, "Abnar & Zuidema"), (relevance, "Chefer, Gur & Wolf"), (last, "Caron")]:
+    papers = [(rollout, "Abnar & Zuidema"), (relevance, "Chefer, Gur & Wolf"), (last, "Caron"), (legrad, "Bousselham")]
+    for module, paper in papers:
         assert paper in (module.__doc__ or "")
     assert "R = Ã_L ... Ã_1" in (rollout.rollout_relevance.__doc__ or "")
     assert "R <- R + Ā_l R" in (relevance.gradient_relevance.__doc__ or "")
@@ -276,7 +310,7 @@ def test_the_command_line_explains_a_wide_image_with_every_attention_method(tmp_
     image = tmp_path / "wide.png"
     Image.fromarray((np.random.default_rng(0).random((48, 96, 3)) * 255).astype(np.uint8)).save(image)
     out = tmp_path / "out"
-    methods = "rollout,attn-grad,attention"
+    methods = ",".join(METHODS)
     result = _run(image, "--model", VIT, "--input-size", 32, "--method", methods, "-t", 1, "--save-raw", "-o", out)
     assert result.exit_code == 0, result.output
     assert "using layer" not in result.stderr  # no layer read
@@ -308,5 +342,5 @@ def test_method_all_says_which_methods_a_cnn_leaves_out(tmp_path: Path) -> None:
     cheap = ["--rise-masks", 10, "--occlusion-window", 160, "--occlusion-stride", 160, "-t", 0]
     result = _run(image, "--model", square, "--method", "all", *cheap, "-o", tmp_path / "b")
     assert result.exit_code == 0, result.output
-    assert "--method all leaves out rollout, attn-grad, attention (for transformers only)" in result.stderr
+    assert "--method all leaves out rollout, attn-grad, attention, legrad (for transformers only)" in result.stderr
     assert not [p for p in (tmp_path / "b").iterdir() if any(m in p.name for m in ("rollout", "attn-grad"))]

@@ -127,7 +127,7 @@ def tiny_cnn() -> nn.Module:
 
 def test_every_method_is_registered_with_formula_and_paper() -> None:
     newer = ("gradcam-elementwise", "kpcacam", "shapleycam", "fem", "randomcam", "rise", "occlusion")
-    newer += ("rollout", "attn-grad", "attention")  # tests/test_attention_methods.py
+    newer += ("rollout", "attn-grad", "attention", "legrad")  # tests/test_attention_methods.py
     methods = {name: method for name, method in METHODS.items() if name not in newer}  # tests/test_newer_methods.py
     assert list(methods) == [
         *("gradcam", "gradcam++", "xgradcam", "hirescam", "layercam", "scorecam", "eigencam"),

@@ -70,7 +70,7 @@ def test_eigen_smooth_sweep(name: str, layer: str, method: str) -> None:
 
 def test_eigen_smooth_keeps_the_square(square_model) -> None:
     skipped = {"scorecam", "randomcam", "rise", "occlusion"}  # noise; no layer (tests/test_newer_methods.py)
-    skipped |= {"rollout", "attn-grad", "attention"}  # for transformers (tests/test_attention_methods.py)
+    skipped |= {"rollout", "attn-grad", "attention", "legrad"}  # for transformers (tests/test_attention_methods.py)
     explainer = Explainer(square_model, "features", [m for m in METHODS if m not in skipped], eigen_smooth=True)
     for explanation in explainer.explain(square_image(), target=0).explanations:
         row, col = divmod(int(explanation.saliency.argmax()), explanation.saliency.shape[1])

@@ -36,13 +36,13 @@ import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from ..errors import UsageError
-from .attention.discovery import HF, MHA, TIMM, AttentionModel, AttentionSite
+from .attention.discovery import HF, TIMM, AttentionModel, AttentionSite
 
 _INPLACE_ERROR_MARKERS = ("BackwardHookFunction", "inplace")
 
@@ -124,6 +124,7 @@ class LayerCapture:
         self.records = {name: LayerRecord(name, module) for name, module in layers.items()}
         self.attention: list[AttentionRecord] = []
         self.watched: AttentionModel | None = None
+        self.skipped: Sequence[nn.Module] = ()
         self._exit_stack = ExitStack()
 
     def __enter__(self) -> LayerCapture:
@@ -140,9 +141,11 @@ class LayerCapture:
             record.activations = record.gradients = record.leaf = None
         self.attention = []
 
-    def watch_attention(self, model: AttentionModel | None) -> None:
-        """Record the probabilities of ``model``'s attention (``watched``) during the next :meth:`forward_output`."""
+    def watch_attention(self, model: AttentionModel | None, skipped: Sequence[nn.Module] = ()) -> None:
+        """Record the probabilities of ``model``'s attention (``watched``) during the next :meth:`forward_output`,
+        in which each of ``skipped`` passes its input on unchanged."""
         self.watched, self.attention = model, [AttentionRecord(site) for site in (model.sites if model else ())]
+        self.skipped = skipped
 
     def attention_maps(self) -> list[torch.Tensor]:
         """Each watched module's probabilities (N, heads, L, L) from the explained pass, first layer first."""
@@ -286,7 +289,9 @@ class LayerCapture:
         with ExitStack() as stack:  # the watched modules on their plain path, recording
             for record in self.attention:
                 record.probabilities = record.consumed = None
-                stack.enter_context(_plain_attention(record))
+                _plain_attention(record, stack)
+            for module in self.skipped:  # LeGrad's intermediate layers: the blocks after them skipped
+                stack.callback(module.register_forward_hook(_input_on, with_kwargs=True).remove)
             yield
 
     def _register(self, record: LayerRecord, tensor_mode: bool) -> None:
@@ -323,50 +328,39 @@ class LayerCapture:
             record.handles.clear()
 
 
-def _record_probabilities(record: AttentionRecord, probabilities: object, consumed: object = None) -> None:
+def _record(record: AttentionRecord, probabilities: object, consumed: object = None) -> None:
     if not isinstance(probabilities, torch.Tensor) or probabilities.dim() != 4:
         raise UsageError(f"attention module {record.site.name!r} gave no attention probabilities")
     record.probabilities = probabilities
     record.consumed = consumed if isinstance(consumed, torch.Tensor) else probabilities
 
 
-@contextmanager
-def _plain_attention(record: AttentionRecord) -> Iterator[None]:
-    """One attention module on its plain path, its probabilities recorded, until exit (by kind: see discovery)."""
-    site, module = record.site, record.site.module
-    switches: Any = module  # timm's attention and Hugging Face's config: attributes mypy does not know
-    handles: list[torch.utils.hooks.RemovableHandle] = []
-    restore: list[tuple[object, str, object]] = []
-    try:
-        if site.kind == TIMM:
-            restore.append((module, "fused_attn", switches.fused_attn))
-            switches.fused_attn = False
-            dropout = module.get_submodule("attn_drop")
-            handles.append(dropout.register_forward_hook(lambda _m, _i, output: _record_probabilities(record, output)))
-        elif site.kind == HF:
-            config = switches.config
-            restore.append((config, "_attn_implementation", config._attn_implementation))
-            config._attn_implementation = "eager"
-            handles.append(module.register_forward_hook(lambda _m, _i, out: _record_probabilities(record, out[1])))
-        elif site.kind == MHA:
+def _plain_attention(record: AttentionRecord, stack: ExitStack) -> None:
+    """One attention module on its plain path, its probabilities recorded, until ``stack`` closes (by kind: see
+    :mod:`gradcam_cli.cam.attention.discovery`)."""
+    module, switches = record.site.module, cast(Any, record.site.module)  # attributes mypy does not know
+    if record.site.kind == TIMM:
+        stack.callback(setattr, module, "fused_attn", switches.fused_attn)
+        switches.fused_attn = False
+        hook = module.get_submodule("attn_drop").register_forward_hook(lambda _m, _i, out: _record(record, out))
+    elif record.site.kind == HF:
+        stack.callback(setattr, switches.config, "_attn_implementation", switches.config._attn_implementation)
+        switches.config._attn_implementation = "eager"
+        hook = module.register_forward_hook(lambda _m, _i, out: _record(record, out[1]))
+    else:  # MHA: the weights are a view (N, heads, L, L) of the (N * heads, L, L) probabilities the values met
+        stack.callback(module.register_forward_pre_hook(_weights_wanted, with_kwargs=True).remove)
+        hook = module.register_forward_hook(lambda _m, _i, out: _record(record, out[1], out[1]._base))
+    stack.callback(hook.remove)
 
-            def weights_wanted(
-                _m: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]
-            ) -> tuple[tuple[object, ...], dict[str, object]]:
-                return args, {**kwargs, "need_weights": True, "average_attn_weights": False}
 
-            def weights_seen(_m: nn.Module, _i: object, output: tuple[torch.Tensor, torch.Tensor]) -> None:
-                weights = output[1]  # a view (N, heads, L, L) of the (N * heads, L, L) probabilities used
-                _record_probabilities(record, weights, weights._base if weights._base is not None else weights)
+def _weights_wanted(_module: nn.Module, args: Any, kwargs: Any) -> Any:
+    return args, {**kwargs, "need_weights": True, "average_attn_weights": False}  # the explicit softmax path
 
-            handles.append(module.register_forward_pre_hook(weights_wanted, with_kwargs=True))
-            handles.append(module.register_forward_hook(weights_seen))
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-        for owner, attribute, value in restore:
-            setattr(owner, attribute, value)
+
+def _input_on(_module: nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
+    """A skipped block's output: its input (in the place of the first element where the output is a tuple)."""
+    hidden = args[0] if args else next(iter(kwargs.values()))
+    return hidden if isinstance(output, torch.Tensor) else (hidden, *output[1:])
 
 
 def standard_layout(output: torch.Tensor) -> torch.Tensor:

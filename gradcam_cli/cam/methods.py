@@ -24,7 +24,7 @@ from ..errors import UsageError, suggest
 from ..models.tasks import Task
 from ..options import ALL_METHODS, METHOD_NAMES, TASK_NAMES
 from .ablation import AblatedScores
-from .attention.registered import attention_rollout, attn_grad, class_attention
+from .attention.registered import attention_rollout, attn_grad, class_attention, layer_gradients
 from .engine import as_logits
 from .fullgrad import FullGradients, fullgrad_map
 from .guided import guided_saliency
@@ -41,8 +41,8 @@ SCORECAM_BATCH_SIZE = 32
 
 MASKED, ABLATED, GUIDED, FULLGRAD, FINER = "masked", "ablated", "guided", "fullgrad", "finer"
 HESSIAN, SEEDED, PERTURBED = "hessian", "seeded", "perturbed"
-ATTENTION, ATTENTION_GRADIENTS = "attention", "attention-gradients"
-ATTENTION_NEEDS = (ATTENTION, ATTENTION_GRADIENTS)
+ATTENTION, ATTENTION_GRADIENTS, LAYER_SCORES = "attention", "attention-gradients", "layer-scores"
+ATTENTION_NEEDS = (ATTENTION, ATTENTION_GRADIENTS, LAYER_SCORES)
 """What a method takes as third argument (:attr:`CamMethod.extra`): a :class:`MaskedScores`, an
 :class:`~gradcam_cli.cam.ablation.AblatedScores`, the target's guided (N, 3, H, W) input gradient
 (:class:`~gradcam_cli.cam.guided.GuidedPass`), its :class:`~gradcam_cli.cam.fullgrad.FullGradients`, the
@@ -373,6 +373,7 @@ METHODS: dict[str, CamMethod] = {
         CamMethod("rollout", attention_rollout, False, ATTENTION, True, CLASSIFY, uses_layer=False),
         CamMethod("attn-grad", attn_grad, False, ATTENTION_GRADIENTS, tasks=CLASSIFY, uses_layer=False),
         CamMethod("attention", class_attention, False, ATTENTION, True, CLASSIFY, uses_layer=False),
+        CamMethod("legrad", layer_gradients, False, LAYER_SCORES, tasks=CLASSIFY, uses_layer=False),
     )
 }
 """Every method, by the name ``--method`` accepts, in :data:`gradcam_cli.options.METHOD_NAMES` order."""

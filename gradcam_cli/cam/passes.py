@@ -34,6 +34,7 @@ from torch import nn
 from ..errors import UsageError
 from ..options import PerturbationOptions
 from .ablation import AblatedScores
+from .attention.legrad import LEGRAD_LAYERS
 from .attention.tokens import AttentionMaps
 from .engine import LayerCapture
 from .fullgrad import FullGradients, FullGradPass
@@ -46,6 +47,7 @@ from .methods import (
     FULLGRAD,
     GUIDED,
     HESSIAN,
+    LAYER_SCORES,
     MASKED,
     PERTURBED,
     SEEDED,
@@ -94,6 +96,7 @@ class MethodInputs:
         self.layout = layout or (lambda _layer, tensor: tensor)
         perturbation = perturbation or PerturbationOptions()
         self.perturbation = perturbation if seed is None else replace(perturbation, seed=seed)
+        self._layer_passes: dict[int, tuple[LayerCapture, Targets]] = {}
         self._guided: tuple[GuidedPass, Targets] | None = None
         self._full: tuple[FullGradPass, Targets] | None = None
         self._cache: dict[tuple[str, int], object] = {}
@@ -137,9 +140,12 @@ class MethodInputs:
             return (self._cached(GUIDED, k, self._guided_gradient),)
         if method.extra == FULLGRAD:
             return (self._cached(FULLGRAD, k, self._full_gradients),)
-        if method.extra in (ATTENTION, ATTENTION_GRADIENTS):
-            gradients = method.extra == ATTENTION_GRADIENTS
-            return (self._cached(method.extra, k if gradients else 0, lambda k: self._attention(k, gradients)),)
+        if method.extra == ATTENTION:
+            return (self._cached(ATTENTION, 0, lambda _k: self._attention(None)),)
+        if method.extra == ATTENTION_GRADIENTS:
+            return (self._cached(ATTENTION_GRADIENTS, k, self._attention),)
+        if method.extra == LAYER_SCORES:
+            return (self._cached(LAYER_SCORES, k, self._legrad),)
         if method.extra == FINER:
             finer = self._cached(FINER, k, self._finer_gradients)
             assert isinstance(finer, dict)
@@ -177,7 +183,8 @@ class MethodInputs:
             self.progress,
         )
 
-    def _attention(self, k: int, gradients: bool) -> AttentionMaps:
+    def _attention(self, k: int | None) -> AttentionMaps:
+        """The explained pass's attention, with the gradients of target ``k``'s score (``None``: without)."""
         attention = self.capture.watched
         if attention is None:
             raise ValueError("the attention methods need the model's attention watched")
@@ -186,16 +193,44 @@ class MethodInputs:
         layout = infer_layout((1, length, 1), tuple(self.inputs.shape[-2:]), attention.prefix)
         if layout is None or layout.prefix != attention.prefix:
             raise UsageError(f"the attention's {length} tokens make no patch grid on this input")
-        grads = None
-        if gradients:
-            score = self.targets.value(k)
-            grads = (
-                [torch.zeros_like(p) for p in probabilities]
-                if score is None
-                else self.capture.attention_gradients(score, retain_graph=True)
-            )
+        grads = None if k is None else self._attention_gradients(self.capture, self.targets, k)
         grid = (layout.height, layout.width)
         return AttentionMaps(probabilities, grads, attention.prefix, attention.class_token, grid)
+
+    @staticmethod
+    def _attention_gradients(capture: LayerCapture, targets: Targets, k: int) -> list[torch.Tensor]:
+        score = targets.value(k)
+        if score is None:  # no sample has a k-th target
+            return [torch.zeros_like(p) for p in capture.attention_maps()]
+        return capture.attention_gradients(score, retain_graph=True)
+
+    def _legrad(self, k: int) -> AttentionMaps:
+        """LeGrad's last :data:`LEGRAD_LAYERS` layers, each with the gradient of its own score: the last layer's from
+        the explained pass, an earlier one's from a pass in which the blocks after it are skipped (one pass per
+        layer, kept for every target)."""
+        maps = self._cached(ATTENTION_GRADIENTS, k, self._attention)
+        assert isinstance(maps, AttentionMaps) and maps.gradients is not None
+        count = len(maps.probabilities)
+        layers = range(max(0, count - LEGRAD_LAYERS), count)
+        gradients = [
+            maps.gradients[layer]
+            if layer == count - 1
+            else self._attention_gradients(*self._layer_pass(layer), k)[layer]
+            for layer in layers
+        ]
+        return replace(maps, probabilities=[maps.probabilities[layer] for layer in layers], gradients=gradients)
+
+    def _layer_pass(self, layer: int) -> tuple[LayerCapture, Targets]:
+        """A pass whose output comes from layer ``layer``'s tokens (the blocks after it skipped), and its targets."""
+        if layer not in self._layer_passes:
+            watched = self.capture.watched
+            assert watched is not None
+            self.capture.remove_hooks()
+            capture = self.stack.enter_context(LayerCapture(self.model, {}))
+            capture.watch_attention(watched, skipped=watched.blocks[layer + 1 :])
+            output = capture.forward_output(self.inputs)
+            self._layer_passes[layer] = (capture, self.rescore(output))
+        return self._layer_passes[layer]
 
     def _finer_gradients(self, k: int) -> dict[str, torch.Tensor]:
         targets = self._class_targets()

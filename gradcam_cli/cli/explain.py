@@ -314,7 +314,7 @@ class ExplainCommand:
             self.reporter.emit(
                 "* default layer   + candidate (spatial output: N,C,H,W, channel-last N,H,W,C or ViT tokens N,L,C; "
                 "more than one position)   xN: runs N times per forward (its last call is explained)   "
-                "attention: read by rollout, attn-grad and attention"
+                "attention: read by rollout, attn-grad, attention and legrad"
             )
         return EXIT_OK
 

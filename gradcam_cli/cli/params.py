@@ -247,7 +247,8 @@ MethodOpt = Annotated[
         "target against its nearest rivals: docs/targets.md); shapleycam (a second backward pass), "
         "gradcam-elementwise, kpcacam, fem, randomcam (noise: the floor), rise and occlusion (black-box: masked "
         "inputs, no layer); rollout, attention (a transformer's attention, no backward pass, class-agnostic) and "
-        "attn-grad (its attention weighted by gradients: one backward pass per target; docs/methods.md); all: every "
+        "attn-grad and legrad (its attention's gradients: one backward pass per target, legrad one more forward "
+        "pass; docs/methods.md); all: every "
         "method the model's task takes (the attention methods for transformers only).",
     ),
 ]

@@ -60,11 +60,13 @@ class AttentionSite:
 @dataclass(frozen=True)
 class AttentionModel:
     """What the attention methods need of a model: its attention ``sites`` in the order they run (first layer
-    first), its ``prefix`` tokens before the patches, and whether token 0 is a ``class_token``."""
+    first), its ``prefix`` tokens before the patches, whether token 0 is a ``class_token``, and each site's
+    ``blocks`` (the module holding it: a transformer block, which LeGrad skips to score an earlier layer)."""
 
     sites: tuple[AttentionSite, ...]
     prefix: int
     class_token: bool
+    blocks: tuple[nn.Module, ...] = ()
 
 
 def _windowed(module: nn.Module) -> bool:
@@ -140,7 +142,8 @@ def attention_model(model: nn.Module, name: str, known_prefix: int | None, metho
             f"--method {method} needs the model's count of prefix tokens; {name} does not give one "
             "(set num_prefix_tokens on it)"
         )
-    return AttentionModel(sites, prefix, has_class_token(model))
+    blocks = tuple(model.get_submodule(site.name.rpartition(".")[0]) for site in sites)
+    return AttentionModel(sites, prefix, has_class_token(model), blocks)
 
 
 def attention_for(

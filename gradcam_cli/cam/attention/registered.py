@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from .last import last_attention
+from .legrad import legrad
 from .relevance import attention_gradient
 from .rollout import rollout
 from .tokens import AttentionMaps
@@ -32,3 +33,10 @@ def class_attention(
 ) -> torch.Tensor:
     """The last layer's class-token attention, averaged over heads: see :mod:`gradcam_cli.cam.attention.last`."""
     return last_attention(attention)
+
+
+def layer_gradients(
+    activations: None, gradients: None, attention: AttentionMaps, *, eigen_smooth: bool = False
+) -> torch.Tensor:
+    """LeGrad (Bousselham et al., 2024): see :mod:`gradcam_cli.cam.attention.legrad`."""
+    return legrad(attention)
