@@ -344,3 +344,33 @@ def test_method_all_says_which_methods_a_cnn_leaves_out(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "--method all leaves out rollout, attn-grad, attention, legrad (for transformers only)" in result.stderr
     assert not [p for p in (tmp_path / "b").iterdir() if any(m in p.name for m in ("rollout", "attn-grad"))]
+
+
+KNOWN_FIGURES = {"rollout": (0.35, 0.9), "attn-grad": (0.5, 0.5)}
+"""The least mean share of the patch map on the deciding patch, and the least share of images whose map peaks
+there (a uniform map: 1/16 and 1/16), for the methods expected to find it."""
+
+
+@pytest.mark.slow
+def test_known_answer_rollout_and_attn_grad_find_the_deciding_patch() -> None:
+    """A ViT trained here (seeded, seconds) to tell a red patch from a blue one among green and yellow distractors:
+    rollout and attn-grad put their mass on the deciding patch. Every method's figures are printed (the table in
+    docs/methods.md)."""
+    from attention_known import SIZE, make_images, train_vit
+
+    model = train_vit()
+    inputs, classes, cells = make_images(64, seed=1)
+    with torch.no_grad():
+        assert (model(inputs).argmax(dim=1) == classes).float().mean() >= 0.95
+    loaded = LoadedModel(model, "known", "trained", ["red", "blue"], InputSpec(SIZE, (SIZE, SIZE)), prefix_tokens=1)
+    methods = [*METHODS, "gradcam"]
+    _, _, cams = Explainer(loaded, methods=methods).compute(inputs, target=None)
+    figures = {}
+    for method in methods:
+        maps = cams[method][0][0].flatten(1).clamp(min=0)
+        share = maps.gather(1, cells[:, None]).squeeze(1) / maps.sum(dim=1).clamp(min=1e-12)
+        figures[method] = (float(share.mean()), float((maps.argmax(dim=1) == cells).float().mean()))
+    print({method: f"mass {mass:.2f}, peak {peak:.2f}" for method, (mass, peak) in figures.items()})
+    for method, (least_mass, least_peak) in KNOWN_FIGURES.items():
+        mass, peak = figures[method]
+        assert mass >= least_mass and peak >= least_peak, (method, figures)
