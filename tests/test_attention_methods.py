@@ -374,3 +374,31 @@ def test_known_answer_rollout_and_attn_grad_find_the_deciding_patch() -> None:
     for method, (least_mass, least_peak) in KNOWN_FIGURES.items():
         mass, peak = figures[method]
         assert mass >= least_mass and peak >= least_peak, (method, figures)
+
+
+def test_serve_explains_with_the_attention_methods_class_after_class(tmp_path: Path) -> None:
+    """gradcam serve: an attention method's maps for two classes of one image equal the library's (the second
+    class runs a pass of its own: the attention is read from the pass, never replayed without it)."""
+    import io
+
+    from starlette.testclient import TestClient
+
+    from gradcam_cli.options import ServeOptions
+    from gradcam_cli.serve.app import create_app
+    from gradcam_cli.serve.model import ModelService
+
+    image = Image.fromarray((np.random.default_rng(1).random((48, 96, 3)) * 255).astype(np.uint8))
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    loaded = load_model(ModelOptions(VIT, input_size=32))
+    service = ModelService(loaded)
+    app = create_app(service, work_dir=tmp_path / "work", options=ServeOptions())
+    with TestClient(app, base_url="http://127.0.0.1:8765") as client:
+        image_id = client.post("/api/upload?name=a.png", content=buffer.getvalue()).json()["id"]
+        for method in ("attn-grad", "legrad", "rollout"):
+            for target in (0, 2):
+                answer = client.get(f"/api/map?image={image_id}&method={method}&target={target}")
+                assert answer.status_code == 200, answer.text
+                sent = np.load(io.BytesIO(client.get(f"/api/maps/{answer.json()['id']}/map.npy").content))
+                expected = Explainer(loaded, methods=[method]).explain(image, target=target).explanations[0]
+                np.testing.assert_allclose(sent, expected.saliency.numpy(), atol=1e-5)
