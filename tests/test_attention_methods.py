@@ -70,6 +70,50 @@ def _hf_vit() -> tuple[nn.Module, int]:
     return HFLogits(ViTForImageClassification(config).eval()), 1
 
 
+def _hf_dinov2_registers() -> tuple[nn.Module, int]:
+    from transformers import Dinov2WithRegistersConfig, Dinov2WithRegistersForImageClassification
+
+    torch.manual_seed(0)
+    config = Dinov2WithRegistersConfig(
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=64,
+        image_size=SIZE,
+        patch_size=8,
+        num_labels=5,
+        num_register_tokens=4,
+    )
+    return HFLogits(Dinov2WithRegistersForImageClassification(config).eval()), 5
+
+
+class CLIPTower(nn.Module):
+    """A Hugging Face CLIP vision tower's pooled embedding, as the scores (the tool's embedder, without the
+    projection)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import CLIPVisionConfig, CLIPVisionModel
+
+        config = CLIPVisionConfig(
+            hidden_size=32,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            intermediate_size=64,
+            image_size=SIZE,
+            patch_size=8,
+        )
+        self.tower = CLIPVisionModel(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tower(pixel_values=x).pooler_output
+
+
+def _hf_clip() -> tuple[nn.Module, int]:
+    torch.manual_seed(0)
+    return CLIPTower().eval(), 1
+
+
 def _torchvision_vit() -> tuple[nn.Module, int]:
     from torchvision.models.vision_transformer import VisionTransformer
 
@@ -95,6 +139,8 @@ FAMILIES = {
     "timm-deit-distilled": _timm("deit_tiny_distilled_patch16_224"),
     "timm-dinov2-registers": _timm("vit_small_patch14_reg4_dinov2"),
     "hf-vit": _hf_vit,
+    "hf-dinov2-registers": _hf_dinov2_registers,
+    "hf-clip-tower": _hf_clip,
     "torchvision-vit": _torchvision_vit,
 }
 
