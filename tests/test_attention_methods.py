@@ -33,6 +33,15 @@ from gradcam_cli.options import ModelOptions
 
 SIZE = 32
 METHODS = ("rollout", "attn-grad", "attention", "legrad")
+TINY_HF: dict[str, int] = {
+    "hidden_size": 32,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "intermediate_size": 64,
+    "image_size": SIZE,
+    "patch_size": 8,
+}
+"""Three blocks of four heads over 4 x 4 patches: every Hugging Face family's tiny configuration here."""
 
 
 def _timm(name: str, **kwargs: object) -> Callable[[], tuple[nn.Module, int]]:
@@ -58,15 +67,7 @@ def _hf_vit() -> tuple[nn.Module, int]:
     from transformers import ViTConfig, ViTForImageClassification
 
     torch.manual_seed(0)
-    config = ViTConfig(
-        hidden_size=32,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        intermediate_size=64,
-        image_size=SIZE,
-        patch_size=8,
-        num_labels=5,
-    )
+    config = ViTConfig(**TINY_HF, num_labels=5)
     return HFLogits(ViTForImageClassification(config).eval()), 1
 
 
@@ -74,16 +75,7 @@ def _hf_dinov2_registers() -> tuple[nn.Module, int]:
     from transformers import Dinov2WithRegistersConfig, Dinov2WithRegistersForImageClassification
 
     torch.manual_seed(0)
-    config = Dinov2WithRegistersConfig(
-        hidden_size=32,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        intermediate_size=64,
-        image_size=SIZE,
-        patch_size=8,
-        num_labels=5,
-        num_register_tokens=4,
-    )
+    config = Dinov2WithRegistersConfig(**TINY_HF, num_labels=5, num_register_tokens=4)
     return HFLogits(Dinov2WithRegistersForImageClassification(config).eval()), 5
 
 
@@ -95,15 +87,7 @@ class CLIPTower(nn.Module):
         super().__init__()
         from transformers import CLIPVisionConfig, CLIPVisionModel
 
-        config = CLIPVisionConfig(
-            hidden_size=32,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            intermediate_size=64,
-            image_size=SIZE,
-            patch_size=8,
-        )
-        self.tower = CLIPVisionModel(config)
+        self.tower = CLIPVisionModel(CLIPVisionConfig(**TINY_HF))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.tower(pixel_values=x).pooler_output
