@@ -152,14 +152,13 @@ def _reference_attention(model: nn.Module, inputs: torch.Tensor, target: torch.T
     return shaped, [g.reshape(s.shape) for g, s in zip(gradients, shaped, strict=True)], logits.detach()
 
 
-def _rollout(attentions, prefix):
+def _rollout_matrix(attentions):
     rollout = None
     for a in attentions:
-        length = a.shape[-1]
-        ã = 0.5 * a.mean(dim=1) + 0.5 * torch.eye(length)
+        ã = 0.5 * a.mean(dim=1) + 0.5 * torch.eye(a.shape[-1])
         ã = ã / ã.sum(dim=-1, keepdim=True)
         rollout = ã if rollout is None else torch.bmm(ã, rollout)
-    return rollout[:, 0, prefix:]
+    return rollout
 
 
 def _attn_grad(attentions, gradients, prefix):
@@ -192,7 +191,7 @@ def test_attention_methods_agree_with_their_formulas(family: str, monkeypatch: p
     assert len(attentions) == 3
     grid = SIZE // 8
     expected = {
-        "rollout": _rollout(attentions, prefix),
+        "rollout": _rollout_matrix(attentions)[:, 0, prefix:],
         "attn-grad": _attn_grad(attentions, gradients, prefix),
         "attention": attentions[-1].mean(dim=1)[:, 0, prefix:],
     }
@@ -432,3 +431,23 @@ def test_serve_explains_with_the_attention_methods_class_after_class(tmp_path: P
                 sent = np.load(io.BytesIO(client.get(f"/api/maps/{answer.json()['id']}/map.npy").content))
                 expected = Explainer(loaded, methods=[method]).explain(image, target=target).explanations[0]
                 np.testing.assert_allclose(sent, expected.saliency.numpy(), atol=1e-5)
+
+
+def test_a_model_without_a_class_token_uses_the_mean_over_the_patch_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ViT pooling its patches by their mean (no class token, two registers): each map is the mean of the patch
+    rows over the patch columns, registers dropped from both."""
+    module, prefix = _timm("vit_tiny_patch16_224", class_token=False, global_pool="avg", reg_tokens=2)()
+    assert prefix == 2
+    inputs = torch.randn(2, 3, SIZE, SIZE)
+    loaded = LoadedModel(module, "gap", "none", None, InputSpec(SIZE, (SIZE, SIZE)), prefix_tokens=prefix)
+    explainer = Explainer(loaded, methods=["rollout", "attention"])
+    assert explainer.attention is not None and not explainer.attention.class_token
+    _, targets, cams = explainer.compute(inputs)
+    attentions, _, _ = _reference_attention(module, inputs, targets[:, 0], monkeypatch)
+    expected = {
+        "rollout": _rollout_matrix(attentions)[:, prefix:, prefix:].mean(dim=1),
+        "attention": attentions[-1].mean(dim=1)[:, prefix:, prefix:].mean(dim=1),
+    }
+    for method, maps in expected.items():
+        for n in range(2):
+            assert _pearson(cams[method][0][0][n], maps[n]) >= 0.999, method
