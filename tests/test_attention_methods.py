@@ -98,6 +98,14 @@ def _hf_clip() -> tuple[nn.Module, int]:
     return CLIPTower().eval(), 1
 
 
+def _open_clip_vit() -> tuple[nn.Module, int]:
+    from open_clip.transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    tower = VisionTransformer(image_size=SIZE, patch_size=8, width=32, layers=3, heads=4, mlp_ratio=2.0, output_dim=5)
+    return tower.eval(), 1
+
+
 def _torchvision_vit() -> tuple[nn.Module, int]:
     from torchvision.models.vision_transformer import VisionTransformer
 
@@ -126,6 +134,7 @@ FAMILIES = {
     "hf-dinov2-registers": _hf_dinov2_registers,
     "hf-clip-tower": _hf_clip,
     "torchvision-vit": _torchvision_vit,
+    "open-clip-vit": _open_clip_vit,
 }
 
 
