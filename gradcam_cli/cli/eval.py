@@ -19,7 +19,7 @@ from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError, describe
 from ..options import POINTING_TOLERANCE, EvalOptions, PerturbationOptions
 from . import params
 from .ranking import RankOptions, rank_report
-from .reporting import ProgressBar, Reporter, default_layer_reason, run_reported
+from .reporting import ProgressBar, Reporter, default_layer_reason, left_out_note, run_reported
 
 if TYPE_CHECKING:
     from ..options import ExplainOptions, ModelOptions
@@ -218,7 +218,9 @@ class EvalCommand:
             raise UsageError(f"no images found in {' '.join(self.inputs)}")
         boxes = read_boxes(options.boxes) if options.boxes is not None else None
         explainer = Explainer.from_options(self.model_options, self.explain_options)
-        if not self.explain_options.layers:
+        if explainer.left_out:
+            reporter.info(left_out_note(explainer.left_out))
+        if not self.explain_options.layers and explainer.layer_names:
             reason = default_layer_reason(explainer.task, bool(explainer.model.default_layers))
             reporter.info(f"using layer {explainer.layer_label} ({reason})")
         if self.ranking.rank and explainer.task.value != "classify":  # boxes only: what a detector is measured by

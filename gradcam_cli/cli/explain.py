@@ -16,7 +16,15 @@ from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
 from ..options import DEFAULT_MAX_SIDE, ImageFormat, OutputOptions, PerturbationOptions, RunOptions, Shard
 from . import params
 from .lines import layer_line, layer_row, report_record
-from .reporting import PassProgress, ProgressBar, Reporter, default_layer_reason, run_reported, run_summary
+from .reporting import (
+    PassProgress,
+    ProgressBar,
+    Reporter,
+    default_layer_reason,
+    left_out_note,
+    run_reported,
+    run_summary,
+)
 
 if TYPE_CHECKING:
     from ..cam.explainer import Explainer
@@ -343,7 +351,7 @@ class ExplainCommand:
                 explainer = Explainer.from_options(self.model_options, self.explain_options, progress=progress)
             session.start(explainer)
             if explainer.left_out:
-                reporter.info(f"--method all leaves out {', '.join(explainer.left_out)} (for transformers only)")
+                reporter.info(left_out_note(explainer.left_out))
             if not self.explain_options.layers and explainer.layer_names:
                 reason = default_layer_reason(explainer.task, bool(explainer.model.default_layers))
                 reporter.info(f"using layer {explainer.layer_label} ({reason})")

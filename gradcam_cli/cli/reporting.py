@@ -9,7 +9,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -149,6 +149,11 @@ def default_layer_reason(task: Task, declared: bool = False) -> str:
     kind = "last spatial layer" if task.value == "classify" else "last stage of the backbone"
     kind = "the feature maps entering the head" if declared else kind
     return f"{kind}; choose with --layer"
+
+
+def left_out_note(methods: Sequence[str]) -> str:
+    """What ``--method all`` says of the attention methods it left out (a model without global self-attention)."""
+    return f"--method all leaves out {', '.join(methods)} (for transformers only)"
 
 
 def run_summary(counts: Counts, seconds: float, unit: str = "images") -> str:
