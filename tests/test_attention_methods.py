@@ -130,6 +130,7 @@ FAMILIES = {
     "timm-vit": _timm("vit_tiny_patch16_224"),
     "timm-deit-distilled": _timm("deit_tiny_distilled_patch16_224"),
     "timm-dinov2-registers": _timm("vit_small_patch14_reg4_dinov2"),
+    "timm-eva02": _timm("eva02_tiny_patch14_224"),
     "hf-vit": _hf_vit,
     "hf-dinov2-registers": _hf_dinov2_registers,
     "hf-clip-tower": _hf_clip,
