@@ -390,7 +390,6 @@ KNOWN_FIGURES = {"rollout": (0.35, 0.9), "attn-grad": (0.5, 0.5)}
 there (a uniform map: 1/16 and 1/16), for the methods expected to find it."""
 
 
-@pytest.mark.slow
 def test_known_answer_rollout_and_attn_grad_find_the_deciding_patch() -> None:
     """A ViT trained here (seeded, seconds) to tell a red patch from a blue one among green and yellow distractors:
     rollout and attn-grad put their mass on the deciding patch. Every method's figures are printed (the table in
