@@ -267,7 +267,8 @@ class DiffOptions:
 @dataclass(frozen=True)
 class ServeOptions:
     """How ``gradcam serve`` listens and what it takes: ``host`` and ``port`` (0: a free port), the colormap and
-    opacity its page starts with, and the largest upload it decodes (``max_upload_bytes`` of file, ``max_pixels``)."""
+    opacity its page starts with, the largest upload it decodes (``max_upload_bytes`` of file, ``max_pixels``), and
+    how long one request's passes may run (``request_seconds``)."""
 
     host: str = "127.0.0.1"
     port: int = 8765
@@ -275,3 +276,5 @@ class ServeOptions:
     alpha: float = 0.5
     max_upload_bytes: int = 20 * 2**20
     max_pixels: int = 40_000_000
+    request_seconds: float | None = 120.0
+    """How long one request's passes may run (Score-CAM's masked inputs, RISE's masks, ...; ``None``: no limit)."""

@@ -235,7 +235,7 @@ def test_state_changes_refuse_other_origins(client):
 
 
 def test_loopback_hosts():
-    from gradcam_cli.serve.app import host_name
+    from gradcam_cli.serve.origin import host_name
     from gradcam_cli.serve.server import is_loopback
 
     assert [is_loopback(h) for h in ("127.0.0.1", "127.1.2.3", "localhost", "::1", "[::1]")] == [True] * 5
@@ -301,7 +301,7 @@ def test_run_view_pages_filters_sorts_and_follows_the_manifest(tmp_path, monkeyp
         assert test_client.get("/api/run/rows?sort=input;drop").status_code == 400
         assert test_client.get("/api/run/rows/0/outputs/0").headers["content-type"] == "image/png"
         assert test_client.get("/api/map?image=r0").status_code == 409  # no model: run view only
-        again = create_app(None, run_dir=run, manifest=manifest, work_dir=tmp_path / "work2")
+        again = create_app(None, run_dir=run, manifest=manifest, drift=drift, work_dir=tmp_path / "work2")
         assert again.state.explorer.run.builds == 0  # the index beside the manifest is reused while it is unchanged
         write_run(run, 120)
         assert test_client.get("/api/run/rows").json()["total"] == 120  # rebuilt from the changed manifest
@@ -405,18 +405,23 @@ def test_the_command_prints_its_url_serves_and_exits_130_on_ctrl_c(tmp_path):
         process.wait()
 
 
-def test_another_host_is_warned_of(tmp_path):
+def test_another_host_is_warned_of_once_bound(tmp_path):
     from typer.testing import CliRunner
 
     from gradcam_cli.cli.serve import app
 
     run = tmp_path / "out"
     write_run(run, 2)
-    # 192.0.2.1 (TEST-NET-1) is no address of this machine: the warning comes, then binding fails; nothing listens
+    # 192.0.2.1 (TEST-NET-1) is no address of this machine: binding fails first, and nothing claims to listen
     result = CliRunner().invoke(app, [str(run), "--host", "192.0.2.1", "--port", "0"])
     lines = result.output.strip().splitlines()
-    assert result.exit_code == 2 and lines[0].startswith("warning: listening on 192.0.2.1: anyone who can reach")
-    assert lines[-1].startswith("error: cannot listen on 192.0.2.1:0")
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: cannot listen on 192.0.2.1:0")
+    # bound on every address: the warning, then (here) the model that cannot load; nothing is served
+    missing = str(tmp_path / "nothing.py") + ":build"
+    result = CliRunner().invoke(app, [str(run), "--host", "0.0.0.0", "--port", "0", "--model", missing])
+    lines = result.output.strip().splitlines()
+    assert lines[0].startswith("warning: listening on 0.0.0.0: anyone who can reach"), result.output
+    assert result.exit_code == 2 and "nothing.py" in lines[-1] and "serving on" not in result.output
 
 
 def test_without_the_extra_one_line_says_so(tmp_path, monkeypatch):
@@ -438,3 +443,77 @@ def test_a_missing_path_is_a_usage_error(tmp_path):
     result = CliRunner().invoke(app, [str(tmp_path / "nothing.png"), "--model", "x.py:build"])
     assert result.exit_code == 2 and result.output.startswith("error: ") and "no such file" in result.output
     assert torch.is_grad_enabled()
+
+
+def test_every_route_that_computes_refuses_other_sites_and_passes_are_bounded(square_model, tmp_path):
+    service = ModelService(square_model)
+    bounded = create_app(service, work_dir=tmp_path / "a", options=ServeOptions(request_seconds=0))
+    with TestClient(bounded, base_url=LOCAL) as test_client:
+        image_id = upload(test_client, squares())
+        shown = test_client.get(f"/api/map?image={image_id}&target=red").json()
+        urls = [
+            f"/api/map?image={image_id}&method=scorecam",
+            f"/api/maps/{shown['id']}/faithfulness?road=1",
+            f"/api/maps/{shown['id']}.png",
+            f"/api/images/{image_id}.png",
+            "/api/info",
+        ]
+        for url in urls:
+            for headers in ({"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"}, {"Origin": "null"}):
+                answer = test_client.get(url, headers=headers)
+                assert answer.status_code == 403, (url, headers)
+        assert test_client.get("/", headers={"Sec-Fetch-Site": "cross-site"}).status_code == 200  # a link to the page
+        same = {"Sec-Fetch-Site": "same-origin", "Origin": LOCAL}
+        assert test_client.get(f"/api/maps/{shown['id']}.png", headers=same).status_code == 200
+        assert test_client.get("/api/info", headers={"Sec-Fetch-Site": "none"}).status_code == 200
+        stopped = test_client.get(f"/api/map?image={image_id}&target=green&method=scorecam", headers=same)
+        assert stopped.status_code == 503 and stopped.json()["error"].startswith("stopped after 0 s (0 of ")
+        assert test_client.get(f"/api/map?image={image_id}&target=green").status_code == 200  # still serving
+    assert not any(m._forward_hooks or m._backward_hooks for m in square_model.module.modules())
+    with TestClient(create_app(ModelService(square_model), work_dir=tmp_path / "b"), base_url=LOCAL) as test_client:
+        image_id = upload(test_client, squares())
+        assert test_client.get(f"/api/map?image={image_id}").json()["forward"] is True
+        assert test_client.get(f"/api/map?image={image_id}&target=red").json()["forward"] is False  # replayed
+        scorecam = test_client.get(f"/api/map?image={image_id}&target=red&method=scorecam").json()
+        assert scorecam["forward"] is True  # its masked inputs ran the model: the page does not say "no forward pass"
+
+
+def test_uploads_and_filters_say_what_the_user_gave(client, tmp_path):
+    test_client, _ = client
+    data = png(squares())
+    first = test_client.post("/api/upload?name=first.png", content=data).json()
+    again = test_client.post("/api/upload?name=second.png", content=data).json()
+    assert again["id"] == first["id"] and again["name"] == "second.png"
+    listed = test_client.get(f"/api/map?image={again['id']}").json()
+    assert listed["name"].startswith("second_")
+    other = test_client.post("/api/upload?name=%E7%8C%AB.png", content=png(squares(32, 24))).json()  # 猫.png
+    shown = test_client.get(f"/api/map?image={other['id']}").json()
+    overlay = test_client.get(f"/api/maps/{shown['id']}/overlay.png")
+    assert overlay.status_code == 200
+    disposition = overlay.headers["content-disposition"]
+    assert disposition.startswith('attachment; filename="_') and "filename*=UTF-8''%E7%8C%AB_gradcam_" in disposition
+    run = tmp_path / "out"
+    manifest = write_run(run, 5)
+    app = create_app(None, run_dir=run, manifest=manifest, work_dir=tmp_path / "work")
+    with TestClient(app, base_url=LOCAL) as runs:
+        answer = runs.get("/api/run/rows?pmin=50")
+        assert answer.status_code == 400 and "pmin" not in answer.json()["error"]
+        assert answer.json()["error"] == "the lowest probability (a fraction): 50 is not between 0 and 1"
+
+
+def test_a_port_in_use_is_said_before_the_model_loads(tmp_path):
+    from typer.testing import CliRunner
+
+    from gradcam_cli.cli.serve import app
+    from gradcam_cli.serve.server import bind
+
+    squares().save(tmp_path / "a.png")
+    taken = bind("127.0.0.1", 0)
+    try:
+        port = str(taken.getsockname()[1])
+        missing = str(tmp_path / "nothing.py") + ":build"  # never loaded: the port is refused first
+        result = CliRunner().invoke(app, [str(tmp_path / "a.png"), "--port", port, "--model", missing])
+    finally:
+        taken.close()
+    assert result.exit_code == 2
+    assert result.output == f"error: cannot listen on 127.0.0.1:{port}: address already in use\n"

@@ -168,6 +168,10 @@ def test_click_a_detection(browser, tmp_path):
         page.click("#predictions button:has-text('green')")
         wait_caption(page, "gradcam for green")
         assert canvas_sum(page) != combined
+        assert not page.is_visible("#faith")  # measured against boxes by gradcam eval, not here
+        page.fill("#target", "red")
+        page.press("#target", "Enter")  # a class typed on a detector: said, not ignored
+        page.wait_for_function("() => document.getElementById('status').textContent.includes('click a detection')")
     finally:
         page.close()
         server.stop()
@@ -199,3 +203,78 @@ def test_an_embedding_model_is_asked_through_the_target_field(browser, tmp_path)
     finally:
         page.close()
         server.stop()
+
+
+def test_the_image_view_opens_on_the_first_input_pages_searches_and_keeps_uploads(browser, square_model, tmp_path):
+    from gradcam_cli.serve import ModelService, create_app
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for n in range(205):  # more than one page of inputs (and than the 200 the page once listed)
+        Image.new("RGB", (16, 12), (255, 0, 0) if n % 2 else (0, 255, 0)).save(folder / f"img{n:05d}.png")
+    run = tmp_path / "out"
+    run.mkdir()
+    target = {"index": 0, "name": "red", "probability": 0.7}
+    rows = [{"input": "gone/missing.png", "status": "ok", "outputs": [], "target": target, "predictions": [target]}]
+    (run / "manifest.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    app = create_app(
+        ModelService(square_model), discover([folder]), run, run / "manifest.jsonl", work_dir=tmp_path / "work"
+    )
+    server = Running(app)
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    try:
+        page.goto(server.url)
+        page.wait_for_selector("body[data-ready='1']")
+        wait_caption(page, "gradcam for green at features")  # opened on the first input, nothing chosen
+        assert page.text_content("#inputs-label") == "1-50 of 205" and page.locator("#strip button").count() == 50
+        assert page.locator("#strip button.chosen").get_attribute("data-id") == "i0"
+        assert page.evaluate("document.getElementById('view').width") == 16
+        assert page.evaluate("document.getElementById('view').getBoundingClientRect().width") >= 320  # scaled up
+        assert page.is_visible("#faith")  # a classifier's class map: faithfulness applies
+        for _ in range(4):
+            page.click("#inputs-next")
+        page.wait_for_function("() => document.getElementById('inputs-label').textContent === '201-205 of 205'")
+        page.fill("#input-q", "img00203")
+        page.wait_for_function("() => document.getElementById('inputs-label').textContent === '1-1 of 1'")
+        page.click("#strip button[data-id='i203']")
+        page.wait_for_function("() => document.getElementById('view').dataset.mapId !== undefined")
+        wait_caption(page, "gradcam for red")
+        page.set_input_files("#upload", files=[{"name": "mine.png", "mimeType": "image/png", "buffer": png_bytes()}])
+        wait_caption(page, "gradcam for blue")
+        page.reload()
+        page.wait_for_selector("body[data-ready='1']")
+        page.fill("#input-q", "mine")
+        page.wait_for_function("() => document.getElementById('inputs-label').textContent === '1-1 of 1'")
+        assert page.locator("#inputs option", has_text="mine.png").count() == 1  # the upload is still listed
+        page.fill("#target", "contrast:red,green")
+        page.press("#target", "Enter")
+        wait_caption(page, "gradcam for red - green")
+        assert not page.is_visible("#faith")  # not a class: gradcam eval measures it, not this button
+        page.click("#tab-run")
+        page.fill("#f-pmin", "abc")
+        page.click("#f-apply")
+        page.wait_for_function("() => document.getElementById('status').textContent.includes('not a percentage')")
+        page.fill("#f-pmin", "50")
+        page.click("#f-apply")
+        page.wait_for_function("() => document.getElementById('status').textContent === ''")
+        assert page.text_content("#page-label") == "1-1 of 1"  # 70 % >= 50 %
+        page.locator("#rows-body tr").first.click()
+        page.click("#row-detail button")
+        page.wait_for_function("() => document.getElementById('status').textContent.startsWith('error: ')")
+        assert "missing.png" in (page.text_content("#status") or "") or "no such" in (
+            page.text_content("#status") or ""
+        )
+    finally:
+        page.close()
+        server.stop()
+    assert errors == []  # no uncaught script error
+
+
+def png_bytes() -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (20, 16), (0, 0, 255)).save(buffer, "PNG")
+    return buffer.getvalue()

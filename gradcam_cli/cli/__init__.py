@@ -15,6 +15,7 @@ import threading
 
 from .explain import app
 from .reporting import run_app
+from .signals import interrupt_on_termination
 
 __all__ = ["app", "entry_point", "main"]
 
@@ -25,6 +26,7 @@ def main() -> None:
     # Before torch loads OpenMP: threads that wait sleep instead of spinning. Spinning threads fight the decoding
     # processes, the writer threads and any other program for the cores (several times slower on a busy machine).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    interrupt_on_termination()
     if sys.argv[1:2] == ["eval"]:
         from .eval import app as eval_app
 

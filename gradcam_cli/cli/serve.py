@@ -9,7 +9,7 @@ from __future__ import annotations
 import tempfile
 import webbrowser
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -17,6 +17,9 @@ from ..errors import EXIT_OK, UsageError, describe
 from ..options import ServeOptions
 from . import params
 from .reporting import Reporter, default_layer_reason, run_reported
+
+if TYPE_CHECKING:
+    from ..serve.model import ModelService
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
@@ -27,7 +30,7 @@ PATH: a finished run's output folder (or its manifest), and/or image files, fold
 A run is browsed without a model (paged, filtered and sorted on the server); with --model (or with images and no
 run: the default model), any image can be explained live: click a class or type a target (--target's grammar), switch
 layer or method, compare, download.
-Listens on 127.0.0.1 unless --host says otherwise; stops with Ctrl-C.
+Listens on 127.0.0.1 unless --host says otherwise; stops with Ctrl-C (or SIGTERM, SIGHUP), its uploads removed.
 
 Exit codes: 0 stopped; 2 usage error; 3 model/weights unavailable; 130 interrupted (Ctrl-C)."""
 
@@ -93,24 +96,6 @@ def serve(
     run_reported(reporter, lambda: start(reporter, paths or [], model, options, drift, open_browser, given))
 
 
-def split_paths(paths: list[str]) -> tuple[Path | None, Path | None, list[str]]:
-    """``(run folder, manifest, image inputs)``: a folder holding a manifest (or a manifest file) is the run."""
-    from ..drift.manifests import MANIFEST_SUFFIXES, find_manifest
-
-    run_dir = manifest = None
-    images: list[str] = []
-    for text in paths:
-        path = Path(text)
-        is_manifest = path.is_file() and path.suffix.lower() in MANIFEST_SUFFIXES
-        is_run = path.is_dir() and (any(path.glob("*.jsonl")) or any(path.glob("*.csv")))
-        if (is_manifest or is_run) and manifest is None:
-            manifest = find_manifest(path, "PATH")
-            run_dir = path if path.is_dir() else path.parent
-        else:
-            images.append(text)
-    return run_dir, manifest, images
-
-
 def record_targets(record: dict[str, Any]) -> list[Any]:
     """A run record's ``--target`` specs (its ``targets``, joined by `` | ``); none where it has none or they do not
     parse."""
@@ -123,6 +108,44 @@ def record_targets(record: dict[str, Any]) -> list[Any]:
         return []
 
 
+def load_service(reporter: Reporter, model: str, record: dict[str, Any], given: dict[str, Any]) -> ModelService:
+    """The model, with the command's options, else the run record's (its layers and targets), else the defaults."""
+    from ..serve.model import ModelService
+
+    kept = record.get("layers")  # the run's layer label, "a+b" for several
+    layers = given["layer"] or (kept.split("+") if isinstance(kept, str) and kept else None)
+    specs, embedding = given["targets"] or record_targets(record), given["embedding"] or record.get("embedding")
+    task = given["task"] or ("classify" if specs or embedding else None)  # as gradcam's own --target
+    service = ModelService(
+        params.model_options(
+            model,
+            given["weights"],
+            given["num_classes"],
+            given["labels"],
+            given["input_size"],
+            given["device"],
+            task,
+        ),
+        params.explain_options(
+            layers,
+            given["method"],
+            None,
+            1,
+            False,
+            False,
+            given["score"],
+            score_threshold=given["score_threshold"],
+            max_detections=given["max_detections"],
+            targets=specs,
+            embedding=embedding if isinstance(embedding, str) else None,
+        ),
+    )
+    if not layers:
+        reason = default_layer_reason(service.task, bool(service.model.default_layers))
+        reporter.info(f"using layer {service.default_layer} ({reason})")
+    return service
+
+
 def start(
     reporter: Reporter,
     paths: list[str],
@@ -132,78 +155,58 @@ def start(
     open_browser: bool,
     given: dict[str, Any],
 ) -> int:
-    """Load what is asked, bind, print the URL and serve until Ctrl-C."""
+    """Sort the paths out, bind, load the model, print the URL and serve until Ctrl-C (or SIGTERM, SIGHUP)."""
     try:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
         raise UsageError("gradcam serve needs the optional extra: pip install 'gradcam-cli[serve]'") from None
     from ..io.discovery import discover
-    from ..pipeline.resume import read_run_record
     from ..serve import create_app
-    from ..serve.model import ModelService
+    from ..serve.runindex import read_drift
+    from ..serve.runs import sort_paths
     from ..serve.server import bind, is_loopback, serve, url_of
 
-    run_dir, manifest, image_paths = split_paths(paths)
-    inputs = discover(image_paths) if image_paths else []
-    if image_paths and not inputs:
-        raise UsageError(f"no images found in {' '.join(image_paths)}")
-    record = read_run_record(run_dir) if run_dir is not None else {}
-    if model is None and manifest is None:
-        model = "resnet50"
+    served = sort_paths(paths)
+    run = served.run
+    if drift is not None:
+        if run is None:
+            raise UsageError("--drift marks a run's rows; give a finished run's output folder or its manifest")
+        read_drift(drift)  # a file that is no gradcam diff --json result: refused before the model loads
+    inputs = discover(served.images) if served.images else []
+    if served.images and not inputs:
+        raise UsageError(f"no images found in {' '.join(served.images)}")
+    try:  # bound before the model loads: a port in use is said at once
+        sock = bind(options.host, options.port)
+    except OSError as error:
+        raise UsageError(f"cannot listen on {options.host}:{options.port}: {describe(error)}") from None
     service = None
-    if model is not None:
-        kept = record.get("layers")  # the run's layer label, "a+b" for several
-        layers = given["layer"] or (kept.split("+") if isinstance(kept, str) and kept else None)
-        specs, embedding = given["targets"] or record_targets(record), given["embedding"] or record.get("embedding")
-        task = given["task"] or ("classify" if specs or embedding else None)  # as gradcam's own --target
-        service = ModelService(
-            params.model_options(
-                model,
-                given["weights"],
-                given["num_classes"],
-                given["labels"],
-                given["input_size"],
-                given["device"],
-                task,
-            ),
-            params.explain_options(
-                layers,
-                given["method"],
-                None,
-                1,
-                False,
-                False,
-                given["score"],
-                score_threshold=given["score_threshold"],
-                max_detections=given["max_detections"],
-                targets=specs,
-                embedding=embedding if isinstance(embedding, str) else None,
-            ),
-        )
-        if not layers:
-            reporter.info(f"using layer {service.default_layer} ({default_layer_reason(service.task)})")
-    if not is_loopback(options.host):
-        reporter.info(
-            f"warning: listening on {options.host}: anyone who can reach this machine can use the explorer "
-            "(and its model); use --host 127.0.0.1 to keep it local"
-        )
-    with tempfile.TemporaryDirectory(prefix="gradcam-serve-") as work:  # uploads; removed when the server stops
-        app = create_app(service, inputs, run_dir, manifest, options, drift, Path(work))
-        try:
-            sock = bind(options.host, options.port)
-        except OSError as error:
-            raise UsageError(f"cannot listen on {options.host}:{options.port}: {describe(error)}") from None
-        url = url_of(sock)
-        reporter.emit(f"serving on {url} (Ctrl-C to stop)")  # also with --quiet: the one way to learn a free port
+    try:
+        if not is_loopback(options.host):
+            reporter.info(
+                f"warning: listening on {options.host}: anyone who can reach this machine can use the explorer "
+                "(and its model); use --host 127.0.0.1 to keep it local"
+            )
+        for note in served.notes:
+            reporter.info(note)
+        if model is None and run is None:
+            model = "resnet50"
+        if model is not None:
+            service = load_service(reporter, model, run.record if run is not None else {}, given)
+        with tempfile.TemporaryDirectory(prefix="gradcam-serve-") as work:  # uploads; removed when the server stops
+            manifest = run.manifest if run is not None else None
+            folder = run.folder if run is not None else None
+            app = create_app(service, inputs, folder, manifest, options, drift, Path(work))
+            url = url_of(sock)
+            reporter.emit(f"serving on {url} (Ctrl-C to stop)")  # also with --quiet: the one way to learn a free port
 
-        def started() -> None:
-            if open_browser:
-                webbrowser.open(url)
+            def started() -> None:
+                if open_browser:
+                    webbrowser.open(url)
 
-        try:
             serve(app, sock, started)
-        finally:
-            if service is not None:
-                service.close()
+    finally:
+        sock.close()
+        if service is not None:
+            service.close()
     return EXIT_OK

@@ -34,24 +34,33 @@ class InOrder:
             yield from self.waiting.pop(place)
 
 
+INTERRUPTING = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+"""Ctrl-C, and the signals the command line takes for it (:mod:`gradcam_cli.cli.signals`)."""
+
+
 @contextmanager
 def deferred_interrupt() -> Iterator[Callable[[], bool]]:
     """While a batch runs, the first Ctrl-C only asks to stop: the batch in hand is finished, written and recorded,
     then :class:`KeyboardInterrupt` is raised. A second Ctrl-C interrupts at once. Only in the main thread, and only
-    where Ctrl-C has Python's default meaning (a notebook's own handler is left alone)."""
+    where Ctrl-C has Python's default meaning (a notebook's own handler is left alone). SIGTERM and SIGHUP, where the
+    command line made them Ctrl-C, are deferred alike."""
     if threading.current_thread() is not threading.main_thread() or (
         signal.getsignal(signal.SIGINT) is not signal.default_int_handler
     ):
         yield lambda: False
         return
+    deferred = [number for number in INTERRUPTING if signal.getsignal(number) is signal.default_int_handler]
     asked: list[bool] = []
 
     def on_interrupt(_signum: int, _frame: object) -> None:
         asked.append(True)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for number in deferred:
+            signal.signal(number, signal.default_int_handler)
 
-    signal.signal(signal.SIGINT, on_interrupt)
+    for number in deferred:
+        signal.signal(number, on_interrupt)
     try:
         yield lambda: bool(asked)
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for number in deferred:
+            signal.signal(number, signal.default_int_handler)

@@ -281,6 +281,7 @@ class Session:
         )
         record.update(explainer.settings)
         record["precision"] = explainer.precision
+        record["cwd"] = os.getcwd()  # what the manifest's relative paths start from (gradcam serve reads it)
         if self.output.skip_existing:
             if explainer.target_specs and self.output.manifest is None:  # file names carry a class, not a target
                 raise UsageError("--skip-existing with --target needs --manifest: skipped images' rows come from it")

@@ -5,8 +5,9 @@ Routes (every answer JSON or a file; every failure ``{"error": "<one line>"}`` w
 
 - ``GET /``: the page; ``GET /static/<name>``: its script and style (a fixed list).
 - ``GET /api/info``: the model (name, task, layers with shapes and the default marked, methods) or none, the run.
-- ``GET /api/images``: the served inputs, paged; ``POST /api/upload``: an image (the body), checked and decoded.
-- ``GET /api/images/<id>.png``: an image as decoded (what the maps line up with).
+- ``GET /api/images?offset=&limit=&q=``: the served inputs, then the uploads kept, paged and searched; ``POST
+  /api/upload``: an image (the body), checked and decoded.
+- ``GET /api/images/<id>.png``: an image as decoded (what the maps line up with); ``?thumb=1``: a thumbnail.
 - ``GET /api/map?image=&layer=&method=&target=&rank=``: a map computed (or replayed, or kept; ``target``: a class,
   or a ``--target`` spec whose ``similar:`` names a served image: :mod:`gradcam_cli.serve.targets`); ``GET
   /api/maps/<id>.png`` its 16-bit values packed in a PNG, ``.../overlay.png``, ``.../heatmap.png``, ``.../map.npy``
@@ -15,7 +16,9 @@ Routes (every answer JSON or a file; every failure ``{"error": "<one line>"}`` w
   file; ``GET /files/<path>``: a file inside the run folder.
 
 Safety: files are served only from inside the run folder (after resolving symbolic links) and the given inputs;
-requests other than GET/HEAD must come from the page's own origin (a cross-origin ``Origin`` is refused with 403).
+every request but the page itself must come from the page's own origin (another site's ``Sec-Fetch-Site`` or
+``Origin`` is refused with 403: :class:`SameOrigin`); the passes of one request are bounded in time
+(``ServeOptions.request_seconds``: 503).
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..io.discovery import InputImage
 from ..options import ServeOptions
@@ -53,21 +55,17 @@ from .http import (
     required_param,
     text_param,
 )
-from .images import ImageStore
+from .images import ImageStore, decode
 from .model import ModelService
+from .origin import SameOrigin
 from .runindex import RowFilter, RunIndex
+from .runs import run_base
 from .server import is_loopback
 from .targets import page_target
 
 PAGE_COLORMAPS = ("jet", "turbo", "viridis", "inferno", "magma", "gray")
 """The colormaps the page offers (any matplotlib name works in a download's ``colormap``)."""
 STATIC = {"app.js": "text/javascript", "style.css": "text/css"}
-SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; img-src 'self' blob: data:; style-src 'self'; object-src 'none'; "
-    "frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-}
 
 
 @dataclass
@@ -80,6 +78,8 @@ class Explorer:
     run: RunIndex | None = None
     run_dir: Path | None = None
     record: dict[str, Any] = field(default_factory=dict)
+    base: Path = field(default_factory=Path.cwd)
+    """The folder the run's relative paths start from (:func:`~gradcam_cli.serve.runs.run_base`)."""
 
 
 def create_app(
@@ -98,17 +98,18 @@ def create_app(
     work = work_dir or Path(tempfile.mkdtemp(prefix="gradcam-serve-"))
     run = RunIndex(manifest, work, drift) if manifest is not None else None
     record = read_run_record(run_dir) if run_dir is not None else {}
+    base = run_base(run_dir or manifest.parent, manifest, record) if manifest is not None else Path.cwd()
 
     def row_input(number: int) -> tuple[str, Path] | None:
         found = run.row(number) if run is not None else None
-        return (str(found["input"]), Path(found["input"])) if found else None
+        return (str(found["input"]), base / found["path"]) if found else None
 
     uploads = work / "uploads"
     uploads.mkdir(parents=True, exist_ok=True)
     images = ImageStore(inputs, uploads, options, row_input)
     if service is not None:
         images.forgotten.append(service.passes.drop)
-    explorer = Explorer(options, images, service, run, run_dir.resolve() if run_dir else None, record)
+    explorer = Explorer(options, images, service, run, run_dir.resolve() if run_dir else None, record, base)
     routes = [
         Route("/", _page(explorer)),
         Route("/static/{name}", _static),
@@ -129,50 +130,6 @@ def create_app(
     app = Starlette(routes=routes, middleware=[Middleware(SameOrigin, local=is_loopback(options.host))])
     app.state.explorer = explorer
     return app
-
-
-class SameOrigin:
-    """Refuse (403) a request that is not GET or HEAD when its ``Origin`` is another site's; with ``local`` (the app
-    listens on a loopback address) also any request whose ``Host`` is not a loopback name (DNS rebinding: another
-    site's name pointed at 127.0.0.1). Adds the security headers to every answer."""
-
-    def __init__(self, app: ASGIApp, local: bool = True) -> None:
-        self.app, self.local = app, local
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        request = Request(scope)
-        if self.local and not is_loopback(host_name(request.headers.get("host", ""))):
-            await error_response(403, "this server answers only to 127.0.0.1 and localhost")(scope, receive, send)
-            return
-        if request.method not in ("GET", "HEAD"):
-            origin = request.headers.get("origin")
-            host = request.headers.get("host", "")
-            fetch_site = request.headers.get("sec-fetch-site")
-            if (origin is not None and origin not in (f"http://{host}", f"https://{host}")) or fetch_site in (
-                "cross-site",
-                "same-site",
-            ):
-                await error_response(403, "cross-origin requests are refused")(scope, receive, send)
-                return
-
-        async def with_headers(message: Any) -> None:
-            if message["type"] == "http.response.start":
-                message.setdefault("headers", [])
-                for key, value in SECURITY_HEADERS.items():
-                    message["headers"].append((key.lower().encode(), value.encode()))
-            await send(message)
-
-        await self.app(scope, receive, with_headers)
-
-
-def host_name(host: str) -> str:
-    """The name in a ``Host`` header, without its port (``[::1]:80`` -> ``::1``)."""
-    if host.startswith("["):
-        return host[1 : host.find("]")] if "]" in host else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
 def _page(explorer: Explorer) -> Any:
@@ -252,6 +209,10 @@ def _upload(explorer: Explorer) -> Any:
 
 def _image_png(explorer: Explorer) -> Any:
     async def image_png(request: Request) -> Response:
+        if text_param(request, "thumb"):  # the strip's thumbnails: decoded apart, not kept among the images in use
+            source = explorer.images.source(request.path_params["id"])
+            data = await blocking(lambda: decode(source.path).thumbnail_png())
+            return bytes_response(data, "image/png", cache=False)
         _, decoded = await blocking(lambda: explorer.images.decoded(request.path_params["id"]))
         return bytes_response(await blocking(decoded.display_png), "image/png", cache=False)
 
@@ -268,7 +229,10 @@ def _map(explorer: Explorer) -> Any:
         chosen = page_target(target, explorer.images, service.targets)
         shown = target.strip() if isinstance(chosen, TargetSpec) and target else None  # as typed: no server path
         source, decoded = await blocking(lambda: explorer.images.decoded(image_id))
-        answer = await service.run(lambda: service.explain(source, decoded, layer, method, chosen, rank, shown))
+        seconds = explorer.options.request_seconds
+        answer = await service.run(
+            lambda: service.explain(source, decoded, layer, method, chosen, rank, shown, seconds)
+        )
         return json_response(answer.to_dict())
 
     return compute
@@ -306,7 +270,8 @@ def _faithfulness(explorer: Explorer) -> Any:
         road = text_param(request, "road") in ("1", "true", "yes")
 
         path = explorer.images.source(stored.image).path
-        return json_response(await service.run(lambda: service.faithfulness(stored, path, road)))
+        seconds = explorer.options.request_seconds
+        return json_response(await service.run(lambda: service.faithfulness(stored, path, road, seconds)))
 
     return faithfulness
 
@@ -324,8 +289,8 @@ def _rows(explorer: Explorer) -> Any:
         where = RowFilter(
             predicted=text_param(request, "predicted"),
             target=text_param(request, "target"),
-            min_probability=float_param(request, "pmin", 0.0, 1.0),
-            max_probability=float_param(request, "pmax", 0.0, 1.0),
+            min_probability=float_param(request, "pmin", 0.0, 1.0, "the lowest probability (a fraction)"),
+            max_probability=float_param(request, "pmax", 0.0, 1.0, "the highest probability (a fraction)"),
             status=text_param(request, "status"),
             drift=text_param(request, "drift"),
             query=text_param(request, "q"),
@@ -348,7 +313,7 @@ def _row_file(explorer: Explorer) -> Any:
         found = await blocking(lambda: run.row(request.path_params["row"]))
         if found is None:
             raise HttpError(404, f"no row {request.path_params['row']}")
-        path = row_output(root, run.manifest, found["outputs"], request.path_params["k"])
+        path = row_output(root, explorer.base, run.manifest, found["outputs"], request.path_params["k"])
         return _file_response(path)
 
     return row_file
@@ -366,5 +331,5 @@ def _file(explorer: Explorer) -> Any:
 def _file_response(path: Path) -> Response:
     media = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".webp": "image/webp"}
     kind = media.get(path.suffix.lower(), "application/octet-stream")
-    download = None if kind.startswith("image/") else path.name.encode("ascii", "replace").decode().replace('"', "_")
+    download = None if kind.startswith("image/") else path.name
     return bytes_response(path.read_bytes(), kind, download, cache=False)

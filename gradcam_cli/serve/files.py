@@ -33,17 +33,17 @@ def contained(root: Path, relative: str) -> Path:
     return path
 
 
-def row_output(root: Path, manifest: Path, outputs: Sequence[str], k: int) -> Path:
-    """A run row's ``k``-th output file (the path the row names, or relative to the manifest's folder), if it lies
-    inside ``root``."""
+def row_output(root: Path, base: Path, manifest: Path, outputs: Sequence[str], k: int) -> Path:
+    """A run row's ``k``-th output file (the path the row names, from ``base``, the folder the run started in, or
+    from the manifest's folder), if it lies inside ``root``."""
     if not 0 <= k < len(outputs):
         raise HttpError(404, NOT_SERVED)
-    base = root.resolve()
-    for candidate in (Path(outputs[k]), manifest.parent / outputs[k]):
+    inside = root.resolve()
+    for candidate in (base / outputs[k], manifest.parent / outputs[k]):
         try:
             path = candidate.resolve(strict=True)
         except (OSError, RuntimeError):
             continue
-        if path.is_relative_to(base) and path.is_file():
+        if path.is_relative_to(inside) and path.is_file():
             return path
     raise HttpError(404, NOT_SERVED)

@@ -8,6 +8,7 @@ request's fault: a bad parameter, an unknown image or layer, an upload that is t
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Awaitable, Callable
@@ -18,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..errors import GradcamError, ImageError, describe
+from .names import content_disposition
 
 T = TypeVar("T")
 
@@ -35,22 +37,30 @@ def one_line(message: str) -> str:
     return re.sub(r"\s*[\r\n\u2028\u2029]+\s*", " ", message).strip()
 
 
+class AsciiJSONResponse(JSONResponse):
+    """JSON in ASCII: every other character escaped (``\\uNNNN``), so that any text, a lone surrogate of a name
+    that is not UTF-8 included, makes a valid answer."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def error_response(status: int, message: str) -> JSONResponse:
     """``{"error": message}`` on one line, with ``status``."""
-    return JSONResponse({"error": one_line(message)}, status_code=status, headers={"Cache-Control": "no-store"})
+    return AsciiJSONResponse({"error": one_line(message)}, status_code=status, headers={"Cache-Control": "no-store"})
 
 
 def json_response(data: Any, cache: bool = False) -> JSONResponse:
     """JSON data; ``cache``: the answer never changes for this URL (an immutable map, say)."""
     control = "private, max-age=3600, immutable" if cache else "no-store"
-    return JSONResponse(data, headers={"Cache-Control": control})
+    return AsciiJSONResponse(data, headers={"Cache-Control": control})
 
 
 def bytes_response(data: bytes, media_type: str, download: str | None = None, cache: bool = True) -> Response:
-    """Bytes of a file; ``download``: the (already safe) file name it is saved under."""
+    """Bytes of a file; ``download``: the file name it is saved under (any text: the header escapes it)."""
     headers = {"Cache-Control": "private, max-age=3600, immutable" if cache else "no-store"}
     if download is not None:
-        headers["Content-Disposition"] = f'attachment; filename="{download}"'
+        headers["Content-Disposition"] = content_disposition(download)
     return Response(data, media_type=media_type, headers=headers)
 
 
@@ -119,15 +129,16 @@ def int_param(request: Request, name: str, default: int, low: int, high: int) ->
     return value
 
 
-def float_param(request: Request, name: str, low: float, high: float) -> float | None:
-    """A number within [low, high], or None when absent."""
+def float_param(request: Request, name: str, low: float, high: float, label: str | None = None) -> float | None:
+    """A number within [low, high], or None when absent; ``label``: what messages call it (default: ``name``)."""
     text = text_param(request, name)
     if text is None:
         return None
+    label = label or name
     try:
         value = float(text)
     except ValueError:
-        raise HttpError(400, f"{name}: {text!r} is not a number") from None
+        raise HttpError(400, f"{label}: {text!r} is not a number") from None
     if not math.isfinite(value) or not low <= value <= high:
-        raise HttpError(400, f"{name}: {text} is not between {low:g} and {high:g}")
+        raise HttpError(400, f"{label}: {text} is not between {low:g} and {high:g}")
     return value

@@ -17,7 +17,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -30,11 +30,14 @@ from ..io.images import InputSpec, load_image, to_input_tensor, to_pixel_tensor
 from ..options import DEFAULT_MAX_SIDE, ServeOptions
 from ..render.encode import encode_image
 from .http import HttpError
+from .names import shown_text
 
 DECODED_IMAGES = 8
 """Decoded images kept (pixels, network input, the PNG the page shows)."""
 MAX_UPLOADS = 64
 """Uploads kept; an older upload's id is then unknown (the page says to upload it again)."""
+THUMBNAIL = 96
+"""The longer side of a thumbnail in the page's strip of inputs."""
 IMAGE_ID = re.compile(r"^(?:i[0-9]{1,9}|r[0-9]{1,12}|u[0-9a-f]{16})$")
 
 
@@ -72,6 +75,12 @@ class DecodedImage:
             self._inputs[spec] = to_input_tensor(self.image, spec).unsqueeze(0)
         return self._inputs[spec]
 
+    def thumbnail_png(self, side: int = THUMBNAIL) -> bytes:
+        """The decoded image shrunk to at most ``side`` pixels a side, as PNG (the page's strip of inputs)."""
+        small = self.image.copy()
+        small.thumbnail((side, side))
+        return encode_image(to_pixel_tensor(small), ".png")
+
     def display_png(self) -> bytes:
         """The decoded image as PNG: what the maps line up with (orientation applied), for the page."""
         if self._display is None:
@@ -89,7 +98,7 @@ class ImageStore:
         options: ServeOptions,
         row_input: Callable[[int], tuple[str, Path] | None] | None = None,
     ) -> None:
-        self.inputs = [Source(f"i{n}", str(image.path), image.path) for n, image in enumerate(inputs)]
+        self.inputs = [Source(f"i{n}", shown_text(str(image.path)), image.path) for n, image in enumerate(inputs)]
         self.uploads_dir, self.options, self.row_input = uploads, options, row_input
         self._uploads: OrderedDict[str, Source] = OrderedDict()
         self._decoded: OrderedDict[str, DecodedImage] = OrderedDict()
@@ -98,8 +107,9 @@ class ImageStore:
         """Called with an image's id when it is forgotten (an upload dropped), so that what was kept of it goes."""
 
     def listing(self, offset: int, limit: int, query: str | None) -> tuple[int, list[dict[str, str]]]:
-        """The inputs (those whose name contains ``query``, any case), a page of them."""
-        chosen = self.inputs
+        """The inputs, then the uploads kept (those whose name contains ``query``, any case), a page of them."""
+        with self._lock:
+            chosen = [*self.inputs, *self._uploads.values()]
         if query:
             lowered = query.lower()
             chosen = [source for source in chosen if lowered in source.name.lower()]
@@ -164,9 +174,11 @@ class ImageStore:
         shown = clean_name(name) or f"upload-{digest[:8]}.png"
         path = self.uploads_dir / f"{digest}{upload_suffix(shown)}"
         with self._lock:
-            if image_id in self._uploads:
+            if image_id in self._uploads:  # the same bytes again: listed under the name they came with now
+                kept = replace(self._uploads[image_id], name=shown)
+                self._uploads[image_id] = kept
                 self._uploads.move_to_end(image_id)
-                return self._uploads[image_id]
+                return kept
         write_atomic(path, data)
         try:
             decoded = decode(path)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -36,6 +37,7 @@ from ..models.loading import LoadedModel, load_model
 from ..models.tasks import Task
 from ..options import EvalOptions, ExplainOptions, ModelOptions
 from ..targets import TargetSpec
+from .http import HttpError
 from .images import DecodedImage, Source
 from .maps import MapStore, StoredMap, map_id
 from .replay import RETAINED_PASSES, ReplayFactory, RetainedPasses
@@ -147,6 +149,7 @@ class ModelService:
             "default_method": self.default_method,
             "kind": self.kind,
             "targets": [str(spec) for spec in self.targets],
+            "faithfulness": self.task is Task.CLASSIFY,
         }
 
     def explainer(self, layer: str | None, method: str | None, target: TargetSpec | None = None) -> Explainer:
@@ -187,14 +190,21 @@ class ModelService:
         target: str | TargetSpec | None,
         rank: int,
         shown: str | None = None,
+        seconds: float | None = None,
     ) -> MapAnswer:
         """The map of ``target`` (a classifier's or segmenter's class, or a ``--target`` spec; ``None``: the first
         default target, else the top class) or of detection ``rank`` (0: every detection's combined map), at
-        ``layer`` with ``method``; ``shown``: the target as the page names it (default: the spec itself)."""
+        ``layer`` with ``method``; ``shown``: the target as the page names it (default: the spec itself);
+        ``seconds``: how long the passes of a method that runs many (Score-CAM, RISE, ...) may take."""
         spec = (
             target if isinstance(target, TargetSpec) else self.targets[0] if target is None and self.targets else None
         )
         shown = shown or (str(spec) if spec is not None else None)
+        if spec is None and self.task is Task.DETECT and isinstance(target, str):
+            raise UsageError(
+                f"{target}: a detector's maps are its detections'; click a detection (or all detections) instead "
+                "of typing a class"
+            )
         with self.model_lock:
             explainer = self.explainer(layer, method, spec)
             index = None
@@ -209,13 +219,14 @@ class ModelService:
             stored = self.maps.get(key)
             if stored is not None:
                 return MapAnswer(stored, False, shown)
-            factory, previous = ReplayFactory(self.passes, source.id), explainer.capture
-            explainer.capture = factory
+            factory, previous = ReplayFactory(self.passes, source.id), (explainer.capture, explainer.progress)
+            deadline = Deadline(seconds)
+            explainer.capture, explainer.progress = factory, deadline
             try:
                 batch = image.batch(self.model.input_spec)
                 result = explainer.explain_batch(batch, [image.size], target=index)[0]
             finally:
-                explainer.capture = previous
+                explainer.capture, explainer.progress = previous
         result.pixels = image.pixels
         chosen = _chosen(result.explanations, rank, self.task)
         stored = StoredMap(key, source.id, source.stem, explainer.layer_label, chosen, result.predictions, image.pixels)
@@ -234,9 +245,9 @@ class ModelService:
                         )
                     )
         self.maps.put(stored)
-        return MapAnswer(stored, factory.forward, shown)
+        return MapAnswer(stored, factory.forward or deadline.passes > 0, shown)
 
-    def faithfulness(self, stored: StoredMap, path: Path, road: bool) -> dict[str, Any]:
+    def faithfulness(self, stored: StoredMap, path: Path, road: bool, seconds: float | None = None) -> dict[str, Any]:
         """``gradcam eval``'s figures for the map ``stored`` shows, by its own evaluator (what ``gradcam eval PATH
         --target-class N --layer L --method M --steps 20 [--road]`` prints): deletion and insertion AUC and curves,
         the masked image's probability, and with ``road`` the combined ROAD score. Classifiers only, as there."""
@@ -258,7 +269,7 @@ class ModelService:
             score=self.options.score,
         )
         with self.model_lock:
-            explainer = Explainer.from_options(self.model, options)
+            explainer = Explainer.from_options(self.model, options, progress=Deadline(seconds))
             scores = Evaluator(explainer, EvalOptions(steps=FAITHFULNESS_STEPS, road=road)).evaluate_image(path)
         if scores.error is not None or scores.target is None:
             raise UsageError(scores.error or "this image could not be evaluated")
@@ -275,6 +286,26 @@ class ModelService:
         if road:
             out["road"] = figures.road
         return out
+
+
+class Deadline:
+    """The progress callback of one request's passes: it stops them (a 503 answer) once they have run ``seconds``
+    (``None``: never), so that no request holds the model for long."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.end = None if seconds is None else time.monotonic() + seconds
+        self.passes = 0
+        """How many passes of its own the method announced (Score-CAM's masked inputs, ...): 0, none ran."""
+
+    def __call__(self, done: int, total: int) -> None:
+        self.passes = max(self.passes, total)
+        if self.end is not None and done < total and time.monotonic() >= self.end:
+            raise HttpError(
+                503,
+                f"stopped after {self.seconds:g} s ({done} of {total} passes run): a request may take at most "
+                f"{self.seconds:g} s; choose a later layer or a gradient method, or run gradcam on the command line",
+            )
 
 
 def _chosen(explanations: list[Any], rank: int, task: Task) -> Any:

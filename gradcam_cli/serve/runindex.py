@@ -13,6 +13,7 @@ Drift: given a ``gradcam diff --json`` result, each row of an input that drifts 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sqlite3
@@ -23,6 +24,7 @@ from typing import Any
 
 from ..errors import UsageError, describe
 from ..io.manifest import latest_row_sets, parse_rows
+from .names import shown_text
 
 COLUMNS = (
     "row",
@@ -40,7 +42,7 @@ COLUMNS = (
     "drift",
 )
 """What a page of rows gives per row (also the columns it sorts by), besides ``outputs``."""
-SCHEMA = 4
+SCHEMA = 5
 PAGE_MAX = 200
 COUNTS_KEPT = 256
 
@@ -73,16 +75,26 @@ class RunIndex:
         self._generation = 0
         self._counts: dict[tuple[int, str, tuple[Any, ...]], int] = {}
         """Rows matching each filter asked for lately, by index generation (paging a filter counts it once)."""
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[tuple[int, int], tuple[int, int] | None] | None = None
+        self._drift: Drift = read_drift(drift)  # checked now, whether or not an index exists
         self.builds = 0
         self.refresh()
 
-    def _file_stamp(self) -> tuple[int, int]:
-        try:
-            stat = self.manifest.stat()
-        except OSError as error:
-            raise UsageError(f"{self.manifest}: cannot read it: {describe(error, self.manifest)}") from None
-        return stat.st_mtime_ns, stat.st_size
+    def _file_stamp(self) -> tuple[tuple[int, int], tuple[int, int] | None]:
+        """(the manifest's, the drift file's) modification time and size: what the index is built from."""
+        stamps: list[tuple[int, int] | None] = []
+        for path, label in ((self.manifest, str(self.manifest)), (self.drift_file, f"--drift {self.drift_file}")):
+            if path is None:
+                stamps.append(None)
+                continue
+            try:
+                stat = path.stat()
+            except OSError as error:
+                raise UsageError(f"{shown_text(label)}: cannot read it: {describe(error, path)}") from None
+            stamps.append((stat.st_mtime_ns, stat.st_size))
+        manifest_stamp = stamps[0]
+        assert manifest_stamp is not None
+        return manifest_stamp, stamps[1]
 
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.path, check_same_thread=False)
@@ -101,69 +113,66 @@ class RunIndex:
         return db
 
     def refresh(self) -> None:
-        """Rebuild the index if the manifest's size or modification time differ from the ones it was built from."""
+        """Rebuild the index if the manifest or the drift file differ from the ones it was built from (their size or
+        modification time here; the drift's content, for an index an earlier server built)."""
         with self._lock:
             stamp = self._file_stamp()
             if stamp == self._stamp:
                 return
+            if self._stamp is not None and stamp[1] != self._stamp[1]:
+                self._drift = read_drift(self.drift_file)
             if self._stamp is None and self.path.exists():
                 with self._connect() as db:
                     try:
-                        kept = db.execute("SELECT mtime, size, schema FROM meta").fetchone()
+                        kept = db.execute("SELECT mtime, size, schema, drift FROM meta").fetchone()
                     except sqlite3.DatabaseError:
                         kept = None
-                if kept == (*stamp, SCHEMA):
+                if kept == (*stamp[0], SCHEMA, self._drift.digest):
                     self._stamp = stamp
                     self._generation += 1
                     return
-            self._build(stamp)
+            self._build(stamp[0])
             self._stamp = stamp
 
     def _build(self, stamp: tuple[int, int]) -> None:
         data = self.manifest.read_bytes()
         rows = [row for _, row in parse_rows(data, self.manifest.suffix.lower() == ".csv") if row is not None]
-        drifting, compared = self._drift_sets()
         temporary = self.path.with_name(self.path.name + f".{os.getpid()}.tmp")
         temporary.unlink(missing_ok=True)
-        db = sqlite3.connect(temporary)
         try:
-            db.execute("CREATE TABLE meta (mtime INTEGER, size INTEGER, schema INTEGER)")
-            db.execute("INSERT INTO meta VALUES (?, ?, ?)", (*stamp, SCHEMA))
-            db.execute(
-                "CREATE TABLE rows (row INTEGER PRIMARY KEY, input TEXT, status TEXT, error TEXT, method TEXT, "
-                "layer TEXT, target_index INTEGER, target_name TEXT, probability REAL, predicted_index INTEGER, "
-                "predicted_name TEXT, predicted_probability REAL, drift TEXT, outputs TEXT, input_key TEXT)"
-            )
-            records: list[tuple[Any, ...]] = []
-            for rows_of_input in latest_row_sets(rows).values():
-                for row in rows_of_input:
-                    records.append(_record(len(records), row, drifting, compared))
-            db.executemany(f"INSERT INTO rows VALUES ({', '.join('?' * 15)})", records)
-            for column in COLUMNS[1:]:
-                db.execute(f"CREATE INDEX by_{column} ON rows ({column}, row)")
-            for column in ("target", "predicted"):  # a class by name or index, often with a probability range
-                db.execute(f"CREATE INDEX by_{column}_lower ON rows (lower({column}_name), probability, row)")
-                db.execute(f"CREATE INDEX by_{column}_range ON rows ({column}_index, probability, row)")
-            db.execute("ANALYZE")  # statistics, so that the planner scans in sort order when a filter matches many rows
-            db.commit()
-        finally:
-            db.close()
-        os.replace(temporary, self.path)
+            db = sqlite3.connect(temporary)
+            try:
+                self._fill(db, stamp, rows)
+            finally:
+                db.close()
+            os.replace(temporary, self.path)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
         self.builds += 1
         self._generation += 1
 
-    def _drift_sets(self) -> tuple[set[str], set[str]]:
-        if self.drift_file is None:
-            return set(), set()
-        try:
-            report = json.loads(self.drift_file.read_text(encoding="utf-8"))
-            drifting = {str(name) for name in report["drifting"]}
-            compared = {str(pair["input"]) for pair in report["pairs"]}
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            raise UsageError(
-                f"--drift {self.drift_file}: not a gradcam diff --json result ({describe(error)})"
-            ) from None
-        return drifting, compared
+    def _fill(self, db: sqlite3.Connection, stamp: tuple[int, int], rows: list[dict[str, Any]]) -> None:
+        db.execute("CREATE TABLE meta (mtime INTEGER, size INTEGER, schema INTEGER, drift TEXT)")
+        db.execute("INSERT INTO meta VALUES (?, ?, ?, ?)", (*stamp, SCHEMA, self._drift.digest))
+        db.execute(
+            "CREATE TABLE rows (row INTEGER PRIMARY KEY, input TEXT, status TEXT, error TEXT, method TEXT, "
+            "layer TEXT, target_index INTEGER, target_name TEXT, probability REAL, predicted_index INTEGER, "
+            "predicted_name TEXT, predicted_probability REAL, drift TEXT, outputs TEXT, input_key TEXT, "
+            "path TEXT)"
+        )
+        records: list[tuple[Any, ...]] = []
+        for rows_of_input in latest_row_sets(rows).values():
+            for row in rows_of_input:
+                records.append(_record(len(records), row, self._drift))
+        db.executemany(f"INSERT INTO rows VALUES ({', '.join('?' * 16)})", records)
+        for column in COLUMNS[1:]:
+            db.execute(f"CREATE INDEX by_{column} ON rows ({column}, row)")
+        for column in ("target", "predicted"):  # a class by name or index, often with a probability range
+            db.execute(f"CREATE INDEX by_{column}_lower ON rows (lower({column}_name), probability, row)")
+            db.execute(f"CREATE INDEX by_{column}_range ON rows ({column}_index, probability, row)")
+        db.execute("ANALYZE")  # statistics, so that the planner scans in sort order when a filter matches many rows
+        db.commit()
 
     def page(self, where: RowFilter, offset: int, limit: int) -> dict[str, Any]:
         """``{"total", "rows"}``: how many rows match, and ``limit`` (at most :data:`PAGE_MAX`) of them."""
@@ -186,17 +195,25 @@ class RunIndex:
             f"SELECT {', '.join(COLUMNS)}, outputs FROM rows {sql_where} ORDER BY {order} LIMIT ? OFFSET ?",
             [*values, limit, offset],
         )
-        rows = [{**dict(zip(COLUMNS, found[:-1], strict=True)), "outputs": json.loads(found[-1])} for found in cursor]
+        rows = [
+            {**dict(zip(COLUMNS, found[:-1], strict=True)), "outputs": [shown_text(o) for o in json.loads(found[-1])]}
+            for found in cursor
+        ]
         return {"total": total, "offset": offset, "rows": rows}
 
     def row(self, number: int) -> dict[str, Any] | None:
-        """Row ``number`` (as the index numbers rows), or ``None``."""
+        """Row ``number`` (as the index numbers rows), or ``None``; its ``input`` as shown, ``path`` the input's
+        own name and ``outputs`` their own names (which may hold the surrogates of names that are not UTF-8)."""
         self.refresh()
         db = self._reader()
-        found = db.execute(f"SELECT {', '.join(COLUMNS)}, outputs FROM rows WHERE row = ?", (number,)).fetchone()
+        found = db.execute(f"SELECT {', '.join(COLUMNS)}, outputs, path FROM rows WHERE row = ?", (number,)).fetchone()
         if found is None:
             return None
-        return {**dict(zip(COLUMNS, found[:-1], strict=True)), "outputs": json.loads(found[-1])}
+        return {
+            **dict(zip(COLUMNS, found[:-2], strict=True)),
+            "outputs": json.loads(found[-2]),
+            "path": json.loads(found[-1]),
+        }
 
     def facets(self) -> dict[str, Any]:
         """The values filters offer: statuses, drift statuses and how many rows there are."""
@@ -208,30 +225,69 @@ class RunIndex:
         return {"total": total, "statuses": statuses, "drift": drift, "columns": list(COLUMNS)}
 
 
-def _record(number: int, row: dict[str, Any], drifting: set[str], compared: set[str]) -> tuple[Any, ...]:
+@dataclass(frozen=True)
+class Drift:
+    """A ``gradcam diff --json`` result as the index uses it: the drifting inputs, the compared ones, and a digest
+    of the file (``""``: no drift file), which the index records."""
+
+    drifting: frozenset[str] = frozenset()
+    compared: frozenset[str] = frozenset()
+    digest: str = ""
+
+
+def read_drift(path: Path | None) -> Drift:
+    """``--drift``'s file read and checked: a JSON object with ``drifting`` (input names) and ``pairs`` (objects
+    naming an ``input``), as ``gradcam diff --json`` writes it; anything else is a :class:`UsageError`."""
+    if path is None:
+        return Drift()
+    shown = shown_text(str(path))
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise UsageError(f"--drift {shown}: cannot read it: {describe(error, path)}") from None
+    try:
+        report = json.loads(data.decode("utf-8", "surrogateescape"))
+        drifting = report["drifting"]
+        pairs = report["pairs"]
+        if not isinstance(drifting, list) or not isinstance(pairs, list):
+            raise TypeError("drifting and pairs are not lists")
+        names = frozenset(str(name) for name in drifting)
+        compared = frozenset(str(pair["input"]) for pair in pairs)
+    except (ValueError, KeyError, TypeError) as error:
+        raise UsageError(f"--drift {shown}: not a gradcam diff --json result ({shown_text(describe(error))})") from None
+    return Drift(names, compared, hashlib.sha256(data).hexdigest())
+
+
+def _record(number: int, row: dict[str, Any], drift: Drift) -> tuple[Any, ...]:
     target = row.get("target") if isinstance(row.get("target"), dict) else None
     predictions = row.get("predictions")
     top = predictions[0] if isinstance(predictions, list) and predictions and isinstance(predictions[0], dict) else None
     name = str(row["input"])
-    drift = "drift" if name in drifting else "ok" if name in compared else None
+    status = "drift" if name in drift.drifting else "ok" if name in drift.compared else None
     outputs = [o for o in row.get("outputs") or [] if isinstance(o, str)]
+    shown = shown_text(name)
     return (
         number,
-        name,
+        shown,
         row["status"],
-        row.get("error"),
-        row.get("method"),
-        row.get("layer"),
+        _text(row.get("error")),
+        _text(row.get("method")),
+        _text(row.get("layer")),
         _number(target, "index"),
-        target.get("name") if target else None,
+        _text(target.get("name")) if target else None,
         _number(target, "probability"),
         _number(top, "index"),
-        top.get("name") if top else None,
+        _text(top.get("name")) if top else None,
         _number(top, "probability"),
-        drift,
-        json.dumps(outputs),
-        name.lower(),
+        status,
+        json.dumps(outputs),  # ASCII: a name's surrogates kept as escapes
+        shown.lower(),
+        json.dumps(name),
     )
+
+
+def _text(value: Any) -> str | None:
+    return shown_text(str(value)) if value is not None else None
 
 
 def _number(item: dict[str, Any] | None, key: str) -> Any:

@@ -5,8 +5,10 @@ it has shut down, so that the command exits with 130 as every command does)."""
 from __future__ import annotations
 
 import ipaddress
+import signal
 import socket
 from collections.abc import Callable
+from types import FrameType
 
 from starlette.types import ASGIApp
 
@@ -48,7 +50,9 @@ def url_of(sock: socket.socket) -> str:
 
 
 def serve(app: ASGIApp, sock: socket.socket, on_started: Callable[[], None] | None = None) -> None:
-    """Serve ``app`` on ``sock`` until interrupted; ``on_started`` runs once uvicorn accepts connections."""
+    """Serve ``app`` on ``sock`` until interrupted; ``on_started`` runs once uvicorn accepts connections. Uvicorn
+    shuts down on SIGINT and SIGTERM, then raises the signal again; SIGHUP, where it means Ctrl-C (the command
+    line's :mod:`~gradcam_cli.cli.signals`), shuts it down alike."""
     import uvicorn
 
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
@@ -61,4 +65,16 @@ def serve(app: ASGIApp, sock: socket.socket, on_started: Callable[[], None] | No
             on_started()
 
         server.startup = startup  # type: ignore[method-assign]
-    server.run(sockets=[sock])
+    hangup = getattr(signal, "SIGHUP", None)
+    if hangup is None or signal.getsignal(hangup) is not signal.default_int_handler:
+        server.run(sockets=[sock])
+        return
+
+    def on_hangup(_signum: int, frame: FrameType | None) -> None:
+        server.handle_exit(signal.SIGTERM, frame)  # raised again after the shutdown: KeyboardInterrupt
+
+    signal.signal(hangup, on_hangup)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        signal.signal(hangup, signal.default_int_handler)

@@ -3,8 +3,10 @@
 // opacity change without a request.
 "use strict";
 const $ = (id) => document.getElementById(id);
-const state = { info: null, image: null, photo: null, map: null, values: null, answer: null, offset: 0, total: 0 };
+const state = { info: null, image: null, photo: null, map: null, values: null, answer: null, offset: 0, total: 0,
+  inputOffset: 0, inputTotal: 0 };
 const PAGE = 25;
+const INPUTS_PAGE = 50;  // inputs listed (and thumbnails shown) at a time
 
 function el(tag, text, attrs) {
   const node = document.createElement(tag);
@@ -98,6 +100,7 @@ async function explain(params) {
     $("caption").textContent = `${answer.method} for ${answer.target.name} at ${answer.layer}` +
       (answer.forward ? "" : " (no forward pass)");
     $("faith-out").textContent = "";
+    $("faith").hidden = $("faith-road").parentNode.hidden = !(state.info.model.faithfulness && answer.spec === null);
     redraw();
     $("view").dataset.mapId = answer.id;
     say("");
@@ -133,9 +136,22 @@ function showPredictions(answer, task) {
   });
 }
 
+function markChosen(id) {
+  for (const button of $("strip").children) button.classList.toggle("chosen", button.dataset.id === id);
+  if ([...$("inputs").options].some((o) => o.value === id)) $("inputs").value = id;
+}
+
 async function chooseImage(id) {
   state.image = id;
-  state.photo = pixelsOf(await loadImage(`/api/images/${id}.png`));
+  markChosen(id);
+  try {
+    state.photo = pixelsOf(await loadImage(`/api/images/${id}.png`));
+  } catch (error) {  // e.g. a run row whose input is not where the run record says: the server's own message
+    state.values = null; state.answer = null;
+    $("view").width = 1; $("view").height = 1; $("caption").textContent = "";
+    try { await api(`/api/images/${id}.png`); say("error: cannot show this image"); } catch (e) { say("error: " + e.message); }
+    return;
+  }
   $("compare").replaceChildren();
   const model = state.info.model;
   if (model && model.kind === "embed" && !model.targets.length) {  // no classes: the target field asks for maps
@@ -150,10 +166,32 @@ async function upload(file) {
   say("uploading...");
   try {
     const body = await api("/api/upload?name=" + encodeURIComponent(file.name), { method: "POST", body: file });
-    const option = el("option", body.name, { value: body.id });
-    $("inputs").append(option); option.selected = true;
+    const known = [...$("inputs").options].find((o) => o.value === body.id);
+    if (known) known.textContent = body.name;
+    else { $("inputs").append(el("option", body.name, { value: body.id })); $("strip").append(thumbnail(body)); }
     await chooseImage(body.id);
   } catch (error) { say("error: " + error.message); }
+}
+
+function thumbnail(image) {
+  const button = el("button", null, { type: "button", "data-id": image.id, title: image.name });
+  button.append(el("img", null, { src: `/api/images/${image.id}.png?thumb=1`, alt: image.name, loading: "lazy" }));
+  button.onclick = () => chooseImage(image.id);
+  return button;
+}
+
+// The served inputs (then the uploads kept), a page at a time, searched on the server; the strip shows them.
+async function loadInputs() {
+  const q = new URLSearchParams({ offset: state.inputOffset, limit: INPUTS_PAGE });
+  if ($("input-q").value) q.set("q", $("input-q").value);
+  const page = await api("/api/images?" + q);
+  state.inputTotal = page.total;
+  setSelect($("inputs"), [["", "(choose)"], ...page.images.map((i) => [i.id, i.name])], "");
+  $("strip").replaceChildren(...page.images.map(thumbnail));
+  const last = Math.min(state.inputOffset + INPUTS_PAGE, page.total);
+  $("inputs-label").textContent = `${page.total ? state.inputOffset + 1 : 0}-${last} of ${page.total}`;
+  if (state.image) markChosen(state.image);
+  return page.images;
 }
 
 function addCompare() {
@@ -182,16 +220,23 @@ async function faithfulness() {
 function runQuery() {
   const q = new URLSearchParams({ offset: state.offset, limit: PAGE, sort: $("f-sort").value });
   if ($("f-desc").checked) q.set("order", "desc");
-  for (const [key, id] of [["q", "f-q"], ["predicted", "f-predicted"], ["target", "f-target"], ["pmin", "f-pmin"],
-    ["pmax", "f-pmax"], ["status", "f-status"], ["drift", "f-drift"]]) {
+  for (const [key, id] of [["q", "f-q"], ["predicted", "f-predicted"], ["target", "f-target"], ["status", "f-status"],
+    ["drift", "f-drift"]]) {
     if ($(id).value) q.set(key, $(id).value);
+  }
+  for (const [key, id] of [["pmin", "f-pmin"], ["pmax", "f-pmax"]]) {  // typed in percent, as the table shows them
+    const text = $(id).value.trim().replace(/%$/, "");
+    if (!text) continue;
+    const value = Number(text);
+    if (!Number.isFinite(value) || value < 0 || value > 100) throw new Error(`p: ${$(id).value} is not a percentage (0-100)`);
+    q.set(key, String(value / 100));
   }
   return q;
 }
 
 async function loadRows() {
   try {
-    const page = await api("/api/run/rows?" + runQuery());
+    const page = await api("/api/run/rows?" + runQuery());  // runQuery's own mistakes are said as the server's
     state.total = page.total;
     const body = $("rows-body");
     body.replaceChildren();
@@ -206,6 +251,7 @@ async function loadRows() {
     }
     const last = Math.min(state.offset + PAGE, state.total);
     $("page-label").textContent = `${state.total ? state.offset + 1 : 0}-${last} of ${state.total}`;
+    say("");  // an earlier filter's error is over
   } catch (error) { say("error: " + error.message); }
 }
 
@@ -245,9 +291,15 @@ async function start() {
     const again = (a) => (a.spec !== null ? a.spec : String(a.target.index));  // the same target, at another layer
     $("layer").onchange = () => explain({ target: state.answer && m.task !== "detect" ? again(state.answer) : "" });
     $("method").onchange = $("layer").onchange;
-    const images = await api("/api/images?limit=200");
-    setSelect($("inputs"), [["", "(choose)"], ...images.images.map((i) => [i.id, i.name])], "");
     $("inputs").onchange = () => $("inputs").value && chooseImage($("inputs").value);
+    $("input-q").oninput = () => { state.inputOffset = 0; loadInputs().catch((e) => say("error: " + e.message)); };
+    $("inputs-prev").onclick = () => {
+      state.inputOffset = Math.max(0, state.inputOffset - INPUTS_PAGE); loadInputs().catch((e) => say("error: " + e.message));
+    };
+    $("inputs-next").onclick = () => {
+      if (state.inputOffset + INPUTS_PAGE < state.inputTotal) state.inputOffset += INPUTS_PAGE;
+      loadInputs().catch((e) => say("error: " + e.message));
+    };
     $("upload").onchange = () => $("upload").files[0] && upload($("upload").files[0]);
     const drop = $("drop");
     drop.ondragover = (e) => { e.preventDefault(); drop.classList.add("over"); };
@@ -258,6 +310,9 @@ async function start() {
     if (m.targets.length) $("target").value = m.targets[0];
     $("compare-add").onclick = addCompare;
     $("faith").onclick = faithfulness;
+    $("faith").hidden = $("faith-road").parentNode.hidden = !m.faithfulness;
+    const first = await loadInputs();
+    if (first.length) await chooseImage(first[0].id);  // open on the first input
   } else {
     $("model-name").textContent = "(no model: run view only)";
     $("tab-image").disabled = true;
