@@ -106,6 +106,24 @@ def _open_clip_vit() -> tuple[nn.Module, int]:
     return tower.eval(), 1
 
 
+class SigLIPTower(nn.Module):
+    """A Hugging Face SigLIP vision tower's pooled embedding: no class token, an attention-pooling head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import SiglipVisionConfig, SiglipVisionModel
+
+        self.tower = SiglipVisionModel(SiglipVisionConfig(**TINY_HF))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tower(pixel_values=x).pooler_output
+
+
+def _hf_siglip() -> tuple[nn.Module, int]:
+    torch.manual_seed(0)
+    return SigLIPTower().eval(), 0
+
+
 def _torchvision_vit() -> tuple[nn.Module, int]:
     from torchvision.models.vision_transformer import VisionTransformer
 
@@ -224,11 +242,12 @@ def _truncated(model: nn.Module, block: str, keep: int) -> nn.Module:
     return copy
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", [*FAMILIES, "hf-siglip-tower"])
 def test_legrad_agrees_with_its_reference_code(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """LeGrad as its reference code computes it: for each of the last two layers l, the model cut after block l
-    scores the target, and ReLU(ds_l/dA_l) averaged over heads and rows, at the patch columns, is summed."""
-    module, prefix = FAMILIES[family]()
+    scores the target, and ReLU(ds_l/dA_l) averaged over heads and rows, at the patch columns, is summed (SigLIP:
+    its attention-pooling head still pools the cut model's tokens)."""
+    module, prefix = {**FAMILIES, "hf-siglip-tower": _hf_siglip}[family]()
     torch.manual_seed(2)
     inputs = torch.randn(2, 3, SIZE, SIZE)
     loaded = LoadedModel(module, family, "none", None, InputSpec(SIZE, (SIZE, SIZE)), prefix_tokens=prefix)
@@ -442,11 +461,17 @@ def test_serve_explains_with_the_attention_methods_class_after_class(tmp_path: P
                 np.testing.assert_allclose(sent, expected.saliency.numpy(), atol=1e-5)
 
 
-def test_a_model_without_a_class_token_uses_the_mean_over_the_patch_rows(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A ViT pooling its patches by their mean (no class token, two registers): each map is the mean of the patch
-    rows over the patch columns, registers dropped from both."""
-    module, prefix = _timm("vit_tiny_patch16_224", class_token=False, global_pool="avg", reg_tokens=2)()
-    assert prefix == 2
+@pytest.mark.parametrize("family", ["timm-mean-pooled", "hf-siglip-tower"])
+def test_a_model_without_a_class_token_uses_the_mean_over_the_patch_rows(
+    family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ViT pooling its patches by their mean (no class token, two registers) and a SigLIP tower (no class token,
+    an attention-pooling head, whose attention is left out): each map is the mean of the patch rows over the patch
+    columns, prefix tokens dropped from both."""
+    if family == "timm-mean-pooled":
+        module, prefix = _timm("vit_tiny_patch16_224", class_token=False, global_pool="avg", reg_tokens=2)()
+    else:
+        module, prefix = _hf_siglip()
     inputs = torch.randn(2, 3, SIZE, SIZE)
     loaded = LoadedModel(module, "gap", "none", None, InputSpec(SIZE, (SIZE, SIZE)), prefix_tokens=prefix)
     explainer = Explainer(loaded, methods=["rollout", "attention"])

@@ -188,7 +188,7 @@ class MethodInputs:
         attention = self.capture.watched
         if attention is None:
             raise ValueError("the attention methods need the model's attention watched")
-        probabilities = self.capture.attention_maps()
+        probabilities = self._self_attention(self.capture.attention_maps())
         length = probabilities[0].shape[-1]
         layout = infer_layout((1, length, 1), tuple(self.inputs.shape[-2:]), attention.prefix)
         if layout is None or layout.prefix != attention.prefix:
@@ -198,11 +198,17 @@ class MethodInputs:
         return AttentionMaps(probabilities, grads, attention.prefix, attention.class_token, grid)
 
     @staticmethod
-    def _attention_gradients(capture: LayerCapture, targets: Targets, k: int) -> list[torch.Tensor]:
+    def _self_attention(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The layers whose attention is the token sequence's over itself, (N, heads, L, L) with the first layer's
+        L: an attention-pooling head's (N, heads, queries, L) after them (SigLIP's, open_clip's) is left out."""
+        length = tensors[0].shape[-1]
+        return [tensor for tensor in tensors if tuple(tensor.shape[-2:]) == (length, length)]
+
+    def _attention_gradients(self, capture: LayerCapture, targets: Targets, k: int) -> list[torch.Tensor]:
         score = targets.value(k)
         if score is None:  # no sample has a k-th target
-            return [torch.zeros_like(p) for p in capture.attention_maps()]
-        return capture.attention_gradients(score, retain_graph=True)
+            return self._self_attention([torch.zeros_like(p) for p in capture.attention_maps()])
+        return self._self_attention(capture.attention_gradients(score, retain_graph=True))
 
     def _legrad(self, k: int) -> AttentionMaps:
         """LeGrad's last :data:`LEGRAD_LAYERS` layers, each with the gradient of its own score: the last layer's from
@@ -215,19 +221,20 @@ class MethodInputs:
         gradients = [
             maps.gradients[layer]
             if layer == count - 1
-            else self._attention_gradients(*self._layer_pass(layer), k)[layer]
+            else self._attention_gradients(*self._layer_pass(layer, count), k)[layer]
             for layer in layers
         ]
         return replace(maps, probabilities=[maps.probabilities[layer] for layer in layers], gradients=gradients)
 
-    def _layer_pass(self, layer: int) -> tuple[LayerCapture, Targets]:
-        """A pass whose output comes from layer ``layer``'s tokens (the blocks after it skipped), and its targets."""
+    def _layer_pass(self, layer: int, count: int) -> tuple[LayerCapture, Targets]:
+        """A pass whose output comes from layer ``layer``'s tokens (the blocks after it, to the last of ``count``
+        self-attention layers, skipped: an attention-pooling head still runs), and its targets."""
         if layer not in self._layer_passes:
             watched = self.capture.watched
             assert watched is not None
             self.capture.remove_hooks()
             capture = self.stack.enter_context(LayerCapture(self.model, {}))
-            capture.watch_attention(watched, skipped=watched.blocks[layer + 1 :])
+            capture.watch_attention(watched, skipped=watched.blocks[layer + 1 : count])
             output = capture.forward_output(self.inputs)
             self._layer_passes[layer] = (capture, self.rescore(output))
         return self._layer_passes[layer]
