@@ -485,3 +485,18 @@ def test_a_model_without_a_class_token_uses_the_mean_over_the_patch_rows(
     for method, maps in expected.items():
         for n in range(2):
             assert _pearson(cams[method][0][0][n], maps[n]) >= 0.999, method
+
+
+def test_each_of_several_targets_gets_its_own_gradients() -> None:
+    """Top 3 classes in one pass (the graph kept for each target, LeGrad's layer pass shared) give each class the
+    maps that explaining it alone gives."""
+    module, prefix = FAMILIES["timm-dinov2-registers"]()
+    loaded = LoadedModel(module, "dinov2", "none", None, InputSpec(SIZE, (SIZE, SIZE)), prefix_tokens=prefix)
+    explainer = Explainer(loaded, methods=["attn-grad", "legrad", "gradcam"])
+    inputs = torch.randn(2, 3, SIZE, SIZE)
+    _, targets, cams = explainer.compute(inputs, top_k=3)
+    for k in range(3):
+        for n in range(2):
+            _, _, alone = explainer.compute(inputs[n : n + 1], target=int(targets[n, k]))
+            for method in ("attn-grad", "legrad"):
+                assert torch.allclose(cams[method][k][0][n], alone[method][0][0][0], atol=1e-5), (method, k, n)
