@@ -133,8 +133,7 @@ class Explainer:
             self.methods, self.task.value, [m for m in METHODS if yolo_takes(m, model.module)]
         )
         wanted = [name for name in self.methods if METHODS[name].extra in ATTENTION_NEEDS]
-        self.attention, self.left_out = attention_for(model, wanted, methods)  # and those --method all left out
-        self.methods = [name for name in self.methods if name not in self.left_out]
+        self.attention, self.methods, self.left_out = attention_for(model, self.methods, wanted, methods)
         self.perturbation = check_perturbation(perturbation or PerturbationOptions())
         if score is not None and score not in SCORE_NAMES:
             raise UsageError(f"unknown score {score!r}; use {', '.join(SCORE_NAMES)}")

@@ -147,16 +147,17 @@ def attention_model(model: nn.Module, name: str, known_prefix: int | None, metho
 
 
 def attention_for(
-    model: LoadedModel, methods: Sequence[str], asked: str | Sequence[str]
-) -> tuple[AttentionModel | None, list[str]]:
-    """The model's :class:`AttentionModel` where ``methods`` (the attention methods to run) read it, and those left
-    out: all of them where ``--method all`` (in ``asked``, the methods as given) meets a model without global
-    self-attention. A method asked for by name that cannot read the model is refused with one line."""
-    if not methods:
-        return None, []
+    model: LoadedModel, methods: Sequence[str], wanted: Sequence[str], asked: str | Sequence[str]
+) -> tuple[AttentionModel | None, list[str], list[str]]:
+    """The model's :class:`AttentionModel` where ``wanted`` (the attention methods among ``methods``) read it, the
+    methods kept, and those left out: every attention method where ``--method all`` (in ``asked``, the methods as
+    given) meets a model without global self-attention. A method asked for by name that cannot read the model is
+    refused with one line."""
+    if not wanted:
+        return None, list(methods), []
     try:
-        return attention_model(model.module, model.name, model.prefix_tokens, methods[0]), []
+        return attention_model(model.module, model.name, model.prefix_tokens, wanted[0]), list(methods), []
     except UsageError:
         if ALL_METHODS not in ([asked] if isinstance(asked, str) else asked):
             raise
-    return None, list(methods)
+    return None, [name for name in methods if name not in wanted], list(wanted)
