@@ -31,20 +31,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from torch import nn
 
 from ...errors import UsageError
 from ...options import ALL_METHODS
 
-if TYPE_CHECKING:
-    from ...models.loading import LoadedModel
-
 TIMM, HF, MHA = "timm", "hf", "mha"
 """How a site's probabilities are read (see the module's docstring)."""
 CLASS_TOKEN_PARAMETERS = ("cls_token", "class_token", "class_embedding")
 """Names of the parameter that holds a class token (timm, torchvision, Hugging Face, open_clip and CLIP)."""
+
+
+class Described(Protocol):
+    """What discovery reads of a loaded model (:class:`~gradcam_cli.models.loading.LoadedModel`), without importing
+    it: the module, its name for messages and its own count of prefix tokens."""
+
+    module: nn.Module
+    name: str
+    prefix_tokens: int | None
 
 
 @dataclass(frozen=True)
@@ -147,7 +153,7 @@ def attention_model(model: nn.Module, name: str, known_prefix: int | None, metho
 
 
 def attention_for(
-    model: LoadedModel, methods: Sequence[str], wanted: Sequence[str], asked: str | Sequence[str]
+    model: Described, methods: Sequence[str], wanted: Sequence[str], asked: str | Sequence[str]
 ) -> tuple[AttentionModel | None, list[str], list[str]]:
     """The model's :class:`AttentionModel` where ``wanted`` (the attention methods among ``methods``) read it, the
     methods kept, and those left out: every attention method where ``--method all`` (in ``asked``, the methods as
