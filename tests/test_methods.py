@@ -40,15 +40,9 @@ from conftest import ROOT, SAMPLE_DIR
 from gradcam_cli.cam.engine import LayerCapture
 from gradcam_cli.cam.explainer import Explainer
 from gradcam_cli.cam.maps import normalise, to_image_maps, upsample
-from gradcam_cli.cam.methods import (
-    ATTENTION_NEEDS,
-    METHODS,
-    MaskedScores,
-    gradcam_plus_plus,
-    hirescam,
-    layercam,
-    xgradcam,
-)
+from gradcam_cli.cam.masked_scores import MaskedScores
+from gradcam_cli.cam.methods import METHODS, gradcam_plus_plus, hirescam, layercam, xgradcam
+from gradcam_cli.cam.methods.needs import ATTENTION_NEEDS
 from gradcam_cli.io.images import InputSpec, load_image, to_input_tensor
 from gradcam_cli.io.naming import RUN_RECORD_NAME
 from gradcam_cli.options import METHOD_NAMES
@@ -128,7 +122,7 @@ def tiny_cnn() -> nn.Module:
 def test_every_method_is_registered_with_formula_and_paper() -> None:
     newer = ("gradcam-elementwise", "kpcacam", "shapleycam", "fem", "randomcam", "rise", "occlusion")
     newer += ("rollout", "attn-grad", "attention", "legrad")  # tests/test_attention_methods.py
-    methods = {name: method for name, method in METHODS.items() if name not in newer}  # tests/test_newer_methods.py
+    methods = {name: method for name, method in METHODS.items() if name not in newer}  # tests/test_method_references.py
     assert list(methods) == [
         *("gradcam", "gradcam++", "xgradcam", "hirescam", "layercam", "scorecam", "eigencam"),
         *("eigengradcam", "ablationcam", "fullgrad", "guided-backprop", "guided-gradcam", "finercam"),
@@ -321,7 +315,7 @@ def test_cli_writes_one_output_per_method(tmp_path) -> None:
     image = tmp_path / "square.png"
     square_image().save(image)
     out = tmp_path / "out"
-    cnn_methods = [name for name, method in METHODS.items() if method.extra not in ATTENTION_NEEDS]
+    cnn_methods = [name for name, method in METHODS.items() if method.needs not in ATTENTION_NEEDS]
     methods = ",".join(cnn_methods)  # the attention methods: tests/test_attention_methods.py
     model = f"{ROOT}/tests/square_model.py:build"
     args = [str(image), "--model", model, "-t", "0", "--method", methods, "-o", str(out), "--workers", "0", "-q"]

@@ -27,14 +27,16 @@ from ..models.folding import fold_batch_norms
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel, load_model
 from ..models.tasks import Task, detection_spec, detection_transform, infer_task, task_of_shape
-from ..options import SCORE_NAMES, ExplainOptions, ModelOptions, PerturbationOptions
+from ..options import SCORE_NAMES, TOP_K, ExplainOptions, ModelOptions, PerturbationOptions
 from ..targets import TargetSpec
 from .attention.discovery import attention_for
 from .detection import DetectionScore
 from .engine import LayerCapture
 from .layers import chosen_layers, dry_pass, forget_tokens, reads_tokens, resolve_layer
 from .maps import pad_to_region
-from .methods import ATTENTION_NEEDS, FINER, HESSIAN, METHODS, SCORECAM_BATCH_SIZE, ProgressCallback, resolve_methods
+from .masked_scores import SCORECAM_BATCH_SIZE, ProgressCallback
+from .methods import METHODS, resolve_methods
+from .methods.needs import ATTENTION_NEEDS
 from .passes import MethodInputs
 from .perturbation import check_perturbation, perturbation_settings
 from .precision import autocast, check_precision, full_precision, to_float32
@@ -44,7 +46,7 @@ from .scores import Cams, ClassTargets, Score, Targets
 from .smoothing import IDENTITY, augmentations, average_views
 from .targets import SpecTargets, explicit_score
 from .task_scores import task_score
-from .yolo import YoloScore, yolo_takes
+from .yolo import YoloScore, pass_settings, yolo_takes
 
 
 class Explainer:
@@ -86,14 +88,14 @@ class Explainer:
         device: torch.device | str | None = None,
         *,
         target: int | str | None = None,
-        top_k: int = 1,
+        top_k: int | None = None,
         aug_smooth: bool = False,
         eigen_smooth: bool = False,
         score_batch_size: int = SCORECAM_BATCH_SIZE,
         progress: ProgressCallback | None = None,
         score: str | None = None,
-        score_threshold: float = 0.5,
-        max_detections: int = 10,
+        score_threshold: float | None = None,
+        max_detections: int | None = None,
         task: str | None = None,
         precision: str = "fp32",
         targets: Sequence[TargetSpec | str] = (),
@@ -117,7 +119,7 @@ class Explainer:
         self.methods = [methods] if isinstance(methods, str) else list(methods)
         resolve_methods(self.methods, model.task.value, also=METHODS)  # unknown names fail before the dry pass
         self.target = resolve_target(model, target) if isinstance(target, str) else target
-        self.top_k = top_k
+        self.top_k = TOP_K if top_k is None else top_k
         names = [layers] if isinstance(layers, str) else list(layers or [])
         resolved = {name: resolve_layer(model.module, name) for name in names}
         infos = dry_pass(model, self.device)
@@ -132,14 +134,14 @@ class Explainer:
         self.methods = resolve_methods(
             self.methods, self.task.value, [m for m in METHODS if yolo_takes(m, model.module)]
         )
-        wanted = [name for name in self.methods if METHODS[name].extra in ATTENTION_NEEDS]
+        wanted = [name for name in self.methods if METHODS[name].needs in ATTENTION_NEEDS]
         self.attention, self.methods, self.left_out = attention_for(model, self.methods, wanted, methods)
         self.perturbation = check_perturbation(perturbation or PerturbationOptions())
         if score is not None and score not in SCORE_NAMES:
             raise UsageError(f"unknown score {score!r}; use {', '.join(SCORE_NAMES)}")
         self.score_name = score or ("cosine" if model.text is not None else "logit")
         self.target_specs, self.embedding = tuple(TargetSpec.parse(spec) for spec in targets), embedding
-        explicit = self.target_specs or model.text is not None or model.embeds
+        explicit = self.target_specs or model.text is not None or model.embeds or embedding is not None
         self.score: Score = (
             explicit_score(model, self.target_specs, self.device, self.target, top_k, self.methods, score, embedding)
             if explicit
@@ -304,7 +306,7 @@ class Explainer:
         extra passes some take: :mod:`gradcam_cli.cam.passes`)."""
         size = tuple(inputs.shape[-2:])
         module, layers = self._folded or (self.model.module, self.layers)
-        with self.capture(module, layers) as capture, ExitStack() as passes:
+        with pass_settings(self.score), self.capture(module, layers) as capture, ExitStack() as passes:
             capture.watch_attention(self.attention)
             with autocast(self.device, self.precision):
                 output = capture.forward_output(inputs)
@@ -336,8 +338,7 @@ class Explainer:
                 seed=seed,
             )
             need_gradients = any(METHODS[method].uses_gradients for method in self.methods)
-            # ShapleyCAM and Finer-CAM differentiate the capture's graph again
-            keep_graph = any(METHODS[m].extra in (HESSIAN, FINER, *ATTENTION_NEEDS) for m in self.methods)
+            keep_graph = any(METHODS[method].keeps_graph for method in self.methods)
             cams: Cams = {method: [] for method in self.methods}
             for k in range(targets.count):
                 gradients: dict[str, torch.Tensor | None] = dict.fromkeys(self.layer_names)

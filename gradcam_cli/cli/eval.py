@@ -16,10 +16,20 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError, describe
-from ..options import POINTING_TOLERANCE, EvalOptions, PerturbationOptions
+from ..options import DEFAULT_METHOD, POINTING_TOLERANCE, RANDOM_BASELINE, EvalOptions, PerturbationOptions
 from . import params
 from .ranking import RankOptions, rank_report
-from .reporting import ProgressBar, Reporter, default_layer_reason, left_out_note, run_reported
+from .reporting import (
+    PassProgress,
+    ProgressBar,
+    Reporter,
+    default_layer_reason,
+    duration,
+    left_out_note,
+    pass_methods,
+    passes_warning,
+    run_reported,
+)
 
 if TYPE_CHECKING:
     from ..options import ExplainOptions, ModelOptions
@@ -46,7 +56,7 @@ interrupted."""
 @app.command(help=HELP)
 def evaluate(
     inputs: Annotated[list[str], typer.Argument(metavar="INPUT", hidden=True, show_default=False)],
-    method: params.MethodOpt = params.MethodList(["gradcam"]),
+    method: params.MethodOpt = params.MethodList([DEFAULT_METHOD]),
     model: params.ModelOpt = "resnet50",
     task: params.TaskOpt = None,
     weights: params.WeightsOpt = "DEFAULT",
@@ -59,8 +69,8 @@ def evaluate(
     target: params.TargetsOpt = None,
     embedding: params.EmbeddingOpt = None,
     score: params.ScoreOpt = None,
-    score_threshold: params.ScoreThresholdOpt = 0.5,
-    max_detections: params.MaxDetectionsOpt = 10,
+    score_threshold: params.ScoreThresholdOpt = None,
+    max_detections: params.MaxDetectionsOpt = None,
     steps: Annotated[
         int,
         typer.Option(
@@ -145,7 +155,8 @@ def evaluate(
     if mistake is not None:
         run_reported(reporter, lambda: params.refuse(mistake))
     task = task or ("classify" if specs or embedding else None)
-    methods = params.MethodList([*method, "randomcam"]) if rank and "randomcam" not in method else method
+    baseline = RANDOM_BASELINE
+    methods = params.MethodList([*method, baseline]) if rank and baseline not in method else method
     perturbation = PerturbationOptions(
         rise_masks, occlusion_window=occlusion_window, occlusion_stride=occlusion_stride, seed=seed
     )
@@ -157,7 +168,7 @@ def evaluate(
             layer,
             methods,
             target_class,
-            1,
+            None,
             aug_smooth,
             eigen_smooth,
             score,
@@ -217,10 +228,14 @@ class EvalCommand:
         if not images:
             raise UsageError(f"no images found in {' '.join(self.inputs)}")
         boxes = read_boxes(options.boxes) if options.boxes is not None else None
-        explainer = Explainer.from_options(self.model_options, self.explain_options)
+        passes = pass_methods(self.explain_options.methods)
+        shown = PassProgress(reporter, f"{'/'.join(passes)} passes") if passes else None
+        explainer = Explainer.from_options(self.model_options, self.explain_options, progress=shown)
+        if (warning := passes_warning(explainer)) is not None:
+            reporter.info(warning)
         if explainer.left_out:
             reporter.info(left_out_note(explainer.left_out))
-        if not self.explain_options.layers and explainer.layer_names:
+        if not self.explain_options.layers and explainer.layer_names:  # RISE, occlusion alone: no layer
             reason = default_layer_reason(explainer.task, bool(explainer.model.default_layers))
             reporter.info(f"using layer {explainer.layer_label} ({reason})")
         if self.ranking.rank and explainer.task.value != "classify":  # boxes only: what a detector is measured by
@@ -258,5 +273,5 @@ class EvalCommand:
             except OSError as error:
                 raise UsageError(f"cannot write --plot {options.plot}: {describe(error, options.plot)}") from error
             reporter.info(f"curves plotted to {options.plot}")
-        reporter.info(f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {elapsed:.1f}s")
+        reporter.info(f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {duration(elapsed)}")
         return EXIT_IMAGE_FAILED if report.failed else EXIT_OK

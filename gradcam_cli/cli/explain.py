@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
-from ..options import DEFAULT_MAX_SIDE, ImageFormat, OutputOptions, PerturbationOptions, RunOptions, Shard
+from ..options import (
+    DEFAULT_MAX_SIDE,
+    DEFAULT_METHOD,
+    ImageFormat,
+    OutputOptions,
+    PerturbationOptions,
+    RunOptions,
+    Shard,
+)
 from . import params
 from .lines import layer_line, layer_row, report_record
 from .reporting import (
@@ -22,6 +30,8 @@ from .reporting import (
     Reporter,
     default_layer_reason,
     left_out_note,
+    pass_methods,
+    passes_warning,
     run_reported,
     run_summary,
 )
@@ -60,13 +70,20 @@ def explain(
     target: params.TargetsOpt = None,
     embedding: params.EmbeddingOpt = None,
     top_k: Annotated[
-        int,
-        typer.Option("--top-k", "-k", min=1, metavar="K", help="Explain each of the top K classes (one output each)."),
-    ] = 1,
-    method: params.MethodOpt = params.MethodList(["gradcam"]),
+        int | None,
+        typer.Option(
+            "--top-k",
+            "-k",
+            min=1,
+            metavar="K",
+            help="Explain each of the top K classes (one output each; default 1).",
+            show_default=False,
+        ),
+    ] = None,
+    method: params.MethodOpt = params.MethodList([DEFAULT_METHOD]),
     score: params.ScoreOpt = None,
-    score_threshold: params.ScoreThresholdOpt = 0.5,
-    max_detections: params.MaxDetectionsOpt = 10,
+    score_threshold: params.ScoreThresholdOpt = None,
+    max_detections: params.MaxDetectionsOpt = None,
     rise_masks: params.RiseMasksOpt = 4000,
     occlusion_window: params.OcclusionWindowOpt = 32,
     occlusion_stride: params.OcclusionStrideOpt = 16,
@@ -299,7 +316,6 @@ class ExplainCommand:
         return EXIT_OK
 
     def list_layers(self) -> int:
-        from ..cam.attention.discovery import attention_sites
         from ..cam.layers import layer_table
         from ..io.discovery import discover
         from ..models.devices import resolve_device
@@ -310,13 +326,11 @@ class ExplainCommand:
         loaded = load_model(self.model_options, architecture_only=True)  # the layers need no weights
         loaded.module.to(device)
         infos, chosen = layer_table(loaded, device, images[0].path if images else None)
-        attention = {site.name for site in attention_sites(loaded.module)}
         for info in infos:
             if self.reporter.as_json:
-                row = layer_row(info, info.name in attention)
-                self.reporter.emit(json.dumps({**row, "default": info.name in chosen.split("+")}))
+                self.reporter.emit(json.dumps({**layer_row(info), "default": info.name in chosen.split("+")}))
             else:
-                self.reporter.emit(layer_line(info, chosen, info.name in attention))
+                self.reporter.emit(layer_line(info, chosen))
         if not self.reporter.as_json:
             self.reporter.emit("")
             self.reporter.emit(
@@ -341,7 +355,7 @@ class ExplainCommand:
         check_video_options(self.output, videos)
         single = len(images) + len(videos) == 1
         with Session(self.output, self.run_options, notify=reporter.info) as session:
-            passes = [m for m in self.explain_options.methods if m in ("scorecam", "ablationcam")]
+            passes = pass_methods(self.explain_options.methods)
             progress = PassProgress(reporter, f"{'/'.join(passes)} passes") if passes else None
             if self.run_options.engine == "ray":
                 from ..pipeline.ray_engine import driver_explainer
@@ -350,9 +364,11 @@ class ExplainCommand:
             else:
                 explainer = Explainer.from_options(self.model_options, self.explain_options, progress=progress)
             session.start(explainer)
+            if (warning := passes_warning(explainer)) is not None:
+                reporter.info(warning)
             if explainer.left_out:
                 reporter.info(left_out_note(explainer.left_out))
-            if not self.explain_options.layers and explainer.layer_names:
+            if not self.explain_options.layers and explainer.layer_names:  # RISE, occlusion alone: no layer
                 reason = default_layer_reason(explainer.task, bool(explainer.model.default_layers))
                 reporter.info(f"using layer {explainer.layer_label} ({reason})")
             model = explainer.model
@@ -377,7 +393,8 @@ def _nothing_found(explainer: Explainer) -> str | None:
     """What a row without a target means for the task, naming what filtered a detector's detections (``None``: a
     video's row)."""
     from ..cam.detection import DetectionScore, no_detection
+    from ..cam.yolo import YoloScore
 
-    if isinstance(explainer.score, DetectionScore):
+    if isinstance(explainer.score, DetectionScore | YoloScore):
         return no_detection(explainer.model, explainer.score, explainer.target)
     return "no class other than the background" if explainer.task.value == "segment" else None

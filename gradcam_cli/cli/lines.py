@@ -12,25 +12,26 @@ if TYPE_CHECKING:
     from .reporting import Reporter
 
 
-def layer_row(info: LayerInfo, attention: bool = False) -> dict[str, object]:
-    """A layer's ``--list-layers --json`` row; ``attention``: the attention methods read this module."""
+def layer_row(info: LayerInfo) -> dict[str, object]:
+    """A layer's ``--list-layers --json`` row (``attention``: the attention methods read this module)."""
     return {
         "name": info.name,
         "type": info.kind,
         "output_shape": info.output_shape,
         "calls": info.calls,
         "candidate": info.is_candidate,
-        "attention": attention,
+        "attention": info.attention,
     }
 
 
-def layer_line(info: LayerInfo, chosen: str, attention: bool = False) -> str:
+def layer_line(info: LayerInfo, chosen: str) -> str:
     """A layer's line of the ``--list-layers`` table: ``*`` the default (``chosen``: several joined with ``+``),
-    ``+`` a candidate; ``attention`` (a module the attention methods read) adds ``attention``."""
+    ``+`` a candidate; ``attention`` ends the line of a module the attention methods read."""
     mark = "*" if info.name in chosen.split("+") else "+" if info.is_candidate else " "
     shape = "x".join(map(str, info.output_shape)) if info.output_shape else "-" if info.calls == 0 else "(non-tensor)"
     calls = f"x{info.calls}" if info.calls > 1 else ""
-    return f"{mark} {info.name:<40} {info.kind:<28} {shape:<20} {calls:<4}{' attention' if attention else ''}".rstrip()
+    line = f"{mark} {info.name:<40} {info.kind:<28} {shape:<20} {calls}"
+    return f"{line:<97} attention" if info.attention else line
 
 
 def report_record(reporter: Reporter, record: Record, single: bool, first_row: bool, nothing: str | None) -> None:
@@ -42,7 +43,8 @@ def report_record(reporter: Reporter, record: Record, single: bool, first_row: b
         reporter.detail(f"skipped {record.input} (outputs exist)")
         return
     if single and first_row:
-        reporter.result(f"{record.input}  (model {record.model}, layer {record.layer})")
+        layer = f", layer {record.layer}" if record.layer else ""  # none for RISE and occlusion alone
+        reporter.result(f"{record.input}  (model {record.model}{layer})")
         for rank, p in enumerate(record.predictions, 1):
             reporter.result(f"  {rank}. {p.name:<30} {p.probability:7.2%}  {_where(p)}")
     target = record.target

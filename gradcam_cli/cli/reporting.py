@@ -16,28 +16,18 @@ from typing import TYPE_CHECKING, Any, TextIO
 import typer
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, GradcamError, describe, path_error
+from ..io.display import displayable
 
 if TYPE_CHECKING:
+    from ..cam.explainer import Explainer
     from ..models.tasks import Task
     from ..pipeline.records import Record
     from ..pipeline.session import Counts
 
 
-_ESCAPES = {
-    **{code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))},
-    **{0xDC80 + byte: f"\\x{0x80 + byte:02x}" for byte in range(0x80)},  # bytes of a name that is not UTF-8
-    ord("\n"): "\\n",
-    ord("\r"): "\\r",
-    ord("\t"): "\\t",
-    0x2028: "\\u2028",
-    0x2029: "\\u2029",
-}
-
-
 def one_line(text: str) -> str:
-    """``text`` with control characters (a newline in a file name, a terminal escape), line separators and the
-    undecodable bytes of a name escaped (``\\n``, ``\\x1b``, ``\\xff``), so that a console line stays one line."""
-    return text.translate(_ESCAPES)
+    """``text`` as one console line: control characters, line separators and undecodable bytes escaped."""
+    return displayable(text)
 
 
 class Reporter:
@@ -156,6 +146,39 @@ def left_out_note(methods: Sequence[str]) -> str:
     return f"--method all leaves out {', '.join(methods)} (for transformers only)"
 
 
+LONG_PASSES = 10_000
+"""Masked forward passes per image and target above which RISE and occlusion are said, at start, to take long."""
+
+
+def pass_methods(names: Sequence[str]) -> list[str]:
+    """The methods among ``names`` whose extra forward passes :class:`PassProgress` shows (their registration's
+    ``shows_progress``)."""
+    from ..cam.methods import METHODS
+
+    return [name for name in names if name in METHODS and METHODS[name].shows_progress]
+
+
+def passes_warning(explainer: Explainer) -> str | None:
+    """What RISE and occlusion will cost where it is more than LONG_PASSES masked forward passes per image and
+    target (counted at the smallest network input, ``--input-size`` square), and which options make it less."""
+    from ..cam.perturbation import occlusion_count
+
+    options, spec = explainer.perturbation, explainer.model.input_spec
+    height, width = spec.fixed_size or (spec.size, spec.size)
+    counts = {"rise": options.rise_masks, "occlusion": occlusion_count(options, (height, width)) + 1}
+    chosen = {method: counts[method] for method in counts if method in explainer.methods}
+    total = sum(chosen.values())
+    if total <= LONG_PASSES:
+        return None
+    parts = " + ".join(f"{count:,} for {method}" for method, count in chosen.items()) + ", " if len(chosen) > 1 else ""
+    cheaper = {"rise": "a smaller --rise-masks", "occlusion": "a larger --occlusion-stride or --occlusion-window"}
+    hints = " or ".join(cheaper[method] for method in chosen)
+    return (
+        f"warning: {total:,} masked forward passes per image and target ({parts}at {height}x{width} or more): "
+        f"this takes long; {hints} takes fewer"
+    )
+
+
 def run_summary(counts: Counts, seconds: float, unit: str = "images") -> str:
     """The line that ends a run of several inputs; its rate counts the inputs explained (``unit``: images, or
     inputs when videos are among them), not those skipped or failed, and is left out when there is none."""
@@ -165,6 +188,12 @@ def run_summary(counts: Counts, seconds: float, unit: str = "images") -> str:
     if counts.skipped and not counts.error and not counts.ok:
         return f"{line} (nothing to explain: every output exists)"
     return line
+
+
+def duration(seconds: float) -> str:
+    """``seconds`` as a summary line shows them: ``1.2s``, and under 0.1 s in milliseconds (``41 ms``, never a
+    ``0.0s`` that reads as nothing measured)."""
+    return f"{seconds * 1000:.0f} ms" if seconds < 0.1 else f"{seconds:.1f}s"
 
 
 MIN_EXPLAINED_FOR_RATE = 2

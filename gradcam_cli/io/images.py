@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import stat
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +14,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from ..errors import ImageError
+from ..errors import ImageError, describe
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -69,7 +71,14 @@ def load_image(path: str | Path, max_side: int | None = None) -> Image.Image:
     decoded at 1/2, 1/4 or 1/8 scale directly where that fits (``Image.draft``), so a 48 MP photo costs a
     fraction of its full decode.
     """
+    return load_sized_image(path, max_side)[0]
+
+
+def load_sized_image(path: str | Path, max_side: int | None = None) -> tuple[Image.Image, tuple[int, int]]:
+    """:func:`load_image`, and the (height, width) of the image at full size, its EXIF orientation applied: what
+    rows' boxes, areas and keypoints are measured in when ``max_side`` shrank it (docs/batch.md, Large images)."""
     path = Path(path)
+    check_regular_file(path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -77,12 +86,13 @@ def load_image(path: str | Path, max_side: int | None = None) -> Image.Image:
                 if opened.width * opened.height > MAX_IMAGE_PIXELS:
                     raise Image.DecompressionBombError(path)
                 opened.seek(0)
+                width, height = oriented_size(opened)
                 factor = shrink_factor(opened.size, max_side)
                 if factor > 1:
                     opened.draft(None, (-(-opened.width // factor), -(-opened.height // factor)))
                 image = to_rgb(ImageOps.exif_transpose(opened), path)
                 factor = shrink_factor(image.size, max_side)
-                return image.reduce(factor) if factor > 1 else image
+                return (image.reduce(factor) if factor > 1 else image), (height, width)
     except FileNotFoundError as error:
         raise ImageError(f"{path}: no such file") from error
     except IsADirectoryError as error:
@@ -95,6 +105,41 @@ def load_image(path: str | Path, max_side: int | None = None) -> Image.Image:
         raise ImageError(f"{path}: too many pixels (limit {MAX_IMAGE_PIXELS:,}); resize it first") from error
     except (OSError, SyntaxError, ValueError) as error:
         raise ImageError(f"{path}: unreadable image ({error})") from error
+
+
+def check_regular_file(path: Path) -> None:
+    """Refuse what is not a regular file before opening it: a FIFO or device named x.jpg would block or never end."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise ImageError(f"{path}: broken symbolic link (to {os.readlink(path)})") from None
+        raise ImageError(f"{path}: no such file") from None
+    except PermissionError:
+        raise ImageError(f"{path}: permission denied") from None
+    except OSError as error:  # e.g. a symlink loop
+        raise ImageError(f"{path}: {describe(error, path)}") from None
+    mode = info.st_mode
+    if stat.S_ISDIR(mode):
+        raise ImageError(f"{path}: is a directory")
+    if not stat.S_ISREG(mode):
+        raise ImageError(f"{path}: not a regular file")
+    if info.st_size == 0:
+        raise ImageError(f"{path}: empty file (0 bytes)")
+    if not os.access(path, os.R_OK):
+        raise ImageError(f"{path}: permission denied")
+
+
+EXIF_ORIENTATION = 0x0112
+"""The EXIF tag of an image's orientation, which :func:`ImageOps.exif_transpose` applies."""
+TURNED = frozenset({5, 6, 7, 8})
+"""The EXIF orientations that turn an image by 90 degrees (its width and height swap)."""
+
+
+def oriented_size(opened: Image.Image) -> tuple[int, int]:
+    """(width, height) of an opened image as it is shown, its EXIF orientation applied, from its header."""
+    width, height = opened.size
+    return (height, width) if opened.getexif().get(EXIF_ORIENTATION) in TURNED else (width, height)
 
 
 def to_rgb(image: Image.Image, path: str | Path = "image") -> Image.Image:
