@@ -48,9 +48,12 @@ class Described(Protocol):
     """What discovery reads of a loaded model (:class:`~gradcam_cli.models.loading.LoadedModel`), without importing
     it: the module, its name for messages and its own count of prefix tokens."""
 
-    module: nn.Module
-    name: str
-    prefix_tokens: int | None
+    @property
+    def module(self) -> nn.Module: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def prefix_tokens(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
