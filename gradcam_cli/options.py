@@ -39,6 +39,10 @@ METHOD_NAMES = (
     "randomcam",
     "rise",
     "occlusion",
+    "rollout",
+    "attn-grad",
+    "attention",
+    "legrad",
 )
 """The package's own CAM methods, as :data:`gradcam_cli.cam.methods.BUILTIN_METHODS` registers them
 (tests/methods/test_methods.py holds them equal): what ``--method`` accepts and ``--help`` lists before torch is

@@ -24,6 +24,7 @@ from torch import nn
 from typer.testing import CliRunner
 
 from gradcam_cli.cam.methods import METHODS
+from gradcam_cli.cam.methods.needs import ATTENTION_NEEDS
 from gradcam_cli.cam.tasks import TASKS
 from gradcam_cli.cli import app
 from gradcam_cli.errors import EXIT_OK, EXIT_USAGE
@@ -61,6 +62,10 @@ def _yolo(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
     return ["-m", f"yolo:{checkpoint}", "--input-size", "64"]
 
 
+def _vit(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
+    return ["-m", f"{HERE / 'attention_models.py'}:build_vit"]
+
+
 def _keypoints(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
     return ["-m", f"{HERE / 'task_plugins' / 'keypoints.py'}:build", "--task", "keypoints"]
 
@@ -74,6 +79,9 @@ EXAMPLES: dict[str, dict[str, Example]] = {
     "keypoints": {"heatmaps": _keypoints},
 }
 """Each task's examples: the command-line arguments that load a tiny model of it (and its targets)."""
+TRANSFORMER_EXAMPLES: dict[str, dict[str, Example]] = {"classify": {"vit": _vit}}
+"""The examples of the methods that read a transformer's attention (their needs say so: a CNN refuses them), in
+place of the task's own: a tiny timm ViT with a class token and registers (tests/attention_models.py)."""
 MAY_REFUSE = {"similar"}
 """Examples whose targets some of the task's methods refuse (Finer-CAM needs a target with rivals): such a case
 passes when the method explains or when it is refused in one line naming it, exit code 2."""
@@ -96,7 +104,10 @@ def _cases() -> list[object]:
         marks = [pytest.mark.slow] if task in SLOW_TASKS else []
         for name, method in METHODS.items():
             if adapter.takes(name, method.tasks, nn.Identity()):
-                for example in EXAMPLES.get(task, {"missing": _missing}):
+                examples = EXAMPLES.get(task, {"missing": _missing})
+                if method.needs in ATTENTION_NEEDS:
+                    examples = TRANSFORMER_EXAMPLES.get(task, {})
+                for example in examples:
                     cases.append(pytest.param(task, example, name, marks=marks, id=f"{task}-{example}-{name}"))
     return cases
 
@@ -121,7 +132,8 @@ def test_each_method_explains_each_task_it_applies_to_on_the_command_line(
         image = tmp_path / "red.png"
         square_image(SIZE, (20, 16, 52, 48)).save(image)
         out = tmp_path / "out"
-        args = [str(image), *EXAMPLES[task][example](tmp_path, request), *LIGHT, "--method", method]
+        build = {**EXAMPLES[task], **TRANSFORMER_EXAMPLES.get(task, {})}[example]
+        args = [str(image), *build(tmp_path, request), *LIGHT, "--method", method]
         args += ["-o", str(out), "--save-raw", "--manifest", str(out / "m.jsonl"), "--workers", "0"]
         result = CliRunner().invoke(app, args)
     finally:

@@ -62,7 +62,12 @@ def reference(image: Image.Image, spec: InputSpec) -> torch.Tensor:
 def test_the_registry_holds_the_builtin_methods_in_order_with_typed_needs() -> None:
     assert tuple(method.name for method in BUILTIN_METHODS) == METHOD_NAMES
     assert [name for name in METHODS if name in METHOD_NAMES] == list(METHOD_NAMES)
-    assert {name for name in METHOD_NAMES if METHODS[name].keeps_graph} == {"finercam", "shapleycam"}
+    assert {name for name in METHOD_NAMES if METHODS[name].keeps_graph} == {
+        "finercam",
+        "shapleycam",
+        "attn-grad",
+        "legrad",
+    }
     assert METHODS["finercam"].needs is FINER_GRADIENT and METHODS["shapleycam"].needs is HESSIAN_PRODUCT
     assert METHODS["randomcam"].needs is SEED and METHODS["gradcam"].needs is None
     assert {name for name in METHOD_NAMES if METHODS[name].shows_progress} == {

@@ -42,6 +42,7 @@ from gradcam_cli.cam.explainer import Explainer
 from gradcam_cli.cam.maps import normalise, to_image_maps, upsample
 from gradcam_cli.cam.masked_scores import MaskedScores
 from gradcam_cli.cam.methods import BUILTIN_METHODS, METHODS, gradcam_plus_plus, hirescam, layercam, xgradcam
+from gradcam_cli.cam.methods.needs import ATTENTION_NEEDS
 from gradcam_cli.io.images import InputSpec, load_image, to_input_tensor
 from gradcam_cli.io.naming import RUN_RECORD_NAME
 from gradcam_cli.options import METHOD_NAMES
@@ -120,6 +121,7 @@ def tiny_cnn() -> nn.Module:
 
 def test_every_method_is_registered_with_formula_and_paper() -> None:
     newer = ("gradcam-elementwise", "kpcacam", "shapleycam", "fem", "randomcam", "rise", "occlusion")
+    newer += ("rollout", "attn-grad", "attention", "legrad")  # tests/methods/test_attention_methods.py
     own = {method.name: method for method in BUILTIN_METHODS}  # plugins' (tests/plugins) come after them in METHODS
     methods = {
         name: method for name, method in own.items() if name not in newer
@@ -316,15 +318,16 @@ def test_cli_writes_one_output_per_method(tmp_path) -> None:
     image = tmp_path / "square.png"
     square_image().save(image)
     out = tmp_path / "out"
-    methods = ",".join(METHODS)
+    cnn_methods = [name for name, method in METHODS.items() if method.needs not in ATTENTION_NEEDS]
+    methods = ",".join(cnn_methods)  # the attention methods: tests/methods/test_attention_methods.py
     model = f"{ROOT}/tests/square_model.py:build"
     args = [str(image), "--model", model, "-t", "0", "--method", methods, "-o", str(out), "--workers", "0", "-q"]
     args += ["--rise-masks", "50", "--occlusion-window", "160", "--occlusion-stride", "160"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     written = sorted(p.name for p in out.iterdir() if p.name != RUN_RECORD_NAME)
-    assert len(written) == len(METHODS)
-    for method in METHODS:
+    assert len(written) == len(cnn_methods)
+    for method in cnn_methods:
         assert f"square_{method}_0-0.png" in written
 
 
