@@ -1,0 +1,158 @@
+"""Vision-language answers (gradcam_cli/vlm): maps against an independent autograd reference, per-token gradients
+summing to the answer's, the generated answer against ``model.generate``, and each family's geometry with a photo
+whose halves differ. Tiny random models of each family (tests/vlm_models.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch
+import vlm_models
+from PIL import Image
+
+from gradcam_cli.targets import TargetSpec
+from gradcam_cli.vlm.answer import AnswerExplainer
+from gradcam_cli.vlm.loading import load_vlm
+
+BUILDERS = {"llava": vlm_models.llava, "qwen2-vl": vlm_models.qwen2_vl, "idefics3": vlm_models.idefics3}
+PROMPT = "what is the cat ?"
+
+
+@pytest.fixture(scope="module", params=list(BUILDERS))
+def folder(request, tmp_path_factory):
+    return BUILDERS[request.param](tmp_path_factory.mktemp(request.param))
+
+
+@pytest.fixture(scope="module", params=list(BUILDERS))
+def local_folder(request, tmp_path_factory):
+    """A family's model without vision-encoder layers: each image token depends on its own patches only."""
+    return BUILDERS[request.param](tmp_path_factory.mktemp(request.param + "-local"), vision_layers=0)
+
+
+def photo(width: int = 96, height: int = 48, left=(220, 30, 30), right=(30, 30, 220)) -> Image.Image:
+    image = Image.new("RGB", (width, height), right)
+    image.paste(Image.new("RGB", (width // 2, height), left), (0, 0))
+    return image
+
+
+def processed(vlm, image: Image.Image, prompt: str = PROMPT) -> dict[str, torch.Tensor]:
+    """The processor's inputs, made here as a user of transformers would."""
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    text = vlm.processor.apply_chat_template(messages, add_generation_prompt=True)
+    return dict(vlm.processor(images=[image], text=[text], return_tensors="pt"))
+
+
+def layer_tokens(vlm, layer: str, inputs: dict[str, torch.Tensor], answer: list[int] | None = None):
+    """The layer's output (a leaf requiring gradients, handed on to the model) and the logits of prompt + answer."""
+    module = dict(vlm.module.named_modules())[layer]
+    seen = {}
+
+    def hook(_module, _inputs, output):
+        seen["leaf"] = output.detach().requires_grad_(True)
+        return seen["leaf"]
+
+    ids = inputs["input_ids"]
+    extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
+    if answer:
+        ids = torch.cat((ids, torch.tensor([answer])), dim=1)
+        if "mm_token_type_ids" in extra:
+            marks = extra["mm_token_type_ids"]
+            extra["mm_token_type_ids"] = torch.cat((marks, marks.new_zeros(1, len(answer))), dim=1)
+    handle = module.register_forward_hook(hook)
+    try:
+        with torch.enable_grad():
+            logits = vlm.module(input_ids=ids, attention_mask=torch.ones_like(ids), **extra).logits
+    finally:
+        handle.remove()
+    return seen["leaf"], logits
+
+
+def test_map_equals_autograd_of_the_answer_logprob(folder):
+    vlm = load_vlm(f"hf:{folder}", torch.device("cpu"))
+    explainer = AnswerExplainer(vlm, methods=("gradcam",), max_new_tokens=3)
+    image = photo()
+    result = explainer.explain(image, PROMPT, answer="a big cat")
+    answer = [token.id for token in result.tokens]
+    leaf, logits = layer_tokens(vlm, vlm.family.default_layer, processed(vlm, image), answer)
+    start = logits.shape[1] - len(answer)
+    logprob = logits[0, start - 1 : -1].log_softmax(-1).gather(1, torch.tensor(answer)[:, None]).sum()
+    (gradient,) = torch.autograd.grad(logprob, leaf)
+    acts, grads = leaf.detach().flatten(0, -2), gradient.flatten(0, -2)
+    _, [(score, ours_grad)], _ = explainer.gradients(explainer.inputs(image, PROMPT), answer, [result.maps[0].target])
+    assert score == pytest.approx(float(logprob.detach()), abs=1e-4)
+    assert torch.corrcoef(torch.stack((ours_grad.flatten(), grads.flatten())))[0, 1] >= 0.999
+    for sign in (1, -1):  # the map is ReLU(sum_k w_k A^k): compare it where it is not all zero, either sign
+        reference = torch.relu(sign * (acts * grads.mean(0)).sum(-1))
+        ours = explainer.token_map("gradcam", activations=acts, gradient=sign * ours_grad)
+        assert torch.allclose(ours, reference, atol=1e-6 * float(reference.abs().max() + 1))
+        if reference.std() > 0:
+            assert torch.corrcoef(torch.stack((ours, reference)))[0, 1] >= 0.999
+    assert torch.allclose(explainer.token_map("gradcam", acts, ours_grad), result.maps[0].values, atol=1e-6)
+    assert not any(p.requires_grad or p.grad is not None for p in vlm.module.parameters())
+
+
+def test_per_token_gradients_sum_to_the_answer(folder):
+    vlm = load_vlm(f"hf:{folder}", torch.device("cpu"))
+    explainer = AnswerExplainer(vlm, max_new_tokens=3)
+    inputs = explainer.inputs(photo(), PROMPT)
+    ids = explainer.encode("a cat sits")
+    targets = explainer.targets(ids, per_token=True)
+    _, gradients, logprobs = explainer.gradients(inputs, ids, targets)
+    whole, tokens = gradients[0], gradients[1:]
+    assert len(tokens) == 3 and whole[0] == pytest.approx(sum(logprobs), abs=1e-5)
+    summed = torch.stack([gradient for _, gradient in tokens]).sum(0)
+    assert torch.allclose(summed, whole[1], atol=1e-6, rtol=1e-4)
+    assert whole[1].abs().max() > 0
+
+
+def test_generated_answer_equals_generate(folder):
+    vlm = load_vlm(f"hf:{folder}", torch.device("cpu"))
+    result = AnswerExplainer(vlm, max_new_tokens=4).explain(photo(), PROMPT, per_token=True)
+    inputs = processed(vlm, photo())
+    output = vlm.module.generate(**inputs, max_new_tokens=4, do_sample=False)
+    new = output[0, inputs["input_ids"].shape[1] :].tolist()
+    while new and new[-1] in (0, 3):
+        new.pop()
+    assert [token.id for token in result.tokens] == new
+    assert result.generated and result.answer == vlm.tokenizer.decode(new, skip_special_tokens=True).strip()
+    assert [m.target.label for m in result.maps][: len(new) + 1][0] == "answer"
+    assert len(result.maps) == 1 + len(new)
+
+
+def test_word_and_contrast_targets(folder):
+    vlm = load_vlm(f"hf:{folder}", torch.device("cpu"))
+    explainer = AnswerExplainer(vlm)
+    specs = [TargetSpec.parse("answer:cat"), TargetSpec.parse("contrast:answer:a cat,answer:a dog")]
+    result = explainer.explain(photo(), PROMPT, answer="a big cat", specs=specs)
+    word, contrast = result.maps
+    assert word.score == pytest.approx(result.tokens[2].logprob, abs=1e-5)
+    other = explainer.explain(photo(), PROMPT, answer="a dog")
+    cat = explainer.explain(photo(), PROMPT, answer="a cat")
+    assert contrast.score == pytest.approx(cat.logprob - other.logprob, abs=1e-4)
+
+
+def test_halves_land_on_their_half(local_folder):
+    """Changing the photo's left half changes only the tokens the geometry puts on the left half."""
+    vlm = load_vlm(f"hf:{local_folder}", torch.device("cpu"))
+    explainer = AnswerExplainer(vlm)
+    first, second = photo(112, 56), photo(112, 56, left=(30, 200, 30))  # the halves on token edges
+    layer = vlm.family.default_layer
+    with torch.no_grad():
+        a = layer_tokens(vlm, layer, processed(vlm, first))[0].flatten(0, -2)
+        b = layer_tokens(vlm, layer, processed(vlm, second))[0].flatten(0, -2)
+    changed = (a - b).norm(dim=-1)
+    tiles = explainer.tiles(explainer.inputs(first, PROMPT), first, changed.shape[0])
+    from gradcam_cli.vlm.geometry import place
+
+    placed = place(changed, tiles, (first.height, first.width))
+    middle = first.width // 2
+    # bilinear sampling blends a token with its neighbour up to half a token past its centre
+    blur = max(round((tile.box[2] - tile.box[0]) / tile.cols / 2) for tile in tiles)
+    covered = placed[:, :middle]
+    assert covered[covered > 0].numel() > 0.3 * covered.numel()
+    assert placed[:, middle + blur :].abs().max() <= 0.02 * placed.max()  # resampling blurs the edge a little
+    assert placed[:, middle - 4 : middle].min() > 0.2 * placed.max()
+    left = min(tile.box[0] for tile in tiles)  # LLaVA's centre crop leaves the photo's sides out
+    assert left == (28.0 if vlm.family.name == "llava" else 0.0) and not placed[:, : int(left)].any()

@@ -1,0 +1,201 @@
+"""Tiny random vision-language models of each supported family, saved with a processor whose tokenizer and chat
+template are made here (no download): LLaVA-1.5, Qwen2-VL, Idefics3."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+WORDS = ["<pad>", "<unk>", "<s>", "</s>", "USER:", "ASSISTANT:", "a", "cat", "dog", "red", "blue", "is", "what"]
+WORDS += ["the", "?", "left", "right", "green", "sits", "on", "mat", "big", "small", "two"]
+TEMPLATE = (
+    "{% for m in messages %}{{ m['role'].upper() }}: {% for c in m['content'] %}{% if c['type'] == 'image' %}"
+    "{{ image_text }} {% else %}{{ c['text'] }} {% endif %}{% endfor %}{% endfor %}"
+    "{% if add_generation_prompt %}ASSISTANT: {% endif %}"
+)
+
+
+def tokenizer(special: list[str]):
+    """A word-level tokenizer over :data:`WORDS` and the family's ``special`` image tokens (split out of runs)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {word: i for i, word in enumerate([*WORDS, *special])}
+    inner = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    inner.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    inner.add_special_tokens(special)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=inner, unk_token="<unk>", pad_token="<pad>", bos_token="<s>", eos_token="</s>"
+    )
+
+
+def _text_ids(config) -> None:
+    config.pad_token_id, config.bos_token_id, config.eos_token_id = 0, 2, 3
+
+
+def _save(model, processor, folder: Path) -> Path:
+    model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, 3
+    model.generation_config.bos_token_id = 2
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+def llava(folder: Path, vision_layers: int = 2, seed: int = 0) -> Path:
+    """LLaVA-1.5: CLIP vision tower (32 px, 8 px patches), projector, Llama; shortest edge 32, centre crop 32.
+    ``vision_layers=0``: one layer whose attention output is zero (LLaVA reads a layer's hidden states), so that
+    each image token depends on its own patch only."""
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
+
+    torch.manual_seed(seed)
+    vision = CLIPVisionConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=max(vision_layers, 1),
+        num_attention_heads=2,
+        image_size=32,
+        patch_size=8,
+    )
+    text = LlamaConfig(
+        vocab_size=len(WORDS) + 1,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    _text_ids(text)
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=len(WORDS),
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="default",
+    )
+    model = LlavaForConditionalGeneration(config).eval()
+    if vision_layers == 0:
+        with torch.no_grad():
+            for layer in model.model.vision_tower.encoder.layers:
+                layer.self_attn.out_proj.weight.zero_()
+                layer.self_attn.out_proj.bias.zero_()
+    images = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    template = TEMPLATE.replace("{{ image_text }}", "<image>")
+    processor = LlavaProcessor(
+        image_processor=images,
+        tokenizer=tokenizer(["<image>"]),
+        patch_size=8,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        chat_template=template,
+    )
+    return _save(model, processor, folder)
+
+
+QWEN_SPECIAL = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
+
+
+def qwen2_vl(folder: Path, vision_layers: int = 1, seed: int = 0) -> Path:
+    """Qwen2-VL: 14 px patches merged 2 x 2, images resized whole to multiples of 28 between 28x28 and 112x112."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor, Qwen2VLProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    torch.manual_seed(seed)
+    first = len(WORDS)
+    config = Qwen2VLConfig(
+        vision_config={
+            "depth": vision_layers,
+            "embed_dim": 16,
+            "hidden_size": 32,
+            "num_heads": 2,
+            "mlp_ratio": 2,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+        },
+        text_config={
+            "vocab_size": first + len(QWEN_SPECIAL),
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 256,
+            "rope_parameters": {"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 10000.0},
+            "pad_token_id": 0,
+            "bos_token_id": 2,
+            "eos_token_id": 3,
+        },
+        vision_start_token_id=first,
+        image_token_id=first + 1,
+        vision_end_token_id=first + 2,
+        video_token_id=first + 3,
+    )
+    model = Qwen2VLForConditionalGeneration(config).eval()
+    images = Qwen2VLImageProcessor(
+        min_pixels=28 * 28, max_pixels=112 * 112, patch_size=14, merge_size=2, temporal_patch_size=2
+    )
+    template = TEMPLATE.replace("{{ image_text }}", "<|vision_start|><|image_pad|><|vision_end|>")
+    processor = Qwen2VLProcessor(
+        image_processor=images,
+        tokenizer=tokenizer(QWEN_SPECIAL),
+        video_processor=Qwen2VLVideoProcessor(),
+        chat_template=template,
+    )
+    return _save(model, processor, folder)
+
+
+IDEFICS_SPECIAL = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"]
+IDEFICS_SPECIAL += [f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)]
+
+
+def idefics3(folder: Path, vision_layers: int = 1, seed: int = 0) -> Path:
+    """Idefics3: 32 px tiles of 8 px patches, pixel-shuffled 2 x 2 (4 tokens a tile); photos resized to a longest
+    edge of 64 and split into up to 2 x 2 tiles, then the global image."""
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3ImageProcessor,
+        Idefics3Processor,
+        Idefics3VisionConfig,
+        LlamaConfig,
+    )
+
+    torch.manual_seed(seed)
+    first = len(WORDS)
+    vision = Idefics3VisionConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=vision_layers,
+        num_attention_heads=2,
+        image_size=32,
+        patch_size=8,
+    )
+    text = LlamaConfig(
+        vocab_size=first + len(IDEFICS_SPECIAL),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    _text_ids(text)
+    config = Idefics3Config(vision_config=vision, text_config=text, scale_factor=2, image_token_id=first + 1)
+    model = Idefics3ForConditionalGeneration(config).eval()
+    images = Idefics3ImageProcessor(
+        size={"longest_edge": 64}, max_image_size={"longest_edge": 32}, do_image_splitting=True
+    )
+    template = TEMPLATE.replace("{{ image_text }}", "<image>")
+    processor = Idefics3Processor(
+        image_processor=images, tokenizer=tokenizer(IDEFICS_SPECIAL), image_seq_len=4, chat_template=template
+    )
+    return _save(model, processor, folder)
