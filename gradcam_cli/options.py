@@ -178,6 +178,25 @@ class OutputOptions:
 
 
 @dataclass(frozen=True)
+class AnswerOptions:
+    """A question for a vision-language model (docs/vlm.md): ``prompt`` (``None``: not asked), the ``answer`` to
+    explain (``None``: the generated one), one map per answer token (``per_token``), and how long the greedy answer
+    may grow (``max_new_tokens``; ``None``: 32)."""
+
+    prompt: str | None = None
+    answer: str | None = None
+    per_token: bool = False
+    max_new_tokens: int | None = None
+
+    def given(self) -> list[str]:
+        """The options besides ``--prompt`` that were given (they need it)."""
+        named = {"--answer": self.answer, "--max-new-tokens": self.max_new_tokens}
+        return [name for name, value in named.items() if value is not None] + (
+            ["--per-token"] if self.per_token else []
+        )
+
+
+@dataclass(frozen=True)
 class Shard:
     """Part ``index`` (0 to ``count`` - 1) of inputs split into ``count`` parts (``--shard K/N``); which part an
     input falls in depends only on its path relative to its input root (:mod:`gradcam_cli.pipeline.shards`)."""

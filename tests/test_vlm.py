@@ -156,3 +156,94 @@ def test_halves_land_on_their_half(local_folder):
     assert placed[:, middle - 4 : middle].min() > 0.2 * placed.max()
     left = min(tile.box[0] for tile in tiles)  # LLaVA's centre crop leaves the photo's sides out
     assert left == (28.0 if vlm.family.name == "llava" else 0.0) and not placed[:, : int(left)].any()
+
+
+def run(*args) -> object:
+    from typer.testing import CliRunner
+
+    from gradcam_cli.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_command_line_answers_and_writes_maps(folder, tmp_path):
+    """gradcam photo --model hf:DIR --prompt: the generated answer printed, a map per token, JSON and manifest rows."""
+    import json
+
+    image = tmp_path / "halves.png"
+    photo().save(image)
+    out, manifest = tmp_path / "out", tmp_path / "rows.jsonl"
+    model = f"hf:{folder}"
+    result = run(image, "--model", model, "--prompt", PROMPT, "--per-token", "--max-new-tokens", 3, "-o", out)
+    assert result.exit_code == 0, result.output
+    vlm = load_vlm(model, torch.device("cpu"))
+    inputs = processed(vlm, photo())
+    generated = vlm.module.generate(**inputs, max_new_tokens=3, do_sample=False)[0, inputs["input_ids"].shape[1] :]
+    text = vlm.tokenizer.decode(generated.tolist(), skip_special_tokens=True).strip()
+    assert f"  answer: {text}  (log p " in result.stdout
+    assert "using layer " + vlm.family.default_layer in result.stderr
+    written = sorted(path.name for path in out.iterdir())
+    assert "halves_gradcam_answer.png" in written and len(written) == 1 + len(generated[generated != 3])
+
+    result = run(
+        image,
+        "-m",
+        model,
+        "--prompt",
+        PROMPT,
+        "--answer",
+        "a cat",
+        "--per-token",
+        "--json",
+        "--manifest",
+        manifest,
+        "-o",
+        out,
+        "--method",
+        "gradcam,layercam",
+    )
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert rows == [json.loads(line) for line in manifest.read_text().splitlines()]
+    assert [(row["target"]["name"], row["method"]) for row in rows] == [
+        (name, method) for name in ("answer", "token 0: a", "token 1: cat") for method in ("gradcam", "layercam")
+    ]
+    assert {(row["prompt"], row["answer"], row["generated"]) for row in rows} == {(PROMPT, "a cat", False)}
+    tokens = rows[0]["tokens"]
+    assert [t["text"] for t in tokens] == ["a", "cat"]
+    assert rows[0]["target"]["logprob"] == pytest.approx(sum(t["logprob"] for t in tokens), abs=1e-5)
+    assert rows[2]["target"] == {
+        "name": "token 0: a",
+        "token": 0,
+        "logprob": tokens[0]["logprob"],
+        "probability": pytest.approx(2.718281828 ** tokens[0]["logprob"], abs=1e-6),
+    }
+
+    result = run(image, "-m", model, "--prompt", PROMPT, "--target", "contrast:answer:a cat,answer:a dog", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert "gradcam for a cat - a dog (" in result.stdout and (out / "halves_gradcam_a-cat-a-dog.png").is_file()
+
+
+def test_command_line_refusals(tmp_path):
+    import json
+
+    image = tmp_path / "photo.png"
+    photo().save(image)
+    other = tmp_path / "paligemma"
+    other.mkdir()
+    config = {"model_type": "paligemma", "text_config": {}, "vision_config": {}}
+    (other / "config.json").write_text(json.dumps(config))
+    result = run(image, "--model", f"hf:{other}", "--prompt", "what is it?")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        f"error: hf:{other} is a paligemma vision-language model; supported families: llava, qwen2_vl, qwen2_5_vl, "
+        "idefics3, smolvlm"
+    )
+    result = run(image, "--model", f"hf:{other}")
+    assert result.exit_code == 2 and "vision-language model; ask it about the image with --prompt" in result.stderr
+    result = run(image, "--answer", "a cat")
+    assert result.exit_code == 2 and result.stderr.strip() == "error: --answer is for a --prompt; add --prompt TEXT"
+    result = run(image, "--model", f"hf:{other}", "--prompt", "x", "--manifest", tmp_path / "m.csv")
+    assert result.exit_code == 2 and "with --prompt use a .jsonl file" in result.stderr
+    result = run(image, "--target", "answer:cat", "--model", "resnet18", "--weights", "none")
+    assert result.exit_code == 2 and "answer: targets are for a vision-language model" in result.stderr

@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
-from ..options import DEFAULT_MAX_SIDE, ImageFormat, OutputOptions, PerturbationOptions, RunOptions, Shard
+from ..options import (
+    DEFAULT_MAX_SIDE,
+    AnswerOptions,
+    ImageFormat,
+    OutputOptions,
+    PerturbationOptions,
+    RunOptions,
+    Shard,
+)
 from . import params
 from .lines import layer_line, layer_row, report_record
 from .reporting import PassProgress, ProgressBar, Reporter, default_layer_reason, run_reported, run_summary
@@ -51,6 +59,10 @@ def explain(
     target_class: params.TargetOpt = None,
     target: params.TargetsOpt = None,
     embedding: params.EmbeddingOpt = None,
+    prompt: params.PromptOpt = None,
+    answer: params.AnswerOpt = None,
+    per_token: params.PerTokenOpt = False,
+    max_new_tokens: params.MaxNewTokensOpt = None,
     top_k: Annotated[
         int,
         typer.Option("--top-k", "-k", min=1, metavar="K", help="Explain each of the top K classes (one output each)."),
@@ -202,6 +214,9 @@ def explain(
     specs, mistake = params.target_specs(target)
     if mistake is not None:
         run_reported(reporter, lambda: params.refuse(mistake))
+    question = AnswerOptions(prompt, answer, per_token, max_new_tokens)
+    if prompt is None and question.given():
+        run_reported(reporter, lambda: _refuse(f"{question.given()[0]} is for a --prompt; add --prompt TEXT"))
     task = task or ("classify" if specs or embedding else None)  # an embedding: no task to find from the output
     command = ExplainCommand(
         reporter,
@@ -248,6 +263,7 @@ def explain(
             actors=actors,
             gpus_per_worker=gpus_per_worker,
         ),
+        question,
     )
     if list_models:
         run_reported(reporter, command.list_models)
@@ -279,9 +295,11 @@ class ExplainCommand:
         explain: ExplainOptions,
         output: OutputOptions,
         run: RunOptions,
+        question: AnswerOptions | None = None,
     ) -> None:
         self.reporter, self.inputs = reporter, inputs
         self.model_options, self.explain_options, self.output, self.run_options = model, explain, output, run
+        self.question = question or AnswerOptions()
 
     def list_models(self) -> int:
         from ..models.loading import available_models
@@ -322,6 +340,18 @@ class ExplainCommand:
 
         if not self.inputs:
             raise UsageError("no input given; try: gradcam IMAGE_OR_DIR [--layer NAME], or gradcam --help")
+        if self.question.prompt is not None:
+            from .answers import ask
+
+            return ask(
+                self.reporter,
+                self.inputs,
+                self.model_options,
+                self.explain_options,
+                self.output,
+                self.run_options,
+                self.question,
+            )
         reporter = self.reporter
         images, videos = discover_inputs(
             self.inputs, exclude=self.output.output_dir, warn=lambda message: reporter.info(f"warning: {message}")

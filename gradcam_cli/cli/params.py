@@ -299,6 +299,21 @@ def model_options(
     return ModelOptions(model, weights, num_classes, labels, input_size, device, task, precision)
 
 
+PromptOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="TEXT", help="Ask a vision-language model (hf:DIR) this about each image; map its answer (docs/vlm.md)."
+    ),
+]
+AnswerOpt = Annotated[
+    str | None, typer.Option(metavar="TEXT", help="--prompt: explain this answer instead of the generated one.")
+]
+PerTokenOpt = Annotated[bool, typer.Option("--per-token", help="--prompt: also one map per answer token.")]
+MaxNewTokensOpt = Annotated[
+    int | None, typer.Option(min=1, metavar="N", help="--prompt: the generated answer's most tokens (default: 32).")
+]
+
+
 def explain_options(
     layers: list[str] | None,
     methods: MethodList,

@@ -1,0 +1,80 @@
+"""``gradcam IMAGE --model hf:DIR --prompt TEXT``: a vision-language model's answer and its maps, reported."""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import ExitStack
+
+from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
+from ..options import AnswerOptions, ExplainOptions, ModelOptions, OutputOptions, RunOptions
+from .reporting import Reporter, run_summary
+
+DEFAULT_MAX_NEW_TOKENS = 32
+"""The generated answer's most tokens without ``--max-new-tokens``."""
+
+
+def ask(
+    reporter: Reporter,
+    inputs: list[str],
+    model: ModelOptions,
+    explain: ExplainOptions,
+    output: OutputOptions,
+    run: RunOptions,
+    question: AnswerOptions,
+) -> int:
+    """Ask ``question.prompt`` about every image; print each answer and its maps; the exit code."""
+    from ..io.discovery import discover
+    from ..io.manifest import ManifestWriter
+    from ..models.devices import resolve_device
+    from ..pipeline.session import Counts
+    from ..vlm.answer import AnswerExplainer
+    from ..vlm.loading import load_vlm
+    from ..vlm.outputs import AnswerRun
+
+    if output.manifest is not None and output.manifest.suffix.lower() != ".jsonl":
+        raise UsageError(f"--manifest {output.manifest}: with --prompt use a .jsonl file (rows carry the answer)")
+    if explain.target_class is not None or explain.top_k != 1:
+        raise UsageError("--target-class and --top-k are for classifiers; with --prompt use --target answer:WORD")
+    if len(explain.layers) > 1:
+        raise UsageError("--prompt explains one --layer at a time")
+    images = discover(inputs, exclude=output.output_dir)
+    if not images:
+        raise UsageError("no image found in the inputs")
+    vlm = load_vlm(model.model, resolve_device(model.device), model.precision)
+    explainer = AnswerExplainer(
+        vlm,
+        explain.layers[0] if explain.layers else None,
+        explain.methods,
+        question.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
+        explain.perturbation.seed,
+        explain.eigen_smooth,
+    )
+    if not explain.layers:
+        reporter.info(f"using layer {explainer.layer} ({vlm.family.layer_description}; choose with --layer)")
+    counts = Counts()
+    started = time.perf_counter()
+    answers = AnswerRun(explainer, question, output, explain.targets, run.max_side)
+    with ExitStack() as stack:
+        manifest = stack.enter_context(ManifestWriter(output.manifest)) if output.manifest is not None else None
+        for result, rows in answers.run(images):
+            for row in rows:
+                if manifest is not None:
+                    manifest.write(row)
+                if reporter.as_json:
+                    reporter.emit(json.dumps(row))
+            if result is None:
+                counts.error += 1
+                reporter.error(str(rows[0]["error"]))
+                continue
+            counts.ok += 1
+            first = rows[0]
+            reporter.result(f"{first['input']}  (model {vlm.name}, layer {explainer.layer})")
+            given = "" if result.generated else " (given)"
+            reporter.result(f"  answer{given}: {result.answer}  (log p {result.logprob:.3f})")
+            for explained, row in zip(result.maps, rows, strict=True):
+                label = explained.target.label
+                reporter.result(f"  {explained.method} for {label} ({explained.score:.3f}) -> {row['outputs'][0]}")
+    if len(images) > 1:
+        reporter.info(run_summary(counts, time.perf_counter() - started, "images"))
+    return EXIT_IMAGE_FAILED if counts.error else EXIT_OK
