@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install browser test test-quick demo lint bench smoke baseline clean
+.PHONY: install browser test test-quick demo yolo-example lint bench smoke baseline clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,9 @@ demo: install  ## explain the sample photos with the ImageNet-pretrained Efficie
 	$(BIN)/gradcam sample_images --model efficientnet_lite0 --output-dir gradcam_out/demo --top-k 2 \
 		--quality 85 --panel --report --manifest gradcam_out/demo/manifest.jsonl
 	@echo "overlays and panels written to gradcam_out/demo/; open gradcam_out/demo/index.html"
+
+yolo-example: install  ## squares.pt (a tiny YOLO trained on coloured squares, seeded, offline) and wide.png, for the README's YOLO example
+	$(BIN)/python tests/yolo_model.py .
 
 lint: install  ## ruff (style and common bugs) and mypy --strict on the package
 	$(BIN)/ruff check gradcam_cli tests benchmarks

@@ -26,7 +26,8 @@ import torchvision
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gradcam_cli.cam.explainer import Explainer
-from gradcam_cli.cam.methods import METHODS, SCORECAM_BATCH_SIZE
+from gradcam_cli.cam.masked_scores import SCORECAM_BATCH_SIZE
+from gradcam_cli.cam.methods import METHODS
 
 
 def _sync(device: torch.device) -> None:

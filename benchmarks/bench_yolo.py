@@ -4,8 +4,8 @@ YOLO11n (``yolo11n.yaml``, random weights, saved once as a checkpoint that both 
 ``sample_images/`` repeated to ``--images`` (64), one image at a time, at ``--input-size`` (640). Cases:
 
 * ``predict``: ``YOLO(checkpoint).predict(image, conf=CONF)``, the baseline;
-* ``visualize=True``: the same with ultralytics' own activation map (one combined map per image, backward from
-  the image);
+* ``visualize=True``: the same with ultralytics' own activation map (one combined LayerCAM map per image: a
+  backward pass to the head inputs for each of up to 16 predictions above ``conf``, their maps' element-wise maximum);
 * ``gradcam-cli``: ``Explainer.explain`` with Grad-CAM at the head inputs, every detection NMS keeps at
   ``--score-threshold CONF`` explained (at most 10 per image: random weights give 10 with a low threshold), plus the
   combined map, upsampled to the photo.

@@ -28,6 +28,7 @@ _EXPORTS = {
     "LayerCapture": "cam.engine",
     "METHODS": "cam.methods",
     "CamMethod": "cam.methods",
+    "register_method": "cam.methods",
     "gradcam": "cam.methods",
     "inspect_layers": "cam.layers",
     "default_layer": "cam.layers",

@@ -40,7 +40,14 @@ METHOD_NAMES = (
     "rise",
     "occlusion",
 )
-"""The CAM methods ``--method`` accepts, as registered in :data:`gradcam_cli.cam.methods.METHODS`."""
+"""The package's own CAM methods, as :data:`gradcam_cli.cam.methods.BUILTIN_METHODS` registers them
+(tests/test_methods.py holds them equal): what ``--method`` accepts and ``--help`` lists before torch is imported.
+Once the method registry is loaded, ``--method`` takes its names, a notebook's and the plugins' methods too
+(:func:`gradcam_cli.cli.params.method_names`)."""
+DEFAULT_METHOD = "gradcam"
+"""The method ``--method`` and :class:`ExplainOptions` default to."""
+RANDOM_BASELINE = "randomcam"
+"""The noise baseline ``gradcam eval --rank`` adds and ranks every method against (docs/evaluation.md)."""
 ALL_METHODS = "all"
 """``--method all``: every method that serves the model's task (:class:`gradcam_cli.cam.explainer.Explainer`)."""
 POINTING_TOLERANCE = 15.0
@@ -137,7 +144,7 @@ class ExplainOptions:
     """
 
     layers: tuple[str, ...] = ()
-    methods: tuple[str, ...] = ("gradcam",)
+    methods: tuple[str, ...] = (DEFAULT_METHOD,)
     target_class: str | None = None
     top_k: int = 1
     aug_smooth: bool = False

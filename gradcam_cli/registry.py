@@ -19,11 +19,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from importlib import metadata
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, overload
 
 from .errors import UsageError, describe, suggest
 
 T = TypeVar("T")
+D = TypeVar("D")
 
 METHODS_GROUP = "gradcam_cli.methods"
 FAMILIES_GROUP = "gradcam_cli.families"
@@ -61,6 +62,14 @@ class Registry(Generic[T]):
         with self._lock:
             self._entries.pop(name, None)
 
+    def __setitem__(self, name: str, entry: T) -> None:
+        """``registry[name] = entry``: :meth:`register` with ``replace`` (as ``monkeypatch.setitem`` uses it)."""
+        self.register(name, entry, replace=True)
+
+    def __delitem__(self, name: str) -> None:
+        """``del registry[name]``: :meth:`unregister`."""
+        self.unregister(name)
+
     def __getitem__(self, name: str) -> T:
         """The entry ``name``; an unknown name is a one-line :class:`UsageError` with close matches."""
         entry = self.get(name)
@@ -68,9 +77,16 @@ class Registry(Generic[T]):
             raise UsageError(f"unknown {self.kind} {name!r}.{suggest(name, self.names())}")
         return entry
 
-    def get(self, name: str) -> T | None:
+    @overload
+    def get(self, name: str) -> T | None: ...
+
+    @overload
+    def get(self, name: str, default: D) -> T | D: ...
+
+    def get(self, name: str, default: object = None) -> object:
+        """The entry ``name``, or ``default`` (as a dict's ``get``: ``monkeypatch.setitem`` uses it)."""
         self.load_plugins()
-        return self._entries.get(name)
+        return self._entries.get(name, default)
 
     def __contains__(self, name: object) -> bool:
         self.load_plugins()

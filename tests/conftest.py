@@ -123,16 +123,6 @@ def assert_rows_agree(got: list[dict], expected: list[dict], skipped: bool = Fal
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny YOLO of tests/yolo_model.py trained on coloured squares (single-threaded: seeded and fast on busy
     cores), as a .pt file (tests/test_yolo.py, tests/test_ray_engine.py)."""
-    import torch
-    from yolo_model import save_checkpoint, train_squares
+    from yolo_model import trained_checkpoint
 
-    from gradcam_cli.models.yolo import offline_ultralytics
-
-    offline_ultralytics()  # as gradcam imports it (ultralytics patches PIL.Image.open on import)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        net = train_squares()
-    finally:
-        torch.set_num_threads(threads)
-    return save_checkpoint(net, tmp_path_factory.mktemp("yolo") / "squares.pt")
+    return trained_checkpoint(tmp_path_factory.mktemp("yolo") / "squares.pt")

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import urllib.error
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from square_model import square_image
 from typer.testing import CliRunner
 
 from gradcam_cli.cli import app
+from gradcam_cli.cli.eval import app as eval_app
 from gradcam_cli.errors import EXIT_IMAGE_FAILED, EXIT_MODEL, EXIT_OK, EXIT_USAGE
 from gradcam_cli.io.naming import RUN_RECORD_NAME
 from gradcam_cli.render.colour import blend, colormap_table
@@ -212,6 +214,32 @@ def test_some_images_failing_gives_exit_1_and_the_rest_are_written(images, label
     assert len(errors) == 1 and "broken.png" in errors[0]
     assert sorted(p.name.split("_")[0] for p in out.glob("*.png")) == ["tall", "wide"]
     assert "done: 2 ok, 1 failed" in result.stderr
+
+
+def test_a_fifo_is_one_failed_input_named_or_in_a_folder_and_never_read(images, labels, tmp_path):
+    """Named on the command line as inside a folder: one error line, exit 1, the others explained; nothing opens it
+    (opening a FIFO for reading blocks until a writer comes), also in ``gradcam eval``."""
+    os.mkfifo(images / "pipe.png")
+    os.mkfifo(tmp_path / "named.png")
+    out = tmp_path / "out"
+    result = run(tmp_path / "named.png", images, *square_args(labels, out))
+    assert result.exit_code == EXIT_IMAGE_FAILED, result.output
+    errors = sorted(line for line in stderr_lines(result) if line.startswith("error:"))
+    assert errors == [
+        f"error: {images / 'pipe.png'}: not a regular file",
+        f"error: {tmp_path / 'named.png'}: not a regular file",
+    ]
+    assert sorted(p.name.split("_")[0] for p in out.glob("*.png")) == ["tall", "wide"]
+
+    done: list[object] = []
+    args = [tmp_path / "named.png", images / "wide.png", "-m", SQUARE, "--labels", labels, "--steps", "4"]
+    invoke = CliRunner().invoke
+    worker = threading.Thread(target=lambda: done.append(invoke(eval_app, list(map(str, args)))), daemon=True)
+    worker.start()
+    worker.join(timeout=300)  # a hang guard only
+    assert done, "gradcam eval blocked reading the FIFO"
+    assert done[0].exit_code == EXIT_IMAGE_FAILED, done[0].output
+    assert f"error: {tmp_path / 'named.png'}: not a regular file" in done[0].stderr
 
 
 def test_missing_weights_offline_is_exit_3_with_one_line(images, tmp_path, monkeypatch):

@@ -3,6 +3,7 @@ and docs/ resolves, every page is reachable from the README, and every command-l
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -147,3 +148,53 @@ def test_the_readme_detector_and_segmenter_examples_run_from_a_clone_as_shown(tm
         for line in shown:
             if " -> " in line:
                 assert (tmp_path / line.split(" -> ")[1]).is_file()
+
+
+def test_the_method_table_is_the_registrys() -> None:
+    """docs/methods.md's table of methods is what the registrations say (regenerate it with
+    ``methods_table(BUILTIN_METHODS)``), and docs/cli.md's unknown ``--method`` example is the parser's message."""
+    from gradcam_cli.cam.methods import BUILTIN_METHODS
+    from gradcam_cli.cam.methods.table import methods_table
+    from gradcam_cli.cli.params import unknown_method
+    from gradcam_cli.options import METHOD_NAMES
+
+    assert methods_table(BUILTIN_METHODS) in (ROOT / "docs" / "methods.md").read_text(encoding="utf-8")
+    message = f"error: Invalid value for '--method': {unknown_method('foo', METHOD_NAMES)} (see gradcam --help)"
+    assert message in (ROOT / "docs" / "cli.md").read_text(encoding="utf-8").splitlines()
+
+
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+@pytest.mark.slow  # trains the tiny YOLO (about 30 s on a busy machine)
+def test_the_readme_yolo_example_runs_on_what_make_yolo_example_makes(tmp_path, monkeypatch) -> None:
+    """``make yolo-example`` runs tests/yolo_model.py, which makes squares.pt and wide.png offline; the README's YOLO
+    command then prints the lines shown, to training's float rounding (probabilities within 5 points, boxes within
+    3 pixels: the model is trained, on whatever CPU runs it)."""
+    import shlex
+    import subprocess
+    import sys
+
+    from typer.testing import CliRunner
+
+    from gradcam_cli.cli import app
+
+    pytest.importorskip("ultralytics")
+    recipe = re.search(r"^yolo-example:.*\n\t(.+)$", (ROOT / "Makefile").read_text(encoding="utf-8"), re.M)
+    assert recipe is not None and recipe[1] == "$(BIN)/python tests/yolo_model.py ."
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    made = subprocess.run([sys.executable, str(ROOT / "tests" / "yolo_model.py"), "."], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert (tmp_path / "squares.pt").is_file() and (tmp_path / "wide.png").is_file()
+    block = re.search(r"^```console\n\$ pip install -e '\.\[yolo\]'.*?\n(.*?)^```", README.read_text(), re.M | re.S)
+    assert block is not None
+    command, *shown = block[1].splitlines()
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, [*shlex.split(command.removeprefix("$ "))[1:], "--workers", "0"])
+    assert result.exit_code == 0, result.output
+    printed = [*result.stderr.splitlines(), *result.stdout.splitlines()]
+    assert [NUMBER.sub("N", line) for line in printed] == [NUMBER.sub("N", line) for line in shown]
+    for got, expected in zip(printed, shown, strict=True):
+        for a, b in zip(map(float, NUMBER.findall(got)), map(float, NUMBER.findall(expected)), strict=True):
+            assert abs(a - b) <= (5.0 if "%" in expected else 3.0), (got, expected)

@@ -467,3 +467,54 @@ def test_the_too_long_message_names_the_path_cut_short_and_the_limit(tmp_path, m
     assert code == EXIT_USAGE
     line = one_error(err)
     assert line.endswith("file name too long (the path is 4199 bytes; the limit is 4096)") and len(line) < 300
+
+
+# --- methods that read no layer -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["rise", "occlusion"])
+def test_black_box_methods_alone_name_no_empty_layer(tmp_path, method):
+    image = tmp_path / "in.png"
+    square_image((64, 48), (10, 10, 30, 30)).save(image)
+    small = ["--rise-masks", "8", "--occlusion-stride", "32", "--input-size", "64", "--workers", "0"]
+    result = run(image, "-m", SQUARE, "--method", method, "-o", tmp_path / "out", *small)
+    assert result.exit_code == 0, result.output
+    assert "layer " not in result.output, result.output  # neither "using layer  (...)" nor "(model M, layer )"
+    assert result.stdout.splitlines()[0] == f"{image}  (model {SQUARE})"
+    result = run(image, "-m", SQUARE, "--method", f"{method},gradcam", "-o", tmp_path / "out2", *small)
+    assert "using layer features (last spatial layer; choose with --layer)" in result.stderr
+    assert result.stdout.splitlines()[0] == f"{image}  (model {SQUARE}, layer features)"
+
+
+# --- paths named once, and never a temporary file's name ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("unnamed", [True, False], ids=["O_TMPFILE", "temporary-name"])
+def test_an_output_name_too_long_is_named_once_without_the_temporary_file(tmp_path, monkeypatch, unnamed):
+    if not unnamed:  # systems without O_TMPFILE, and outputs replacing a file, go through a temporary name
+        monkeypatch.setattr("gradcam_cli.io.atomic._unnamed_files", [False])
+    image = tmp_path / f"{'L' * 245}.png"  # 249 bytes; its overlay's name, 261, is over the file system's 255
+    square_image((64, 48), (10, 10, 30, 30)).save(image)
+    square_image((64, 48), (10, 10, 30, 30)).save(tmp_path / "short.png")
+    out = tmp_path / "out"
+    result = run(image, tmp_path / "short.png", "-m", SQUARE, "-o", out, "--workers", "0")
+    assert result.exit_code == EXIT_IMAGE_FAILED, result.output
+    overlay = out / f"{image.stem}_gradcam_0-0.png"
+    assert error_lines(result) == [f"error: {image}: cannot write {overlay}: file name too long"]
+    assert (out / "short_gradcam_0-0.png").is_file()
+    assert not [p for p in out.iterdir() if ".gradcam-tmp-" in p.name]
+
+
+def test_a_similar_reference_that_is_not_an_image_is_named_once(tmp_path):
+    image, reference = tmp_path / "in.png", tmp_path / "t.jpg"
+    square_image((64, 48), (10, 10, 30, 30)).save(image)
+    reference.write_text("hello\n")
+    embed = f"{Path(__file__).with_name('embedding_model.py')}:build"
+    for target, reason in [
+        (reference, "not an image Pillow can read"),
+        (tmp_path / "missing.jpg", "the reference does not exist"),
+    ]:
+        result = run(image, "-m", embed, "--target", f"similar:{target}", "-o", tmp_path / "out", "--workers", "0")
+        assert result.exit_code == EXIT_USAGE, result.output
+        assert error_lines(result) == [f"error: similar:{target}: {reason}"]
+        assert_clean(error_lines(result)[0], target)

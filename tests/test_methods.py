@@ -40,7 +40,8 @@ from conftest import ROOT, SAMPLE_DIR
 from gradcam_cli.cam.engine import LayerCapture
 from gradcam_cli.cam.explainer import Explainer
 from gradcam_cli.cam.maps import normalise, to_image_maps, upsample
-from gradcam_cli.cam.methods import METHODS, MaskedScores, gradcam_plus_plus, hirescam, layercam, xgradcam
+from gradcam_cli.cam.masked_scores import MaskedScores
+from gradcam_cli.cam.methods import METHODS, gradcam_plus_plus, hirescam, layercam, xgradcam
 from gradcam_cli.io.images import InputSpec, load_image, to_input_tensor
 from gradcam_cli.io.naming import RUN_RECORD_NAME
 from gradcam_cli.options import METHOD_NAMES
@@ -119,7 +120,7 @@ def tiny_cnn() -> nn.Module:
 
 def test_every_method_is_registered_with_formula_and_paper() -> None:
     newer = ("gradcam-elementwise", "kpcacam", "shapleycam", "fem", "randomcam", "rise", "occlusion")
-    methods = {name: method for name, method in METHODS.items() if name not in newer}  # tests/test_newer_methods.py
+    methods = {name: method for name, method in METHODS.items() if name not in newer}  # tests/test_method_references.py
     assert list(methods) == [
         *("gradcam", "gradcam++", "xgradcam", "hirescam", "layercam", "scorecam", "eigencam"),
         *("eigengradcam", "ablationcam", "fullgrad", "guided-backprop", "guided-gradcam", "finercam"),

@@ -17,7 +17,8 @@ from test_gallery import _browse, chromium  # noqa: F401  (the fixture, shared)
 from typer.testing import CliRunner
 
 from gradcam_cli import Explainer
-from gradcam_cli.cam.methods import METHODS, PERTURBED, CamMethod
+from gradcam_cli.cam.methods import METHODS, CamMethod
+from gradcam_cli.cam.methods.needs import MASKED_PASSES
 from gradcam_cli.cli.eval import app
 from gradcam_cli.evaluation import metrics
 from gradcam_cli.evaluation.evaluate import Evaluator
@@ -76,7 +77,7 @@ def test_known_answers_faithful_above_randomcam_and_the_edge_detector_fails_sani
     squares, square_model, monkeypatch
 ) -> None:
     monkeypatch.setitem(
-        METHODS, "edges", CamMethod("edges", edges, uses_gradients=False, extra=PERTURBED, uses_layer=False)
+        METHODS, "edges", CamMethod("edges", edges, uses_gradients=False, needs=MASKED_PASSES, uses_layer=False)
     )
     folder, boxes = squares
     explainer = Explainer(square_model, "features", ["gradcam", "randomcam", "edges"])

@@ -298,3 +298,56 @@ def test_result_lines_stay_whole_on_a_real_narrow_terminal(tmp_path):
     for i, line in enumerate(lines):
         assert line.startswith(f"{tmp_path / f'photograph number {i}.png'}: gradcam for ")
         assert re.search(rf"-> {re.escape(str(out / f'photograph number {i}_gradcam_'))}\d-\w+\.png$", line), line
+
+
+# --- RISE's and occlusion's passes --------------------------------------------------------------------------------
+
+
+def test_rise_and_occlusion_show_their_passes_advancing_with_every_forward_pass(tmp_path, monkeypatch):
+    """On a terminal, the black-box methods' masked passes show as a bar, as Score-CAM's do, and it advances with
+    every forward pass: two images in one batch, 32 masked inputs per pass, so 16 masks per step."""
+    calls: list[tuple[str, int, int]] = []
+    shown = cli.PassProgress.__call__
+    monkeypatch.setattr(typer.testing._NamedTextIOWrapper, "isatty", lambda _self: True)
+    monkeypatch.setattr(cli.sys.stderr, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr(
+        cli.PassProgress, "__call__", lambda self, d, t: (calls.append((self.label, d, t)), shown(self, d, t))
+    )
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("a.png", "b.png"):
+        square_image((48, 48), (8, 8, 24, 24)).save(folder / name)
+    args = ["--batch-size", "2", "--input-size", "32", "--method", "rise,occlusion", "--rise-masks", "64"]
+    args += ["--occlusion-window", "4", "--occlusion-stride", "4", "--workers", "0"]
+    result = CliRunner().invoke(app, [str(folder), "-m", SQUARE_MODEL, "-o", str(tmp_path / "out"), *args])
+    assert result.exit_code == 0, result.output
+    assert "rise/occlusion passes" in result.stderr  # the bar itself
+    assert {label for label, _, _ in calls} == {"rise/occlusion passes"}
+    # each method's passes: 0, 16, 32, ... total (rise: 64 masks; occlusion: 8 x 8 windows at 32 x 32)
+    runs: list[list[int]] = []
+    for _, done, total in calls:
+        if done == 0:
+            runs.append([])
+        runs[-1].append(done)
+        assert total == 64, calls
+        assert runs[-1] == list(range(0, done + 1, 16)), calls
+    assert [run[-1] for run in runs] == [64, 64], calls
+
+
+def test_settings_that_take_long_are_said_before_the_first_image(tmp_path):
+    """Occlusion with stride 1 is 37,250 masked passes per image and target at 224 x 224: said at start."""
+    (tmp_path / "x.png").write_bytes(b"not an image")  # nothing is explained: only the start-up is seen
+    start = [str(tmp_path / "x.png"), "-m", SQUARE_MODEL, "-o", str(tmp_path / "out"), "--workers", "0"]
+    for method, more, counts in [
+        ("occlusion", ["--occlusion-stride", "1"], "37,250 masked forward passes per image and target (at 224x224"),
+        ("rise,occlusion", ["--rise-masks", "20000"], "20,170 masked forward passes per image and target (20,000 for"),
+    ]:
+        result = CliRunner().invoke(app, [*start, "--method", method, *more])
+        warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+        assert len(warnings) == 1 and counts in warnings[0] and "takes long" in warnings[0], result.stderr
+    result = CliRunner().invoke(app, [*start, "--method", "rise,occlusion"])
+    assert "warning" not in result.stderr  # the defaults: 4,000 + 170
+    from gradcam_cli.cli.eval import app as eval_app
+
+    result = CliRunner().invoke(eval_app, [*start[:3], "--method", "occlusion", "--occlusion-stride", "1"])
+    assert "warning: 37,250 masked forward passes per image and target (at 224x224" in result.stderr

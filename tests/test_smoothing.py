@@ -15,7 +15,8 @@ from square_model import square_image
 from test_methods import photo, random_model, tiny_cnn
 
 from gradcam_cli.cam.explainer import Explainer
-from gradcam_cli.cam.methods import FULLGRAD, GUIDED, METHODS
+from gradcam_cli.cam.methods import METHODS
+from gradcam_cli.cam.methods.needs import FULL_GRADIENTS, GUIDED_GRADIENT
 from gradcam_cli.cam.smoothing import IDENTITY, Augmentation, augmentations, first_component
 from gradcam_cli.io.images import InputSpec
 
@@ -69,7 +70,7 @@ def test_eigen_smooth_sweep(name: str, layer: str, method: str) -> None:
 
 
 def test_eigen_smooth_keeps_the_square(square_model) -> None:
-    skipped = {"scorecam", "randomcam", "rise", "occlusion"}  # noise; no layer (tests/test_newer_methods.py)
+    skipped = {"scorecam", "randomcam", "rise", "occlusion"}  # noise; no layer (tests/test_method_references.py)
     explainer = Explainer(square_model, "features", [m for m in METHODS if m not in skipped], eigen_smooth=True)
     for explanation in explainer.explain(square_image(), target=0).explanations:
         row, col = divmod(int(explanation.saliency.argmax()), explanation.saliency.shape[1])
@@ -102,14 +103,14 @@ def test_each_view_maps_back_to_the_original_geometry(view: Augmentation) -> Non
 
 def test_aug_smooth_keeps_the_maximum_inside_the_square_and_undoes_the_flip(square_model) -> None:
     newer = list(METHODS)[list(METHODS).index("guided-gradcam") + 1 :]
-    skipped = set(newer)  # noise, 6 views x 4,000 masked inputs, ... (tests/test_newer_methods.py)
+    skipped = set(newer)  # noise, 6 views x 4,000 masked inputs, ... (tests/test_method_references.py)
     explainer = Explainer(square_model, "features", [m for m in METHODS if m not in skipped], aug_smooth=True)
     x1, y1, x2, y2 = SQUARE_BOX
     for explanation in explainer.explain(square_image(), target=0).explanations:
         saliency = explanation.saliency
         row, col = divmod(int(saliency.argmax()), saliency.shape[1])
         # Pixel-level maps (input gradients) peak on the square's edges, which the rescaled views blur by a pixel.
-        margin = 2 if METHODS[explanation.method].extra in (FULLGRAD, GUIDED) else 0
+        margin = 2 if METHODS[explanation.method].needs in (FULL_GRADIENTS, GUIDED_GRADIENT) else 0
         assert x1 - margin <= col < x2 + margin and y1 - margin <= row < y2 + margin, explanation.method
         # Had the flipped view's map not been flipped back, the mirror image of the square (x from 90 to 150)
         # would light up as much as the square itself.

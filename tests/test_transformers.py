@@ -162,7 +162,7 @@ def plain(model: nn.Module) -> LoadedModel:
 @pytest.mark.parametrize(("build", "expected_layer"), [(TokenColourModel, "blocks"), (ChannelLastColourModel, "norm")])
 def test_the_square_lights_up_where_it_is(build, expected_layer: str) -> None:
     # randomcam is noise by design; RISE's 4,000 masks are too few for a square of 2 % of the image (16,000 find it;
-    # RISE is checked against its formula in test_newer_methods and on larger objects in test_rank)
+    # RISE is checked against its formula in test_method_references and on larger objects in test_rank)
     explainer = Explainer(plain(build()), None, [m for m in METHODS if m not in ("scorecam", "randomcam", "rise")])
     assert explainer.layer_names == [expected_layer]
     x1, y1, x2, y2 = SQUARE_BOX

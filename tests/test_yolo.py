@@ -318,3 +318,24 @@ def test_merged_shards_of_a_yolo_run_equal_one_local_run(checkpoint, tmp_path):
     assert len(maps) == 10  # a map per detection and a combined one per image
     for path in maps:  # another batch (2 images instead of 4): float rounding, as a Ray run (docs/scale.md)
         assert np.abs(np.load(path) - np.load(sharded / path.name)).max() <= RAY_MAP_TOLERANCE, path.name
+
+
+def test_two_explainers_with_their_own_thresholds_on_one_model_keep_their_own_detections(tmp_path):
+    """The score threshold is each explainer's own (the NMS's confidence for its passes), not set on the shared model:
+    built and run interleaved, each keeps what it keeps alone."""
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tiny_config()), encoding="utf-8")
+    model = load_model(ModelOptions(f"yolo:{tmp_path / 'tiny.yaml'}", "none", input_size=64))
+    inputs = to_input_tensor(square_scene([RED, BLUE]), model.input_spec).unsqueeze(0)
+
+    def scores(explainer: Explainer) -> torch.Tensor:
+        return explainer.compute_targets(inputs)[0].detections[0]["scores"]
+
+    low = Explainer(model, methods=["gradcam"], score_threshold=1e-6, max_detections=2)
+    alone = scores(low)
+    threshold = float(alone.median())
+    high = Explainer(model, methods=["gradcam"], score_threshold=threshold, max_detections=2)
+    kept = scores(high)
+    assert 0 < len(kept) < len(alone) and bool((kept >= threshold).all())
+    assert torch.equal(scores(low), alone)  # building and running `high` left `low`'s threshold alone
+    assert torch.equal(scores(high), kept)
+    assert model.module.conf == model.module.default_conf  # nothing set on the model

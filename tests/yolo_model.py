@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import random
+import sys
 import types
 from pathlib import Path
 
@@ -20,6 +21,8 @@ SIZE = 64
 CLS_GAIN = 1.5
 """The weight of the classification loss (ultralytics: 0.5; higher: confident detections in 150 steps)."""
 """The training images' side (also the model's input size)."""
+WIDE_SCENE = [(0, 10, 10, 46, 46), (1, 80, 20, 116, 56)]
+"""The README's ``wide.png`` (128 x 64): a red and a blue square."""
 
 
 def tiny_config(head: list[object] | None = None) -> dict[str, object]:
@@ -96,3 +99,29 @@ def save_checkpoint(net: torch.nn.Module, path: Path) -> Path:
             delattr(net, attribute)
     torch.save({"model": net, "train_args": {"imgsz": SIZE}}, path)
     return path
+
+
+def trained_checkpoint(path: Path) -> Path:
+    """:func:`train_squares` run single-threaded (seeded, and fast on busy cores), saved to ``path``."""
+    from gradcam_cli.models.yolo import offline_ultralytics
+
+    offline_ultralytics()  # as gradcam imports it (ultralytics patches PIL.Image.open on import)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        net = train_squares()
+    finally:
+        torch.set_num_threads(threads)
+    return save_checkpoint(net, path)
+
+
+def make_example(folder: Path) -> tuple[Path, Path]:
+    """The inputs of the README's YOLO example in ``folder``: ``squares.pt`` and ``wide.png``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    square_scene(WIDE_SCENE, (128, 64)).save(folder / "wide.png")
+    return trained_checkpoint(folder / "squares.pt"), folder / "wide.png"
+
+
+if __name__ == "__main__":  # make yolo-example: python tests/yolo_model.py [FOLDER]
+    for made in make_example(Path(sys.argv[1] if len(sys.argv) > 1 else ".")):
+        print(f"wrote {made}")

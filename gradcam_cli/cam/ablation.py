@@ -28,7 +28,7 @@ class AblatedScores:
     ``channel_dim`` (1: (N, C, h, w); -1: channel-last maps and token sequences). ``score(output, samples)`` reads
     each ablated row's target score; ``original`` (N,) is each sample's target score with nothing ablated. Ablated
     copies run ``batch_size`` at a time, ``progress(done, total)`` as in
-    :class:`gradcam_cli.cam.methods.MaskedScores`. A channel that is zero everywhere already is not run: ablating
+    :class:`gradcam_cli.cam.masked_scores.MaskedScores`. A channel that is zero everywhere already is not run: ablating
     it changes nothing, so its score is the original one (weight 0).
     """
 

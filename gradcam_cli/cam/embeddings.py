@@ -103,18 +103,20 @@ def reference_embedding(
     """The (D,) unit-length reference of ``similar:PATH`` (see the module docstring); ``what`` names the target in
     messages. Every failure is a UsageError: the reference is part of the command line."""
     source = Path(path)
-    if not source.exists():
-        raise UsageError(f"{what}: {path} does not exist")
+    if not source.exists():  # ``what`` names the path: messages name it once
+        raise UsageError(f"{what}: the reference does not exist")
     images = [image.path for image in discover([source])] if source.is_dir() else [source]
     if not images:
-        raise UsageError(f"{what}: the folder {path} holds no images")
+        raise UsageError(f"{what}: the folder holds no images")
     total: torch.Tensor | None = None
     with model_state_preserved(model.module), torch.no_grad():
         for image in images:
             try:
                 pixels = to_input_tensor(load_image(image), model.input_spec).unsqueeze(0).to(device)
             except GradcamError as error:
-                raise UsageError(f"{what}: {describe(error)}") from None
+                reason = describe(error)  # an image of a folder is named; the reference itself is in ``what``
+                reason = reason.removeprefix(f"{image}: ") if image == source else reason
+                raise UsageError(f"{what}: {reason}") from None
             embedding = unit(select_output(model.module(pixels), which))[0]
             total = embedding if total is None else total + embedding
     assert total is not None

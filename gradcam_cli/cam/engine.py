@@ -67,7 +67,8 @@ def model_state_preserved(model: nn.Module) -> Iterator[None]:
 
     Only what differs is changed, in and out: a model already in eval mode with frozen parameters, as
     :func:`~gradcam_cli.models.loading.load_model` returns it, costs one read of each flag per pass. A mode is
-    restored as ``Module.__setattr__`` would store it, without its checks (a tenth of the time).
+    restored as ``Module.__setattr__`` would store it, without its checks (a tenth of the time). The one place that
+    saves and restores them: the dry pass, task and class-count inference and batch-norm folding's trace use it too.
     """
     modules = list(model.modules())
     modes = [(module, module.training) for module in modules]

@@ -33,7 +33,8 @@ from .detection import DetectionScore
 from .engine import LayerCapture
 from .layers import chosen_layers, dry_pass, forget_tokens, reads_tokens, resolve_layer
 from .maps import pad_to_region
-from .methods import FINER, HESSIAN, METHODS, SCORECAM_BATCH_SIZE, ProgressCallback, resolve_methods
+from .masked_scores import SCORECAM_BATCH_SIZE, ProgressCallback
+from .methods import METHODS, resolve_methods
 from .passes import MethodInputs
 from .perturbation import check_perturbation, perturbation_settings
 from .precision import autocast, check_precision, full_precision, to_float32
@@ -43,7 +44,7 @@ from .scores import Cams, ClassTargets, Score, Targets
 from .smoothing import IDENTITY, augmentations, average_views
 from .targets import SpecTargets, explicit_score
 from .task_scores import task_score
-from .yolo import YoloScore, yolo_takes
+from .yolo import YoloScore, pass_settings, yolo_takes
 
 
 class Explainer:
@@ -301,7 +302,7 @@ class Explainer:
         extra passes some take: :mod:`gradcam_cli.cam.passes`)."""
         size = tuple(inputs.shape[-2:])
         module, layers = self._folded or (self.model.module, self.layers)
-        with self.capture(module, layers) as capture, ExitStack() as passes:
+        with pass_settings(self.score), self.capture(module, layers) as capture, ExitStack() as passes:
             with autocast(self.device, self.precision):
                 output = capture.forward_output(inputs)
             output = full_precision(output)  # scores, activations and gradients in float32 from here on
@@ -332,8 +333,7 @@ class Explainer:
                 seed=seed,
             )
             need_gradients = any(METHODS[method].uses_gradients for method in self.methods)
-            # ShapleyCAM and Finer-CAM differentiate the capture's graph again
-            keep_graph = any(METHODS[method].extra in (HESSIAN, FINER) for method in self.methods)
+            keep_graph = any(METHODS[method].keeps_graph for method in self.methods)
             cams: Cams = {method: [] for method in self.methods}
             for k in range(targets.count):
                 gradients: dict[str, torch.Tensor | None] = dict.fromkeys(self.layer_names)

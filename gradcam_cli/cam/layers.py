@@ -14,6 +14,7 @@ from ..errors import GradcamError, ModelLoadError, UsageError, describe, suggest
 from ..io.images import InputSpec, load_image, to_input_tensor
 from ..models.hub import HF_PREFIX, TIMM_PREFIX
 from ..models.tasks import NAMED_LAYERS, Task, layer_scopes
+from .engine import model_state_preserved
 from .reshape import Layout, infer_layout
 
 if TYPE_CHECKING:
@@ -109,16 +110,12 @@ def inspect_layers(
     for name, module in model.named_modules():
         handles.append(module.register_forward_pre_hook(starter(name)))
         handles.append(module.register_forward_hook(recorder(name)))
-    training = [(m, m.training) for m in model.modules()]
     try:
-        model.eval()
-        with torch.no_grad():
+        with model_state_preserved(model), torch.no_grad():
             model(example)
     finally:
         for handle in handles:
             handle.remove()
-        for module, mode in training:
-            module.training = mode
     return list(infos.values())
 
 

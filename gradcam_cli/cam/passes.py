@@ -1,8 +1,8 @@
-"""The third argument of the methods that need more than one layer's activations and gradients
-(:attr:`gradcam_cli.cam.methods.CamMethod.extra`), built for one view of a batch while its
-:class:`~gradcam_cli.cam.engine.LayerCapture` is open:
+"""The third argument of the methods that need more than one layer's activations and gradients, one builder per
+:class:`~gradcam_cli.cam.methods.needs.Need` (:attr:`gradcam_cli.cam.methods.CamMethod.needs`), built for one view of
+a batch while its :class:`~gradcam_cli.cam.engine.LayerCapture` is open:
 
-- Score-CAM: a :class:`~gradcam_cli.cam.methods.MaskedScores` (masked inputs, no autograd);
+- Score-CAM: a :class:`~gradcam_cli.cam.masked_scores.MaskedScores` (masked inputs, no autograd);
 - AblationCAM: an :class:`~gradcam_cli.cam.ablation.AblatedScores` (the layer's output with one channel zeroed);
 - guided backpropagation and Guided Grad-CAM: the target's guided input gradient, from one
   :class:`~gradcam_cli.cam.guided.GuidedPass` per view, backpropagated once per target;
@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import replace
+from typing import Any
 
 import torch
 from torch import nn
@@ -35,19 +36,19 @@ from .ablation import AblatedScores
 from .engine import LayerCapture
 from .fullgrad import FullGradients, FullGradPass
 from .guided import GuidedPass
-from .methods import (
-    ABLATED,
-    FINER,
-    FULLGRAD,
-    GUIDED,
-    HESSIAN,
-    MASKED,
-    PERTURBED,
-    SEEDED,
-    CamMethod,
-    MaskedScores,
-    ProgressCallback,
+from .masked_scores import MaskedScores, ProgressCallback
+from .methods.needs import (
+    ABLATED_SCORES,
+    FINER_GRADIENT,
+    FULL_GRADIENTS,
+    GUIDED_GRADIENT,
+    HESSIAN_PRODUCT,
+    MASKED_PASSES,
+    MASKED_SCORES,
+    SEED,
+    Need,
 )
+from .methods.registry import CamMethod
 from .perturbation import MaskedPasses
 from .scores import Rescorable, Targets
 from .yolo import YoloTargets
@@ -90,54 +91,80 @@ class MethodInputs:
         self.perturbation = perturbation if seed is None else replace(perturbation, seed=seed)
         self._guided: tuple[GuidedPass, Targets] | None = None
         self._full: tuple[FullGradPass, Targets] | None = None
-        self._cache: dict[tuple[str, int], object] = {}
+        self._cache: dict[tuple[Need[object], int], object] = {}
+        self._builders: dict[Need[object], Callable[[str | None, int], object]] = {
+            SEED: self._seed,
+            MASKED_PASSES: self._masked_passes,
+            HESSIAN_PRODUCT: self._hessian_product,
+            MASKED_SCORES: self._masked_scores,
+            ABLATED_SCORES: self._ablated_scores,
+            GUIDED_GRADIENT: self._guided_for,
+            FULL_GRADIENTS: self._full_for,
+            FINER_GRADIENT: self._finer_for,
+        }
+        """What builds each need's value for ``(layer, target k)``."""
 
-    def arguments(self, method: CamMethod, layer: str | None, k: int) -> tuple[object, ...]:
+    def arguments(self, method: CamMethod[Any], layer: str | None, k: int) -> tuple[object, ...]:
         """The arguments ``method`` takes after the activations and gradients of ``layer`` (``None`` for a method
-        that reads no layer), for target ``k``."""
-        if method.extra is None:
+        that reads no layer), for target ``k``: none, or what its need's builder makes."""
+        if method.needs is None:
             return ()
-        if method.extra == SEEDED:
-            return (self.perturbation.seed,)
-        if method.extra == PERTURBED:
-            passes = MaskedPasses(
-                self.capture.forward_output_unhooked,
-                self.inputs,
-                self.targets.masked(k),
-                self.perturbation,
-                self.batch_size,
-                self.progress,
-            )
-            return (passes,)
-        if method.extra == HESSIAN:
-            assert layer is not None
-            products = self._cached(HESSIAN, k, self._hessian_vector_products)
-            assert isinstance(products, dict)
-            return (products[layer],)
-        if method.extra == MASKED:
-            masked = MaskedScores(
-                self.capture.forward_output_unhooked,
-                self.inputs,
-                batch_size=self.batch_size,
-                progress=self.progress,
-                probability=self.targets.masked(k),
-                region=self.targets.region,
-            )
-            return (masked,)
-        if method.extra == ABLATED:
-            assert layer is not None
-            return (self._ablated(layer, k),)
-        if method.extra == GUIDED:
-            return (self._cached(GUIDED, k, self._guided_gradient),)
-        if method.extra == FULLGRAD:
-            return (self._cached(FULLGRAD, k, self._full_gradients),)
-        if method.extra == FINER:
-            finer = self._cached(FINER, k, self._finer_gradients)
-            assert isinstance(finer, dict)
-            return (finer[layer],)
-        raise ValueError(f"unknown extra argument {method.extra!r}")
+        build = self._builders.get(method.needs)
+        if build is None:
+            raise ValueError(f"no pass builds {method.needs!r} (method {method.name!r})")
+        return (build(layer, k),)
 
-    def _cached(self, kind: str, k: int, build: Callable[[int], object]) -> object:
+    def _seed(self, layer: str | None, k: int) -> int:
+        return self.perturbation.seed
+
+    def _masked_passes(self, layer: str | None, k: int) -> MaskedPasses:
+        return MaskedPasses(
+            self.capture.forward_output_unhooked,
+            self.inputs,
+            self.targets.masked(k),
+            self.perturbation,
+            self.batch_size,
+            self.progress,
+        )
+
+    def _hessian_product(self, layer: str | None, k: int) -> torch.Tensor:
+        assert layer is not None
+        products = self._cached(HESSIAN_PRODUCT, k, self._hessian_vector_products)
+        assert isinstance(products, dict)
+        product: torch.Tensor = products[layer]
+        return product
+
+    def _masked_scores(self, layer: str | None, k: int) -> MaskedScores:
+        return MaskedScores(
+            self.capture.forward_output_unhooked,
+            self.inputs,
+            batch_size=self.batch_size,
+            progress=self.progress,
+            probability=self.targets.masked(k),
+            region=self.targets.region,
+        )
+
+    def _ablated_scores(self, layer: str | None, k: int) -> AblatedScores:
+        assert layer is not None
+        return self._ablated(layer, k)
+
+    def _guided_for(self, layer: str | None, k: int) -> torch.Tensor:
+        guided = self._cached(GUIDED_GRADIENT, k, self._guided_gradient)
+        assert isinstance(guided, torch.Tensor)
+        return guided
+
+    def _full_for(self, layer: str | None, k: int) -> FullGradients:
+        full = self._cached(FULL_GRADIENTS, k, self._full_gradients)
+        assert isinstance(full, FullGradients)
+        return full
+
+    def _finer_for(self, layer: str | None, k: int) -> torch.Tensor:
+        finer = self._cached(FINER_GRADIENT, k, self._finer_gradients)
+        assert isinstance(finer, dict) and layer is not None
+        gradient: torch.Tensor = finer[layer]
+        return gradient
+
+    def _cached(self, kind: Need[object], k: int, build: Callable[[int], object]) -> object:
         """One value per kind and target; a new target drops the last one's (FullGrad's gradients are large)."""
         if (kind, k) not in self._cache:
             for key in [key for key in self._cache if key[0] == kind]:

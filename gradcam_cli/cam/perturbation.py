@@ -1,5 +1,6 @@
-"""The black-box methods, RISE and occlusion: the model is only run, never differentiated, on the input with parts
-of it masked, and the map is built from how the target's score responds. No layer is read.
+"""The black-box methods' passes (RISE and occlusion; their maps are :mod:`gradcam_cli.cam.methods.perturbation`'s):
+the model is only run, never differentiated, on the input with parts of it masked, and the map is built from how
+the target's score responds. No layer is read.
 
 **Masking.** A mask m (H, W) in [0, 1] multiplies the network input, x ⊙ m, so masked pixels go to zero: the
 dataset's mean colour for a classifier whose input is normalised (as the deletion baseline of ``gradcam eval``),
@@ -127,8 +128,8 @@ class MaskedPasses:
 
     ``forward`` runs the model without hooks or autograd; ``inputs`` (N, 3, H, W) are the inputs explained;
     ``score(output, samples)`` reads each masked input's score (see the module docstring); ``options`` and ``seed``
-    say which masks. Masked inputs run ``batch_size`` at a time; ``progress(done, total)`` is called before the
-    first batch, after each one, and a last time with ``done == total`` even if a pass fails, as for Score-CAM.
+    say which masks. Masked inputs run ``batch_size`` at a time; ``progress(done masks, total)`` is called before
+    the first pass, after each one, and a last time with ``done == total`` even if a pass fails, as for Score-CAM.
     """
 
     def __init__(
@@ -144,6 +145,12 @@ class MaskedPasses:
         self.options = check_perturbation(options or PerturbationOptions())
         self.batch_size = max(1, batch_size)
         self.progress = progress
+
+    @property
+    def chunk(self) -> int:
+        """Masks per step: one forward pass of ``batch_size`` masked inputs for all N inputs, so that ``progress``
+        advances with every pass."""
+        return max(1, self.batch_size // int(self.inputs.shape[0]))
 
     @property
     def size(self) -> tuple[int, int]:
@@ -164,14 +171,14 @@ class MaskedPasses:
     def rise(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """RISE's masks in batches, each with its (N, B) scores."""
         total = self.options.rise_masks
-        masks = rise_masks(self.options, self.size, self.batch_size, self.inputs.device)
+        masks = rise_masks(self.options, self.size, self.chunk, self.inputs.device)
         return self._run(masks, total)
 
     def occlusion(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The occlusion windows in batches (1 inside), each with the (N, B) scores of the inputs with that window
         set to zero."""
         total = occlusion_count(self.options, self.size)
-        windows = occlusion_windows(self.options, self.size, self.batch_size, self.inputs.device)
+        windows = occlusion_windows(self.options, self.size, self.chunk, self.inputs.device)
         return ((1 - kept, scores) for kept, scores in self._run((1 - window for window in windows), total))
 
     def original(self) -> torch.Tensor:
@@ -194,47 +201,3 @@ class MaskedPasses:
     def _report(self, done: int, total: int) -> None:
         if self.progress is not None:
             self.progress(done, total)
-
-
-def rise(
-    activations: torch.Tensor | None,
-    gradients: torch.Tensor | None,
-    passes: MaskedPasses,
-    *,
-    eigen_smooth: bool = False,
-) -> torch.Tensor:
-    """RISE (Petsiuk, Das & Saenko, "RISE: Randomized Input Sampling for Explanation of Black-box Models", BMVC 2018,
-    Eq. 6).
-
-    L = 1 / (N p) sum_i f(x ⊙ M_i) M_i: the masks weighted by the score of the input they keep (the masks, N, p and
-    f as in :mod:`gradcam_cli.cam.perturbation`), at the network input's resolution. Needs no layer and no
-    gradients: any model that can be run, even a non-differentiable one. ``eigen_smooth`` changes nothing.
-    """
-    total = torch.zeros(passes.inputs.shape[0], *passes.size, device=passes.inputs.device)
-    for masks, scores in passes.rise():
-        total += torch.einsum("nb,bhw->nhw", scores, masks.float())
-    return total / (passes.options.rise_masks * passes.options.rise_probability)
-
-
-def occlusion(
-    activations: torch.Tensor | None,
-    gradients: torch.Tensor | None,
-    passes: MaskedPasses,
-    *,
-    eigen_smooth: bool = False,
-) -> torch.Tensor:
-    """Occlusion (Zeiler & Fergus, "Visualizing and Understanding Convolutional Networks", ECCV 2014), as Captum's
-    ``Occlusion`` computes it.
-
-    L(p) = mean over the windows W that contain pixel p of f(x) - f(x with W set to zero): how much the score drops
-    when the pixel's neighbourhood is hidden (windows and f as in :mod:`gradcam_cli.cam.perturbation`), at the
-    network input's resolution. No ReLU: a window whose removal raises the score gives its pixels negative values,
-    the lowest once the map is normalised. Needs no layer and no gradients. ``eigen_smooth`` changes nothing.
-    """
-    original = passes.original()
-    drops = torch.zeros(passes.inputs.shape[0], *passes.size, device=passes.inputs.device)
-    counts = torch.zeros(passes.size, device=passes.inputs.device)
-    for windows, scores in passes.occlusion():
-        drops += torch.einsum("nb,bhw->nhw", original[:, None] - scores, windows)
-        counts += windows.sum(dim=0)
-    return drops / counts.clamp_min(1)

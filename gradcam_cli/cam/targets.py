@@ -32,6 +32,8 @@ from .engine import as_logits, model_state_preserved
 from .finer import finer_scores
 from .layers import blank_input
 from .maps import to_image_maps
+from .methods import METHODS
+from .methods.needs import FINER_GRADIENT
 from .results import TOP_PREDICTIONS, Explanation, ImageExplanation, Prediction
 from .scores import Cams, ClassName, ClassScore, MaskedProbability, class_probabilities, class_scores
 
@@ -315,6 +317,7 @@ def explicit_score(
         labels = " (or --labels FILE of prompts, ranked as classes)" if model.text is not None else ""
         raise UsageError(f"{model.name} embeds images and has no classes: give --target {what}{labels}")
     chosen = TargetScore(model, specs, device, score, embedding)
-    if "finercam" in methods:
-        chosen.check_method("finercam")
+    for method in methods:
+        if METHODS[method].needs is FINER_GRADIENT:
+            chosen.check_method(method)
     return chosen

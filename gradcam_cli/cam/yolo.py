@@ -20,6 +20,7 @@ image) is in its row; each pose's keypoints are drawn and listed.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,8 @@ from torch import nn
 from .ablation import ScoreReader
 from .detection import Detections, DetectionTargets, Geometry, detections_of, picked_detections
 from .maps import Region
+from .methods import METHODS
+from .methods.needs import ABLATED_SCORES
 from .results import ImageExplanation, Prediction
 from .scores import Cams, ClassName, MaskedProbability, sum_or_none
 
@@ -47,13 +50,13 @@ def is_yolo_module(module: nn.Module) -> bool:
 def yolo_takes(method: str, module: nn.Module) -> bool:
     """Whether ``method``, which is otherwise for classifiers, explains a YOLO detector (AblationCAM does: module
     docstring)."""
-    return method == "ablationcam" and is_yolo_module(module)
+    return METHODS[method].needs is ABLATED_SCORES and is_yolo_module(module)
 
 
 def yolo_score(module: nn.Module, name: str, threshold: float, max_detections: int, top_k: int) -> YoloScore:
     """The :class:`YoloScore` of ``--score name`` (``logit`` or ``box``), ``--score-threshold`` (its default 0.5:
     the model's own confidence threshold, 0.25) and ``--max-detections``; the NMS of ``module`` keeps detections
-    from that confidence on."""
+    from that confidence on in the passes run under :func:`pass_settings` (nothing is set on the model)."""
     from ..errors import UsageError
     from ..options import ExplainOptions
 
@@ -66,8 +69,15 @@ def yolo_score(module: nn.Module, name: str, threshold: float, max_detections: i
     net: Any = module  # a YoloNet (is_yolo_module)
     if threshold == ExplainOptions().score_threshold:
         threshold = float(net.default_conf)
-    net.conf = threshold
     return YoloScore(int(net.stride), threshold, max_detections, name)
+
+
+def pass_settings(score: object) -> AbstractContextManager[None]:
+    """What the explained pass and its extra passes run under: a YOLO score's confidence threshold for the NMS
+    (:func:`gradcam_cli.models.yolo_net.confidence`, this pass's own, not the model's); nothing for other scores."""
+    from ..models.yolo_net import confidence
+
+    return confidence(score.threshold) if isinstance(score, YoloScore) else nullcontext()
 
 
 def letterbox_region(height: int, width: int, stride: int) -> Region:

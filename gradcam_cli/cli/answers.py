@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from contextlib import ExitStack
+from typing import Protocol
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
 from ..options import AnswerOptions, ExplainOptions, ModelOptions, OutputOptions, RunOptions
@@ -14,16 +15,24 @@ DEFAULT_MAX_NEW_TOKENS = 32
 """The generated answer's most tokens without ``--max-new-tokens``."""
 
 
-def ask(
-    reporter: Reporter,
-    inputs: list[str],
-    model: ModelOptions,
-    explain: ExplainOptions,
-    output: OutputOptions,
-    run: RunOptions,
-    question: AnswerOptions,
-) -> int:
-    """Ask ``question.prompt`` about every image; print each answer and its maps; the exit code."""
+class Command(Protocol):
+    """The parsed ``gradcam`` command (``cli/explain.py``'s ``ExplainCommand``)."""
+
+    reporter: Reporter
+    inputs: list[str]
+    model_options: ModelOptions
+    explain_options: ExplainOptions
+    output: OutputOptions
+    run_options: RunOptions
+    question: AnswerOptions
+
+
+def ask(command: Command) -> int:
+    """Ask the command's ``--prompt`` about every image; print each answer and its maps; the exit code."""
+    reporter, inputs, model, explain = command.reporter, command.inputs, command.model_options, command.explain_options
+    output, run, question = command.output, command.run_options, command.question
+    if question.prompt is None:
+        raise UsageError(f"{question.given()[0]} is for a --prompt; add --prompt TEXT")
     from ..io.discovery import discover
     from ..io.manifest import ManifestWriter
     from ..models.devices import resolve_device

@@ -16,10 +16,18 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError, describe
-from ..options import POINTING_TOLERANCE, EvalOptions, PerturbationOptions
+from ..options import DEFAULT_METHOD, POINTING_TOLERANCE, RANDOM_BASELINE, EvalOptions, PerturbationOptions
 from . import params
 from .ranking import RankOptions, rank_report
-from .reporting import ProgressBar, Reporter, default_layer_reason, run_reported
+from .reporting import (
+    PassProgress,
+    ProgressBar,
+    Reporter,
+    default_layer_reason,
+    pass_methods,
+    passes_warning,
+    run_reported,
+)
 
 if TYPE_CHECKING:
     from ..options import ExplainOptions, ModelOptions
@@ -46,7 +54,7 @@ interrupted."""
 @app.command(help=HELP)
 def evaluate(
     inputs: Annotated[list[str], typer.Argument(metavar="INPUT", hidden=True, show_default=False)],
-    method: params.MethodOpt = params.MethodList(["gradcam"]),
+    method: params.MethodOpt = params.MethodList([DEFAULT_METHOD]),
     model: params.ModelOpt = "resnet50",
     task: params.TaskOpt = None,
     weights: params.WeightsOpt = "DEFAULT",
@@ -145,7 +153,8 @@ def evaluate(
     if mistake is not None:
         run_reported(reporter, lambda: params.refuse(mistake))
     task = task or ("classify" if specs or embedding else None)
-    methods = params.MethodList([*method, "randomcam"]) if rank and "randomcam" not in method else method
+    baseline = RANDOM_BASELINE
+    methods = params.MethodList([*method, baseline]) if rank and baseline not in method else method
     perturbation = PerturbationOptions(
         rise_masks, occlusion_window=occlusion_window, occlusion_stride=occlusion_stride, seed=seed
     )
@@ -217,8 +226,12 @@ class EvalCommand:
         if not images:
             raise UsageError(f"no images found in {' '.join(self.inputs)}")
         boxes = read_boxes(options.boxes) if options.boxes is not None else None
-        explainer = Explainer.from_options(self.model_options, self.explain_options)
-        if not self.explain_options.layers:
+        passes = pass_methods(self.explain_options.methods)
+        shown = PassProgress(reporter, f"{'/'.join(passes)} passes") if passes else None
+        explainer = Explainer.from_options(self.model_options, self.explain_options, progress=shown)
+        if (warning := passes_warning(explainer)) is not None:
+            reporter.info(warning)
+        if not self.explain_options.layers and explainer.layer_names:  # RISE, occlusion alone: no layer
             reason = default_layer_reason(explainer.task, bool(explainer.model.default_layers))
             reporter.info(f"using layer {explainer.layer_label} ({reason})")
         if self.ranking.rank and explainer.task.value != "classify":  # boxes only: what a detector is measured by

@@ -15,6 +15,7 @@ import typer
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
 from ..options import (
     DEFAULT_MAX_SIDE,
+    DEFAULT_METHOD,
     AnswerOptions,
     ImageFormat,
     OutputOptions,
@@ -23,8 +24,18 @@ from ..options import (
     Shard,
 )
 from . import params
+from .answers import ask
 from .lines import layer_line, layer_row, report_record
-from .reporting import PassProgress, ProgressBar, Reporter, default_layer_reason, run_reported, run_summary
+from .reporting import (
+    PassProgress,
+    ProgressBar,
+    Reporter,
+    default_layer_reason,
+    pass_methods,
+    passes_warning,
+    run_reported,
+    run_summary,
+)
 
 if TYPE_CHECKING:
     from ..cam.explainer import Explainer
@@ -67,7 +78,7 @@ def explain(
         int,
         typer.Option("--top-k", "-k", min=1, metavar="K", help="Explain each of the top K classes (one output each)."),
     ] = 1,
-    method: params.MethodOpt = params.MethodList(["gradcam"]),
+    method: params.MethodOpt = params.MethodList([DEFAULT_METHOD]),
     score: params.ScoreOpt = None,
     score_threshold: params.ScoreThresholdOpt = 0.5,
     max_detections: params.MaxDetectionsOpt = 10,
@@ -214,9 +225,6 @@ def explain(
     specs, mistake = params.target_specs(target)
     if mistake is not None:
         run_reported(reporter, lambda: params.refuse(mistake))
-    question = AnswerOptions(prompt, answer, per_token, max_new_tokens)
-    if prompt is None and question.given():
-        run_reported(reporter, lambda: _refuse(f"{question.given()[0]} is for a --prompt; add --prompt TEXT"))
     task = task or ("classify" if specs or embedding else None)  # an embedding: no task to find from the output
     command = ExplainCommand(
         reporter,
@@ -263,7 +271,7 @@ def explain(
             actors=actors,
             gpus_per_worker=gpus_per_worker,
         ),
-        question,
+        AnswerOptions(prompt, answer, per_token, max_new_tokens),
     )
     if list_models:
         run_reported(reporter, command.list_models)
@@ -295,11 +303,11 @@ class ExplainCommand:
         explain: ExplainOptions,
         output: OutputOptions,
         run: RunOptions,
-        question: AnswerOptions | None = None,
+        question: AnswerOptions = AnswerOptions(),
     ) -> None:
         self.reporter, self.inputs = reporter, inputs
         self.model_options, self.explain_options, self.output, self.run_options = model, explain, output, run
-        self.question = question or AnswerOptions()
+        self.question = question
 
     def list_models(self) -> int:
         from ..models.loading import available_models
@@ -340,18 +348,8 @@ class ExplainCommand:
 
         if not self.inputs:
             raise UsageError("no input given; try: gradcam IMAGE_OR_DIR [--layer NAME], or gradcam --help")
-        if self.question.prompt is not None:
-            from .answers import ask
-
-            return ask(
-                self.reporter,
-                self.inputs,
-                self.model_options,
-                self.explain_options,
-                self.output,
-                self.run_options,
-                self.question,
-            )
+        if self.question.prompt is not None or self.question.given():
+            return ask(self)
         reporter = self.reporter
         images, videos = discover_inputs(
             self.inputs, exclude=self.output.output_dir, warn=lambda message: reporter.info(f"warning: {message}")
@@ -359,7 +357,7 @@ class ExplainCommand:
         check_video_options(self.output, videos)
         single = len(images) + len(videos) == 1
         with Session(self.output, self.run_options, notify=reporter.info) as session:
-            passes = [m for m in self.explain_options.methods if m in ("scorecam", "ablationcam")]
+            passes = pass_methods(self.explain_options.methods)
             progress = PassProgress(reporter, f"{'/'.join(passes)} passes") if passes else None
             if self.run_options.engine == "ray":
                 from ..pipeline.ray_engine import driver_explainer
@@ -368,7 +366,9 @@ class ExplainCommand:
             else:
                 explainer = Explainer.from_options(self.model_options, self.explain_options, progress=progress)
             session.start(explainer)
-            if not self.explain_options.layers:
+            if (warning := passes_warning(explainer)) is not None:
+                reporter.info(warning)
+            if not self.explain_options.layers and explainer.layer_names:  # RISE, occlusion alone: no layer
                 reason = default_layer_reason(explainer.task, bool(explainer.model.default_layers))
                 reporter.info(f"using layer {explainer.layer_label} ({reason})")
             model = explainer.model

@@ -41,7 +41,8 @@ def report_record(reporter: Reporter, record: Record, single: bool, first_row: b
         reporter.detail(f"skipped {record.input} (outputs exist)")
         return
     if single and first_row:
-        reporter.result(f"{record.input}  (model {record.model}, layer {record.layer})")
+        layer = f", layer {record.layer}" if record.layer else ""  # none for RISE and occlusion alone
+        reporter.result(f"{record.input}  (model {record.model}{layer})")
         for rank, p in enumerate(record.predictions, 1):
             reporter.result(f"  {rank}. {p.name:<30} {p.probability:7.2%}  {_where(p)}")
     target = record.target

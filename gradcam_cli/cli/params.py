@@ -7,6 +7,7 @@ one-line errors (exit 2), before anything is loaded. Nothing here imports torch.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -27,6 +28,7 @@ from ..options import (
     PerturbationOptions,
     Shard,
 )
+from ..registry import METHODS_GROUP, plugin_entry_points
 from ..targets import TargetSpec
 
 
@@ -41,11 +43,30 @@ def parse_methods(text: str | MethodList) -> MethodList:
     names = list(dict.fromkeys(name.strip().lower() for name in text.split(",") if name.strip()))
     if not names:
         raise typer.BadParameter("needs at least one method name")
+    known = method_names()
     for name in names:
-        if name not in METHOD_NAMES and name != ALL_METHODS:
-            hint = suggest(name, METHOD_NAMES) or f" Use {', '.join(METHOD_NAMES)}."
-            raise typer.BadParameter(f"unknown method {name!r}.{hint}")
+        if name not in known and name != ALL_METHODS:
+            raise typer.BadParameter(unknown_method(name, known))
     return MethodList(names)
+
+
+def method_names() -> tuple[str, ...]:
+    """The names ``--method`` takes: the method registry's once it is loaded (a notebook's, a test's and the plugins'
+    methods with the package's own), else, read without importing torch, the package's own
+    (:data:`~gradcam_cli.options.METHOD_NAMES`) and the names of the installed ``gradcam_cli.methods`` entry points
+    (a plugin names each entry point after the method it adds: docs/internals.md)."""
+    loaded = sys.modules.get("gradcam_cli.cam.methods")
+    registry = getattr(loaded, "METHODS", None)
+    if registry is not None:
+        return tuple(registry.names())
+    plugins = (point.name for point in plugin_entry_points(METHODS_GROUP) if point.name not in METHOD_NAMES)
+    return (*METHOD_NAMES, *plugins)
+
+
+def unknown_method(name: str, known: tuple[str, ...]) -> str:
+    """The message for a ``--method`` name that is none of ``known``: close matches, or else every name."""
+    hint = suggest(name, known) or f" Use {', '.join(known)}."
+    return f"unknown method {name!r}.{hint}"
 
 
 def parse_format(text: str | ImageFormat) -> ImageFormat:
@@ -239,14 +260,11 @@ MethodOpt = Annotated[
     typer.Option(
         parser=parse_methods,
         metavar="NAME[,NAME...]",
-        help="Method(s), comma-separated: gradcam, gradcam++, xgradcam, hirescam, layercam, eigengradcam (one "
-        "backward pass per target, shared), eigencam (no backward pass, class-agnostic), scorecam and ablationcam "
-        "(no backward pass but one extra forward pass per channel of the layer, e.g. 2048 for resnet50 layer4, "
-        "batched 32 at a time), fullgrad, guided-backprop, guided-gradcam (one extra forward pass, and one backward "
-        "pass per target through the whole network; pixel-level maps; classifiers only, as ablationcam), finercam (a "
-        "target against its nearest rivals: docs/targets.md); shapleycam (a second backward pass), "
-        "gradcam-elementwise, kpcacam, fem, randomcam (noise: the floor), rise and occlusion (black-box: masked "
-        "inputs, no layer); all: every method the model's task takes.",
+        help=f"Method(s), comma-separated: {', '.join(METHOD_NAMES)}, or a plugin's; all: every method the model's "
+        "task takes. Costs (docs/methods.md): the gradient methods share one backward pass per target; scorecam and "
+        "ablationcam need one extra forward pass per channel of the layer (e.g. 2048 for resnet50 layer4, batched 32 "
+        "at a time), rise and occlusion one per mask or window; fullgrad and the guided methods a pass through the "
+        "whole network (pixel-level maps, classifiers only); shapleycam and finercam a second backward pass.",
     ),
 ]
 RiseMasksOpt = Annotated[

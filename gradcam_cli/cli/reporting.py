@@ -9,35 +9,25 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
 import typer
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, GradcamError, describe, path_error
+from ..io.display import displayable
 
 if TYPE_CHECKING:
+    from ..cam.explainer import Explainer
     from ..models.tasks import Task
     from ..pipeline.records import Record
     from ..pipeline.session import Counts
 
 
-_ESCAPES = {
-    **{code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))},
-    **{0xDC80 + byte: f"\\x{0x80 + byte:02x}" for byte in range(0x80)},  # bytes of a name that is not UTF-8
-    ord("\n"): "\\n",
-    ord("\r"): "\\r",
-    ord("\t"): "\\t",
-    0x2028: "\\u2028",
-    0x2029: "\\u2029",
-}
-
-
 def one_line(text: str) -> str:
-    """``text`` with control characters (a newline in a file name, a terminal escape), line separators and the
-    undecodable bytes of a name escaped (``\\n``, ``\\x1b``, ``\\xff``), so that a console line stays one line."""
-    return text.translate(_ESCAPES)
+    """``text`` as one console line: control characters, line separators and undecodable bytes escaped."""
+    return displayable(text)
 
 
 class Reporter:
@@ -149,6 +139,39 @@ def default_layer_reason(task: Task, declared: bool = False) -> str:
     kind = "last spatial layer" if task.value == "classify" else "last stage of the backbone"
     kind = "the feature maps entering the head" if declared else kind
     return f"{kind}; choose with --layer"
+
+
+LONG_PASSES = 10_000
+"""Masked forward passes per image and target above which RISE and occlusion are said, at start, to take long."""
+
+
+def pass_methods(names: Sequence[str]) -> list[str]:
+    """The methods among ``names`` whose extra forward passes :class:`PassProgress` shows (their registration's
+    ``shows_progress``)."""
+    from ..cam.methods import METHODS
+
+    return [name for name in names if name in METHODS and METHODS[name].shows_progress]
+
+
+def passes_warning(explainer: Explainer) -> str | None:
+    """What RISE and occlusion will cost where it is more than LONG_PASSES masked forward passes per image and
+    target (counted at the smallest network input, ``--input-size`` square), and which options make it less."""
+    from ..cam.perturbation import occlusion_count
+
+    options, spec = explainer.perturbation, explainer.model.input_spec
+    height, width = spec.fixed_size or (spec.size, spec.size)
+    counts = {"rise": options.rise_masks, "occlusion": occlusion_count(options, (height, width)) + 1}
+    chosen = {method: counts[method] for method in counts if method in explainer.methods}
+    total = sum(chosen.values())
+    if total <= LONG_PASSES:
+        return None
+    parts = " + ".join(f"{count:,} for {method}" for method, count in chosen.items()) + ", " if len(chosen) > 1 else ""
+    cheaper = {"rise": "a smaller --rise-masks", "occlusion": "a larger --occlusion-stride or --occlusion-window"}
+    hints = " or ".join(cheaper[method] for method in chosen)
+    return (
+        f"warning: {total:,} masked forward passes per image and target ({parts}at {height}x{width} or more): "
+        f"this takes long; {hints} takes fewer"
+    )
 
 
 def run_summary(counts: Counts, seconds: float, unit: str = "images") -> str:

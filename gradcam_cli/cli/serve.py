@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ..errors import EXIT_OK, UsageError, describe
-from ..options import ServeOptions
+from ..options import DEFAULT_METHOD, ServeOptions
 from . import params
 from .reporting import Reporter, default_layer_reason, run_reported
 
@@ -52,7 +52,7 @@ def serve(
     num_classes: params.NumClassesOpt = None,
     labels: params.LabelsOpt = None,
     layer: params.LayerOpt = None,
-    method: params.MethodOpt = params.MethodList(["gradcam"]),
+    method: params.MethodOpt = params.MethodList([DEFAULT_METHOD]),
     score: params.ScoreOpt = "logit",
     score_threshold: params.ScoreThresholdOpt = 0.5,
     max_detections: params.MaxDetectionsOpt = 10,

@@ -22,9 +22,10 @@ import torch
 from ..cam.maps import upsample
 from ..errors import GradcamError, UsageError, describe
 from ..io.atomic import write_atomic
+from ..io.display import displayable, href
 from ..io.images import load_image, to_pixel_tensor
 from ..io.lock import ensure_folder
-from ..io.naming import INDEX_NAME, relative_posix
+from ..io.naming import INDEX_NAME
 from ..render.colour import blend, colormap_table, heatmap_image
 from ..render.encode import encode_image
 from .compare import DriftReport, PairResult, pair_maps
@@ -116,7 +117,7 @@ def _card(number: int, result: PairResult, folder: Path, root: str) -> str:
     """One drifting pair: its name, reasons, pictures (where both sides have a map) and measures."""
     current = result.pair.current
     title = described(current)
-    link = _href(current.input, root) if os.path.isfile(current.input) else None
+    link = href(current.input, root) if os.path.isfile(current.input) else None
     heading = f'<a href="{_e(link)}">{_e(title)}</a>' if link else _e(title)
     figures = ""
     maps = pair_maps(result.pair)
@@ -173,13 +174,8 @@ def _measures(result: PairResult) -> str:
     return ", ".join(f"{name} {value:.{digits}f}" for name, value, digits in parts if value is not None)
 
 
-def _href(path: str, root: str) -> str:
-    relative = relative_posix(path, root)
-    return quote(relative, safe="/") if relative is not None else Path(path).absolute().as_uri()
-
-
 def _e(text: str) -> str:
-    return html.escape(text, quote=True)
+    return html.escape(displayable(text), quote=True)
 
 
 def _asset(name: str) -> str:

@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
+from ..options import RANDOM_BASELINE
 from . import metrics
 from .report import EvalReport, ImageScores, MethodScores, mean_or_nan
 
 BOOTSTRAP_RESAMPLES = 1000
-RANDOM_BASELINE = "randomcam"
 FAITHFULNESS = ("deletion_auc", "insertion_auc", "pointing")
 """The metrics a method must beat ``randomcam`` on (those measured)."""
 

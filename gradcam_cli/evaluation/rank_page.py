@@ -15,7 +15,9 @@ from pathlib import Path
 
 from ..cam.results import ImageExplanation
 from ..io.atomic import write_atomic
-from .rank import RANDOM_BASELINE, RANKED, RankRow, values
+from ..io.display import displayable
+from ..options import RANDOM_BASELINE
+from .rank import RANKED, RankRow, values
 from .report import EvalReport, write_plot
 
 STYLE = (
@@ -55,7 +57,9 @@ def _page(
     figures: Sequence[tuple[str, str]],
     examples: Sequence[tuple[str, str]],
 ) -> str:
-    e = html.escape
+    def e(text: str) -> str:
+        return html.escape(displayable(text))
+
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>gradcam eval --rank: {e(report.model)}</title><style>{STYLE}</style></head><body>",

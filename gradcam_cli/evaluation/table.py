@@ -16,7 +16,8 @@ def format_report(report: EvalReport) -> list[str]:
     """The human-readable report: a table of methods, then per-class pointing, outside-evidence and sanity lines."""
     summaries = {method: report.summary(method) for method in report.methods}
     measured = f"{report.options.steps} steps" if report.has_curves or not report.has_boxes else "boxes only"
-    lines = [f"model {report.model}, layer {'+'.join(report.layers)}, {len(report.ok)} image(s), {measured}", ""]
+    layer = f", layer {'+'.join(report.layers)}" if report.layers else ""  # none for RISE and occlusion alone
+    lines = [f"model {report.model}{layer}, {len(report.ok)} image(s), {measured}", ""]
     curves = report.has_curves or not report.has_boxes
     header = ["method", *(["deletion AUC", "insertion AUC", "avg drop %", "increase %"] if curves else [])]
     roads = curves and any("road" in s for s in summaries.values())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import sys
@@ -24,15 +25,29 @@ def write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     if _write_unnamed(path, data):
         return
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}{TEMP_MARKER}", dir=path.parent)
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}{TEMP_MARKER}", dir=path.parent)
+    except OSError as error:
+        raise _about(error, path) from None
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         os.chmod(tmp_name, 0o666 & ~_umask())
         os.replace(tmp_name, path)
-    except BaseException:
+    except BaseException as error:
         Path(tmp_name).unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise _about(error, path) from None
         raise
+
+
+def _about(error: OSError, path: Path) -> OSError:
+    """``error`` about ``path`` itself: the temporary file's name is no business of the one who reads it."""
+    return OSError(error.errno, error.strerror or str(error), str(path))
+
+
+_PATH_REFUSED = frozenset({errno.ENAMETOOLONG, errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+"""Errors of linking an unnamed file that are about ``path`` or the disk, not about the way of linking."""
 
 
 _unnamed_files = [sys.platform.startswith("linux") and hasattr(os, "O_TMPFILE")]
@@ -64,7 +79,9 @@ def _link_unnamed(fd: int, path: Path) -> bool:
             return True
         except FileExistsError:
             return False
-        except OSError:
+        except OSError as error:
+            if error.errno in _PATH_REFUSED:  # the name is too long, the disk full: any other way fails as well
+                raise _about(error, path) from None
             with contextlib.suppress(ValueError):  # another writer thread may have dropped it already
                 _LINKERS.remove(method)  # not possible here: do not try it again
     _unnamed_files[0] = False  # neither works here: use temporary names from now on

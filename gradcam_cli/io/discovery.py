@@ -56,7 +56,7 @@ def discover(
                     "(a subfolder of the inputs is fine: it is never searched)"
                 )
             roots.append((path, sorted(_walk(path, excluded, warn), key=_sort_key), True))
-        elif path.is_file() or path.is_symlink():
+        elif path.exists() or path.is_symlink():  # a file, or a FIFO or device: tried, and failed, as an input
             roots.append((path.parent, [path], False))
         elif glob.has_magic(str(raw)):
             matches = sorted((Path(p) for p in glob.glob(str(raw), recursive=True)), key=_sort_key)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import stat
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +14,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from ..errors import ImageError
+from ..errors import ImageError, describe
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -70,6 +72,7 @@ def load_image(path: str | Path, max_side: int | None = None) -> Image.Image:
     fraction of its full decode.
     """
     path = Path(path)
+    check_regular_file(path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -95,6 +98,29 @@ def load_image(path: str | Path, max_side: int | None = None) -> Image.Image:
         raise ImageError(f"{path}: too many pixels (limit {MAX_IMAGE_PIXELS:,}); resize it first") from error
     except (OSError, SyntaxError, ValueError) as error:
         raise ImageError(f"{path}: unreadable image ({error})") from error
+
+
+def check_regular_file(path: Path) -> None:
+    """Refuse what is not a regular file before opening it: a FIFO or device named x.jpg would block or never end."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise ImageError(f"{path}: broken symbolic link (to {os.readlink(path)})") from None
+        raise ImageError(f"{path}: no such file") from None
+    except PermissionError:
+        raise ImageError(f"{path}: permission denied") from None
+    except OSError as error:  # e.g. a symlink loop
+        raise ImageError(f"{path}: {describe(error, path)}") from None
+    mode = info.st_mode
+    if stat.S_ISDIR(mode):
+        raise ImageError(f"{path}: is a directory")
+    if not stat.S_ISREG(mode):
+        raise ImageError(f"{path}: not a regular file")
+    if info.st_size == 0:
+        raise ImageError(f"{path}: empty file (0 bytes)")
+    if not os.access(path, os.R_OK):
+        raise ImageError(f"{path}: permission denied")
 
 
 def to_rgb(image: Image.Image, path: str | Path = "image") -> Image.Image:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,11 +57,32 @@ class VideoInfo:
     frames: int
 
 
+def opencv_name(name: str) -> str:
+    """``name`` as OpenCV may be given it: UTF-8 (OpenCV crashes on a name that is not, ``clip\xff.mp4``), the
+    undecodable bytes replaced. For names of files gradcam writes itself (temporary files)."""
+    return name.encode("utf-8", "replace").decode("utf-8")
+
+
+@contextmanager
+def opened_by_name(path: str | Path) -> Iterator[str]:
+    """A name of ``path`` that OpenCV can open: the path itself, or where it is not UTF-8, a symbolic link with a
+    plain name to it in a temporary folder, removed on exit."""
+    name = str(path)
+    if opencv_name(name) == name:
+        yield name
+        return
+    with tempfile.TemporaryDirectory(prefix="gradcam-video-") as folder:
+        link = os.path.join(folder, "input" + opencv_name(Path(name).suffix))
+        os.symlink(os.path.abspath(name), link)
+        yield link
+
+
 def probe(path: str | Path) -> VideoInfo:
     """Read a video's frame rate, size and frame count without decoding it; raise ImageError if unreadable."""
     import cv2
 
-    capture = cv2.VideoCapture(str(path))
+    with opened_by_name(path) as name:
+        capture = cv2.VideoCapture(name)
     try:
         if not capture.isOpened():
             raise ImageError(f"{path}: {UNREADABLE}")

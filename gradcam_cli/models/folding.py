@@ -15,6 +15,8 @@ import torch
 from torch import fx, nn
 from torch.nn.utils.fusion import fuse_conv_bn_weights
 
+from ..cam.engine import model_state_preserved
+
 
 class _KeepLeaves(fx.Tracer):
     """Traces through every module except PyTorch's own and the ``kept`` ones, which stay calls of modules."""
@@ -39,15 +41,12 @@ def fold_batch_norms(model: nn.Module, keep: Collection[str] = ()) -> fx.GraphMo
     input and output; inside each, batch norms are folded the same way where it traces (it is then a folded copy,
     not ``model``'s module).
     """
-    modes = [(module, module.training) for module in model.modules()]
-    model.eval()  # torchvision's stochastic depth, for one, passes self.training on as a constant of the trace
+    # traced in eval mode: torchvision's stochastic depth, for one, passes self.training on as a constant of the trace
     try:
-        folded = fx.GraphModule(model, _KeepLeaves(keep).trace(model), class_name=type(model).__name__)
+        with model_state_preserved(model):
+            folded = fx.GraphModule(model, _KeepLeaves(keep).trace(model), class_name=type(model).__name__)
     except Exception:  # tracing fails on many models (control flow on values, unsupported calls): leave them be
         return None
-    finally:
-        for module, training in modes:
-            module.training = training
     count = _fold_pairs(folded, set(keep))
     for name in _outermost(keep):
         inner = [k[len(name) + 1 :] for k in keep if k.startswith(f"{name}.")]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from ..cam.engine import model_state_preserved
 from ..errors import ModelLoadError, UsageError, describe, path_error, suggest
 from ..io.images import InputSpec
 from ..options import ModelOptions
@@ -181,15 +182,11 @@ def count_classes(module: nn.Module, spec: InputSpec) -> int | None:
     """How many class scores ``module`` returns, from one forward pass on a blank input of ``spec``'s size, in
     eval mode and without gradients (``None``: unknown, when that pass fails or returns no (1, classes) tensor)."""
     height, width = spec.fixed_size or (spec.size, spec.size)
-    training = module.training
-    module.eval()
     try:
-        with torch.no_grad():
+        with model_state_preserved(module), torch.no_grad():
             output = module(torch.zeros(1, 3, height, width))
     except Exception:  # the real run reports what is wrong with the model, with its input
         return None
-    finally:
-        module.train(training)
     output = getattr(output, "logits", output)  # a Hugging Face model's output object
     return int(output.shape[1]) if isinstance(output, torch.Tensor) and output.dim() == 2 else None
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..cam.engine import model_state_preserved
 from ..errors import UsageError
 from ..io.images import InputSpec
 from ..options import ExplainOptions
@@ -180,16 +181,11 @@ def infer_task(module: nn.Module, spec: InputSpec, name: str) -> Task:
     if detection_transform(module) is not None:
         return Task.DETECT
     height, width = spec.fixed_size or (spec.size, spec.size)
-    training = [(m, m.training) for m in module.modules()]
-    module.eval()
     try:
-        with torch.no_grad():
+        with model_state_preserved(module), torch.no_grad():
             output: Any = module(torch.zeros(1, 3, height, width, device=_device_of(module)))
     except Exception:  # the dry pass reports it, with the input size
         return Task.CLASSIFY
-    finally:
-        for sub, mode in training:
-            sub.training = mode
     task = task_of_output(output)
     if task is None:
         raise UsageError(

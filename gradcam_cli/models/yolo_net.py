@@ -28,6 +28,9 @@ pose model's ``keypoints`` (detections, K, 3: x, y, visibility). ultralytics is 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -50,6 +53,21 @@ def letterbox_padding(height: int, width: int, stride: int) -> tuple[int, int, i
     padded_h, padded_w = math.ceil(height / stride) * stride, math.ceil(width / stride) * stride
     top, left = (padded_h - height) // 2, (padded_w - width) // 2
     return top, padded_h - height - top, left, padded_w - width - left
+
+
+_CONFIDENCE: ContextVar[float | None] = ContextVar("yolo_confidence", default=None)
+
+
+@contextmanager
+def confidence(threshold: float) -> Iterator[None]:
+    """Within, every :class:`YoloNet` forward pass of this thread (or task) keeps detections from ``threshold`` on:
+    a pass's own threshold, so that two explainers of one model never change each other's (nothing is set on the
+    model)."""
+    token = _CONFIDENCE.set(threshold)
+    try:
+        yield
+    finally:
+        _CONFIDENCE.reset(token)
 
 
 class YoloNet(nn.Module):
@@ -86,6 +104,8 @@ class YoloNet(nn.Module):
         return self
 
     def forward(self, images: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """Each image's traced detections, kept from the confidence :func:`confidence` sets for this pass (by
+        default ``conf``)."""
         height, width = int(images.shape[-2]), int(images.shape[-1])
         self.padding = top, bottom, left, right = letterbox_padding(height, width, self.stride)
         padded = F.pad(images, (left, right, top, bottom), value=PAD_VALUE)
@@ -130,7 +150,7 @@ class YoloNet(nn.Module):
         nc = int(logits.shape[1])
         rows, kept = non_max_suppression(
             decoded.detach(),
-            self.conf,
+            self.conf if (threshold := _CONFIDENCE.get()) is None else threshold,
             IOU,
             max_det=MAX_DET,
             nc=nc,

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import os
 import queue
-import stat
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,36 +41,12 @@ class ImageDataset(Dataset[Sample]):
     def __getitem__(self, index: int) -> Sample:
         path = self.images[index].path
         try:
-            _check_regular_file(path)
             image = load_image(path, self.max_side)
             return Sample(index, to_input_tensor(image, self.spec), to_pixel_tensor(image), None)
         except GradcamError as error:
             return Sample(index, None, None, str(error))
         except Exception as error:  # a worker must never die on one bad file
             return Sample(index, None, None, f"{path}: cannot read it ({describe(error, path)})")
-
-
-def _check_regular_file(path: Path) -> None:
-    """Refuse what is not a regular file before opening it: a FIFO or device named x.jpg would block or never end."""
-    try:
-        info = os.stat(path)
-    except FileNotFoundError:
-        if os.path.islink(path):
-            raise ImageError(f"{path}: broken symbolic link (to {os.readlink(path)})") from None
-        raise ImageError(f"{path}: no such file") from None
-    except PermissionError:
-        raise ImageError(f"{path}: permission denied") from None
-    except OSError as error:  # e.g. a symlink loop
-        raise ImageError(f"{path}: {describe(error, path)}") from None
-    mode = info.st_mode
-    if stat.S_ISDIR(mode):
-        raise ImageError(f"{path}: is a directory")
-    if not stat.S_ISREG(mode):
-        raise ImageError(f"{path}: not a regular file")
-    if info.st_size == 0:
-        raise ImageError(f"{path}: empty file (0 bytes)")
-    if not os.access(path, os.R_OK):
-        raise ImageError(f"{path}: permission denied")
 
 
 def keep_sample(sample: Any) -> Any:

@@ -38,7 +38,7 @@ import torch
 
 from .. import __version__
 from ..cam.explainer import Explainer
-from ..cam.methods import ProgressCallback
+from ..cam.masked_scores import ProgressCallback
 from ..drift.provenance import run_provenance, use_deterministic
 from ..errors import EXIT_IMAGE_FAILED, GradcamError, ImageError, ModelLoadError, UsageError, describe
 from ..io.discovery import InputImage

@@ -28,7 +28,7 @@ from ..io.atomic import TEMP_MARKER
 from ..io.discovery import InputImage
 from ..io.images import to_input_tensor
 from ..io.naming import thumbnail_path, video_label, video_output_path
-from ..io.video import FOURCC, NO_FRAMES, UNREADABLE, capture_info, frames
+from ..io.video import FOURCC, NO_FRAMES, UNREADABLE, capture_info, frames, opencv_name, opened_by_name
 from ..options import OutputOptions, RunOptions
 from ..render.colour import blend, colormap_table
 from ..render.gallery import save_thumbnail
@@ -106,7 +106,8 @@ class VideoRunner:
             return [self._error(video, f"{video.path}: refusing to overwrite input file {video.path}")]
         if self.output.skip_existing and all(path.is_file() for _, path in outputs):
             return [self._record(video, "skipped")]
-        temporaries = [path.with_name(f".{path.name}{TEMP_MARKER}{os.getpid()}.mp4") for _, path in outputs]
+        pid = os.getpid()  # the temporary names are UTF-8, which OpenCV needs, whatever the output's name
+        temporaries = [path.with_name(opencv_name(f".{path.name}{TEMP_MARKER}{pid}.mp4")) for _, path in outputs]
         try:
             clip = self._explain_clip(video, [path for _, path in outputs], temporaries, on_frame)
             if clip.frames == 0:
@@ -144,7 +145,8 @@ class VideoRunner:
     ) -> _Clip:
         import cv2
 
-        capture = cv2.VideoCapture(str(video.path))
+        with opened_by_name(video.path) as name:
+            capture = cv2.VideoCapture(name)
         clip = _Clip()
         try:
             if not capture.isOpened():

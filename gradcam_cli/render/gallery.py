@@ -19,12 +19,12 @@ from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 import torch
 
 from ..io.atomic import write_atomic
-from ..io.naming import INDEX_NAME, relative_posix, thumbnail_relative
+from ..io.display import displayable, href
+from ..io.naming import INDEX_NAME, thumbnail_relative
 
 if TYPE_CHECKING:
     from ..pipeline.records import Record
@@ -78,14 +78,6 @@ def _ensure_thumbnail(root: str, overlay: str) -> str | None:
     return thumb
 
 
-def _href(path: Path | str, root: str) -> str:
-    """A relative URL from the gallery in the absolute directory ``root`` to ``path`` (file URI if none exists)."""
-    relative = relative_posix(str(path), root)
-    if relative is None:
-        return Path(path).absolute().as_uri()
-    return quote(relative, safe="/")
-
-
 def _kind(path: str) -> str:
     name = os.path.basename(path).lower()
     suffix = os.path.splitext(name)[1]
@@ -119,8 +111,8 @@ def gallery_entries(records: Iterable[Record], output_dir: Path) -> list[dict[st
         entry = entries.get(record.input)
         if entry is None:
             entry = entries[record.input] = {
-                "name": record.input,
-                "src": _href(record.input, root),
+                "name": displayable(record.input),
+                "src": href(record.input, root),
                 "status": record.status,
                 "predictions": [],
                 "views": [],
@@ -129,7 +121,9 @@ def gallery_entries(records: Iterable[Record], output_dir: Path) -> list[dict[st
             }
         if record.status == "error":
             entry["status"] = "error"
-            entry["error"] = (record.error or "failed").removeprefix(f"{record.input}: ")  # shown after the path
+            entry["error"] = displayable(
+                (record.error or "failed").removeprefix(f"{record.input}: ")
+            )  # shown after the path
             continue
         if record.status not in ("ok", "skipped") or not record.outputs:
             continue
@@ -140,14 +134,14 @@ def gallery_entries(records: Iterable[Record], output_dir: Path) -> list[dict[st
         view: dict[str, Any] = {
             "method": record.method,
             "target": _prediction(record.target) if record.target else None,
-            "href": _href(main, root),
+            "href": href(main, root),
             "kind": _kind(main),
-            "thumb": _href(thumb, root) if thumb else None,
+            "thumb": href(thumb, root) if thumb else None,
             "files": [],
         }
         for other in others:
             kind = _kind(other)
-            link = [kind, _href(other, root)]
+            link = [kind, href(other, root)]
             if kind == "panel":
                 if link not in entry["files"]:
                     entry["files"].append(link)
@@ -185,8 +179,10 @@ def write_gallery(
     }
     failures = [e for e in entries if e["status"] == "error"]
     page = _asset("page.html").format(
-        title=html.escape(title),
-        facts="".join(f"<div><dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd></div>" for k, v in facts.items() if v),
+        title=html.escape(displayable(title)),
+        facts="".join(
+            f"<div><dt>{html.escape(k)}</dt><dd>{html.escape(displayable(v))}</dd></div>" for k, v in facts.items() if v
+        ),
         failures=_failures_html(failures),
         page_size=int(page_size),
         data=json.dumps(entries, separators=(",", ":")).replace("<", "\\u003c"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import threading
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..io.atomic import write_atomic
+from ..io.display import displayable
 from .colour import blend, colormap_table
 
 if TYPE_CHECKING:
@@ -33,10 +35,16 @@ MAX_CELL_PIXELS = 2 * int(CELL_INCHES * DPI)
 
 _DRAWING = threading.Lock()  # matplotlib is not thread-safe; panels are drawn on writer threads
 
+_GLYPH_MISSING = r"Glyph \d+ .* missing from font"
+# A name in a script the font lacks (CJK class names) draws as boxes; matplotlib's warning for each glyph would
+# reach stderr past --quiet. The filter is also set once for the process (see cam/engine.py's _HOOK_FIRING).
+warnings.filterwarnings("ignore", message=_GLYPH_MISSING)
+
 
 def _plain(text: str) -> str:
-    """Class names are text, not mathtext: '$5 bill' must not start a formula."""
-    return text.replace("$", r"\$")
+    """Names are text, not mathtext ('$5 bill' must not start a formula), with control characters and the bytes
+    of a file name that is not UTF-8 escaped (:func:`~gradcam_cli.io.display.displayable`)."""
+    return displayable(text).replace("$", r"\$")
 
 
 def _shrink_pixels(pixels: torch.Tensor) -> torch.Tensor:
@@ -69,7 +77,8 @@ def render_panel(
     fmt = {"jpg": "jpeg"}.get(image_format, image_format)
     pil_kwargs = {"quality": quality} if fmt in ("jpeg", "webp") else None
     buffer = io.BytesIO()
-    with _DRAWING:
+    with _DRAWING, warnings.catch_warnings():  # quiet also where the process's filters show every warning
+        warnings.filterwarnings("ignore", message=_GLYPH_MISSING)
         figure = panel_figure(pixels, explanations, colormap, alpha, title)
         figure.savefig(buffer, format=fmt, dpi=DPI, facecolor="white", pil_kwargs=pil_kwargs)
     return buffer.getvalue()

@@ -6,19 +6,12 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
+from ..io.display import undecodable_escaped
+
 
 def shown_text(text: str) -> str:
     """``text`` with the undecodable bytes of a name written ``\\xNN`` (any other lone surrogate ``\\uNNNN``)."""
-    if not any("\ud800" <= ch <= "\udfff" for ch in text):
-        return text
-    return "".join(
-        f"\\x{ord(ch) - 0xDC00:02x}"
-        if "\udc80" <= ch <= "\udcff"
-        else f"\\u{ord(ch):04x}"
-        if "\ud800" <= ch <= "\udfff"
-        else ch
-        for ch in text
-    )
+    return undecodable_escaped(text)
 
 
 def content_disposition(name: str) -> str:

@@ -36,8 +36,12 @@ TEXT_KEYS = ("input_ids", "attention_mask", "rows", "cols")
 """What the processor returns besides what the model takes with the token ids."""
 PER_TOKEN_KEYS = ("token_type_ids", "mm_token_type_ids")
 """The processor's per-token tensors besides the ids (Qwen2-VL's image-token marks): 0 for the answer's tokens."""
-VLM_METHODS = tuple(name for name, method in METHODS.items() if method.extra is None and method.uses_layer)
-"""The methods that explain an answer: those that read the layer's activations and gradients alone."""
+
+
+def answer_methods() -> tuple[str, ...]:
+    """The methods that explain an answer: those that read the layer's activations and gradients alone (no
+    :class:`~gradcam_cli.cam.methods.needs.Need`), plugins' included."""
+    return tuple(name for name, method in METHODS.items() if method.needs is None and method.uses_layer)
 
 
 @dataclass(frozen=True)
@@ -127,9 +131,10 @@ class AnswerExplainer:
         if self.layer not in modules:
             raise UsageError(f"--layer {self.layer}: no such layer in {vlm.name}.{suggest(self.layer, modules)}")
         self.module = modules[self.layer]
+        usable = answer_methods()
         for method in methods:
-            if method not in VLM_METHODS:
-                raise UsageError(f"--method {method} does not explain an answer; use one of {', '.join(VLM_METHODS)}")
+            if method not in usable:
+                raise UsageError(f"--method {method} does not explain an answer; use one of {', '.join(usable)}")
         self.methods = tuple(methods)
         self.device = next(vlm.module.parameters()).device
 

@@ -1,5 +1,5 @@
-"""The newer methods (gradcam-elementwise, kpcacam, shapleycam, fem, randomcam) and the black-box rise and
-occlusion: each held to a computation written from its paper's formula (``method_reference.py``: forward hooks,
+"""Methods held to method_reference.py: gradcam-elementwise, kpcacam, shapleycam, fem, randomcam and the black-box
+rise and occlusion, each held to a computation written from its paper's formula (``method_reference.py``: forward hooks,
 ``torch.autograd.grad`` twice for ShapleyCAM's Hessian-vector product, scikit-learn's KernelPCA, numpy, unbatched
 loops of masked inputs), on five random-weight torchvision architectures (the sweep, ``slow``) and a tiny CNN; the
 random ones (randomcam, RISE's masks) are equal under the same seed and differ under another.

@@ -1,8 +1,6 @@
-"""The newer CAM methods and the noise baseline: small pure functions of a layer's activations A and gradients
-g = dS/dA (and, for ShapleyCAM, the Hessian-vector product H A), each (N, C, h, w) -> (N, h, w), registered in
-:data:`gradcam_cli.cam.methods.METHODS`. Formulas and papers are in the docstrings; where pytorch-grad-cam (1.5.x)
-computes something else, the docstring says so and docs/methods.md says why.
-"""
+"""Methods that read only the layer's activations, no gradients, one map for every target (class-agnostic):
+Eigen-CAM, KPCA-CAM and FEM. Formulas and papers are in the docstrings; where pytorch-grad-cam (1.5.x) computes
+something else, the docstring says so and docs/methods.md says why."""
 
 from __future__ import annotations
 
@@ -11,7 +9,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .smoothing import combine
+from ..smoothing import combine, first_component
+from .registry import CamMethod
 
 KPCA_COEF0 = 1.0
 """KPCA-CAM's sigmoid kernel k(x, y) = tanh(gamma <x, y> + coef0): its offset (scikit-learn's default)."""
@@ -23,16 +22,18 @@ FEM_SIGMAS = 2.0
 deviations (the paper's k-sigma rule, k = 2)."""
 
 
-def gradcam_elementwise(
-    activations: torch.Tensor, gradients: torch.Tensor, *, eigen_smooth: bool = False
+def eigencam(
+    activations: torch.Tensor, gradients: torch.Tensor | None = None, *, eigen_smooth: bool = False
 ) -> torch.Tensor:
-    """Grad-CAM element-wise (pytorch-grad-cam's ``GradCAMElementWise``, J. Gildenblat et al., 2021), after Grad-CAM
-    (Selvaraju et al., ICCV 2017) and HiResCAM (Draelos & Carin, 2020).
+    """Eigen-CAM (Muhammad & Yeasin, "Eigen-CAM: Class Activation Map using Principal Components", IJCNN 2020).
 
-    L = sum_k ReLU(g^k ⊙ A^k): the gradient multiplies each position, and only the positive products count, before
-    the channels are summed (HiResCAM sums first, then takes the ReLU).
+    L = ReLU(A_c v_1): the activations' first principal component, where A_c is the (h*w, C) activation matrix
+    with each channel centred (as pytorch-grad-cam does; the paper decomposes A itself) and v_1 its first right
+    singular vector, signed so that its loadings sum positive (the map correlates with sum_k A^k; pytorch-grad-cam
+    leaves the sign to the SVD routine). Class-agnostic: no gradients, one map for every target.
+    ``eigen_smooth`` changes nothing: the map already is a first principal component.
     """
-    return combine(torch.relu(gradients * activations), eigen_smooth)
+    return torch.relu(first_component(activations))
 
 
 def kernel_first_component(activations: torch.Tensor, coef0: float = KPCA_COEF0) -> torch.Tensor:
@@ -83,22 +84,6 @@ def kpcacam(
     return torch.relu(kernel_first_component(activations))
 
 
-def shapleycam(
-    activations: torch.Tensor, gradients: torch.Tensor, hessian: torch.Tensor, *, eigen_smooth: bool = False
-) -> torch.Tensor:
-    """ShapleyCAM (Cai, "CAMs as Shapley Value-based Explainers", arXiv:2501.06261, 2025).
-
-    w_k = mean_{i,j} (g - (1/2) H A)^k_{ij};  L = ReLU(sum_k w_k A^k), where H A is the Hessian of the score with
-    respect to the layer's output times that output, a Hessian-vector product (the gradient of <g, A> with A held
-    fixed), computed by differentiating the backward pass once more
-    (:meth:`gradcam_cli.cam.engine.LayerCapture.hessian_vector_products`). Where everything after the layer is
-    piecewise linear (ReLU, max-pooling, a linear head) and the score is a logit, H A = 0 and the map is Grad-CAM's;
-    a softmax score, or GELU, SiLU and normalisations after the layer, make it differ.
-    """
-    weights = (gradients - 0.5 * hessian).mean(dim=(2, 3), keepdim=True)
-    return combine(weights * activations, eigen_smooth)
-
-
 def fem(
     activations: torch.Tensor, gradients: torch.Tensor | None = None, *, eigen_smooth: bool = False
 ) -> torch.Tensor:
@@ -115,16 +100,32 @@ def fem(
     return combine(weights * activations, eigen_smooth)
 
 
-def randomcam(
-    activations: torch.Tensor, gradients: torch.Tensor | None, seed: int, *, eigen_smooth: bool = False
-) -> torch.Tensor:
-    """A noise baseline (after pytorch-grad-cam's ``RandomCAM``, whose noise is in the channel weights instead):
-    the floor every method must beat, in ``gradcam eval --rank``.
+EIGENCAM = CamMethod(
+    "eigencam",
+    eigencam,
+    uses_gradients=False,
+    class_agnostic=True,
+    formula="ReLU(first principal component of the activations)",
+    paper="Muhammad & Yeasin, IJCNN 2020",
+    cost="none (class-agnostic)",
+)
 
-    L_ij = u_ij, u_ij ~ U(0, 1) independently at every position of the layer's (h, w) grid, drawn on the CPU
-    from a generator seeded with ``seed`` (the same seed and shape give the same map on every device); the model
-    plays no part, so the sanity check flags it. Class-agnostic; ``eigen_smooth`` changes nothing.
-    """
-    n, _, h, w = activations.shape
-    noise = torch.rand(n, h, w, generator=torch.Generator().manual_seed(seed))
-    return noise.to(activations.device, activations.dtype)
+KPCACAM = CamMethod(
+    "kpcacam",
+    kpcacam,
+    uses_gradients=False,
+    class_agnostic=True,
+    formula="ReLU(first kernel principal component of the activations), sigmoid kernel tanh(<x, y> / C + 1)",
+    paper="Karmani et al., arXiv:2410.00267, 2024",
+    cost="an eigendecomposition of (h w)^2 (class-agnostic)",
+)
+
+FEM = CamMethod(
+    "fem",
+    fem,
+    uses_gradients=False,
+    class_agnostic=True,
+    formula="w_k = share of channel k's positions above mean_k + 2 std_k",
+    paper="Fuad et al., IPTA 2020",
+    cost="none (class-agnostic)",
+)

@@ -1,0 +1,76 @@
+"""What a CAM method takes besides a layer's activations and gradients: one :class:`Need` per kind of extra input,
+typed by the value the method is given (:attr:`gradcam_cli.cam.methods.registry.CamMethod.needs`). The passes that
+build each value are in :mod:`gradcam_cli.cam.passes`; what a need costs (running the model again, reading every
+layer, keeping the graph) is said here once, and the methods' flags follow from it.
+"""
+
+from __future__ import annotations
+
+from typing import Generic, TypeVar
+
+import torch
+
+from ..ablation import AblatedScores
+from ..fullgrad import FullGradients
+from ..masked_scores import MaskedScores
+from ..perturbation import MaskedPasses
+
+E_co = TypeVar("E_co", covariant=True)
+
+
+class Need(Generic[E_co]):
+    """One kind of extra input, of type ``E_co``: ``name`` as messages say it; ``uses_model``: building it runs the
+    model again on altered inputs or activations; ``reads_every_layer``: it reads layers besides the explained ones
+    (so folding batch norms would change it); ``keeps_graph``: it differentiates the explained pass's graph again
+    (so the first backward pass must keep it); ``shows_progress``: the command line shows a progress bar for its
+    passes."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        uses_model: bool = False,
+        reads_every_layer: bool = False,
+        keeps_graph: bool = False,
+        shows_progress: bool = False,
+    ) -> None:
+        self.name = name
+        self.shows_progress = shows_progress
+        self.uses_model = uses_model
+        self.reads_every_layer = reads_every_layer
+        self.keeps_graph = keeps_graph
+
+    def __repr__(self) -> str:
+        return f"Need({self.name!r})"
+
+
+MASKED_SCORES: Need[MaskedScores] = Need("masked scores", uses_model=True, shows_progress=True)
+"""Score-CAM: the target's probability for the input masked by each channel (:class:`MaskedScores`)."""
+ABLATED_SCORES: Need[AblatedScores] = Need("ablated scores", uses_model=True, shows_progress=True)
+"""AblationCAM: the target's score with each channel of the layer set to zero (:class:`AblatedScores`)."""
+GUIDED_GRADIENT: Need[torch.Tensor] = Need("guided gradient")
+"""Guided backpropagation and Guided Grad-CAM: the target's guided (N, 3, H, W) input gradient
+(:class:`~gradcam_cli.cam.guided.GuidedPass`)."""
+FULL_GRADIENTS: Need[FullGradients] = Need("full gradients", reads_every_layer=True)
+"""FullGrad: the input gradient and every bias layer's (:class:`FullGradients`)."""
+FINER_GRADIENT: Need[torch.Tensor] = Need("finer gradient", keeps_graph=True)
+"""Finer-CAM: the layer's gradient of the target's Finer-CAM score (:mod:`gradcam_cli.cam.finer`)."""
+HESSIAN_PRODUCT: Need[torch.Tensor] = Need("Hessian-vector product", keeps_graph=True)
+"""ShapleyCAM: the layer's Hessian-vector product H A
+(:meth:`~gradcam_cli.cam.engine.LayerCapture.hessian_vector_products`)."""
+SEED: Need[int] = Need("seed")
+"""randomcam: the seed of its noise."""
+MASKED_PASSES: Need[MaskedPasses] = Need("masked passes", uses_model=True, shows_progress=True)
+"""RISE and occlusion: the black-box passes on masked inputs (:class:`MaskedPasses`)."""
+
+NEEDS: tuple[Need[object], ...] = (
+    MASKED_SCORES,
+    ABLATED_SCORES,
+    GUIDED_GRADIENT,
+    FULL_GRADIENTS,
+    FINER_GRADIENT,
+    HESSIAN_PRODUCT,
+    SEED,
+    MASKED_PASSES,
+)
+"""Every kind of extra input, each built by :mod:`gradcam_cli.cam.passes`."""

@@ -1,0 +1,178 @@
+"""The method registry: one typed :class:`CamMethod` per method, in :data:`METHODS`, a
+:class:`~gradcam_cli.registry.Registry` that third-party packages add to through the ``gradcam_cli.methods`` entry
+points and a notebook through :func:`register_method`.
+
+A method's ``compute`` takes the layer's (N, C, h, w) ``activations`` and ``gradients`` (``None`` for a method that
+takes no backward pass) and, when the method has a :class:`~gradcam_cli.cam.methods.needs.Need`, the value that need
+builds (:mod:`gradcam_cli.cam.passes`), and returns the coarse (N, h, w) map. The constructor's overloads tie the
+function's signature to the need's type, so the type checker sees each registration's signature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, Generic, Protocol, TypeVar, overload
+
+import torch
+
+from ...errors import UsageError, suggest
+from ...models.tasks import Task
+from ...options import ALL_METHODS, TASK_NAMES
+from ...registry import METHODS_GROUP, Registry
+from .needs import Need
+
+E = TypeVar("E")
+E_contra = TypeVar("E_contra", contravariant=True)
+
+CLASSIFY: tuple[str, ...] = ("classify",)
+"""The tasks of a method for classifiers only."""
+
+
+class LayerMap(Protocol):
+    """A method with no extra input: ``(activations, gradients, *, eigen_smooth) -> map``."""
+
+    def __call__(
+        self, activations: torch.Tensor, gradients: torch.Tensor, /, *, eigen_smooth: bool = False
+    ) -> torch.Tensor: ...
+
+
+class LayerMapWith(Protocol[E_contra]):
+    """A method with one extra input of type ``E_contra``: ``(activations, gradients, extra, *, eigen_smooth) ->
+    map``."""
+
+    def __call__(
+        self, activations: torch.Tensor, gradients: torch.Tensor, extra: E_contra, /, *, eigen_smooth: bool = False
+    ) -> torch.Tensor: ...
+
+
+class CamMethod(Generic[E]):
+    """One registered method: its ``--method`` name, the function that computes its coarse map (formula and paper in
+    its docstring), what that function needs besides the activations (``uses_gradients``: the backward pass to the
+    layer, one per target, shared by all such methods; ``needs``: an extra input, a
+    :class:`~gradcam_cli.cam.methods.needs.Need`), whether one map serves every target (``class_agnostic``), the
+    tasks it explains (``tasks``: names of :data:`gradcam_cli.options.TASK_NAMES`), and whether it reads a layer at
+    all (``uses_layer``: RISE and occlusion do not; their maps come at the network input's resolution, and they are
+    given ``None`` for the activations and gradients). ``formula``, ``paper`` and ``cost``: its row of the table in
+    docs/methods.md (:func:`gradcam_cli.cam.methods.table.methods_table`)."""
+
+    @overload
+    def __init__(
+        self: CamMethod[None],
+        name: str,
+        compute: LayerMap,
+        *,
+        needs: None = None,
+        uses_gradients: bool = True,
+        class_agnostic: bool = False,
+        tasks: tuple[str, ...] = TASK_NAMES,
+        uses_layer: bool = True,
+        formula: str = "",
+        paper: str = "",
+        cost: str = "",
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self,
+        name: str,
+        compute: LayerMapWith[E],
+        *,
+        needs: Need[E],
+        uses_gradients: bool = True,
+        class_agnostic: bool = False,
+        tasks: tuple[str, ...] = TASK_NAMES,
+        uses_layer: bool = True,
+        formula: str = "",
+        paper: str = "",
+        cost: str = "",
+    ) -> None: ...
+
+    def __init__(
+        self,
+        name: str,
+        compute: LayerMap | LayerMapWith[E],
+        *,
+        needs: Need[E] | None = None,
+        uses_gradients: bool = True,
+        class_agnostic: bool = False,
+        tasks: tuple[str, ...] = TASK_NAMES,
+        uses_layer: bool = True,
+        formula: str = "",
+        paper: str = "",
+        cost: str = "",
+    ) -> None:
+        self.name = name
+        self.compute: Callable[..., torch.Tensor] = compute
+        self.needs = needs
+        self.uses_gradients = uses_gradients
+        self.class_agnostic = class_agnostic
+        self.tasks = tasks
+        self.uses_layer = uses_layer
+        self.formula, self.paper, self.cost = formula, paper, cost
+
+    def __repr__(self) -> str:
+        return f"CamMethod({self.name!r}, needs={self.needs!r})"
+
+    @property
+    def uses_model(self) -> bool:
+        """Whether the method runs the model again on altered inputs or activations (Score-CAM, AblationCAM, RISE,
+        occlusion)."""
+        return self.needs is not None and self.needs.uses_model
+
+    @property
+    def reads_every_layer(self) -> bool:
+        """Whether the method reads layers besides the explained ones (FullGrad: every bias and its gradient), so
+        that folding batch norms into convolutions would change its maps."""
+        return self.needs is not None and self.needs.reads_every_layer
+
+    @property
+    def shows_progress(self) -> bool:
+        """Whether the command line shows a progress bar for the method's passes (Score-CAM's masked inputs,
+        AblationCAM's ablated copies)."""
+        return self.needs is not None and self.needs.shows_progress
+
+    @property
+    def keeps_graph(self) -> bool:
+        """Whether the method differentiates the explained pass's graph again (ShapleyCAM, Finer-CAM), so that the
+        backward pass to the layer must keep it."""
+        return self.needs is not None and self.needs.keeps_graph
+
+
+def register_method_plugin(name: str, loaded: object) -> None:
+    """An entry point of ``gradcam_cli.methods``: a module registered its methods on import; a :class:`CamMethod`
+    is registered under the entry point's name (which must be its own)."""
+    if isinstance(loaded, CamMethod):
+        if loaded.name != name:
+            raise UsageError(f"the method plugin {name!r} names a method called {loaded.name!r}; name them alike")
+        METHODS.register(name, loaded)
+    elif not hasattr(loaded, "__path__") and not hasattr(loaded, "__file__"):
+        raise UsageError(f"the method plugin {name!r} names a {type(loaded).__name__}, not a module or a CamMethod")
+
+
+METHODS: Registry[CamMethod[Any]] = Registry("method", METHODS_GROUP, register_method_plugin)
+"""Every method, by the name ``--method`` accepts: the package's own in docs/methods.md's order, then plugins' and
+a notebook's."""
+
+
+def register_method(method: CamMethod[Any], *, replace: bool = False) -> CamMethod[Any]:
+    """Add ``method`` under its name (a notebook's, a plugin module's), for the library, the command line and
+    ``gradcam serve`` alike; ``replace`` lets it take the place of a method of the same name."""
+    return METHODS.register(method.name, method, replace=replace)
+
+
+def resolve_methods(names: Sequence[str], task: str, also: Collection[str] = ()) -> list[str]:
+    """``names`` checked against :data:`METHODS` and ``task`` (a one-line :class:`UsageError` for a name that is
+    not a method or a method that does not serve the task); ``all`` (:data:`~gradcam_cli.options.ALL_METHODS`)
+    stands for every method that serves the task, in registry order. ``also``: methods that serve this model
+    although not its task (a YOLO detector's AblationCAM)."""
+    for name in names:
+        if name not in METHODS and name != ALL_METHODS:
+            raise UsageError(f"unknown method {name!r}.{suggest(name, METHODS.names())}")
+    if ALL_METHODS in names:
+        names = [name for name, method in METHODS.items() if task in method.tasks or name in also]
+    for name in names:
+        if task not in METHODS[name].tasks and name not in also:
+            kinds = " and ".join(f"{Task(kind).noun}s" for kind in METHODS[name].tasks)
+            taken = ", ".join(other for other, method in METHODS.items() if task in method.tasks)
+            raise UsageError(f"--method {name} is for {kinds}; a {Task(task).noun} takes {taken}")
+    return list(names)
