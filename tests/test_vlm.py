@@ -16,7 +16,12 @@ from gradcam_cli.targets import TargetSpec
 from gradcam_cli.vlm.answer import AnswerExplainer
 from gradcam_cli.vlm.loading import load_vlm
 
-BUILDERS = {"llava": vlm_models.llava, "qwen2-vl": vlm_models.qwen2_vl, "idefics3": vlm_models.idefics3}
+BUILDERS = {
+    "llava": vlm_models.llava,
+    "qwen2-vl": vlm_models.qwen2_vl,
+    "qwen2.5-vl": vlm_models.qwen2_5_vl,
+    "idefics3": vlm_models.idefics3,
+}
 PROMPT = "what is the cat ?"
 
 
@@ -143,10 +148,9 @@ def test_halves_land_on_their_half(local_folder):
         a = layer_tokens(vlm, layer, processed(vlm, first))[0].flatten(0, -2)
         b = layer_tokens(vlm, layer, processed(vlm, second))[0].flatten(0, -2)
     changed = (a - b).norm(dim=-1)
-    tiles = explainer.tiles(explainer.inputs(first, PROMPT), first, changed.shape[0])
-    from gradcam_cli.vlm.geometry import place
-
-    placed = place(changed, tiles, (first.height, first.width))
+    inputs = explainer.inputs(first, PROMPT)
+    tiles = explainer.tiles(inputs, first, changed.shape[0])
+    placed = explainer.place(changed, inputs, first)
     middle = first.width // 2
     # bilinear sampling blends a token with its neighbour up to half a token past its centre
     blur = max(round((tile.box[2] - tile.box[0]) / tile.cols / 2) for tile in tiles)

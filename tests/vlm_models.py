@@ -103,24 +103,31 @@ def llava(folder: Path, vision_layers: int = 2, seed: int = 0) -> Path:
 QWEN_SPECIAL = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
 
 
-def qwen2_vl(folder: Path, vision_layers: int = 1, seed: int = 0) -> Path:
-    """Qwen2-VL: 14 px patches merged 2 x 2, images resized whole to multiples of 28 between 28x28 and 112x112."""
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor, Qwen2VLProcessor
+def qwen2_vl(folder: Path, vision_layers: int = 1, seed: int = 0, version: str = "2") -> Path:
+    """Qwen2-VL (``version`` "2.5": Qwen2.5-VL, with 56 px windows of 2 x 2 merged tokens): 14 px patches merged
+    2 x 2, images resized whole to multiples of 28 between 28x28 and 112x112."""
+    import transformers
+    from transformers import Qwen2VLImageProcessor
     from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
     torch.manual_seed(seed)
     first = len(WORDS)
-    config = Qwen2VLConfig(
-        vision_config={
-            "depth": vision_layers,
-            "embed_dim": 16,
-            "hidden_size": 32,
-            "num_heads": 2,
-            "mlp_ratio": 2,
-            "patch_size": 14,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-        },
+    vision = {
+        "depth": vision_layers,
+        "hidden_size": 16,
+        "num_heads": 2,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+    }
+    if version == "2.5":
+        vision.update(out_hidden_size=32, intermediate_size=32, window_size=56, fullatt_block_indexes=[])
+        prefix = "Qwen2_5_VL"
+    else:
+        vision.update(embed_dim=16, hidden_size=32, mlp_ratio=2)
+        prefix = "Qwen2VL"
+    config = getattr(transformers, f"{prefix}Config")(
+        vision_config=vision,
         text_config={
             "vocab_size": first + len(QWEN_SPECIAL),
             "hidden_size": 32,
@@ -139,18 +146,23 @@ def qwen2_vl(folder: Path, vision_layers: int = 1, seed: int = 0) -> Path:
         vision_end_token_id=first + 2,
         video_token_id=first + 3,
     )
-    model = Qwen2VLForConditionalGeneration(config).eval()
+    model = getattr(transformers, f"{prefix}ForConditionalGeneration")(config).eval()
     images = Qwen2VLImageProcessor(
         min_pixels=28 * 28, max_pixels=112 * 112, patch_size=14, merge_size=2, temporal_patch_size=2
     )
     template = TEMPLATE.replace("{{ image_text }}", "<|vision_start|><|image_pad|><|vision_end|>")
-    processor = Qwen2VLProcessor(
+    processor = getattr(transformers, f"{prefix}Processor")(
         image_processor=images,
         tokenizer=tokenizer(QWEN_SPECIAL),
         video_processor=Qwen2VLVideoProcessor(),
         chat_template=template,
     )
     return _save(model, processor, folder)
+
+
+def qwen2_5_vl(folder: Path, vision_layers: int = 1, seed: int = 0) -> Path:
+    """Qwen2.5-VL (:func:`qwen2_vl`)."""
+    return qwen2_vl(folder, vision_layers, seed, version="2.5")
 
 
 IDEFICS_SPECIAL = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"]

@@ -228,18 +228,26 @@ class AnswerExplainer:
         tokens = [AnswerToken(decode([t]), t, float(lp)) for t, lp in zip(ids, logprobs, strict=True)]
         text = decode(ids, skip_special_tokens=True).strip()
         result = AnswerExplanation(prompt, text, answer is None, tokens, self.layer)
-        tiles = self.tiles(inputs, image, activations.shape[0])
         for target, (score, gradient) in zip(targets, gradients, strict=True):
             for method in self.methods:
                 values = self.token_map(method, activations, gradient)
-                placed = place(values, tiles, (image.height, image.width))
+                placed = self.place(values, inputs, image)
                 result.maps.append(AnswerMap(target, method, score, values, normalise(placed[None])[0]))
         return result
 
     def tiles(self, inputs: Mapping[str, torch.Tensor], image: Image.Image, tokens: int) -> list[Tile]:
-        """Where the layer's ``tokens`` lie on the photo (the family's geometry)."""
+        """Where the layer's ``tokens`` lie on the photo, in row-major order (the family's geometry)."""
         config: Any = self.vlm.module.config
         return self.vlm.family.tiles(self.vlm.processor, config, inputs, (image.height, image.width), tokens)
+
+    def place(self, values: torch.Tensor, inputs: Mapping[str, torch.Tensor], image: Image.Image) -> torch.Tensor:
+        """The layer's per-token ``values`` (L,), in the layer's order, on the photo: (H, W), not normalised."""
+        order = self.vlm.family.order
+        if order is not None:
+            row_major = torch.empty_like(values)
+            row_major[order(self.vlm.module.config, inputs).to(values.device)] = values
+            values = row_major
+        return place(values, self.tiles(inputs, image, values.shape[0]), (image.height, image.width))
 
     def token_map(self, method: str, activations: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
         """``method``'s map of the layer's tokens, (L,): the (L, C) tokens seen as one (1, C, 1, L) map."""

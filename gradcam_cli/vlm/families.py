@@ -10,6 +10,8 @@ settings and what it returned for the photo:
 - Qwen2-VL and Qwen2.5-VL (``qwen2_vl``, ``qwen2_5_vl``): the vision merger's output, one token per 2 x 2 patches
   of the photo resized whole to multiples of 28 (dynamic resolution): a (h / 2) x (w / 2) grid over the whole photo
   for an ``image_grid_thw`` of (1, h, w).
+  Qwen2.5-VL's merger sees the tokens window by window (``window_size`` pixels square), and its output is put
+  back in row-major order only after it: :func:`qwen2_5_vl_order`.
 - Idefics3 and SmolVLM (``idefics3``, ``smolvlm``): the connector's output, one grid per tile (pixel-shuffled
   patches): the photo split into rows x cols tiles, then the whole photo again as a global image; each tile's frame
   may be padded at its bottom and right (``pixel_attention_mask``), so its grid reaches past the part it shows.
@@ -28,6 +30,9 @@ from .geometry import Box, Tile, frame_box
 
 Tiler = Callable[[Any, Any, Mapping[str, torch.Tensor], tuple[int, int], int], list[Tile]]
 """``tiles(processor, config, inputs, (height, width), tokens)``: where the layer's ``tokens`` lie on the photo."""
+Order = Callable[[Any, Mapping[str, torch.Tensor]], torch.Tensor]
+"""``order(config, inputs)``: for the layer's tokens in another order than the tiles' (Qwen2.5-VL's windows), the
+row-major token each of them is."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,7 @@ class VlmFamily:
     default_layer: str
     layer_description: str
     tiles: Tiler
+    order: Order | None = None
 
 
 def _resized(size: Mapping[str, int], height: float, width: float) -> tuple[float, float]:
@@ -89,6 +95,21 @@ def qwen2_vl_tiles(
     merge = int(getattr(config.vision_config, "spatial_merge_size", 2))
     _, rows, cols = (int(v) for v in inputs["image_grid_thw"][0])
     return [Tile(0, rows // merge, cols // merge, (0.0, 0.0, float(size[1]), float(size[0])))]
+
+
+def qwen2_5_vl_order(config: Any, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Qwen2.5-VL's window order: the row-major merged token that each merger output is (the merged grid cut into
+    windows of ``window_size // patch_size // merge`` tokens a side, row-major, each window row-major)."""
+    vision = config.vision_config
+    merge = int(vision.spatial_merge_size)
+    side = int(vision.window_size) // merge // int(vision.patch_size)
+    frames, rows, cols = (int(v) for v in inputs["image_grid_thw"][0])
+    rows, cols = rows // merge, cols // merge
+    index = torch.arange(frames * rows * cols).reshape(frames, rows, cols)
+    padded = torch.nn.functional.pad(index, (0, -cols % side, 0, -rows % side), value=-1)
+    windows = padded.reshape(frames, padded.shape[1] // side, side, padded.shape[2] // side, side)
+    order = windows.permute(0, 1, 3, 2, 4).reshape(-1)
+    return order[order >= 0]
 
 
 def idefics3_tiles(
@@ -141,10 +162,18 @@ LLAVA = VlmFamily(
 )
 QWEN2_VL = VlmFamily(
     "qwen2-vl",
-    ("qwen2_vl", "qwen2_5_vl"),
+    ("qwen2_vl",),
     "model.visual.merger",
     "the vision merger: 2 x 2 merged patch tokens as the language model receives them",
     qwen2_vl_tiles,
+)
+QWEN2_5_VL = VlmFamily(
+    "qwen2.5-vl",
+    ("qwen2_5_vl",),
+    "model.visual.merger",
+    "the vision merger: 2 x 2 merged patch tokens as the language model receives them, in window order",
+    qwen2_vl_tiles,
+    qwen2_5_vl_order,
 )
 IDEFICS3 = VlmFamily(
     "idefics3",
@@ -153,7 +182,7 @@ IDEFICS3 = VlmFamily(
     "the connector: each tile's pixel-shuffled patch tokens as the language model receives them",
     idefics3_tiles,
 )
-FAMILIES = (LLAVA, QWEN2_VL, IDEFICS3)
+FAMILIES = (LLAVA, QWEN2_VL, QWEN2_5_VL, IDEFICS3)
 SUPPORTED_TYPES = tuple(model_type for family in FAMILIES for model_type in family.model_types)
 
 
