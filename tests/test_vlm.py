@@ -251,3 +251,21 @@ def test_command_line_refusals(tmp_path):
     assert result.exit_code == 2 and "with --prompt use a .jsonl file" in result.stderr
     result = run(image, "--target", "answer:cat", "--model", "resnet18", "--weights", "none")
     assert result.exit_code == 2 and "answer: targets are for a vision-language model" in result.stderr
+
+
+@pytest.mark.slow
+def test_known_answer_map_peaks_on_the_region_it_depends_on(tmp_path):
+    """A LLaVA trained to name the colour of the photo's top-left quarter: the map of its answer peaks there."""
+    import random
+
+    folder = vlm_models.trained_llava(tmp_path / "trained")
+    explainer = AnswerExplainer(load_vlm(f"hf:{folder}", torch.device("cpu")), methods=("layercam",), max_new_tokens=1)
+    for seed in range(3):
+        photo_ = vlm_models.known_answer_photo(random.Random(100 + seed), "red")
+        result = explainer.explain(photo_, vlm_models.KNOWN_PROMPT)
+        assert result.answer == "red"
+        saliency = result.maps[0].saliency
+        quarter = saliency[:16, :16].mean()
+        assert quarter > 3 * saliency[16:, :].mean() and quarter > 3 * saliency[:16, 16:].mean()
+        peak = int(saliency.argmax())
+        assert peak // 32 < 16 and peak % 32 < 16

@@ -1,11 +1,13 @@
 """Tiny random vision-language models of each supported family, saved with a processor whose tokenizer and chat
-template are made here (no download): LLaVA-1.5, Qwen2-VL, Idefics3."""
+template are made here (no download): LLaVA-1.5, Qwen2-VL, Qwen2.5-VL, Idefics3, and a LLaVA trained briefly to
+answer from one region of the photo."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
+from PIL import Image
 
 WORDS = ["<pad>", "<unk>", "<s>", "</s>", "USER:", "ASSISTANT:", "a", "cat", "dog", "red", "blue", "is", "what"]
 WORDS += ["the", "?", "left", "right", "green", "sits", "on", "mat", "big", "small", "two"]
@@ -211,3 +213,47 @@ def idefics3(folder: Path, vision_layers: int = 1, seed: int = 0) -> Path:
         image_processor=images, tokenizer=tokenizer(IDEFICS_SPECIAL), image_seq_len=4, chat_template=template
     )
     return _save(model, processor, folder)
+
+
+COLOURS = {"red": (220, 30, 30), "blue": (30, 30, 220), "green": (30, 200, 30)}
+KNOWN_PROMPT = "what is the left ?"
+
+
+def known_answer_photo(rng, answer: str) -> Image.Image:
+    """A 32 x 32 photo of 8 px squares of random colours whose top-left 16 x 16 quarter is ``answer``'s colour."""
+    image = Image.new("RGB", (32, 32))
+    for row in range(4):
+        for col in range(4):
+            image.paste(Image.new("RGB", (8, 8), COLOURS[rng.choice(list(COLOURS))]), (col * 8, row * 8))
+    image.paste(Image.new("RGB", (16, 16), COLOURS[answer]), (0, 0))
+    return image
+
+
+def trained_llava(folder: Path, steps: int = 150) -> Path:
+    """:func:`llava` trained briefly (a few seconds) to answer the colour of the photo's top-left quarter, red or
+    blue, whatever the other squares show: its answer depends on that region alone."""
+    import random
+
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    llava(folder)
+    processor = AutoProcessor.from_pretrained(folder)
+    model = LlavaForConditionalGeneration.from_pretrained(folder)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": KNOWN_PROMPT}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    ids = {word: processor.tokenizer.convert_tokens_to_ids(word) for word in ("red", "blue")}
+    rng = random.Random(0)
+    optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        answers = [rng.choice(["red", "blue"]) for _ in range(16)]
+        photos = [known_answer_photo(rng, answer) for answer in answers]
+        inputs = processor(images=photos, text=[text] * len(photos), return_tensors="pt")
+        logits = model(**inputs).logits[:, -1]
+        loss = torch.nn.functional.cross_entropy(logits, torch.tensor([ids[answer] for answer in answers]))
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+    model.eval()
+    model.save_pretrained(folder)
+    return folder
