@@ -269,3 +269,17 @@ def test_known_answer_map_peaks_on_the_region_it_depends_on(tmp_path):
         assert quarter > 3 * saliency[16:, :].mean() and quarter > 3 * saliency[:16, 16:].mean()
         peak = int(saliency.argmax())
         assert peak // 32 < 16 and peak % 32 < 16
+
+
+def test_bf16_weights_give_the_float32_map(folder):
+    """--precision bf16 loads the weights in bfloat16; the score and the map stay close to float32's."""
+    cpu = torch.device("cpu")
+    maps = []
+    for precision in ("fp32", "bf16"):
+        explainer = AnswerExplainer(load_vlm(f"hf:{folder}", cpu, precision), methods=("layercam",))
+        result = explainer.explain(photo(), PROMPT, answer="a big cat")
+        assert result.maps[0].values.dtype == torch.float32
+        maps.append((result.logprob, result.maps[0].values))
+    (full, full_map), (half, half_map) = maps
+    assert half == pytest.approx(full, rel=0.05)
+    assert torch.corrcoef(torch.stack((full_map, half_map)))[0, 1] > 0.95
