@@ -60,6 +60,12 @@ MAX_PEAK_SHIFT = 0.1
 image's diagonal."""
 TASK_NAMES = ("classify", "detect", "segment")
 """The tasks ``--task`` accepts, as :class:`gradcam_cli.models.tasks.Task` defines them."""
+TOP_K = 1
+"""Classes (a segmenter's largest classes) explained per image when ``--top-k`` is not given."""
+SCORE_THRESHOLD = 0.5
+"""A detector's least explained score when ``--score-threshold`` is not given (a YOLO model: its own ``conf``)."""
+MAX_DETECTIONS = 10
+"""Detections explained per image at most when ``--max-detections`` is not given."""
 SCORE_NAMES = ("logit", "softmax", "sigmoid", "cosine", "box")
 """What ``--score`` differentiates for a classifier (see :mod:`gradcam_cli.cam.scores`)."""
 PRECISION_NAMES = ("fp32", "bf16", "fp16")
@@ -140,19 +146,21 @@ class ExplainOptions:
     """What to explain: layers (empty: the default layer), methods, which classes, smoothing, and the score.
 
     ``score``: what is differentiated for a classifier (logit, softmax or sigmoid). Detectors explain every
-    detection scoring at least ``score_threshold``, at most ``max_detections`` of them.
+    detection scoring at least ``score_threshold``, at most ``max_detections`` of them. ``top_k``,
+    ``score_threshold`` and ``max_detections`` of ``None`` were not given: the task's own (1; 0.5, a YOLO model's
+    own ``conf``; 10); any value given is one, and refused for a task it does not apply to.
     """
 
     layers: tuple[str, ...] = ()
     methods: tuple[str, ...] = (DEFAULT_METHOD,)
     target_class: str | None = None
-    top_k: int = 1
+    top_k: int | None = None
     aug_smooth: bool = False
     eigen_smooth: bool = False
     score: str | None = None
     """``None``: a class's logit, a text prompt's cosine (docs/targets.md)."""
-    score_threshold: float = 0.5
-    max_detections: int = 10
+    score_threshold: float | None = None
+    max_detections: int | None = None
     targets: tuple[TargetSpec, ...] = ()
     """What each map explains (:mod:`gradcam_cli.targets`, docs/targets.md); empty: ``target_class`` or the top
     ``top_k`` classes."""

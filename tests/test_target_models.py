@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from gradcam_cli import Explainer, load_model
 from gradcam_cli.cli import app
-from gradcam_cli.errors import EXIT_OK, EXIT_USAGE
+from gradcam_cli.errors import EXIT_MODEL, EXIT_OK, EXIT_USAGE
 from gradcam_cli.io.images import load_image, to_input_tensor
 
 pytestmark = pytest.mark.slow
@@ -198,6 +198,8 @@ def test_open_clip_text_maps_match_autograd_and_run_from_the_command_line(open_c
         checkpoint,
         "--target",
         "text:a photo of a dog",
+        "--labels",  # rivals for Finer-CAM: a prompt alone has none
+        pictures / "prompts.txt",
         "--method",
         "gradcam,scorecam,ablationcam,finercam",
         "-o",
@@ -279,3 +281,35 @@ def test_siglip_prompts_and_a_vit_backbone_match_autograd(hf_siglip_and_vit, pic
     inputs = to_input_tensor(load_image(pictures / "scene.png"), model.input_spec)[None]
     expected = token_gradcam(pooled, vit.layers[1].layernorm_before, inputs, lambda out: out @ reference[0])
     assert pearson(explainer.compute_targets(inputs)[1]["gradcam"][0][0], expected) >= 0.999
+
+
+def test_a_hf_clip_folder_without_a_tokenizer_refuses_prompts_in_one_line(hf_clip, pictures, tmp_path):
+    """transformers builds an empty tokenizer for such a folder (every word one unknown id, every prompt alike):
+    prompts are refused (exit 3); its image tower still explains a similar: target."""
+    import shutil
+
+    folder = tmp_path / "no_tokenizer"
+    shutil.copytree(hf_clip, folder)
+    for name in ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / name).unlink(missing_ok=True)
+    scene = pictures / "scene.png"
+    result = run(scene, "-m", f"hf:{folder}", "--target", "text:a red square", "-o", tmp_path / "out")
+    assert result.exit_code == EXIT_MODEL, result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"error: {folder} has no tokenizer (vocab.json and merges.txt, or tokenizer.json)")
+    similar = run(scene, "-m", f"hf:{folder}", "--target", f"similar:{pictures / 'ref.png'}", "-o", tmp_path / "ok")
+    assert similar.exit_code == EXIT_OK, similar.output
+
+
+def test_finercam_refuses_a_single_prompt_as_it_refuses_any_target_without_rivals(hf_clip, pictures, tmp_path):
+    """A prompt that is the run's only one has no rivals (Finer-CAM would be Grad-CAM): refused in one line, as
+    similar: is; with --labels prompts it has rivals and runs."""
+    args = (pictures / "scene.png", "-m", f"hf:{hf_clip}", "--target", "text:a red square", "--method", "finercam")
+    alone = run(*args, "-o", tmp_path / "alone")
+    assert alone.exit_code == EXIT_USAGE, alone.output
+    assert alone.stderr.splitlines() == [
+        "error: --method finercam compares a target with its rivals; text:a red square has none (give other prompts "
+        "to compare it with: more text: targets, or --labels PROMPTS)"
+    ]
+    rivals = run(*args, "--labels", pictures / "prompts.txt", "-o", tmp_path / "rivals")
+    assert rivals.exit_code == EXIT_OK, rivals.output

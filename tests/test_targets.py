@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from cam_reference import pearson
+from PIL import Image
 from square_model import square_image
 from typer.testing import CliRunner
 
@@ -350,3 +352,53 @@ def test_batch_reads_the_reference_once_and_eval_scores_the_similarity(scene, tm
     curve = image["methods"]["gradcam"]["deletion_curve"]
     assert curve[0] == pytest.approx(rows[0]["target"]["probability"], abs=1e-5)  # the cosine, deleted step by step
     assert curve[-1] < curve[0]
+
+
+def test_a_targets_files_follow_max_side_and_its_row_names_the_target(scene, tmp_path):
+    """docs/batch.md, Large images: a --target's map and overlay are made at the shrunk size (320 x 240 at
+    --max-side 64: 64 x 48); its row is the one a full-size run gives."""
+    ref = scene.parent / "ref.png"
+    args = (scene, "--model", EMBED, "--weights", "none", "--target", f"similar:{ref}", "--json", "--save-raw")
+    result = run(*args, "-o", tmp_path / "out", "--max-side", "64")
+    assert result.exit_code == EXIT_OK, result.output
+    row = json.loads(result.stdout.splitlines()[0])
+    overlay, raw = (Path(path) for path in row["outputs"][:2])
+    assert row["fingerprint"]["size"] == [48, 64] and np.load(raw).shape == (48, 64)
+    assert Image.open(overlay).size == (64, 48)
+    full = json.loads(run(*args, "-o", tmp_path / "full", "--max-side", "0").stdout.splitlines()[0])
+    assert row["target"]["name"] == full["target"]["name"] == "similar:ref.png"
+    assert row["target"]["probability"] == pytest.approx(full["target"]["probability"], abs=0.05)
+
+
+def test_diff_reports_a_changed_similar_target_as_a_target_change(scene, tmp_path):
+    """Two runs of an embedding model, similar:a.png then similar:b.png: a target change (drift, exit 1), as a changed
+    class is, however alike the maps; the same target on both sides is no drift."""
+    refs = scene.parent / "refs"
+    manifests = {}
+    for name in ("a", "b"):
+        manifests[name] = tmp_path / f"{name}.jsonl"
+        args = (scene, "--model", EMBED, "--weights", "none", "--target", f"similar:{refs / name}.png")
+        result = run(*args, "-o", tmp_path / name, "--manifest", manifests[name])
+        assert result.exit_code == EXIT_OK, result.output
+    changed = CliRunner().invoke(diff_app, [str(manifests["a"]), str(manifests["b"])])
+    assert changed.exit_code == 1, changed.output
+    assert "target similar:a.png -> similar:b.png" in changed.output
+    same = CliRunner().invoke(diff_app, [str(manifests["a"]), str(manifests["a"])])
+    assert same.exit_code == EXIT_OK, same.output
+
+
+def test_a_dict_output_model_is_an_embedding_model_for_contrasts_and_classes(scene, tmp_path):
+    """docs/targets.md: a custom model returning a dict is an embedding model once --target is given: a contrast of
+    references works (its parts without a kind are references too), a class is refused for want of a class head."""
+    refs = scene.parent / "refs"
+    base = (scene, "--model", EMBED_DICT, "--weights", "none", "--embedding", "embedding", "--json")
+    for contrast in (f"contrast:similar:{refs / 'a.png'},similar:{refs / 'b.png'}", f"contrast:{refs / 'a.png'},b.png"):
+        result = run(*base, "--target", contrast.replace(",b.png", f",{refs / 'b.png'}"), "-o", tmp_path / "out")
+        assert result.exit_code == EXIT_OK, result.output
+        row = json.loads(result.stdout.splitlines()[0])
+        assert row["target"]["name"] == "similar:a.png - similar:b.png" and row["target"]["score"] == "difference"
+    for more in (["--embedding", "embedding"], []):
+        args = (scene, "--model", EMBED_DICT, "--weights", "none", *more, "--target", "class:1", "-o", tmp_path / "x")
+        refused = run(*args)
+        assert refused.exit_code == EXIT_USAGE, refused.output
+        assert "has no class head (it embeds images); use similar: targets" in refused.stderr

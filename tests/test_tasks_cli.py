@@ -304,6 +304,7 @@ def test_gradcam_eval_scores_a_detectors_maps_against_ground_truth_boxes(inputs,
         (["--panel"], "error: --panel is for classifiers and segmenters; a detector's <stem>_<method>_boxes overlay"),
         (["--score", "sigmoid"], "error: --score sigmoid is for classifiers; a detector has its own score"),
         (["--top-k", "3"], "error: --top-k 3 is for classifiers and segmenters; a detector explains each detection"),
+        (["--top-k", "1"], "error: --top-k 1 is for classifiers and segmenters; a detector explains each detection"),
     ],
 )
 def test_what_a_detector_cannot_do_is_refused_in_one_line(inputs, tmp_path, more, message):
@@ -318,10 +319,12 @@ def test_what_a_detector_cannot_do_is_refused_in_one_line(inputs, tmp_path, more
     [
         ("square", ["--score-threshold", "0.3"], "error: --score-threshold 0.3 is for detectors; a classifier has no"),
         ("segmenter", ["--max-detections", "3"], "error: --max-detections 3 is for detectors; a segmenter has no"),
+        ("square", ["--score-threshold", "0.5"], "error: --score-threshold 0.5 is for detectors; a classifier has no"),
+        ("segmenter", ["--max-detections", "10"], "error: --max-detections 10 is for detectors; a segmenter has no"),
     ],
 )
 def test_a_detectors_options_are_refused_for_other_models_in_one_line(inputs, tmp_path, model, more, message):
-    """The rule of docs/cli.md: an option for other models, given a value other than its default, is refused."""
+    """The rule of docs/cli.md: an option for other models, given at all (its default value too), is refused."""
     square = f"{Path(__file__).with_name('square_model.py')}:build"
     result = run(inputs / "red.png", "-m", square if model == "square" else SEGMENTER, "-o", tmp_path / "out", *more)
     assert result.exit_code == EXIT_USAGE
@@ -456,3 +459,26 @@ def test_a_classifiers_score_is_recorded_so_resuming_does_not_mix_scores(inputs,
     assert "were made with --score softmax (this run: logit)" in resumed.stderr
     wrong = run(inputs / "red.png", "-m", square, "-o", out, "--score", "probit")
     assert wrong.exit_code == EXIT_USAGE and "'probit': use logit, softmax, sigmoid" in wrong.stderr
+
+
+@pytest.mark.parametrize("task", ["classifier", "detector", "segmenter"])
+def test_rows_are_in_the_original_images_pixels_and_files_at_max_side(inputs, tmp_path, task):
+    """docs/batch.md, Large images: above --max-side the maps, overlays and .npy are made at the shrunk size (the
+    smallest whole factor: 300 x 200 at --max-side 64 is 60 x 40), and the rows measure in the original's pixels."""
+    square = f"{Path(__file__).with_name('square_model.py')}:build"
+    model = {"classifier": square, "detector": DETECTOR, "segmenter": SEGMENTER}[task]
+    labels = [] if task == "classifier" else ["--labels", inputs.parent / "classes.txt"]
+    out = tmp_path / "out"
+    result = run(inputs / "red.png", "-m", model, *labels, "-o", out, "--max-side", "64", "--save-raw", "--json")
+    assert result.exit_code == EXIT_OK, result.output
+    (row,) = rows(result)
+    assert row["fingerprint"]["size"] == [40, 60]
+    overlay, raw = (Path(path) for path in row["outputs"][:2])
+    assert Image.open(overlay).size == (60, 40) and np.load(raw).shape == (40, 60)
+    full = rows(run(inputs / "red.png", "-m", model, *labels, "-o", tmp_path / "full", "--max-side", "0", "--json"))
+    assert row["target"]["name"] == full[0]["target"]["name"]
+    if task == "detector":
+        assert max(abs(a - b) for a, b in zip(row["target"]["box"], RED_BOX, strict=True)) <= 5, row["target"]
+        assert row["predictions"][0]["box"] == row["target"]["box"]
+    if task == "segmenter":
+        assert row["target"]["share"] == pytest.approx(full[0]["target"]["share"], rel=0.2)

@@ -5,6 +5,7 @@ labels). The model is a tiny YOLO trained in the session on coloured squares (te
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import cv2
@@ -180,6 +181,32 @@ def test_yolo_models_refuse_with_one_line(tmp_path):
         load_model(ModelOptions(f"yolo:{tmp_path / 'tiny.yaml'}", "none", task="classify"))
 
 
+def test_checkpoints_that_are_not_ultralytics_models_are_refused_in_one_line(tmp_path):
+    """A plain module as the model, random bytes, a plain pickle: one line naming the path once (with its leading
+    /), exit code 3, no torch warning on stderr (docs/yolo.md)."""
+    import pickle
+    import warnings
+
+    square_scene([RED]).save(tmp_path / "red.png")
+    torch.save({"model": torch.nn.Linear(3, 3)}, tmp_path / "linear.pt")
+    (tmp_path / "random.pt").write_bytes(bytes(range(7, 256)) * 8)
+    (tmp_path / "plain.pt").write_bytes(pickle.dumps({"a": 1}, protocol=4))
+    expected = {
+        "linear.pt": "holds a Linear as its model, not an ultralytics model",
+        "random.pt": "loads with weights_only=True (not a file torch.save writes)",
+        "plain.pt": "is not an ultralytics checkpoint that loads with weights_only=True (the file references types",
+    }
+    for name, message in expected.items():
+        path = tmp_path / name
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = CliRunner().invoke(app, [str(tmp_path / "red.png"), "-m", f"yolo:{path}", "-o", str(tmp_path)])
+        assert result.exit_code == EXIT_MODEL, result.output
+        assert result.stderr.splitlines() == [result.stderr.strip()] and result.stderr.startswith(f"error: {path} ")
+        assert message in result.stderr and result.stderr.count(name) == 1, result.stderr
+        assert not [w for w in caught if "pickle" in str(w.message)], [str(w.message) for w in caught]
+
+
 @pytest.mark.slow
 def test_every_method_serves_yolo_and_box_scores_differ(squares):
     batch = to_input_tensor(square_scene([RED, BLUE]), squares.input_spec).unsqueeze(0)
@@ -263,6 +290,8 @@ def test_the_cli_explains_a_folder_writes_rows_and_evaluates_against_yolo_labels
     assert evaluated.exit_code == EXIT_OK, evaluated.output
     pointing = json.loads(evaluated.stdout)["methods"]["layercam"]["pointing"]["overall"]
     assert pointing["count"] == 3 and pointing["hits"] == 3
+    timed = evaluated.stderr.splitlines()[-1]  # the time of 2 tiny images: milliseconds, never "0.0s"
+    assert re.fullmatch(r"evaluated 2 image\(s\), 0 failed, in ([1-9]\d* ms|\d+\.\ds)", timed) and "0.0s" not in timed
 
 
 def test_the_cli_says_how_to_get_a_missing_checkpoint_in_one_line(tmp_path):
@@ -318,6 +347,54 @@ def test_merged_shards_of_a_yolo_run_equal_one_local_run(checkpoint, tmp_path):
     assert len(maps) == 10  # a map per detection and a combined one per image
     for path in maps:  # another batch (2 images instead of 4): float rounding, as a Ray run (docs/scale.md)
         assert np.abs(np.load(path) - np.load(sharded / path.name)).max() <= RAY_MAP_TOLERANCE, path.name
+
+
+@pytest.mark.slow
+def test_an_explicit_score_threshold_is_used_at_any_value_and_an_image_without_detections_says_so(checkpoint, tmp_path):
+    """--score-threshold 0.5 given is 0.5 (not given: the model's own conf, 0.25); an image without detections says
+    what removed them, as a torchvision detector's does (no video wording)."""
+    square_scene([RED, BLUE]).save(tmp_path / "two.png")
+    Image.new("RGB", (64, 64), (128, 128, 128)).save(tmp_path / "grey.png")
+    model = f"yolo:{checkpoint}"
+
+    def rows(*more: str) -> list[dict]:
+        result = CliRunner().invoke(app, [str(tmp_path / "two.png"), "-m", model, "--json", *more])
+        assert result.exit_code == EXIT_OK, result.output
+        return [json.loads(line) for line in result.stdout.splitlines()]
+
+    given = rows("-o", str(tmp_path / "given"), "--score-threshold", "0.5")
+    assert {row["provenance"]["score_threshold"] for row in given} == {0.5}
+    assert all(p["probability"] >= 0.5 for row in given for p in row["predictions"])
+    assert {row["provenance"]["score_threshold"] for row in rows("-o", str(tmp_path / "own"))} == {0.25}
+    grey = CliRunner().invoke(app, [str(tmp_path / "grey.png"), "-m", model, "-o", str(tmp_path / "grey")])
+    assert grey.exit_code == EXIT_OK, grey.output
+    assert "  gradcam: no detection above --score-threshold 0.25 -> " in grey.stdout
+    assert "frame" not in grey.stdout
+
+
+@pytest.mark.slow
+def test_rows_are_in_the_original_images_pixels_above_max_side(checkpoint, tmp_path):
+    """A 512 x 256 image at --max-side 128 is explained at 128 x 64 (maps, overlays, .npy), and its boxes are in
+    the original image's pixels, as a --max-side 0 run gives them (docs/yolo.md, docs/batch.md)."""
+    big = square_scene(WIDE, (128, 64)).resize((512, 256), Image.Resampling.NEAREST)
+    big.save(tmp_path / "big.png")
+
+    def found(out: str, max_side: str) -> list[dict]:
+        arguments = [str(tmp_path / "big.png"), "-m", f"yolo:{checkpoint}", "-o", str(tmp_path / out), "--json"]
+        result = CliRunner().invoke(app, [*arguments, "--max-side", max_side, "--save-raw"])
+        assert result.exit_code == EXIT_OK, result.output
+        return [json.loads(line) for line in result.stdout.splitlines()]
+
+    shrunk, full = found("shrunk", "128"), found("full", "0")
+    assert [r["target"]["name"] for r in shrunk] == [r["target"]["name"] for r in full] and len(shrunk) == 2
+    for small, large in zip(shrunk, full, strict=True):
+        assert max(abs(a - b) for a, b in zip(small["target"]["box"], large["target"]["box"], strict=True)) <= 4
+        label = CLASSES.index(small["target"]["name"])
+        square = next(box for c, *box in WIDE if c == label)
+        assert max(abs(a - 4 * b) for a, b in zip(small["target"]["box"], square, strict=True)) <= 24  # 6 px at 128
+        assert small["fingerprint"]["size"] == [64, 128] and large["fingerprint"]["size"] == [256, 512]
+        overlay, raw = small["outputs"][:2]
+        assert Image.open(overlay).size == (128, 64) and np.load(raw).shape == (64, 128)
 
 
 def test_two_explainers_with_their_own_thresholds_on_one_model_keep_their_own_detections(tmp_path):

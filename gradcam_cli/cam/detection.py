@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
@@ -218,6 +218,13 @@ class DetectionTargets:
         return shown
 
 
+class Thresholded(Protocol):
+    """A detector's score (:class:`DetectionScore`, a YOLO model's): the least score of an explained detection."""
+
+    @property
+    def threshold(self) -> float: ...
+
+
 def own_cutoff(module: nn.Module) -> float | None:
     """The least score a detector returns a detection with, its own cut-off (``None``: it has none): torchvision's
     ``box_score_thresh`` (Faster, Mask and Keypoint R-CNN: 0.05) or ``score_thresh`` (RetinaNet 0.05, FCOS 0.2,
@@ -229,9 +236,10 @@ def own_cutoff(module: nn.Module) -> float | None:
     return None
 
 
-def no_detection(model: LoadedModel, score: DetectionScore, target: int | None = None) -> str:
+def no_detection(model: LoadedModel, score: Thresholded, target: int | None = None) -> str:
     """What an image without an explained detection says, naming what removed them: ``--score-threshold``, the
-    detector's own cut-off where that is higher (:func:`own_cutoff`), and ``--target-class`` when it is given."""
+    detector's own cut-off where that is higher (:func:`own_cutoff`), and ``--target-class`` when it is given;
+    ``score``: a torchvision detector's :class:`DetectionScore` or a YOLO model's score."""
     which = "detection"
     if target is not None:
         name = model.class_name(target)

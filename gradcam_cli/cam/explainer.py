@@ -27,7 +27,7 @@ from ..models.folding import fold_batch_norms
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel, load_model
 from ..models.tasks import Task, detection_spec, detection_transform, infer_task, task_of_shape
-from ..options import SCORE_NAMES, ExplainOptions, ModelOptions, PerturbationOptions
+from ..options import SCORE_NAMES, TOP_K, ExplainOptions, ModelOptions, PerturbationOptions
 from ..targets import TargetSpec
 from .detection import DetectionScore
 from .engine import LayerCapture
@@ -86,14 +86,14 @@ class Explainer:
         device: torch.device | str | None = None,
         *,
         target: int | str | None = None,
-        top_k: int = 1,
+        top_k: int | None = None,
         aug_smooth: bool = False,
         eigen_smooth: bool = False,
         score_batch_size: int = SCORECAM_BATCH_SIZE,
         progress: ProgressCallback | None = None,
         score: str | None = None,
-        score_threshold: float = 0.5,
-        max_detections: int = 10,
+        score_threshold: float | None = None,
+        max_detections: int | None = None,
         task: str | None = None,
         precision: str = "fp32",
         targets: Sequence[TargetSpec | str] = (),
@@ -117,7 +117,7 @@ class Explainer:
         self.methods = [methods] if isinstance(methods, str) else list(methods)
         resolve_methods(self.methods, model.task.value, also=METHODS)  # unknown names fail before the dry pass
         self.target = resolve_target(model, target) if isinstance(target, str) else target
-        self.top_k = top_k
+        self.top_k = TOP_K if top_k is None else top_k
         names = [layers] if isinstance(layers, str) else list(layers or [])
         resolved = {name: resolve_layer(model.module, name) for name in names}
         infos = dry_pass(model, self.device)
@@ -137,7 +137,7 @@ class Explainer:
             raise UsageError(f"unknown score {score!r}; use {', '.join(SCORE_NAMES)}")
         self.score_name = score or ("cosine" if model.text is not None else "logit")
         self.target_specs, self.embedding = tuple(TargetSpec.parse(spec) for spec in targets), embedding
-        explicit = self.target_specs or model.text is not None or model.embeds
+        explicit = self.target_specs or model.text is not None or model.embeds or embedding is not None
         self.score: Score = (
             explicit_score(model, self.target_specs, self.device, self.target, top_k, self.methods, score, embedding)
             if explicit

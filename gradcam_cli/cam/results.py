@@ -6,7 +6,7 @@ with the share of the pixels predicted as it (see docs/tasks.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from PIL import Image
@@ -36,6 +36,29 @@ class Prediction:
     score: str | None = None
     """An explicit target's (``--target``): what ``probability`` holds when it is not a probability, ``cosine``,
     ``logit`` or ``output`` (docs/targets.md)."""
+
+
+def rescaled(prediction: Prediction, scale_y: float, scale_x: float) -> Prediction:
+    """A copy of ``prediction`` with its box, area and keypoints in pixels ``scale_y`` x ``scale_x`` times as large:
+    a shrunk image's (``--max-side``) measured in the original's. Nothing else changes (a share is a fraction)."""
+    if scale_y == 1 and scale_x == 1:
+        return prediction
+    box = prediction.box
+    return replace(
+        prediction,
+        box=(
+            round(box[0] * scale_x, 1),
+            round(box[1] * scale_y, 1),
+            round(box[2] * scale_x, 1),
+            round(box[3] * scale_y, 1),
+        )
+        if box is not None
+        else None,
+        area=round(prediction.area * scale_y * scale_x) if prediction.area is not None else None,
+        keypoints=[(round(x * scale_x, 1), round(y * scale_y, 1), v) for x, y, v in prediction.keypoints]
+        if prediction.keypoints is not None
+        else None,
+    )
 
 
 @dataclass

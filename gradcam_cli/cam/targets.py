@@ -16,7 +16,7 @@ a prompt's logit minus its nearest rivals', and a contrast's A minus B.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,9 +60,13 @@ class Resolved:
     """What results show, where not the score: a class's probability, as ``--target-class`` shows it."""
 
 
-def model_kind(model: LoadedModel) -> str:
-    """``clip`` (a text tower), ``embed`` (an embedding model) or ``classify``."""
-    return "clip" if model.text is not None else "embed" if model.embeds else "classify"
+def model_kind(model: LoadedModel, output: object = None) -> str:
+    """``clip`` (a text tower), ``embed`` (an embedding model) or ``classify``. ``output``: the model's output on
+    an input, where known: a dict or tuple of tensors (no ``logits``) makes it an embedding model (docs/targets.md)."""
+    if model.text is not None:
+        return "clip"
+    several = isinstance(output, Mapping | tuple | list) and not hasattr(output, "logits")
+    return "embed" if model.embeds or several else "classify"
 
 
 class TargetScore:
@@ -81,7 +85,11 @@ class TargetScore:
         embedding: str | None = None,
     ) -> None:
         self.model, self.device, self.embedding = model, device, embedding
-        self.kind = model_kind(model)
+        with model_state_preserved(model.module), torch.no_grad():
+            blank = model.module(blank_input(model.input_spec, device))
+        self.kind = model_kind(model, blank)
+        self.columns = int(blank.shape[1]) if isinstance(blank, torch.Tensor) and blank.dim() == 2 else None
+        """The classes of a model whose output is (N, C) logits (``None``: another output)."""
         self.specs = [TargetSpec.parse(spec) for spec in specs]
         self.class_kind = score if score in ("logit", "softmax", "sigmoid") else "logit"
         self.text_kind = score or "cosine"
@@ -96,15 +104,9 @@ class TargetScore:
             self.head = PromptHead.encode(model.text, list(dict.fromkeys(prompts)), device, embedding)
         self.prompts = list(dict.fromkeys(prompts))
         self.resolved = [self._resolve(spec, k) for k, spec in enumerate(self.specs)]
-        self._check_on_blank()
-
-    def _check_on_blank(self) -> None:
-        """Every target scored once on a blank input's output: a target the output cannot give (an output index,
-        a class past the last, an embedding of another size) stops the run here, before any image."""
-        with model_state_preserved(self.model.module), torch.no_grad():
-            output = self.model.module(blank_input(self.model.input_spec, self.device))
-            for resolved in self.resolved:
-                resolved.score(output)
+        with torch.no_grad():  # a target the output cannot give (an output index, a class past the last, an
+            for resolved in self.resolved:  # embedding of another size) stops the run here, before any image
+                resolved.score(blank)
 
     def _is_text(self, spec: TargetSpec) -> bool:
         return spec.kind == "text" or (spec.kind == "" and self.kind == "clip")
@@ -149,7 +151,8 @@ class TargetScore:
         def shown(output: object) -> torch.Tensor:
             return class_probabilities(as_logits(output).float(), kind)[:, index]
 
-        return Resolved(spec, self.model.class_name(index), index, score, finer, None, shown)
+        rivals = finer if self.columns is None or self.columns > 1 else None  # a single class has none
+        return Resolved(spec, self.model.class_name(index), index, score, rivals, None, shown)
 
     def _text(self, spec: TargetSpec, k: int) -> Resolved:
         head = self.head
@@ -170,7 +173,8 @@ class TargetScore:
             return finer_scores(head(output), torch.full((_rows(output),), column))
 
         shown = kind if kind in ("cosine", "logit") else None
-        return Resolved(spec, f"text:{spec.value}", k, score, finer, shown)
+        rivals = finer if len(self.prompts) > 1 else None  # a single prompt has none
+        return Resolved(spec, f"text:{spec.value}", k, score, rivals, shown)
 
     def _similar(self, spec: TargetSpec, k: int) -> Resolved:
         reference = reference_embedding(self.model, spec.value, self.embedding, self.device, str(spec))
@@ -195,12 +199,17 @@ class TargetScore:
         return Resolved(spec, str(spec), k, score, None, "output")
 
     def check_method(self, method: str) -> None:
-        """Finer-CAM needs rivals: a class's, a prompt's, or a contrast's B (a UsageError for other targets)."""
+        """Finer-CAM needs rivals: a class's other classes, a prompt's other prompts, or a contrast's B (a UsageError
+        for a target without any: a similarity, an output, a single prompt, the class of a single-class head)."""
+        hints = {
+            "text": "give other prompts to compare it with: more text: targets, or --labels PROMPTS",
+            "class": "the model has a single class",
+        }
         for resolved in self.resolved:
             if resolved.finer is None:
+                hint = hints.get(resolved.spec.kind, "use it with class:, text: or contrast: targets")
                 raise UsageError(
-                    f"--method {method} compares a target with its rivals; {resolved.spec} has none (use it with "
-                    "class:, text: or contrast: targets)"
+                    f"--method {method} compares a target with its rivals; {resolved.spec} has none ({hint})"
                 )
 
     def targets(
@@ -295,7 +304,7 @@ def explicit_score(
     specs: Sequence[TargetSpec],
     device: torch.device,
     target: int | None,
-    top_k: int,
+    top_k: int | None,
     methods: Sequence[str],
     score: str | None,
     embedding: str | None,
@@ -307,7 +316,7 @@ def explicit_score(
         raise UsageError(f"--target is for classifiers and embedding models; a {model.task.noun} explains its own")
     if specs and target is not None:
         raise UsageError("--target-class is --target class:NAME; give one of them")
-    if specs and top_k > 1:
+    if specs and top_k is not None:
         raise UsageError("--top-k ranks classes; with --target each target is explained once (repeat --target)")
     if not specs:
         if model.text is not None and model.categories:

@@ -7,16 +7,18 @@ from __future__ import annotations
 from ..errors import UsageError
 from ..models.loading import LoadedModel
 from ..models.tasks import Task, check_task_options, detection_transform
-from ..options import SCORE_NAMES, ExplainOptions
+from ..options import MAX_DETECTIONS, SCORE_NAMES, SCORE_THRESHOLD, ExplainOptions
 from .detection import DetectionScore
 from .scores import ClassScore, Score
 from .segmentation import SegmentationScore
 from .yolo import is_yolo_module, yolo_score
 
 
-def task_score(model: LoadedModel, name: str | None, threshold: float, max_detections: int, top_k: int) -> Score:
+def task_score(
+    model: LoadedModel, name: str | None, threshold: float | None, max_detections: int | None, top_k: int | None
+) -> Score:
     """The :class:`Score` of ``model``'s task with ``--score name`` (``None``: the task's own), ``--score-threshold``,
-    ``--max-detections`` and ``--top-k``; options of another task are refused
+    ``--max-detections`` and ``--top-k`` (each ``None`` where not given); options of another task are refused
     (:func:`~gradcam_cli.models.tasks.check_task_options`)."""
     if is_yolo_module(model.module):
         return yolo_score(model.module, name or "logit", threshold, max_detections, top_k)
@@ -28,9 +30,13 @@ def task_score(model: LoadedModel, name: str | None, threshold: float, max_detec
         model.task, ExplainOptions(top_k=top_k, score=name, score_threshold=threshold, max_detections=max_detections)
     )
     if model.task is Task.DETECT:
-        if max_detections < 1:
+        if max_detections is not None and max_detections < 1:
             raise UsageError("--max-detections must be at least 1")
-        return DetectionScore(detection_transform(model.module), threshold, max_detections)
+        return DetectionScore(
+            detection_transform(model.module),
+            SCORE_THRESHOLD if threshold is None else threshold,
+            MAX_DETECTIONS if max_detections is None else max_detections,
+        )
     if model.task is Task.SEGMENT:
         return SegmentationScore()
     return ClassScore(name or "logit")

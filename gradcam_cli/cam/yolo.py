@@ -53,23 +53,26 @@ def yolo_takes(method: str, module: nn.Module) -> bool:
     return METHODS[method].needs is ABLATED_SCORES and is_yolo_module(module)
 
 
-def yolo_score(module: nn.Module, name: str, threshold: float, max_detections: int, top_k: int) -> YoloScore:
-    """The :class:`YoloScore` of ``--score name`` (``logit`` or ``box``), ``--score-threshold`` (its default 0.5:
-    the model's own confidence threshold, 0.25) and ``--max-detections``; the NMS of ``module`` keeps detections
-    from that confidence on in the passes run under :func:`pass_settings` (nothing is set on the model)."""
+def yolo_score(
+    module: nn.Module, name: str, threshold: float | None, max_detections: int | None, top_k: int | None
+) -> YoloScore:
+    """The :class:`YoloScore` of ``--score name`` (``logit`` or ``box``), ``--score-threshold`` (not given,
+    ``None``: the model's own confidence threshold, 0.25) and ``--max-detections``; the NMS of ``module`` keeps
+    detections from that confidence on in the passes run under :func:`pass_settings` (nothing is set on the model).
+    ``--top-k`` given at all is refused."""
     from ..errors import UsageError
-    from ..options import ExplainOptions
+    from ..options import MAX_DETECTIONS
 
     if name not in YOLO_SCORES:
         raise UsageError(f"--score {name} is for classifiers; a YOLO detection takes --score logit or --score box")
-    if top_k != ExplainOptions().top_k:
+    if top_k is not None:
         raise UsageError(f"--top-k {top_k} is for classifiers and segmenters; a detector explains each detection")
-    if max_detections < 1:
+    if max_detections is not None and max_detections < 1:
         raise UsageError("--max-detections must be at least 1")
     net: Any = module  # a YoloNet (is_yolo_module)
-    if threshold == ExplainOptions().score_threshold:
+    if threshold is None:
         threshold = float(net.default_conf)
-    return YoloScore(int(net.stride), threshold, max_detections, name)
+    return YoloScore(int(net.stride), threshold, MAX_DETECTIONS if max_detections is None else max_detections, name)
 
 
 def pass_settings(score: object) -> AbstractContextManager[None]:

@@ -24,6 +24,7 @@ from .reporting import (
     ProgressBar,
     Reporter,
     default_layer_reason,
+    duration,
     pass_methods,
     passes_warning,
     run_reported,
@@ -67,8 +68,8 @@ def evaluate(
     target: params.TargetsOpt = None,
     embedding: params.EmbeddingOpt = None,
     score: params.ScoreOpt = None,
-    score_threshold: params.ScoreThresholdOpt = 0.5,
-    max_detections: params.MaxDetectionsOpt = 10,
+    score_threshold: params.ScoreThresholdOpt = None,
+    max_detections: params.MaxDetectionsOpt = None,
     steps: Annotated[
         int,
         typer.Option(
@@ -166,7 +167,7 @@ def evaluate(
             layer,
             methods,
             target_class,
-            1,
+            None,
             aug_smooth,
             eigen_smooth,
             score,
@@ -269,5 +270,5 @@ class EvalCommand:
             except OSError as error:
                 raise UsageError(f"cannot write --plot {options.plot}: {describe(error, options.plot)}") from error
             reporter.info(f"curves plotted to {options.plot}")
-        reporter.info(f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {elapsed:.1f}s")
+        reporter.info(f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {duration(elapsed)}")
         return EXIT_IMAGE_FAILED if report.failed else EXIT_OK

@@ -75,13 +75,20 @@ def explain(
     per_token: params.PerTokenOpt = False,
     max_new_tokens: params.MaxNewTokensOpt = None,
     top_k: Annotated[
-        int,
-        typer.Option("--top-k", "-k", min=1, metavar="K", help="Explain each of the top K classes (one output each)."),
-    ] = 1,
+        int | None,
+        typer.Option(
+            "--top-k",
+            "-k",
+            min=1,
+            metavar="K",
+            help="Explain each of the top K classes (one output each; default 1).",
+            show_default=False,
+        ),
+    ] = None,
     method: params.MethodOpt = params.MethodList([DEFAULT_METHOD]),
     score: params.ScoreOpt = None,
-    score_threshold: params.ScoreThresholdOpt = 0.5,
-    max_detections: params.MaxDetectionsOpt = 10,
+    score_threshold: params.ScoreThresholdOpt = None,
+    max_detections: params.MaxDetectionsOpt = None,
     rise_masks: params.RiseMasksOpt = 4000,
     occlusion_window: params.OcclusionWindowOpt = 32,
     occlusion_stride: params.OcclusionStrideOpt = 16,
@@ -393,7 +400,8 @@ def _nothing_found(explainer: Explainer) -> str | None:
     """What a row without a target means for the task, naming what filtered a detector's detections (``None``: a
     video's row)."""
     from ..cam.detection import DetectionScore, no_detection
+    from ..cam.yolo import YoloScore
 
-    if isinstance(explainer.score, DetectionScore):
+    if isinstance(explainer.score, DetectionScore | YoloScore):
         return no_detection(explainer.model, explainer.score, explainer.target)
     return "no class other than the background" if explainer.task.value == "segment" else None

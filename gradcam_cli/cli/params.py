@@ -231,11 +231,23 @@ EmbeddingOpt = Annotated[
     ),
 ]
 ScoreThresholdOpt = Annotated[
-    float,
-    typer.Option(min=0.0, max=1.0, metavar="S", help="Detectors: explain the detections scoring at least S."),
+    float | None,
+    typer.Option(
+        min=0.0,
+        max=1.0,
+        metavar="S",
+        help="Detectors: explain the detections scoring at least S (default 0.5; YOLO: the model's own conf).",
+        show_default=False,
+    ),
 ]
 MaxDetectionsOpt = Annotated[
-    int, typer.Option(min=1, metavar="N", help="Detectors: explain at most N detections per image, best first.")
+    int | None,
+    typer.Option(
+        min=1,
+        metavar="N",
+        help="Detectors: explain at most N detections per image, best first (default 10).",
+        show_default=False,
+    ),
 ]
 DeviceOpt = Annotated[str, typer.Option(parser=parse_device, metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps.")]
 PrecisionOpt = Annotated[
@@ -336,17 +348,17 @@ def explain_options(
     layers: list[str] | None,
     methods: MethodList,
     target_class: str | None,
-    top_k: int,
+    top_k: int | None,
     aug_smooth: bool,
     eigen_smooth: bool,
     score: str | None = None,
-    score_threshold: float = 0.5,
-    max_detections: int = 10,
+    score_threshold: float | None = None,
+    max_detections: int | None = None,
     targets: list[TargetSpec] | None = None,
     embedding: str | None = None,
     perturbation: PerturbationOptions | None = None,
 ) -> ExplainOptions:
-    """What to explain, from the shared options (``targets`` parsed by :func:`target_specs`)."""
+    """What to explain, from the shared options (``targets`` parsed by :func:`target_specs`; ``None``: not given)."""
     return ExplainOptions(
         tuple(layers or ()),
         tuple(methods),

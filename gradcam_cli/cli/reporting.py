@@ -185,6 +185,12 @@ def run_summary(counts: Counts, seconds: float, unit: str = "images") -> str:
     return line
 
 
+def duration(seconds: float) -> str:
+    """``seconds`` as a summary line shows them: ``1.2s``, and under 0.1 s in milliseconds (``41 ms``, never a
+    ``0.0s`` that reads as nothing measured)."""
+    return f"{seconds * 1000:.0f} ms" if seconds < 0.1 else f"{seconds:.1f}s"
+
+
 MIN_EXPLAINED_FOR_RATE = 2
 MIN_SECONDS_FOR_RATE = 1.0
 

@@ -27,7 +27,7 @@ from ..io.discovery import VIDEO_SUFFIXES
 from ..options import DiffOptions
 from .manifests import MapRow, Side, read_side
 from .measures import peak_shift, pearson, spearman, top_iou
-from .pairing import Pair, pair_rows
+from .pairing import Pair, pair_rows, same_target
 
 
 @dataclass
@@ -243,11 +243,16 @@ def compare_pair(pair: Pair, options: DiffOptions) -> PairResult:
 
 
 def _class_changes(baseline: MapRow, current: MapRow) -> list[str]:
-    """The target's change, and the image's top class's where that is another change."""
+    """The target's change (a class's, or another ``--target``'s: ``target similar:a.jpg -> similar:b.jpg``), and
+    the image's top class's where that is another change."""
     reasons = []
-    target = _change(baseline.target, current.target)
-    if target:
-        reasons.append(f"class {target}")
+    target = None
+    if not (baseline.named or current.named):
+        target = _change(baseline.target, current.target)
+        if target:
+            reasons.append(f"class {target}")
+    elif baseline.target is not None and current.target is not None and not same_target(baseline, current):
+        reasons.append(f"target {baseline.target[1]} -> {current.target[1]}")
     top = _change(baseline.top, current.top)
     if top and top != target:
         reasons.append(f"top class {top}")

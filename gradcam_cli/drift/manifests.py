@@ -17,8 +17,11 @@ import torch
 
 from ..errors import UsageError, describe
 from ..io.manifest import latest_row_sets, manifest_text, parse_rows
+from ..targets import TARGET_KINDS
 from .fingerprint import decode_fingerprint
 
+NAMED_KINDS = tuple(kind for kind in TARGET_KINDS if kind not in ("class", "contrast"))
+"""The ``--target`` kinds whose rows' target names begin with the kind (``similar:ref.jpg``)."""
 MANIFEST_SUFFIXES = (".jsonl", ".csv")
 PREFERRED_NAMES = ("manifest.jsonl", "manifest.csv")
 """In an output folder, these are the manifest; else its only ``.jsonl`` or ``.csv`` file is."""
@@ -28,7 +31,8 @@ PREFERRED_NAMES = ("manifest.jsonl", "manifest.csv")
 class MapRow:
     """A manifest row as the diff compares it. ``target`` and ``top``: (class index, name) of the class the row
     explains and of the image's top prediction; ``grid`` and ``size``: its decoded fingerprint; ``raw``: its
-    ``.npy`` map where that file exists."""
+    ``.npy`` map where that file exists; ``named``: its target is a ``--target`` other than a class
+    (``similar:``, ``text:``, ``output:``, a contrast), which its name tells apart (its index is its place)."""
 
     line: int
     input: str
@@ -42,6 +46,7 @@ class MapRow:
     raw: Path | None = None
     provenance: dict[str, Any] | None = None
     error: str | None = None
+    named: bool = False
 
 
 @dataclass
@@ -134,7 +139,17 @@ def _map_row(row: dict[str, Any], manifest: Path, shown: str) -> MapRow:
         _raw_map(row.get("outputs"), manifest),
         provenance if isinstance(provenance, dict) else None,
         str(row["error"]) if row.get("error") else None,
+        _is_named(target),
     )
+
+
+def _is_named(target: dict[str, Any] | None) -> bool:
+    """Whether a row's target is a ``--target`` other than a class, by its name (``similar:ref.jpg``) or its score
+    (a contrast's ``difference``)."""
+    if not target:
+        return False
+    name = str(target.get("name", ""))
+    return target.get("score") == "difference" or any(name.startswith(f"{kind}:") for kind in NAMED_KINDS)
 
 
 def _is_prediction(value: Any) -> bool:

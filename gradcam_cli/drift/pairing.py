@@ -2,9 +2,10 @@
 
 Inputs pair by their path as written (``./a.jpg`` is ``a.jpg``); those left over pair by the longest matching end
 of their paths (the same file name at least), so runs made from different folders, with absolute or relative
-paths, still pair. Within an input and method, rows pair by target class first, then in the order they come (the
-image's first explained class with the other run's first, and so on), so that an image whose top class changed
-still pairs, as a class change. An image that failed on either side pairs as a whole.
+paths, still pair. Within an input and method, rows pair by target first (a class by its index, another
+``--target`` by its name), then in the order they come (the image's first explained class with the other run's
+first, and so on), so that an image whose top class or target changed still pairs, as a class or target change.
+An image that failed on either side pairs as a whole.
 """
 
 from __future__ import annotations
@@ -114,5 +115,14 @@ def _pair_image(ours: list[MapRow], theirs: list[MapRow]) -> tuple[list[Pair], l
 
 
 def _same(first: MapRow, second: MapRow) -> bool:
-    """Whether two rows explain the same class (by index)."""
-    return first.target is not None and second.target is not None and first.target[0] == second.target[0]
+    """Whether two rows explain the same target: a class by its index, another ``--target`` by its name."""
+    return first.target is not None and second.target is not None and same_target(first, second)
+
+
+def same_target(first: MapRow, second: MapRow) -> bool:
+    """Whether two rows' targets, both given, are the same: a class by its index, another ``--target`` (``named``)
+    by its name."""
+    assert first.target is not None and second.target is not None
+    if first.named or second.named:
+        return first.named == second.named and first.target[1] == second.target[1]
+    return first.target[0] == second.target[0]

@@ -13,13 +13,11 @@ from pathlib import Path
 from PIL import Image
 
 from ..errors import UsageError, describe
+from ..io.images import oriented_size
 
 YoloLabel = tuple[str, tuple[float, float, float, float], int, str]
 """One object: the image's name without suffix, (x1, y1, x2, y2) as fractions of its size, its class index, and
 where it was read (file and line)."""
-
-ROTATED = (5, 6, 7, 8)
-"""EXIF orientations that swap an image's width and height."""
 
 
 def read_yolo_labels(folder: Path) -> list[YoloLabel]:
@@ -56,8 +54,6 @@ def shown_size(image: Path) -> tuple[int, int]:
     """(width, height) of ``image`` as it is shown (EXIF orientation applied), from its header."""
     try:
         with Image.open(image) as opened:
-            width, height = opened.size
-            rotated = opened.getexif().get(0x0112) in ROTATED
+            return oriented_size(opened)
     except OSError as error:
         raise UsageError(f"cannot read {image}: {describe(error, image)}") from error
-    return (height, width) if rotated else (width, height)

@@ -71,6 +71,12 @@ def load_image(path: str | Path, max_side: int | None = None) -> Image.Image:
     decoded at 1/2, 1/4 or 1/8 scale directly where that fits (``Image.draft``), so a 48 MP photo costs a
     fraction of its full decode.
     """
+    return load_sized_image(path, max_side)[0]
+
+
+def load_sized_image(path: str | Path, max_side: int | None = None) -> tuple[Image.Image, tuple[int, int]]:
+    """:func:`load_image`, and the (height, width) of the image at full size, its EXIF orientation applied: what
+    rows' boxes, areas and keypoints are measured in when ``max_side`` shrank it (docs/batch.md, Large images)."""
     path = Path(path)
     check_regular_file(path)
     try:
@@ -80,12 +86,13 @@ def load_image(path: str | Path, max_side: int | None = None) -> Image.Image:
                 if opened.width * opened.height > MAX_IMAGE_PIXELS:
                     raise Image.DecompressionBombError(path)
                 opened.seek(0)
+                width, height = oriented_size(opened)
                 factor = shrink_factor(opened.size, max_side)
                 if factor > 1:
                     opened.draft(None, (-(-opened.width // factor), -(-opened.height // factor)))
                 image = to_rgb(ImageOps.exif_transpose(opened), path)
                 factor = shrink_factor(image.size, max_side)
-                return image.reduce(factor) if factor > 1 else image
+                return (image.reduce(factor) if factor > 1 else image), (height, width)
     except FileNotFoundError as error:
         raise ImageError(f"{path}: no such file") from error
     except IsADirectoryError as error:
@@ -121,6 +128,18 @@ def check_regular_file(path: Path) -> None:
         raise ImageError(f"{path}: empty file (0 bytes)")
     if not os.access(path, os.R_OK):
         raise ImageError(f"{path}: permission denied")
+
+
+EXIF_ORIENTATION = 0x0112
+"""The EXIF tag of an image's orientation, which :func:`ImageOps.exif_transpose` applies."""
+TURNED = frozenset({5, 6, 7, 8})
+"""The EXIF orientations that turn an image by 90 degrees (its width and height swap)."""
+
+
+def oriented_size(opened: Image.Image) -> tuple[int, int]:
+    """(width, height) of an opened image as it is shown, its EXIF orientation applied, from its header."""
+    width, height = opened.size
+    return (height, width) if opened.getexif().get(EXIF_ORIENTATION) in TURNED else (width, height)
 
 
 def to_rgb(image: Image.Image, path: str | Path = "image") -> Image.Image:

@@ -52,7 +52,8 @@ class ImageEmbedder(nn.Module):
 
 def hf_clip(model: Any, folder: str, spec: InputSpec, weights: str) -> HubModel:
     """A loaded transformers ``CLIPModel`` or ``SiglipModel`` as an image tower and a :class:`TextTower`, with the
-    folder's tokenizer (SigLIP's prompts are padded to its full length, as it was trained)."""
+    folder's tokenizer (SigLIP's prompts are padded to its full length, as it was trained). A folder without
+    tokenizer files still explains images (``similar:``); prompts are refused with a ModelLoadError."""
     try:
         from transformers import AutoTokenizer
 
@@ -65,7 +66,14 @@ def hf_clip(model: Any, folder: str, spec: InputSpec, weights: str) -> HubModel:
 
     keys = ("input_ids",) if siglip else ("input_ids", "attention_mask")
 
+    words = set(tokenizer.get_vocab()) - set(tokenizer.all_special_tokens)
+
     def tokenize(prompts: list[str]) -> Mapping[str, torch.Tensor]:
+        if not words:  # no tokenizer files: transformers builds one that reads every word as the same unknown id
+            raise ModelLoadError(
+                f"{folder} has no tokenizer (vocab.json and merges.txt, or tokenizer.json): its text tower cannot "
+                "read prompts; save the model's tokenizer into the folder (tokenizer.save_pretrained)"
+            )
         tokens = tokenizer(prompts, padding=padding, truncation=True, max_length=length, return_tensors="pt")
         return {key: tokens[key] for key in keys if key in tokens}
 

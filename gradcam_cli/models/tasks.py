@@ -63,24 +63,24 @@ class Task(str, enum.Enum):
 
 
 def check_task_options(task: Task, options: ExplainOptions) -> None:
-    """A one-line UsageError for an option meant for another task, given a value other than its default: ``--score``
-    (classifiers), ``--top-k`` (classifiers and segmenters), ``--score-threshold`` and ``--max-detections``
-    (detectors). The rule, with ``--input-size`` and the other options it covers, is in docs/cli.md."""
-    defaults = ExplainOptions()
-    if options.score not in (defaults.score, "logit") and task is not Task.CLASSIFY:
+    """A one-line UsageError for an option meant for another task, given at all (``None``: not given) with any
+    value: ``--score`` (classifiers; ``logit`` passes everywhere), ``--top-k`` (classifiers and segmenters),
+    ``--score-threshold`` and ``--max-detections`` (detectors). The rule, with ``--input-size`` and the other options
+    it covers, is in docs/cli.md."""
+    if options.score not in (None, "logit") and task is not Task.CLASSIFY:
         raise UsageError(f"--score {options.score} is for classifiers; a {task.noun} has its own score")
-    if options.top_k != defaults.top_k and task is Task.DETECT:
+    if options.top_k is not None and task is Task.DETECT:
         raise UsageError(
             f"--top-k {options.top_k} is for classifiers and segmenters; a detector explains each detection scoring "
             "at least --score-threshold, at most --max-detections of them"
         )
     given = [
         f"{option} {value:g}"
-        for option, value, default in (
-            ("--score-threshold", options.score_threshold, defaults.score_threshold),
-            ("--max-detections", options.max_detections, defaults.max_detections),
+        for option, value in (
+            ("--score-threshold", options.score_threshold),
+            ("--max-detections", options.max_detections),
         )
-        if value != default
+        if value is not None
     ]
     if given and task is not Task.DETECT:
         raise UsageError(f"{given[0]} is for detectors; a {task.noun} has no detections to choose from")

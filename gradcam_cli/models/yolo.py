@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -225,14 +226,18 @@ def _from_checkpoint(path: Path, random: bool) -> tuple[Any, int]:
             "no other way (update torch and ultralytics)"
         )
     try:
-        checkpoint, _ = torch_safe_load(str(path.resolve()), safe_only=True)
+        with warnings.catch_warnings():  # torch's note on a pickle protocol it may not support: the error says it
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
+            checkpoint, _ = torch_safe_load(str(path.resolve()), safe_only=True)
     except Exception as error:
         raise ModelLoadError(
-            f"{path} is not an ultralytics checkpoint that loads with weights_only=True ({_reason(error)})"
+            f"{path} is not an ultralytics checkpoint that loads with weights_only=True ({_reason(error, path)})"
         ) from error
     net = checkpoint.get("ema") or checkpoint.get("model") if isinstance(checkpoint, dict) else None
     if not isinstance(net, nn.Module):
         raise ModelLoadError(f"{path} holds no ultralytics model (no 'model' or 'ema' entry)")
+    if not isinstance(net, tasks.BaseModel):
+        raise ModelLoadError(f"{path} holds a {type(net).__name__} as its model, not an ultralytics model")
     args = checkpoint.get("train_args") or {}
     imgsz = args.get("imgsz", DEFAULT_SIZE) if isinstance(args, dict) else DEFAULT_SIZE
     imgsz = max(imgsz) if isinstance(imgsz, list | tuple) else imgsz
@@ -243,9 +248,14 @@ def _from_checkpoint(path: Path, random: bool) -> tuple[Any, int]:
     return net, int(imgsz) if isinstance(imgsz, int | float) else DEFAULT_SIZE
 
 
-def _reason(error: BaseException) -> str:
-    """ultralytics' message for a failed load, without its 'ERROR ❌️' banner and advice."""
-    text = re.sub(r"^\W*ERROR\W*", "", describe(error))
+def _reason(error: BaseException, path: Path) -> str:
+    """Why ``path`` did not load, in plain words: a file torch never wrote, or ultralytics' message without its
+    'ERROR ❌️' banner, its advice and the path (the message names it already)."""
+    with open(path, "rb") as file:
+        head = file.read(4)
+    if not (head.startswith(b"PK") or head[:1] == b"\x80"):  # torch.save's zip archive, or a pickle
+        return "not a file torch.save writes"
+    text = re.sub(r"^\W*ERROR[^\w/.~]*", "", describe(error, path.resolve()))
     return text.split(". ")[0].rstrip(".")
 
 

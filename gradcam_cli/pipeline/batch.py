@@ -59,7 +59,7 @@ from .detection_resume import CombinedOutputs, resumed_detection_rows
 from .gpu import is_out_of_memory, release_cached_memory, results_to_host, stack_inputs
 from .ordering import InOrder, deferred_interrupt
 from .outputs import OutputKind, WriteJob, output_kinds
-from .records import Record
+from .records import Record, in_original_pixels
 from .resume import EarlierRows, ExistingOutputs, FoundExplanation, resumed_rows
 
 FOLD_MIN_IMAGES = 32
@@ -134,8 +134,7 @@ class BatchRunner:
                 places.append(place)
                 continue
             in_order.add(place, rows)
-            tick = on_skipped or on_image
-            if tick:
+            if tick := on_skipped or on_image:
                 tick()
         try:
             yield from in_order.ready()
@@ -235,8 +234,7 @@ class BatchRunner:
         return kind(self.output, self.kinds, explainer.methods, target, explainer.top_k)
 
     def _finish(self, item: _Pending, on_image: Callable[[], Any] | None) -> tuple[int, list[Record]]:
-        rows = item.rows
-        seconds = item.seconds
+        rows, seconds = item.rows, item.seconds
         if item.future is not None:
             write_seconds, error = item.future.result()
             seconds += write_seconds
@@ -253,9 +251,9 @@ class BatchRunner:
         self, batch: list[Sample], images: Sequence[InputImage], inputs: set[str], pool: ThreadPoolExecutor
     ) -> list[_Pending]:
         ready = [(s.index, s.tensor, s.pixels) for s in batch if s.tensor is not None and s.pixels is not None]
+        originals = {s.index: s.original for s in batch}
         if not ready:  # a sample that failed to decode comes alone
-            index = batch[0].index
-            image = images[index]
+            index, image = batch[0].index, images[batch[0].index]
             return [_Pending(index, image, [self._error(image, batch[0].error or f"{image.path}: unreadable")])]
         if len(batch) > self.batch_size:  # smaller batches since the GPU ran out of memory
             parts = [batch[i : i + self.batch_size] for i in range(0, len(batch), self.batch_size)]
@@ -281,7 +279,7 @@ class BatchRunner:
         seconds = (time.perf_counter() - started) / len(batch)
         items = []
         for (index, _, pixels), result in zip(ready, results, strict=True):
-            item = self._submit(index, images[index], pixels, result, inputs, pool)
+            item = self._submit(index, images[index], pixels, result, inputs, pool, originals[index])
             item.seconds = seconds
             items.append(item)
         return items
@@ -319,8 +317,10 @@ class BatchRunner:
         result: ImageExplanation,
         inputs: set[str],
         pool: ThreadPoolExecutor,
+        original: tuple[int, int] | None = None,
     ) -> _Pending:
-        """Name this image's files and rows, and hand the writing to a writer thread."""
+        """Name this image's files and rows (measured in the ``original`` image's pixels: docs/batch.md, Large
+        images), and hand the writing to a writer thread."""
         files: list[tuple[OutputKind, Path, Explanation | None]] = []
         rows = []
         combined: dict[str, tuple[list[str], Explanation]] = {}
@@ -361,6 +361,7 @@ class BatchRunner:
                 files.append((kind, path, None))
                 for row in rows if kind.listed else []:
                     row.outputs.append(str(path))
+        rows = in_original_pixels(rows, (int(pixels.shape[0]), int(pixels.shape[1])), original)
         clash = next((path for _, path, _ in files if os.path.realpath(path) in inputs), None)
         if clash is not None:
             message = f"{image.path}: refusing to overwrite input file {clash}"

@@ -15,7 +15,7 @@ from torch.utils.data import Dataset
 
 from ..errors import GradcamError, ImageError, describe
 from ..io.discovery import InputImage
-from ..io.images import InputSpec, load_image, to_input_tensor, to_pixel_tensor
+from ..io.images import InputSpec, load_sized_image, to_input_tensor, to_pixel_tensor
 
 WAITING_PIXELS = 64_000_000
 """At most about this many image pixels wait in shape buckets, and as many again for the writers."""
@@ -23,10 +23,14 @@ WAITING_PIXELS = 64_000_000
 
 @dataclass
 class Sample:
+    """One decoded image: its network input and pixels (shrunk to ``max_side``), or the one-line ``error``;
+    ``original``: the (height, width) of the image at full size, which rows' boxes are measured in."""
+
     index: int
     tensor: torch.Tensor | None
     pixels: torch.Tensor | None
     error: str | None
+    original: tuple[int, int] | None = None
 
 
 class ImageDataset(Dataset[Sample]):
@@ -41,8 +45,8 @@ class ImageDataset(Dataset[Sample]):
     def __getitem__(self, index: int) -> Sample:
         path = self.images[index].path
         try:
-            image = load_image(path, self.max_side)
-            return Sample(index, to_input_tensor(image, self.spec), to_pixel_tensor(image), None)
+            image, original = load_sized_image(path, self.max_side)
+            return Sample(index, to_input_tensor(image, self.spec), to_pixel_tensor(image), None, original)
         except GradcamError as error:
             return Sample(index, None, None, str(error))
         except Exception as error:  # a worker must never die on one bad file

@@ -206,7 +206,8 @@ def decode_row(row: dict[str, Any], spec: InputSpec, max_side: int | None, cwd: 
     sample = ImageDataset([image], spec, max_side)[0]
     tensor = sample.tensor.numpy() if sample.tensor is not None else np.zeros((3, 0, 0), np.float32)
     pixels = sample.pixels.numpy() if sample.pixels is not None else np.zeros((0, 0, 3), np.uint8)
-    return {**row, "tensor": tensor, "pixels": pixels, "error": sample.error or ""}
+    original = np.array(sample.original or (0, 0), np.int64)
+    return {**row, "tensor": tensor, "pixels": pixels, "error": sample.error or "", "original": original}
 
 
 class ExplainActor:
@@ -269,15 +270,16 @@ class ExplainActor:
     def _explain(self, batch: dict[str, np.ndarray]) -> Iterator[tuple[int, list[Record]]]:
         paths, stems = batch["path"], batch["stem"]
         images = [InputImage(Path(os.fsdecode(p)), Path(os.fsdecode(s))) for p, s in zip(paths, stems, strict=True)]
-        decoded = zip(batch["tensor"], batch["pixels"], batch["error"], strict=True)
+        decoded = zip(batch["tensor"], batch["pixels"], batch["error"], batch["original"], strict=True)
         samples = [
             Sample(
                 place,
                 torch.tensor(tensor) if tensor.size else None,
                 torch.tensor(pixels) if pixels.size else None,
                 str(error) or None,
+                (int(original[0]), int(original[1])) if original[0] else None,
             )
-            for place, (tensor, pixels, error) in enumerate(decoded)
+            for place, (tensor, pixels, error, original) in enumerate(decoded)
         ]
         for place, records in self.runner.explain_samples(iter(samples), images, self.protected):
             for record in records:

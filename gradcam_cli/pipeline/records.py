@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ..cam.results import Prediction
+from ..cam.results import Prediction, rescaled
 from ..io.manifest import MANIFEST_FIELDS
 
 
@@ -69,6 +69,22 @@ class Record:
             row.get("fingerprint") if isinstance(row.get("fingerprint"), dict) else None,
             row.get("provenance") if isinstance(row.get("provenance"), dict) else None,
         )
+
+
+def in_original_pixels(rows: list[Record], shown: tuple[int, int], original: tuple[int, int] | None) -> list[Record]:
+    """``rows`` of an image explained at ``shown`` (height, width) with their boxes, areas and keypoints in the
+    pixels of the ``original`` it was shrunk from (``--max-side``; ``None``: not shrunk), as copies."""
+    if original is None or original == shown:
+        return rows
+    scale = original[0] / shown[0], original[1] / shown[1]
+    return [
+        replace(
+            row,
+            target=rescaled(row.target, *scale) if row.target is not None else None,
+            predictions=[rescaled(p, *scale) for p in row.predictions],
+        )
+        for row in rows
+    ]
 
 
 def _prediction(value: Any) -> Prediction | None:

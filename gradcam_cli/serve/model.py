@@ -103,7 +103,7 @@ class ModelService:
             model.module.eval().requires_grad_(False).to(device)
         self.kind = model_kind(model)
         first = self.targets[:1] or ((TargetSpec("output"),) if self.kind == "embed" else ())  # output:0 of any
-        base = Explainer.from_options(model, replace(options, targets=first, top_k=1 if first else options.top_k))
+        base = Explainer.from_options(model, replace(options, targets=first, top_k=None if first else options.top_k))
         self.model = base.model
         self.task = base.task
         self.device = base.device
@@ -168,7 +168,7 @@ class ModelService:
                 score=self.options.score,
                 score_threshold=self.options.score_threshold,
                 max_detections=self.options.max_detections,
-                top_k=self.options.top_k if target is None else 1,
+                top_k=self.options.top_k if target is None else None,
                 targets=(target,) if target is not None else (),
                 embedding=self.options.embedding,
             )
