@@ -249,6 +249,10 @@ def test_command_line_refusals(tmp_path):
     assert result.exit_code == 2 and result.stderr.strip() == "error: --answer is for a --prompt; add --prompt TEXT"
     result = run(image, "--model", f"hf:{other}", "--prompt", "x", "--manifest", tmp_path / "m.csv")
     assert result.exit_code == 2 and "with --prompt use a .jsonl file" in result.stderr
+    result = run(image, "--model", f"hf:{other}", "--prompt", "x", "--top-k", 2)
+    assert result.exit_code == 2 and result.stderr.strip() == (
+        "error: --top-k does not apply to a --prompt's answer (docs/vlm.md lists what does)"
+    )
     result = run(image, "--target", "answer:cat", "--model", "resnet18", "--weights", "none")
     assert result.exit_code == 2 and "answer: targets are for a vision-language model" in result.stderr
 

@@ -1,18 +1,64 @@
-"""``gradcam IMAGE --model hf:DIR --prompt TEXT``: a vision-language model's answer and its maps, reported."""
+"""``gradcam IMAGE --model hf:DIR --prompt TEXT``: its options, and a vision-language model's answer and its maps,
+reported."""
 
 from __future__ import annotations
 
 import json
 import time
 from contextlib import ExitStack
-from typing import Protocol
+from typing import Annotated, Protocol
+
+import typer
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
 from ..options import AnswerOptions, ExplainOptions, ModelOptions, OutputOptions, RunOptions
 from .reporting import Reporter, run_summary
 
+PromptOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="TEXT", help="Ask a vision-language model (hf:DIR) this about each image; map its answer (docs/vlm.md)."
+    ),
+]
+AnswerOpt = Annotated[
+    str | None, typer.Option(metavar="TEXT", help="--prompt: explain this answer instead of the generated one.")
+]
+PerTokenOpt = Annotated[bool, typer.Option("--per-token", help="--prompt: also one map per answer token.")]
+MaxNewTokensOpt = Annotated[
+    int | None, typer.Option(min=1, metavar="N", help="--prompt: the generated answer's most tokens (default: 32).")
+]
+
+
+def question(prompt: str | None, answer: str | None, per_token: bool, max_new_tokens: int | None) -> AnswerOptions:
+    """A question for a vision-language model, from ``--prompt``, ``--answer``, ``--per-token`` and
+    ``--max-new-tokens`` (docs/vlm.md)."""
+    return AnswerOptions(prompt, answer, per_token, max_new_tokens)
+
+
 DEFAULT_MAX_NEW_TOKENS = 32
 """The generated answer's most tokens without ``--max-new-tokens``."""
+
+
+def _not_for_answers(explain: ExplainOptions, output: OutputOptions, run: RunOptions) -> list[str]:
+    """The options given that a vision-language answer does not take (``None`` or off: not given)."""
+    values = {
+        "--target-class": explain.target_class,
+        "--top-k": explain.top_k,
+        "--score": explain.score,
+        "--score-threshold": explain.score_threshold,
+        "--max-detections": explain.max_detections,
+        "--embedding": explain.embedding,
+        "--shard": run.shard,
+    }
+    flags = {
+        "--aug-smooth": explain.aug_smooth,
+        "--save-heatmap": output.save_heatmap,
+        "--panel": output.panel,
+        "--report": output.report,
+        "--skip-existing": output.skip_existing,
+        "--engine ray": run.engine != "local",
+    }
+    return [name for name, value in values.items() if value is not None] + [name for name, on in flags.items() if on]
 
 
 class Command(Protocol):
@@ -24,13 +70,12 @@ class Command(Protocol):
     explain_options: ExplainOptions
     output: OutputOptions
     run_options: RunOptions
-    question: AnswerOptions
 
 
 def ask(command: Command) -> int:
     """Ask the command's ``--prompt`` about every image; print each answer and its maps; the exit code."""
     reporter, inputs, model, explain = command.reporter, command.inputs, command.model_options, command.explain_options
-    output, run, question = command.output, command.run_options, command.question
+    output, run, question = command.output, command.run_options, explain.question
     if question.prompt is None:
         raise UsageError(f"{question.given()[0]} is for a --prompt; add --prompt TEXT")
     from ..io.discovery import discover
@@ -43,8 +88,9 @@ def ask(command: Command) -> int:
 
     if output.manifest is not None and output.manifest.suffix.lower() != ".jsonl":
         raise UsageError(f"--manifest {output.manifest}: with --prompt use a .jsonl file (rows carry the answer)")
-    if explain.target_class is not None or explain.top_k != 1:
-        raise UsageError("--target-class and --top-k are for classifiers; with --prompt use --target answer:WORD")
+    not_here = _not_for_answers(explain, output, run)
+    if not_here:
+        raise UsageError(f"{not_here[0]} does not apply to a --prompt's answer (docs/vlm.md lists what does)")
     if len(explain.layers) > 1:
         raise UsageError("--prompt explains one --layer at a time")
     images = discover(inputs, exclude=output.output_dir)

@@ -16,16 +16,15 @@ from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
 from ..options import (
     DEFAULT_MAX_SIDE,
     DEFAULT_METHOD,
-    AnswerOptions,
     ImageFormat,
     OutputOptions,
     PerturbationOptions,
     RunOptions,
     Shard,
 )
-from . import params
-from .answers import ask
+from . import answers, params
 from .lines import layer_line, layer_row, report_record
+from .params import refuse
 from .reporting import (
     PassProgress,
     ProgressBar,
@@ -70,10 +69,10 @@ def explain(
     target_class: params.TargetOpt = None,
     target: params.TargetsOpt = None,
     embedding: params.EmbeddingOpt = None,
-    prompt: params.PromptOpt = None,
-    answer: params.AnswerOpt = None,
-    per_token: params.PerTokenOpt = False,
-    max_new_tokens: params.MaxNewTokensOpt = None,
+    prompt: answers.PromptOpt = None,
+    answer: answers.AnswerOpt = None,
+    per_token: answers.PerTokenOpt = False,
+    max_new_tokens: answers.MaxNewTokensOpt = None,
     top_k: Annotated[
         int | None,
         typer.Option(
@@ -226,7 +225,7 @@ def explain(
     ray_options = {"--ray-address": ray_address, "--actors": actors, "--gpus-per-worker": gpus_per_worker}
     ray_only = [name for name, value in ray_options.items() if value is not None]
     if engine != "ray" and ray_only:
-        run_reported(reporter, lambda: _refuse(f"{ray_only[0]} is for --engine ray; add --engine ray or leave it out"))
+        run_reported(reporter, lambda: refuse(f"{ray_only[0]} is for --engine ray; add --engine ray or leave it out"))
     if version:
         run_reported(reporter, lambda: _print_version(reporter))
     specs, mistake = params.target_specs(target)
@@ -252,6 +251,7 @@ def explain(
             PerturbationOptions(
                 rise_masks, occlusion_window=occlusion_window, occlusion_stride=occlusion_stride, seed=seed
             ),
+            answers.question(prompt, answer, per_token, max_new_tokens),
         ),
         OutputOptions(
             output_dir,
@@ -278,18 +278,12 @@ def explain(
             actors=actors,
             gpus_per_worker=gpus_per_worker,
         ),
-        AnswerOptions(prompt, answer, per_token, max_new_tokens),
     )
     if list_models:
         run_reported(reporter, command.list_models)
     if list_layers:
         run_reported(reporter, command.list_layers)
     run_reported(reporter, command.run)
-
-
-def _refuse(message: str) -> int:
-    """A usage error found while parsing, reported as every other."""
-    raise UsageError(message)
 
 
 def _print_version(reporter: Reporter) -> int:
@@ -310,11 +304,9 @@ class ExplainCommand:
         explain: ExplainOptions,
         output: OutputOptions,
         run: RunOptions,
-        question: AnswerOptions = AnswerOptions(),
     ) -> None:
         self.reporter, self.inputs = reporter, inputs
         self.model_options, self.explain_options, self.output, self.run_options = model, explain, output, run
-        self.question = question
 
     def list_models(self) -> int:
         from ..models.loading import available_models
@@ -355,8 +347,8 @@ class ExplainCommand:
 
         if not self.inputs:
             raise UsageError("no input given; try: gradcam IMAGE_OR_DIR [--layer NAME], or gradcam --help")
-        if self.question.prompt is not None or self.question.given():
-            return ask(self)
+        if self.explain_options.question.prompt is not None or self.explain_options.question.given():
+            return answers.ask(self)
         reporter = self.reporter
         images, videos = discover_inputs(
             self.inputs, exclude=self.output.output_dir, warn=lambda message: reporter.info(f"warning: {message}")

@@ -22,6 +22,7 @@ from ..options import (
     PRECISION_NAMES,
     SCORE_NAMES,
     TASK_NAMES,
+    AnswerOptions,
     ExplainOptions,
     ImageFormat,
     ModelOptions,
@@ -329,21 +330,6 @@ def model_options(
     return ModelOptions(model, weights, num_classes, labels, input_size, device, task, precision)
 
 
-PromptOpt = Annotated[
-    str | None,
-    typer.Option(
-        metavar="TEXT", help="Ask a vision-language model (hf:DIR) this about each image; map its answer (docs/vlm.md)."
-    ),
-]
-AnswerOpt = Annotated[
-    str | None, typer.Option(metavar="TEXT", help="--prompt: explain this answer instead of the generated one.")
-]
-PerTokenOpt = Annotated[bool, typer.Option("--per-token", help="--prompt: also one map per answer token.")]
-MaxNewTokensOpt = Annotated[
-    int | None, typer.Option(min=1, metavar="N", help="--prompt: the generated answer's most tokens (default: 32).")
-]
-
-
 def explain_options(
     layers: list[str] | None,
     methods: MethodList,
@@ -357,6 +343,7 @@ def explain_options(
     targets: list[TargetSpec] | None = None,
     embedding: str | None = None,
     perturbation: PerturbationOptions | None = None,
+    question: AnswerOptions | None = None,
 ) -> ExplainOptions:
     """What to explain, from the shared options (``targets`` parsed by :func:`target_specs`; ``None``: not given)."""
     return ExplainOptions(
@@ -372,6 +359,7 @@ def explain_options(
         tuple(targets or ()),
         embedding,
         perturbation or PerturbationOptions(),
+        question or AnswerOptions(),
     )
 
 
