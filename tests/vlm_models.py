@@ -32,8 +32,22 @@ def tokenizer(special: list[str]):
     )
 
 
-def _text_ids(config) -> None:
-    config.pad_token_id, config.bos_token_id, config.eos_token_id = 0, 2, 3
+def _llama(vocab: int):
+    """A tiny Llama for the language model, padding 0, start 2, end 3 (the tokenizer's)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=3,
+    )
 
 
 def _save(model, processor, folder: Path) -> Path:
@@ -51,7 +65,6 @@ def llava(folder: Path, vision_layers: int = 2, seed: int = 0) -> Path:
     from transformers import (
         CLIPImageProcessor,
         CLIPVisionConfig,
-        LlamaConfig,
         LlavaConfig,
         LlavaForConditionalGeneration,
         LlavaProcessor,
@@ -66,16 +79,7 @@ def llava(folder: Path, vision_layers: int = 2, seed: int = 0) -> Path:
         image_size=32,
         patch_size=8,
     )
-    text = LlamaConfig(
-        vocab_size=len(WORDS) + 1,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    _text_ids(text)
+    text = _llama(len(WORDS) + 1)
     config = LlavaConfig(
         vision_config=vision,
         text_config=text,
@@ -180,7 +184,6 @@ def idefics3(folder: Path, vision_layers: int = 1, seed: int = 0) -> Path:
         Idefics3ImageProcessor,
         Idefics3Processor,
         Idefics3VisionConfig,
-        LlamaConfig,
     )
 
     torch.manual_seed(seed)
@@ -193,16 +196,7 @@ def idefics3(folder: Path, vision_layers: int = 1, seed: int = 0) -> Path:
         image_size=32,
         patch_size=8,
     )
-    text = LlamaConfig(
-        vocab_size=first + len(IDEFICS_SPECIAL),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    _text_ids(text)
+    text = _llama(first + len(IDEFICS_SPECIAL))
     config = Idefics3Config(vision_config=vision, text_config=text, scale_factor=2, image_token_id=first + 1)
     model = Idefics3ForConditionalGeneration(config).eval()
     images = Idefics3ImageProcessor(
