@@ -13,11 +13,12 @@ import vlm_models
 from PIL import Image
 
 from gradcam_cli.targets import TargetSpec
-from gradcam_cli.vlm.answer import AnswerExplainer
+from gradcam_cli.vlm.answer import AnswerExplainer, placeholder_ids
 from gradcam_cli.vlm.loading import load_vlm
 
 BUILDERS = {
     "llava": vlm_models.llava,
+    "llava-next": vlm_models.llava_next,
     "qwen2-vl": vlm_models.qwen2_vl,
     "qwen2.5-vl": vlm_models.qwen2_5_vl,
     "idefics3": vlm_models.idefics3,
@@ -116,7 +117,9 @@ def test_generated_answer_equals_generate(folder):
     vlm = load_vlm(f"hf:{folder}", torch.device("cpu"))
     result = AnswerExplainer(vlm, max_new_tokens=4).explain(photo(), PROMPT, per_token=True)
     inputs = processed(vlm, photo())
-    output = vlm.module.generate(**inputs, max_new_tokens=4, do_sample=False)
+    suppressed = placeholder_ids(vlm.module.config)  # an image token cannot be fed back as an answer
+    assert suppressed and all(isinstance(i, int) for i in suppressed)
+    output = vlm.module.generate(**inputs, max_new_tokens=4, do_sample=False, suppress_tokens=suppressed)
     new = output[0, inputs["input_ids"].shape[1] :].tolist()
     while new and new[-1] in (0, 3):
         new.pop()
@@ -182,7 +185,9 @@ def test_command_line_answers_and_writes_maps(folder, tmp_path):
     assert result.exit_code == 0, result.output
     vlm = load_vlm(model, torch.device("cpu"))
     inputs = processed(vlm, photo())
-    generated = vlm.module.generate(**inputs, max_new_tokens=3, do_sample=False)[0, inputs["input_ids"].shape[1] :]
+    suppressed = placeholder_ids(vlm.module.config)
+    generated = vlm.module.generate(**inputs, max_new_tokens=3, do_sample=False, suppress_tokens=suppressed)
+    generated = generated[0, inputs["input_ids"].shape[1] :]
     text = vlm.tokenizer.decode(generated.tolist(), skip_special_tokens=True).strip()
     assert f"  answer: {text}  (log p " in result.stdout
     assert "using layer " + vlm.family.default_layer in result.stderr
@@ -240,8 +245,8 @@ def test_command_line_refusals(tmp_path):
     result = run(image, "--model", f"hf:{other}", "--prompt", "what is it?")
     assert result.exit_code == 2
     assert result.stderr.strip() == (
-        f"error: hf:{other} is a paligemma vision-language model; supported families: llava, qwen2_vl, qwen2_5_vl, "
-        "idefics3, smolvlm"
+        f"error: hf:{other} is a paligemma vision-language model; supported families: llava, llava_next, qwen2_vl, "
+        "qwen2_5_vl, idefics3, smolvlm"
     )
     result = run(image, "--model", f"hf:{other}")
     assert result.exit_code == 2 and "vision-language model; ask it about the image with --prompt" in result.stderr

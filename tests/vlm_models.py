@@ -1,5 +1,5 @@
 """Tiny random vision-language models of each supported family, saved with a processor whose tokenizer and chat
-template are made here (no download): LLaVA-1.5, Qwen2-VL, Qwen2.5-VL, Idefics3, and a LLaVA trained briefly to
+template are made here (no download): LLaVA-1.5 and NeXT, Qwen2-VL, Qwen2.5-VL, Idefics3, and a LLaVA trained briefly to
 answer from one region of the photo."""
 
 from __future__ import annotations
@@ -58,17 +58,17 @@ def _save(model, processor, folder: Path) -> Path:
     return folder
 
 
-def llava(folder: Path, vision_layers: int = 2, seed: int = 0) -> Path:
+PINPOINTS = [[32, 32], [32, 64], [64, 32], [64, 64]]
+"""The tiny LLaVA-NeXT's resolutions (height, width) of 32 px tiles."""
+
+
+def llava(folder: Path, vision_layers: int = 2, seed: int = 0, version: str = "1.5") -> Path:
     """LLaVA-1.5: CLIP vision tower (32 px, 8 px patches), projector, Llama; shortest edge 32, centre crop 32.
+    ``version`` "next": LLaVA-NeXT, 32 px tiles of the best of :data:`PINPOINTS` after the whole photo.
     ``vision_layers=0``: one layer whose attention output is zero (LLaVA reads a layer's hidden states), so that
     each image token depends on its own patch only."""
-    from transformers import (
-        CLIPImageProcessor,
-        CLIPVisionConfig,
-        LlavaConfig,
-        LlavaForConditionalGeneration,
-        LlavaProcessor,
-    )
+    import transformers
+    from transformers import CLIPVisionConfig
 
     torch.manual_seed(seed)
     vision = CLIPVisionConfig(
@@ -79,23 +79,29 @@ def llava(folder: Path, vision_layers: int = 2, seed: int = 0) -> Path:
         image_size=32,
         patch_size=8,
     )
-    text = _llama(len(WORDS) + 1)
-    config = LlavaConfig(
+    prefix = "LlavaNext" if version == "next" else "Llava"
+    extra = {"image_grid_pinpoints": PINPOINTS} if version == "next" else {}
+    config = getattr(transformers, f"{prefix}Config")(
         vision_config=vision,
-        text_config=text,
+        text_config=_llama(len(WORDS) + 1),
         image_token_index=len(WORDS),
         vision_feature_layer=-1,
         vision_feature_select_strategy="default",
+        **extra,
     )
-    model = LlavaForConditionalGeneration(config).eval()
+    model = getattr(transformers, f"{prefix}ForConditionalGeneration")(config).eval()
     if vision_layers == 0:
         with torch.no_grad():
             for layer in model.model.vision_tower.encoder.layers:
                 layer.self_attn.out_proj.weight.zero_()
                 layer.self_attn.out_proj.bias.zero_()
-    images = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    sizes = {"size": {"shortest_edge": 32}, "crop_size": {"height": 32, "width": 32}}
+    if version == "next":
+        images = transformers.LlavaNextImageProcessor(**sizes, image_grid_pinpoints=PINPOINTS)
+    else:
+        images = transformers.CLIPImageProcessor(**sizes)
     template = TEMPLATE.replace("{{ image_text }}", "<image>")
-    processor = LlavaProcessor(
+    processor = getattr(transformers, f"{prefix}Processor")(
         image_processor=images,
         tokenizer=tokenizer(["<image>"]),
         patch_size=8,
@@ -104,6 +110,11 @@ def llava(folder: Path, vision_layers: int = 2, seed: int = 0) -> Path:
         chat_template=template,
     )
     return _save(model, processor, folder)
+
+
+def llava_next(folder: Path, vision_layers: int = 2, seed: int = 0) -> Path:
+    """LLaVA-NeXT (:func:`llava`)."""
+    return llava(folder, vision_layers, seed, version="next")
 
 
 QWEN_SPECIAL = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]

@@ -152,11 +152,17 @@ class AnswerExplainer:
         }
 
     def generate(self, inputs: Mapping[str, torch.Tensor]) -> list[int]:
-        """The greedy answer's token ids (seeded; without the end-of-sequence and padding tokens)."""
+        """The greedy answer's token ids (seeded; without the end-of-sequence and padding tokens; never an image
+        placeholder, which the model would take for a place of image features when the answer is fed back)."""
         torch.manual_seed(self.seed)
         module: Any = self.vlm.module
         with torch.no_grad():
-            output = module.generate(**inputs, max_new_tokens=self.max_new_tokens, do_sample=False)
+            output = module.generate(
+                **inputs,
+                max_new_tokens=self.max_new_tokens,
+                do_sample=False,
+                suppress_tokens=placeholder_ids(module.config),
+            )
         new = output[0, inputs["input_ids"].shape[1] :].tolist()
         stops = _stop_ids(module, self.vlm.tokenizer)
         while new and new[-1] in stops:
@@ -291,6 +297,12 @@ class AnswerExplainer:
         zeros = torch.zeros_like(activations)
         pairs = [(score, zeros if grad is None else grad) for score, grad in zip(scores, grads, strict=True)]
         return activations, pairs, logprobs
+
+
+def placeholder_ids(config: Any) -> list[int]:
+    """The ids of the image (and video) placeholder tokens a model's configuration names."""
+    names = ("image_token_index", "image_token_id", "video_token_id")
+    return [int(value) for value in (getattr(config, name, None) for name in names) if isinstance(value, int)]
 
 
 def _stop_ids(module: Any, tokenizer: Any) -> set[int]:

@@ -7,6 +7,9 @@ settings and what it returned for the photo:
 - LLaVA-1.5 (``llava``): the multi-modal projector's output, a patch grid (after the vision tower's class token,
   where the processor keeps one) of the processor's input: the photo padded to a square (``do_pad``), resized
   (shortest edge, or height x width) and centre-cropped, so the grid covers the crop's box of the photo.
+- LLaVA-NeXT (``llava_next``): the projector's output, one patch grid per frame: first the whole photo squeezed
+  into one frame, then the tiles of the best of ``image_grid_pinpoints`` for the photo (resized into it keeping its
+  aspect, padded evenly), row-major; the language model then drops the padding's tokens, which the map never shows.
 - Qwen2-VL and Qwen2.5-VL (``qwen2_vl``, ``qwen2_5_vl``): the vision merger's output, one token per 2 x 2 patches
   of the photo resized whole to multiples of 28 (dynamic resolution): a (h / 2) x (w / 2) grid over the whole photo
   for an ``image_grid_thw`` of (1, h, w).
@@ -19,6 +22,7 @@ settings and what it returned for the photo:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -86,6 +90,41 @@ def llava_tiles(
     patch = int(config.vision_config.patch_size)
     rows, cols = pixel_h // patch, pixel_w // patch
     return [Tile(tokens - rows * cols, rows, cols, box)]
+
+
+def llava_next_tiles(
+    processor: Any, config: Any, inputs: Mapping[str, torch.Tensor], size: tuple[int, int], tokens: int
+) -> list[Tile]:
+    """LLaVA-NeXT ("anyres"): the whole photo squeezed into one frame, then the tiles of the best resolution among
+    ``image_grid_pinpoints`` (the photo resized into it keeping its aspect and padded evenly to it), row-major."""
+    from transformers.image_processing_utils import select_best_resolution
+
+    height, width = size
+    frame_h, frame_w = (int(v) for v in inputs["pixel_values"].shape[-2:])
+    pinpoints = getattr(processor.image_processor, "image_grid_pinpoints", None) or config.image_grid_pinpoints
+    best_h, best_w = (int(v) for v in select_best_resolution((height, width), pinpoints))
+    if best_w / width < best_h / height:
+        new_w, new_h = best_w, min(math.ceil(height * best_w / width), best_h)
+    else:
+        new_h, new_w = best_h, min(math.ceil(width * best_h / height), best_w)
+    left, top = (best_w - new_w) // 2, (best_h - new_h) // 2
+    scale_x, scale_y = width / new_w, height / new_h
+    rows, cols = best_h // frame_h, best_w // frame_w
+    per_frame = tokens // (1 + rows * cols)
+    patch = int(config.vision_config.patch_size)
+    grid_h, grid_w = frame_h // patch, frame_w // patch
+    start = per_frame - grid_h * grid_w  # after a class token the vision tower keeps
+    tiles = [Tile(start, grid_h, grid_w, (0.0, 0.0, float(width), float(height)))]
+    for r in range(rows):
+        for c in range(cols):
+            box: Box = (
+                (c * frame_w - left) * scale_x,
+                (r * frame_h - top) * scale_y,
+                ((c + 1) * frame_w - left) * scale_x,
+                ((r + 1) * frame_h - top) * scale_y,
+            )
+            tiles.append(Tile((1 + r * cols + c) * per_frame + start, grid_h, grid_w, box))
+    return tiles
 
 
 def qwen2_vl_tiles(
@@ -160,6 +199,14 @@ LLAVA = VlmFamily(
     "the multi-modal projector: the vision tower's patch tokens as the language model receives them",
     llava_tiles,
 )
+LLAVA_NEXT = VlmFamily(
+    "llava-next",
+    ("llava_next",),
+    "model.multi_modal_projector",
+    "the multi-modal projector: each frame's patch tokens (the whole photo, then its tiles) as the language model "
+    "receives them",
+    llava_next_tiles,
+)
 QWEN2_VL = VlmFamily(
     "qwen2-vl",
     ("qwen2_vl",),
@@ -182,7 +229,7 @@ IDEFICS3 = VlmFamily(
     "the connector: each tile's pixel-shuffled patch tokens as the language model receives them",
     idefics3_tiles,
 )
-FAMILIES = (LLAVA, QWEN2_VL, QWEN2_5_VL, IDEFICS3)
+FAMILIES = (LLAVA, LLAVA_NEXT, QWEN2_VL, QWEN2_5_VL, IDEFICS3)
 SUPPORTED_TYPES = tuple(model_type for family in FAMILIES for model_type in family.model_types)
 
 
