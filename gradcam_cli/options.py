@@ -66,8 +66,10 @@ SCORE_THRESHOLD = 0.5
 """A detector's least explained score when ``--score-threshold`` is not given (a YOLO model: its own ``conf``)."""
 MAX_DETECTIONS = 10
 """Detections explained per image at most when ``--max-detections`` is not given."""
-SCORE_NAMES = ("logit", "softmax", "sigmoid", "cosine", "box")
-"""What ``--score`` differentiates for a classifier (see :mod:`gradcam_cli.cam.scores`)."""
+CLASS_SCORE_NAMES = ("logit", "softmax", "sigmoid", "rest")
+"""What ``--score`` differentiates for a class (see :mod:`gradcam_cli.cam.scores`); ``rest``: ShapleyCAM's ReST."""
+SCORE_NAMES = (*CLASS_SCORE_NAMES, "cosine", "box")
+"""Every ``--score``: a class's, a text prompt's ``cosine``, a YOLO box's ``box``."""
 PRECISION_NAMES = ("fp32", "bf16", "fp16")
 """What ``--precision`` accepts: the forward pass in float32, or autocast to bfloat16 or float16 (see
 :mod:`gradcam_cli.cam.precision`); maps are always computed in float32."""

@@ -250,7 +250,10 @@ def pytorch_grad_cam_map(cam_class: type, model: nn.Module, layers: list[nn.Modu
 
 
 def score_of(logits: torch.Tensor, target: int, score: str) -> torch.Tensor:
-    """The differentiated score: the logit, or the softmax probability of ``target``."""
+    """The differentiated score: the logit, ReST (pytorch-grad-cam's ``ClassifierOutputReST``: the logit minus the
+    cross-entropy), or the softmax probability of ``target``."""
+    if score == "rest":
+        return logits[0, target] - F.cross_entropy(logits, torch.tensor([target]))
     return logits[0, target] if score == "logit" else torch.softmax(logits, dim=1)[0, target]
 
 

@@ -271,6 +271,6 @@ def test_a_token_model_with_registers_points_at_the_planted_object() -> None:
         row, col = divmod(int(saliency.argmax()), saliency.shape[1])
         assert x1 <= col < x2 and y1 <= row < y2, explanation.method
         assert saliency[y1:y2, x1:x2].mean() > 4 * saliency.mean(), explanation.method
-    loaded.prefix_tokens = None  # guessing instead: the map misses the square
-    guessed = Explainer(loaded).explain(square_image(box=box), target=0).explanations[0].saliency
+    guessing = loaded.with_profile(prefix_tokens=None)  # guessing instead: the map misses the square
+    guessed = Explainer(guessing).explain(square_image(box=box), target=0).explanations[0].saliency
     assert not guessed[y1:y2, x1:x2].mean() > 4 * guessed.mean()

@@ -73,6 +73,18 @@ def test_quick_shapleycam_second_order_term_is_real_under_softmax_and_vanishes_f
     torch.testing.assert_close(mine["shapleycam"], mine["gradcam"])
 
 
+def test_quick_shapleycam_under_the_rest_score_its_paper_recommends() -> None:
+    """--score rest (ReST, Cai 2025): ShapleyCAM of y_c - CE(y, c); the log-softmax term makes H A real, so it
+    differs from Grad-CAM even on a ReLU head, where the default logit score makes the two equal."""
+    net = tiny_cnn()
+    x = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(2))
+    target = top_class(net, x)
+    mine = maps(net, "5", ["shapleycam", "gradcam"], x, target, score="rest")
+    assert pearson(mine["shapleycam"], ref.shapleycam(net, net[5], x, target, "rest")) >= REQUIRED
+    _, _, product = first_and_second_order(net, net[5], x, target, "rest")
+    assert float(product.abs().max()) > 1e-6
+
+
 def test_quick_black_box_methods_match_their_formulas_and_need_no_layer() -> None:
     net = tiny_cnn()
     x = torch.randn(1, 3, 40, 40, generator=torch.Generator().manual_seed(2))

@@ -65,7 +65,12 @@ def test_the_registry_holds_the_builtin_methods_in_order_with_typed_needs() -> N
     assert {name for name in METHOD_NAMES if METHODS[name].keeps_graph} == {"finercam", "shapleycam"}
     assert METHODS["finercam"].needs is FINER_GRADIENT and METHODS["shapleycam"].needs is HESSIAN_PRODUCT
     assert METHODS["randomcam"].needs is SEED and METHODS["gradcam"].needs is None
-    assert {name for name in METHOD_NAMES if METHODS[name].shows_progress} == {"scorecam", "ablationcam"}
+    assert {name for name in METHOD_NAMES if METHODS[name].shows_progress} == {
+        "scorecam",
+        "ablationcam",
+        "rise",
+        "occlusion",
+    }
 
 
 def noise_image() -> Image.Image:

@@ -186,7 +186,7 @@ def test_an_embedding_model_is_asked_through_the_target_field(browser, tmp_path)
     scene.save(tmp_path / "scene.png")
     Image.new("RGB", (32, 32), (255, 0, 0)).save(tmp_path / "ref.png")
     model = load_model(f"{ROOT}/tests/embedding_model.py:build", "none", task="classify")
-    model.embeds = True  # no classes: no predictions to list
+    model = model.with_profile(embeds=True)  # no classes: no predictions to list
     server = Running(create_app(ModelService(model), discover([tmp_path]), work_dir=tmp_path / "work"))
     page = browser.new_page()
     try:

@@ -58,7 +58,7 @@ def one_line_error(answer, *words: str) -> None:
 
 def test_similar_map_equals_the_library_and_reads_only_served_images(served, tmp_path):
     model = load_model(EMBED, "none", task="classify")
-    model.embeds = True  # as timm's num_classes=0 or a Hugging Face embedder: no classes at all
+    model = model.with_profile(embeds=True)  # as timm's num_classes=0 or a Hugging Face embedder: no classes at all
     app = create_app(ModelService(model), discover([str(served)]), work_dir=tmp_path / "work")
     with TestClient(app, base_url=LOCAL) as client:
         info = client.get("/api/info").json()["model"]

@@ -134,15 +134,15 @@ def test_aug_smooth_is_flip_equivariant() -> None:
 
 
 def test_aug_smooth_uses_flips_only_for_fixed_size_models(square_model) -> None:
-    square_model.input_spec = dataclasses.replace(square_model.input_spec, fixed_size=(64, 64))
+    fixed = square_model.with_profile(input_spec=dataclasses.replace(square_model.input_spec, fixed_size=(64, 64)))
     calls = []
     square_model.module.register_forward_pre_hook(lambda _m, args: calls.append(tuple(args[0].shape[-2:])))
-    explainer = Explainer(square_model, "features", "gradcam", aug_smooth=True)
+    explainer = Explainer(fixed, "features", "gradcam", aug_smooth=True)
     calls.clear()  # the dry pass made when the explainer is built is not part of the smoothing
     explainer.compute(torch.rand(2, 3, 64, 64), top_k=2)
     assert calls == [(64, 64), (64, 64)]
-    square_model.input_spec = InputSpec(mean=(0, 0, 0), std=(1, 1, 1))
-    explainer = Explainer(square_model, "features", "gradcam", aug_smooth=True)
+    free = square_model.with_profile(input_spec=InputSpec(mean=(0, 0, 0), std=(1, 1, 1)))
+    explainer = Explainer(free, "features", "gradcam", aug_smooth=True)
     calls.clear()
     explainer.compute(torch.rand(1, 3, 64, 64))
     assert sorted(set(calls)) == [(48, 48), (64, 64), (80, 80)] and len(calls) == 6

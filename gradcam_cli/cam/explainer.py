@@ -27,9 +27,8 @@ from ..models.folding import fold_batch_norms
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel, load_model
 from ..models.tasks import Task, detection_spec, detection_transform, infer_task, task_of_shape
-from ..options import SCORE_NAMES, TOP_K, ExplainOptions, ModelOptions, PerturbationOptions
+from ..options import SCORE_NAMES, TASK_NAMES, TOP_K, ExplainOptions, ModelOptions, PerturbationOptions
 from ..targets import TargetSpec
-from .detection import DetectionScore
 from .engine import LayerCapture
 from .layers import chosen_layers, dry_pass, forget_tokens, reads_tokens, resolve_layer
 from .maps import pad_to_region
@@ -42,9 +41,8 @@ from .reshape import spatial
 from .results import ImageExplanation, Prediction
 from .scores import Cams, ClassTargets, Score, Targets
 from .smoothing import IDENTITY, augmentations, average_views
-from .targets import SpecTargets, explicit_score
-from .task_scores import task_score
-from .yolo import YoloScore, pass_settings, yolo_takes
+from .targets import SpecTargets
+from .tasks import ScoreRequest, TaskAdapter, adapter_for
 
 
 class Explainer:
@@ -102,14 +100,14 @@ class Explainer:
     ) -> None:
         bare = isinstance(model, nn.Module)
         if isinstance(model, nn.Module):
-            model = LoadedModel(model, type(model).__name__, "custom", None, InputSpec())
-            if detection_transform(model.module) is not None:
-                model.task = Task.DETECT
+            own = Task.DETECT if detection_transform(model) is not None else Task.CLASSIFY
+            model = LoadedModel(model, type(model).__name__, "custom", None, InputSpec(), own)
         task = task or ("classify" if bare and (targets or embedding) else None)  # targets say what it does
-        if task is not None:
-            model.task = Task.parse(task)
+        requested = task if task is not None and task not in TASK_NAMES else model.task_name
+        if task is not None and task in TASK_NAMES:  # the caller's LoadedModel is left as it is: this copy says it
+            model = model.with_profile(task=Task.parse(task))
         if bare and model.task is Task.DETECT:
-            model.input_spec = detection_spec(model.module, None) or model.input_spec
+            model = model.with_profile(input_spec=detection_spec(model.module, None) or model.input_spec)
         self.model = model
         if device is not None:
             model.module.to(device)
@@ -123,33 +121,41 @@ class Explainer:
         infos = dry_pass(model, self.device)
         if bare and task is None and model.task is Task.CLASSIFY:  # a bare module's task, from the dry pass
             shown = task_of_shape(infos[0].output_shape) if infos and not infos[0].name else None
-            model.task = shown or infer_task(model.module, model.input_spec, model.name)
+            model = model.with_profile(task=shown or infer_task(model.module, model.input_spec, model.name))
+            self.model = model
         self.task = model.task
+        self.adapter: TaskAdapter = adapter_for(model, requested)
+        """What the model's task does (:mod:`gradcam_cli.cam.tasks`): its score, methods, rows and messages."""
         self.tokens = reads_tokens(model)
         """Whether 3-D layer outputs are token sequences (see :mod:`gradcam_cli.cam.reshape`)."""
         if not self.tokens:
             forget_tokens(infos)
-        self.methods = resolve_methods(
-            self.methods, self.task.value, [m for m in METHODS if yolo_takes(m, model.module)]
-        )
+        adapter = self.adapter
+        taken = [name for name, method in METHODS.items() if adapter.takes(name, method.tasks, model.module)]
+        self.methods = resolve_methods(self.methods, adapter.methods_of, taken)
         self.perturbation = check_perturbation(perturbation or PerturbationOptions())
         if score is not None and score not in SCORE_NAMES:
             raise UsageError(f"unknown score {score!r}; use {', '.join(SCORE_NAMES)}")
         self.score_name = score or ("cosine" if model.text is not None else "logit")
         self.target_specs, self.embedding = tuple(TargetSpec.parse(spec) for spec in targets), embedding
-        explicit = self.target_specs or model.text is not None or model.embeds or embedding is not None
-        self.score: Score = (
-            explicit_score(model, self.target_specs, self.device, self.target, top_k, self.methods, score, embedding)
-            if explicit
-            else task_score(model, score, score_threshold, max_detections, top_k)
+        if self.target_specs and not adapter.takes_targets:
+            raise UsageError(f"--target is for classifiers and embedding models; a {adapter.noun} explains its own")
+        given = ExplainOptions(
+            top_k=top_k,
+            score=score,
+            score_threshold=score_threshold,
+            max_detections=max_detections,
+            embedding=embedding,
         )
-        if aug_smooth and self.task is not Task.CLASSIFY:
+        self.request = ScoreRequest(self.device, given, self.target, self.target_specs, tuple(self.methods))
+        self.score: Score = adapter.score(model, self.request)
+        if aug_smooth and not adapter.aug_smooth:
             raise UsageError(
-                f"--aug-smooth is for classifiers: a {self.task.noun}'s targets in a flipped or rescaled view are "
+                f"--aug-smooth is for classifiers: a {adapter.noun}'s targets in a flipped or rescaled view are "
                 "other pixels and boxes; run without it"
             )
         layer_free = not names and not any(METHODS[method].uses_layer for method in self.methods)
-        self.layer_names = [] if layer_free else chosen_layers(model, infos, names, self.tokens)
+        self.layer_names = [] if layer_free else chosen_layers(model, infos, names, self.tokens, adapter.ranked)
         self.layers = resolved or {name: resolve_layer(model.module, name) for name in self.layer_names}
         self.layer_calls: dict[str, int] = {}
         self.capture: Callable[[nn.Module, Mapping[str, nn.Module]], LayerCapture] = LayerCapture
@@ -207,14 +213,7 @@ class Explainer:
         """What the task adds to a run record: the task, a classifier's score and targets or a detector's selection,
         and the black-box methods' settings."""
         settings = perturbation_settings(self.perturbation, self.methods)
-        if isinstance(self.score, DetectionScore | YoloScore):
-            detections = {"score_threshold": self.score.threshold, "max_detections": self.score.max_detections}
-            kind = {"score": self.score.kind} if isinstance(self.score, YoloScore) else {}
-            return {"task": "detect", **detections, **settings, **kind}
-        if self.task is Task.SEGMENT:
-            return {"task": "segment", **settings}
-        chosen = {"targets": " | ".join(map(str, self.target_specs)), "embedding": self.embedding}
-        return {"task": "classify", "score": self.score_name, **(chosen if self.target_specs else {}), **settings}
+        return self.adapter.settings(self.model, self.score, self.request, settings)
 
     @property
     def layer_label(self) -> str:
@@ -302,7 +301,7 @@ class Explainer:
         extra passes some take: :mod:`gradcam_cli.cam.passes`)."""
         size = tuple(inputs.shape[-2:])
         module, layers = self._folded or (self.model.module, self.layers)
-        with pass_settings(self.score), self.capture(module, layers) as capture, ExitStack() as passes:
+        with self.adapter.pass_settings(self.score), self.capture(module, layers) as capture, ExitStack() as passes:
             with autocast(self.device, self.precision):
                 output = capture.forward_output(inputs)
             output = full_precision(output)  # scores, activations and gradients in float32 from here on

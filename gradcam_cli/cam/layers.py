@@ -12,7 +12,6 @@ from torch import nn
 
 from ..errors import GradcamError, ModelLoadError, UsageError, describe, suggest
 from ..io.images import InputSpec, load_image, to_input_tensor
-from ..models.hub import HF_PREFIX, TIMM_PREFIX
 from ..models.tasks import NAMED_LAYERS, Task, layer_scopes
 from .engine import model_state_preserved
 from .reshape import Layout, infer_layout
@@ -58,12 +57,12 @@ def resolve_layer(model: nn.Module, name: str) -> nn.Module:
 
 def reads_tokens(model: LoadedModel) -> bool:
     """Whether ``model``'s 3-D (N, L, C) outputs may be token sequences on a patch grid: only a classifier's, of a
-    family known to use tokens: a timm or Hugging Face model, or one with an attention module or a patch embedding
-    (a convolution whose stride is its kernel: torchvision's ViT, your own transformer or mixer). Elsewhere a 3-D
-    output has no grid: a detector head's (N, anchors, classes)."""
+    family whose profile says it makes tokens (timm, Hugging Face), or one with an attention module or a patch
+    embedding (a convolution whose stride is its kernel: torchvision's ViT, your own transformer or mixer). Elsewhere
+    a 3-D output has no grid: a detector head's (N, anchors, classes)."""
     if model.task is not Task.CLASSIFY:
         return False
-    if model.prefix_tokens is not None or model.name.startswith((TIMM_PREFIX, HF_PREFIX)):
+    if model.prefix_tokens is not None or model.profile.tokens:
         return True
     return any(_makes_tokens(module) for module in model.module.modules())
 
@@ -256,15 +255,18 @@ def layer_table(model: LoadedModel, device: torch.device, image: Path | None = N
     return [info for info in infos if info.name], model_default_layer(model, infos)
 
 
-def chosen_layers(model: LoadedModel, infos: list[LayerInfo], names: list[str], tokens: bool) -> list[str]:
-    """``names`` once :func:`check_layers` accepts them, or the model's default layer. A refused layer of a detector
-    gets its default layer suggested (the spatial layers just before a detector's head are its own)."""
+def chosen_layers(
+    model: LoadedModel, infos: list[LayerInfo], names: list[str], tokens: bool, suggest: bool = False
+) -> list[str]:
+    """``names`` once :func:`check_layers` accepts them, or the model's default layer. With ``suggest`` (a
+    detector's task: the spatial layers just before its head are its own), a refused layer gets the default layer
+    suggested."""
     default = None
-    if not names or model.task is Task.DETECT:
+    if not names or suggest:
         try:
             default = model_default_layer(model, infos)
         except UsageError:
             if not names:
                 raise
-    check_layers(model.module, infos, names, tokens, default if model.task is Task.DETECT else None)
+    check_layers(model.module, infos, names, tokens, default if suggest else None)
     return names or str(default).split("+")

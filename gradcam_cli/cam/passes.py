@@ -12,7 +12,7 @@ a batch while its :class:`~gradcam_cli.cam.engine.LayerCapture` is open:
   backward pass through the capture's own graph per target;
 - ShapleyCAM: the layer's Hessian-vector product H A for the target
   (:meth:`~gradcam_cli.cam.engine.LayerCapture.hessian_vector_products`, once per target for every layer);
-- randomcam: the seed of its noise;
+- randomcam: the seeds of its noise, one per image (:func:`~gradcam_cli.cam.methods.random.image_seeds`);
 - RISE and occlusion: a :class:`~gradcam_cli.cam.perturbation.MaskedPasses` (masked inputs, no autograd), with the
   masks' seed.
 
@@ -48,6 +48,7 @@ from .methods.needs import (
     SEED,
     Need,
 )
+from .methods.random import image_seeds
 from .methods.registry import CamMethod
 from .perturbation import MaskedPasses
 from .scores import Rescorable, Targets
@@ -114,8 +115,9 @@ class MethodInputs:
             raise ValueError(f"no pass builds {method.needs!r} (method {method.name!r})")
         return (build(layer, k),)
 
-    def _seed(self, layer: str | None, k: int) -> int:
-        return self.perturbation.seed
+    def _seed(self, layer: str | None, k: int) -> list[int]:
+        """One seed per image, from its own pixels: batching cannot change its noise."""
+        return image_seeds(self.perturbation.seed, self.inputs)
 
     def _masked_passes(self, layer: str | None, k: int) -> MaskedPasses:
         return MaskedPasses(

@@ -7,6 +7,7 @@ with the share of the pixels predicted as it (see docs/tasks.md).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from PIL import Image
@@ -29,13 +30,26 @@ class Prediction:
     probability: float
     box: Box | None = None
     share: float | None = None
-    area: int | None = None
-    """A YOLO instance's mask area, in pixels of the original image."""
-    keypoints: list[tuple[float, float, float]] | None = None
-    """A YOLO pose's keypoints: (x, y) in the original image's pixels and the model's visibility in [0, 1]."""
     score: str | None = None
     """An explicit target's (``--target``): what ``probability`` holds when it is not a probability, ``cosine``,
     ``logit`` or ``output`` (docs/targets.md)."""
+    details: dict[str, Any] | None = None
+    """What a task adds to its predictions (a plugin's task: :mod:`gradcam_cli.cam.tasks`), JSON-ready: written as
+    the prediction's own keys in its rows and read back from them: a YOLO instance's ``area``, a pose's
+    ``keypoints``."""
+
+    @property
+    def area(self) -> int | None:
+        """A YOLO instance's mask area, in pixels of the original image (its ``details``)."""
+        area = (self.details or {}).get("area")
+        return int(area) if isinstance(area, int | float) else None
+
+    @property
+    def keypoints(self) -> list[tuple[float, float, float]] | None:
+        """A YOLO pose's keypoints (its ``details``): (x, y) in the original image's pixels and the model's
+        visibility in [0, 1]."""
+        points = (self.details or {}).get("keypoints")
+        return [(float(x), float(y), float(v)) for x, y, v in points] if isinstance(points, list) else None
 
 
 def rescaled(prediction: Prediction, scale_y: float, scale_x: float) -> Prediction:
@@ -44,6 +58,11 @@ def rescaled(prediction: Prediction, scale_y: float, scale_x: float) -> Predicti
     if scale_y == 1 and scale_x == 1:
         return prediction
     box = prediction.box
+    details = dict(prediction.details or {})
+    if prediction.area is not None:
+        details["area"] = round(prediction.area * scale_y * scale_x)
+    if prediction.keypoints is not None:
+        details["keypoints"] = [[round(x * scale_x, 1), round(y * scale_y, 1), v] for x, y, v in prediction.keypoints]
     return replace(
         prediction,
         box=(
@@ -54,10 +73,7 @@ def rescaled(prediction: Prediction, scale_y: float, scale_x: float) -> Predicti
         )
         if box is not None
         else None,
-        area=round(prediction.area * scale_y * scale_x) if prediction.area is not None else None,
-        keypoints=[(round(x * scale_x, 1), round(y * scale_y, 1), v) for x, y, v in prediction.keypoints]
-        if prediction.keypoints is not None
-        else None,
+        details=details or None,
     )
 
 

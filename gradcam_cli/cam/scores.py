@@ -99,10 +99,12 @@ def class_probabilities(logits: torch.Tensor, kind: str) -> torch.Tensor:
 
 
 def class_scores(logits: torch.Tensor, kind: str, head: PromptHead | None = None) -> torch.Tensor:
-    """What is differentiated for each class: the logits, their softmax or sigmoid, or (a prompt head's) the
-    cosines behind them."""
+    """What is differentiated for each class: the logits, their softmax or sigmoid, ReST (``rest``: the logit plus
+    the log softmax probability), or (a prompt head's) the cosines behind them."""
     if kind == "logit":
         return logits
+    if kind == "rest":  # ReST (Cai 2025; pytorch-grad-cam's ClassifierOutputReST): y_c - CE(y, c) = y_c + log s_c
+        return logits + logits.log_softmax(dim=1)
     if kind == "cosine" and head is not None:
         return head.as_cosines(logits)
     return class_probabilities(logits, kind)

@@ -25,7 +25,7 @@ import torch
 from ..errors import UsageError
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel
-from ..models.tasks import Task
+from ..options import CLASS_SCORE_NAMES
 from ..targets import TargetSpec
 from .embeddings import PromptHead, reference_embedding, select_output, unit
 from .engine import as_logits, model_state_preserved
@@ -91,7 +91,7 @@ class TargetScore:
         self.columns = int(blank.shape[1]) if isinstance(blank, torch.Tensor) and blank.dim() == 2 else None
         """The classes of a model whose output is (N, C) logits (``None``: another output)."""
         self.specs = [TargetSpec.parse(spec) for spec in specs]
-        self.class_kind = score if score in ("logit", "softmax", "sigmoid") else "logit"
+        self.class_kind = score if score in CLASS_SCORE_NAMES else "logit"
         self.text_kind = score or "cosine"
         if score == "cosine" and any(spec.kinds() & {"class", ""} and self.kind == "classify" for spec in self.specs):
             raise UsageError(
@@ -312,8 +312,6 @@ def explicit_score(
     """The score of a run with ``--target`` specs, or of a model without a class head: a :class:`TargetScore`, or a
     CLIP-style model's prompts (``--labels``) ranked as classes (a :class:`ClassScore` with a prompt head). What does
     not fit is a one-line UsageError."""
-    if specs and model.task is not Task.CLASSIFY:
-        raise UsageError(f"--target is for classifiers and embedding models; a {model.task.noun} explains its own")
     if specs and target is not None:
         raise UsageError("--target-class is --target class:NAME; give one of them")
     if specs and top_k is not None:

@@ -20,7 +20,6 @@ image) is in its row; each pose's keypoints are drawn and listed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +30,6 @@ from torch import nn
 from .ablation import ScoreReader
 from .detection import Detections, DetectionTargets, Geometry, detections_of, picked_detections
 from .maps import Region
-from .methods import METHODS
-from .methods.needs import ABLATED_SCORES
 from .results import ImageExplanation, Prediction
 from .scores import Cams, ClassName, MaskedProbability, sum_or_none
 
@@ -45,12 +42,6 @@ def is_yolo_module(module: nn.Module) -> bool:
     from ..models.yolo_net import YoloNet
 
     return isinstance(module, YoloNet)
-
-
-def yolo_takes(method: str, module: nn.Module) -> bool:
-    """Whether ``method``, which is otherwise for classifiers, explains a YOLO detector (AblationCAM does: module
-    docstring)."""
-    return METHODS[method].needs is ABLATED_SCORES and is_yolo_module(module)
 
 
 def yolo_score(
@@ -73,14 +64,6 @@ def yolo_score(
     if threshold is None:
         threshold = float(net.default_conf)
     return YoloScore(int(net.stride), threshold, MAX_DETECTIONS if max_detections is None else max_detections, name)
-
-
-def pass_settings(score: object) -> AbstractContextManager[None]:
-    """What the explained pass and its extra passes run under: a YOLO score's confidence threshold for the NMS
-    (:func:`gradcam_cli.models.yolo_net.confidence`, this pass's own, not the model's); nothing for other scores."""
-    from ..models.yolo_net import confidence
-
-    return confidence(score.threshold) if isinstance(score, YoloScore) else nullcontext()
 
 
 def letterbox_region(height: int, width: int, stride: int) -> Region:
@@ -192,14 +175,16 @@ class YoloTargets(DetectionTargets):
         masks = self._masks(n, size)
         (in_h, in_w), (height, width) = self.geometry.input_size, size
         for j, (prediction, i) in enumerate(zip(shown, self.picked[n], strict=True)):
+            details = prediction.details = dict(prediction.details or {})
             if masks is not None:
-                prediction.area = int(masks[j].sum())
+                details["area"] = int(masks[j].sum())
             if "keypoints" in found:
                 points = found["keypoints"][i].detach().float().cpu()
-                prediction.keypoints = [
-                    (round(float(x) * width / in_w, 1), round(float(y) * height / in_h, 1), round(float(v), 3))
+                details["keypoints"] = [
+                    [round(float(x) * width / in_w, 1), round(float(y) * height / in_h, 1), round(float(v), 3)]
                     for x, y, v in points.tolist()
                 ]
+            prediction.details = details or None
         return shown
 
     def _masks(self, n: int, size: tuple[int, int]) -> torch.Tensor | None:

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError, describe
-from ..options import DEFAULT_METHOD, POINTING_TOLERANCE, RANDOM_BASELINE, EvalOptions, PerturbationOptions
+from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, GradcamError, UsageError, describe
+from ..options import ALL_METHODS, DEFAULT_METHOD, POINTING_TOLERANCE, RANDOM_BASELINE, EvalOptions, PerturbationOptions
 from . import params
 from .ranking import RankOptions, rank_report
 from .reporting import (
@@ -31,6 +31,12 @@ from .reporting import (
 )
 
 if TYPE_CHECKING:
+    from ..cam.explainer import Explainer
+    from ..evaluation.evaluate import Evaluator
+    from ..evaluation.report import EvalReport, ImageScores
+    from ..evaluation.rows import RowsFile
+    from ..evaluation.tasks import TaskEvaluator
+    from ..io.discovery import InputImage
     from ..options import ExplainOptions, ModelOptions
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
@@ -137,6 +143,24 @@ def evaluate(
             help="With --rank: write an HTML page (table, curves, box plots, example maps side by side) into DIR.",
         ),
     ] = None,
+    skip_existing: Annotated[
+        bool,
+        typer.Option(
+            "--skip-existing",
+            help="With --rank --report DIR: resume, keeping the images already in DIR/rows.jsonl (written as each "
+            "image finishes).",
+        ),
+    ] = False,
+    budget: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            metavar="SECONDS",
+            help="With --rank: keep randomcam, then the methods in --method order while their estimated time fits "
+            "SECONDS for the whole run "
+            "(default for --method all on a CPU: 600).",
+        ),
+    ] = None,
     rise_masks: params.RiseMasksOpt = 4000,
     occlusion_window: params.OcclusionWindowOpt = 32,
     occlusion_stride: params.OcclusionStrideOpt = 16,
@@ -189,9 +213,15 @@ def evaluate(
             road=road or rank,
             stability=stability or (rank and not specs),  # stability measures a class's map
         ),
-        RankOptions(rank, report_dir),
+        RankOptions(rank, report_dir, skip_existing, budget),
     )
     run_reported(reporter, command.run)
+
+
+def _ordered(images: list[InputImage], scores: list[ImageScores]) -> list[ImageScores]:
+    """``scores`` in the order of ``images``."""
+    place = {str(image.path): i for i, image in enumerate(images)}
+    return sorted(scores, key=lambda s: place.get(s.image, len(place)))
 
 
 class EvalCommand:
@@ -235,19 +265,47 @@ class EvalCommand:
         if not self.explain_options.layers and explainer.layer_names:  # RISE, occlusion alone: no layer
             reason = default_layer_reason(explainer.task, bool(explainer.model.default_layers))
             reporter.info(f"using layer {explainer.layer_label} ({reason})")
-        if self.ranking.rank and explainer.task.value != "classify":  # boxes only: what a detector is measured by
+        if self.ranking.rank and not explainer.adapter.faithfulness:  # boxes only: what a detector is measured by
             options = replace(options, sanity=False, road=False, stability=False)
+        if self.ranking.rank:
+            explainer = self._planned(explainer, images, options)
         evaluator = evaluator_for(explainer, options)
         started = time.perf_counter()
         methods = len(explainer.methods)
+        rows, done = self._rows(explainer, options)
+        todo = [image for image in images if str(image.path) not in {scores.image for scores in done}]
+        finished = list(done)
+
+        def record(scores: ImageScores) -> None:
+            finished.append(scores)
+            if rows is not None:
+                rows.append(scores)
+
         label = f"evaluating {methods} methods" if methods > 1 else "evaluating"
-        with ProgressBar(reporter, len(images) * methods, label) as progress:
+        try:
+            with ProgressBar(reporter, len(images) * methods, label) as progress:
+                for _ in range(len(done) * methods):
+                    progress(skipped=True)
 
-            def advance() -> None:
-                for _ in range(methods):  # one step per method and image: all methods share the image's passes
-                    progress()
+                def advance() -> None:
+                    for _ in range(methods):  # one step per method and image: all methods share the image's passes
+                        progress()
 
-            report = evaluator.run(images, boxes, on_image=advance)
+                ran = evaluator.run(todo, boxes, on_image=advance, on_result=record) if todo else None
+        except KeyboardInterrupt:
+            if self.ranking.rank and not finished:
+                reporter.info("interrupted before the first image finished: nothing to rank")
+            if self.ranking.rank and finished:
+                partial = self._report(evaluator, options, images, finished)
+                reporter.info(f"interrupted: the ranking of the {len(partial.ok)} image(s) finished")
+                rank_report(reporter, explainer, partial, images, None, options.seed)
+                if rows is not None:
+                    reporter.info(f"their rows are in {rows.path}; add --skip-existing to resume")
+            raise
+        finally:
+            if rows is not None:
+                rows.close()
+        report = self._report(evaluator, options, images, finished, ran)
         elapsed = time.perf_counter() - started
         for failure in report.failed:
             reporter.error(failure.error or f"{failure.image}: failed")
@@ -272,3 +330,67 @@ class EvalCommand:
             reporter.info(f"curves plotted to {options.plot}")
         reporter.info(f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {duration(elapsed)}")
         return EXIT_IMAGE_FAILED if report.failed else EXIT_OK
+
+    def _planned(self, explainer: Explainer, images: list[InputImage], options: EvalOptions) -> Explainer:
+        """Print the plan (each method's estimated seconds per image, from a timed pass on the first image) and,
+        for ``--method all`` on a CPU or with ``--budget``, keep the methods that fit the budget."""
+        from ..evaluation.plan import BUDGET, choose, estimate, with_methods
+        from ..io.images import load_image, to_input_tensor
+
+        budget = self.ranking.budget
+        if budget is None and ALL_METHODS in self.explain_options.methods and explainer.device.type == "cpu":
+            budget = BUDGET
+        try:
+            picture = load_image(images[0].path)
+        except GradcamError:
+            return explainer  # the first image fails: no plan; the evaluation reports it
+        inputs = to_input_tensor(picture, explainer.model.input_spec).unsqueeze(0).to(explainer.device)
+        self.reporter.info(f"plan: timing each method on {images[0].path.name} ...")
+        plan = choose(estimate(explainer, inputs, options), len(images), budget)
+        for line in plan.lines():
+            self.reporter.info(line)
+        return explainer if not plan.left_out else with_methods(explainer, plan.kept)
+
+    def _rows(self, explainer: Explainer, options: EvalOptions) -> tuple[RowsFile | None, list[ImageScores]]:
+        """With ``--rank --report DIR``: the rows file that each finished image is appended to, and the images
+        ``--skip-existing`` keeps from it."""
+        from ..evaluation.rows import ROWS_NAME, RowsFile, read_rows, run_settings
+
+        folder = self.ranking.report
+        if not self.ranking.rank or folder is None:
+            if self.ranking.skip_existing:
+                raise UsageError("--skip-existing resumes --rank --report DIR: add them")
+            return None, []
+        settings = run_settings(explainer, options)
+        path = folder / ROWS_NAME
+        done = read_rows(path, settings) if self.ranking.skip_existing else []
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            return RowsFile(path, settings, resume=self.ranking.skip_existing), done
+        except OSError as error:
+            raise UsageError(f"cannot write --report {folder}: {describe(error, folder)}") from error
+
+    def _report(
+        self,
+        evaluator: Evaluator | TaskEvaluator,
+        options: EvalOptions,
+        images: list[InputImage],
+        finished: list[ImageScores],
+        run: EvalReport | None = None,
+    ) -> EvalReport:
+        """The report of the ``finished`` images (those of ``run`` and those resumed), in the inputs' order."""
+        from ..evaluation.report import EvalReport
+
+        explainer = evaluator.explainer
+        ordered = _ordered(images, finished)
+        if run is not None:
+            return replace(run, images=ordered)
+        return EvalReport(
+            model=explainer.model.name,
+            layers=list(explainer.layer_names),
+            methods=list(explainer.methods),
+            options=options,
+            sanity_modules=list(getattr(evaluator, "sanity_modules", [])),
+            images=ordered,
+            target=explainer.target,
+        )

@@ -37,7 +37,6 @@ from .reporting import (
 )
 
 if TYPE_CHECKING:
-    from ..cam.explainer import Explainer
     from ..options import ExplainOptions, ModelOptions
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
@@ -371,14 +370,15 @@ class ExplainCommand:
                 reason = default_layer_reason(explainer.task, bool(explainer.model.default_layers))
                 reporter.info(f"using layer {explainer.layer_label} ({reason})")
             model = explainer.model
-            reporter.detail(f"model {model.name} ({model.weights}, {explainer.task.value}) on {explainer.device}")
+            reporter.detail(f"model {model.name} ({model.weights}, {explainer.adapter.label}) on {explainer.device}")
             started = time.perf_counter()  # the summary times the explaining, not the model's loading
             bars = lambda label, total: ProgressBar(reporter, total, label)  # noqa: E731
             shown: set[str] = set()
-            nothing = _nothing_found(explainer)
+            adapter = explainer.adapter
+            nothing = adapter.nothing_found(model, explainer.score, explainer.target)
             for record in session.explain(explainer, images, videos, progress=bars):
                 reporter.record(record)
-                report_record(reporter, record, single, record.input not in shown, nothing)
+                report_record(reporter, record, single, record.input not in shown, adapter, nothing)
                 shown.add(record.input)
         if session.gallery is not None:
             reporter.info(f"gallery written to {session.gallery}")
@@ -386,14 +386,3 @@ class ExplainCommand:
             unit = "inputs" if videos else "images"
             reporter.info(run_summary(session.counts, time.perf_counter() - started, unit))
         return EXIT_IMAGE_FAILED if session.counts.error else EXIT_OK
-
-
-def _nothing_found(explainer: Explainer) -> str | None:
-    """What a row without a target means for the task, naming what filtered a detector's detections (``None``: a
-    video's row)."""
-    from ..cam.detection import DetectionScore, no_detection
-    from ..cam.yolo import YoloScore
-
-    if isinstance(explainer.score, DetectionScore | YoloScore):
-        return no_detection(explainer.model, explainer.score, explainer.target)
-    return "no class other than the background" if explainer.task.value == "segment" else None

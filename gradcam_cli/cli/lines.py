@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..cam.layers import LayerInfo
-    from ..cam.results import Prediction
+    from ..cam.tasks import TaskAdapter
     from ..pipeline.records import Record
     from .reporting import Reporter
 
@@ -32,8 +32,11 @@ def layer_line(info: LayerInfo, chosen: str) -> str:
     return f"{mark} {info.name:<40} {info.kind:<28} {shape:<20} {calls}"
 
 
-def report_record(reporter: Reporter, record: Record, single: bool, first_row: bool, nothing: str | None) -> None:
-    """A record's lines: a single image's predictions first, then a line per output (errors on stderr)."""
+def report_record(
+    reporter: Reporter, record: Record, single: bool, first_row: bool, adapter: TaskAdapter, nothing: str | None
+) -> None:
+    """A record's lines: a single image's predictions first, then a line per output (errors on stderr); the task's
+    ``adapter`` says how a prediction is shown, ``nothing`` what a row without a target means."""
     if record.status == "error":
         reporter.error(record.error or f"{record.input}: failed")
         return
@@ -44,35 +47,12 @@ def report_record(reporter: Reporter, record: Record, single: bool, first_row: b
         layer = f", layer {record.layer}" if record.layer else ""  # none for RISE and occlusion alone
         reporter.result(f"{record.input}  (model {record.model}{layer})")
         for rank, p in enumerate(record.predictions, 1):
-            reporter.result(f"  {rank}. {p.name:<30} {p.probability:7.2%}  {_where(p)}")
+            reporter.result(f"  {rank}. {p.name:<30} {p.probability:7.2%}  {adapter.where(p)}")
     target = record.target
     if target is None and nothing is not None:
         outputs = f" -> {record.outputs[0]}" if record.outputs else ""
         line = f"{record.method}: {nothing}{outputs}"
     else:
-        label = f"{target.name} ({_how_much(target)})" if target else "each frame's own top class"
+        label = f"{target.name} ({adapter.how_much(target)})" if target else "each frame's own top class"
         line = f"{record.method} for {label} -> {record.outputs[0]}"
     reporter.result(f"  {line}" if single else f"{record.input}: {line}")
-
-
-def _where(p: Prediction) -> str:
-    """A prediction's class, and a detection's box or a segmenter class's share of the pixels."""
-    if p.box is not None:
-        return f"(class {p.index}) at {_box(p.box)}"
-    if p.share is not None:
-        return f"(class {p.index}) on {p.share:.1%} of the pixels"
-    return f"(class {p.index})"
-
-
-def _how_much(p: Prediction) -> str:
-    if p.box is not None:
-        return f"{p.probability:.1%} at {_box(p.box)}"
-    if p.share is not None:
-        return f"{p.share:.1%} of the pixels"
-    if p.score is not None:
-        return f"{p.score} {p.probability:.4g}"
-    return f"{p.probability:.1%}"
-
-
-def _box(box: tuple[float, float, float, float]) -> str:
-    return "[" + ", ".join(f"{value:g}" for value in box) + "]"

@@ -79,10 +79,16 @@ def parse_format(text: str | ImageFormat) -> ImageFormat:
 
 
 def parse_task(text: str) -> str:
-    """``classify``, ``detect`` or ``segment`` (any case)."""
+    """``classify``, ``detect`` or ``segment`` (any case), or a task a plugin registered
+    (:data:`gradcam_cli.cam.tasks.TASKS`, looked up only for a name that is none of those: it imports torch)."""
     task = text.strip().lower()
-    if task not in TASK_NAMES:
-        raise typer.BadParameter(f"{text!r}: use {', '.join(TASK_NAMES)}")
+    if task in TASK_NAMES:
+        return task
+    from ..cam.tasks import TASKS
+
+    names = [name for name, adapter in TASKS.items() if adapter.by_name]
+    if task not in names:
+        raise typer.BadParameter(f"{text!r}: use {', '.join(dict.fromkeys([*TASK_NAMES, *names]))}")
     return task
 
 
@@ -208,9 +214,10 @@ ScoreOpt = Annotated[
     str | None,
     typer.Option(
         parser=parse_score,
-        metavar="logit|softmax|sigmoid|cosine",
-        help="Classifiers: what is differentiated, the class's logit (default), softmax probability or sigmoid "
-        "(multi-label heads); text: targets: the image-text cosine (default) or the logit, softmax, sigmoid.",
+        metavar="logit|softmax|sigmoid|rest|cosine",
+        help="Classifiers: what is differentiated, the class's logit (default), softmax probability, sigmoid "
+        "(multi-label heads) or rest (logit + log softmax: ShapleyCAM's recommended target); text: targets: the "
+        "image-text cosine (default) or the logit, softmax, sigmoid.",
         show_default=False,
     ),
 ]

@@ -26,6 +26,10 @@ class RankOptions:
 
     rank: bool = False
     report: Path | None = None
+    skip_existing: bool = False
+    """Resume from the rows file in ``report`` (:mod:`gradcam_cli.evaluation.rows`)."""
+    budget: float | None = None
+    """Seconds the whole run may take, for the plan of ``--method all`` on a CPU (None: :data:`BUDGET`)."""
 
 
 def rank_report(
@@ -50,7 +54,7 @@ def rank_report(
         return
     failed = {image.image for image in report.failed}
     shown = [image for image in images if str(image.path) not in failed][:EXAMPLES]
-    examples = [(image.path.name, explainer.explain(image.path, top_k=1)) for image in shown]
+    examples = [(image.path.name, explainer.explain(image.path)) for image in shown]  # its --target(-class)
     try:
         page = write_rank_report(folder, report, rows, examples)
     except OSError as error:

@@ -141,7 +141,7 @@ def load_service(reporter: Reporter, model: str, record: dict[str, Any], given: 
         ),
     )
     if not layers:
-        reason = default_layer_reason(service.task, bool(service.model.default_layers))
+        reason = default_layer_reason(service.model.task, bool(service.model.default_layers))
         reporter.info(f"using layer {service.default_layer} ({reason})")
     return service
 

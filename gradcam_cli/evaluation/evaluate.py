@@ -8,7 +8,6 @@ the scores, their JSON form and the curve plot are in :mod:`gradcam_cli.evaluati
 
 import copy
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +20,15 @@ from ..cam.maps import to_image_maps
 from ..cam.results import Prediction
 from ..cam.scores import Cams, ClassTargets
 from ..cam.targets import SpecTargets
-from ..errors import GradcamError, UsageError, describe
-from ..io.discovery import InputImage, discover
+from ..errors import UsageError
+from ..io.discovery import InputImage
 from ..io.images import load_image, to_input_tensor
 from ..options import EvalOptions
 from . import metrics
-from .boxes import GroundTruthBox, match_boxes, read_boxes
+from .boxes import GroundTruthBox, read_boxes
+from .draws import RANDOM_METHODS, averaged, random_draws, sanity_seed
+from .images import evaluate_images, report_of, scored_safely
+from .plan import with_methods
 from .report import BLUR_KERNEL, BLUR_SIGMA, STABILITY_SIGMA, BoxScore, EvalReport, ImageScores, MethodScores
 from .road import ROAD_FRACTIONS, impute, road_masks
 from .tasks import TaskEvaluator
@@ -84,6 +86,8 @@ class Evaluator:
             raise UsageError("--stability measures a class's map; run it without --target")
         self.sanity_modules: list[str] = []
         self.randomised: list[Explainer] = []
+        self.redraw: Explainer | None = None
+        self.seed = explainer.perturbation.seed  # the maps' own seed (RISE's masks, randomcam's noise)
         if self.options.sanity:
             self._build_randomised()
 
@@ -101,61 +105,27 @@ class Evaluator:
             for depth, name in enumerate(names[:stage]):
                 reinitialise(module.get_submodule(name), self.options.seed + depth)
             module.to(self.explainer.device)
-            self.randomised.append(
-                Explainer(
-                    replace(loaded, module=module),
-                    self.explainer.layer_names,
-                    self.explainer.methods,
-                    target=self.explainer.target,
-                    aug_smooth=self.explainer.aug_smooth,
-                    eigen_smooth=self.explainer.eigen_smooth,
-                    score_batch_size=self.explainer.score_batch_size,
-                    score=self.explainer.score_name,
-                    targets=self.explainer.target_specs,
-                    embedding=self.explainer.embedding,
-                    perturbation=self.explainer.perturbation,
-                )
-            )
+            self.randomised.append(with_methods(self.explainer, self.explainer.methods, module))
+        random = [method for method in self.explainer.methods if method in RANDOM_METHODS]
+        self.redraw = with_methods(self.explainer, random) if random else None
 
     def run(
         self,
         images: Sequence[InputImage | str | Path],
         boxes: Sequence[GroundTruthBox] | None = None,
         on_image: Callable[[], Any] | None = None,
+        on_result: Callable[[ImageScores], Any] | None = None,
     ) -> EvalReport:
-        """Evaluate every image; ``on_image`` is called once per image (for progress bars)."""
-        inputs = [image for image in images if isinstance(image, InputImage)]
-        if len(inputs) < len(images):
-            inputs = discover([image.path if isinstance(image, InputImage) else image for image in images])
-        matched, unmatched = match_boxes(boxes, inputs, self.explainer.model.categories) if boxes else ({}, [])
-        if boxes and not matched:
-            raise UsageError(f"none of the {len(boxes)} boxes names one of the input images (e.g. {boxes[0].image!r})")
-        results = []
-        for image in inputs:
-            results.append(self.evaluate_image(image.path, matched.get(image.path, [])))
-            if on_image:
-                on_image()
-        return EvalReport(
-            model=self.explainer.model.name,
-            layers=list(self.explainer.layer_names),
-            methods=list(self.explainer.methods),
-            options=self.options,
-            sanity_modules=self.sanity_modules,
-            images=results,
-            unmatched_boxes=len(unmatched),
-            target=self.explainer.target,
+        """Evaluate every image; ``on_image`` is called once per image (for progress bars), ``on_result`` with each
+        image's scores as they are ready (``gradcam eval --rank``'s rows file)."""
+        results, unmatched = evaluate_images(
+            self.explainer, images, boxes, self.evaluate_image, on_image, False, on_result
         )
+        return report_of(self.explainer, self.options, results, unmatched, self.sanity_modules)
 
     def evaluate_image(self, path: Path, boxes: Sequence[GroundTruthBox] = ()) -> ImageScores:
         """All figures for one image; a failure to read or run it is returned as ``error``, not raised."""
-        try:
-            return self._evaluate(path, boxes)
-        except UsageError:
-            raise
-        except GradcamError as error:
-            return ImageScores(str(path), error=str(error))
-        except Exception as error:
-            return ImageScores(str(path), error=f"{path}: cannot evaluate this image ({describe(error, path)})")
+        return scored_safely(path, lambda: self._evaluate(path, boxes))
 
     def _evaluate(self, path: Path, boxes: Sequence[GroundTruthBox]) -> ImageScores:
         explainer = self.explainer
@@ -165,15 +135,30 @@ class Evaluator:
         target_index = target.index
         input_size = tuple(inputs.shape[-2:])
         maps = {method: to_image_maps(cams[method][0], input_size)[0] for method in explainer.methods}
-        scores = self._perturbation_scores(inputs[0], target, maps, read)
-        for method, saliency in maps.items():
+        draws = (  # randomcam, the floor: its figures averaged over several draws
+            {
+                f"randomcam#{d}": to_image_maps(cam, input_size)[0]
+                for d, cam in enumerate(random_draws(cams, inputs, self.seed), 1)
+            }
+            if "randomcam" in maps
+            else {}
+        )
+        scores = self._perturbation_scores(inputs[0], target, {**maps, **draws}, read)
+        for method, saliency in {**maps, **draws}.items():
             scores[method].gini, scores[method].entropy = metrics.gini(saliency), metrics.entropy(saliency)
+        if draws:
+            scores["randomcam"] = averaged([scores.pop(name) for name in ["randomcam", *draws]])
         if self.options.stability:
             self._stability(inputs, target_index, maps, scores)
         if boxes:
             self._score_boxes(scores, inputs, (picture.height, picture.width), boxes, target, cams)
-        for randomised in self.randomised:
-            random_cams = randomised.compute_targets(inputs, target_index, top_k=1)[1]
+        if self.redraw is not None:  # a random method's agreement with itself: the most the cascade can show
+            redrawn = self.redraw.compute_targets(inputs, target_index, top_k=1, seed=sanity_seed(self.seed, 0))[1]
+            for method in self.redraw.methods:
+                redrawn_map = to_image_maps(redrawn[method][0], input_size)[0]
+                scores[method].sanity_redraw = metrics.spearman(maps[method], redrawn_map)
+        for stage, randomised in enumerate(self.randomised, 1):  # fresh masks and noise: never the trained model's
+            random_cams = randomised.compute_targets(inputs, target_index, 1, seed=sanity_seed(self.seed, stage))[1]
             for method in explainer.methods:
                 random_map = to_image_maps(random_cams[method][0], input_size)[0]
                 scores[method].sanity.append(metrics.spearman(maps[method], random_map))
@@ -332,7 +317,7 @@ class Evaluator:
 def evaluator_for(explainer: Explainer, options: EvalOptions | None = None) -> Evaluator | TaskEvaluator:
     """The evaluator for the explainer's task: the whole protocol for a classifier, the boxes only for a detector
     or segmenter (:mod:`gradcam_cli.evaluation.tasks`)."""
-    if explainer.task.value == "classify":
+    if explainer.adapter.faithfulness:
         return Evaluator(explainer, options)
     return TaskEvaluator(explainer, options)
 

@@ -1,18 +1,22 @@
-"""``gradcam eval --rank``: every method ranked per metric, with a bootstrap 95 % confidence interval over images.
+"""``gradcam eval --rank``: every method ranked per metric, with bootstrap intervals over images and paired
+comparisons (docs/evaluation.md, "Ranking", is the protocol; this module computes it).
 
-The ranking reads an :class:`~gradcam_cli.evaluation.report.EvalReport` (one evaluation of all the methods on the
-same images) and, per metric, takes each image's value for each method (:data:`RANKED`), the mean over the images
-every method has a value for, and the 2.5th and 97.5th percentiles of the mean over :data:`BOOTSTRAP_RESAMPLES`
-resamples of those images with replacement (the same resamples for every method; drawn from ``seed``). Two marks:
-``sanity_failed`` (the randomisation cascade flagged the method, docs/evaluation.md) and ``beats_random`` (its mean is
-better than ``randomcam``'s on every faithfulness metric measured: deletion and insertion AUC, pointing).
+Per metric: each image's value for each method (:data:`RANKED`) on the images every method has a value for, in
+float64; each method's mean and the percentile 95 % interval of the mean over :data:`BOOTSTRAP_RESAMPLES` resamples
+of the images (the same resamples for every method, drawn from ``seed``; widened to hold the mean where the
+percentiles miss it). Methods with equal means share a rank. The comparisons are paired: the per-image difference
+between each method and the best one, and between each method and ``randomcam``, with a BCa bootstrap 95 % interval
+(:func:`paired_interval`, Efron 1987); a method is indistinguishable from the best where that interval holds 0, and
+beats randomcam where, on every faithfulness metric measured, its interval lies wholly on the better side of 0.
+Methods that cannot be told apart share a group. Below :data:`MIN_IMAGES` images the intervals are marked not
+reliable; one image gives none.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -22,6 +26,8 @@ from . import metrics
 from .report import EvalReport, ImageScores, MethodScores, mean_or_nan
 
 BOOTSTRAP_RESAMPLES = 1000
+MIN_IMAGES = 10
+"""Fewer images than this: the bootstrap intervals (percentile and BCa alike) under-cover; the table says so."""
 FAITHFULNESS = ("deletion_auc", "insertion_auc", "pointing")
 """The metrics a method must beat ``randomcam`` on (those measured)."""
 
@@ -64,7 +70,10 @@ RANKED: dict[str, tuple[str, str, Value]] = {
 
 @dataclass(frozen=True)
 class RankRow:
-    """One method's place on one metric."""
+    """One method's place on one metric. ``rank``: 1 + the number of methods with a better mean (ties share it);
+    ``group``: 1 for the methods indistinguishable from the best, then 2, ... (see :func:`groups`);
+    ``vs_best``/``vs_random``: the mean per-image difference to the best method / to randomcam and its paired BCa
+    interval (NaN where not measured); ``per_image``: the values ranked, by image path."""
 
     metric: str
     label: str
@@ -77,6 +86,16 @@ class RankRow:
     images: int
     sanity_failed: bool | None
     beats_random: bool | None
+    group: int = 1
+    vs_best: float = math.nan
+    vs_best_low: float = math.nan
+    vs_best_high: float = math.nan
+    vs_random: float = math.nan
+    vs_random_low: float = math.nan
+    vs_random_high: float = math.nan
+    indistinguishable_from_best: bool | None = None
+    reliable: bool = True
+    per_image: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {key: (None if isinstance(v, float) and math.isnan(v) else v) for key, v in asdict(self).items()}
@@ -84,14 +103,21 @@ class RankRow:
 
 def values(report: EvalReport, metric: str) -> dict[str, list[float]]:
     """Each method's per-image values of ``metric`` on the images where every method has one (same order)."""
+    return measured_table(report, metric)[1]
+
+
+def measured_table(report: EvalReport, metric: str) -> tuple[list[str], dict[str, list[float]]]:
+    """The images where every method has a value of ``metric``, and each method's values on them (same order)."""
     value = RANKED[metric][2]
+    images: list[str] = []
     columns: dict[str, list[float]] = {method: [] for method in report.methods}
     for image in report.ok:
         row = [value(image, image.methods[m]) if m in image.methods else None for m in report.methods]
         if all(v is not None and not math.isnan(v) for v in row):
+            images.append(image.image)
             for method, v in zip(report.methods, row, strict=True):
                 columns[method].append(float(v))  # type: ignore[arg-type]
-    return columns
+    return images, columns
 
 
 def bootstrap(table: torch.Tensor, seed: int, resamples: int = BOOTSTRAP_RESAMPLES) -> torch.Tensor:
@@ -104,30 +130,108 @@ def bootstrap(table: torch.Tensor, seed: int, resamples: int = BOOTSTRAP_RESAMPL
     return torch.quantile(means, torch.tensor([0.025, 0.975], dtype=torch.float64), dim=1).T
 
 
+def paired_interval(
+    differences: torch.Tensor, seed: int, resamples: int = BOOTSTRAP_RESAMPLES, level: float = 0.95
+) -> tuple[float, float]:
+    """The BCa bootstrap interval (Efron 1987) of the mean of the (n,) per-image ``differences``, in float64:
+    the percentiles of ``resamples`` resampled means (drawn from ``seed``) shifted by the bias correction z0 and the
+    jackknife acceleration a. It always holds the mean; constant differences give [d, d]; one image gives none
+    (NaN, NaN)."""
+    d = differences.double()
+    n = d.numel()
+    mean = float(d.mean()) if n else math.nan
+    if n < 2:
+        return math.nan, math.nan
+    if bool((d == d[0]).all()):
+        return mean, mean
+    generator = torch.Generator().manual_seed(seed)
+    means = d[torch.randint(0, n, (resamples, n), generator=generator)].mean(dim=1)
+    below = (means < mean).double().mean() + 0.5 * (means == mean).double().mean()
+    z0 = torch.special.ndtri(below.clamp(1.0 / (resamples + 1), resamples / (resamples + 1.0)))
+    jackknife = (d.sum() - d) / (n - 1)
+    spread = jackknife.mean() - jackknife
+    denominator = 6.0 * float((spread**2).sum()) ** 1.5
+    a = float((spread**3).sum()) / denominator if denominator > 0 else 0.0
+    z = torch.special.ndtri(torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64))
+    adjusted = torch.special.ndtr(z0 + (z0 + z) / (1 - a * (z0 + z)))
+    low, high = torch.quantile(means, adjusted.clamp(0.0, 1.0)).tolist()
+    return min(low, mean), max(high, mean)
+
+
+def tied(a: float, b: float) -> bool:
+    """Equal means, up to float64 rounding of the same sums in another order."""
+    return a == b or abs(a - b) <= 1e-12 * max(1.0, abs(a), abs(b))
+
+
+def groups(order: Sequence[str], apart: Callable[[str, str], bool]) -> dict[str, int]:
+    """Methods best first -> group numbers: the first method leads group 1, and each next method joins the current
+    group unless ``apart(method, leader)`` (its paired interval against the leader excludes 0), when it leads the
+    next group."""
+    out: dict[str, int] = {}
+    leader, number = None, 0
+    for method in order:
+        if leader is None or apart(method, leader):
+            leader, number = method, number + 1
+        out[method] = number
+    return out
+
+
 def rank(report: EvalReport, seed: int = 0, resamples: int = BOOTSTRAP_RESAMPLES) -> list[RankRow]:
     """Every measured metric's ranking of the report's methods (best first), with the marks above."""
     flagged = {}
     for method in report.methods:
         sanity = report.summary(method).get("sanity")
         flagged[method] = bool(sanity["flagged"]) if sanity else None
-    measured = {metric: values(report, metric) for metric in RANKED}
-    measured = {metric: columns for metric, columns in measured.items() if all(columns.values())}
-    means = {metric: {m: mean_or_nan(v) for m, v in columns.items()} for metric, columns in measured.items()}
+    tables = {metric: measured_table(report, metric) for metric in RANKED}
+    tables = {metric: table for metric, table in tables.items() if table[0]}
+    data = {
+        metric: {m: torch.tensor(v, dtype=torch.float64) for m, v in columns.items()}
+        for metric, (_, columns) in tables.items()
+    }
+
+    def compare(metric: str, method: str, other: str) -> tuple[float, float, float]:
+        difference = data[metric][method] - data[metric][other]
+        return (float(difference.mean()), *paired_interval(difference, seed, resamples))
+
     beats: dict[str, bool | None] = dict.fromkeys(report.methods)
     if RANDOM_BASELINE in report.methods:
         for method in report.methods:
-            checks = [
-                _better(RANKED[k][1], means[k][method], means[k][RANDOM_BASELINE]) for k in FAITHFULNESS if k in means
-            ]
-            beats[method] = all(checks) if checks else None  # randomcam itself: never above itself
+            if method == RANDOM_BASELINE:
+                continue  # not measured against itself: null
+            checks = []
+            for metric in (k for k in FAITHFULNESS if k in data):
+                _, low, high = compare(metric, method, RANDOM_BASELINE)
+                checks.append(None if math.isnan(low) else (high < 0 if RANKED[metric][1] == "lower" else low > 0))
+            beats[method] = None if not checks or None in checks else all(checks)
     rows = []
-    for metric, columns in measured.items():
+    for metric, (images, columns) in tables.items():
         label, better, _ = RANKED[metric]
+        sign = 1.0 if better == "lower" else -1.0
         methods = list(columns)
-        intervals = bootstrap(torch.tensor([columns[m] for m in methods]), seed, resamples)
-        order = sorted(range(len(methods)), key=lambda i: means[metric][methods[i]] * (1 if better == "lower" else -1))
-        for place, i in enumerate(order, 1):
-            method = methods[i]
+        means = {m: float(data[metric][m].mean()) for m in methods}
+        table = torch.stack([data[metric][m] for m in methods])
+        intervals = bootstrap(table, seed, resamples) if len(images) > 1 else torch.full((len(methods), 2), math.nan)
+        order = sorted(methods, key=lambda m: sign * means[m])
+        best = order[0]
+        comparisons = {m: compare(metric, m, best) for m in methods}
+        against = {m: compare(metric, m, RANDOM_BASELINE) for m in methods} if RANDOM_BASELINE in methods else {}
+        apart = {m: not (comparisons[m][1] <= 0.0 <= comparisons[m][2]) for m in methods}
+
+        def differs(method: str, leader: str, metric: str = metric) -> bool:
+            _, low, high = compare(metric, method, leader)
+            return not math.isnan(low) and not (low <= 0.0 <= high)
+
+        grouped = groups(order, differs)
+        for method in order:
+            i = methods.index(method)
+            place = 1 + sum(
+                1 for m in methods if sign * means[m] < sign * means[method] and not tied(means[m], means[method])
+            )
+            mean = means[method]
+            low, high = float(intervals[i, 0]), float(intervals[i, 1])
+            if not math.isnan(low):
+                low, high = min(low, mean), max(high, mean)
+            vs_best, vs_random = comparisons[method], against.get(method, (math.nan, math.nan, math.nan))
             rows.append(
                 RankRow(
                     metric,
@@ -135,39 +239,79 @@ def rank(report: EvalReport, seed: int = 0, resamples: int = BOOTSTRAP_RESAMPLES
                     better,
                     place,
                     method,
-                    means[metric][method],
-                    float(intervals[i, 0]),
-                    float(intervals[i, 1]),
-                    len(columns[method]),
+                    mean,
+                    low,
+                    high,
+                    len(images),
                     flagged[method],
                     beats[method],
+                    group=grouped[method],
+                    vs_best=vs_best[0],
+                    vs_best_low=vs_best[1],
+                    vs_best_high=vs_best[2],
+                    vs_random=vs_random[0],
+                    vs_random_low=vs_random[1],
+                    vs_random_high=vs_random[2],
+                    indistinguishable_from_best=None if math.isnan(vs_best[1]) else not apart[method],
+                    reliable=len(images) >= MIN_IMAGES,
+                    per_image=dict(zip(images, columns[method], strict=True)),
                 )
             )
     return rows
 
 
+def warnings(rows: Sequence[RankRow]) -> list[str]:
+    """What the reader must know before trusting the intervals: too few images, or one."""
+    counts = sorted({row.images for row in rows})
+    if not counts:
+        return []
+    if counts[0] < 2:
+        return ["one image: no confidence intervals and no paired comparisons (they need at least 2 images)"]
+    if counts[0] < MIN_IMAGES:
+        return [
+            f"only {counts[0]} image(s): the intervals are not reliable below {MIN_IMAGES} images "
+            "(bootstrap intervals under-cover there); evaluate more images before trusting the groups"
+        ]
+    return []
+
+
+def marks(row: RankRow) -> list[str]:
+    """The row's marks, as the table and the page show them."""
+    return [
+        *(["SANITY FAILED"] if row.sanity_failed else []),
+        *(["not above randomcam"] if row.beats_random is False else []),
+    ]
+
+
+def format_interval(low: float, high: float) -> str:
+    return "-" if math.isnan(low) else f"[{low:.3f}, {high:.3f}]"
+
+
 def format_ranking(rows: list[RankRow]) -> list[str]:
-    """One block per metric: rank, method, mean, 95 % CI, marks."""
-    lines: list[str] = []
+    """One block per metric: rank, group, method, mean, 95 % CI, the paired difference to the best, marks."""
+    lines: list[str] = [*(f"warning: {line}" for line in warnings(rows))]
     for metric in dict.fromkeys(row.metric for row in rows):
-        group = [row for row in rows if row.metric == metric]
-        lines += ["", f"{group[0].label} ({group[0].better} is better; {group[0].images} image(s))"]
-        width = max(len(row.method) for row in group)
-        for row in group:
-            marks = [
-                *(["SANITY FAILED"] if row.sanity_failed else []),
-                *(["not above randomcam"] if row.beats_random is False and row.method != RANDOM_BASELINE else []),
-            ]
-            interval = f"[{row.ci_low:.3f}, {row.ci_high:.3f}]"
-            cells = f"  {row.rank:>2}. {row.method.ljust(width)}  {row.mean:8.3f}  {interval:>20}"
-            lines.append(f"{cells}  {'  '.join(marks)}".rstrip())
+        block = [row for row in rows if row.metric == metric]
+        lines += ["", f"{block[0].label} ({block[0].better} is better; {block[0].images} image(s))"]
+        width = max(len(row.method) for row in block)
+        lines.append(
+            f"  {'#':>3} {'grp':>3}  {'method'.ljust(width)}  {'mean':>8}  {'95 % CI':>20}  {'vs best (paired)':>30}"
+        )
+        for row in block:
+            interval = format_interval(row.ci_low, row.ci_high)
+            paired = (
+                "-"
+                if math.isnan(row.vs_best)
+                else f"{row.vs_best:+.3f} {format_interval(row.vs_best_low, row.vs_best_high)}"
+            )
+            name = row.method.ljust(width)
+            cells = f"  {row.rank:>2}. {row.group:>3}  {name}  {row.mean:8.3f}  {interval:>20}  {paired:>30}"
+            lines.append(f"{cells}  {'  '.join(marks(row))}".rstrip())
     lines += [
         "",
-        "(95 % bootstrap confidence intervals over images; SANITY FAILED: the maps barely change when the "
-        "model is randomised; not above randomcam: no better than noise on deletion/insertion AUC or pointing)",
+        "(95 % bootstrap confidence intervals over images; vs best: the mean per-image difference to the best "
+        "method with its paired BCa interval; grp: methods in one group cannot be told apart; SANITY FAILED: the "
+        "maps change no more when the model is randomised than the check allows; not above randomcam: the paired "
+        "interval against randomcam does not exclude 0 on deletion/insertion AUC or pointing)",
     ]
     return lines
-
-
-def _better(direction: str, value: float, other: float) -> bool:
-    return value < other if direction == "lower" else value > other

@@ -16,8 +16,7 @@ from pathlib import Path
 from ..cam.results import ImageExplanation
 from ..io.atomic import write_atomic
 from ..io.display import displayable
-from ..options import RANDOM_BASELINE
-from .rank import RANKED, RankRow, values
+from .rank import RANKED, RankRow, format_interval, marks, values, warnings
 from .report import EvalReport, write_plot
 
 STYLE = (
@@ -45,7 +44,8 @@ def write_rank_report(
         if explained.pixels is None or not explained.explanations:
             continue
         write_atomic(folder / f"example-{number}.png", render_panel(explained.pixels, explained.explanations))
-        shown.append((f"example-{number}.png", name))
+        target = explained.explanations[0].target
+        shown.append((f"example-{number}.png", f"{name}: {target.name} ({target.probability:.3f})"))
     page = _page(report, rows, figures, shown)
     write_atomic(folder / "index.html", page.encode("utf-8"))
     return folder / "index.html"
@@ -66,22 +66,27 @@ def _page(
         f"<h1>Which map to trust: {e(report.model)}</h1>",
         f"<p id='summary' data-methods='{len(report.methods)}' data-images='{len(report.ok)}'>"
         f"{len(report.methods)} method(s) on {len(report.ok)} image(s); 95 % bootstrap confidence intervals over "
-        "images. <span class='bad'>sanity failed</span>: the maps barely change when the model is randomised; "
-        "<span class='bad'>not above randomcam</span>: no better than noise on deletion/insertion AUC or pointing.</p>",
+        "images; <em>vs best</em> and <em>vs randomcam</em>: the mean per-image difference with its paired BCa 95 % "
+        "interval; methods in one <em>group</em> cannot be told apart. <span class='bad'>sanity failed</span>: the "
+        "maps change no more when the model is randomised than the check allows; "
+        "<span class='bad'>not above randomcam</span>: the paired interval against randomcam does not exclude 0 on "
+        "deletion/insertion AUC or pointing.</p>",
+        *(f"<p class='warning bad'>warning: {e(line)}</p>" for line in warnings(rows)),
     ]
     for metric in dict.fromkeys(row.metric for row in rows):
-        group = [row for row in rows if row.metric == metric]
-        parts.append(f"<h2>{e(group[0].label)} <small>({group[0].better} is better)</small></h2>")
-        parts.append(f"<table class='ranking' data-metric='{e(metric)}'><tr><th>#</th><th class='m'>method</th>")
-        parts.append("<th>mean</th><th>95 % CI</th><th class='m'>marks</th></tr>")
-        for row in group:
-            marks = [
-                *(["sanity failed"] if row.sanity_failed else []),
-                *(["not above randomcam"] if row.beats_random is False and row.method != RANDOM_BASELINE else []),
-            ]
+        block = [row for row in rows if row.metric == metric]
+        parts.append(f"<h2>{e(block[0].label)} <small>({block[0].better} is better)</small></h2>")
+        parts.append(f"<table class='ranking' data-metric='{e(metric)}'><tr><th>#</th><th>group</th>")
+        parts.append("<th class='m'>method</th><th>mean</th><th>95 % CI</th><th>vs best</th><th>vs randomcam</th>")
+        parts.append("<th class='m'>marks</th></tr>")
+        for row in block:
             parts.append(
-                f"<tr><td>{row.rank}</td><td class='m'>{e(row.method)}</td><td>{_fmt(row.mean)}</td>"
-                f"<td>[{_fmt(row.ci_low)}, {_fmt(row.ci_high)}]</td><td class='m bad'>{e(', '.join(marks))}</td></tr>"
+                f"<tr data-group='{row.group}'><td>{row.rank}</td><td>{row.group}</td>"
+                f"<td class='m'>{e(row.method)}</td>"
+                f"<td>{_fmt(row.mean)}</td><td>{format_interval(row.ci_low, row.ci_high)}</td>"
+                f"<td>{_paired(row.vs_best, row.vs_best_low, row.vs_best_high)}</td>"
+                f"<td>{_paired(row.vs_random, row.vs_random_low, row.vs_random_high)}</td>"
+                f"<td class='m bad'>{e(', '.join(marks(row)))}</td></tr>"
             )
         parts.append("</table>")
     for file, caption in figures:
@@ -121,3 +126,7 @@ def _box_plots(report: EvalReport, rows: Sequence[RankRow]) -> bytes:
 
 def _fmt(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.3f}"
+
+
+def _paired(difference: float, low: float, high: float) -> str:
+    return "-" if math.isnan(difference) else f"{difference:+.3f} {format_interval(low, high)}"

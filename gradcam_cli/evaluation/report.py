@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 BLUR_KERNEL = 11
 BLUR_SIGMA = 5.0
 SANITY_THRESHOLD = 0.9
+SANITY_MIN_REPEAT = 0.2
+"""A random method (RISE, randomcam) whose two draws on the same model agree less than this on average (Spearman)
+does not repeat: the cascade cannot tell its changes from its noise, and flags it."""
 """Mean Spearman correlation above which a method's maps 'barely change' when the model is randomised."""
 STABILITY_SIGMA = 0.05
 """Standard deviation of the Gaussian noise ``--stability`` adds to the network input (normalised units: about 3 of
@@ -58,6 +61,9 @@ class MethodScores:
     entropy: float = math.nan
     stability: list[float] = field(default_factory=list)
     """With ``--stability``: the map's relative change under each noisy copy that kept the prediction."""
+    sanity_redraw: float | None = None
+    """With ``--sanity``, a random method only: the Spearman correlation of its map with a fresh draw (new seed) on
+    the same model, the most the cascade's correlations can be (docs/evaluation.md, "Sanity check")."""
 
     @property
     def deletion_auc(self) -> float:
@@ -165,11 +171,15 @@ class EvalReport:
             ]
         if self.sanity_modules:
             stages = [mean_or_nan(column) for column in zip(*(s.sanity for _, s in scores), strict=True)]
+            redraws = [s.sanity_redraw for _, s in scores if s.sanity_redraw is not None]
+            repeat = mean_or_nan(redraws) if redraws else 1.0  # a deterministic method repeats exactly
+            threshold = SANITY_THRESHOLD * min(1.0, repeat)
             out["sanity"] = {
                 "modules": self.sanity_modules,
                 "spearman": stages,
-                "threshold": SANITY_THRESHOLD,
-                "flagged": any(rho > SANITY_THRESHOLD for rho in stages),
+                "threshold": threshold,
+                **({"redraw_spearman": repeat} if redraws else {}),
+                "flagged": repeat < SANITY_MIN_REPEAT or any(rho > threshold for rho in stages),
             }
         return out
 
@@ -228,6 +238,7 @@ def _image_dict(image: ImageScores) -> dict[str, Any]:
                     for b in s.boxes
                 ],
                 **({"sanity_spearman": s.sanity} if s.sanity else {}),
+                **({"sanity_redraw_spearman": s.sanity_redraw} if s.sanity_redraw is not None else {}),
                 "gini": s.gini,
                 "entropy": s.entropy,
                 **({"stability": s.stability} if s.stability else {}),

@@ -106,7 +106,7 @@ def load_open_clip(model: str, weights: str, architecture_only: bool = False) ->
     try:
         import open_clip
     except ImportError as error:
-        raise missing_extra(model) from error
+        raise missing_extra(model, "clip") from error
     name = _architecture(open_clip, model)
     tags = [str(tag) for tag in open_clip.list_pretrained_tags_by_model(name)]
     tag = weights if weights in tags else None

@@ -53,7 +53,7 @@ def load_hf(model: str, weights: str, num_classes: int | None, architecture_only
     try:
         from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoModelForImageClassification
     except ImportError as error:
-        raise missing_extra(model) from error
+        raise missing_extra(model, "hf") from error
     check_num_classes(model, weights, num_classes)
     model_type = vlm_model_type(model)
     if model_type is not None:

@@ -25,8 +25,6 @@ if TYPE_CHECKING:
 TIMM_PREFIX = "timm:"
 HF_PREFIX = "hf:"
 OPEN_CLIP_PREFIX = "open_clip:"
-EXTRAS = {TIMM_PREFIX: "timm", HF_PREFIX: "hf", OPEN_CLIP_PREFIX: "clip"}
-"""The optional extra each kind of model needs: ``pip install 'gradcam-cli[timm]'``."""
 PASS_INSTEAD = "or pass --weights PATH or --weights none"
 
 
@@ -51,9 +49,9 @@ class HubUnavailable(Exception):
     """A file is neither in the local cache nor downloadable; the message says why, in a few words."""
 
 
-def missing_extra(model: str) -> UsageError:
-    """The one-line error for a ``timm:`` or ``hf:`` model whose library is not installed."""
-    extra = next(extra for prefix, extra in EXTRAS.items() if model.startswith(prefix))
+def missing_extra(model: str, extra: str) -> UsageError:
+    """The one-line error for a model whose library, the optional ``extra`` (``timm``, ``hf``, ``clip``), is not
+    installed."""
     return UsageError(f"--model {model} needs the optional extra: pip install 'gradcam-cli[{extra}]'")
 
 

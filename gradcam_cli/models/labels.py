@@ -17,9 +17,10 @@ SUGGESTED_CLASSES = 5
 
 
 class Named(Protocol):
-    """Anything with class names (a :class:`~gradcam_cli.models.loading.LoadedModel`); ``None``: none known."""
+    """Anything with class names (a :class:`~gradcam_cli.models.profile.LoadedModel`); ``None``: none known."""
 
-    categories: list[str] | None
+    @property
+    def categories(self) -> list[str] | None: ...
 
 
 def read_labels(path: str | Path) -> list[str]:

@@ -24,7 +24,6 @@ from torch import nn
 from ..cam.engine import model_state_preserved
 from ..errors import UsageError
 from ..io.images import InputSpec
-from ..options import ExplainOptions
 
 DETECTION_KEYS = ("boxes", "labels", "scores")
 """What each image's dict in a detector's output holds (torchvision's detection output)."""
@@ -60,30 +59,6 @@ class Task(str, enum.Enum):
             return cls(value)
         except ValueError:
             raise UsageError(f"unknown task {text!r}; use classify, detect or segment") from None
-
-
-def check_task_options(task: Task, options: ExplainOptions) -> None:
-    """A one-line UsageError for an option meant for another task, given at all (``None``: not given) with any
-    value: ``--score`` (classifiers; ``logit`` passes everywhere), ``--top-k`` (classifiers and segmenters),
-    ``--score-threshold`` and ``--max-detections`` (detectors). The rule, with ``--input-size`` and the other options
-    it covers, is in docs/cli.md."""
-    if options.score not in (None, "logit") and task is not Task.CLASSIFY:
-        raise UsageError(f"--score {options.score} is for classifiers; a {task.noun} has its own score")
-    if options.top_k is not None and task is Task.DETECT:
-        raise UsageError(
-            f"--top-k {options.top_k} is for classifiers and segmenters; a detector explains each detection scoring "
-            "at least --score-threshold, at most --max-detections of them"
-        )
-    given = [
-        f"{option} {value:g}"
-        for option, value in (
-            ("--score-threshold", options.score_threshold),
-            ("--max-detections", options.max_detections),
-        )
-        if value is not None
-    ]
-    if given and task is not Task.DETECT:
-        raise UsageError(f"{given[0]} is for detectors; a {task.noun} has no detections to choose from")
 
 
 def layer_scopes(task: Task) -> tuple[str, ...]:

@@ -35,7 +35,7 @@ def load_timm(model: str, weights: str, num_classes: int | None, architecture_on
     try:
         import timm
     except ImportError as error:
-        raise missing_extra(model) from error
+        raise missing_extra(model, "timm") from error
     name = model.removeprefix(TIMM_PREFIX)
     config = _pretrained_config(name)
     check_num_classes(model, weights, num_classes)

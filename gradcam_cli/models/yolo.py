@@ -81,11 +81,6 @@ def offline_ultralytics() -> Any:
     return ultralytics
 
 
-def is_yolo(name: str) -> bool:
-    """Whether ``--model name`` is a YOLO model."""
-    return name.startswith(YOLO_PREFIX)
-
-
 def load_yolo(name: str, weights: str, architecture_only: bool = False, task: str | None = None) -> YoloModel:
     """The model ``--model yolo:...`` names, with ``--weights`` (``DEFAULT``: the checkpoint's own; ``none``: random;
     a state dict file) and ``--task`` (``None``: the model's own; a task that does not fit it is refused)."""

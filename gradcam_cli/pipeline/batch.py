@@ -158,7 +158,7 @@ class BatchRunner:
             return self._record(image, "skipped", **fields)
 
         earlier, required = self.earlier.get(str(image.path)), self.earlier.required
-        if self.explainer.task.value == "detect":
+        if self.explainer.adapter.ranked:
             rows = resumed_detection_rows(found, earlier, row, required)
         else:
             rows = resumed_rows(found, earlier, row, self.explainer.model.class_name, required)
@@ -230,7 +230,7 @@ class BatchRunner:
         """What ``--skip-existing`` looks for: this run's listed outputs, for its methods and targets."""
         explainer = self.explainer
         target = explainer.prediction(explainer.target, 0.0) if explainer.target is not None else None
-        kind = CombinedOutputs if explainer.task.value == "detect" else ExistingOutputs
+        kind = CombinedOutputs if explainer.adapter.ranked else ExistingOutputs
         return kind(self.output, self.kinds, explainer.methods, target, explainer.top_k)
 
     def _finish(self, item: _Pending, on_image: Callable[[], Any] | None) -> tuple[int, list[Record]]:

@@ -39,13 +39,12 @@ class Record:
             if prediction is not None:
                 probability = prediction["probability"]
                 prediction["probability"] = round(probability, 6) if math.isfinite(probability) else None
-                for extra in ("box", "share", "area", "keypoints", "score"):
+                prediction.update(prediction.pop("details") or {})
+                for extra in ("box", "share", "score"):
                     if prediction[extra] is None:
                         del prediction[extra]
                 if "box" in prediction:
                     prediction["box"] = list(prediction["box"])
-                if "keypoints" in prediction:
-                    prediction["keypoints"] = [list(point) for point in prediction["keypoints"]]
                 if "share" in prediction:
                     prediction["share"] = round(prediction["share"], 6)
         return {key: row[key] for key in MANIFEST_FIELDS}
@@ -101,9 +100,10 @@ def _prediction(value: Any) -> Prediction | None:
         if isinstance(box, list) and len(box) == 4
         else None,
         share=float(share) if isinstance(share, int | float) else None,
-        area=value["area"] if isinstance(value.get("area"), int) else None,
-        keypoints=[(float(x), float(y), float(v)) for x, y, v in value["keypoints"]]
-        if isinstance(value.get("keypoints"), list)
-        else None,
         score=str(value["score"]) if isinstance(value.get("score"), str) else None,
+        details={key: item for key, item in value.items() if key not in _OWN_KEYS} or None,
     )
+
+
+_OWN_KEYS = frozenset(("index", "name", "probability", "box", "share", "score"))
+"""A prediction's keys in a row that are not a task's :attr:`~gradcam_cli.cam.results.Prediction.details`."""

@@ -189,10 +189,10 @@ class Session:
         """Explain every image, then every video, yielding each record once it is written and recorded.
 
         :meth:`start` comes first, unless it was called already. Videos are for classifiers and detectors."""
-        if videos and explainer.task.value == "segment":
+        if videos and not explainer.adapter.videos:
             raise UsageError(
                 f"videos are explained with classifiers and detectors only; {videos[0].path} is a video and "
-                f"{explainer.model.name} a {explainer.task.noun}"
+                f"{explainer.model.name} a {explainer.adapter.noun}"
             )
         if videos and self.run.engine == "ray":
             raise UsageError(f"--engine ray explains images only; {videos[0].path} is a video: run videos without it")
@@ -264,7 +264,7 @@ class Session:
         carries; once per session."""
         if self._started:
             return
-        if self.output.panel and explainer.task.value == "detect":
+        if self.output.panel and explainer.adapter.ranked:
             raise UsageError(
                 "--panel is for classifiers and segmenters; a detector's <stem>_<method>_boxes overlay "
                 "shows all its detections at once"

@@ -87,7 +87,7 @@ class VideoRunner:
         """(method, output path) for each video this input produces, in the order of its explanations."""
         target = self.explainer.target
         rows = []
-        if self.explainer.task.value == "detect":  # one video per method: the combined map, every box drawn
+        if self.explainer.adapter.ranked:  # one video per method: the combined map, every box drawn
             return [(m, video_output_path(self.output.output_dir, video, m, "boxes")) for m in self.explainer.methods]
         for rank in range(1 if target is not None else self.explainer.top_k):
             label = video_label(rank + 1, target, self.explainer.model.class_name(target) if target is not None else "")
@@ -207,7 +207,7 @@ class VideoRunner:
     ) -> None:
         """Blend one RGB frame with each of ``result``'s maps and append it to the matching output video."""
         pixels = torch.from_numpy(frame)
-        detector = self.explainer.task.value == "detect"
+        detector = self.explainer.adapter.ranked
         shown = [e for e in result.explanations if e.rank == 0] if detector else result.explanations
         for writer, explanation in zip(clip.writers, shown, strict=True):
             overlay = blend(pixels, explanation.saliency, self.table, self.output.alpha).cpu()

@@ -34,7 +34,6 @@ from ..errors import UsageError, suggest
 from ..models.devices import resolve_device
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel, load_model
-from ..models.tasks import Task
 from ..options import EvalOptions, ExplainOptions, ModelOptions
 from ..targets import TargetSpec
 from .http import HttpError
@@ -84,7 +83,7 @@ def prediction_dict(p: Any) -> dict[str, Any]:
         out["box"] = [float(v) for v in p.box]
     if p.share is not None:
         out["share"] = p.share
-    return out
+    return {**out, **(p.details or {})}
 
 
 class ModelService:
@@ -105,7 +104,7 @@ class ModelService:
         first = self.targets[:1] or ((TargetSpec("output"),) if self.kind == "embed" else ())  # output:0 of any
         base = Explainer.from_options(model, replace(options, targets=first, top_k=None if first else options.top_k))
         self.model = base.model
-        self.task = base.task
+        self.adapter = base.adapter
         self.device = base.device
         self.default_layer = base.layer_label
         self.default_method = base.methods[0]
@@ -126,7 +125,7 @@ class ModelService:
             for i in infos
             if i.is_candidate
         ]
-        self.methods = [name for name, m in METHODS.items() if self.task.value in m.tasks]
+        self.methods = [name for name, m in METHODS.items() if self.adapter.takes(name, m.tasks, self.model.module)]
         for spec in self.targets[1:]:  # every default target checked now (and its explainer kept), as a run's
             self.explainer(None, None, spec)
 
@@ -142,14 +141,16 @@ class ModelService:
         """What the page needs to build its controls."""
         return {
             "model": self.model.name,
-            "task": self.task.value,
+            "task": self.adapter.label,
+            "ranked": self.adapter.ranked,
+            "listed": self.adapter.listed,
             "layers": self.layers,
             "default_layer": self.default_layer,
             "methods": self.methods,
             "default_method": self.default_method,
             "kind": self.kind,
             "targets": [str(spec) for spec in self.targets],
-            "faithfulness": self.task is Task.CLASSIFY,
+            "faithfulness": self.adapter.faithfulness,
         }
 
     def explainer(self, layer: str | None, method: str | None, target: TargetSpec | None = None) -> Explainer:
@@ -160,7 +161,7 @@ class ModelService:
         key = (layer, method, str(target) if target is not None else "")
         if key not in self._explainers:
             if method not in self.methods:
-                raise UsageError(f"unknown method {method!r} for a {self.task.noun}.{suggest(method, self.methods)}")
+                raise UsageError(f"unknown method {method!r} for a {self.adapter.noun}.{suggest(method, self.methods)}")
             names = [name for name in layer.split("+") if name]
             options = ExplainOptions(
                 layers=tuple(names),
@@ -200,15 +201,15 @@ class ModelService:
             target if isinstance(target, TargetSpec) else self.targets[0] if target is None and self.targets else None
         )
         shown = shown or (str(spec) if spec is not None else None)
-        if spec is None and self.task is Task.DETECT and isinstance(target, str):
+        if spec is None and not self.adapter.serve_target() and isinstance(target, str):
             raise UsageError(
-                f"{target}: a detector's maps are its detections'; click a detection (or all detections) instead "
-                "of typing a class"
+                f"{target}: a {self.adapter.noun}'s maps are its detections'; click a detection (or all detections) "
+                "instead of typing a class"
             )
         with self.model_lock:
             explainer = self.explainer(layer, method, spec)
             index = None
-            if spec is None and self.task is not Task.DETECT:
+            if spec is None and self.adapter.serve_target():
                 index = self.target_index(target if isinstance(target, str) else None)
             chosen_target = str(spec) if spec is not None else index
 
@@ -228,9 +229,9 @@ class ModelService:
             finally:
                 explainer.capture, explainer.progress = previous
         result.pixels = image.pixels
-        chosen = _chosen(result.explanations, rank, self.task)
+        chosen = self.adapter.pick(result.explanations, rank)
         stored = StoredMap(key, source.id, source.stem, explainer.layer_label, chosen, result.predictions, image.pixels)
-        if self.task is Task.DETECT:  # every detection's map came with this pass: keep them all
+        if self.adapter.ranked:  # every detection's map came with this pass: keep them all
             for other in result.explanations:
                 if other is not chosen and other.rank is not None:
                     self.maps.put(
@@ -251,9 +252,9 @@ class ModelService:
         """``gradcam eval``'s figures for the map ``stored`` shows, by its own evaluator (what ``gradcam eval PATH
         --target-class N --layer L --method M --steps 20 [--road]`` prints): deletion and insertion AUC and curves,
         the masked image's probability, and with ``road`` the combined ROAD score. Classifiers only, as there."""
-        if self.task is not Task.CLASSIFY:
+        if not self.adapter.faithfulness:
             raise UsageError(
-                f"deletion, insertion and ROAD are for classifiers (as in gradcam eval), not a {self.task.noun}"
+                f"deletion, insertion and ROAD are for classifiers (as in gradcam eval), not a {self.adapter.noun}"
             )
         from ..evaluation.evaluate import Evaluator
 
@@ -306,13 +307,3 @@ class Deadline:
                 f"stopped after {self.seconds:g} s ({done} of {total} passes run): a request may take at most "
                 f"{self.seconds:g} s; choose a later layer or a gradient method, or run gradcam on the command line",
             )
-
-
-def _chosen(explanations: list[Any], rank: int, task: Task) -> Any:
-    """The explanation a request asked for: a detector's detection ``rank`` (0: combined), else the first."""
-    if task is Task.DETECT:
-        for explanation in explanations:
-            if explanation.rank == rank:
-                return explanation
-        raise UsageError(f"no detection {rank} in this image ({len(explanations) - 1} found)")
-    return explanations[0]

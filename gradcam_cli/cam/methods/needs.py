@@ -58,8 +58,8 @@ FINER_GRADIENT: Need[torch.Tensor] = Need("finer gradient", keeps_graph=True)
 HESSIAN_PRODUCT: Need[torch.Tensor] = Need("Hessian-vector product", keeps_graph=True)
 """ShapleyCAM: the layer's Hessian-vector product H A
 (:meth:`~gradcam_cli.cam.engine.LayerCapture.hessian_vector_products`)."""
-SEED: Need[int] = Need("seed")
-"""randomcam: the seed of its noise."""
+SEED: Need[list[int]] = Need("seed")
+"""randomcam: the seeds of its noise, one per image (:func:`~gradcam_cli.cam.methods.random.image_seeds`)."""
 MASKED_PASSES: Need[MaskedPasses] = Need("masked passes", uses_model=True, shows_progress=True)
 """RISE and occlusion: the black-box passes on masked inputs (:class:`MaskedPasses`)."""
 

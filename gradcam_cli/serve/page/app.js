@@ -92,7 +92,7 @@ async function explain(params) {
     const img = await loadImage(`/api/maps/${answer.id}.png`);
     state.answer = answer;
     state.values = unpack(pixelsOf(img));
-    showPredictions(answer, model.task);
+    showPredictions(answer, model);
     const cm = encodeURIComponent($("colormap").value), al = $("alpha").value;
     $("dl-overlay").href = `/api/maps/${answer.id}/overlay.png?colormap=${cm}&alpha=${al}`;
     $("dl-heatmap").href = `/api/maps/${answer.id}/heatmap.png?colormap=${cm}`;
@@ -107,19 +107,19 @@ async function explain(params) {
   } catch (error) { say("error: " + error.message); }
 }
 
-function showPredictions(answer, task) {
+function showPredictions(answer, model) {
+  const ranked = model.ranked;  // a detector's: per detection, and every detection combined
   const list = $("predictions");
   list.replaceChildren();
   const kind = state.info.model.kind;  // classify, embed (no classes: no list) or clip (its prompts ranked)
-  $("pred-title").textContent = task === "detect" ? "Detections" : task === "segment" ? "Classes" :
-    kind === "clip" ? "Prompts" : kind === "embed" ? "" : "Predictions";
+  $("pred-title").textContent = kind === "clip" ? "Prompts" : kind === "embed" ? "" : model.listed;
   for (const spec of state.info.model.targets) {  // the command's --target defaults, one click each
     const button = el("button", spec, { type: "button", "data-spec": spec });
     if (answer.spec === spec) button.classList.add("chosen");
     button.onclick = () => { $("target").value = spec; explain({ target: spec }); };
     const item = el("li"); item.append(button); list.append(item);
   }
-  if (task === "detect") {
+  if (ranked) {
     const all = el("button", "all detections", { type: "button", "data-rank": "0" });
     if (answer.rank === 0) all.classList.add("chosen");
     all.onclick = () => explain({ rank: 0 });
@@ -129,9 +129,9 @@ function showPredictions(answer, task) {
     let text = `${p.name} ${(100 * p.probability).toFixed(1)}%`;
     if (p.share !== undefined) text += ` on ${(100 * p.share).toFixed(1)}% of the pixels`;
     const button = el("button", text, { type: "button", "data-index": p.index });
-    const chosen = task === "detect" ? answer.rank === i + 1 : !answer.spec && answer.target.index === p.index;
+    const chosen = ranked ? answer.rank === i + 1 : !answer.spec && answer.target.index === p.index;
     if (chosen) button.classList.add("chosen");
-    button.onclick = () => (task === "detect" ? explain({ rank: i + 1 }) : explain({ target: String(p.index) }));
+    button.onclick = () => (ranked ? explain({ rank: i + 1 }) : explain({ target: String(p.index) }));
     const item = el("li"); item.append(button); list.append(item);
   });
 }
@@ -289,7 +289,7 @@ async function start() {
     setSelect($("layer"), layers, m.default_layer);
     setSelect($("method"), m.methods.map((n) => [n, n]), m.default_method);
     const again = (a) => (a.spec !== null ? a.spec : String(a.target.index));  // the same target, at another layer
-    $("layer").onchange = () => explain({ target: state.answer && m.task !== "detect" ? again(state.answer) : "" });
+    $("layer").onchange = () => explain({ target: state.answer && !m.ranked ? again(state.answer) : "" });
     $("method").onchange = $("layer").onchange;
     $("inputs").onchange = () => $("inputs").value && chooseImage($("inputs").value);
     $("input-q").oninput = () => { state.inputOffset = 0; loadInputs().catch((e) => say("error: " + e.message)); };

@@ -1,0 +1,202 @@
+"""The task adapter protocol: everything that differs between what models do (classify, detect, segment, ...).
+
+An adapter is registered by name in :data:`TASKS` (group ``gradcam_cli.tasks``: a plugin's entry point may name an
+adapter object, registered under the entry point's name). The explainer asks each adapter in turn whether it
+:meth:`~TaskAdapter.claims` a model (the first that does explains it); from then on every task-specific decision
+(the options it takes, its score, its methods, its rows, what the console and the gallery show, what an image
+without a target says, how ``gradcam eval`` measures it, which map ``gradcam serve`` shows) is the adapter's.
+Nothing outside the adapters compares a task. How to add one: docs/internals.md ("Adding a task").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ...errors import UsageError
+from ...options import CLASS_SCORE_NAMES, ExplainOptions
+from ...registry import TASKS_GROUP, Registry
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from ...evaluation.boxes import GroundTruthBox
+    from ...models.loading import LoadedModel
+    from ...targets import TargetSpec
+    from ..results import Explanation, ImageExplanation, Prediction
+    from ..scores import Score
+
+Pair = tuple[str | None, list[tuple[float, float, float, float]], list["Explanation"]]
+"""``gradcam eval``'s box pairing: (label, the label's boxes, the explanations they are scored against)."""
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """What a task's score is built from: the options as given (``None``: not given) and the explainer's context."""
+
+    device: torch.device
+    options: ExplainOptions
+    target: int | None
+    specs: tuple[TargetSpec, ...]
+    methods: tuple[str, ...]
+
+
+class Explained(Protocol):
+    """What an adapter reads of an explainer (the :class:`~gradcam_cli.cam.explainer.Explainer`)."""
+
+    model: LoadedModel
+    score: Score
+    target: int | None
+    methods: list[str]
+
+    def explain(self, image: Any, target: int | None = None, top_k: int | None = None) -> ImageExplanation: ...
+
+
+class TaskAdapter:
+    """One task's behaviour; subclass it and override what differs (the defaults are a classifier-like task's).
+
+    ``name``: the registry key (``--task NAME``); ``noun``: what its model is called in messages; ``ranked``: its
+    explanations are per detection (``rank`` 1, 2, ...) with a combined map (``rank`` 0), named ``_box<rank>`` and
+    ``_boxes`` (a detector's layout: its resumed rows, its video, its serve maps); ``videos``: it explains video
+    frames; ``faithfulness``: ``gradcam eval`` runs the whole perturbation protocol (else the boxes only, through
+    :meth:`box_pairs`); ``takes_targets``: ``--target`` specs apply; ``aug_smooth``: ``--aug-smooth`` applies."""
+
+    name = ""
+    shown = ""
+    """The task as records and messages name it (default: :attr:`name`; YOLO's detectors are ``detect``)."""
+    noun = "model"
+    by_name = True
+    listed = "Predictions"
+    """What ``gradcam serve``'s page titles the list of an image's predictions."""
+    """``--task NAME`` names it (YOLO's adapter claims its models by their module, whatever ``--task`` says)."""
+    ranked = False
+    videos = True
+    faithfulness = False
+    takes_targets = False
+    aug_smooth = False
+    methods_of = "segment"
+    """The built-in task whose method list this one takes (:attr:`CamMethod.tasks`), unless :meth:`takes` says."""
+
+    @property
+    def label(self) -> str:
+        """:attr:`shown`, or the name."""
+        return self.shown or self.name
+
+    def claims(self, model: LoadedModel, requested: str | None) -> bool:
+        """Whether this adapter explains ``model`` (``requested``: ``--task`` as given, ``None``: not given)."""
+        return requested == self.name
+
+    def check_options(self, options: ExplainOptions) -> None:
+        """A one-line UsageError for an option this task does not take, given at all (``None``: not given)."""
+        if options.score is not None and options.score != "logit":
+            raise UsageError(f"--score {options.score} is for classifiers; a {self.noun} has its own score")
+        given = [
+            f"{option} {value:g}"
+            for option, value in (
+                ("--score-threshold", options.score_threshold),
+                ("--max-detections", options.max_detections),
+            )
+            if value is not None
+        ]
+        if given:
+            raise UsageError(f"{given[0]} is for detectors; a {self.noun} has no detections to choose from")
+
+    def score(self, model: LoadedModel, request: ScoreRequest) -> Score:
+        """The :class:`~gradcam_cli.cam.scores.Score` this task differentiates."""
+        raise NotImplementedError
+
+    def takes(self, method: str, tasks: Sequence[str], module: nn.Module) -> bool:
+        """Whether ``method`` (serving the built-in ``tasks``) explains this task's ``module``."""
+        return self.methods_of in tasks
+
+    def settings(
+        self, model: LoadedModel, score: Score, request: ScoreRequest, perturbation: dict[str, object]
+    ) -> dict[str, object]:
+        """What this task adds to the run record (its ``task`` first), with the black-box methods' ``perturbation``
+        settings."""
+        return {"task": self.label, **perturbation}
+
+    def nothing_found(self, model: LoadedModel, score: Score, target: int | None) -> str | None:
+        """What a row without a target says (``None``: nothing special, a video's row)."""
+        return None
+
+    def where(self, prediction: Prediction) -> str:
+        """A prediction's line on the console after its name and probability."""
+        return f"(class {prediction.index})"
+
+    def how_much(self, prediction: Prediction) -> str:
+        """How much of a target an output line shows: ``73.1%``."""
+        return f"{prediction.probability:.1%}"
+
+    def eval_checks(self, sanity: bool, plot: bool, road: bool) -> None:
+        """Refuse ``gradcam eval`` options the box measures do not take (tasks without :attr:`faithfulness`)."""
+        if sanity:
+            raise UsageError(f"--sanity is for classifiers; a {self.noun}'s maps are evaluated against --boxes")
+        if plot:
+            raise UsageError(f"--plot draws deletion and insertion curves, which a {self.noun} is not measured by")
+        if road:
+            raise UsageError(f"--road is for classifiers; a {self.noun}'s maps are evaluated against --boxes")
+
+    def box_pairs(
+        self, explainer: Explained, image: Any, result: ImageExplanation, boxes: Sequence[GroundTruthBox]
+    ) -> tuple[list[Pair], int]:
+        """``gradcam eval``'s pairs of ground-truth boxes and explanations for one image, and how many boxes no
+        explanation pairs with (default: every box of the image against its first target's maps)."""
+        if not result.explanations:
+            return [], len(boxes)
+        first = result.explanations[0].target.index
+        chosen = [e for e in result.explanations if e.target.index == first]
+        return [(None, [box.box for box in boxes], chosen)], 0
+
+    def pick(self, explanations: list[Explanation], rank: int) -> Explanation:
+        """The explanation ``gradcam serve`` shows for a request of ``rank`` (a ranked task's detection)."""
+        if not self.ranked:
+            return explanations[0]
+        for explanation in explanations:
+            if explanation.rank == rank:
+                return explanation
+        raise UsageError(f"no detection {rank} in this image ({len(explanations) - 1} found)")
+
+    def pass_settings(self, score: Score) -> AbstractContextManager[None]:
+        """What the explained pass and its extra passes run under (default: nothing)."""
+        return nullcontext()
+
+    def serve_target(self) -> bool:
+        """Whether ``gradcam serve`` resolves a class to explain for a request (a ranked task explains them all)."""
+        return not self.ranked
+
+
+def check_class_score(options: ExplainOptions) -> None:
+    """A one-line UsageError for ``--score`` naming no class score (``box`` is YOLO's; ``None``: not given)."""
+    if options.score == "box":
+        raise UsageError("--score box is for YOLO detectors (--model yolo:...)")
+    if options.score is not None and options.score not in CLASS_SCORE_NAMES:
+        raise UsageError(f"unknown score {options.score!r} for a class; use {', '.join(CLASS_SCORE_NAMES)}")
+
+
+def _register_plugin(name: str, loaded: object) -> None:
+    if isinstance(loaded, TaskAdapter):
+        TASKS.register(name, loaded)
+
+
+TASKS: Registry[TaskAdapter] = Registry("task", TASKS_GROUP, register_plugin=_register_plugin)
+"""Every task adapter by name, the package's first (YOLO's before torchvision's detectors), then plugins'."""
+
+
+def register_task(adapter: TaskAdapter, *, replace: bool = False) -> TaskAdapter:
+    """Register ``adapter`` under its own :attr:`~TaskAdapter.name`."""
+    return TASKS.register(adapter.name, adapter, replace=replace)
+
+
+def adapter_for(model: LoadedModel, requested: str | None = None) -> TaskAdapter:
+    """The first registered adapter that claims ``model``; ``requested`` (``--task``) naming none is a UsageError
+    with close matches."""
+    for adapter in TASKS.values():
+        if adapter.claims(model, requested):
+            return adapter
+    if requested is not None:
+        TASKS[requested]  # an unknown name: the registry's message, with close matches
+    raise UsageError(f"no task explains {model.name} ({requested or model.task.value})")

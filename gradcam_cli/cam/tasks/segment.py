@@ -1,0 +1,84 @@
+"""Segmenters: a class's score is the sum of its logits over the pixels predicted as it
+(:mod:`gradcam_cli.cam.segmentation`); each explained class shows its share of the pixels and its region."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ...options import ExplainOptions
+from ..scores import Score
+from ..segmentation import SegmentationScore
+from .base import Explained, Pair, ScoreRequest, TaskAdapter, check_class_score, register_task
+
+if TYPE_CHECKING:
+    from ...evaluation.boxes import GroundTruthBox
+    from ...models.loading import LoadedModel
+    from ..results import ImageExplanation, Prediction
+
+
+class SegmentTask(TaskAdapter):
+    """A segmenter's predicted classes other than the background, largest first."""
+
+    name = "segment"
+    noun = "segmenter"
+    videos = False
+    listed = "Classes"
+    methods_of = "segment"
+
+    def claims(self, model: LoadedModel, requested: str | None) -> bool:
+        return model.task.value == self.name and requested in (None, self.name)
+
+    def check_options(self, options: ExplainOptions) -> None:
+        check_class_score(options)
+        TaskAdapter.check_options(self, options)
+
+    def score(self, model: LoadedModel, request: ScoreRequest) -> Score:
+        self.check_options(request.options)
+        return SegmentationScore()
+
+    def nothing_found(self, model: LoadedModel, score: Score, target: int | None) -> str | None:
+        return "no class other than the background"
+
+    def where(self, prediction: Prediction) -> str:
+        if prediction.share is None:
+            return f"(class {prediction.index})"
+        return f"(class {prediction.index}) on {prediction.share:.1%} of the pixels"
+
+    def how_much(self, prediction: Prediction) -> str:
+        if prediction.share is None:
+            return super().how_much(prediction)
+        return f"{prediction.share:.1%} of the pixels"
+
+    def box_pairs(
+        self, explainer: Explained, image: Any, result: ImageExplanation, boxes: Sequence[GroundTruthBox]
+    ) -> tuple[list[Pair], int]:
+        """The boxes of one label scored together with the map of the class of that name (a box without a label:
+        the image's first explained class); a label that names no class, or a class predicted nowhere, is
+        undetected."""
+        pairs: list[Pair] = []
+        undetected = 0
+        for label in dict.fromkeys(box.label for box in boxes):
+            group = [box.box for box in boxes if box.label == label]
+            explained = result
+            if label is not None:
+                index = _class_of(explainer, label)
+                if index is None:
+                    undetected += len(group)
+                    continue
+                explained = explainer.explain(image, target=index)
+            if not explained.explanations or not explained.explanations[0].target.share:
+                undetected += len(group)  # the class is predicted nowhere: its map is empty
+                continue
+            first = explained.explanations[0].target.index
+            pairs.append((label, group, [e for e in explained.explanations if e.target.index == first]))
+        return pairs, undetected
+
+
+def _class_of(explainer: Explained, label: str) -> int | None:
+    categories = explainer.model.categories or []
+    matches = [i for i, name in enumerate(categories) if name.lower() == label.lower()]
+    return matches[0] if len(matches) == 1 else None
+
+
+register_task(SegmentTask())

@@ -1,0 +1,110 @@
+"""``gradcam eval --rank --report DIR``'s rows file, ``DIR/rows.jsonl``: every image's scores appended as it
+finishes, so that an interrupted run leaves its finished images on disk and ``--skip-existing`` resumes from them.
+
+Line 1 is the run's settings (``{"settings": {...}}``: model, layers, methods, seeds, steps ...); each next line one
+image's scores (:func:`image_row`, the fields of :class:`~gradcam_cli.evaluation.report.ImageScores`). A line is
+written whole with one ``write`` to a file opened for appending and flushed to disk before the next image starts; a
+last line cut short by a crash is ignored when the file is read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import IO, Any
+
+from ..cam.explainer import Explainer
+from ..cam.results import Prediction
+from ..errors import UsageError
+from ..options import EvalOptions
+from .report import BoxScore, ImageScores, MethodScores
+
+ROWS_NAME = "rows.jsonl"
+
+
+def run_settings(explainer: Explainer, options: EvalOptions) -> dict[str, Any]:
+    """What makes two runs' rows comparable: the model, layers, methods, targets, seeds and measurements."""
+    measured = {key: value for key, value in asdict(options).items() if key not in ("batch_size", "plot")}
+    return {
+        "model": explainer.model.name,
+        "layers": list(explainer.layer_names),
+        "methods": list(explainer.methods),
+        "target": explainer.target,
+        "explainer": explainer.settings,
+        "perturbation_seed": explainer.perturbation.seed,
+        **json.loads(json.dumps(measured, default=str)),
+    }
+
+
+def image_row(image: ImageScores) -> dict[str, Any]:
+    """One image's scores as JSON-ready data (NaN stays NaN: the file is read back by :func:`image_from_row`)."""
+    return asdict(image)
+
+
+def image_from_row(row: dict[str, Any]) -> ImageScores:
+    """The :class:`ImageScores` that :func:`image_row` wrote."""
+
+    def prediction(data: dict[str, Any] | None) -> Prediction | None:
+        if data is None:
+            return None
+        box = data.get("box")
+        return Prediction(**{**data, "box": tuple(box) if box is not None else None})
+
+    methods = {}
+    for name, scores in row["methods"].items():
+        boxes = [BoxScore(b["label"], prediction(b["target"]), b["hit"], b["energy"]) for b in scores["boxes"]]  # type: ignore[arg-type]
+        methods[name] = MethodScores(**{**scores, "boxes": boxes})
+    return ImageScores(row["image"], prediction(row["target"]), methods, row["error"])
+
+
+class RowsFile:
+    """Appends each finished image's row to ``path``, after the settings line (a new file) ."""
+
+    def __init__(self, path: Path, settings: dict[str, Any], resume: bool) -> None:
+        self.path = path
+        fresh = not (resume and path.exists())
+        cut = not fresh and not path.read_bytes().endswith(b"\n")  # a last line cut short: end it first
+        self._file: IO[str] = path.open("w" if fresh else "a", encoding="utf-8")
+        if cut:
+            self._file.write("\n")
+        if fresh:
+            self._write({"settings": settings})
+
+    def append(self, image: ImageScores) -> None:
+        self._write(image_row(image))
+
+    def _write(self, data: dict[str, Any]) -> None:
+        self._file.write(json.dumps(data) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_rows(path: Path, settings: dict[str, Any]) -> list[ImageScores]:
+    """The images ``path`` holds, when it was written with the same ``settings`` (otherwise a usage error: its
+    figures would not be comparable); none when it does not exist. Failed images are left out (tried again)."""
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        written = json.loads(lines[0])["settings"] if lines else None
+    except (ValueError, KeyError, TypeError):
+        written = None
+    if written != json.loads(json.dumps(settings)):
+        raise UsageError(
+            f"--skip-existing: {path} was written by a run with other settings; remove it or run without "
+            "--skip-existing"
+        )
+    images = []
+    for line in lines[1:]:
+        try:
+            image = image_from_row(json.loads(line))
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short by an interrupted write
+        if image.error is None:
+            images.append(image)
+    return images

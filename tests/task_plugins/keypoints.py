@@ -1,0 +1,134 @@
+"""A task from outside the package: keypoint heatmaps (``--task keypoints``), registered by the test that uses it.
+
+The model (``build``, as ``--model tests/task_plugins/keypoints.py:build``) returns (N, 2, H / 4, W / 4) heatmaps of
+two keypoints, ``red`` and ``blue``: each cell's excess of that colour. A keypoint's score is its heatmap's peak
+value; its prediction shows the peak's place in the image's pixels (a task-owned ``details`` payload).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from task_models import colour_excess
+from torch import nn
+
+from gradcam_cli.cam.maps import to_image_maps
+from gradcam_cli.cam.results import Explanation, ImageExplanation, Prediction
+from gradcam_cli.cam.scores import Cams, ClassName, MaskedProbability
+from gradcam_cli.cam.tasks import ScoreRequest, TaskAdapter
+from gradcam_cli.errors import UsageError
+
+KEYPOINTS = ["red", "blue"]
+STRIDE = 4
+
+
+class KeypointNet(nn.Module):
+    """``features``: colour excess and ReLU at full resolution; ``head``: pooled to 1/4, red and blue kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(colour_excess(), nn.ReLU())
+        self.pool = nn.AvgPool2d(STRIDE)
+        self.head = nn.Conv2d(3, 2, kernel_size=1)
+        with torch.no_grad():
+            self.head.weight.zero_()
+            self.head.weight[0, 0] = 1.0
+            self.head.weight[1, 2] = 1.0
+            self.head.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.pool(self.features(x)))
+
+
+def build() -> nn.Module:
+    return KeypointNet().eval()
+
+
+class KeypointTargets:
+    """Each sample's chosen keypoints (N, k) in (N, K, h, w) ``heatmaps``; a keypoint's score: its peak value."""
+
+    def __init__(self, heatmaps: torch.Tensor, chosen: torch.Tensor) -> None:
+        self.heatmaps, self.chosen = heatmaps, chosen
+        self.peaks = heatmaps.flatten(2).amax(2)
+
+    @property
+    def count(self) -> int:
+        return int(self.chosen.shape[1])
+
+    @property
+    def region(self) -> tuple[float, float]:
+        return (1.0, 1.0)
+
+    def value(self, k: int) -> torch.Tensor:
+        return self.peaks.gather(1, self.chosen[:, k : k + 1]).sum()
+
+    def masked(self, k: int) -> MaskedProbability:
+        def probability(output: object, samples: torch.Tensor) -> torch.Tensor:
+            assert isinstance(output, torch.Tensor)
+            peaks = output.float().flatten(2).amax(2).sigmoid()
+            return peaks.gather(1, self.chosen[samples, k].unsqueeze(1)).squeeze(1)
+
+        return probability
+
+    def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
+        heat = self.heatmaps.detach().float()
+        h, w = heat.shape[-2:]
+        results = []
+        for n, (height, width) in enumerate(sizes):
+
+            def prediction(c: int, n: int = n, height: int = height, width: int = width) -> Prediction:
+                cell = int(heat[n, c].flatten().argmax())
+                x, y = (cell % w + 0.5) * width / w, (cell // w + 0.5) * height / h
+                peak = float(self.peaks[n, c].detach().sigmoid())
+                return Prediction(c, class_name(c), peak, details={"peak": [round(x, 2), round(y, 2)]})
+
+            order = self.peaks[n].detach().argsort(descending=True).tolist()
+            explanations = []
+            for k in range(self.count):
+                target = prediction(int(self.chosen[n, k]))
+                for method in cams:
+                    saliency = to_image_maps([cam[n : n + 1] for cam in cams[method][k]], (height, width))[0]
+                    explanations.append(Explanation(method, target, saliency))
+            results.append(ImageExplanation([prediction(c) for c in order], explanations))
+        return results
+
+
+class KeypointScore:
+    def targets(
+        self, output: object, inputs: torch.Tensor, target: int | None, top_k: int, chosen: torch.Tensor | None = None
+    ) -> KeypointTargets:
+        if not isinstance(output, torch.Tensor) or output.dim() != 4:
+            raise UsageError("a keypoint model returns (N, keypoints, h, w) heatmaps")
+        peaks = output.detach().flatten(2).amax(2)
+        if target is not None:
+            if not 0 <= target < output.shape[1]:
+                raise UsageError(f"keypoint {target} is out of range: the model has {output.shape[1]} keypoints")
+            picked = torch.full((output.shape[0], 1), target, dtype=torch.long, device=output.device)
+        else:
+            picked = peaks.topk(min(top_k, output.shape[1]), dim=1).indices
+        return KeypointTargets(output.float(), picked)
+
+
+class KeypointsTask(TaskAdapter):
+    """Keypoint heatmaps: the adapter a plugin would ship."""
+
+    name = "keypoints"
+    noun = "keypoint model"
+    methods_of = "segment"
+
+    def score(self, model: Any, request: ScoreRequest) -> KeypointScore:
+        self.check_options(request.options)
+        return KeypointScore()
+
+    def where(self, prediction: Prediction) -> str:
+        x, y = (prediction.details or {}).get("peak", ("?", "?"))
+        return f"(keypoint {prediction.index}) peaks at ({x}, {y})"
+
+    def how_much(self, prediction: Prediction) -> str:
+        return f"peak {prediction.probability:.3f}"
+
+
+ADAPTER = KeypointsTask()
+"""What the plugin registers (as an entry point in group ``gradcam_cli.tasks`` would name it)."""
