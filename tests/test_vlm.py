@@ -233,6 +233,20 @@ def test_command_line_answers_and_writes_maps(folder, tmp_path):
     assert "gradcam for a cat - a dog (" in result.stdout and (out / "halves_gradcam_a-cat-a-dog.png").is_file()
 
 
+def test_the_vision_language_family_claims_such_folders_before_the_hf_family(folder, tmp_path):
+    from gradcam_cli.models.families import family_of
+
+    assert family_of(f"hf:{folder}").name == "vision-language"
+    assert family_of(f"hf:{tmp_path}").name == "hf"  # no config.json: not one
+    image = tmp_path / "photo.png"
+    photo().save(image)
+    for more in ([], ["--list-layers"]):
+        result = run(image, "--model", f"hf:{folder}", *more)
+        assert result.exit_code == 2 and result.stderr.endswith(
+            "vision-language model; ask it about the image with --prompt TEXT\n"
+        )
+
+
 def test_command_line_refusals(tmp_path):
     import json
 
@@ -249,7 +263,7 @@ def test_command_line_refusals(tmp_path):
         "qwen2_5_vl, idefics3, smolvlm"
     )
     result = run(image, "--model", f"hf:{other}")
-    assert result.exit_code == 2 and "vision-language model; ask it about the image with --prompt" in result.stderr
+    assert result.exit_code == 2 and "is a paligemma vision-language model; supported families: " in result.stderr
     result = run(image, "--answer", "a cat")
     assert result.exit_code == 2 and result.stderr.strip() == "error: --answer is for a --prompt; add --prompt TEXT"
     result = run(image, "--model", f"hf:{other}", "--prompt", "x", "--manifest", tmp_path / "m.csv")
@@ -257,6 +271,10 @@ def test_command_line_refusals(tmp_path):
     result = run(image, "--model", f"hf:{other}", "--prompt", "x", "--top-k", 2)
     assert result.exit_code == 2 and result.stderr.strip() == (
         "error: --top-k does not apply to a --prompt's answer (docs/vlm.md lists what does)"
+    )
+    result = run(image, "--model", "resnet18", "--weights", "none", "--prompt", "what is it?")
+    assert result.exit_code == 2 and result.stderr.strip() == (
+        "error: --prompt asks a vision-language model (hf:DIR: docs/vlm.md); resnet18 is a torchvision model"
     )
     result = run(image, "--target", "answer:cat", "--model", "resnet18", "--weights", "none")
     assert result.exit_code == 2 and "answer: targets are for a vision-language model" in result.stderr

@@ -81,9 +81,9 @@ def ask(command: Command) -> int:
     from ..io.discovery import discover
     from ..io.manifest import ManifestWriter
     from ..models.devices import resolve_device
+    from ..models.families import family_of
     from ..pipeline.session import Counts
     from ..vlm.answer import AnswerExplainer
-    from ..vlm.loading import load_vlm
     from ..vlm.outputs import AnswerRun
 
     if output.manifest is not None and output.manifest.suffix.lower() != ".jsonl":
@@ -96,7 +96,7 @@ def ask(command: Command) -> int:
     images = discover(inputs, exclude=output.output_dir)
     if not images:
         raise UsageError("no image found in the inputs")
-    vlm = load_vlm(model.model, resolve_device(model.device), model.precision)
+    vlm = family_of(model.model).load_answering(model, resolve_device(model.device))
     explainer = AnswerExplainer(
         vlm,
         explain.layers[0] if explain.layers else None,

@@ -22,7 +22,6 @@ from torch import nn
 
 from ..errors import ModelLoadError, UsageError, describe
 from ..io.images import IMAGENET_MEAN, IMAGENET_STD, InputSpec
-from ..vlm.loading import vlm_model_type
 from .clip_models import HF_CLIP_TYPES, hf_clip
 from .hub import (
     HF_PREFIX,
@@ -55,9 +54,6 @@ def load_hf(model: str, weights: str, num_classes: int | None, architecture_only
     except ImportError as error:
         raise missing_extra(model, "hf") from error
     check_num_classes(model, weights, num_classes)
-    model_type = vlm_model_type(model)
-    if model_type is not None:
-        raise UsageError(f"{model} is a {model_type} vision-language model; ask it about the image with --prompt TEXT")
     own_weights = weights.upper() == "DEFAULT" and not architecture_only
     folder = _folder(model, own_weights)
     with _quiet_transformers():
