@@ -4,6 +4,8 @@ whose halves differ. Tiny random models of each family (tests/vlm_models.py)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 pytest.importorskip("transformers")
@@ -14,6 +16,7 @@ from PIL import Image
 
 from gradcam_cli.targets import TargetSpec
 from gradcam_cli.vlm.answer import AnswerExplainer, placeholder_ids
+from gradcam_cli.vlm.faithfulness import answer_curves
 from gradcam_cli.vlm.loading import load_vlm
 
 BUILDERS = {
@@ -296,6 +299,14 @@ def test_known_answer_map_peaks_on_the_region_it_depends_on(tmp_path):
         assert quarter > 3 * saliency[16:, :].mean() and quarter > 3 * saliency[:16, 16:].mean()
         peak = int(saliency.argmax())
         assert peak // 32 < 16 and peak % 32 < 16
+        # faithfulness: deleting the map's pixels first takes the answer away faster than deleting the others first
+        ids = [token.id for token in result.tokens]
+        ours = answer_curves(explainer, photo_, vlm_models.KNOWN_PROMPT, ids, saliency, steps=4)
+        inverse = answer_curves(explainer, photo_, vlm_models.KNOWN_PROMPT, ids, 1 - saliency, steps=4)
+        assert ours.deletion[0] == pytest.approx(math.exp(result.logprob), rel=1e-4)
+        assert ours.deletion_auc < 0.5 * inverse.deletion_auc
+        # (the blurred photo's quarter stays red: insertion is flat here, and ends at the answer's probability)
+        assert ours.insertion[-1] == pytest.approx(math.exp(result.logprob), rel=1e-4)
 
 
 def test_bf16_weights_give_the_float32_map(folder):

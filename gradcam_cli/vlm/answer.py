@@ -262,6 +262,18 @@ class AnswerExplainer:
         coarse: torch.Tensor = METHODS[method].compute(spatial, grads, eigen_smooth=self.eigen_smooth)
         return coarse.reshape(-1)
 
+    def answer_logprob(self, image: Image.Image, prompt: str, answer: Sequence[int]) -> float:
+        """The answer's teacher-forced log-probability for ``image`` (no gradient, no hook)."""
+        inputs = self.inputs(image, prompt)
+        images = {key: value for key, value in inputs.items() if key not in TEXT_KEYS}
+        prompt_ids = inputs["input_ids"]
+        ids = torch.cat((prompt_ids, torch.tensor([list(answer)], device=prompt_ids.device)), dim=1)
+        start = prompt_ids.shape[1]
+        with torch.no_grad():
+            logits = _Prompted(self.vlm.module, images)(ids)
+        chosen = logits[0, start - 1 : start - 1 + len(answer)].float().log_softmax(dim=-1)
+        return float(chosen.gather(1, ids[0, start:, None]).sum())
+
     def gradients(
         self, inputs: Mapping[str, torch.Tensor], answer: Sequence[int], targets: Sequence[AnswerTarget]
     ) -> tuple[torch.Tensor, list[tuple[float, torch.Tensor]], list[float]]:
