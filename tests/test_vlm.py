@@ -321,3 +321,65 @@ def test_bf16_weights_give_the_float32_map(folder):
     (full, full_map), (half, half_map) = maps
     assert half == pytest.approx(full, rel=0.05)
     assert torch.corrcoef(torch.stack((full_map, half_map)))[0, 1] > 0.95
+
+
+@pytest.mark.parametrize(
+    ("builder", "layer", "tokens"),
+    [
+        (vlm_models.llava_next, "model.multi_modal_projector.linear_1", 3 * 16),  # 3 frames of 4 x 4 patches
+        (vlm_models.idefics3, "model.vision_model.encoder.layers.0", 3 * 16),  # 3 frames of 4 x 4 patches
+    ],
+)
+def test_another_layer_is_explained_and_placed(builder, layer, tokens, tmp_path):
+    vlm = load_vlm(f"hf:{builder(tmp_path / 'model')}", torch.device("cpu"))
+    explainer = AnswerExplainer(vlm, layer=layer)
+    image = photo()
+    result = explainer.explain(image, PROMPT, answer="a cat")
+    leaf, logits = layer_tokens(vlm, layer, processed(vlm, image), [token.id for token in result.tokens])
+    assert leaf.flatten(0, -2).shape[0] == tokens == result.maps[0].values.shape[0]
+    logprob = logits[0, -3:-1].log_softmax(-1).gather(1, torch.tensor([[6], [7]])).sum()
+    (gradient,) = torch.autograd.grad(logprob, leaf)
+    _, [(_, ours)], _ = explainer.gradients(explainer.inputs(image, PROMPT), [6, 7], [result.maps[0].target])
+    assert torch.corrcoef(torch.stack((ours.flatten(), gradient.flatten())))[0, 1] >= 0.999
+    assert result.maps[0].saliency.shape == (image.height, image.width)
+
+
+def test_a_layer_the_answer_does_not_reach_through_the_hook_is_refused(tmp_path):
+    """CLIP's post-layernorm makes the pooled output, which LLaVA never reads: no gradient reaches it."""
+    vlm = load_vlm(f"hf:{vlm_models.llava(tmp_path / 'llava')}", torch.device("cpu"))
+    explainer = AnswerExplainer(vlm, layer="model.vision_tower.post_layernorm")
+    with pytest.raises(Exception, match=r"the answer does not depend on --layer model.vision_tower.post_layernorm's output"):
+        explainer.explain(photo(), PROMPT, answer="a cat")
+
+
+def test_a_vision_tower_layer_read_as_recorded_hidden_states(tmp_path):
+    """LLaVA reads its vision tower's last layer through transformers' recorded hidden states: the gradient at that
+    layer's patch tokens is the gradient at the projector's input (taken here by a pre-hook), its class token's 0."""
+    vlm = load_vlm(f"hf:{vlm_models.llava(tmp_path / 'llava')}", torch.device("cpu"))
+    explainer = AnswerExplainer(vlm, layer="model.vision_tower.encoder.layers.1")
+    inputs = explainer.inputs(photo(), PROMPT)
+    _, [(_, ours)], _ = explainer.gradients(inputs, [6, 7], explainer.targets([6, 7], False))
+    seen = {}
+
+    def pre_hook(_module, args):
+        seen["leaf"] = args[0].detach().requires_grad_(True)
+        return (seen["leaf"],)
+
+    handle = vlm.module.model.multi_modal_projector.register_forward_pre_hook(pre_hook)
+    try:
+        ids = torch.cat((processed(vlm, photo())["input_ids"], torch.tensor([[6, 7]])), dim=1)
+        with torch.enable_grad():
+            logits = vlm.module(input_ids=ids, pixel_values=processed(vlm, photo())["pixel_values"]).logits
+    finally:
+        handle.remove()
+    logprob = logits[0, -3:-1].log_softmax(-1).gather(1, torch.tensor([[6], [7]])).sum()
+    (reference,) = torch.autograd.grad(logprob, seen["leaf"])
+    assert not ours[0].any()  # the class token, dropped before the projector
+    assert torch.corrcoef(torch.stack((ours[1:].flatten(), reference.flatten())))[0, 1] >= 0.999
+
+
+def test_a_layer_of_another_layout_is_refused(tmp_path):
+    vlm = load_vlm(f"hf:{vlm_models.qwen2_vl(tmp_path / 'qwen')}", torch.device("cpu"))
+    explainer = AnswerExplainer(vlm, layer="model.visual.blocks.0")  # patches before the 2 x 2 merge
+    with pytest.raises(Exception, match=r"outputs 24 tokens, not the 6 of the image's token grid \(qwen2-vl\)"):
+        explainer.explain(photo(), PROMPT, answer="a cat")

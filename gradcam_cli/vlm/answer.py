@@ -253,7 +253,14 @@ class AnswerExplainer:
             row_major = torch.empty_like(values)
             row_major[order(self.vlm.module.config, inputs).to(values.device)] = values
             values = row_major
-        return place(values, self.tiles(inputs, image, values.shape[0]), (image.height, image.width))
+        tiles = self.tiles(inputs, image, values.shape[0])
+        if max(tile.end for tile in tiles) != values.shape[0]:
+            raise UsageError(
+                f"--layer {self.layer} outputs {values.shape[0]} tokens, not the {max(tile.end for tile in tiles)} "
+                f"of the image's token grid ({self.vlm.family.name}); choose a layer with that layout, such as "
+                f"{self.vlm.family.default_layer}"
+            )
+        return place(values, tiles, (image.height, image.width))
 
     def token_map(self, method: str, activations: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
         """``method``'s map of the layer's tokens, (L,): the (L, C) tokens seen as one (1, C, 1, L) map."""
@@ -293,6 +300,8 @@ class AnswerExplainer:
                 start = prompt.shape[1]
                 chosen = logits[0, start - 1 : start - 1 + len(sequence)].float().log_softmax(dim=-1)
                 token_logprobs = chosen.gather(1, ids[0, start:, None])[:, 0]
+                if not token_logprobs.requires_grad:
+                    raise self._unreached()
                 if sequence == tuple(answer):
                     logprobs = token_logprobs.tolist()
                     activations = capture.activations()[self.layer].float().flatten(0, -2)
@@ -306,9 +315,17 @@ class AnswerExplainer:
                         previous = grads[i]
                         grads[i] = gradient if previous is None else previous + gradient
         assert activations is not None
+        if all(grad is None or not grad.any() for grad in grads):
+            raise self._unreached()
         zeros = torch.zeros_like(activations)
         pairs = [(score, zeros if grad is None else grad) for score, grad in zip(scores, grads, strict=True)]
         return activations, pairs, logprobs
+
+    def _unreached(self) -> UsageError:
+        return UsageError(
+            f"the answer does not depend on --layer {self.layer}'s output (the model does not read it, or reads it "
+            f"another way); choose another, such as {self.vlm.family.default_layer}"
+        )
 
 
 def placeholder_ids(config: Any) -> list[int]:
