@@ -39,9 +39,14 @@ METHOD_NAMES = (
     "randomcam",
     "rise",
     "occlusion",
+    "rollout",
+    "attn-grad",
+    "attention",
+    "legrad",
 )
 """The package's own CAM methods, as :data:`gradcam_cli.cam.methods.BUILTIN_METHODS` registers them
-(tests/test_methods.py holds them equal): what ``--method`` accepts and ``--help`` lists before torch is imported.
+(tests/methods/test_methods.py holds them equal): what ``--method`` accepts and ``--help`` lists before torch is
+imported.
 Once the method registry is loaded, ``--method`` takes its names, a notebook's and the plugins' methods too
 (:func:`gradcam_cli.cli.params.method_names`)."""
 DEFAULT_METHOD = "gradcam"

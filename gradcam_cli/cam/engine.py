@@ -22,6 +22,11 @@ AblationCAM's ablated activations (:meth:`LayerCapture.forward_output_unhooked`,
 from the input through every bias layer (:meth:`LayerCapture.full_gradients`, a capture of its own whose inputs
 require gradients, so that nothing is cut off), and guided backpropagation (:mod:`gradcam_cli.cam.guided`: no hook
 at all, a function mode that changes the ReLUs' backward rule while it is active).
+
+Attention (:meth:`LayerCapture.watch_attention`): the explained pass records each self-attention module's
+probabilities (N, heads, L, L), the tensors the values are multiplied with, on a copy of the input that requires
+gradients (so every layer's are in the graph); each module takes its plain path for that pass only, put back as
+found after it, also when it raises (:mod:`gradcam_cli.cam.attention.discovery`, by family).
 """
 
 from __future__ import annotations
@@ -31,11 +36,13 @@ import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from ..errors import UsageError
+from .attention.discovery import HF, TIMM, AttentionModel, AttentionSite
 
 _INPLACE_ERROR_MARKERS = ("BackwardHookFunction", "inplace")
 
@@ -59,6 +66,15 @@ class LayerRecord:
     gradients: torch.Tensor | None = None
     leaf: torch.Tensor | None = None
     handles: list[torch.utils.hooks.RemovableHandle] = field(default_factory=list)
+
+
+@dataclass
+class AttentionRecord:
+    """An attention module's probabilities (N, heads, L, L) at its last call; ``consumed``: what V was multiplied by."""
+
+    site: AttentionSite
+    probabilities: torch.Tensor | None = None
+    consumed: torch.Tensor | None = None
 
 
 @contextmanager
@@ -107,6 +123,9 @@ class LayerCapture:
         self.model = model
         self.tensor_hooks = tensor_hooks
         self.records = {name: LayerRecord(name, module) for name, module in layers.items()}
+        self.attention: list[AttentionRecord] = []
+        self.watched: AttentionModel | None = None
+        self.skipped: Sequence[nn.Module] = ()
         self._exit_stack = ExitStack()
 
     def __enter__(self) -> LayerCapture:
@@ -121,6 +140,27 @@ class LayerCapture:
         self.remove_hooks()
         for record in self.records.values():
             record.activations = record.gradients = record.leaf = None
+        self.attention = []
+
+    def watch_attention(self, model: AttentionModel | None, skipped: Sequence[nn.Module] = ()) -> None:
+        """Record the probabilities of ``model``'s attention (``watched``) during the next :meth:`forward_output`,
+        in which each of ``skipped`` passes its input on unchanged."""
+        self.watched, self.attention = model, [AttentionRecord(site) for site in (model.sites if model else ())]
+        self.skipped = skipped
+
+    def attention_maps(self) -> list[torch.Tensor]:
+        """Each watched module's probabilities (N, heads, L, L) from the explained pass, first layer first."""
+        missing = [record.site.name for record in self.attention if record.probabilities is None]
+        if missing:
+            raise UsageError(f"attention module {missing[0]!r} did not run during the forward pass")
+        return [record.probabilities.detach() for record in self.attention if record.probabilities is not None]
+
+    def attention_gradients(self, score: torch.Tensor, retain_graph: bool = False) -> list[torch.Tensor]:
+        """The gradient of a scalar ``score`` with respect to each watched module's probabilities (N, heads, L, L)."""
+        maps = self.attention_maps()  # every module ran
+        consumed = [record.consumed for record in self.attention if record.consumed is not None]
+        grads = torch.autograd.grad(score, consumed, retain_graph=retain_graph, allow_unused=True)
+        return [torch.zeros_like(p) if g is None else g.reshape(p.shape) for g, p in zip(grads, maps, strict=True)]
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """Run the model with hooks in place and return its logits (graph kept from the target layers on)."""
@@ -239,9 +279,21 @@ class LayerCapture:
             record.calls = 0
             record.activations = record.gradients = record.leaf = None
             self._register(record, tensor_mode=self.tensor_hooks or record.module in _modules_needing_tensor_hooks)
-        with torch.enable_grad():
+        with torch.enable_grad(), self._attention_pass():
+            if self.attention:  # every layer's probabilities in the graph, the first layer's too
+                inputs = inputs.detach().requires_grad_(True)
             output: object = self.model(inputs)
         return output
+
+    @contextmanager
+    def _attention_pass(self) -> Iterator[None]:
+        with ExitStack() as stack:  # the watched modules on their plain path, recording
+            for record in self.attention:
+                record.probabilities = record.consumed = None
+                _plain_attention(record, stack)
+            for module in self.skipped:  # LeGrad's intermediate layers: the blocks after them skipped
+                stack.callback(module.register_forward_hook(_input_on, with_kwargs=True).remove)
+            yield
 
     def _register(self, record: LayerRecord, tensor_mode: bool) -> None:
         def save_gradient(grad: torch.Tensor) -> None:
@@ -275,6 +327,41 @@ class LayerCapture:
             for handle in record.handles:
                 handle.remove()
             record.handles.clear()
+
+
+def _record(record: AttentionRecord, probabilities: object, consumed: object = None) -> None:
+    if not isinstance(probabilities, torch.Tensor) or probabilities.dim() != 4:
+        raise UsageError(f"attention module {record.site.name!r} gave no attention probabilities")
+    record.probabilities = probabilities
+    record.consumed = consumed if isinstance(consumed, torch.Tensor) else probabilities
+
+
+def _plain_attention(record: AttentionRecord, stack: ExitStack) -> None:
+    """One attention module on its plain path, its probabilities recorded, until ``stack`` closes (by kind: see
+    :mod:`gradcam_cli.cam.attention.discovery`)."""
+    module, switches = record.site.module, cast(Any, record.site.module)  # attributes mypy does not know
+    if record.site.kind == TIMM:
+        stack.callback(setattr, module, "fused_attn", switches.fused_attn)
+        switches.fused_attn = False
+        hook = module.get_submodule("attn_drop").register_forward_hook(lambda _m, _i, out: _record(record, out))
+    elif record.site.kind == HF:
+        stack.callback(setattr, switches.config, "_attn_implementation", switches.config._attn_implementation)
+        switches.config._attn_implementation = "eager"
+        hook = module.register_forward_hook(lambda _m, _i, out: _record(record, out[1]))
+    else:  # MHA: the weights are a view (N, heads, L, L) of the (N * heads, L, L) probabilities the values met
+        stack.callback(module.register_forward_pre_hook(_weights_wanted, with_kwargs=True).remove)
+        hook = module.register_forward_hook(lambda _m, _i, out: _record(record, out[1], out[1]._base))
+    stack.callback(hook.remove)
+
+
+def _weights_wanted(_module: nn.Module, args: Any, kwargs: Any) -> Any:
+    return args, {**kwargs, "need_weights": True, "average_attn_weights": False}  # the explicit softmax path
+
+
+def _input_on(_module: nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
+    """A skipped block's output: its input (in the place of the first element where the output is a tuple)."""
+    hidden = args[0] if args else next(iter(kwargs.values()))
+    return hidden if isinstance(output, torch.Tensor) else (hidden, *output[1:])
 
 
 def standard_layout(output: torch.Tensor) -> torch.Tensor:

@@ -29,11 +29,13 @@ from ..models.loading import LoadedModel, load_model
 from ..models.tasks import Task, detection_spec, detection_transform, infer_task, task_of_shape
 from ..options import SCORE_NAMES, TASK_NAMES, TOP_K, ExplainOptions, ModelOptions, PerturbationOptions
 from ..targets import TargetSpec
+from .attention.discovery import attention_for
 from .engine import LayerCapture
 from .layers import chosen_layers, dry_pass, forget_tokens, reads_tokens, resolve_layer
 from .maps import pad_to_region
 from .masked_scores import SCORECAM_BATCH_SIZE, ProgressCallback
 from .methods import METHODS, resolve_methods
+from .methods.needs import ATTENTION_NEEDS
 from .passes import MethodInputs
 from .perturbation import check_perturbation, perturbation_settings
 from .precision import autocast, check_precision, full_precision, to_float32
@@ -133,6 +135,8 @@ class Explainer:
         adapter = self.adapter
         taken = [name for name, method in METHODS.items() if adapter.takes(name, method.tasks, model.module)]
         self.methods = resolve_methods(self.methods, adapter.methods_of, taken)
+        wanted = [name for name in self.methods if METHODS[name].needs in ATTENTION_NEEDS]
+        self.attention, self.methods, self.left_out = attention_for(model, self.methods, wanted, methods)
         self.perturbation = check_perturbation(perturbation or PerturbationOptions())
         if score is not None and score not in SCORE_NAMES:
             raise UsageError(f"unknown score {score!r}; use {', '.join(SCORE_NAMES)}")
@@ -302,6 +306,7 @@ class Explainer:
         size = tuple(inputs.shape[-2:])
         module, layers = self._folded or (self.model.module, self.layers)
         with self.adapter.pass_settings(self.score), self.capture(module, layers) as capture, ExitStack() as passes:
+            capture.watch_attention(self.attention)
             with autocast(self.device, self.precision):
                 output = capture.forward_output(inputs)
             output = full_precision(output)  # scores, activations and gradients in float32 from here on

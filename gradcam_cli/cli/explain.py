@@ -30,6 +30,7 @@ from .reporting import (
     ProgressBar,
     Reporter,
     default_layer_reason,
+    left_out_note,
     pass_methods,
     passes_warning,
     run_reported,
@@ -334,7 +335,8 @@ class ExplainCommand:
             self.reporter.emit("")
             self.reporter.emit(
                 "* default layer   + candidate (spatial output: N,C,H,W, channel-last N,H,W,C or ViT tokens N,L,C; "
-                "more than one position)   xN: runs N times per forward (its last call is explained)"
+                "more than one position)   xN: runs N times per forward (its last call is explained)   "
+                "attention: read by rollout, attn-grad, attention and legrad"
             )
         return EXIT_OK
 
@@ -366,6 +368,8 @@ class ExplainCommand:
             session.start(explainer)
             if (warning := passes_warning(explainer)) is not None:
                 reporter.info(warning)
+            if explainer.left_out:
+                reporter.info(left_out_note(explainer.left_out))
             if not self.explain_options.layers and explainer.layer_names:  # RISE, occlusion alone: no layer
                 reason = default_layer_reason(explainer.task, bool(explainer.model.default_layers))
                 reporter.info(f"using layer {explainer.layer_label} ({reason})")
