@@ -383,3 +383,19 @@ def test_a_layer_of_another_layout_is_refused(tmp_path):
     explainer = AnswerExplainer(vlm, layer="model.visual.blocks.0")  # patches before the 2 x 2 merge
     with pytest.raises(Exception, match=r"outputs 24 tokens, not the 6 of the image's token grid \(qwen2-vl\)"):
         explainer.explain(photo(), PROMPT, answer="a cat")
+
+
+def test_every_answer_method_gives_a_map_of_the_photo(folder):
+    """Each method that reads the layer alone (the method registry's, plugins' included) maps the answer."""
+    from gradcam_cli.vlm.answer import answer_methods
+
+    methods = answer_methods()
+    assert {"gradcam", "gradcam++", "layercam", "eigencam"} <= set(methods) and "scorecam" not in methods
+    explainer = AnswerExplainer(load_vlm(f"hf:{folder}", torch.device("cpu")), methods=methods)
+    image = photo()
+    result = explainer.explain(image, PROMPT, answer="a cat")
+    assert [m.method for m in result.maps] == list(methods)
+    for explained in result.maps:
+        assert explained.saliency.shape == (image.height, image.width)
+        assert torch.isfinite(explained.saliency).all()
+        assert explained.saliency.min() >= 0 and explained.saliency.max() <= 1
