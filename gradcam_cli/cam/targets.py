@@ -126,6 +126,8 @@ class TargetScore:
             return self._similar(spec, k)
         if spec.kind == "output":
             return self._output(spec, k)
+        if spec.kind == "answer":
+            raise UsageError(f"{spec}: answer: targets are for a vision-language model asked a --prompt (docs/vlm.md)")
         return self._class(spec)
 
     def _class(self, spec: TargetSpec) -> Resolved:

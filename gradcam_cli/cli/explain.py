@@ -22,8 +22,9 @@ from ..options import (
     RunOptions,
     Shard,
 )
-from . import params
+from . import answers, params
 from .lines import layer_line, layer_row, report_record
+from .params import refuse
 from .reporting import (
     PassProgress,
     ProgressBar,
@@ -68,6 +69,10 @@ def explain(
     target_class: params.TargetOpt = None,
     target: params.TargetsOpt = None,
     embedding: params.EmbeddingOpt = None,
+    prompt: answers.PromptOpt = None,
+    answer: answers.AnswerOpt = None,
+    per_token: answers.PerTokenOpt = False,
+    max_new_tokens: answers.MaxNewTokensOpt = None,
     top_k: Annotated[
         int | None,
         typer.Option(
@@ -220,7 +225,7 @@ def explain(
     ray_options = {"--ray-address": ray_address, "--actors": actors, "--gpus-per-worker": gpus_per_worker}
     ray_only = [name for name, value in ray_options.items() if value is not None]
     if engine != "ray" and ray_only:
-        run_reported(reporter, lambda: _refuse(f"{ray_only[0]} is for --engine ray; add --engine ray or leave it out"))
+        run_reported(reporter, lambda: refuse(f"{ray_only[0]} is for --engine ray; add --engine ray or leave it out"))
     if version:
         run_reported(reporter, lambda: _print_version(reporter))
     specs, mistake = params.target_specs(target)
@@ -246,6 +251,7 @@ def explain(
             PerturbationOptions(
                 rise_masks, occlusion_window=occlusion_window, occlusion_stride=occlusion_stride, seed=seed
             ),
+            answers.question(prompt, answer, per_token, max_new_tokens),
         ),
         OutputOptions(
             output_dir,
@@ -278,11 +284,6 @@ def explain(
     if list_layers:
         run_reported(reporter, command.list_layers)
     run_reported(reporter, command.run)
-
-
-def _refuse(message: str) -> int:
-    """A usage error found while parsing, reported as every other."""
-    raise UsageError(message)
 
 
 def _print_version(reporter: Reporter) -> int:
@@ -347,6 +348,8 @@ class ExplainCommand:
 
         if not self.inputs:
             raise UsageError("no input given; try: gradcam IMAGE_OR_DIR [--layer NAME], or gradcam --help")
+        if self.explain_options.question.prompt is not None or self.explain_options.question.given():
+            return answers.ask(self)
         reporter = self.reporter
         images, videos = discover_inputs(
             self.inputs, exclude=self.output.output_dir, warn=lambda message: reporter.info(f"warning: {message}")

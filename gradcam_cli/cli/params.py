@@ -22,6 +22,7 @@ from ..options import (
     PRECISION_NAMES,
     SCORE_NAMES,
     TASK_NAMES,
+    AnswerOptions,
     ExplainOptions,
     ImageFormat,
     ModelOptions,
@@ -351,6 +352,7 @@ def explain_options(
     targets: list[TargetSpec] | None = None,
     embedding: str | None = None,
     perturbation: PerturbationOptions | None = None,
+    question: AnswerOptions | None = None,
 ) -> ExplainOptions:
     """What to explain, from the shared options (``targets`` parsed by :func:`target_specs`; ``None``: not given)."""
     return ExplainOptions(
@@ -366,6 +368,7 @@ def explain_options(
         tuple(targets or ()),
         embedding,
         perturbation or PerturbationOptions(),
+        question or AnswerOptions(),
     )
 
 
