@@ -155,6 +155,16 @@ def attention_model(model: nn.Module, name: str, known_prefix: int | None, metho
     return AttentionModel(sites, prefix, has_class_token(model), blocks)
 
 
+def reads_attention(model: Described) -> bool:
+    """Whether the attention methods can explain ``model`` (what ``gradcam serve`` offers: a CNN or a Swin gets
+    none of them)."""
+    try:
+        attention_model(model.module, model.name, model.prefix_tokens, "attention")
+    except UsageError:
+        return False
+    return True
+
+
 def attention_for(
     model: Described, methods: Sequence[str], wanted: Sequence[str], asked: str | Sequence[str]
 ) -> tuple[AttentionModel | None, list[str], list[str]]:
