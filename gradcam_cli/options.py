@@ -124,8 +124,9 @@ class ModelOptions:
     weights: str = "DEFAULT"
     num_classes: int | None = None
     labels: Path | None = None
-    input_size: int | None = None
-    """The network input's shorter side; ``None``: the model's own (224 for torchvision classifiers, the detector's
+    input_size: int | tuple[int, int] | None = None
+    """The network input's shorter side, or its exact (height, width) (``--input-size H,W``, for a model that takes
+    any shape or exactly that one); ``None``: the model's own (224 for torchvision classifiers, the detector's
     transform's size, 520 for torchvision's segmenters, or a timm or Hugging Face model's size)."""
     device: str = "auto"
     task: str | None = None

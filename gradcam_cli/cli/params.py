@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -127,6 +127,27 @@ def parse_shard(text: str | Shard) -> Shard:
 EMPTY_PATH = "an empty path (is a shell variable unset?)"
 
 
+MIN_INPUT_SIDE = 16
+"""The smallest side ``--input-size`` takes."""
+
+
+def parse_input_size(text: str | int | tuple[int, int]) -> int | tuple[int, int]:
+    """``--input-size``: ``N`` (the shorter side) or ``H,W`` (the exact height and width), each at least
+    :data:`MIN_INPUT_SIDE`."""
+    if not isinstance(text, str):
+        return text
+    parts = text.split(",")
+    try:
+        sides = [int(part) for part in parts]
+    except ValueError:
+        sides = []
+    if len(sides) not in (1, 2):
+        raise typer.BadParameter(f"{text!r} is not N or H,W (whole numbers of pixels)")
+    if min(sides) < MIN_INPUT_SIDE:
+        raise typer.BadParameter(f"{text!r}: each side must be at least {MIN_INPUT_SIDE}")
+    return sides[0] if len(sides) == 1 else (sides[0], sides[1])
+
+
 def parse_path(text: str | Path) -> Path:
     """A path option's value; an empty one (an unset shell variable) is refused, not taken for the current folder
     as ``Path("")`` would be."""
@@ -193,13 +214,13 @@ LabelsOpt = Annotated[
     Path | None, typer.Option(parser=parse_path, metavar="PATH", help="Text file with one class name per line.")
 ]
 InputSizeOpt = Annotated[
-    int | None,
+    Any,  # int | tuple[int, int] | None: typer takes no union, parse_input_size gives the value
     typer.Option(
-        min=16,
-        metavar="N",
+        parser=parse_input_size,
+        metavar="N|H,W",
         help="Shorter side of the network input, in pixels (default: the model's own: 224 for torchvision "
         "classifiers, the detector's transform's, 520 for torchvision's segmenters, a timm or Hugging Face model's "
-        "configured size).",
+        "configured size); H,W: exactly that height and width, for a model that takes it.",
     ),
 ]
 TaskOpt = Annotated[
@@ -330,7 +351,7 @@ def model_options(
     weights: str,
     num_classes: int | None,
     labels: Path | None,
-    input_size: int | None,
+    input_size: int | tuple[int, int] | None,
     device: str,
     task: str | None = None,
     precision: str = "fp32",
