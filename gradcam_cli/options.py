@@ -196,6 +196,9 @@ class ExplainOptions:
     perturbation: PerturbationOptions = PerturbationOptions()
     question: AnswerOptions = AnswerOptions()
     """A question for a vision-language model (``--prompt``); its ``prompt`` ``None``: none asked."""
+    attention_heads: str | None = None
+    """How rollout and the ``attention`` method fuse a layer's heads: ``mean``, ``max`` or ``min``
+    (``--attention-heads``); ``None``: not given, the mean."""
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from ..models.loading import LoadedModel, load_model
 from ..models.tasks import Task, detection_spec, detection_transform, infer_task, task_of_shape
 from ..options import SCORE_NAMES, TASK_NAMES, TOP_K, ExplainOptions, ModelOptions, PerturbationOptions
 from ..targets import TargetSpec
-from .attention.discovery import attention_for
+from .attention.discovery import attention_for, with_heads
 from .engine import LayerCapture
 from .layers import chosen_layers, dry_pass, forget_tokens, reads_tokens, resolve_layer
 from .maps import pad_to_region
@@ -72,6 +72,7 @@ class Explainer:
     are computed in float32 either way). A method that does not serve the model's task is refused with a one-line
     UsageError. ``targets``: ``--target`` specs (strings or :class:`~gradcam_cli.targets.TargetSpec`), each explained
     in every image (:mod:`gradcam_cli.cam.targets`, docs/targets.md); ``embedding``: which output is the embedding.
+    ``attention_heads``: how rollout and ``attention`` fuse heads (``mean``, ``max``, ``min``; ``None``: the mean).
     Layers whose output is channel-last (Swin) or a token sequence (ViT) are reshaped to (N, C, h, w) first.
     Building the explainer makes one dry pass at the model's input size (see :func:`gradcam_cli.cam.layers.dry_pass`):
     it picks the default layer, refuses a layer with a single position (``avgpool``) or no spatial grid (``fc``), and
@@ -99,6 +100,7 @@ class Explainer:
         targets: Sequence[TargetSpec | str] = (),
         embedding: str | None = None,
         perturbation: PerturbationOptions | None = None,
+        attention_heads: str | None = None,
     ) -> None:
         bare = isinstance(model, nn.Module)
         if isinstance(model, nn.Module):
@@ -137,6 +139,7 @@ class Explainer:
         self.methods = resolve_methods(self.methods, adapter.methods_of, taken)
         wanted = [name for name in self.methods if METHODS[name].needs in ATTENTION_NEEDS]
         self.attention, self.methods, self.left_out = attention_for(model, self.methods, wanted, methods)
+        self.attention = with_heads(self.attention, attention_heads, self.methods)
         self.perturbation = check_perturbation(perturbation or PerturbationOptions())
         if score is not None and score not in SCORE_NAMES:
             raise UsageError(f"unknown score {score!r}; use {', '.join(SCORE_NAMES)}")
@@ -208,6 +211,7 @@ class Explainer:
             targets=options.targets,
             embedding=options.embedding,
             perturbation=options.perturbation,
+            attention_heads=options.attention_heads,
         )
         explainer.options = (model_options, options) if model_options is not None else None
         return explainer

@@ -94,6 +94,7 @@ def explain(
     seed: params.SeedOpt = 0,
     aug_smooth: params.AugSmoothOpt = False,
     eigen_smooth: params.EigenSmoothOpt = False,
+    attention_heads: params.AttentionHeadsOpt = None,
     alpha: Annotated[
         float, typer.Option(min=0.0, max=1.0, metavar="A", help="Heatmap opacity in the overlay, 0 to 1.")
     ] = 0.5,
@@ -252,6 +253,7 @@ def explain(
                 rise_masks, occlusion_window=occlusion_window, occlusion_stride=occlusion_stride, seed=seed
             ),
             answers.question(prompt, answer, per_token, max_new_tokens),
+            attention_heads,
         ),
         OutputOptions(
             output_dir,

@@ -148,6 +148,15 @@ def parse_input_size(text: str | int | tuple[int, int]) -> int | tuple[int, int]
     return sides[0] if len(sides) == 1 else (sides[0], sides[1])
 
 
+def parse_attention_heads(text: str) -> str:
+    """``--attention-heads``: one of :data:`~gradcam_cli.cam.attention.tokens.HEAD_FUSIONS`."""
+    from ..cam.attention.tokens import HEAD_FUSIONS
+
+    if text not in HEAD_FUSIONS:
+        raise typer.BadParameter(f"{text!r} is not one of {', '.join(HEAD_FUSIONS)}{suggest(text, HEAD_FUSIONS)}")
+    return text
+
+
 def parse_path(text: str | Path) -> Path:
     """A path option's value; an empty one (an unset shell variable) is refused, not taken for the current folder
     as ``Path("")`` would be."""
@@ -342,6 +351,14 @@ EigenSmoothOpt = Annotated[
         help="Use the first principal component of the weighted activations instead of their sum (less noise).",
     ),
 ]
+AttentionHeadsOpt = Annotated[
+    str | None,
+    typer.Option(
+        parser=parse_attention_heads,
+        metavar="mean|max|min",
+        help="How --method rollout and attention fuse each layer's heads (default: mean, as their papers).",
+    ),
+]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print errors only.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="More detail, and tracebacks for failures.")]
 
@@ -374,6 +391,7 @@ def explain_options(
     embedding: str | None = None,
     perturbation: PerturbationOptions | None = None,
     question: AnswerOptions | None = None,
+    attention_heads: str | None = None,
 ) -> ExplainOptions:
     """What to explain, from the shared options (``targets`` parsed by :func:`target_specs`; ``None``: not given)."""
     return ExplainOptions(
@@ -390,6 +408,7 @@ def explain_options(
         embedding,
         perturbation or PerturbationOptions(),
         question or AnswerOptions(),
+        attention_heads,
     )
 
 
