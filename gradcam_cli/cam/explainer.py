@@ -72,7 +72,6 @@ class Explainer:
     are computed in float32 either way). A method that does not serve the model's task is refused with a one-line
     UsageError. ``targets``: ``--target`` specs (strings or :class:`~gradcam_cli.targets.TargetSpec`), each explained
     in every image (:mod:`gradcam_cli.cam.targets`, docs/targets.md); ``embedding``: which output is the embedding.
-    ``attention_heads``: how rollout and ``attention`` fuse heads (``mean``, ``max``, ``min``; ``None``: the mean).
     Layers whose output is channel-last (Swin) or a token sequence (ViT) are reshaped to (N, C, h, w) first.
     Building the explainer makes one dry pass at the model's input size (see :func:`gradcam_cli.cam.layers.dry_pass`):
     it picks the default layer, refuses a layer with a single position (``avgpool``) or no spatial grid (``fc``), and
@@ -100,7 +99,6 @@ class Explainer:
         targets: Sequence[TargetSpec | str] = (),
         embedding: str | None = None,
         perturbation: PerturbationOptions | None = None,
-        attention_heads: str | None = None,
     ) -> None:
         bare = isinstance(model, nn.Module)
         if isinstance(model, nn.Module):
@@ -139,7 +137,6 @@ class Explainer:
         self.methods = resolve_methods(self.methods, adapter.methods_of, taken)
         wanted = [name for name in self.methods if METHODS[name].needs in ATTENTION_NEEDS]
         self.attention, self.methods, self.left_out = attention_for(model, self.methods, wanted, methods)
-        self.attention = with_heads(self.attention, attention_heads, self.methods)
         self.perturbation = check_perturbation(perturbation or PerturbationOptions())
         if score is not None and score not in SCORE_NAMES:
             raise UsageError(f"unknown score {score!r}; use {', '.join(SCORE_NAMES)}")
@@ -211,8 +208,8 @@ class Explainer:
             targets=options.targets,
             embedding=options.embedding,
             perturbation=options.perturbation,
-            attention_heads=options.attention_heads,
         )
+        explainer.attention = with_heads(explainer.attention, options.attention_heads, explainer.methods)
         explainer.options = (model_options, options) if model_options is not None else None
         return explainer
 

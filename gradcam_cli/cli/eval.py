@@ -18,6 +18,7 @@ import typer
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, GradcamError, UsageError, describe
 from ..options import ALL_METHODS, DEFAULT_METHOD, POINTING_TOLERANCE, RANDOM_BASELINE, EvalOptions, PerturbationOptions
 from . import params
+from .input_size import InputSizeOpt
 from .ranking import RankOptions, rank_report
 from .reporting import (
     PassProgress,
@@ -170,7 +171,7 @@ def evaluate(
         bool, typer.Option("--json", help="Print the whole report as one JSON object (--rank: one per row).")
     ] = False,
     device: params.DeviceOpt = "auto",
-    input_size: params.InputSizeOpt = None,
+    input_size: InputSizeOpt = None,
     quiet: params.QuietOpt = False,
     verbose: params.VerboseOpt = False,
 ) -> None:

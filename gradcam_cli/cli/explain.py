@@ -23,6 +23,7 @@ from ..options import (
     Shard,
 )
 from . import answers, params
+from .input_size import InputSizeOpt
 from .lines import layer_line, layer_row, report_record
 from .params import refuse
 from .reporting import (
@@ -143,7 +144,7 @@ def explain(
     ] = Path("gradcam_out"),
     device: params.DeviceOpt = "auto",
     precision: params.PrecisionOpt = "fp32",
-    input_size: params.InputSizeOpt = None,
+    input_size: InputSizeOpt = None,
     batch_size: Annotated[
         int | None,
         typer.Option(min=1, metavar="N", help="Images per forward pass (default: 4 on the CPU, 16 on a GPU)."),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -127,27 +127,6 @@ def parse_shard(text: str | Shard) -> Shard:
 EMPTY_PATH = "an empty path (is a shell variable unset?)"
 
 
-MIN_INPUT_SIDE = 16
-"""The smallest side ``--input-size`` takes."""
-
-
-def parse_input_size(text: str | int | tuple[int, int]) -> int | tuple[int, int]:
-    """``--input-size``: ``N`` (the shorter side) or ``H,W`` (the exact height and width), each at least
-    :data:`MIN_INPUT_SIDE`."""
-    if not isinstance(text, str):
-        return text
-    parts = text.split(",")
-    try:
-        sides = [int(part) for part in parts]
-    except ValueError:
-        sides = []
-    if len(sides) not in (1, 2):
-        raise typer.BadParameter(f"{text!r} is not N or H,W (whole numbers of pixels)")
-    if min(sides) < MIN_INPUT_SIDE:
-        raise typer.BadParameter(f"{text!r}: each side must be at least {MIN_INPUT_SIDE}")
-    return sides[0] if len(sides) == 1 else (sides[0], sides[1])
-
-
 def parse_attention_heads(text: str) -> str:
     """``--attention-heads``: one of :data:`~gradcam_cli.cam.attention.tokens.HEAD_FUSIONS`."""
     from ..cam.attention.tokens import HEAD_FUSIONS
@@ -221,16 +200,6 @@ NumClassesOpt = Annotated[
 ]
 LabelsOpt = Annotated[
     Path | None, typer.Option(parser=parse_path, metavar="PATH", help="Text file with one class name per line.")
-]
-InputSizeOpt = Annotated[
-    Any,  # int | tuple[int, int] | None: typer takes no union, parse_input_size gives the value
-    typer.Option(
-        parser=parse_input_size,
-        metavar="N|H,W",
-        help="Shorter side of the network input, in pixels (default: the model's own: 224 for torchvision "
-        "classifiers, the detector's transform's, 520 for torchvision's segmenters, a timm or Hugging Face model's "
-        "configured size); H,W: exactly that height and width, for a model that takes it.",
-    ),
 ]
 TaskOpt = Annotated[
     str | None,

@@ -16,6 +16,7 @@ import typer
 from ..errors import EXIT_OK, UsageError, describe
 from ..options import DEFAULT_METHOD, ServeOptions
 from . import params
+from .input_size import InputSizeOpt
 from .reporting import Reporter, default_layer_reason, run_reported
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ def serve(
     score_threshold: params.ScoreThresholdOpt = None,
     max_detections: params.MaxDetectionsOpt = None,
     device: params.DeviceOpt = "auto",
-    input_size: params.InputSizeOpt = None,
+    input_size: InputSizeOpt = None,
     target: params.TargetsOpt = None,
     embedding: params.EmbeddingOpt = None,
     host: Annotated[

@@ -14,7 +14,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from gradcam_cli.cli import app
-from gradcam_cli.cli.params import parse_input_size
+from gradcam_cli.cli.input_size import parse_input_size
 from gradcam_cli.models.loading import load_model
 from gradcam_cli.models.timm_models import describe_timm
 from gradcam_cli.options import ModelOptions
