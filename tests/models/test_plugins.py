@@ -78,6 +78,18 @@ def inside(saliency: np.ndarray, colour: str) -> float:
     return float(np.mean([saliency[y1:y2, x1:x2].mean() for x1, y1, x2, y2 in COUNTED[colour]]))
 
 
+def with_features(model: LoadedModel, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The toy model's output for ``inputs`` and its layer ``features``' output, captured separately (autograd's
+    reference for the maps)."""
+    seen: list[torch.Tensor] = []
+    handle = model.module.get_submodule("features").register_forward_hook(lambda _m, _i, output: seen.append(output))
+    try:
+        output = model.module(inputs)
+    finally:
+        handle.remove()
+    return output, seen[0]
+
+
 def test_the_plugin_declares_one_entry_point_of_each_group() -> None:
     assert plugin_points() == {FAMILIES_GROUP: ["toy"], METHODS_GROUP: ["toy-saliency"], TASKS_GROUP: ["toy"]}
 
@@ -178,14 +190,9 @@ def test_the_plugin_method_runs_from_the_command_line_and_equals_its_formula(sce
     model = load_model("toy:tiny", "none")
     inputs = torch.rand(2, 3, 16, 24)
     coarse = Explainer(model, "features", "toy-saliency").compute(inputs, target=0)[2]["toy-saliency"][0][0]
-    seen: list[torch.Tensor] = []
-    handle = model.module.get_submodule("features").register_forward_hook(lambda _m, _i, output: seen.append(output))
-    try:
-        logits = model.module(inputs)
-    finally:
-        handle.remove()
-    (gradients,) = torch.autograd.grad(logits[:, 0].sum(), seen[0])
-    assert torch.allclose(coarse, (gradients * seen[0]).abs().sum(dim=1), atol=1e-6)
+    logits, features = with_features(model, inputs)
+    (gradients,) = torch.autograd.grad(logits[:, 0].sum(), features)
+    assert torch.allclose(coarse, (gradients * features).abs().sum(dim=1), atol=1e-6)
 
 
 def test_the_plugin_task_counts_from_the_command_line_with_the_plugin_family_and_method(
@@ -226,15 +233,10 @@ def test_the_count_score_is_a_density_maps_sum_and_its_gradient_what_the_maps_sh
     model = load_model("toy:counter", "none")
     inputs = torch.rand(2, 3, 32, 48)
     targets, cams = Explainer(model, "features", "toy-saliency").compute_targets(inputs, target=2)
-    seen: list[torch.Tensor] = []
-    handle = model.module.get_submodule("features").register_forward_hook(lambda _m, _i, output: seen.append(output))
-    try:
-        density = model.module(inputs)
-    finally:
-        handle.remove()
+    density, features = with_features(model, inputs)
     assert density.shape == (2, 3, 8, 12)
-    (gradients,) = torch.autograd.grad(density[:, 2].sum(), seen[0])
-    assert torch.allclose(cams["toy-saliency"][0][0], (gradients * seen[0]).abs().sum(dim=1), atol=1e-6)
+    (gradients,) = torch.autograd.grad(density[:, 2].sum(), features)
+    assert torch.allclose(cams["toy-saliency"][0][0], (gradients * features).abs().sum(dim=1), atol=1e-6)
     value = targets.value(0)
     assert value is not None and float(value.detach()) == pytest.approx(float(density[:, 2].detach().sum()), rel=1e-5)
 

@@ -21,7 +21,7 @@ import torch
 from gradcam_cli.cam.maps import to_image_maps
 from gradcam_cli.cam.results import Explanation, ImageExplanation, Prediction
 from gradcam_cli.cam.scores import Cams, ClassName, MaskedProbability
-from gradcam_cli.cam.tasks import Explained, Pair, ScoreRequest, TaskAdapter, register_task
+from gradcam_cli.cam.tasks import Explained, Pair, ScoreRequest, TaskAdapter, label_box_pairs, register_task
 from gradcam_cli.errors import UsageError
 
 from .family import COUNT_TASK
@@ -122,23 +122,9 @@ class CountTask(TaskAdapter):
     def box_pairs(
         self, explainer: Explained, image: Any, result: ImageExplanation, boxes: Sequence[GroundTruthBox]
     ) -> tuple[list[Pair], int]:
-        """The boxes of one label scored together with the map of the class of that name (a box without a label:
-        the image's first explained class); a label that names no class, or a class counted less than once, is
-        undetected."""
-        names = [name.lower() for name in explainer.model.categories or []]
-        pairs: list[Pair] = []
-        undetected = 0
-        for label in dict.fromkeys(box.label for box in boxes):
-            group = [box.box for box in boxes if box.label == label]
-            explained = result
-            if label is not None and label.lower() in names:
-                explained = explainer.explain(image, target=names.index(label.lower()))
-            first = explained.explanations[0].target if explained.explanations else None
-            if first is None or (label is not None and label.lower() not in names) or _count(first) < 1:
-                undetected += len(group)
-                continue
-            pairs.append((label, group, [e for e in explained.explanations if e.target.index == first.index]))
-        return pairs, undetected
+        """The boxes of one label against the map of the class of that name (``label_box_pairs``); a class counted
+        less than once is undetected."""
+        return label_box_pairs(explainer, image, result, boxes, lambda target: _count(target) >= 1)
 
 
 def _count(prediction: Prediction) -> float:
