@@ -29,7 +29,7 @@ from ..models.loading import LoadedModel, load_model
 from ..models.tasks import Task, detection_spec, detection_transform, infer_task, task_of_shape
 from ..options import SCORE_NAMES, TASK_NAMES, TOP_K, ExplainOptions, ModelOptions, PerturbationOptions
 from ..targets import TargetSpec
-from .attention.discovery import attention_for, with_heads
+from .attention.discovery import attention_for, head_settings, with_heads
 from .engine import LayerCapture
 from .layers import chosen_layers, dry_pass, forget_tokens, reads_tokens, resolve_layer
 from .maps import pad_to_region
@@ -216,8 +216,8 @@ class Explainer:
     @property
     def settings(self) -> dict[str, object]:
         """What the task adds to a run record: the task, a classifier's score and targets or a detector's selection,
-        and the black-box methods' settings."""
-        settings = perturbation_settings(self.perturbation, self.methods)
+        and the black-box and attention methods' settings."""
+        settings = perturbation_settings(self.perturbation, self.methods) | head_settings(self.attention, self.methods)
         return self.adapter.settings(self.model, self.score, self.request, settings)
 
     @property

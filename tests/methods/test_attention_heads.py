@@ -96,3 +96,13 @@ def test_a_fusion_that_does_not_apply_is_refused_in_one_line(tmp_path: Path, arg
     result = _run(image, "-m", VIT, "--input-size", SIZE, *args, "-o", tmp_path / "out")
     assert result.exit_code == 2 and message in result.stderr, result.output
     assert "Traceback" not in result.output
+
+
+def test_the_fusion_is_in_the_run_record_and_skip_existing_refuses_another(tmp_path: Path) -> None:
+    image, out = tmp_path / "square.png", tmp_path / "out"
+    Image.new("RGB", (SIZE, SIZE), (30, 90, 200)).save(image)
+    common = [image, "-m", VIT, "--input-size", SIZE, "--method", "rollout", "-o", out, "--skip-existing"]
+    assert _run(*common, "--attention-heads", "max").exit_code == 0
+    assert _run(*common, "--attention-heads", "max").exit_code == 0  # the same fusion resumes
+    again = _run(*common, "--attention-heads", "min")
+    assert again.exit_code == 2 and "--attention-heads max (this run: min)" in again.stderr, again.output

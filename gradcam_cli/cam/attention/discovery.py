@@ -184,6 +184,13 @@ def reads_attention(model: Described) -> bool:
     return True
 
 
+def head_settings(attention: AttentionModel | None, methods: Sequence[str]) -> dict[str, object]:
+    """What a run record notes of the head fusion: ``attention_heads`` where a method of ``methods`` fuses heads."""
+    if attention is None or not set(HEADS_METHODS) & set(methods):
+        return {}
+    return {"attention_heads": attention.heads}
+
+
 def attention_for(
     model: Described, methods: Sequence[str], wanted: Sequence[str], asked: str | Sequence[str]
 ) -> tuple[AttentionModel | None, list[str], list[str]]:
