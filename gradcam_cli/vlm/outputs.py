@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import GradcamError, describe
@@ -34,8 +34,11 @@ class AnswerRun:
         output: OutputOptions,
         specs: Sequence[TargetSpec] = (),
         max_side: int | None = None,
+        empty: str = "",
+        prompts: Mapping[str, str] | None = None,
     ) -> None:
         self.explainer, self.answer, self.output, self.specs, self.max_side = explainer, answer, output, specs, max_side
+        self.empty, self.prompts = empty, prompts or {}
 
     def run(self, images: Sequence[InputImage]) -> Iterator[tuple[AnswerExplanation | None, list[dict[str, Any]]]]:
         """For each image, its explanation (``None`` where it failed) and its rows, in order."""
@@ -56,10 +59,13 @@ class AnswerRun:
 
     def _explain(self, image: InputImage) -> tuple[AnswerExplanation, list[dict[str, Any]]]:
         photo = load_image(image.path, self.max_side)
-        assert self.answer.prompt is not None
-        result = self.explainer.explain(
-            photo, self.answer.prompt, self.answer.answer, self.answer.per_token, self.specs
-        )
+        prompt = self.prompts.get(str(image.path), self.answer.prompt)
+        assert prompt is not None
+        result = self.explainer.explain(photo, prompt, self.answer.answer, self.answer.per_token, self.specs)
+        if not result.tokens:  # nothing to map: the row says so (``note``)
+            row = self._row(image, "ok", note=self.empty)
+            row.update(prompt=result.prompt, answer=result.answer, generated=result.generated, tokens=[])
+            return result, [row]
         pixels = to_pixel_tensor(photo)
         table = colormap_table(self.output.colormap)
         suffix = self.output.image_format.suffix_for(image.path)

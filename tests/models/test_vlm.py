@@ -399,3 +399,22 @@ def test_every_answer_method_gives_a_map_of_the_photo(folder):
         assert explained.saliency.shape == (image.height, image.width)
         assert torch.isfinite(explained.saliency).all()
         assert explained.saliency.min() >= 0 and explained.saliency.max() <= 1
+
+
+def test_an_empty_answer_says_so_in_its_row_and_on_the_console(tmp_path, monkeypatch):
+    """A model that ends its answer at once: the answer task's adapter says why there is no map (exit 0)."""
+    import json
+
+    from gradcam_cli.cam.tasks.answer import EMPTY_ANSWER
+
+    folder = vlm_models.llava(tmp_path / "llava")
+    image = tmp_path / "photo.png"
+    photo().save(image)
+    monkeypatch.setattr(AnswerExplainer, "generate", lambda self, inputs: [])
+    out = tmp_path / "out"
+    result = run(image, "-m", f"hf:{folder}", "--prompt", PROMPT, "-o", out, "--manifest", tmp_path / "m.jsonl")
+    assert result.exit_code == 0, result.output
+    assert f"  answer: (empty)  {EMPTY_ANSWER}" in result.stdout
+    (row,) = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert (row["status"], row["outputs"], row["note"], row["answer"]) == ("ok", [], EMPTY_ANSWER, "")
+    assert not out.exists() or not any(out.iterdir())
