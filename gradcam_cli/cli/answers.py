@@ -11,7 +11,8 @@ from typing import Annotated, Protocol
 import typer
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
-from ..options import AnswerOptions, ExplainOptions, ModelOptions, OutputOptions, RunOptions
+from ..options import AnswerOptions, EvalOptions, ExplainOptions, ModelOptions, OutputOptions, RunOptions
+from .ranking import RankOptions
 from .reporting import Reporter, run_summary
 
 PromptOpt = Annotated[
@@ -91,3 +92,61 @@ def ask(command: Command) -> int:
     if len(images) > 1:
         reporter.info(run_summary(counts, time.perf_counter() - started, "images"))
     return EXIT_IMAGE_FAILED if counts.error else EXIT_OK
+
+
+class EvalCommand(Protocol):
+    """The parsed ``gradcam eval`` command (``cli/eval.py``'s ``EvalCommand``)."""
+
+    reporter: Reporter
+    inputs: list[str]
+    model_options: ModelOptions
+    explain_options: ExplainOptions
+    options: EvalOptions
+    ranking: RankOptions
+
+
+def evaluate_answers(command: EvalCommand) -> int:
+    """``gradcam eval --prompt``: deletion and insertion of the answer's per-token probability along each method's
+    map, per image (and their means); the exit code."""
+    reporter, explain, options = command.reporter, command.explain_options, command.options
+    question = explain.question
+    if question.prompt is None:
+        raise UsageError(f"{question.given()[0]} is for a --prompt; add --prompt TEXT")
+    from ..cam.tasks import answering
+    from ..io.discovery import discover
+
+    measures = {"--boxes": options.boxes is not None, "--sanity": options.sanity, "--road": options.road}
+    measures |= {"--plot": options.plot is not None, "--stability": options.stability, "--rank": command.ranking.rank}
+    adapter = answering()
+    not_here = adapter.refused(explain, None, None) + [name for name, on in measures.items() if on]
+    if not_here:
+        raise UsageError(f"{not_here[0]} does not apply to a --prompt's answer (docs/vlm.md: deletion and insertion)")
+    images = discover(command.inputs)
+    if not images:
+        raise UsageError(f"no images found in {' '.join(command.inputs)}")
+    answerer = adapter.answerer(command.model_options, explain)
+    if not explain.layers:
+        reporter.info(adapter.layer_note(answerer))
+    started, failed = time.perf_counter(), 0
+    scores: dict[str, list[tuple[float, float]]] = {}
+    for row in adapter.evaluate(answerer, images, question, options.steps):
+        if reporter.as_json:
+            reporter.emit(json.dumps(row))
+        if row["status"] == "error":
+            failed += 1
+            reporter.error(str(row["error"]))
+        elif "method" not in row:
+            reporter.result(f"{row['input']}: {row['note']}")
+        else:
+            scores.setdefault(row["method"], []).append((row["deletion_auc"], row["insertion_auc"]))
+            reporter.result(
+                f"{row['input']}  {row['method']}: answer {row['answer']!r}  deletion AUC {row['deletion_auc']:.3f}"
+                f"  insertion AUC {row['insertion_auc']:.3f}"
+            )
+    for method, pairs in scores.items():
+        deletion, insertion = (sum(p[i] for p in pairs) / len(pairs) for i in (0, 1))
+        reporter.result(f"{method} (mean of {len(pairs)}): deletion AUC {deletion:.3f}  insertion AUC {insertion:.3f}")
+    reporter.info(
+        f"evaluated {len(images) - failed} image(s), {failed} failed, in {time.perf_counter() - started:.1f}s"
+    )
+    return EXIT_IMAGE_FAILED if failed else EXIT_OK

@@ -418,3 +418,40 @@ def test_an_empty_answer_says_so_in_its_row_and_on_the_console(tmp_path, monkeyp
     (row,) = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert (row["status"], row["outputs"], row["note"], row["answer"]) == ("ok", [], EMPTY_ANSWER, "")
     assert not out.exists() or not any(out.iterdir())
+
+
+def evaluate(*args) -> object:
+    """``gradcam eval ARGS`` in-process."""
+    from typer.testing import CliRunner
+
+    from gradcam_cli.cli.eval import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_eval_measures_the_answers_deletion_and_insertion_on_the_command_line(tmp_path):
+    """gradcam eval --prompt: per image and method, the curves of vlm/faithfulness.py's answer_curves (the same
+    numbers), their means; options of a class's protocol refused in one line."""
+    import json
+
+    folder = vlm_models.llava(tmp_path / "llava")
+    image = tmp_path / "photo.png"
+    photo().save(image)
+    model = f"hf:{folder}"
+    result = evaluate(image, "-m", model, "--prompt", PROMPT, "--answer", "a cat", "--steps", 4, "--json")
+    assert result.exit_code == 0, result.output
+    (row,) = [json.loads(line) for line in result.stdout.splitlines()]
+    explainer = AnswerExplainer(load_vlm(model, torch.device("cpu")))
+    explained = explainer.explain(photo(), PROMPT, "a cat")
+    ids = [token.id for token in explained.tokens]
+    curves = answer_curves(explainer, photo(), PROMPT, ids, explained.maps[0].saliency, 4)
+    assert (row["method"], row["answer"], len(row["deletion"])) == ("gradcam", "a cat", 5)
+    assert row["deletion"] == pytest.approx(curves.deletion, abs=1e-5)
+    assert row["insertion_auc"] == pytest.approx(curves.insertion_auc, abs=1e-5)
+    result = evaluate(image, "-m", model, "--prompt", PROMPT, "--answer", "a cat", "--steps", 4)
+    assert result.exit_code == 0, result.output
+    assert "gradcam (mean of 1): deletion AUC " in result.stdout
+    result = evaluate(image, "-m", model, "--prompt", PROMPT, "--sanity")
+    assert result.exit_code == 2 and result.stderr.startswith("error: --sanity does not apply to a --prompt's answer")
+    result = evaluate(image, "--answer", "a cat")
+    assert result.exit_code == 2 and result.stderr.strip() == "error: --answer is for a --prompt; add --prompt TEXT"
