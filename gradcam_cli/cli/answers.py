@@ -6,14 +6,19 @@ from __future__ import annotations
 import json
 import time
 from contextlib import ExitStack
-from typing import Annotated, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Protocol
 
 import typer
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
 from ..options import AnswerOptions, EvalOptions, ExplainOptions, ModelOptions, OutputOptions, RunOptions
+from .params import parse_path
 from .ranking import RankOptions
 from .reporting import Reporter, run_summary
+
+if TYPE_CHECKING:
+    from ..io.discovery import InputImage
 
 PromptOpt = Annotated[
     str | None,
@@ -25,15 +30,29 @@ AnswerOpt = Annotated[
     str | None, typer.Option(metavar="TEXT", help="--prompt: explain this answer instead of the generated one.")
 ]
 PerTokenOpt = Annotated[bool, typer.Option("--per-token", help="--prompt: also one map per answer token.")]
+PromptsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        parser=parse_path,
+        metavar="FILE.csv",
+        help="Ask each image its own question: image,prompt lines (paths relative to the file; docs/vlm.md).",
+    ),
+]
 MaxNewTokensOpt = Annotated[
     int | None, typer.Option(min=1, metavar="N", help="--prompt: the generated answer's most tokens (default: 32).")
 ]
 
 
-def question(prompt: str | None, answer: str | None, per_token: bool, max_new_tokens: int | None) -> AnswerOptions:
-    """A question for a vision-language model, from ``--prompt``, ``--answer``, ``--per-token`` and
-    ``--max-new-tokens`` (docs/vlm.md)."""
-    return AnswerOptions(prompt, answer, per_token, max_new_tokens)
+def question(
+    prompt: str | None,
+    answer: str | None,
+    per_token: bool,
+    max_new_tokens: int | None,
+    prompts: Path | None = None,
+) -> AnswerOptions:
+    """A question for a vision-language model, from ``--prompt``, ``--answer``, ``--per-token``,
+    ``--max-new-tokens`` and ``--prompts`` (docs/vlm.md)."""
+    return AnswerOptions(prompt, answer, per_token, max_new_tokens, prompts)
 
 
 class Command(Protocol):
@@ -47,16 +66,39 @@ class Command(Protocol):
     run_options: RunOptions
 
 
+def _questioned(
+    inputs: list[str], question: AnswerOptions, exclude: Path | None
+) -> tuple[list[InputImage], dict[str, str]]:
+    """The images asked about and, with ``--prompts``, each one's prompt by its path."""
+    from ..io.discovery import discover
+    from ..io.prompts import read_prompts
+
+    if question.prompts is None:
+        if not inputs:
+            raise UsageError("no input given; try: gradcam IMAGE_OR_DIR --model hf:DIR --prompt TEXT")
+        images = discover(inputs, exclude=exclude)
+        if not images:
+            raise UsageError("no image found in the inputs")
+        return images, {}
+    if question.prompt is not None:
+        raise UsageError("--prompt and --prompts: give one question for all images, or a file of them")
+    if inputs:
+        raise UsageError(f"--prompts {question.prompts} names the images; give no INPUT ({inputs[0]})")
+    pairs = read_prompts(question.prompts)
+    images = discover([image for image, _ in pairs], exclude=exclude)
+    by_path = {image.resolve(): prompt for image, prompt in pairs}
+    return images, {str(image.path): by_path[image.path.resolve()] for image in images}
+
+
 def ask(command: Command) -> int:
     """Ask the command's ``--prompt`` about every image (or each image its own, ``--prompts FILE.csv``); print each
     answer and its maps; the exit code. The task adapter that answers (:func:`~gradcam_cli.cam.tasks.answering`)
     does the work."""
     reporter, inputs, model, explain = command.reporter, command.inputs, command.model_options, command.explain_options
     output, run, question = command.output, command.run_options, explain.question
-    if question.prompt is None:
+    if not question.asked:
         raise UsageError(f"{question.given()[0]} is for a --prompt; add --prompt TEXT")
     from ..cam.tasks import answering
-    from ..io.discovery import discover
     from ..io.manifest import ManifestWriter
     from ..pipeline.session import Counts
 
@@ -66,9 +108,7 @@ def ask(command: Command) -> int:
     not_here = adapter.refused(explain, output, run)
     if not_here:
         raise UsageError(f"{not_here[0]} does not apply to a --prompt's answer (docs/vlm.md lists what does)")
-    images = discover(inputs, exclude=output.output_dir)
-    if not images:
-        raise UsageError("no image found in the inputs")
+    images, prompts = _questioned(inputs, question, output.output_dir)
     answerer = adapter.answerer(model, explain)
     if not explain.layers:
         reporter.info(adapter.layer_note(answerer))
@@ -76,7 +116,7 @@ def ask(command: Command) -> int:
     started = time.perf_counter()
     with ExitStack() as stack:
         manifest = stack.enter_context(ManifestWriter(output.manifest)) if output.manifest is not None else None
-        for result, rows in adapter.run(answerer, images, question, output, explain.targets, run.max_side):
+        for result, rows in adapter.run(answerer, images, question, output, explain.targets, run.max_side, prompts):
             for row in rows:
                 if manifest is not None:
                     manifest.write(row)

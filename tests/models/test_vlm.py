@@ -5,6 +5,7 @@ whose halves differ. Tiny random models of each family (tests/vlm_models.py)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -455,3 +456,45 @@ def test_eval_measures_the_answers_deletion_and_insertion_on_the_command_line(tm
     assert result.exit_code == 2 and result.stderr.startswith("error: --sanity does not apply to a --prompt's answer")
     result = evaluate(image, "--answer", "a cat")
     assert result.exit_code == 2 and result.stderr.strip() == "error: --answer is for a --prompt; add --prompt TEXT"
+
+
+def test_a_folder_with_one_prompt_and_a_csv_of_image_prompt_pairs(tmp_path):
+    """A folder asks every image the one --prompt; --prompts FILE.csv asks each image its own (paths relative to
+    the file, a quoted prompt with a comma); its mistakes refused in one line naming the line."""
+    import json
+
+    folder = vlm_models.llava(tmp_path / "llava")
+    photos = tmp_path / "photos"
+    (photos / "sub").mkdir(parents=True)
+    photo().save(photos / "a.png")
+    photo(left=(30, 200, 30)).save(photos / "sub" / "b.png")
+    model, out = f"hf:{folder}", tmp_path / "out"
+    result = run(photos, "-m", model, "--prompt", PROMPT, "--answer", "a cat", "-o", out, "--json")
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(Path(row["input"]).name, row["prompt"]) for row in rows] == [("a.png", PROMPT), ("b.png", PROMPT)]
+    assert (out / "a_gradcam_answer.png").is_file() and (out / "sub" / "b_gradcam_answer.png").is_file()
+
+    pairs = photos / "pairs.csv"
+    pairs.write_text('image,prompt\na.png,what is the cat ?\nsub/b.png,"what, is the dog ?"\n', encoding="utf-8")
+    result = run("-m", model, "--prompts", pairs, "--answer", "a dog", "-o", tmp_path / "out2", "--json")
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(Path(row["input"]).name, row["prompt"]) for row in rows] == [
+        ("a.png", "what is the cat ?"),
+        ("b.png", "what, is the dog ?"),
+    ]
+    explainer = AnswerExplainer(load_vlm(model, torch.device("cpu")))
+    expected = explainer.explain(photo(left=(30, 200, 30)), "what, is the dog ?", "a dog").logprob
+    assert rows[1]["target"]["logprob"] == pytest.approx(expected, abs=1e-5)
+
+    for text, message in (
+        ("a.png\n", f"error: --prompts {pairs}, line 1: expected image,prompt (quote a prompt with commas)"),
+        ("a.png,x\n./a.png,y\n", f"error: --prompts {pairs}, line 2: ./a.png is on line 1 already"),
+        ("image,prompt\n", f"error: --prompts {pairs}: no image,prompt line in it"),
+    ):
+        pairs.write_text(text, encoding="utf-8")
+        result = run("-m", model, "--prompts", pairs)
+        assert result.exit_code == 2 and result.stderr.strip() == message
+    result = run(photos, "-m", model, "--prompts", pairs)
+    assert result.exit_code == 2 and "names the images; give no INPUT" in result.stderr
