@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import GradcamError, describe
 from ..io.discovery import InputImage
@@ -22,6 +22,9 @@ from ..render.colour import blend, colormap_table
 from ..render.encode import save_array, save_image
 from ..targets import TargetSpec
 from .answer import AnswerExplainer, AnswerExplanation
+
+if TYPE_CHECKING:
+    from ..pipeline.records import Record
 
 
 class AnswerRun:
@@ -41,7 +44,20 @@ class AnswerRun:
         self.empty, self.prompts = empty, prompts or {}
 
     def run(self, images: Sequence[InputImage]) -> Iterator[tuple[AnswerExplanation | None, list[dict[str, Any]]]]:
-        """For each image, its explanation (``None`` where it failed) and its rows, in order."""
+        """For each image, its explanation (``None`` where it failed) and its rows, in order; with ``--report``,
+        the gallery of the rows written at the end (also after an error or Ctrl-C)."""
+        written: list[dict[str, Any]] = []
+        try:
+            for result, rows in self._each(images):
+                written += rows
+                yield result, rows
+        finally:
+            if self.output.report and written:
+                from ..render.gallery import write_gallery
+
+                write_gallery([gallery_record(row) for row in written], self.output.output_dir)
+
+    def _each(self, images: Sequence[InputImage]) -> Iterator[tuple[AnswerExplanation | None, list[dict[str, Any]]]]:
         for image in images:
             started = time.perf_counter()
             try:
@@ -112,3 +128,21 @@ class AnswerRun:
         }
         row.update(values)
         return row
+
+
+def gallery_record(row: dict[str, Any]) -> Record:
+    """A row as the gallery's record: the question and its answer shown as the image's prediction (with the
+    answer's probability), each map's target as its label and probability."""
+    from ..cam.results import Prediction
+    from ..pipeline.records import Record
+
+    record = Record.from_dict({**row, "target": None})
+    target = row.get("target")
+    if target is not None:
+        probability = math.exp(target["logprob"]) if target["logprob"] <= 0 else float("nan")
+        record.target = Prediction(target["token"] if target["token"] is not None else -1, target["name"], probability)
+    if "answer" in row:
+        logprob = sum(token["logprob"] for token in row.get("tokens") or [])
+        question = f"{row['prompt']} \N{RIGHTWARDS ARROW} {row['answer'] or '(empty answer)'}"
+        record.predictions = [Prediction(-1, question, math.exp(logprob) if row.get("tokens") else float("nan"))]
+    return record

@@ -498,3 +498,33 @@ def test_a_folder_with_one_prompt_and_a_csv_of_image_prompt_pairs(tmp_path):
         assert result.exit_code == 2 and result.stderr.strip() == message
     result = run(photos, "-m", model, "--prompts", pairs)
     assert result.exit_code == 2 and "names the images; give no INPUT" in result.stderr
+
+
+def test_the_gallery_shows_each_images_prompt_and_answer(tmp_path):
+    """--report: the page's entry of each image shows its question, its answer and the answer's probability, and
+    links each map with its target."""
+    import json
+    import re
+
+    folder = vlm_models.llava(tmp_path / "llava")
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    photo().save(photos / "a.png")
+    (photos / "b.png").write_bytes(b"not an image")
+    out = tmp_path / "out"
+    model = f"hf:{folder}"
+    args = ("--prompt", PROMPT, "--answer", "a cat", "--per-token", "--report", "-o", out, "--json")
+    result = run(photos, "-m", model, *args)
+    assert result.exit_code == 1, result.output  # b.png fails, a.png is explained
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    page = (out / "index.html").read_text(encoding="utf-8")
+    data = re.search(r"(\[\{.*\}\])", page)
+    assert data is not None
+    entries = {entry["name"].rsplit("/", 1)[-1]: entry for entry in json.loads(data.group(1))}
+    first = next(row for row in rows if row["status"] == "ok")
+    probability = math.exp(sum(token["logprob"] for token in first["tokens"]))
+    ((question, shown, _),) = entries["a.png"]["predictions"]
+    assert question == f"{PROMPT} \N{RIGHTWARDS ARROW} a cat" and shown == pytest.approx(probability, abs=1e-4)
+    assert [view["target"][0] for view in entries["a.png"]["views"]] == ["answer", "token 0: a", "token 1: cat"]
+    assert all((out / view["href"]).is_file() for view in entries["a.png"]["views"])
+    assert entries["b.png"]["status"] == "error"

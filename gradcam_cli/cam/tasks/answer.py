@@ -63,7 +63,6 @@ class AnswerTask(TaskAdapter):
             "--aug-smooth": explain.aug_smooth,
             "--save-heatmap": output is not None and output.save_heatmap,
             "--panel": output is not None and output.panel,
-            "--report": output is not None and output.report,
             "--skip-existing": output is not None and output.skip_existing,
             "--engine ray": run is not None and run.engine != "local",
         }
