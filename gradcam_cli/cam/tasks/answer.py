@@ -33,6 +33,7 @@ class AnswerTask(TaskAdapter):
     name = "answer"
     noun = "vision-language model"
     answers = True
+    by_name = False  # asked with --prompt, never named by --task
     videos = False
     faithfulness = True
     takes_targets = True
