@@ -32,13 +32,7 @@ from bench_methods import paired  # noqa: E402
 from gradcam_cli.vlm.answer import AnswerExplainer  # noqa: E402
 from gradcam_cli.vlm.loading import load_vlm  # noqa: E402
 
-FAMILIES = {
-    "llava": vlm_models.llava,
-    "llava-next": vlm_models.llava_next,
-    "qwen2-vl": vlm_models.qwen2_vl,
-    "qwen2.5-vl": vlm_models.qwen2_5_vl,
-    "idefics3": vlm_models.idefics3,
-}
+FAMILIES = vlm_models.BUILDERS
 PROMPT = "what is the cat ?"
 
 

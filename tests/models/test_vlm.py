@@ -20,13 +20,7 @@ from gradcam_cli.vlm.answer import AnswerExplainer, placeholder_ids
 from gradcam_cli.vlm.faithfulness import answer_curves
 from gradcam_cli.vlm.loading import load_vlm
 
-BUILDERS = {
-    "llava": vlm_models.llava,
-    "llava-next": vlm_models.llava_next,
-    "qwen2-vl": vlm_models.qwen2_vl,
-    "qwen2.5-vl": vlm_models.qwen2_5_vl,
-    "idefics3": vlm_models.idefics3,
-}
+BUILDERS = vlm_models.BUILDERS
 PROMPT = "what is the cat ?"
 
 
