@@ -10,7 +10,7 @@ Nothing outside the adapters compares a task. How to add one: docs/internals.md 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -77,6 +77,8 @@ class TaskAdapter:
     faithfulness = False
     takes_targets = False
     aug_smooth = False
+    answers = False
+    """It answers ``--prompt`` questions (:class:`Answering`; found by :func:`answering`)."""
     methods_of = "segment"
     """The built-in task whose method list this one takes (:attr:`CamMethod.tasks`), unless :meth:`takes` says."""
 
@@ -197,6 +199,38 @@ def label_box_pairs(
         first = explained.explanations[0].target.index
         pairs.append((label, group, [e for e in explained.explanations if e.target.index == first]))
     return pairs, undetected
+
+
+class Answering(Protocol):
+    """What the command line asks of the adapter that answers ``--prompt`` questions (a vision-language model's
+    answer: :mod:`.answer`), beside :class:`TaskAdapter`'s members."""
+
+    def refused(self, explain: ExplainOptions, output: Any, run: Any) -> list[str]: ...
+    def answerer(self, model: Any, explain: ExplainOptions) -> Any: ...
+    def layer_note(self, answerer: Any) -> str: ...
+    def run(
+        self,
+        answerer: Any,
+        images: Sequence[Any],
+        question: Any,
+        output: Any,
+        specs: Sequence[TargetSpec] = (),
+        max_side: int | None = None,
+        prompts: dict[str, str] | None = None,
+    ) -> Iterator[tuple[Any, list[dict[str, Any]]]]: ...
+    def lines(self, answerer: Any, result: Any, rows: list[dict[str, Any]]) -> list[str]: ...
+    def evaluate(
+        self, answerer: Any, images: Sequence[Any], question: Any, steps: int, prompts: dict[str, str] | None = None
+    ) -> Iterator[dict[str, Any]]: ...
+
+
+def answering() -> Answering:
+    """The registered adapter that answers ``--prompt`` questions (its :attr:`~TaskAdapter.answers`)."""
+    for adapter in TASKS.values():
+        if adapter.answers:
+            chosen: Any = adapter
+            return chosen  # type: ignore[no-any-return]
+    raise UsageError("no registered task answers a --prompt")
 
 
 def check_class_score(options: ExplainOptions) -> None:
