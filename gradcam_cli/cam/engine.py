@@ -61,6 +61,15 @@ class LayerRecord:
     handles: list[torch.utils.hooks.RemovableHandle] = field(default_factory=list)
 
 
+def settle_loaded(module: nn.Module, device: torch.device | None = None) -> None:
+    """Put a model this tool has just loaded for itself (no one else holds it) in the state every pass wants:
+    evaluation mode, no parameter gradients, on ``device`` (``None``: where it is). Nothing is switched per pass then;
+    a model passed in is left as found (:func:`model_state_preserved`)."""
+    module.eval().requires_grad_(False)
+    if device is not None:
+        module.to(device)
+
+
 @contextmanager
 def model_state_preserved(model: nn.Module) -> Iterator[None]:
     """Put ``model`` in eval mode with frozen parameters; restore every module's mode and every flag on exit.
@@ -89,6 +98,11 @@ def model_state_preserved(model: nn.Module) -> Iterator[None]:
         for param, requires_grad in flags:
             if param.requires_grad is not requires_grad:
                 param.requires_grad_(requires_grad)
+
+
+KeptLayers = dict[str, tuple[torch.Tensor | None, torch.Tensor | None, int]]
+"""Per layer, what a forward pass left: (activations, the leaf the graph starts at, calls)
+(:meth:`LayerCapture.kept`)."""
 
 
 class LayerCapture:
@@ -135,6 +149,17 @@ class LayerCapture:
                 raise
             _modules_needing_tensor_hooks.update(r.module for r in self.records.values())
             return self._forward_once(inputs)
+
+    def kept(self) -> KeptLayers:
+        """What this capture's forward pass left at each layer (its activations, the leaf its graph starts at, how
+        often the layer ran), for :meth:`replay` to restore in another capture without a forward pass."""
+        return {name: (r.activations, r.leaf, r.calls) for name, r in self.records.items()}
+
+    def replay(self, kept: KeptLayers) -> None:
+        """Restore a pass's layers that :meth:`kept` returned (the same layers), as if this capture had run it: the
+        next :meth:`gradients` differentiates through that pass's graph (kept with ``retain_graph``)."""
+        for name, record in self.records.items():
+            record.activations, record.leaf, record.calls = kept[name]
 
     def gradients(self, score: torch.Tensor, retain_graph: bool = False) -> dict[str, torch.Tensor]:
         """Backpropagate a scalar ``score`` to the target layers; return each layer's output gradient."""

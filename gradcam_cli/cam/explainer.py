@@ -14,25 +14,35 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from PIL import Image
 from torch import nn
 
 from ..errors import UsageError
-from ..io.images import InputSpec, load_image, to_input_tensor, to_pixel_tensor, to_rgb
+from ..io.images import load_image, to_input_tensor, to_pixel_tensor, to_rgb
 from ..models.devices import resolve_device
 from ..models.folding import fold_batch_norms
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel, load_model
-from ..models.tasks import Task, detection_spec, detection_transform, infer_task, task_of_shape
-from ..options import SCORE_NAMES, TASK_NAMES, TOP_K, ExplainOptions, ModelOptions, PerturbationOptions
+from ..models.tasks import Task
+from ..options import (
+    DEFAULT_METHOD,
+    SCORE_NAMES,
+    TASK_NAMES,
+    TOP_K,
+    ExplainOptions,
+    ModelOptions,
+    PerturbationOptions,
+)
 from ..targets import TargetSpec
-from .engine import LayerCapture
-from .layers import chosen_layers, dry_pass, forget_tokens, reads_tokens, resolve_layer
+from .engine import LayerCapture, settle_loaded
+from .layers import DryPasses, LayerInfo, chosen_layers, forget_tokens, reads_tokens, resolve_layer
 from .maps import pad_to_region
-from .masked_scores import SCORECAM_BATCH_SIZE, ProgressCallback
+from .masked_scores import ProgressCallback
 from .methods import METHODS, resolve_methods
 from .passes import MethodInputs
 from .perturbation import check_perturbation, perturbation_settings
@@ -43,6 +53,69 @@ from .scores import Cams, ClassTargets, Score, Targets
 from .smoothing import IDENTITY, augmentations, average_views
 from .targets import SpecTargets
 from .tasks import ScoreRequest, TaskAdapter, adapter_for
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+
+class ExplainKeywords(TypedDict, total=False):
+    """:class:`ExplainOptions` as :class:`Explainer`'s keywords (a notebook's ``Explainer(model, "layer4",
+    target=281)``): ``layers`` and ``target`` are its ``layers`` and ``target_class``; ``targets`` may be strings."""
+
+    layers: str | Sequence[str] | None
+    target: int | str | None
+    top_k: int | None
+    aug_smooth: bool
+    eigen_smooth: bool
+    score_batch_size: int
+    score: str | None
+    score_threshold: float | None
+    max_detections: int | None
+    targets: Sequence[TargetSpec | str]
+    embedding: str | None
+    perturbation: PerturbationOptions | None
+
+
+def explain_options(
+    first: ExplainOptions | str | Sequence[str] | None, methods: str | Sequence[str] | None, keywords: ExplainKeywords
+) -> ExplainOptions:
+    """The :class:`ExplainOptions` an :class:`Explainer` is built with: ``first`` itself, or built from the layers
+    ``first`` (or ``keywords["layers"]``), ``methods`` and the other ``keywords``."""
+    if isinstance(first, ExplainOptions):
+        if methods is not None or keywords:
+            raise TypeError("Explainer takes ExplainOptions or their keywords, not both")
+        return first
+    given: dict[str, Any] = dict(keywords)
+    layers = given.pop("layers", None) if first is None else first
+    methods = methods if methods is not None else DEFAULT_METHOD
+    if "target" in given:
+        given["target_class"] = given.pop("target")
+    if "targets" in given:
+        given["targets"] = tuple(TargetSpec.parse(spec) for spec in given["targets"])
+    if given.get("perturbation", 0) is None:
+        given.pop("perturbation")
+    return ExplainOptions(
+        layers=(layers,) if isinstance(layers, str) else tuple(layers or ()),
+        methods=(methods,) if isinstance(methods, str) else tuple(methods),
+        **given,
+    )
+
+
+def _model_of(
+    model: LoadedModel | nn.Module, task: str | None, options: ExplainOptions
+) -> tuple[LoadedModel, str | None, bool]:
+    """The model explained, the task asked for (a plugin task's name too) and whether ``model`` was a bare module
+    (its task is then found from its output after the dry pass: :meth:`LoadedModel.with_task_shown`)."""
+    bare = isinstance(model, nn.Module)
+    if isinstance(model, nn.Module):
+        model = LoadedModel.of_module(model)
+        task = options.task_for(task)
+    requested = task if task is not None and task not in TASK_NAMES else model.task_name
+    if task is not None and task in TASK_NAMES:  # the caller's LoadedModel is left as it is: this copy says it
+        model = model.with_profile(task=Task.parse(task))
+    if bare:
+        model = model.with_detector_input()
+    return model, requested, bare
 
 
 class Explainer:
@@ -79,96 +152,79 @@ class Explainer:
     def __init__(
         self,
         model: LoadedModel | nn.Module,
-        layers: str | Sequence[str] | None = None,
-        methods: str | Sequence[str] = "gradcam",
+        options: ExplainOptions | str | Sequence[str] | None = None,
+        methods: str | Sequence[str] | None = None,
         device: torch.device | str | None = None,
         *,
-        target: int | str | None = None,
-        top_k: int | None = None,
-        aug_smooth: bool = False,
-        eigen_smooth: bool = False,
-        score_batch_size: int = SCORECAM_BATCH_SIZE,
-        progress: ProgressCallback | None = None,
-        score: str | None = None,
-        score_threshold: float | None = None,
-        max_detections: int | None = None,
         task: str | None = None,
         precision: str = "fp32",
-        targets: Sequence[TargetSpec | str] = (),
-        embedding: str | None = None,
-        perturbation: PerturbationOptions | None = None,
+        progress: ProgressCallback | None = None,
+        dry_passes: DryPasses | None = None,
+        **keywords: Unpack[ExplainKeywords],
     ) -> None:
-        bare = isinstance(model, nn.Module)
-        if isinstance(model, nn.Module):
-            own = Task.DETECT if detection_transform(model) is not None else Task.CLASSIFY
-            model = LoadedModel(model, type(model).__name__, "custom", None, InputSpec(), own)
-        task = task or ("classify" if bare and (targets or embedding) else None)  # targets say what it does
-        requested = task if task is not None and task not in TASK_NAMES else model.task_name
-        if task is not None and task in TASK_NAMES:  # the caller's LoadedModel is left as it is: this copy says it
-            model = model.with_profile(task=Task.parse(task))
-        if bare and model.task is Task.DETECT:
-            model = model.with_profile(input_spec=detection_spec(model.module, None) or model.input_spec)
-        self.model = model
+        options = explain_options(options, methods, keywords)
+        self.explain_options = options
+        """What this explainer explains, whole (:meth:`with_options` builds another from it)."""
+        model, requested, bare = _model_of(model, task, options)
         if device is not None:
             model.module.to(device)
         self.device = next(model.module.parameters(), torch.empty(0)).device
-        self.methods = [methods] if isinstance(methods, str) else list(methods)
-        resolve_methods(self.methods, model.task.value, also=METHODS)  # unknown names fail before the dry pass
-        self.target = resolve_target(model, target) if isinstance(target, str) else target
-        self.top_k = TOP_K if top_k is None else top_k
-        names = [layers] if isinstance(layers, str) else list(layers or [])
+        resolve_methods(list(options.methods), model.task.value, also=METHODS)  # unknown names fail before the dry
+        names = list(options.layers)
         resolved = {name: resolve_layer(model.module, name) for name in names}
-        infos = dry_pass(model, self.device)
+        infos = (dry_passes or DryPasses()).get(model, self.device)
         if bare and task is None and model.task is Task.CLASSIFY:  # a bare module's task, from the dry pass
-            shown = task_of_shape(infos[0].output_shape) if infos and not infos[0].name else None
-            model = model.with_profile(task=shown or infer_task(model.module, model.input_spec, model.name))
-            self.model = model
-        self.task = model.task
+            model = model.with_task_shown(infos[0].output_shape if infos and not infos[0].name else None)
+        self.model, self.task = model, model.task
         self.adapter: TaskAdapter = adapter_for(model, requested)
         """What the model's task does (:mod:`gradcam_cli.cam.tasks`): its score, methods, rows and messages."""
         self.tokens = reads_tokens(model)
         """Whether 3-D layer outputs are token sequences (see :mod:`gradcam_cli.cam.reshape`)."""
         if not self.tokens:
             forget_tokens(infos)
-        adapter = self.adapter
-        taken = [name for name, method in METHODS.items() if adapter.takes(name, method.tasks, model.module)]
-        self.methods = resolve_methods(self.methods, adapter.methods_of, taken)
-        self.perturbation = check_perturbation(perturbation or PerturbationOptions())
-        if score is not None and score not in SCORE_NAMES:
-            raise UsageError(f"unknown score {score!r}; use {', '.join(SCORE_NAMES)}")
-        self.score_name = score or ("cosine" if model.text is not None else "logit")
-        self.target_specs, self.embedding = tuple(TargetSpec.parse(spec) for spec in targets), embedding
-        if self.target_specs and not adapter.takes_targets:
-            raise UsageError(f"--target is for classifiers and embedding models; a {adapter.noun} explains its own")
-        given = ExplainOptions(
-            top_k=top_k,
-            score=score,
-            score_threshold=score_threshold,
-            max_detections=max_detections,
-            embedding=embedding,
-        )
-        self.request = ScoreRequest(self.device, given, self.target, self.target_specs, tuple(self.methods))
-        self.score: Score = adapter.score(model, self.request)
-        if aug_smooth and not adapter.aug_smooth:
-            raise UsageError(
-                f"--aug-smooth is for classifiers: a {adapter.noun}'s targets in a flipped or rescaled view are "
-                "other pixels and boxes; run without it"
-            )
-        layer_free = not names and not any(METHODS[method].uses_layer for method in self.methods)
-        self.layer_names = [] if layer_free else chosen_layers(model, infos, names, self.tokens, adapter.ranked)
+        self._check(options)
+        self.layer_names = self._layer_names(infos, names)
         self.layers = resolved or {name: resolve_layer(model.module, name) for name in self.layer_names}
         self.layer_calls: dict[str, int] = {}
         self.capture: Callable[[nn.Module, Mapping[str, nn.Module]], LayerCapture] = LayerCapture
-        """What each pass hooks the layers with: :class:`LayerCapture`, or a subclass (``gradcam serve`` keeps a
-        pass's graph to explain another class without a forward pass: :mod:`gradcam_cli.serve.replay`)."""
+        """What each pass hooks the layers with: :class:`LayerCapture`, or :class:`~gradcam_cli.cam.engine.Replay`
+        (``gradcam serve`` explains another class of a kept pass without a forward pass)."""
         self._folded: tuple[nn.Module, dict[str, nn.Module]] | None = None
-        self.aug_smooth = aug_smooth
-        self.eigen_smooth = eigen_smooth
-        self.score_batch_size = score_batch_size
+        self.aug_smooth, self.eigen_smooth = options.aug_smooth, options.eigen_smooth
+        self.score_batch_size = options.score_batch_size
         self.progress = progress
         self.precision = check_precision(precision)
         self.options: tuple[ModelOptions, ExplainOptions] | None = None
         """The options :meth:`from_options` built this explainer from (the Ray engine's actors rebuild it)."""
+
+    def _check(self, options: ExplainOptions) -> None:
+        """The methods the task takes, the score, the targets and the smoothing, checked and kept."""
+        model, adapter = self.model, self.adapter
+        taken = [name for name, method in METHODS.items() if adapter.takes(name, method.tasks, model.module)]
+        self.methods = resolve_methods(list(options.methods), adapter.methods_of, taken)
+        self.perturbation = check_perturbation(options.perturbation)
+        if options.score is not None and options.score not in SCORE_NAMES:
+            raise UsageError(f"unknown score {options.score!r}; use {', '.join(SCORE_NAMES)}")
+        self.score_name = options.score or ("cosine" if model.text is not None else "logit")
+        self.target_specs, self.embedding = options.targets, options.embedding
+        if self.target_specs and not adapter.takes_targets:
+            raise UsageError(f"--target is for classifiers and embedding models; a {adapter.noun} explains its own")
+        target = options.target_class
+        self.target = resolve_target(model, target) if isinstance(target, str) else target
+        self.top_k = TOP_K if options.top_k is None else options.top_k
+        self.request = ScoreRequest(self.device, options, self.target, self.target_specs, tuple(self.methods))
+        self.score: Score = adapter.score(model, self.request)
+        if options.aug_smooth and not adapter.aug_smooth:
+            raise UsageError(
+                f"--aug-smooth is for classifiers: a {adapter.noun}'s targets in a flipped or rescaled view are "
+                "other pixels and boxes; run without it"
+            )
+
+    def _layer_names(self, infos: list[LayerInfo], names: list[str]) -> list[str]:
+        """The layers explained: ``names``, else the default layer; none where no method reads a layer."""
+        if not names and not any(METHODS[method].uses_layer for method in self.methods):
+            return []
+        return chosen_layers(self.model, infos, names, self.tokens, self.adapter.ranked)
 
     @classmethod
     def from_options(
@@ -177,36 +233,33 @@ class Explainer:
         options: ExplainOptions | None = None,
         *,
         progress: ProgressCallback | None = None,
+        dry_passes: DryPasses | None = None,
     ) -> Explainer:
         """An explainer as the command line builds it: the model loaded (and moved to its device) from
         :class:`ModelOptions`, or a model already loaded, explained as :class:`ExplainOptions` says."""
         options = options or ExplainOptions()
-        device = None
-        model_options = model if isinstance(model, ModelOptions) else None
-        if isinstance(model, ModelOptions):
-            device = resolve_device(model.device)
-            model = load_model(model)
-            model.module.eval().requires_grad_(False)  # its own model, as every pass wants it: nothing to switch
-        explainer = cls(
-            model,
-            list(options.layers) or None,
-            list(options.methods),
-            device,
-            target=options.target_class,
-            top_k=options.top_k,
-            aug_smooth=options.aug_smooth,
-            eigen_smooth=options.eigen_smooth,
-            progress=progress,
-            score=options.score,
-            score_threshold=options.score_threshold,
-            max_detections=options.max_detections,
-            precision=model_options.precision if model_options is not None else "fp32",
-            targets=options.targets,
-            embedding=options.embedding,
-            perturbation=options.perturbation,
-        )
-        explainer.options = (model_options, options) if model_options is not None else None
+        if not isinstance(model, ModelOptions):
+            return cls(model, options, progress=progress, dry_passes=dry_passes)
+        loaded = load_model(model)
+        settle_loaded(loaded.module)
+        device = resolve_device(model.device)
+        explainer = cls(loaded, options, device=device, precision=model.precision, progress=progress)
+        explainer.options = (model, options)
         return explainer
+
+    def with_options(
+        self, module: nn.Module | None = None, progress: ProgressCallback | None = None, **changes: Any
+    ) -> Explainer:
+        """An explainer like this one with some of its options replaced (``methods=(...)``), ``module`` in place of
+        its model's module and ``progress`` in place of its masked passes' progress callback; its layers stay
+        those chosen here."""
+        loaded = self.model
+        options = replace(self.explain_options, layers=tuple(self.layer_names), **changes)
+        return Explainer(
+            replace(loaded, module=module if module is not None else loaded.module),
+            options,
+            progress=progress or self.progress,
+        )
 
     @property
     def settings(self) -> dict[str, object]:

@@ -185,6 +185,24 @@ def dry_pass(model: LoadedModel, device: torch.device, example: torch.Tensor | N
         raise _forward_failure(model, device, example, error) from error
 
 
+class DryPasses:
+    """Each model's dry pass (:func:`dry_pass`), made once and kept: per :class:`LoadedModel` object (its module,
+    input size and task) and device. ``gradcam serve`` keeps one for its model, so that an explainer for another
+    layer, method or target, or a faithfulness request, makes no new pass; an explainer without one makes its own."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[int, str], tuple[LoadedModel, list[LayerInfo]]] = {}
+
+    def get(self, model: LoadedModel, device: torch.device) -> list[LayerInfo]:
+        """``model``'s layers from its dry pass on ``device``, made now if not yet."""
+        key = (id(model), str(device))
+        kept = self._kept.get(key)
+        if kept is None or kept[0] is not model:
+            kept = (model, dry_pass(model, device))
+            self._kept[key] = kept
+        return list(kept[1])
+
+
 def _forward_failure(model: LoadedModel, device: torch.device, example: torch.Tensor, error: Exception) -> GradcamError:
     height, width = example.shape[-2:]
     spec, usual = model.input_spec, InputSpec.size

@@ -16,7 +16,16 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, GradcamError, UsageError, describe
-from ..options import ALL_METHODS, DEFAULT_METHOD, POINTING_TOLERANCE, RANDOM_BASELINE, EvalOptions, PerturbationOptions
+from ..options import (
+    ALL_METHODS,
+    DEFAULT_METHOD,
+    POINTING_TOLERANCE,
+    RANDOM_BASELINE,
+    EvalOptions,
+    ExplainOptions,
+    ModelOptions,
+    PerturbationOptions,
+)
 from . import params
 from .ranking import RankOptions, rank_report
 from .reporting import (
@@ -177,30 +186,29 @@ def evaluate(
     specs, mistake = params.target_specs(target)
     if mistake is not None:
         run_reported(reporter, lambda: params.refuse(mistake))
-    task = task or ("classify" if specs or embedding else None)
     baseline = RANDOM_BASELINE
     methods = params.MethodList([*method, baseline]) if rank and baseline not in method else method
     perturbation = PerturbationOptions(
         rise_masks, occlusion_window=occlusion_window, occlusion_stride=occlusion_stride, seed=seed
     )
+    explain = ExplainOptions(
+        tuple(layer or ()),
+        tuple(methods),
+        target_class,
+        aug_smooth=aug_smooth,
+        eigen_smooth=eigen_smooth,
+        score=score,
+        score_threshold=score_threshold,
+        max_detections=max_detections,
+        targets=tuple(specs),
+        embedding=embedding,
+        perturbation=perturbation,
+    )
     command = EvalCommand(
         reporter,
         inputs,
-        params.model_options(model, weights, num_classes, labels, input_size, device, task),
-        params.explain_options(
-            layer,
-            methods,
-            target_class,
-            None,
-            aug_smooth,
-            eigen_smooth,
-            score,
-            score_threshold=score_threshold,
-            max_detections=max_detections,
-            targets=specs,
-            embedding=embedding,
-            perturbation=perturbation,
-        ),
+        ModelOptions(model, weights, num_classes, labels, input_size, device, explain.task_for(task)),
+        explain,
         EvalOptions(
             steps,
             batch_size,

@@ -16,7 +16,9 @@ from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
 from ..options import (
     DEFAULT_MAX_SIDE,
     DEFAULT_METHOD,
+    ExplainOptions,
     ImageFormat,
+    ModelOptions,
     OutputOptions,
     PerturbationOptions,
     RunOptions,
@@ -225,27 +227,27 @@ def explain(
     specs, mistake = params.target_specs(target)
     if mistake is not None:
         run_reported(reporter, lambda: params.refuse(mistake))
-    task = task or ("classify" if specs or embedding else None)  # an embedding: no task to find from the output
+    explain = ExplainOptions(
+        tuple(layer or ()),
+        tuple(method),
+        target_class,
+        top_k,
+        aug_smooth,
+        eigen_smooth,
+        score,
+        score_threshold,
+        max_detections,
+        tuple(specs),
+        embedding,
+        PerturbationOptions(
+            rise_masks, occlusion_window=occlusion_window, occlusion_stride=occlusion_stride, seed=seed
+        ),
+    )
     command = ExplainCommand(
         reporter,
         inputs or [],
-        params.model_options(model, weights, num_classes, labels, input_size, device, task, precision),
-        params.explain_options(
-            layer,
-            method,
-            target_class,
-            top_k,
-            aug_smooth,
-            eigen_smooth,
-            score,
-            score_threshold,
-            max_detections,
-            specs,
-            embedding,
-            PerturbationOptions(
-                rise_masks, occlusion_window=occlusion_window, occlusion_stride=occlusion_stride, seed=seed
-            ),
-        ),
+        ModelOptions(model, weights, num_classes, labels, input_size, device, explain.task_for(task), precision),
+        explain,
         OutputOptions(
             output_dir,
             image_format,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ..errors import EXIT_OK, UsageError, describe
-from ..options import DEFAULT_METHOD, ServeOptions
+from ..options import DEFAULT_METHOD, ExplainOptions, ModelOptions, ServeOptions
 from . import params
 from .reporting import Reporter, default_layer_reason, run_reported
 
@@ -115,31 +115,25 @@ def load_service(reporter: Reporter, model: str, record: dict[str, Any], given: 
     kept = record.get("layers")  # the run's layer label, "a+b" for several
     layers = given["layer"] or (kept.split("+") if isinstance(kept, str) and kept else None)
     specs, embedding = given["targets"] or record_targets(record), given["embedding"] or record.get("embedding")
-    task = given["task"] or ("classify" if specs or embedding else None)  # as gradcam's own --target
-    service = ModelService(
-        params.model_options(
-            model,
-            given["weights"],
-            given["num_classes"],
-            given["labels"],
-            given["input_size"],
-            given["device"],
-            task,
-        ),
-        params.explain_options(
-            layers,
-            given["method"],
-            None,
-            None,
-            False,
-            False,
-            given["score"],
-            score_threshold=given["score_threshold"],
-            max_detections=given["max_detections"],
-            targets=specs,
-            embedding=embedding if isinstance(embedding, str) else None,
-        ),
+    explain = ExplainOptions(
+        tuple(layers or ()),
+        tuple(given["method"]),
+        score=given["score"],
+        score_threshold=given["score_threshold"],
+        max_detections=given["max_detections"],
+        targets=tuple(specs),
+        embedding=embedding if isinstance(embedding, str) else None,
     )
+    model_options = ModelOptions(
+        model,
+        given["weights"],
+        given["num_classes"],
+        given["labels"],
+        given["input_size"],
+        given["device"],
+        explain.task_for(given["task"]),
+    )
+    service = ModelService(model_options, explain)
     if not layers:
         reason = default_layer_reason(service.model.task, bool(service.model.default_layers))
         reporter.info(f"using layer {service.default_layer} ({reason})")
