@@ -44,7 +44,7 @@ from .layers import DryPasses, LayerInfo, chosen_layers, forget_tokens, reads_to
 from .maps import pad_to_region
 from .masked_scores import ProgressCallback
 from .methods import METHODS, resolve_methods
-from .passes import MethodInputs
+from .passes import MethodInputs, ViewPass
 from .perturbation import check_perturbation, perturbation_settings
 from .precision import autocast, check_precision, full_precision, to_float32
 from .reshape import spatial
@@ -369,7 +369,7 @@ class Explainer:
             def layout(name: str, tensor: torch.Tensor) -> torch.Tensor:  # a layer's tensor as the methods take it
                 return to_float32(spatial(tensor, size, name, prefix, self.tokens))
 
-            extras = MethodInputs(
+            view = ViewPass(
                 module,
                 capture,
                 inputs,
@@ -377,13 +377,10 @@ class Explainer:
                 lambda out: self.score.targets(full_precision(out), inputs, target, top_k, chosen_targets),
                 {n: (a, 1 if layouts[n] is a else -1) for n, a in raw.items()},
                 passes,
-                self.score_batch_size,
-                self.progress,
                 lambda score: {n: layout(n, g) for n, g in capture.gradients(score, retain_graph=True).items()},
-                layout=layout,
-                perturbation=self.perturbation,
-                seed=seed,
+                layout,
             )
+            extras = MethodInputs(view, self.score_batch_size, self.progress, self.perturbation, seed)
             need_gradients = any(METHODS[method].uses_gradients for method in self.methods)
             keep_graph = any(METHODS[method].keeps_graph for method in self.methods)
             cams: Cams = {method: [] for method in self.methods}

@@ -12,7 +12,7 @@ from torch import nn
 
 from ..errors import GradcamError, ModelLoadError, UsageError, describe, suggest
 from ..io.images import InputSpec, load_image, to_input_tensor
-from ..models.tasks import NAMED_LAYERS, Task, layer_scopes
+from ..models.tasks import NAMED_LAYERS, layer_scopes
 from .engine import model_state_preserved
 from .reshape import Layout, infer_layout
 
@@ -60,7 +60,7 @@ def reads_tokens(model: LoadedModel) -> bool:
     family whose profile says it makes tokens (timm, Hugging Face), or one with an attention module or a patch
     embedding (a convolution whose stride is its kernel: torchvision's ViT, your own transformer or mixer). Elsewhere
     a 3-D output has no grid: a detector head's (N, anchors, classes)."""
-    if model.task is not Task.CLASSIFY:
+    if not model.profile.may_read_tokens:
         return False
     if model.prefix_tokens is not None or model.profile.tokens:
         return True

@@ -41,6 +41,7 @@ from .reporting import (
 
 if TYPE_CHECKING:
     from ..cam.explainer import Explainer
+    from ..evaluation.boxes import GroundTruthBox
     from ..evaluation.evaluate import Evaluator
     from ..evaluation.report import EvalReport, ImageScores
     from ..evaluation.rows import RowsFile
@@ -68,7 +69,7 @@ interrupted."""
 
 
 @app.command(help=HELP)
-def evaluate(
+def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
     inputs: Annotated[list[str], typer.Argument(metavar="INPUT", hidden=True, show_default=False)],
     method: params.MethodOpt = params.MethodList([DEFAULT_METHOD]),
     model: params.ModelOpt = "resnet50",
@@ -249,14 +250,11 @@ class EvalCommand:
         self.ranking = ranking or RankOptions()
 
     def run(self) -> int:
-        from ..cam.explainer import Explainer
         from ..evaluation.boxes import read_boxes
         from ..evaluation.evaluate import evaluator_for
-        from ..evaluation.report import write_plot
-        from ..evaluation.table import format_report
         from ..io.discovery import discover
 
-        reporter, options = self.reporter, self.options
+        options = self.options
         if self.ranking.report is not None and not self.ranking.rank:
             raise UsageError("--report is for --rank: add --rank (gradcam eval writes no page otherwise)")
         if options.plot is not None and options.plot.suffix.lower() not in PLOT_FORMATS:
@@ -265,20 +263,44 @@ class EvalCommand:
         if not images:
             raise UsageError(f"no images found in {' '.join(self.inputs)}")
         boxes = read_boxes(options.boxes) if options.boxes is not None else None
-        passes = pass_methods(self.explain_options.methods)
-        shown = PassProgress(reporter, f"{'/'.join(passes)} passes") if passes else None
-        explainer = Explainer.from_options(self.model_options, self.explain_options, progress=shown)
-        if (warning := passes_warning(explainer)) is not None:
-            reporter.info(warning)
-        if not self.explain_options.layers and explainer.layer_names:  # RISE, occlusion alone: no layer
-            reason = default_layer_reason(explainer.task, bool(explainer.model.default_layers))
-            reporter.info(f"using layer {explainer.layer_label} ({reason})")
+        explainer = self._explainer()
         if self.ranking.rank and not explainer.adapter.faithfulness:  # boxes only: what a detector is measured by
             options = replace(options, sanity=False, road=False, stability=False)
         if self.ranking.rank:
             explainer = self._planned(explainer, images, options)
         evaluator = evaluator_for(explainer, options)
         started = time.perf_counter()
+        report = self._evaluate(evaluator, options, images, boxes)
+        elapsed = time.perf_counter() - started
+        self._tell(report, explainer, images, options, bool(boxes))
+        self.reporter.info(f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {duration(elapsed)}")
+        return EXIT_IMAGE_FAILED if report.failed else EXIT_OK
+
+    def _explainer(self) -> Explainer:
+        """The explainer, with its masked passes' progress shown, and the notes on its layer and its passes."""
+        from ..cam.explainer import Explainer
+
+        reporter = self.reporter
+        passes = pass_methods(self.explain_options.methods)
+        shown = PassProgress(reporter, f"{'/'.join(passes)} passes") if passes else None
+        explainer = Explainer.from_options(self.model_options, self.explain_options, progress=shown)
+        if (warning := passes_warning(explainer)) is not None:
+            reporter.info(warning)
+        if not self.explain_options.layers and explainer.layer_names:  # RISE, occlusion alone: no layer
+            reason = default_layer_reason(explainer.adapter, bool(explainer.model.default_layers))
+            reporter.info(f"using layer {explainer.layer_label} ({reason})")
+        return explainer
+
+    def _evaluate(
+        self,
+        evaluator: Evaluator | TaskEvaluator,
+        options: EvalOptions,
+        images: list[InputImage],
+        boxes: list[GroundTruthBox] | None,
+    ) -> EvalReport:
+        """Evaluate the images not yet done, with a progress bar (rows appended to ``--rank --report``'s rows file
+        as they finish); on Ctrl-C, rank the images finished first."""
+        reporter, explainer = self.reporter, evaluator.explainer
         methods = len(explainer.methods)
         rows, done = self._rows(explainer, options)
         todo = [image for image in images if str(image.path) not in {scores.image for scores in done}]
@@ -313,8 +335,16 @@ class EvalCommand:
         finally:
             if rows is not None:
                 rows.close()
-        report = self._report(evaluator, options, images, finished, ran)
-        elapsed = time.perf_counter() - started
+        return self._report(evaluator, options, images, finished, ran)
+
+    def _tell(
+        self, report: EvalReport, explainer: Explainer, images: list[InputImage], options: EvalOptions, boxes: bool
+    ) -> None:
+        """The failures and notes, then the ranking, the JSON or the table, and the plot."""
+        from ..evaluation.report import write_plot
+        from ..evaluation.table import format_report
+
+        reporter = self.reporter
         for failure in report.failed:
             reporter.error(failure.error or f"{failure.image}: failed")
         if report.unmatched_boxes:
@@ -336,8 +366,6 @@ class EvalCommand:
             except OSError as error:
                 raise UsageError(f"cannot write --plot {options.plot}: {describe(error, options.plot)}") from error
             reporter.info(f"curves plotted to {options.plot}")
-        reporter.info(f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {duration(elapsed)}")
-        return EXIT_IMAGE_FAILED if report.failed else EXIT_OK
 
     def _planned(self, explainer: Explainer, images: list[InputImage], options: EvalOptions) -> Explainer:
         """Print the plan (each method's estimated seconds per image, from a timed pass on the first image) and,

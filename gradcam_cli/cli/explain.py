@@ -58,7 +58,7 @@ EPILOG = (
 
 
 @app.command(help=HELP, epilog=EPILOG)
-def explain(
+def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
     inputs: Annotated[list[str] | None, typer.Argument(metavar="INPUT", hidden=True, show_default=False)] = None,
     layer: params.LayerOpt = None,
     model: params.ModelOpt = "resnet50",
@@ -366,7 +366,7 @@ class ExplainCommand:
             if (warning := passes_warning(explainer)) is not None:
                 reporter.info(warning)
             if not self.explain_options.layers and explainer.layer_names:  # RISE, occlusion alone: no layer
-                reason = default_layer_reason(explainer.task, bool(explainer.model.default_layers))
+                reason = default_layer_reason(explainer.adapter, bool(explainer.model.default_layers))
                 reporter.info(f"using layer {explainer.layer_label} ({reason})")
             model = explainer.model
             reporter.detail(f"model {model.name} ({model.weights}, {explainer.adapter.label}) on {explainer.device}")

@@ -50,6 +50,12 @@ class ModelProfile:
     """The model says its own input size (``--input-size`` is then at most 4 times it); ``False`` for your own
     ``file.py:factory`` models."""
 
+    @property
+    def may_read_tokens(self) -> bool:
+        """Whether its 3-D (N, L, C) layer outputs may be token sequences: only a classifier's (a detector head's
+        (N, anchors, classes) has no grid); :func:`gradcam_cli.cam.layers.reads_tokens` says whether they are."""
+        return self.task is Task.CLASSIFY
+
 
 @dataclass(frozen=True, init=False)
 class LoadedModel:

@@ -91,14 +91,7 @@ class RayRunner(BatchRunner):
         said: set[str] = set()
         try:
             for batch in self._dataset(ray, todo, inputs).iter_batches(batch_size=None, batch_format="numpy"):
-                for fatal in batch["fatal"]:
-                    if fatal:
-                        kind, _, message = str(fatal).partition("\t")
-                        raise _KINDS.get(kind, GradcamError)(message)
-                for note in batch["note"]:
-                    if note and note not in said and self.notify is not None:
-                        said.add(note)
-                        self.notify(str(note))
+                self._said(batch, said)
                 for index, rows in zip(batch["index"], batch["rows"], strict=True):
                     if on_image:
                         on_image()
@@ -115,6 +108,17 @@ class RayRunner(BatchRunner):
                 _cluster_messages(True)
         if interrupted():
             raise KeyboardInterrupt
+
+    def _said(self, batch: Any, said: set[str]) -> None:
+        """Raise a batch's fatal error (as the error it was), and pass on its notes not yet said."""
+        for fatal in batch["fatal"]:
+            if fatal:
+                kind, _, message = str(fatal).partition("\t")
+                raise _KINDS.get(kind, GradcamError)(message)
+        for note in batch["note"]:
+            if note and note not in said and self.notify is not None:
+                said.add(note)
+                self.notify(str(note))
 
     def _dataset(self, ray: Any, todo: list[InputImage], inputs: set[str]) -> Any:
         """The pipeline: rows of images, decoding tasks, the actor pool."""

@@ -78,6 +78,8 @@ class TaskAdapter:
     takes_targets = False
     aug_smooth = False
     methods_of = "segment"
+    default_layer = "last stage of the backbone"
+    """Which layer is explained when none is chosen, as the 'using layer' message says it."""
     """The built-in task whose method list this one takes (:attr:`CamMethod.tasks`), unless :meth:`takes` says."""
 
     @property
