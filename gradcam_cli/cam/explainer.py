@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 import torch
 from PIL import Image
@@ -30,16 +30,13 @@ from ..models.labels import resolve_target
 from ..models.loading import LoadedModel, load_model
 from ..models.tasks import Task
 from ..options import (
-    DEFAULT_METHOD,
     SCORE_NAMES,
-    TASK_NAMES,
     TOP_K,
     ExplainOptions,
     ModelOptions,
-    PerturbationOptions,
 )
-from ..targets import TargetSpec
 from .engine import LayerCapture, settle_loaded
+from .explainer_input import ExplainKeywords, explain_options, explained_model
 from .layers import DryPasses, LayerInfo, chosen_layers, forget_tokens, reads_tokens, resolve_layer
 from .maps import pad_to_region
 from .masked_scores import ProgressCallback
@@ -56,66 +53,6 @@ from .tasks import ScoreRequest, TaskAdapter, adapter_for
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
-
-
-class ExplainKeywords(TypedDict, total=False):
-    """:class:`ExplainOptions` as :class:`Explainer`'s keywords (a notebook's ``Explainer(model, "layer4",
-    target=281)``): ``layers`` and ``target`` are its ``layers`` and ``target_class``; ``targets`` may be strings."""
-
-    layers: str | Sequence[str] | None
-    target: int | str | None
-    top_k: int | None
-    aug_smooth: bool
-    eigen_smooth: bool
-    score_batch_size: int
-    score: str | None
-    score_threshold: float | None
-    max_detections: int | None
-    targets: Sequence[TargetSpec | str]
-    embedding: str | None
-    perturbation: PerturbationOptions | None
-
-
-def explain_options(
-    first: ExplainOptions | str | Sequence[str] | None, methods: str | Sequence[str] | None, keywords: ExplainKeywords
-) -> ExplainOptions:
-    """The :class:`ExplainOptions` an :class:`Explainer` is built with: ``first`` itself, or built from the layers
-    ``first`` (or ``keywords["layers"]``), ``methods`` and the other ``keywords``."""
-    if isinstance(first, ExplainOptions):
-        if methods is not None or keywords:
-            raise TypeError("Explainer takes ExplainOptions or their keywords, not both")
-        return first
-    given: dict[str, Any] = dict(keywords)
-    layers = given.pop("layers", None) if first is None else first
-    methods = methods if methods is not None else DEFAULT_METHOD
-    if "target" in given:
-        given["target_class"] = given.pop("target")
-    if "targets" in given:
-        given["targets"] = tuple(TargetSpec.parse(spec) for spec in given["targets"])
-    if given.get("perturbation", 0) is None:
-        given.pop("perturbation")
-    return ExplainOptions(
-        layers=(layers,) if isinstance(layers, str) else tuple(layers or ()),
-        methods=(methods,) if isinstance(methods, str) else tuple(methods),
-        **given,
-    )
-
-
-def _model_of(
-    model: LoadedModel | nn.Module, task: str | None, options: ExplainOptions
-) -> tuple[LoadedModel, str | None, bool]:
-    """The model explained, the task asked for (a plugin task's name too) and whether ``model`` was a bare module
-    (its task is then found from its output after the dry pass: :meth:`LoadedModel.with_task_shown`)."""
-    bare = isinstance(model, nn.Module)
-    if isinstance(model, nn.Module):
-        model = LoadedModel.of_module(model)
-        task = options.task_for(task)
-    requested = task if task is not None and task not in TASK_NAMES else model.task_name
-    if task is not None and task in TASK_NAMES:  # the caller's LoadedModel is left as it is: this copy says it
-        model = model.with_profile(task=Task.parse(task))
-    if bare:
-        model = model.with_detector_input()
-    return model, requested, bare
 
 
 class Explainer:
@@ -165,7 +102,7 @@ class Explainer:
         options = explain_options(options, methods, keywords)
         self.explain_options = options
         """What this explainer explains, whole (:meth:`with_options` builds another from it)."""
-        model, requested, bare = _model_of(model, task, options)
+        model, requested, bare = explained_model(model, task, options)
         if device is not None:
             model.module.to(device)
         self.device = next(model.module.parameters(), torch.empty(0)).device

@@ -7,7 +7,6 @@ eval cannot be a typer subcommand beside it).
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +26,7 @@ from ..options import (
     PerturbationOptions,
 )
 from . import params
+from .eval_output import in_order, tell
 from .ranking import RankOptions, rank_report
 from .reporting import (
     PassProgress,
@@ -227,12 +227,6 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
     run_reported(reporter, command.run)
 
 
-def _ordered(images: list[InputImage], scores: list[ImageScores]) -> list[ImageScores]:
-    """``scores`` in the order of ``images``."""
-    place = {str(image.path): i for i, image in enumerate(images)}
-    return sorted(scores, key=lambda s: place.get(s.image, len(place)))
-
-
 class EvalCommand:
     """The parsed ``gradcam eval`` command; :meth:`run` returns the exit code."""
 
@@ -272,7 +266,7 @@ class EvalCommand:
         started = time.perf_counter()
         report = self._evaluate(evaluator, options, images, boxes)
         elapsed = time.perf_counter() - started
-        self._tell(report, explainer, images, options, bool(boxes))
+        tell(self.reporter, report, explainer, images, options, bool(boxes), self.ranking)
         self.reporter.info(f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {duration(elapsed)}")
         return EXIT_IMAGE_FAILED if report.failed else EXIT_OK
 
@@ -337,36 +331,6 @@ class EvalCommand:
                 rows.close()
         return self._report(evaluator, options, images, finished, ran)
 
-    def _tell(
-        self, report: EvalReport, explainer: Explainer, images: list[InputImage], options: EvalOptions, boxes: bool
-    ) -> None:
-        """The failures and notes, then the ranking, the JSON or the table, and the plot."""
-        from ..evaluation.report import write_plot
-        from ..evaluation.table import format_report
-
-        reporter = self.reporter
-        for failure in report.failed:
-            reporter.error(failure.error or f"{failure.image}: failed")
-        if report.unmatched_boxes:
-            reporter.info(f"{report.unmatched_boxes} box(es) name no input image and were ignored")
-        if report.undetected_boxes:
-            reporter.info(f"{report.undetected_boxes} box(es) match no explained detection or class: not scored")
-        unboxed = [image for image in report.ok if not any(s.boxes for s in image.methods.values())]
-        if boxes and unboxed:
-            reporter.info(f"{len(unboxed)} image(s) have no boxes: scored for faithfulness only")
-        if self.ranking.rank:
-            rank_report(reporter, explainer, report, images, self.ranking.report, options.seed)
-        elif reporter.as_json:
-            reporter.emit(json.dumps(report.to_dict()))
-        for line in [] if self.ranking.rank else format_report(report):
-            reporter.result(line)
-        if options.plot is not None and report.ok:
-            try:
-                write_plot(report, options.plot)
-            except OSError as error:
-                raise UsageError(f"cannot write --plot {options.plot}: {describe(error, options.plot)}") from error
-            reporter.info(f"curves plotted to {options.plot}")
-
     def _planned(self, explainer: Explainer, images: list[InputImage], options: EvalOptions) -> Explainer:
         """Print the plan (each method's estimated seconds per image, from a timed pass on the first image) and,
         for ``--method all`` on a CPU or with ``--budget``, keep the methods that fit the budget."""
@@ -418,7 +382,7 @@ class EvalCommand:
         from ..evaluation.report import EvalReport
 
         explainer = evaluator.explainer
-        ordered = _ordered(images, finished)
+        ordered = in_order(images, finished)
         if run is not None:
             return replace(run, images=ordered)
         return EvalReport(
