@@ -39,9 +39,14 @@ METHOD_NAMES = (
     "randomcam",
     "rise",
     "occlusion",
+    "rollout",
+    "attn-grad",
+    "attention",
+    "legrad",
 )
 """The package's own CAM methods, as :data:`gradcam_cli.cam.methods.BUILTIN_METHODS` registers them
-(tests/test_methods.py holds them equal): what ``--method`` accepts and ``--help`` lists before torch is imported.
+(tests/methods/test_methods.py holds them equal): what ``--method`` accepts and ``--help`` lists before torch is
+imported.
 Once the method registry is loaded, ``--method`` takes its names, a notebook's and the plugins' methods too
 (:func:`gradcam_cli.cli.params.method_names`)."""
 DEFAULT_METHOD = "gradcam"
@@ -146,6 +151,25 @@ class PerturbationOptions:
 
 
 @dataclass(frozen=True)
+class AnswerOptions:
+    """A question for a vision-language model (docs/vlm.md): ``prompt`` (``None``: not asked), the ``answer`` to
+    explain (``None``: the generated one), one map per answer token (``per_token``), and how long the greedy answer
+    may grow (``max_new_tokens``; ``None``: 32)."""
+
+    prompt: str | None = None
+    answer: str | None = None
+    per_token: bool = False
+    max_new_tokens: int | None = None
+
+    def given(self) -> list[str]:
+        """The options besides ``--prompt`` that were given (they need it)."""
+        named = {"--answer": self.answer, "--max-new-tokens": self.max_new_tokens}
+        return [name for name, value in named.items() if value is not None] + (
+            ["--per-token"] if self.per_token else []
+        )
+
+
+@dataclass(frozen=True)
 class ExplainOptions:
     """What to explain: layers (empty: the default layer), methods, which classes, smoothing, and the score.
 
@@ -172,6 +196,8 @@ class ExplainOptions:
     embedding: str | None = None
     """Which of a model's outputs is its embedding (``similar:`` targets); ``None``: the output itself."""
     perturbation: PerturbationOptions = PerturbationOptions()
+    question: AnswerOptions = AnswerOptions()
+    """A question for a vision-language model (``--prompt``); its ``prompt`` ``None``: none asked."""
     score_batch_size: int = SCORE_BATCH_SIZE
     """Masked inputs (Score-CAM) or ablated copies (AblationCAM) per forward pass."""
 

@@ -122,7 +122,15 @@ def assert_rows_agree(got: list[dict], expected: list[dict], skipped: bool = Fal
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny YOLO of tests/yolo_model.py trained on coloured squares (single-threaded: seeded and fast on busy
-    cores), as a .pt file (tests/test_yolo.py, tests/test_ray_engine.py)."""
+    cores), as a .pt file (tests/models/test_yolo.py, tests/pipeline/test_ray_engine.py)."""
     from yolo_model import trained_checkpoint
 
     return trained_checkpoint(tmp_path_factory.mktemp("yolo") / "squares.pt")
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    """Headless Chromium's path; the test is skipped where it is not installed (tests/headless_browser.py)."""
+    from headless_browser import find_chromium
+
+    return find_chromium()

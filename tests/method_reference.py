@@ -1,10 +1,11 @@
 """Independent references for EigenGradCAM, AblationCAM, FullGrad and the guided methods, written from the formulas
 with nothing but forward hooks and ``torch.autograd.grad`` (none of gradcam_cli's code), and pytorch-grad-cam's
-implementations as they are, for the comparisons of ``tests/test_more_methods.py`` and ``tests/test_guided.py``.
+implementations as they are, for the comparisons of ``tests/methods/test_more_methods.py`` and
+``tests/methods/test_guided.py``.
 
 Every reference hook hands the network a *clone* of the layer's output and keeps the output itself, so a later
 in-place op (``ReLU(inplace=True)``, ``out += identity``, ``F.relu(x, inplace=True)``) edits the clone and the kept
-tensor stays the layer's own output (the trick ``tests/test_references.py`` explains).
+tensor stays the layer's own output (the trick ``tests/methods/test_references.py`` explains).
 
 Where pytorch-grad-cam departs (the tests show each):
 

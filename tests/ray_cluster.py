@@ -1,4 +1,4 @@
-"""Helpers for the Ray engine's cluster tests (tests/test_ray_cluster.py).
+"""Helpers for the Ray engine's cluster tests (tests/pipeline/test_ray_cluster.py).
 
 - ``held``: the colour-square model (``-m tests/ray_cluster.py:held``) whose forward passes in a Ray actor wait
   for the file ``open`` in the folder ``GRADCAM_TEST_GATE``, each first leaving ``held-<node id>-<pid>`` there: a

@@ -18,9 +18,13 @@ from PIL import Image
 CLASSES = ["red", "blue"]
 COLOURS = [(220, 30, 30), (30, 30, 220)]
 SIZE = 64
-CLS_GAIN = 1.5
-"""The weight of the classification loss (ultralytics: 0.5; higher: confident detections in 150 steps)."""
 """The training images' side (also the model's input size)."""
+CLS_GAIN = 1.5
+"""The weight of the classification loss (ultralytics: 0.5; higher: confident detections in few steps)."""
+LEARNING_RATE = 0.01
+"""Adam's peak learning rate: warmed up over the first tenth of the steps, then annealed (one cycle) to ~0, so the
+last steps settle rather than jump (a constant rate left duplicate boxes and 5 px errors that came and went with
+library versions)."""
 WIDE_SCENE = [(0, 10, 10, 46, 46), (1, 80, 20, 116, 56)]
 """The README's ``wide.png`` (128 x 64): a red and a blue square."""
 
@@ -62,8 +66,21 @@ def _random_scene(rng: random.Random) -> list[tuple[int, int, int, int, int]]:
     return boxes
 
 
-def train_squares(steps: int = 150, seed: int = 0) -> torch.nn.Module:
-    """A tiny DetectionModel trained ``steps`` Adam steps on batches of 16 random scenes (seeded)."""
+def train_squares(steps: int = 200, seed: int = 0) -> torch.nn.Module:
+    """A tiny DetectionModel trained ``steps`` Adam steps on batches of 16 random scenes (seeded, single-threaded:
+    the same model at any thread count, and fast on busy cores).
+
+    Measured on the tests' scenes (64 x 64, 128 x 64, seeds 0-4): each square is found with confidence >= 0.76, its
+    box within 1.5 px, and every other detection scores <= 0.04 (far under the default threshold, 0.25)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _trained(steps, seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _trained(steps: int, seed: int) -> torch.nn.Module:
     import numpy as np
     from ultralytics.nn.tasks import DetectionModel
 
@@ -72,7 +89,8 @@ def train_squares(steps: int = 150, seed: int = 0) -> torch.nn.Module:
     net = DetectionModel(tiny_config(), verbose=False)
     net.args = types.SimpleNamespace(box=7.5, cls=CLS_GAIN, dfl=1.5)
     net.names = dict(enumerate(CLASSES))
-    optimiser = torch.optim.Adam(net.parameters(), lr=0.01)
+    optimiser = torch.optim.Adam(net.parameters(), lr=LEARNING_RATE)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, LEARNING_RATE, total_steps=steps, pct_start=0.1)
     net.train()
     for _ in range(steps):
         images, rows = [], []
@@ -88,6 +106,7 @@ def train_squares(steps: int = 150, seed: int = 0) -> torch.nn.Module:
         optimiser.zero_grad()
         loss.sum().backward()
         optimiser.step()
+        schedule.step()
     return net.eval()
 
 
@@ -102,17 +121,11 @@ def save_checkpoint(net: torch.nn.Module, path: Path) -> Path:
 
 
 def trained_checkpoint(path: Path) -> Path:
-    """:func:`train_squares` run single-threaded (seeded, and fast on busy cores), saved to ``path``."""
+    """:func:`train_squares`'s model saved to ``path``."""
     from gradcam_cli.models.yolo import offline_ultralytics
 
     offline_ultralytics()  # as gradcam imports it (ultralytics patches PIL.Image.open on import)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        net = train_squares()
-    finally:
-        torch.set_num_threads(threads)
-    return save_checkpoint(net, path)
+    return save_checkpoint(train_squares(), path)
 
 
 def make_example(folder: Path) -> tuple[Path, Path]:

@@ -22,6 +22,11 @@ AblationCAM's ablated activations (:meth:`LayerCapture.forward_output_unhooked`,
 from the input through every bias layer (:meth:`LayerCapture.full_gradients`, a capture of its own whose inputs
 require gradients, so that nothing is cut off), and guided backpropagation (:mod:`gradcam_cli.cam.guided`: no hook
 at all, a function mode that changes the ReLUs' backward rule while it is active).
+
+Attention (:meth:`LayerCapture.watch_attention`): the explained pass records each self-attention module's
+probabilities (N, heads, L, L), the tensors the values are multiplied with, on a copy of the input that requires
+gradients (so every layer's are in the graph); each module takes its plain path for that pass only, put back as
+found after it, also when it raises (:mod:`gradcam_cli.cam.attention.discovery`, by family).
 """
 
 from __future__ import annotations
@@ -31,11 +36,14 @@ import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from ..errors import UsageError
+from .attention.discovery import HF, TIMM, AttentionModel, AttentionSite
+from .logits import as_logits
 
 _INPLACE_ERROR_MARKERS = ("BackwardHookFunction", "inplace")
 
@@ -62,12 +70,18 @@ class LayerRecord:
 
 
 def settle_loaded(module: nn.Module, device: torch.device | None = None) -> None:
-    """Put a model this tool has just loaded for itself (no one else holds it) in the state every pass wants:
-    evaluation mode, no parameter gradients, on ``device`` (``None``: where it is). Nothing is switched per pass then;
-    a model passed in is left as found (:func:`model_state_preserved`)."""
-    module.eval().requires_grad_(False)
-    if device is not None:
-        module.to(device)
+    """A model the tool has just loaded for itself, once in the state every pass wants (eval, no parameter gradients,
+    on ``device``; ``None``: where it is); a model passed in is left as found (:func:`model_state_preserved`)."""
+    module.eval().requires_grad_(False).to(device)
+
+
+@dataclass
+class AttentionRecord:
+    """An attention module's probabilities (N, heads, L, L) at its last call; ``consumed``: what V was multiplied by."""
+
+    site: AttentionSite
+    probabilities: torch.Tensor | None = None
+    consumed: torch.Tensor | None = None
 
 
 @contextmanager
@@ -100,9 +114,7 @@ def model_state_preserved(model: nn.Module) -> Iterator[None]:
                 param.requires_grad_(requires_grad)
 
 
-KeptLayers = dict[str, tuple[torch.Tensor | None, torch.Tensor | None, int]]
-"""Per layer, what a forward pass left: (activations, the leaf the graph starts at, calls)
-(:meth:`LayerCapture.kept`)."""
+KeptLayers = dict[str, tuple[torch.Tensor | None, torch.Tensor | None, int]]  # activations, leaf, calls per layer
 
 
 class LayerCapture:
@@ -121,6 +133,9 @@ class LayerCapture:
         self.model = model
         self.tensor_hooks = tensor_hooks
         self.records = {name: LayerRecord(name, module) for name, module in layers.items()}
+        self.attention: list[AttentionRecord] = []
+        self.watched: AttentionModel | None = None
+        self.skipped: Sequence[nn.Module] = ()
         self._exit_stack = ExitStack()
 
     def __enter__(self) -> LayerCapture:
@@ -135,6 +150,27 @@ class LayerCapture:
         self.remove_hooks()
         for record in self.records.values():
             record.activations = record.gradients = record.leaf = None
+        self.attention = []
+
+    def watch_attention(self, model: AttentionModel | None, skipped: Sequence[nn.Module] = ()) -> None:
+        """Record the probabilities of ``model``'s attention (``watched``) during the next :meth:`forward_output`,
+        in which each of ``skipped`` passes its input on unchanged."""
+        self.watched, self.attention = model, [AttentionRecord(site) for site in (model.sites if model else ())]
+        self.skipped = skipped
+
+    def attention_maps(self) -> list[torch.Tensor]:
+        """Each watched module's probabilities (N, heads, L, L) from the explained pass, first layer first."""
+        missing = [record.site.name for record in self.attention if record.probabilities is None]
+        if missing:
+            raise UsageError(f"attention module {missing[0]!r} did not run during the forward pass")
+        return [record.probabilities.detach() for record in self.attention if record.probabilities is not None]
+
+    def attention_gradients(self, score: torch.Tensor, retain_graph: bool = False) -> list[torch.Tensor]:
+        """The gradient of a scalar ``score`` with respect to each watched module's probabilities (N, heads, L, L)."""
+        maps = self.attention_maps()  # every module ran
+        consumed = [record.consumed for record in self.attention if record.consumed is not None]
+        grads = torch.autograd.grad(score, consumed, retain_graph=retain_graph, allow_unused=True)
+        return [torch.zeros_like(p) if g is None else g.reshape(p.shape) for g, p in zip(grads, maps, strict=True)]
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """Run the model with hooks in place and return its logits (graph kept from the target layers on)."""
@@ -151,13 +187,11 @@ class LayerCapture:
             return self._forward_once(inputs)
 
     def kept(self) -> KeptLayers:
-        """What this capture's forward pass left at each layer (its activations, the leaf its graph starts at, how
-        often the layer ran), for :meth:`replay` to restore in another capture without a forward pass."""
+        """What this capture's forward pass left at each layer, for :meth:`replay` in another capture."""
         return {name: (r.activations, r.leaf, r.calls) for name, r in self.records.items()}
 
     def replay(self, kept: KeptLayers) -> None:
-        """Restore a pass's layers that :meth:`kept` returned (the same layers), as if this capture had run it: the
-        next :meth:`gradients` differentiates through that pass's graph (kept with ``retain_graph``)."""
+        """Restore a pass's layers (:meth:`kept`), as if this capture had run it: no forward pass (its graph kept)."""
         for name, record in self.records.items():
             record.activations, record.leaf, record.calls = kept[name]
 
@@ -264,9 +298,21 @@ class LayerCapture:
             record.calls = 0
             record.activations = record.gradients = record.leaf = None
             self._register(record, tensor_mode=self.tensor_hooks or record.module in _modules_needing_tensor_hooks)
-        with torch.enable_grad():
+        with torch.enable_grad(), self._attention_pass():
+            if self.attention:  # every layer's probabilities in the graph, the first layer's too
+                inputs = inputs.detach().requires_grad_(True)
             output: object = self.model(inputs)
         return output
+
+    @contextmanager
+    def _attention_pass(self) -> Iterator[None]:
+        with ExitStack() as stack:  # the watched modules on their plain path, recording
+            for record in self.attention:
+                record.probabilities = record.consumed = None
+                _plain_attention(record, stack)
+            for module in self.skipped:  # LeGrad's intermediate layers: the blocks after them skipped
+                stack.callback(module.register_forward_hook(_input_on, with_kwargs=True).remove)
+            yield
 
     def _register(self, record: LayerRecord, tensor_mode: bool) -> None:
         def save_gradient(grad: torch.Tensor) -> None:
@@ -302,6 +348,41 @@ class LayerCapture:
             record.handles.clear()
 
 
+def _record(record: AttentionRecord, probabilities: object, consumed: object = None) -> None:
+    if not isinstance(probabilities, torch.Tensor) or probabilities.dim() != 4:
+        raise UsageError(f"attention module {record.site.name!r} gave no attention probabilities")
+    record.probabilities = probabilities
+    record.consumed = consumed if isinstance(consumed, torch.Tensor) else probabilities
+
+
+def _plain_attention(record: AttentionRecord, stack: ExitStack) -> None:
+    """One attention module on its plain path, its probabilities recorded, until ``stack`` closes (by kind: see
+    :mod:`gradcam_cli.cam.attention.discovery`)."""
+    module, switches = record.site.module, cast(Any, record.site.module)  # attributes mypy does not know
+    if record.site.kind == TIMM:
+        stack.callback(setattr, module, "fused_attn", switches.fused_attn)
+        switches.fused_attn = False
+        hook = module.get_submodule("attn_drop").register_forward_hook(lambda _m, _i, out: _record(record, out))
+    elif record.site.kind == HF:
+        stack.callback(setattr, switches.config, "_attn_implementation", switches.config._attn_implementation)
+        switches.config._attn_implementation = "eager"
+        hook = module.register_forward_hook(lambda _m, _i, out: _record(record, out[1]))
+    else:  # MHA: the weights are a view (N, heads, L, L) of the (N * heads, L, L) probabilities the values met
+        stack.callback(module.register_forward_pre_hook(_weights_wanted, with_kwargs=True).remove)
+        hook = module.register_forward_hook(lambda _m, _i, out: _record(record, out[1], out[1]._base))
+    stack.callback(hook.remove)
+
+
+def _weights_wanted(_module: nn.Module, args: Any, kwargs: Any) -> Any:
+    return args, {**kwargs, "need_weights": True, "average_attn_weights": False}  # the explicit softmax path
+
+
+def _input_on(_module: nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
+    """A skipped block's output: its input (in the place of the first element where the output is a tuple)."""
+    hidden = args[0] if args else next(iter(kwargs.values()))
+    return hidden if isinstance(output, torch.Tensor) else (hidden, *output[1:])
+
+
 def standard_layout(output: torch.Tensor) -> torch.Tensor:
     """What the network gets in place of a layer's output under a full backward hook: ``output`` itself, or a copy
     in the standard (contiguous) memory layout where it is in another one, channels-last say.
@@ -317,17 +398,3 @@ def standard_layout(output: torch.Tensor) -> torch.Tensor:
     run's).
     """
     return output if output.is_contiguous() else output.contiguous()
-
-
-def as_logits(output: object) -> torch.Tensor:
-    """A classifier's logits: the output itself when it is a tensor, else :func:`first_tensor` of it."""
-    return output if isinstance(output, torch.Tensor) else first_tensor(output)
-
-
-def first_tensor(output: object) -> torch.Tensor:
-    """Logits from models that return tuples or named tuples (GoogLeNet and Inception in train mode)."""
-    if isinstance(output, Sequence) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    if hasattr(output, "logits") and isinstance(output.logits, torch.Tensor):
-        return output.logits
-    raise UsageError(f"the model returned {type(output).__name__}; expected a tensor of class scores")

@@ -35,12 +35,14 @@ from ..options import (
     ExplainOptions,
     ModelOptions,
 )
+from .attention.discovery import attention_for
 from .engine import LayerCapture, settle_loaded
 from .explainer_input import ExplainKeywords, explain_options, explained_model
 from .layers import DryPasses, LayerInfo, chosen_layers, forget_tokens, reads_tokens, resolve_layer
 from .maps import pad_to_region
 from .masked_scores import ProgressCallback
 from .methods import METHODS, resolve_methods
+from .methods.needs import ATTENTION_NEEDS
 from .passes import MethodInputs, ViewPass
 from .perturbation import check_perturbation, perturbation_settings
 from .precision import autocast, check_precision, full_precision, to_float32
@@ -139,6 +141,8 @@ class Explainer:
         model, adapter = self.model, self.adapter
         taken = [name for name, method in METHODS.items() if adapter.takes(name, method.tasks, model.module)]
         self.methods = resolve_methods(list(options.methods), adapter.methods_of, taken)
+        wanted = [name for name in self.methods if METHODS[name].needs in ATTENTION_NEEDS]
+        self.attention, self.methods, self.left_out = attention_for(model, self.methods, wanted, options.methods)
         self.perturbation = check_perturbation(options.perturbation)
         if options.score is not None and options.score not in SCORE_NAMES:
             raise UsageError(f"unknown score {options.score!r}; use {', '.join(SCORE_NAMES)}")
@@ -292,6 +296,7 @@ class Explainer:
         size = tuple(inputs.shape[-2:])
         module, layers = self._folded or (self.model.module, self.layers)
         with self.adapter.pass_settings(self.score), self.capture(module, layers) as capture, ExitStack() as passes:
+            capture.watch_attention(self.attention)
             with autocast(self.device, self.precision):
                 output = capture.forward_output(inputs)
             output = full_precision(output)  # scores, activations and gradients in float32 from here on

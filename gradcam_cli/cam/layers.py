@@ -13,6 +13,7 @@ from torch import nn
 from ..errors import GradcamError, ModelLoadError, UsageError, describe, suggest
 from ..io.images import InputSpec, load_image, to_input_tensor
 from ..models.tasks import NAMED_LAYERS, layer_scopes
+from .attention.discovery import attention_sites
 from .engine import model_state_preserved
 from .reshape import Layout, infer_layout
 
@@ -37,6 +38,8 @@ class LayerInfo:
     started_at: int = -1
     output_type: str = "Tensor"
     """The type of the module's output: a layer whose output is not a tensor (a tuple) has no map."""
+    attention: bool = False
+    """Whether the attention methods read this module (:func:`layer_table` says)."""
 
     @property
     def is_candidate(self) -> bool:
@@ -265,11 +268,14 @@ def _nearest_spatial_layer(model: nn.Module, infos: list[LayerInfo], info: Layer
 
 def layer_table(model: LoadedModel, device: torch.device, image: Path | None = None) -> tuple[list[LayerInfo], str]:
     """Every named module with its output shape for one dry pass (a blank input of the model's size, or
-    ``image``), and the default layer's name: what ``--list-layers`` prints."""
+    ``image``), the attention modules marked, and the default layer's name: what ``--list-layers`` prints."""
     example = None
     if image is not None:
         example = to_input_tensor(load_image(image), model.input_spec).unsqueeze(0).to(device)
     infos = dry_pass(model, device, example)
+    attention = {site.name for site in attention_sites(model.module)}
+    for info in infos:
+        info.attention = info.name in attention
     return [info for info in infos if info.name], model_default_layer(model, infos)
 
 

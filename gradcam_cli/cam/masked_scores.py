@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 
 from ..options import SCORE_BATCH_SIZE
-from .engine import as_logits
+from .logits import as_logits
 from .maps import Region, normalise, upsample_region
 
 ProgressCallback = Callable[[int, int], object]

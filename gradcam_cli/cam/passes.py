@@ -14,7 +14,9 @@ a batch while its :class:`~gradcam_cli.cam.engine.LayerCapture` is open:
   (:meth:`~gradcam_cli.cam.engine.LayerCapture.hessian_vector_products`, once per target for every layer);
 - randomcam: the seeds of its noise, one per image (:func:`~gradcam_cli.cam.methods.random.image_seeds`);
 - RISE and occlusion: a :class:`~gradcam_cli.cam.perturbation.MaskedPasses` (masked inputs, no autograd), with the
-  masks' seed.
+  masks' seed;
+- the attention methods: the explained pass's :class:`~gradcam_cli.cam.attention.tokens.AttentionMaps`, with the
+  target's gradients with respect to the probabilities for attn-grad (one more backward pass per target).
 
 The guided and full-gradient passes re-score the targets chosen in the capture's own pass on their own output
 (classifiers and explicit targets only: the methods that need them refuse other tasks when the explainer is built).
@@ -33,16 +35,21 @@ from torch import nn
 from ..errors import UsageError
 from ..options import PerturbationOptions
 from .ablation import AblatedScores
+from .attention.legrad import LEGRAD_LAYERS
+from .attention.tokens import AttentionMaps
 from .engine import LayerCapture
 from .fullgrad import FullGradients, FullGradPass
 from .guided import GuidedPass
 from .masked_scores import MaskedScores, ProgressCallback
 from .methods.needs import (
     ABLATED_SCORES,
+    ATTENTION_GRADIENTS,
+    ATTENTION_MAPS,
     FINER_GRADIENT,
     FULL_GRADIENTS,
     GUIDED_GRADIENT,
     HESSIAN_PRODUCT,
+    LAYER_SCORES,
     MASKED_PASSES,
     MASKED_SCORES,
     SEED,
@@ -51,6 +58,7 @@ from .methods.needs import (
 from .methods.random import image_seeds
 from .methods.registry import CamMethod
 from .perturbation import MaskedPasses
+from .reshape import infer_layout
 from .scores import Rescorable, Targets
 from .yolo import YoloTargets
 
@@ -99,6 +107,7 @@ class MethodInputs:
         self.layout = view.layout or (lambda _layer, tensor: tensor)
         perturbation = perturbation or PerturbationOptions()
         self.perturbation = perturbation if seed is None else replace(perturbation, seed=seed)
+        self._layer_passes: dict[int, tuple[LayerCapture, Targets]] = {}
         self._guided: tuple[GuidedPass, Targets] | None = None
         self._full: tuple[FullGradPass, Targets] | None = None
         self._cache: dict[tuple[Need[object], int], object] = {}
@@ -111,6 +120,9 @@ class MethodInputs:
             GUIDED_GRADIENT: self._guided_for,
             FULL_GRADIENTS: self._full_for,
             FINER_GRADIENT: self._finer_for,
+            ATTENTION_MAPS: lambda _layer, _k: self._cached(ATTENTION_MAPS, 0, lambda _: self._attention(None)),
+            ATTENTION_GRADIENTS: lambda _layer, k: self._cached(ATTENTION_GRADIENTS, k, self._attention),
+            LAYER_SCORES: lambda _layer, k: self._cached(LAYER_SCORES, k, self._legrad),
         }
         """What builds each need's value for ``(layer, target k)``."""
 
@@ -205,6 +217,62 @@ class MethodInputs:
             self.batch_size,
             self.progress,
         )
+
+    def _attention(self, k: int | None) -> AttentionMaps:
+        """The explained pass's attention, with the gradients of target ``k``'s score (``None``: without)."""
+        attention = self.capture.watched
+        if attention is None:
+            raise ValueError("the attention methods need the model's attention watched")
+        probabilities = self._self_attention(self.capture.attention_maps())
+        length = probabilities[0].shape[-1]
+        layout = infer_layout((1, length, 1), tuple(self.inputs.shape[-2:]), attention.prefix)
+        if layout is None or layout.prefix != attention.prefix:
+            raise UsageError(f"the attention's {length} tokens make no patch grid on this input")
+        grads = None if k is None else self._attention_gradients(self.capture, self.targets, k)
+        grid = (layout.height, layout.width)
+        return AttentionMaps(probabilities, grads, attention.prefix, attention.class_token, grid)
+
+    @staticmethod
+    def _self_attention(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The layers whose attention is the token sequence's over itself, (N, heads, L, L) with the first layer's
+        L: an attention-pooling head's (N, heads, queries, L) after them (SigLIP's, open_clip's) is left out."""
+        length = tensors[0].shape[-1]
+        return [tensor for tensor in tensors if tuple(tensor.shape[-2:]) == (length, length)]
+
+    def _attention_gradients(self, capture: LayerCapture, targets: Targets, k: int) -> list[torch.Tensor]:
+        score = targets.value(k)
+        if score is None:  # no sample has a k-th target
+            return self._self_attention([torch.zeros_like(p) for p in capture.attention_maps()])
+        return self._self_attention(capture.attention_gradients(score, retain_graph=True))
+
+    def _legrad(self, k: int) -> AttentionMaps:
+        """LeGrad's last :data:`LEGRAD_LAYERS` layers, each with the gradient of its own score: the last layer's from
+        the explained pass, an earlier one's from a pass in which the blocks after it are skipped (one pass per
+        layer, kept for every target)."""
+        maps = self._cached(ATTENTION_GRADIENTS, k, self._attention)
+        assert isinstance(maps, AttentionMaps) and maps.gradients is not None
+        count = len(maps.probabilities)
+        layers = range(max(0, count - LEGRAD_LAYERS), count)
+        gradients = [
+            maps.gradients[layer]
+            if layer == count - 1
+            else self._attention_gradients(*self._layer_pass(layer, count), k)[layer]
+            for layer in layers
+        ]
+        return replace(maps, probabilities=[maps.probabilities[layer] for layer in layers], gradients=gradients)
+
+    def _layer_pass(self, layer: int, count: int) -> tuple[LayerCapture, Targets]:
+        """A pass whose output comes from layer ``layer``'s tokens (the blocks after it, to the last of ``count``
+        self-attention layers, skipped: an attention-pooling head still runs), and its targets."""
+        if layer not in self._layer_passes:
+            watched = self.capture.watched
+            assert watched is not None
+            self.capture.remove_hooks()
+            capture = self.stack.enter_context(LayerCapture(self.model, {}))
+            capture.watch_attention(watched, skipped=watched.blocks[layer + 1 : count])
+            output = capture.forward_output(self.inputs)
+            self._layer_passes[layer] = (capture, self.rescore(output))
+        return self._layer_passes[layer]
 
     def _finer_gradients(self, k: int) -> dict[str, torch.Tensor]:
         targets = self._class_targets()

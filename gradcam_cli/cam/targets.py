@@ -28,9 +28,10 @@ from ..models.loading import LoadedModel
 from ..options import CLASS_SCORE_NAMES
 from ..targets import TargetSpec
 from .embeddings import PromptHead, reference_embedding, select_output, unit
-from .engine import as_logits, model_state_preserved
+from .engine import model_state_preserved
 from .finer import finer_scores
 from .layers import blank_input
+from .logits import as_logits
 from .maps import to_image_maps
 from .methods import METHODS
 from .methods.needs import FINER_GRADIENT
@@ -126,6 +127,8 @@ class TargetScore:
             return self._similar(spec, k)
         if spec.kind == "output":
             return self._output(spec, k)
+        if spec.kind == "answer":
+            raise UsageError(f"{spec}: answer: targets are for a vision-language model asked a --prompt (docs/vlm.md)")
         return self._class(spec)
 
     def _class(self, spec: TargetSpec) -> Resolved:

@@ -34,6 +34,7 @@ from .reporting import (
     Reporter,
     default_layer_reason,
     duration,
+    left_out_note,
     pass_methods,
     passes_warning,
     run_reported,
@@ -280,6 +281,8 @@ class EvalCommand:
         explainer = Explainer.from_options(self.model_options, self.explain_options, progress=shown)
         if (warning := passes_warning(explainer)) is not None:
             reporter.info(warning)
+        if explainer.left_out:
+            reporter.info(left_out_note(explainer.left_out))
         if not self.explain_options.layers and explainer.layer_names:  # RISE, occlusion alone: no layer
             reason = default_layer_reason(explainer.adapter, bool(explainer.model.default_layers))
             reporter.info(f"using layer {explainer.layer_label} ({reason})")

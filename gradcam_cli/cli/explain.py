@@ -24,13 +24,15 @@ from ..options import (
     RunOptions,
     Shard,
 )
-from . import params
+from . import answers, params
 from .lines import layer_line, layer_row, report_record
+from .params import refuse
 from .reporting import (
     PassProgress,
     ProgressBar,
     Reporter,
     default_layer_reason,
+    left_out_note,
     pass_methods,
     passes_warning,
     run_reported,
@@ -69,6 +71,10 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
     target_class: params.TargetOpt = None,
     target: params.TargetsOpt = None,
     embedding: params.EmbeddingOpt = None,
+    prompt: answers.PromptOpt = None,
+    answer: answers.AnswerOpt = None,
+    per_token: answers.PerTokenOpt = False,
+    max_new_tokens: answers.MaxNewTokensOpt = None,
     top_k: Annotated[
         int | None,
         typer.Option(
@@ -221,7 +227,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
     ray_options = {"--ray-address": ray_address, "--actors": actors, "--gpus-per-worker": gpus_per_worker}
     ray_only = [name for name, value in ray_options.items() if value is not None]
     if engine != "ray" and ray_only:
-        run_reported(reporter, lambda: _refuse(f"{ray_only[0]} is for --engine ray; add --engine ray or leave it out"))
+        run_reported(reporter, lambda: refuse(f"{ray_only[0]} is for --engine ray; add --engine ray or leave it out"))
     if version:
         run_reported(reporter, lambda: _print_version(reporter))
     specs, mistake = params.target_specs(target)
@@ -242,6 +248,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
         PerturbationOptions(
             rise_masks, occlusion_window=occlusion_window, occlusion_stride=occlusion_stride, seed=seed
         ),
+        answers.question(prompt, answer, per_token, max_new_tokens),
     )
     command = ExplainCommand(
         reporter,
@@ -279,11 +286,6 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
     if list_layers:
         run_reported(reporter, command.list_layers)
     run_reported(reporter, command.run)
-
-
-def _refuse(message: str) -> int:
-    """A usage error found while parsing, reported as every other."""
-    raise UsageError(message)
 
 
 def _print_version(reporter: Reporter) -> int:
@@ -335,7 +337,8 @@ class ExplainCommand:
             self.reporter.emit("")
             self.reporter.emit(
                 "* default layer   + candidate (spatial output: N,C,H,W, channel-last N,H,W,C or ViT tokens N,L,C; "
-                "more than one position)   xN: runs N times per forward (its last call is explained)"
+                "more than one position)   xN: runs N times per forward (its last call is explained)   "
+                "attention: read by rollout, attn-grad, attention and legrad"
             )
         return EXIT_OK
 
@@ -347,6 +350,8 @@ class ExplainCommand:
 
         if not self.inputs:
             raise UsageError("no input given; try: gradcam IMAGE_OR_DIR [--layer NAME], or gradcam --help")
+        if self.explain_options.question.prompt is not None or self.explain_options.question.given():
+            return answers.ask(self)
         reporter = self.reporter
         images, videos = discover_inputs(
             self.inputs, exclude=self.output.output_dir, warn=lambda message: reporter.info(f"warning: {message}")
@@ -365,6 +370,8 @@ class ExplainCommand:
             session.start(explainer)
             if (warning := passes_warning(explainer)) is not None:
                 reporter.info(warning)
+            if explainer.left_out:
+                reporter.info(left_out_note(explainer.left_out))
             if not self.explain_options.layers and explainer.layer_names:  # RISE, occlusion alone: no layer
                 reason = default_layer_reason(explainer.adapter, bool(explainer.model.default_layers))
                 reporter.info(f"using layer {explainer.layer_label} ({reason})")

@@ -13,23 +13,25 @@ if TYPE_CHECKING:
 
 
 def layer_row(info: LayerInfo) -> dict[str, object]:
-    """A layer's ``--list-layers --json`` row."""
+    """A layer's ``--list-layers --json`` row (``attention``: the attention methods read this module)."""
     return {
         "name": info.name,
         "type": info.kind,
         "output_shape": info.output_shape,
         "calls": info.calls,
         "candidate": info.is_candidate,
+        "attention": info.attention,
     }
 
 
 def layer_line(info: LayerInfo, chosen: str) -> str:
     """A layer's line of the ``--list-layers`` table: ``*`` the default (``chosen``: several joined with ``+``),
-    ``+`` a candidate."""
+    ``+`` a candidate; ``attention`` ends the line of a module the attention methods read."""
     mark = "*" if info.name in chosen.split("+") else "+" if info.is_candidate else " "
     shape = "x".join(map(str, info.output_shape)) if info.output_shape else "-" if info.calls == 0 else "(non-tensor)"
     calls = f"x{info.calls}" if info.calls > 1 else ""
-    return f"{mark} {info.name:<40} {info.kind:<28} {shape:<20} {calls}"
+    line = f"{mark} {info.name:<40} {info.kind:<28} {shape:<20} {calls}"
+    return f"{line:<97} attention" if info.attention else line
 
 
 def report_record(

@@ -280,7 +280,9 @@ MethodOpt = Annotated[
         "task takes. Costs (docs/methods.md): the gradient methods share one backward pass per target; scorecam and "
         "ablationcam need one extra forward pass per channel of the layer (e.g. 2048 for resnet50 layer4, batched 32 "
         "at a time), rise and occlusion one per mask or window; fullgrad and the guided methods a pass through the "
-        "whole network (pixel-level maps, classifiers only); shapleycam and finercam a second backward pass.",
+        "whole network (pixel-level maps, classifiers only); shapleycam and finercam a second backward pass; rollout "
+        "and attention (a transformer's attention) about one forward pass, attn-grad and legrad a backward pass "
+        "through the whole network (legrad one more forward pass); all leaves them out for other models.",
     ),
 ]
 RiseMasksOpt = Annotated[

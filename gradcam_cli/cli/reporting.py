@@ -140,6 +140,11 @@ def default_layer_reason(adapter: TaskAdapter, declared: bool = False) -> str:
     return f"{kind}; choose with --layer"
 
 
+def left_out_note(methods: Sequence[str]) -> str:
+    """What ``--method all`` says of the attention methods it left out (a model without global self-attention)."""
+    return f"--method all leaves out {', '.join(methods)} (for transformers only)"
+
+
 LONG_PASSES = 10_000
 """Masked forward passes per image and target above which RISE and occlusion are said, at start, to take long."""
 

@@ -54,6 +54,13 @@ def output_path(
     return output_dir / stem.parent / name
 
 
+def answer_path(output_dir: Path, image: InputImage, method: str, label: str, suffix: str) -> Path:
+    """A vision-language answer's map: ``<stem>_<method>_<label slug><suffix>``, the label being ``answer``,
+    ``token 2: cat`` (``token2-cat``), ``answer:cat`` or a contrast's ``a cat - a dog``."""
+    stem = image.output_stem
+    return output_dir / stem.parent / f"{stem.name}_{slug(method)}_{slug(label.replace('token ', 'token'))}{suffix}"
+
+
 def detection_path(
     output_dir: Path, image: InputImage, method: str, rank: int, class_index: int, class_name: str, suffix: str
 ) -> Path:

@@ -104,8 +104,9 @@ class ReplayCapture(LayerCapture):
         self.factory, self.key = factory, key
 
     def forward_output(self, inputs: torch.Tensor) -> object:
-        """The kept output of this pass, with the layers' records restored; or a forward pass, then kept."""
-        kept = self.factory.passes.get(self.key)
+        """The kept output of this pass, with the layers' records restored; or a forward pass, then kept (always a
+        forward pass where attention is watched: the attention methods read the pass's own probabilities)."""
+        kept = None if self.attention else self.factory.passes.get(self.key)
         if kept is not None:
             self.replay(kept.records)
             return kept.output

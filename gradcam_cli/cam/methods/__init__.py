@@ -9,7 +9,8 @@ principal component of the W_k (see :mod:`gradcam_cli.cam.smoothing`). Methods t
 (the model run again, a pass through the whole network, a second backward pass, a seed) say so by their
 :class:`~gradcam_cli.cam.methods.needs.Need`. The modules hold the methods by kind: :mod:`.gradient` (the Grad-CAM
 family), :mod:`.activation` (no gradients), :mod:`.scorecam`, :mod:`.ablation`, :mod:`.fullgrad`, :mod:`.guided`,
-:mod:`.finer`, :mod:`.shapley`, :mod:`.random` and :mod:`.perturbation` (RISE, occlusion). The table of methods,
+:mod:`.finer`, :mod:`.shapley`, :mod:`.random`, :mod:`.perturbation` (RISE, occlusion) and :mod:`.attention`
+(rollout, attn-grad, attention, LeGrad: a transformer's attention). The table of methods,
 their papers and where they differ from pytorch-grad-cam is in docs/methods.md (its table made by
 :func:`.table.methods_table`).
 """
@@ -20,6 +21,16 @@ from typing import Any
 
 from .ablation import ABLATIONCAM, ablationcam
 from .activation import EIGENCAM, FEM, KPCACAM, eigencam, fem, kernel_first_component, kpcacam
+from .attention import (
+    ATTENTION,
+    ATTN_GRAD,
+    LEGRAD,
+    ROLLOUT,
+    attention_rollout,
+    attn_grad,
+    class_attention,
+    layer_gradients,
+)
 from .finer import FINERCAM, finercam
 from .fullgrad import FULLGRAD, fullgrad
 from .gradient import (
@@ -67,6 +78,10 @@ BUILTIN_METHODS: tuple[CamMethod[Any], ...] = (
     RANDOMCAM,
     RISE,
     OCCLUSION,
+    ROLLOUT,
+    ATTN_GRAD,
+    ATTENTION,
+    LEGRAD,
 )
 """The package's own methods, in the order ``--method all`` runs them and docs/methods.md lists them
 (:data:`gradcam_cli.options.METHOD_NAMES` names them without importing torch)."""
@@ -80,6 +95,9 @@ __all__ = [
     "CamMethod",
     "Need",
     "ablationcam",
+    "attention_rollout",
+    "attn_grad",
+    "class_attention",
     "eigencam",
     "eigengradcam",
     "fem",
@@ -93,6 +111,7 @@ __all__ = [
     "hirescam",
     "kernel_first_component",
     "kpcacam",
+    "layer_gradients",
     "layercam",
     "occlusion",
     "randomcam",

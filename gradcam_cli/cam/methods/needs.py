@@ -11,6 +11,7 @@ from typing import Generic, TypeVar
 import torch
 
 from ..ablation import AblatedScores
+from ..attention.tokens import AttentionMaps
 from ..fullgrad import FullGradients
 from ..masked_scores import MaskedScores
 from ..perturbation import MaskedPasses
@@ -63,6 +64,18 @@ SEED: Need[list[int]] = Need("seed")
 MASKED_PASSES: Need[MaskedPasses] = Need("masked passes", uses_model=True, shows_progress=True)
 """RISE and occlusion: the black-box passes on masked inputs (:class:`MaskedPasses`)."""
 
+ATTENTION_MAPS: Need[AttentionMaps] = Need("attention maps", reads_every_layer=True)
+"""rollout and attention: the explained pass's attention probabilities, every layer's
+(:class:`~gradcam_cli.cam.attention.tokens.AttentionMaps`; they read every attention layer, so nothing is folded)."""
+ATTENTION_GRADIENTS: Need[AttentionMaps] = Need("attention gradients", reads_every_layer=True, keeps_graph=True)
+"""attn-grad: the attention probabilities with the target's gradients with respect to them (a backward pass through
+the explained pass's graph)."""
+LAYER_SCORES: Need[AttentionMaps] = Need("layer scores", reads_every_layer=True, keeps_graph=True)
+"""LeGrad: the last layers' attention, each with the gradient of the target's score computed from that layer's tokens
+(a pass with the later blocks skipped per layer: :mod:`gradcam_cli.cam.attention.legrad`)."""
+ATTENTION_NEEDS: tuple[Need[AttentionMaps], ...] = (ATTENTION_MAPS, ATTENTION_GRADIENTS, LAYER_SCORES)
+"""What the attention methods need: a transformer's attention (a model without it leaves them out of ``all``)."""
+
 NEEDS: tuple[Need[object], ...] = (
     MASKED_SCORES,
     ABLATED_SCORES,
@@ -72,5 +85,6 @@ NEEDS: tuple[Need[object], ...] = (
     HESSIAN_PRODUCT,
     SEED,
     MASKED_PASSES,
+    *ATTENTION_NEEDS,
 )
 """Every kind of extra input, each built by :mod:`gradcam_cli.cam.passes`."""

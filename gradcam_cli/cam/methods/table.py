@@ -1,4 +1,4 @@
-"""docs/methods.md's table of methods, made from the registrations (tests/test_docs.py holds the page to it)."""
+"""docs/methods.md's table of methods, made from the registrations (tests/project/test_docs.py holds the page to it)."""
 
 from __future__ import annotations
 

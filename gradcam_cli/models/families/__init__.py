@@ -10,6 +10,7 @@ family          ``--model``                             module
 ``lite0``       ``efficientnet_lite0``                  :mod:`~gradcam_cli.models.families.lite0`
 ``custom``      ``file.py:factory``, ``pkg.mod:factory`` :mod:`~gradcam_cli.models.families.custom`
 ``torchvision`` ``resnet50``, ``fasterrcnn_resnet50_fpn`` :mod:`~gradcam_cli.models.families.torchvision`
+``vision-language`` ``hf:DIR`` of an image-text-to-text model :mod:`~gradcam_cli.models.families.vision_language`
 =============== ======================================= =================================================
 
 Third-party packages add families through the ``gradcam_cli.families`` entry-point group: an entry point names a
@@ -30,6 +31,7 @@ from .lite0 import Lite0
 from .open_clip import OpenClip
 from .timm import Timm
 from .torchvision import Torchvision
+from .vision_language import VisionLanguage
 from .yolo import Yolo
 
 __all__ = ["FAMILIES", "Family", "available_models", "family_of", "no_head_families"]
@@ -45,7 +47,7 @@ def _register_plugin(name: str, loaded: object) -> None:
 FAMILIES: Registry[Family] = Registry("model family", FAMILIES_GROUP, _register_plugin)
 """Every model family by name: the package's own, then plugins'."""
 
-for _family in (Yolo(), Timm(), HuggingFace(), OpenClip(), Lite0(), Custom(), Torchvision()):
+for _family in (Yolo(), Timm(), HuggingFace(), OpenClip(), Lite0(), Custom(), Torchvision(), VisionLanguage()):
     FAMILIES.register(_family.name, _family)
 
 

@@ -1,0 +1,68 @@
+"""How faithful an answer's map is: deletion and insertion curves of the answer's probability (docs/vlm.md).
+
+As ``gradcam eval`` does for a class (docs/evaluation.md), the photo's pixels are taken away (deletion: set to the
+processor's mean colour, which it normalises to 0) or put back into a blurred copy (insertion), most salient first,
+in ``steps`` equal steps, and the answer is scored again with teacher forcing at each step. The score is the
+answer's probability per token, exp(log p / n) for an answer of n tokens, so that answers of any length are on one
+[0, 1] scale. A faithful map makes the deletion curve fall fast (a low area) and the insertion curve rise fast (a
+high area).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torchvision.transforms.functional as TF
+from PIL import Image
+
+from ..evaluation.metrics import auc, importance_ranks, step_counts
+from ..evaluation.report import BLUR_KERNEL, BLUR_SIGMA
+from ..io.images import to_pixel_tensor
+from .answer import AnswerExplainer
+
+
+@dataclass(frozen=True)
+class AnswerCurves:
+    """The answer's per-token probability at each step of deletion and of insertion (``steps + 1`` points each)."""
+
+    deletion: list[float]
+    insertion: list[float]
+
+    @property
+    def deletion_auc(self) -> float:
+        """The deletion curve's area (lower: more faithful)."""
+        return auc(self.deletion)
+
+    @property
+    def insertion_auc(self) -> float:
+        """The insertion curve's area (higher: more faithful)."""
+        return auc(self.insertion)
+
+
+def answer_curves(
+    explainer: AnswerExplainer,
+    image: Image.Image,
+    prompt: str,
+    answer: Sequence[int],
+    saliency: torch.Tensor,
+    steps: int = 10,
+) -> AnswerCurves:
+    """Deletion and insertion curves of ``answer`` (token ids) about ``image`` along ``saliency`` (H, W)."""
+    pixels = to_pixel_tensor(image).permute(2, 0, 1)
+    mean = getattr(explainer.vlm.processor.image_processor, "image_mean", None) or (0.5, 0.5, 0.5)
+    grey = (torch.tensor([float(v) for v in mean]) * 255).round().to(torch.uint8).view(3, 1, 1).expand_as(pixels)
+    blurred = TF.gaussian_blur(pixels.float(), [BLUR_KERNEL, BLUR_KERNEL], [BLUR_SIGMA, BLUR_SIGMA]).round()
+    blurred = blurred.clamp(0, 255).to(torch.uint8)
+    ranks = importance_ranks(saliency.cpu())
+    counts = step_counts(ranks.numel(), steps)
+
+    def score(chosen: torch.Tensor) -> float:
+        photo = Image.fromarray(chosen.permute(1, 2, 0).contiguous().numpy())
+        return math.exp(explainer.answer_logprob(photo, prompt, answer) / len(answer))
+
+    deletion = [score(torch.where(ranks < count, grey, pixels)) for count in counts]
+    insertion = [score(torch.where(ranks < count, pixels, blurred)) for count in counts]
+    return AnswerCurves(deletion, insertion)
