@@ -62,7 +62,10 @@ class Explainer:
     segmenter's classes (see docs/tasks.md).
 
     ``model``: a :class:`LoadedModel` (from :func:`load_model`) or any ``nn.Module`` (its task found from its output,
-    see :mod:`gradcam_cli.models.tasks`; ``task`` overrides it).
+    see :mod:`gradcam_cli.models.tasks`; ``task`` overrides it). ``options``: what to explain, an
+    :class:`ExplainOptions` taken whole; or its fields as the arguments and keywords below, which build the same
+    :class:`ExplainOptions` (:mod:`gradcam_cli.cam.explainer_input`; ``explain_options`` holds it either way).
+    ``dry_passes``: where the dry pass below is kept and found (:class:`~gradcam_cli.cam.layers.DryPasses`).
     ``layers``: dotted module names; ``None`` picks the last spatial layer. Several layers fuse into one map per
     method: the mean of the per-layer maps, each normalised to [0, 1], normalised again.
     ``methods``: names from ``METHODS``, or ``all`` (every method that serves the model's task); they share one
@@ -83,9 +86,10 @@ class Explainer:
     UsageError. ``targets``: ``--target`` specs (strings or :class:`~gradcam_cli.targets.TargetSpec`), each explained
     in every image (:mod:`gradcam_cli.cam.targets`, docs/targets.md); ``embedding``: which output is the embedding.
     Layers whose output is channel-last (Swin) or a token sequence (ViT) are reshaped to (N, C, h, w) first.
-    Building the explainer makes one dry pass at the model's input size (see :func:`gradcam_cli.cam.layers.dry_pass`):
-    it picks the default layer, refuses a layer with a single position (``avgpool``) or no spatial grid (``fc``), and
-    an input size too small for the model, each with a one-line UsageError, before any image is processed.
+    Building the explainer makes (or finds in ``dry_passes``) one dry pass at the model's input size (see
+    :func:`gradcam_cli.cam.layers.dry_pass`): it picks the default layer, refuses a layer with a single position
+    (``avgpool``) or no spatial grid (``fc``), and an input size too small for the model, each with a one-line
+    UsageError, before any image is processed.
     """
 
     def __init__(
