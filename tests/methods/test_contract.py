@@ -70,6 +70,10 @@ def _keypoints(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
     return ["-m", f"{HERE / 'task_plugins' / 'keypoints.py'}:build", "--task", "keypoints"]
 
 
+def _count(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
+    return ["-m", "toy:counter", "--weights", "none"]  # the example plugin's (tests/plugins/example_plugin, installed)
+
+
 Example = Callable[[Path, pytest.FixtureRequest], list[str]]
 EXAMPLES: dict[str, dict[str, Example]] = {
     "classify": {"classes": _classify, "similar": _similar},
@@ -77,6 +81,7 @@ EXAMPLES: dict[str, dict[str, Example]] = {
     "segment": {"segmenter": _segment},
     "yolo": {"yolo": _yolo},
     "keypoints": {"heatmaps": _keypoints},
+    "count": {"counter": _count},
 }
 """Each task's examples: the command-line arguments that load a tiny model of it (and its targets)."""
 TRANSFORMER_EXAMPLES: dict[str, dict[str, Example]] = {"classify": {"vit": _vit}}

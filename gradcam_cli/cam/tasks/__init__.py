@@ -2,6 +2,15 @@
 torchvision's detectors, as the first adapter that claims a model explains it)."""
 
 from . import classify, detect, segment, yolo  # noqa: F401  (each registers its adapter)
-from .base import TASKS, Explained, Pair, ScoreRequest, TaskAdapter, adapter_for, register_task
+from .base import TASKS, Explained, Pair, ScoreRequest, TaskAdapter, adapter_for, label_box_pairs, register_task
 
-__all__ = ["TASKS", "Explained", "Pair", "ScoreRequest", "TaskAdapter", "adapter_for", "register_task"]
+__all__ = [
+    "TASKS",
+    "Explained",
+    "Pair",
+    "ScoreRequest",
+    "TaskAdapter",
+    "adapter_for",
+    "label_box_pairs",
+    "register_task",
+]

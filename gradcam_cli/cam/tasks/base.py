@@ -10,7 +10,7 @@ Nothing outside the adapters compares a task. How to add one: docs/internals.md 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -173,6 +173,36 @@ class TaskAdapter:
     def serve_target(self) -> bool:
         """Whether ``gradcam serve`` resolves a class to explain for a request (a ranked task explains them all)."""
         return not self.ranked
+
+
+def label_box_pairs(
+    explainer: Explained,
+    image: Any,
+    result: ImageExplanation,
+    boxes: Sequence[GroundTruthBox],
+    found: Callable[[Prediction], bool],
+) -> tuple[list[Pair], int]:
+    """:meth:`TaskAdapter.box_pairs` by label, for tasks whose targets are classes: the boxes of one label scored
+    together with the map of the class of that name (any case; a box without a label: the image's first explained
+    class); a label that names no class, or a class whose explained target is not ``found`` in the image (predicted
+    nowhere, counted none), is undetected."""
+    names = [name.lower() for name in explainer.model.categories or []]
+    pairs: list[Pair] = []
+    undetected = 0
+    for label in dict.fromkeys(box.label for box in boxes):
+        group = [box.box for box in boxes if box.label == label]
+        explained = result
+        if label is not None:
+            if names.count(label.lower()) != 1:
+                undetected += len(group)
+                continue
+            explained = explainer.explain(image, target=names.index(label.lower()))
+        if not explained.explanations or not found(explained.explanations[0].target):
+            undetected += len(group)
+            continue
+        first = explained.explanations[0].target.index
+        pairs.append((label, group, [e for e in explained.explanations if e.target.index == first]))
+    return pairs, undetected
 
 
 def check_class_score(options: ExplainOptions) -> None:
