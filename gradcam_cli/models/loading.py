@@ -47,7 +47,7 @@ def load_model(
     weights: str = "DEFAULT",
     num_classes: int | None = None,
     labels: str | Path | None = None,
-    input_size: int | None = None,
+    input_size: int | tuple[int, int] | None = None,
     task: str | None = None,
     *,
     architecture_only: bool = False,
