@@ -126,8 +126,9 @@ class ModelOptions:
     weights: str = "DEFAULT"
     num_classes: int | None = None
     labels: Path | None = None
-    input_size: int | None = None
-    """The network input's shorter side; ``None``: the model's own (224 for torchvision classifiers, the detector's
+    input_size: int | tuple[int, int] | None = None
+    """The network input's shorter side, or its exact (height, width) (``--input-size H,W``, for a model that takes
+    any shape or exactly that one); ``None``: the model's own (224 for torchvision classifiers, the detector's
     transform's size, 520 for torchvision's segmenters, or a timm or Hugging Face model's size)."""
     device: str = "auto"
     task: str | None = None
@@ -207,6 +208,9 @@ class ExplainOptions:
     """A question for a vision-language model (``--prompt``); its ``prompt`` ``None``: none asked."""
     score_batch_size: int = SCORE_BATCH_SIZE
     """Masked inputs (Score-CAM) or ablated copies (AblationCAM) per forward pass."""
+    attention_heads: str | None = None
+    """How rollout and the ``attention`` method fuse a layer's heads: ``mean``, ``max`` or ``min``
+    (``--attention-heads``); ``None``: not given, the mean."""
 
     def task_for(self, task: str | None) -> str | None:
         """``--task`` as given, else ``classify`` where ``--target`` specs or ``--embedding`` say the model is

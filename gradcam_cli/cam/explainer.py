@@ -35,7 +35,7 @@ from ..options import (
     ExplainOptions,
     ModelOptions,
 )
-from .attention.discovery import attention_for
+from .attention.discovery import attention_for, head_settings, with_heads
 from .engine import LayerCapture, settle_loaded
 from .explainer_input import ExplainKeywords, explain_options, explained_model
 from .layers import DryPasses, LayerInfo, chosen_layers, forget_tokens, reads_tokens, resolve_layer
@@ -147,6 +147,7 @@ class Explainer:
         self.methods = resolve_methods(list(options.methods), adapter.methods_of, taken)
         wanted = [name for name in self.methods if METHODS[name].needs in ATTENTION_NEEDS]
         self.attention, self.methods, self.left_out = attention_for(model, self.methods, wanted, options.methods)
+        self.attention = with_heads(self.attention, options.attention_heads, self.methods)
         self.perturbation = check_perturbation(options.perturbation)
         if options.score is not None and options.score not in SCORE_NAMES:
             raise UsageError(f"unknown score {options.score!r}; use {', '.join(SCORE_NAMES)}")
@@ -209,8 +210,8 @@ class Explainer:
     @property
     def settings(self) -> dict[str, object]:
         """What the task adds to a run record: the task, a classifier's score and targets or a detector's selection,
-        and the black-box methods' settings."""
-        settings = perturbation_settings(self.perturbation, self.methods)
+        and the black-box and attention methods' settings."""
+        settings = perturbation_settings(self.perturbation, self.methods) | head_settings(self.attention, self.methods)
         return self.adapter.settings(self.model, self.score, self.request, settings)
 
     @property

@@ -31,6 +31,7 @@ class ExplainKeywords(TypedDict, total=False):
     targets: Sequence[TargetSpec | str]
     embedding: str | None
     perturbation: PerturbationOptions | None
+    attention_heads: str | None
 
 
 def explain_options(

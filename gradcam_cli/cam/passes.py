@@ -230,7 +230,7 @@ class MethodInputs:
             raise UsageError(f"the attention's {length} tokens make no patch grid on this input")
         grads = None if k is None else self._attention_gradients(self.capture, self.targets, k)
         grid = (layout.height, layout.width)
-        return AttentionMaps(probabilities, grads, attention.prefix, attention.class_token, grid)
+        return AttentionMaps(probabilities, grads, attention.prefix, attention.class_token, grid, attention.heads)
 
     @staticmethod
     def _self_attention(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

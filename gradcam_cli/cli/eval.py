@@ -27,6 +27,7 @@ from ..options import (
 )
 from . import answers, params
 from .eval_output import tell
+from .input_size import InputSizeOpt
 from .ranking import RankOptions, rank_report
 from .reporting import (
     PassProgress,
@@ -182,7 +183,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
         bool, typer.Option("--json", help="Print the whole report as one JSON object (--rank: one per row).")
     ] = False,
     device: params.DeviceOpt = "auto",
-    input_size: params.InputSizeOpt = None,
+    input_size: InputSizeOpt = None,
     quiet: params.QuietOpt = False,
     verbose: params.VerboseOpt = False,
 ) -> None:

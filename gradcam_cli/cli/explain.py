@@ -25,6 +25,7 @@ from ..options import (
     Shard,
 )
 from . import answers, params
+from .input_size import InputSizeOpt
 from .lines import layer_line, layer_row, report_record
 from .params import refuse
 from .reporting import (
@@ -97,6 +98,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
     seed: params.SeedOpt = 0,
     aug_smooth: params.AugSmoothOpt = False,
     eigen_smooth: params.EigenSmoothOpt = False,
+    attention_heads: params.AttentionHeadsOpt = None,
     alpha: Annotated[
         float, typer.Option(min=0.0, max=1.0, metavar="A", help="Heatmap opacity in the overlay, 0 to 1.")
     ] = 0.5,
@@ -145,7 +147,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
     ] = Path("gradcam_out"),
     device: params.DeviceOpt = "auto",
     precision: params.PrecisionOpt = "fp32",
-    input_size: params.InputSizeOpt = None,
+    input_size: InputSizeOpt = None,
     batch_size: Annotated[
         int | None,
         typer.Option(min=1, metavar="N", help="Images per forward pass (default: 4 on the CPU, 16 on a GPU)."),
@@ -250,6 +252,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
             rise_masks, occlusion_window=occlusion_window, occlusion_stride=occlusion_stride, seed=seed
         ),
         answers.question(prompt, answer, per_token, max_new_tokens, prompts),
+        attention_heads=attention_heads,
     )
     command = ExplainCommand(
         reporter,

@@ -123,6 +123,15 @@ def parse_shard(text: str | Shard) -> Shard:
 EMPTY_PATH = "an empty path (is a shell variable unset?)"
 
 
+def parse_attention_heads(text: str) -> str:
+    """``--attention-heads``: one of :data:`~gradcam_cli.cam.attention.tokens.HEAD_FUSIONS`."""
+    from ..cam.attention.tokens import HEAD_FUSIONS
+
+    if text not in HEAD_FUSIONS:
+        raise typer.BadParameter(f"{text!r} is not one of {', '.join(HEAD_FUSIONS)}{suggest(text, HEAD_FUSIONS)}")
+    return text
+
+
 def parse_path(text: str | Path) -> Path:
     """A path option's value; an empty one (an unset shell variable) is refused, not taken for the current folder
     as ``Path("")`` would be."""
@@ -187,16 +196,6 @@ NumClassesOpt = Annotated[
 ]
 LabelsOpt = Annotated[
     Path | None, typer.Option(parser=parse_path, metavar="PATH", help="Text file with one class name per line.")
-]
-InputSizeOpt = Annotated[
-    int | None,
-    typer.Option(
-        min=16,
-        metavar="N",
-        help="Shorter side of the network input, in pixels (default: the model's own: 224 for torchvision "
-        "classifiers, the detector's transform's, 520 for torchvision's segmenters, a timm or Hugging Face model's "
-        "configured size).",
-    ),
 ]
 TaskOpt = Annotated[
     str | None,
@@ -315,6 +314,14 @@ EigenSmoothOpt = Annotated[
     typer.Option(
         "--eigen-smooth",
         help="Use the first principal component of the weighted activations instead of their sum (less noise).",
+    ),
+]
+AttentionHeadsOpt = Annotated[
+    str | None,
+    typer.Option(
+        parser=parse_attention_heads,
+        metavar="mean|max|min",
+        help="How --method rollout and attention fuse each layer's heads (default: mean, as their papers).",
     ),
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print errors only.")]

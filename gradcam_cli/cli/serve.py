@@ -16,6 +16,7 @@ import typer
 from ..errors import EXIT_OK, UsageError, describe
 from ..options import DEFAULT_METHOD, ExplainOptions, ModelOptions, ServeOptions
 from . import params
+from .input_size import InputSizeOpt
 from .reporting import Reporter, default_layer_reason, run_reported
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ def serve(  # noqa: PLR0913  (a typer command: one parameter per option)
     score_threshold: params.ScoreThresholdOpt = None,
     max_detections: params.MaxDetectionsOpt = None,
     device: params.DeviceOpt = "auto",
-    input_size: params.InputSizeOpt = None,
+    input_size: InputSizeOpt = None,
     target: params.TargetsOpt = None,
     embedding: params.EmbeddingOpt = None,
     host: Annotated[

@@ -99,9 +99,11 @@ def describe_hf(module: nn.Module, processor: Any = None, weights: str = "DEFAUL
 def input_spec(processor: Any, config: Any) -> InputSpec:
     """The image processor's size, normalisation and resampling as an :class:`InputSpec` (no crop, as always)."""
     image_size = getattr(config, "image_size", None)
-    if processor is None:
+    if processor is None:  # the config's image_size: one side, or a (height, width) pair
+        pair = tuple(image_size) if isinstance(image_size, list | tuple) and len(image_size) == 2 else None
         fixed = (image_size, image_size) if isinstance(image_size, int) else None
-        return InputSpec(size=image_size if isinstance(image_size, int) else InputSpec.size, fixed_size=fixed)
+        fixed = (int(pair[0]), int(pair[1])) if pair is not None else fixed
+        return InputSpec(size=min(fixed) if fixed else InputSpec.size, fixed_size=fixed)
     size = processor.size if hasattr(processor, "size") else None
     height, width, shortest = (_size_value(size, key) for key in ("height", "width", "shortest_edge"))
     mean, std = IMAGENET_MEAN, IMAGENET_STD

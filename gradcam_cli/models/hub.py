@@ -43,6 +43,9 @@ class HubModel:
     image tower)."""
     text: TextTower | None = None
     """A CLIP-style model's text tower (:mod:`gradcam_cli.models.clip_models`)."""
+    any_shape: bool = False
+    """It takes any height and width besides its fixed size
+    (:attr:`~gradcam_cli.models.profile.ModelProfile.any_shape`)."""
 
 
 class HubUnavailable(Exception):

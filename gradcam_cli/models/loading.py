@@ -5,6 +5,7 @@ open_clip and YOLO models, a user's own factory, and plugins'), each loaded with
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -46,7 +47,7 @@ def load_model(
     weights: str = "DEFAULT",
     num_classes: int | None = None,
     labels: str | Path | None = None,
-    input_size: int | None = None,
+    input_size: int | tuple[int, int] | None = None,
     task: str | None = None,
     *,
     architecture_only: bool = False,
@@ -84,10 +85,12 @@ def load_model(
     return loaded
 
 
-def _input_spec(family: Family, loaded: LoadedModel, size: int | None) -> InputSpec:
+def _input_spec(family: Family, loaded: LoadedModel, size: int | tuple[int, int] | None) -> InputSpec:
     """The loaded model's input spec at ``--input-size size`` (``None``: its own; a torchvision-style detector's
-    from its transform)."""
+    from its transform; ``(H, W)``: :func:`shaped_spec`)."""
     detector = loaded.task is Task.DETECT
+    if isinstance(size, tuple):
+        return shaped_spec(loaded, size)
     if size is not None:
         own = (detection_spec(loaded.module, None) if detector else None) or loaded.input_spec
         check_input_size(loaded.name, own, size, known=loaded.profile.size_known or own is not loaded.input_spec)
@@ -124,6 +127,46 @@ def count_classes(module: nn.Module, spec: InputSpec) -> int | None:
         return None
     output = getattr(output, "logits", output)  # a Hugging Face model's output object
     return int(output.shape[1]) if isinstance(output, torch.Tensor) and output.dim() == 2 else None
+
+
+def shaped_spec(loaded: LoadedModel, shape: tuple[int, int]) -> InputSpec:
+    """The input spec at ``--input-size H,W``: every image squeezed to exactly H x W (its map stretched back over
+    it). For a classifier or segmenter that takes any shape (a CNN; a timm ViT built with ``dynamic_img_size``, whose
+    profile says :attr:`~gradcam_cli.models.profile.ModelProfile.any_shape`), or exactly that one (a Hugging Face
+    config's ``image_size`` pair); a patch model's H and W must be multiples of its patch size. Anything else is a
+    one-line UsageError."""
+    height, width = shape
+    own = loaded.input_spec
+    given = f"--input-size {height},{width}"
+    if loaded.task is Task.DETECT:
+        raise UsageError(f"{given} is not for detectors ({loaded.name} sets its own shape); give --input-size N")
+    if own.fixed_size is not None and not loaded.profile.any_shape:
+        if own.fixed_size != shape:
+            fixed = "x".join(str(side) for side in own.fixed_size)
+            raise UsageError(
+                f"{given} does not apply to {loaded.name}: it takes a fixed {fixed} input; leave --input-size out"
+            )
+        return own
+    check_input_size(loaded.name, replace(own, fixed_size=None), max(shape), known=loaded.profile.size_known)
+    patch = patch_size(loaded.module)
+    if patch is not None and (height % patch[0] or width % patch[1]):
+        raise UsageError(
+            f"{given} does not fit {loaded.name}'s {patch[0]}x{patch[1]} patches: give multiples of "
+            f"{patch[0]} (height) and {patch[1]} (width)"
+        )
+    return replace(own, size=min(shape), fixed_size=shape)
+
+
+def patch_size(module: nn.Module) -> tuple[int, int] | None:
+    """The (height, width) of the patches a transformer cuts its input into (the first ``patch_size`` of a module:
+    timm's and Hugging Face's patch embeddings, torchvision's ViT), or ``None`` for a model without patches."""
+    for part in module.modules():
+        size = getattr(part, "patch_size", None)
+        if isinstance(size, int):
+            return size, size
+        if isinstance(size, tuple | list) and len(size) == 2 and all(isinstance(side, int) for side in size):
+            return int(size[0]), int(size[1])
+    return None
 
 
 def check_input_size(name: str, own: InputSpec, size: int, known: bool = True) -> None:

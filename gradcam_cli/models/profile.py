@@ -49,6 +49,9 @@ class ModelProfile:
     size_known: bool = True
     """The model says its own input size (``--input-size`` is then at most 4 times it); ``False`` for your own
     ``file.py:factory`` models."""
+    any_shape: bool = False
+    """It takes any height and width (``--input-size H,W``: a multiple of its patch size) though its ``input_spec``
+    names a fixed size: a timm ViT built with ``dynamic_img_size``."""
 
     @property
     def may_read_tokens(self) -> bool:

@@ -93,7 +93,8 @@ def describe_timm(module: nn.Module, weights: str = "none") -> HubModel:
     if categories is not None and len(categories) != classes:
         categories = None
     prefix = getattr(module, "num_prefix_tokens", None)
-    return HubModel(module, weights, categories, spec, prefix if isinstance(prefix, int) else None)
+    dynamic = bool(getattr(module, "dynamic_img_size", False))  # a ViT whose position embedding follows the grid
+    return HubModel(module, weights, categories, spec, prefix if isinstance(prefix, int) else None, any_shape=dynamic)
 
 
 def _config_of(module: nn.Module) -> dict[str, Any]:

@@ -221,6 +221,7 @@ RECORD_LABELS = {
     "precision": "--precision",
     "targets": "--target",
     "embedding": "--embedding",
+    "attention_heads": "--attention-heads",
 }
 """The run record's keys (what changes the content of an output without changing its name), as messages say them."""
 RESUMING_OPTIONS = {"format": "--format", "quality": "--quality", "colormap": "--colormap", "alpha": "--alpha"}

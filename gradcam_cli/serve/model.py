@@ -26,10 +26,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..cam.attention.discovery import reads_attention
 from ..cam.engine import settle_loaded
 from ..cam.explainer import Explainer
 from ..cam.layers import DryPasses, model_default_layer
 from ..cam.methods import METHODS
+from ..cam.methods.needs import ATTENTION_NEEDS
 from ..cam.targets import model_kind
 from ..errors import UsageError, suggest
 from ..models.devices import resolve_device
@@ -132,7 +134,12 @@ class ModelService:
             for i in infos
             if i.is_candidate
         ]
-        self.methods = [name for name, m in METHODS.items() if self.adapter.takes(name, m.tasks, self.model.module)]
+        attends = reads_attention(self.model)  # the attention methods only for a model they can read
+        self.methods = [
+            name
+            for name, m in METHODS.items()
+            if self.adapter.takes(name, m.tasks, self.model.module) and (attends or m.needs not in ATTENTION_NEEDS)
+        ]
         for spec in self.targets[1:]:  # every default target checked now (and its explainer kept), as a run's
             self.explainer(None, None, spec)
 

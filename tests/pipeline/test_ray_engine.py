@@ -158,6 +158,23 @@ def test_a_yolo_run_and_a_target_run_on_ray_write_what_local_runs_write(checkpoi
 
 
 @pytest.mark.slow
+def test_an_attention_run_on_ray_writes_what_a_local_run_writes(photos, tmp_path, ray_instance):
+    """rollout and attn-grad on a tiny timm ViT (tests/attention_models.py, at --input-size 32,32: a 4 x 4 patch
+    grid for every shape): the actors' maps, rows and overlays equal a local run's."""
+    vit = f"{ROOT / 'tests' / 'attention_models.py'}:build_vit"
+    options = ["-m", vit, "--input-size", "32,32", "--method", "rollout,attn-grad", "-t", "1", "--workers", "0"]
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    for out, engine in ((local, []), (remote, ["--engine", "ray"])):
+        arguments = [photos, *options, "--save-raw", "-o", out, "--manifest", out / "m.jsonl", *engine]
+        ran = CliRunner().invoke(app, [str(a) for a in arguments])
+        assert ran.exit_code == EXIT_IMAGE_FAILED, ran.output  # broken.png
+    rows = comparable(local / "m.jsonl", local)
+    assert_rows_agree(comparable(remote / "m.jsonl", remote), rows)
+    assert {row["method"] for row in rows if row["status"] == "ok"} == {"rollout", "attn-grad"}
+    assert_outputs_agree(remote, local, 18)  # 9 images, 2 methods
+
+
+@pytest.mark.slow
 def test_every_image_ticks_the_progress_once_and_every_row_has_the_actors_provenance(photos, tmp_path, ray_instance):
     out = tmp_path / "out"
     ticks: list[bool] = []

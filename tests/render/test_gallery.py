@@ -247,3 +247,30 @@ def _labels(tmp_path: Path) -> Path:
     path = tmp_path / "labels.txt"
     path.write_text("red\ngreen\nblue\n")
     return path
+
+
+def test_the_gallery_of_an_attention_run_shows_each_methods_map(tmp_path: Path) -> None:
+    """--report on a tiny timm ViT explained with rollout and attn-grad: every image's card holds one view per
+    method, each linking to the overlay written (the command line, as users run it)."""
+    from typer.testing import CliRunner
+
+    from gradcam_cli.cli import app
+
+    images = tmp_path / "in"
+    images.mkdir()
+    rng = np.random.default_rng(0)
+    for k, (width, height) in enumerate([(64, 48), (40, 40)]):
+        pixels = (rng.random((height, width, 3)) * 255).astype(np.uint8)
+        Image.fromarray(pixels).save(images / f"{k}.png")
+    out = tmp_path / "out"
+    vit = f"{Path(__file__).parents[1] / 'attention_models.py'}:build_vit"
+    args = [images, "-m", vit, "--input-size", "32,32", "--method", "rollout,attn-grad", "-t", 1, "--report", "-o", out]
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    entries = _data((out / "index.html").read_text(encoding="utf-8"))
+    assert [Path(entry["name"]).name for entry in entries] == ["0.png", "1.png"]
+    for entry in entries:
+        assert entry["status"] == "ok"
+        hrefs = [view["href"] for view in entry["views"]]
+        assert sorted(href.split("_")[1] for href in hrefs) == ["attn-grad", "rollout"]
+        assert all((out / href).is_file() for href in hrefs)

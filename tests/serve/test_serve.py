@@ -519,6 +519,28 @@ def test_a_port_in_use_is_said_before_the_model_loads(tmp_path):
     assert result.output == f"error: cannot listen on 127.0.0.1:{port}: address already in use\n"
 
 
+def test_the_attention_methods_are_offered_only_for_a_model_with_attention(square_model, tmp_path):
+    """A CNN's method list leaves out rollout, attn-grad, attention and legrad (choosing one is a 400 naming no
+    traceback); a ViT's lists them and serves their maps at the image's size."""
+    attention = ("rollout", "attn-grad", "attention", "legrad")
+    cnn = ModelService(square_model)
+    assert "gradcam" in cnn.methods and not set(attention) & set(cnn.methods)
+    vit = ModelService(ModelOptions(str(ROOT / "tests" / "attention_models.py") + ":build_vit", input_size=32))
+    assert set(attention) <= set(vit.methods)
+    for service, method, status in ((cnn, "rollout", 400), (vit, "rollout", 200), (vit, "attn-grad", 200)):
+        app = create_app(service, work_dir=tmp_path / f"work-{id(service)}", options=ServeOptions())
+        with TestClient(app, base_url=LOCAL) as test_client:
+            assert (method in test_client.get("/api/info").json()["model"]["methods"]) is (status == 200)
+            image_id = upload(test_client, squares(64, 32))  # 64 x 32 at --input-size 32: an 8 x 4 patch grid
+            answer = test_client.get(f"/api/map?image={image_id}&method={method}&target=1")
+            assert answer.status_code == status, answer.text
+            if status == 400:
+                assert "unknown method 'rollout'" in answer.json()["error"]
+            else:
+                heatmap = test_client.get(f"/api/maps/{answer.json()['id']}/heatmap.png")
+                assert Image.open(io.BytesIO(heatmap.content)).size == (64, 32)
+
+
 def test_one_dry_pass_serves_every_layer_method_target_and_faithfulness(square_model, tmp_path, monkeypatch):
     import gradcam_cli.cam.layers as layers
 

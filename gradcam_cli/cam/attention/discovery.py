@@ -30,13 +30,14 @@ token. The class token, where there is one, is token 0 (a parameter named ``cls_
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from torch import nn
 
 from ...errors import UsageError
 from ...options import ALL_METHODS
+from .tokens import HEAD_FUSIONS
 
 TIMM, HF, MHA = "timm", "hf", "mha"
 """How a site's probabilities are read (see the module's docstring)."""
@@ -69,13 +70,31 @@ class AttentionSite:
 @dataclass(frozen=True)
 class AttentionModel:
     """What the attention methods need of a model: its attention ``sites`` in the order they run (first layer
-    first), its ``prefix`` tokens before the patches, whether token 0 is a ``class_token``, and each site's
-    ``blocks`` (the module holding it: a transformer block, which LeGrad skips to score an earlier layer)."""
+    first), its ``prefix`` tokens before the patches, whether token 0 is a ``class_token``, each site's
+    ``blocks`` (the module holding it: a transformer block, which LeGrad skips to score an earlier layer), and how
+    rollout and ``attention`` fuse its ``heads`` (:func:`with_heads`)."""
 
     sites: tuple[AttentionSite, ...]
     prefix: int
     class_token: bool
     blocks: tuple[nn.Module, ...] = ()
+    heads: str = "mean"
+
+
+HEADS_METHODS = ("rollout", "attention")
+"""The methods whose heads ``--attention-heads`` fuses (attn-grad and LeGrad average theirs, as their papers do)."""
+
+
+def with_heads(attention: AttentionModel | None, heads: str | None, methods: Sequence[str]) -> AttentionModel | None:
+    """``attention`` with its heads fused as ``--attention-heads heads`` says (``None``: not given, the mean), or a
+    one-line UsageError where no method of ``methods`` fuses heads or ``heads`` is no fusion."""
+    if heads is None:
+        return attention
+    if heads not in HEAD_FUSIONS:
+        raise UsageError(f"unknown --attention-heads {heads!r}; use {', '.join(HEAD_FUSIONS)}")
+    if attention is None or not set(HEADS_METHODS) & set(methods):
+        raise UsageError(f"--attention-heads is for --method {' or '.join(HEADS_METHODS)} on a transformer")
+    return replace(attention, heads=heads)
 
 
 def _windowed(module: nn.Module) -> bool:
@@ -153,6 +172,23 @@ def attention_model(model: nn.Module, name: str, known_prefix: int | None, metho
         )
     blocks = tuple(model.get_submodule(site.name.rpartition(".")[0]) for site in sites)
     return AttentionModel(sites, prefix, has_class_token(model), blocks)
+
+
+def reads_attention(model: Described) -> bool:
+    """Whether the attention methods can explain ``model`` (what ``gradcam serve`` offers: a CNN or a Swin gets
+    none of them)."""
+    try:
+        attention_model(model.module, model.name, model.prefix_tokens, "attention")
+    except UsageError:
+        return False
+    return True
+
+
+def head_settings(attention: AttentionModel | None, methods: Sequence[str]) -> dict[str, object]:
+    """What a run record notes of the head fusion: ``attention_heads`` where a method of ``methods`` fuses heads."""
+    if attention is None or not set(HEADS_METHODS) & set(methods):
+        return {}
+    return {"attention_heads": attention.heads}
 
 
 def attention_for(

@@ -15,7 +15,8 @@ class AttentionMaps:
     ``probabilities``: each layer's A_l (N, heads, L, L), first layer first (row i: how token i attends);
     ``gradients``: dS/dA_l for the target's score S, where a method needs them (else ``None``); ``prefix``: the P
     tokens before the patches (class, distillation, register tokens); ``class_token``: whether token 0 is a class
-    token; ``grid``: the (h, w) patches, token ``P + r * w + c`` at row r, column c.
+    token; ``grid``: the (h, w) patches, token ``P + r * w + c`` at row r, column c; ``heads``: how rollout and
+    the ``attention`` method fuse a layer's heads (:data:`HEAD_FUSIONS`, ``--attention-heads``).
     """
 
     probabilities: Sequence[torch.Tensor]
@@ -23,6 +24,23 @@ class AttentionMaps:
     prefix: int
     class_token: bool
     grid: tuple[int, int]
+    heads: str = "mean"
+
+
+HEAD_FUSIONS = ("mean", "max", "min")
+"""How a layer's heads are fused (``--attention-heads``): the papers' mean (rollout, DINO's map), or the elementwise
+max or min over heads (the max: a token any head attends to strongly; the min: one every head attends to)."""
+
+
+def fuse_heads(attention: torch.Tensor, fusion: str) -> torch.Tensor:
+    """(N, heads, L, L) -> (N, L, L): the ``fusion`` (:data:`HEAD_FUSIONS`) over heads."""
+    if fusion == "mean":
+        return attention.mean(dim=1)
+    if fusion == "max":
+        return attention.amax(dim=1)
+    if fusion == "min":
+        return attention.amin(dim=1)
+    raise ValueError(f"unknown head fusion {fusion!r}; use {', '.join(HEAD_FUSIONS)}")
 
 
 def patch_map(relevance: torch.Tensor, maps: AttentionMaps) -> torch.Tensor:

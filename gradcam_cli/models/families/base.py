@@ -86,5 +86,6 @@ def hub_model(built: HubModel, options: ModelOptions, tokens: bool) -> LoadedMod
         tokens=tokens,
         embeds=built.embeds,
         text=built.text,
+        any_shape=built.any_shape,
     )
     return LoadedModel(built.module, options.model, built.weights, profile=profile)
