@@ -18,7 +18,7 @@ import typer
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, GradcamError, UsageError, describe
 from ..options import ALL_METHODS, DEFAULT_METHOD, POINTING_TOLERANCE, RANDOM_BASELINE, EvalOptions, PerturbationOptions
 from . import params
-from .ranking import RankOptions, rank_report
+from .ranking import MethodSteps, RankOptions, rank_report
 from .reporting import (
     PassProgress,
     ProgressBar,
@@ -240,6 +240,7 @@ class EvalCommand:
         self.reporter, self.inputs = reporter, inputs
         self.model_options, self.explain_options, self.options = model, explain, options
         self.ranking = ranking or RankOptions()
+        self.plan_seconds: dict[str, float] = {}  # --rank's estimate per method and image
 
     def run(self) -> int:
         from ..cam.explainer import Explainer
@@ -289,12 +290,8 @@ class EvalCommand:
             with ProgressBar(reporter, len(images) * methods, label) as progress:
                 for _ in range(len(done) * methods):
                     progress(skipped=True)
-
-                def advance() -> None:
-                    for _ in range(methods):  # one step per method and image: all methods share the image's passes
-                        progress()
-
-                ran = evaluator.run(todo, boxes, on_image=advance, on_result=record) if todo else None
+                steps = MethodSteps(progress, len(images), methods, len(done), self.plan_seconds)
+                ran = evaluator.run(todo, boxes, steps.image, record, steps.method) if todo else None
         except KeyboardInterrupt:
             if self.ranking.rank and not finished:
                 reporter.info("interrupted before the first image finished: nothing to rank")
@@ -319,8 +316,8 @@ class EvalCommand:
         unboxed = [image for image in report.ok if not any(s.boxes for s in image.methods.values())]
         if boxes and unboxed:
             reporter.info(f"{len(unboxed)} image(s) have no boxes: scored for faithfulness only")
-        if self.ranking.rank:
-            rank_report(reporter, explainer, report, images, self.ranking.report, options.seed)
+        if self.ranking.rank:  # with the seed spread, from a few images re-run with other seeds
+            rank_report(reporter, explainer, report, images, self.ranking.report, options.seed, evaluator)
         elif reporter.as_json:
             reporter.emit(json.dumps(report.to_dict()))
         for line in [] if self.ranking.rank else format_report(report):
@@ -337,7 +334,7 @@ class EvalCommand:
     def _planned(self, explainer: Explainer, images: list[InputImage], options: EvalOptions) -> Explainer:
         """Print the plan (each method's estimated seconds per image, from a timed pass on the first image) and,
         for ``--method all`` on a CPU or with ``--budget``, keep the methods that fit the budget."""
-        from ..evaluation.plan import BUDGET, choose, estimate, with_methods
+        from ..evaluation.plan import BUDGET, planned, with_methods
         from ..io.images import load_image, to_input_tensor
 
         budget = self.ranking.budget
@@ -349,7 +346,8 @@ class EvalCommand:
             return explainer  # the first image fails: no plan; the evaluation reports it
         inputs = to_input_tensor(picture, explainer.model.input_spec).unsqueeze(0).to(explainer.device)
         self.reporter.info(f"plan: timing each method on {images[0].path.name} ...")
-        plan = choose(estimate(explainer, inputs, options), len(images), budget)
+        plan = planned(explainer, inputs, options, len(images), budget)
+        self.plan_seconds = plan.seconds
         for line in plan.lines():
             self.reporter.info(line)
         return explainer if not plan.left_out else with_methods(explainer, plan.kept)

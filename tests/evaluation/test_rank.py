@@ -329,6 +329,13 @@ def test_rank_says_when_intervals_are_unreliable_or_absent() -> None:
     few = rank(synthetic({"gradcam": [0.1, 0.2, 0.15], "randomcam": [0.5, 0.4, 0.6]}))
     assert not any(row.reliable for row in few)
     assert f"not reliable below {MIN_IMAGES} images" in format_ranking(few)[0]
+    # the groups too: each block says so, and shows them in parentheses
+    table = format_ranking(few)
+    assert f"3 image(s)): groups not reliable below {MIN_IMAGES} images" in table[2]
+    assert all(line.split()[1].startswith("(") for line in table if line.lstrip()[:2] in {"1.", "2."})
+    assert "seed sd" not in table[3]  # not measured: no column
+    many = format_ranking(rank(synthetic({"gradcam": [0.1 + 0.01 * i for i in range(12)], "randomcam": [0.5] * 12})))
+    assert "groups not reliable" not in "\n".join(many) and "  1.   1  " in "\n".join(many)
     one = rank(synthetic({"gradcam": [0.1], "randomcam": [0.5]}))
     assert all(math.isnan(row.ci_low) and row.to_dict()["ci_low"] is None for row in one)
     assert {row.method: row.beats_random for row in one} == {"gradcam": None, "randomcam": None}
