@@ -152,15 +152,22 @@ class PerturbationOptions:
 class AnswerOptions:
     """A question for a vision-language model (docs/vlm.md): ``prompt`` (``None``: not asked), the ``answer`` to
     explain (``None``: the generated one), one map per answer token (``per_token``), and how long the greedy answer
-    may grow (``max_new_tokens``; ``None``: 32)."""
+    may grow (``max_new_tokens``; ``None``: 32); ``prompts``: a CSV of image,prompt pairs instead of ``prompt``."""
 
     prompt: str | None = None
     answer: str | None = None
     per_token: bool = False
     max_new_tokens: int | None = None
+    prompts: Path | None = None
+    """``--prompts FILE.csv``: each image's own prompt (``None``: not given)."""
+
+    @property
+    def asked(self) -> bool:
+        """A question was given: ``--prompt`` or ``--prompts``."""
+        return self.prompt is not None or self.prompts is not None
 
     def given(self) -> list[str]:
-        """The options besides ``--prompt`` that were given (they need it)."""
+        """The options besides ``--prompt`` that were given (they need it, or ``--prompts``)."""
         named = {"--answer": self.answer, "--max-new-tokens": self.max_new_tokens}
         return [name for name, value in named.items() if value is not None] + (
             ["--per-token"] if self.per_token else []

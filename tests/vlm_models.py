@@ -262,3 +262,13 @@ def trained_llava(folder: Path, steps: int = 150) -> Path:
     model.eval()
     model.save_pretrained(folder)
     return folder
+
+
+BUILDERS = {
+    "llava": llava,
+    "llava-next": llava_next,
+    "qwen2-vl": qwen2_vl,
+    "qwen2.5-vl": qwen2_5_vl,
+    "idefics3": idefics3,
+}
+"""Each supported family's tiny random model, by name (``builder(folder)`` saves it there and returns the folder)."""

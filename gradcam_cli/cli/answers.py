@@ -6,13 +6,19 @@ from __future__ import annotations
 import json
 import time
 from contextlib import ExitStack
-from typing import Annotated, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Protocol
 
 import typer
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
-from ..options import AnswerOptions, ExplainOptions, ModelOptions, OutputOptions, RunOptions
+from ..options import AnswerOptions, EvalOptions, ExplainOptions, ModelOptions, OutputOptions, RunOptions
+from .params import parse_path
+from .ranking import RankOptions
 from .reporting import Reporter, run_summary
+
+if TYPE_CHECKING:
+    from ..io.discovery import InputImage
 
 PromptOpt = Annotated[
     str | None,
@@ -24,41 +30,29 @@ AnswerOpt = Annotated[
     str | None, typer.Option(metavar="TEXT", help="--prompt: explain this answer instead of the generated one.")
 ]
 PerTokenOpt = Annotated[bool, typer.Option("--per-token", help="--prompt: also one map per answer token.")]
+PromptsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        parser=parse_path,
+        metavar="FILE.csv",
+        help="Ask each image its own question: image,prompt lines (paths relative to the file; docs/vlm.md).",
+    ),
+]
 MaxNewTokensOpt = Annotated[
     int | None, typer.Option(min=1, metavar="N", help="--prompt: the generated answer's most tokens (default: 32).")
 ]
 
 
-def question(prompt: str | None, answer: str | None, per_token: bool, max_new_tokens: int | None) -> AnswerOptions:
-    """A question for a vision-language model, from ``--prompt``, ``--answer``, ``--per-token`` and
-    ``--max-new-tokens`` (docs/vlm.md)."""
-    return AnswerOptions(prompt, answer, per_token, max_new_tokens)
-
-
-DEFAULT_MAX_NEW_TOKENS = 32
-"""The generated answer's most tokens without ``--max-new-tokens``."""
-
-
-def _not_for_answers(explain: ExplainOptions, output: OutputOptions, run: RunOptions) -> list[str]:
-    """The options given that a vision-language answer does not take (``None`` or off: not given)."""
-    values = {
-        "--target-class": explain.target_class,
-        "--top-k": explain.top_k,
-        "--score": explain.score,
-        "--score-threshold": explain.score_threshold,
-        "--max-detections": explain.max_detections,
-        "--embedding": explain.embedding,
-        "--shard": run.shard,
-    }
-    flags = {
-        "--aug-smooth": explain.aug_smooth,
-        "--save-heatmap": output.save_heatmap,
-        "--panel": output.panel,
-        "--report": output.report,
-        "--skip-existing": output.skip_existing,
-        "--engine ray": run.engine != "local",
-    }
-    return [name for name, value in values.items() if value is not None] + [name for name, on in flags.items() if on]
+def question(
+    prompt: str | None,
+    answer: str | None,
+    per_token: bool,
+    max_new_tokens: int | None,
+    prompts: Path | None = None,
+) -> AnswerOptions:
+    """A question for a vision-language model, from ``--prompt``, ``--answer``, ``--per-token``,
+    ``--max-new-tokens`` and ``--prompts`` (docs/vlm.md)."""
+    return AnswerOptions(prompt, answer, per_token, max_new_tokens, prompts)
 
 
 class Command(Protocol):
@@ -72,47 +66,57 @@ class Command(Protocol):
     run_options: RunOptions
 
 
+def _questioned(
+    inputs: list[str], question: AnswerOptions, exclude: Path | None
+) -> tuple[list[InputImage], dict[str, str]]:
+    """The images asked about and, with ``--prompts``, each one's prompt by its path."""
+    from ..io.discovery import discover
+    from ..io.prompts import read_prompts
+
+    if question.prompts is None:
+        if not inputs:
+            raise UsageError("no input given; try: gradcam IMAGE_OR_DIR --model hf:DIR --prompt TEXT")
+        images = discover(inputs, exclude=exclude)
+        if not images:
+            raise UsageError("no image found in the inputs")
+        return images, {}
+    if question.prompt is not None:
+        raise UsageError("--prompt and --prompts: give one question for all images, or a file of them")
+    if inputs:
+        raise UsageError(f"--prompts {question.prompts} names the images; give no INPUT ({inputs[0]})")
+    pairs = read_prompts(question.prompts)
+    images = discover([image for image, _ in pairs], exclude=exclude)
+    by_path = {image.resolve(): prompt for image, prompt in pairs}
+    return images, {str(image.path): by_path[image.path.resolve()] for image in images}
+
+
 def ask(command: Command) -> int:
-    """Ask the command's ``--prompt`` about every image; print each answer and its maps; the exit code."""
+    """Ask the command's ``--prompt`` about every image (or each image its own, ``--prompts FILE.csv``); print each
+    answer and its maps; the exit code. The task adapter that answers (:func:`~gradcam_cli.cam.tasks.answering`)
+    does the work."""
     reporter, inputs, model, explain = command.reporter, command.inputs, command.model_options, command.explain_options
     output, run, question = command.output, command.run_options, explain.question
-    if question.prompt is None:
+    if not question.asked:
         raise UsageError(f"{question.given()[0]} is for a --prompt; add --prompt TEXT")
-    from ..io.discovery import discover
+    from ..cam.tasks import answering
     from ..io.manifest import ManifestWriter
-    from ..models.devices import resolve_device
-    from ..models.families import family_of
     from ..pipeline.session import Counts
-    from ..vlm.answer import AnswerExplainer
-    from ..vlm.outputs import AnswerRun
 
     if output.manifest is not None and output.manifest.suffix.lower() != ".jsonl":
         raise UsageError(f"--manifest {output.manifest}: with --prompt use a .jsonl file (rows carry the answer)")
-    not_here = _not_for_answers(explain, output, run)
+    adapter = answering()
+    not_here = adapter.refused(explain, output, run)
     if not_here:
         raise UsageError(f"{not_here[0]} does not apply to a --prompt's answer (docs/vlm.md lists what does)")
-    if len(explain.layers) > 1:
-        raise UsageError("--prompt explains one --layer at a time")
-    images = discover(inputs, exclude=output.output_dir)
-    if not images:
-        raise UsageError("no image found in the inputs")
-    vlm = family_of(model.model).load_answering(model, resolve_device(model.device))
-    explainer = AnswerExplainer(
-        vlm,
-        explain.layers[0] if explain.layers else None,
-        explain.methods,
-        question.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
-        explain.perturbation.seed,
-        explain.eigen_smooth,
-    )
+    images, prompts = _questioned(inputs, question, output.output_dir)
+    answerer = adapter.answerer(model, explain)
     if not explain.layers:
-        reporter.info(f"using layer {explainer.layer} ({vlm.family.layer_description}; choose with --layer)")
+        reporter.info(adapter.layer_note(answerer))
     counts = Counts()
     started = time.perf_counter()
-    answers = AnswerRun(explainer, question, output, explain.targets, run.max_side)
     with ExitStack() as stack:
         manifest = stack.enter_context(ManifestWriter(output.manifest)) if output.manifest is not None else None
-        for result, rows in answers.run(images):
+        for result, rows in adapter.run(answerer, images, question, output, explain.targets, run.max_side, prompts):
             for row in rows:
                 if manifest is not None:
                     manifest.write(row)
@@ -123,13 +127,66 @@ def ask(command: Command) -> int:
                 reporter.error(str(rows[0]["error"]))
                 continue
             counts.ok += 1
-            first = rows[0]
-            reporter.result(f"{first['input']}  (model {vlm.name}, layer {explainer.layer})")
-            given = "" if result.generated else " (given)"
-            reporter.result(f"  answer{given}: {result.answer}  (log p {result.logprob:.3f})")
-            for explained, row in zip(result.maps, rows, strict=True):
-                label = explained.target.label
-                reporter.result(f"  {explained.method} for {label} ({explained.score:.3f}) -> {row['outputs'][0]}")
+            for line in adapter.lines(answerer, result, rows):
+                reporter.result(line)
     if len(images) > 1:
         reporter.info(run_summary(counts, time.perf_counter() - started, "images"))
     return EXIT_IMAGE_FAILED if counts.error else EXIT_OK
+
+
+class EvalCommand(Protocol):
+    """The parsed ``gradcam eval`` command (``cli/eval.py``'s ``EvalCommand``)."""
+
+    reporter: Reporter
+    inputs: list[str]
+    model_options: ModelOptions
+    explain_options: ExplainOptions
+    options: EvalOptions
+    ranking: RankOptions
+
+
+def evaluate_answers(command: EvalCommand) -> int:
+    """``gradcam eval --prompt``: deletion and insertion of the answer's per-token probability along each method's
+    map, per image (and their means); the exit code."""
+    reporter, explain, options = command.reporter, command.explain_options, command.options
+    question = explain.question
+    if question.prompt is None:
+        raise UsageError(f"{question.given()[0]} is for a --prompt; add --prompt TEXT")
+    from ..cam.tasks import answering
+    from ..io.discovery import discover
+
+    measures = {"--boxes": options.boxes is not None, "--sanity": options.sanity, "--road": options.road}
+    measures |= {"--plot": options.plot is not None, "--stability": options.stability, "--rank": command.ranking.rank}
+    adapter = answering()
+    not_here = adapter.refused(explain, None, None) + [name for name, on in measures.items() if on]
+    if not_here:
+        raise UsageError(f"{not_here[0]} does not apply to a --prompt's answer (docs/vlm.md: deletion and insertion)")
+    images = discover(command.inputs)
+    if not images:
+        raise UsageError(f"no images found in {' '.join(command.inputs)}")
+    answerer = adapter.answerer(command.model_options, explain)
+    if not explain.layers:
+        reporter.info(adapter.layer_note(answerer))
+    started, failed = time.perf_counter(), 0
+    scores: dict[str, list[tuple[float, float]]] = {}
+    for row in adapter.evaluate(answerer, images, question, options.steps):
+        if reporter.as_json:
+            reporter.emit(json.dumps(row))
+        if row["status"] == "error":
+            failed += 1
+            reporter.error(str(row["error"]))
+        elif "method" not in row:
+            reporter.result(f"{row['input']}: {row['note']}")
+        else:
+            scores.setdefault(row["method"], []).append((row["deletion_auc"], row["insertion_auc"]))
+            reporter.result(
+                f"{row['input']}  {row['method']}: answer {row['answer']!r}  deletion AUC {row['deletion_auc']:.3f}"
+                f"  insertion AUC {row['insertion_auc']:.3f}"
+            )
+    for method, pairs in scores.items():
+        deletion, insertion = (sum(p[i] for p in pairs) / len(pairs) for i in (0, 1))
+        reporter.result(f"{method} (mean of {len(pairs)}): deletion AUC {deletion:.3f}  insertion AUC {insertion:.3f}")
+    reporter.info(
+        f"evaluated {len(images) - failed} image(s), {failed} failed, in {time.perf_counter() - started:.1f}s"
+    )
+    return EXIT_IMAGE_FAILED if failed else EXIT_OK

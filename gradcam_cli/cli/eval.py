@@ -17,7 +17,7 @@ import typer
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, GradcamError, UsageError, describe
 from ..options import ALL_METHODS, DEFAULT_METHOD, POINTING_TOLERANCE, RANDOM_BASELINE, EvalOptions, PerturbationOptions
-from . import params
+from . import answers, params
 from .ranking import MethodSteps, RankOptions, rank_report
 from .reporting import (
     PassProgress,
@@ -166,6 +166,8 @@ def evaluate(
     occlusion_window: params.OcclusionWindowOpt = 32,
     occlusion_stride: params.OcclusionStrideOpt = 16,
     seed: params.SeedOpt = 0,
+    prompt: answers.PromptOpt = None,
+    answer: answers.AnswerOpt = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the whole report as one JSON object (--rank: one per row).")
     ] = False,
@@ -201,6 +203,7 @@ def evaluate(
             targets=specs,
             embedding=embedding,
             perturbation=perturbation,
+            question=answers.question(prompt, answer, False, None),
         ),
         EvalOptions(
             steps,
@@ -217,12 +220,6 @@ def evaluate(
         RankOptions(rank, report_dir, skip_existing, budget),
     )
     run_reported(reporter, command.run)
-
-
-def _ordered(images: list[InputImage], scores: list[ImageScores]) -> list[ImageScores]:
-    """``scores`` in the order of ``images``."""
-    place = {str(image.path): i for i, image in enumerate(images)}
-    return sorted(scores, key=lambda s: place.get(s.image, len(place)))
 
 
 class EvalCommand:
@@ -251,6 +248,8 @@ class EvalCommand:
         from ..io.discovery import discover
 
         reporter, options = self.reporter, self.options
+        if self.explain_options.question.prompt is not None or self.explain_options.question.given():
+            return answers.evaluate_answers(self)
         if self.ranking.report is not None and not self.ranking.rank:
             raise UsageError("--report is for --rank: add --rank (gradcam eval writes no page otherwise)")
         if options.plot is not None and options.plot.suffix.lower() not in PLOT_FORMATS:
@@ -380,10 +379,10 @@ class EvalCommand:
         run: EvalReport | None = None,
     ) -> EvalReport:
         """The report of the ``finished`` images (those of ``run`` and those resumed), in the inputs' order."""
-        from ..evaluation.report import EvalReport
+        from ..evaluation.report import EvalReport, in_order
 
         explainer = evaluator.explainer
-        ordered = _ordered(images, finished)
+        ordered = in_order(images, finished)
         if run is not None:
             return replace(run, images=ordered)
         return EvalReport(

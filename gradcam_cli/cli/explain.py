@@ -73,6 +73,7 @@ def explain(
     answer: answers.AnswerOpt = None,
     per_token: answers.PerTokenOpt = False,
     max_new_tokens: answers.MaxNewTokensOpt = None,
+    prompts: answers.PromptsOpt = None,
     top_k: Annotated[
         int | None,
         typer.Option(
@@ -251,7 +252,7 @@ def explain(
             PerturbationOptions(
                 rise_masks, occlusion_window=occlusion_window, occlusion_stride=occlusion_stride, seed=seed
             ),
-            answers.question(prompt, answer, per_token, max_new_tokens),
+            answers.question(prompt, answer, per_token, max_new_tokens, prompts),
         ),
         OutputOptions(
             output_dir,
@@ -346,10 +347,10 @@ class ExplainCommand:
         from ..pipeline.session import Session
         from ..pipeline.video import check_video_options
 
+        if self.explain_options.question.asked or self.explain_options.question.given():
+            return answers.ask(self)
         if not self.inputs:
             raise UsageError("no input given; try: gradcam IMAGE_OR_DIR [--layer NAME], or gradcam --help")
-        if self.explain_options.question.prompt is not None or self.explain_options.question.given():
-            return answers.ask(self)
         reporter = self.reporter
         images, videos = discover_inputs(
             self.inputs, exclude=self.output.output_dir, warn=lambda message: reporter.info(f"warning: {message}")

@@ -18,6 +18,7 @@ from . import metrics, road
 
 if TYPE_CHECKING:
     from ..cam.results import Prediction
+    from ..io.discovery import InputImage
 
 BLUR_KERNEL = 11
 BLUR_SIGMA = 5.0
@@ -312,3 +313,9 @@ def write_plot(report: EvalReport, path: Path) -> None:
     buffer = io.BytesIO()
     figure.savefig(buffer, format=path.suffix.lower().lstrip("."))
     write_atomic(path, buffer.getvalue())
+
+
+def in_order(images: Sequence[InputImage], scores: list[ImageScores]) -> list[ImageScores]:
+    """``scores`` in the order of ``images``."""
+    place = {str(image.path): i for i, image in enumerate(images)}
+    return sorted(scores, key=lambda s: place.get(s.image, len(place)))

@@ -13,7 +13,7 @@ from torch import nn
 from ..cam.engine import model_state_preserved
 from ..errors import UsageError
 from ..io.images import InputSpec
-from ..options import ModelOptions
+from ..options import TASK_NAMES, ModelOptions
 from .families import FAMILIES, Family, available_models, family_of, no_head_families
 from .families.lite0 import LITE0, LITE0_SPEC
 from .families.torchvision import imagenet_categories
@@ -57,7 +57,7 @@ def load_model(
     ``hf:PATH`` (a folder saved with ``save_pretrained``, or a hub id), ``open_clip:ARCH`` (docs/targets.md),
     ``yolo:PATH``, ``package.module:factory`` or ``path/to/file.py:factory``, or a plugin family's (the family that
     claims the name loads it: :mod:`gradcam_cli.models.families`); ``task`` (``None``: found from the model) says
-    what it does. ``weights``:
+    what it does (a plugin's task adapter by its name: ``ModelProfile.task_name``). ``weights``:
     ``DEFAULT``, a torchvision weights enum name (``IMAGENET1K_V1``), ``none`` (random initialisation, backbone
     included: nothing is downloaded) or the path of a state dict (``torch.save`` or safetensors). ``labels``: a text
     file, one class per line, which must name as many classes as the model has (a custom model's count is found
@@ -75,6 +75,8 @@ def load_model(
     if model.num_classes == 0 and not family.headless:
         raise UsageError(f"--num-classes 0 (no head: an embedding model) is for {no_head_families()} models")
     loaded = family.load(model, architecture_only)
+    if model.task is not None and model.task not in TASK_NAMES:  # a plugin's task adapter, whatever the family
+        loaded = loaded.with_profile(task_name=model.task)
     if model.input_size is not None or loaded.task is Task.DETECT:
         loaded = loaded.with_profile(input_spec=_input_spec(family, loaded, model.input_size))
     if model.labels is not None:

@@ -228,6 +228,8 @@ class AnswerExplainer:
         """Answer (or take ``answer``), then map the answer, its tokens with ``per_token``, and ``specs``."""
         inputs = self.inputs(image, prompt)
         ids = self.generate(inputs) if answer is None else self.encode(answer)
+        if not ids:  # the model ended at once: an empty answer, nothing to map
+            return AnswerExplanation(prompt, "", True, [], self.layer)
         targets = self.targets(ids, per_token, specs)
         activations, gradients, logprobs = self.gradients(inputs, ids, targets)
         decode = self.vlm.tokenizer.decode

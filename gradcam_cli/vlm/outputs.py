@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..errors import GradcamError, describe
 from ..io.discovery import InputImage
@@ -23,6 +23,9 @@ from ..render.encode import save_array, save_image
 from ..targets import TargetSpec
 from .answer import AnswerExplainer, AnswerExplanation
 
+if TYPE_CHECKING:
+    from ..pipeline.records import Record
+
 
 class AnswerRun:
     """Asks ``answer.prompt`` about each image with ``explainer`` and writes what ``output`` asks for."""
@@ -34,11 +37,27 @@ class AnswerRun:
         output: OutputOptions,
         specs: Sequence[TargetSpec] = (),
         max_side: int | None = None,
+        empty: str = "",
+        prompts: Mapping[str, str] | None = None,
     ) -> None:
         self.explainer, self.answer, self.output, self.specs, self.max_side = explainer, answer, output, specs, max_side
+        self.empty, self.prompts = empty, prompts or {}
 
     def run(self, images: Sequence[InputImage]) -> Iterator[tuple[AnswerExplanation | None, list[dict[str, Any]]]]:
-        """For each image, its explanation (``None`` where it failed) and its rows, in order."""
+        """For each image, its explanation (``None`` where it failed) and its rows, in order; with ``--report``,
+        the gallery of the rows written at the end (also after an error or Ctrl-C)."""
+        written: list[dict[str, Any]] = []
+        try:
+            for result, rows in self._each(images):
+                written += rows
+                yield result, rows
+        finally:
+            if self.output.report and written:
+                from ..render.gallery import write_gallery
+
+                write_gallery([gallery_record(row) for row in written], self.output.output_dir)
+
+    def _each(self, images: Sequence[InputImage]) -> Iterator[tuple[AnswerExplanation | None, list[dict[str, Any]]]]:
         for image in images:
             started = time.perf_counter()
             try:
@@ -56,10 +75,13 @@ class AnswerRun:
 
     def _explain(self, image: InputImage) -> tuple[AnswerExplanation, list[dict[str, Any]]]:
         photo = load_image(image.path, self.max_side)
-        assert self.answer.prompt is not None
-        result = self.explainer.explain(
-            photo, self.answer.prompt, self.answer.answer, self.answer.per_token, self.specs
-        )
+        prompt = self.prompts.get(str(image.path), self.answer.prompt)
+        assert prompt is not None
+        result = self.explainer.explain(photo, prompt, self.answer.answer, self.answer.per_token, self.specs)
+        if not result.tokens:  # nothing to map: the row says so (``note``)
+            row = self._row(image, "ok", note=self.empty)
+            row.update(prompt=result.prompt, answer=result.answer, generated=result.generated, tokens=[])
+            return result, [row]
         pixels = to_pixel_tensor(photo)
         table = colormap_table(self.output.colormap)
         suffix = self.output.image_format.suffix_for(image.path)
@@ -106,3 +128,21 @@ class AnswerRun:
         }
         row.update(values)
         return row
+
+
+def gallery_record(row: dict[str, Any]) -> Record:
+    """A row as the gallery's record: the question and its answer shown as the image's prediction (with the
+    answer's probability), each map's target as its label and probability."""
+    from ..cam.results import Prediction
+    from ..pipeline.records import Record
+
+    record = Record.from_dict({**row, "target": None})
+    target = row.get("target")
+    if target is not None:
+        probability = math.exp(target["logprob"]) if target["logprob"] <= 0 else float("nan")
+        record.target = Prediction(target["token"] if target["token"] is not None else -1, target["name"], probability)
+    if "answer" in row:
+        logprob = sum(token["logprob"] for token in row.get("tokens") or [])
+        question = f"{row['prompt']} \N{RIGHTWARDS ARROW} {row['answer'] or '(empty answer)'}"
+        record.predictions = [Prediction(-1, question, math.exp(logprob) if row.get("tokens") else float("nan"))]
+    return record

@@ -66,8 +66,25 @@ def _vit(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
     return ["-m", f"{HERE / 'attention_models.py'}:build_vit"]
 
 
+_MADE: dict[str, Path] = {}
+"""Examples made once per session (a saved model folder), by name."""
+
+
+def _llava(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
+    if "llava" not in _MADE:  # the tiny random LLaVA of tests/vlm_models.py, saved once
+        import vlm_models
+
+        folder = request.getfixturevalue("tmp_path_factory").mktemp("llava")
+        _MADE["llava"] = vlm_models.llava(folder)
+    return ["-m", f"hf:{_MADE['llava']}", "--prompt", "what is the cat ?", "--answer", "a cat"]
+
+
 def _keypoints(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
     return ["-m", f"{HERE / 'task_plugins' / 'keypoints.py'}:build", "--task", "keypoints"]
+
+
+def _count(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
+    return ["-m", "toy:counter", "--weights", "none"]  # the example plugin's (tests/plugins/example_plugin, installed)
 
 
 Example = Callable[[Path, pytest.FixtureRequest], list[str]]
@@ -77,6 +94,8 @@ EXAMPLES: dict[str, dict[str, Example]] = {
     "segment": {"segmenter": _segment},
     "yolo": {"yolo": _yolo},
     "keypoints": {"heatmaps": _keypoints},
+    "count": {"counter": _count},
+    "answer": {"llava": _llava},
 }
 """Each task's examples: the command-line arguments that load a tiny model of it (and its targets)."""
 TRANSFORMER_EXAMPLES: dict[str, dict[str, Example]] = {"classify": {"vit": _vit}}

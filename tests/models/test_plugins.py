@@ -1,7 +1,8 @@
 """Plugins: the example plugin package (tests/plugins/example_plugin, installed into the test environment by
-``make install``) adds the ``toy:`` model family through the ``gradcam_cli.families`` entry point, used here from
-the command line, ``gradcam eval`` and an in-process ``gradcam serve`` app; a family registered in a notebook is
-claimed as the package's own are."""
+``make install``) adds the ``toy:`` model family, the ``toy-saliency`` method and the ``count`` task through the
+installed ``gradcam_cli.families``, ``gradcam_cli.methods`` and ``gradcam_cli.tasks`` entry points (not patched
+here), used together from the command line, ``gradcam eval`` and an in-process ``gradcam serve`` app; a family
+registered in a notebook is claimed as the package's own are."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ from gradcam_cli.registry import FAMILIES_GROUP, METHODS_GROUP, TASKS_GROUP
 PLUGIN = Path(__file__).parents[1].joinpath("plugins") / "example_plugin"
 INSTALL = f"pip install -e {PLUGIN.relative_to(Path(__file__).parents[2])} (make install does)"
 RED_SQUARE = (8, 8, 40, 40)  # x1, y1, x2, y2 in the 96 x 64 image
+COUNTED = {"red": [(8, 8, 24, 24), (40, 8, 56, 24)], "blue": [(60, 40, 76, 56)]}
+"""The 16 x 16 squares of each colour in the counting scene (x1, y1, x2, y2, on grey): ``toy:counter`` counts them."""
 
 
 def plugin_points() -> dict[str, list[str]]:
@@ -55,6 +58,36 @@ def scene(tmp_path: Path) -> Path:
     path.parent.mkdir()
     image.save(path)
     return path
+
+
+@pytest.fixture
+def squares(tmp_path: Path) -> Path:
+    """A grey 96 x 64 image with the squares of :data:`COUNTED`."""
+    image = Image.new("RGB", (96, 64), (128, 128, 128))
+    for colour, boxes in COUNTED.items():
+        for box in boxes:
+            image.paste({"red": (255, 0, 0), "blue": (0, 0, 255)}[colour], box)
+    path = tmp_path / "in" / "squares.png"
+    path.parent.mkdir()
+    image.save(path)
+    return path
+
+
+def inside(saliency: np.ndarray, colour: str) -> float:
+    """The map's mean over the squares of ``colour``."""
+    return float(np.mean([saliency[y1:y2, x1:x2].mean() for x1, y1, x2, y2 in COUNTED[colour]]))
+
+
+def with_features(model: LoadedModel, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The toy model's output for ``inputs`` and its layer ``features``' output, captured separately (autograd's
+    reference for the maps)."""
+    seen: list[torch.Tensor] = []
+    handle = model.module.get_submodule("features").register_forward_hook(lambda _m, _i, output: seen.append(output))
+    try:
+        output = model.module(inputs)
+    finally:
+        handle.remove()
+    return output, seen[0]
 
 
 def test_the_plugin_declares_one_entry_point_of_each_group() -> None:
@@ -157,11 +190,92 @@ def test_the_plugin_method_runs_from_the_command_line_and_equals_its_formula(sce
     model = load_model("toy:tiny", "none")
     inputs = torch.rand(2, 3, 16, 24)
     coarse = Explainer(model, "features", "toy-saliency").compute(inputs, target=0)[2]["toy-saliency"][0][0]
-    seen: list[torch.Tensor] = []
-    handle = model.module.get_submodule("features").register_forward_hook(lambda _m, _i, output: seen.append(output))
-    try:
-        logits = model.module(inputs)
-    finally:
-        handle.remove()
-    (gradients,) = torch.autograd.grad(logits[:, 0].sum(), seen[0])
-    assert torch.allclose(coarse, (gradients * seen[0]).abs().sum(dim=1), atol=1e-6)
+    logits, features = with_features(model, inputs)
+    (gradients,) = torch.autograd.grad(logits[:, 0].sum(), features)
+    assert torch.allclose(coarse, (gradients * features).abs().sum(dim=1), atol=1e-6)
+
+
+def test_the_plugin_task_counts_from_the_command_line_with_the_plugin_family_and_method(
+    squares: Path, tmp_path: Path
+) -> None:
+    from gradcam_cli.cam.tasks import TASKS
+
+    assert "count" in TASKS and TASKS.names()[-1] == "count"  # the installed entry point registered it, last
+    out = tmp_path / "out"
+    common = [squares, "--model", "toy:counter", "--weights", "none", "--output-dir", out, "--top-k", "2"]
+    args = [*common, "--method", "gradcam,toy-saliency", "--manifest", out / "m.jsonl", "--report"]
+    result = CliRunner().invoke(app, [*map(str, args), "--json", "--save-raw"])
+    assert result.exit_code == EXIT_OK, result.output
+    rows = {(row["method"], row["target"]["name"]): row for row in map(json.loads, result.stdout.splitlines())}
+    assert set(rows) == {(method, colour) for method in ("gradcam", "toy-saliency") for colour in ("red", "blue")}
+    for (_, colour), row in rows.items():
+        assert row["provenance"]["task"] == "count" and row["model"] == "toy:counter"
+        assert row["target"]["count"] == pytest.approx(len(COUNTED[colour]), abs=1e-3)  # the task's own key
+        assert [p["name"] for p in row["predictions"]] == ["red", "blue", "green"]
+        assert row["predictions"][0]["probability"] == pytest.approx(2 / 3, abs=1e-3)  # a share of all counted
+        saliency = np.load(next(path for path in row["outputs"] if path.endswith(".npy")))
+        other = "blue" if colour == "red" else "red"
+        assert saliency.shape == (64, 96) and inside(saliency, colour) > 0.7 and inside(saliency, other) < 0.05
+    assert (out / "index.html").is_file() and "toy-saliency" in (out / "index.html").read_text(encoding="utf-8")
+
+    console = CliRunner().invoke(app, [*map(str, common), "--method", "toy-saliency", "--output-dir", tmp_path / "c"])
+    assert console.exit_code == EXIT_OK, console.output
+    assert "(class 0), 2 counted" in console.stdout and "toy-saliency for blue (count 1) ->" in console.stdout
+
+    named = CliRunner().invoke(app, [str(squares), "--model", "toy:tiny", "--weights", "none", "--task", "count"])
+    assert named.exit_code == EXIT_USAGE  # a classifier asked to count is not explained as a classifier
+    assert "a counting model returns (N, classes, h, w) density maps" in named.stderr
+
+
+def test_the_count_score_is_a_density_maps_sum_and_its_gradient_what_the_maps_show() -> None:
+    from gradcam_cli import Explainer
+
+    model = load_model("toy:counter", "none")
+    inputs = torch.rand(2, 3, 32, 48)
+    targets, cams = Explainer(model, "features", "toy-saliency").compute_targets(inputs, target=2)
+    density, features = with_features(model, inputs)
+    assert density.shape == (2, 3, 8, 12)
+    (gradients,) = torch.autograd.grad(density[:, 2].sum(), features)
+    assert torch.allclose(cams["toy-saliency"][0][0], (gradients * features).abs().sum(dim=1), atol=1e-6)
+    value = targets.value(0)
+    assert value is not None and float(value.detach()) == pytest.approx(float(density[:, 2].detach().sum()), rel=1e-5)
+
+
+def test_gradcam_eval_scores_the_plugin_tasks_maps_against_each_colours_boxes(squares: Path, tmp_path: Path) -> None:
+    lines = [f"squares.png,{','.join(map(str, box))},{colour}" for colour, boxes in COUNTED.items() for box in boxes]
+    boxes = tmp_path / "boxes.csv"
+    boxes.write_text("\n".join(["image,x1,y1,x2,y2,class", *lines, "squares.png,0,40,16,56,green"]), encoding="utf-8")
+    options = ["--model", "toy:counter", "--weights", "none", "--method", "gradcam,toy-saliency", "--json"]
+    result = CliRunner().invoke(eval_app, [str(squares.parent), *options, "--boxes", str(boxes), "--quiet"])
+    assert result.exit_code == EXIT_OK, result.output
+    report = json.loads(result.stdout)
+    for method in ("gradcam", "toy-saliency"):
+        pointing = report["methods"][method]["pointing"]
+        assert pointing["overall"]["count"] == 2 and pointing["overall"]["hits"] == 2, pointing  # red, blue
+    assert report["undetected_boxes"] == 1  # the green box: nothing green is counted
+    refused = CliRunner().invoke(eval_app, [str(squares.parent), *options, "--boxes", str(boxes), "--sanity"])
+    assert refused.exit_code == EXIT_USAGE
+    assert refused.stderr.splitlines()[-1].startswith("error: --sanity is for classifiers; a counting model's maps")
+
+
+def test_serve_explains_the_plugin_task_with_the_plugin_method(squares: Path, tmp_path: Path) -> None:
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from gradcam_cli.serve import ModelService, create_app
+
+    service = ModelService(ModelOptions("toy:counter", weights="none"))
+    with TestClient(create_app(service, work_dir=tmp_path / "work"), base_url="http://127.0.0.1:8765") as client:
+        info = client.get("/api/info").json()["model"]
+        assert info["task"] == "count" and "toy-saliency" in info["methods"] and "ablationcam" not in info["methods"]
+        image_id = client.post("/api/upload?name=squares.png", content=squares.read_bytes()).json()["id"]
+        answer = client.get(f"/api/map?image={image_id}").json()
+        assert (answer["target"]["name"], answer["target"]["count"]) == ("red", pytest.approx(2, abs=1e-3)), answer
+        blue = client.get(f"/api/map?image={image_id}&target=blue&method=toy-saliency").json()
+        assert (blue["method"], blue["target"]["name"], blue["predictions"][0]["name"]) == (
+            "toy-saliency",
+            "blue",
+            "red",
+        )
+        saliency = np.load(io.BytesIO(client.get(f"/api/maps/{blue['id']}/map.npy").content))
+    assert saliency.shape == (64, 96) and inside(saliency, "blue") > 0.7 and inside(saliency, "red") < 0.05

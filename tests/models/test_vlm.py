@@ -5,6 +5,7 @@ whose halves differ. Tiny random models of each family (tests/vlm_models.py)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -19,13 +20,7 @@ from gradcam_cli.vlm.answer import AnswerExplainer, placeholder_ids
 from gradcam_cli.vlm.faithfulness import answer_curves
 from gradcam_cli.vlm.loading import load_vlm
 
-BUILDERS = {
-    "llava": vlm_models.llava,
-    "llava-next": vlm_models.llava_next,
-    "qwen2-vl": vlm_models.qwen2_vl,
-    "qwen2.5-vl": vlm_models.qwen2_5_vl,
-    "idefics3": vlm_models.idefics3,
-}
+BUILDERS = vlm_models.BUILDERS
 PROMPT = "what is the cat ?"
 
 
@@ -399,3 +394,131 @@ def test_every_answer_method_gives_a_map_of_the_photo(folder):
         assert explained.saliency.shape == (image.height, image.width)
         assert torch.isfinite(explained.saliency).all()
         assert explained.saliency.min() >= 0 and explained.saliency.max() <= 1
+
+
+def test_an_empty_answer_says_so_in_its_row_and_on_the_console(tmp_path, monkeypatch):
+    """A model that ends its answer at once: the answer task's adapter says why there is no map (exit 0)."""
+    import json
+
+    from gradcam_cli.cam.tasks.answer import EMPTY_ANSWER
+
+    folder = vlm_models.llava(tmp_path / "llava")
+    image = tmp_path / "photo.png"
+    photo().save(image)
+    monkeypatch.setattr(AnswerExplainer, "generate", lambda self, inputs: [])
+    out = tmp_path / "out"
+    result = run(image, "-m", f"hf:{folder}", "--prompt", PROMPT, "-o", out, "--manifest", tmp_path / "m.jsonl")
+    assert result.exit_code == 0, result.output
+    assert f"  answer: (empty)  {EMPTY_ANSWER}" in result.stdout
+    (row,) = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert (row["status"], row["outputs"], row["note"], row["answer"]) == ("ok", [], EMPTY_ANSWER, "")
+    assert not out.exists() or not any(out.iterdir())
+
+
+def evaluate(*args) -> object:
+    """``gradcam eval ARGS`` in-process."""
+    from typer.testing import CliRunner
+
+    from gradcam_cli.cli.eval import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_eval_measures_the_answers_deletion_and_insertion_on_the_command_line(tmp_path):
+    """gradcam eval --prompt: per image and method, the curves of vlm/faithfulness.py's answer_curves (the same
+    numbers), their means; options of a class's protocol refused in one line."""
+    import json
+
+    folder = vlm_models.llava(tmp_path / "llava")
+    image = tmp_path / "photo.png"
+    photo().save(image)
+    model = f"hf:{folder}"
+    result = evaluate(image, "-m", model, "--prompt", PROMPT, "--answer", "a cat", "--steps", 4, "--json")
+    assert result.exit_code == 0, result.output
+    (row,) = [json.loads(line) for line in result.stdout.splitlines()]
+    explainer = AnswerExplainer(load_vlm(model, torch.device("cpu")))
+    explained = explainer.explain(photo(), PROMPT, "a cat")
+    ids = [token.id for token in explained.tokens]
+    curves = answer_curves(explainer, photo(), PROMPT, ids, explained.maps[0].saliency, 4)
+    assert (row["method"], row["answer"], len(row["deletion"])) == ("gradcam", "a cat", 5)
+    assert row["deletion"] == pytest.approx(curves.deletion, abs=1e-5)
+    assert row["insertion_auc"] == pytest.approx(curves.insertion_auc, abs=1e-5)
+    result = evaluate(image, "-m", model, "--prompt", PROMPT, "--answer", "a cat", "--steps", 4)
+    assert result.exit_code == 0, result.output
+    assert "gradcam (mean of 1): deletion AUC " in result.stdout
+    result = evaluate(image, "-m", model, "--prompt", PROMPT, "--sanity")
+    assert result.exit_code == 2 and result.stderr.startswith("error: --sanity does not apply to a --prompt's answer")
+    result = evaluate(image, "--answer", "a cat")
+    assert result.exit_code == 2 and result.stderr.strip() == "error: --answer is for a --prompt; add --prompt TEXT"
+
+
+def test_a_folder_with_one_prompt_and_a_csv_of_image_prompt_pairs(tmp_path):
+    """A folder asks every image the one --prompt; --prompts FILE.csv asks each image its own (paths relative to
+    the file, a quoted prompt with a comma); its mistakes refused in one line naming the line."""
+    import json
+
+    folder = vlm_models.llava(tmp_path / "llava")
+    photos = tmp_path / "photos"
+    (photos / "sub").mkdir(parents=True)
+    photo().save(photos / "a.png")
+    photo(left=(30, 200, 30)).save(photos / "sub" / "b.png")
+    model, out = f"hf:{folder}", tmp_path / "out"
+    result = run(photos, "-m", model, "--prompt", PROMPT, "--answer", "a cat", "-o", out, "--json")
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(Path(row["input"]).name, row["prompt"]) for row in rows] == [("a.png", PROMPT), ("b.png", PROMPT)]
+    assert (out / "a_gradcam_answer.png").is_file() and (out / "sub" / "b_gradcam_answer.png").is_file()
+
+    pairs = photos / "pairs.csv"
+    pairs.write_text('image,prompt\na.png,what is the cat ?\nsub/b.png,"what, is the dog ?"\n', encoding="utf-8")
+    result = run("-m", model, "--prompts", pairs, "--answer", "a dog", "-o", tmp_path / "out2", "--json")
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(Path(row["input"]).name, row["prompt"]) for row in rows] == [
+        ("a.png", "what is the cat ?"),
+        ("b.png", "what, is the dog ?"),
+    ]
+    explainer = AnswerExplainer(load_vlm(model, torch.device("cpu")))
+    expected = explainer.explain(photo(left=(30, 200, 30)), "what, is the dog ?", "a dog").logprob
+    assert rows[1]["target"]["logprob"] == pytest.approx(expected, abs=1e-5)
+
+    for text, message in (
+        ("a.png\n", f"error: --prompts {pairs}, line 1: expected image,prompt (quote a prompt with commas)"),
+        ("a.png,x\n./a.png,y\n", f"error: --prompts {pairs}, line 2: ./a.png is on line 1 already"),
+        ("image,prompt\n", f"error: --prompts {pairs}: no image,prompt line in it"),
+    ):
+        pairs.write_text(text, encoding="utf-8")
+        result = run("-m", model, "--prompts", pairs)
+        assert result.exit_code == 2 and result.stderr.strip() == message
+    result = run(photos, "-m", model, "--prompts", pairs)
+    assert result.exit_code == 2 and "names the images; give no INPUT" in result.stderr
+
+
+def test_the_gallery_shows_each_images_prompt_and_answer(tmp_path):
+    """--report: the page's entry of each image shows its question, its answer and the answer's probability, and
+    links each map with its target."""
+    import json
+    import re
+
+    folder = vlm_models.llava(tmp_path / "llava")
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    photo().save(photos / "a.png")
+    (photos / "b.png").write_bytes(b"not an image")
+    out = tmp_path / "out"
+    model = f"hf:{folder}"
+    args = ("--prompt", PROMPT, "--answer", "a cat", "--per-token", "--report", "-o", out, "--json")
+    result = run(photos, "-m", model, *args)
+    assert result.exit_code == 1, result.output  # b.png fails, a.png is explained
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    page = (out / "index.html").read_text(encoding="utf-8")
+    data = re.search(r"(\[\{.*\}\])", page)
+    assert data is not None
+    entries = {entry["name"].rsplit("/", 1)[-1]: entry for entry in json.loads(data.group(1))}
+    first = next(row for row in rows if row["status"] == "ok")
+    probability = math.exp(sum(token["logprob"] for token in first["tokens"]))
+    ((question, shown, _),) = entries["a.png"]["predictions"]
+    assert question == f"{PROMPT} \N{RIGHTWARDS ARROW} a cat" and shown == pytest.approx(probability, abs=1e-4)
+    assert [view["target"][0] for view in entries["a.png"]["views"]] == ["answer", "token 0: a", "token 1: cat"]
+    assert all((out / view["href"]).is_file() for view in entries["a.png"]["views"])
+    assert entries["b.png"]["status"] == "error"

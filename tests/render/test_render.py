@@ -158,3 +158,36 @@ def test_a_boxs_label_is_drawn_whole_inside_the_image(box) -> None:
     assert label.shape[1] > 40 and (label.sum(axis=2) < 150).any()  # wider than the boxes, with dark text in it
     edge = draw_boxes(torch.zeros(60, 100, 3, dtype=torch.uint8), [(box, caption, rank)]).numpy()
     assert _contains(edge, label)
+
+
+def _places(image: np.ndarray, patch: np.ndarray) -> list[tuple[int, int]]:
+    height, width = patch.shape[:2]
+    return [
+        (y, x)
+        for y in range(image.shape[0] - height + 1)
+        for x in range(image.shape[1] - width + 1)
+        if np.array_equal(image[y : y + height, x : x + width], patch)
+    ]
+
+
+def test_labels_of_nearby_boxes_do_not_cover_each_other() -> None:
+    """A combined overlay's labels of two nearly coincident boxes (and a third at the bottom edge, whose label
+    cannot move down): each label is the very one drawn for its box in open space, found whole once, inside the
+    image, and the labels' rectangles do not intersect."""
+    captions = [("person 0.97", 1), ("person 0.91", 2), ("dog 0.88", 3)]
+    labels = []
+    for caption, rank in captions:
+        alone = draw_boxes(torch.zeros(60, 400, 3, dtype=torch.uint8), [((200.0, 30.0, 230.0, 55.0), caption, rank)])
+        labels.append(_label_patch(alone.numpy(), colour(rank), 30))
+    boxes = [(20.0, 40.0, 90.0, 100.0), (24.0, 44.0, 94.0, 104.0), (30.0, 100.0, 80.0, 119.0)]
+    marks = [(box, caption, rank) for box, (caption, rank) in zip(boxes, captions, strict=True)]
+    combined = draw_boxes(torch.zeros(120, 160, 3, dtype=torch.uint8), marks).numpy()
+    rectangles = []
+    for label in labels:
+        places = _places(combined, label)
+        assert len(places) == 1, places  # drawn whole: no label or box line over it
+        (y, x), (height, width) = places[0], label.shape[:2]
+        rectangles.append((x, y, x + width - 1, y + height - 1))
+    for i, (ax1, ay1, ax2, ay2) in enumerate(rectangles):
+        for bx1, by1, bx2, by2 in rectangles[i + 1 :]:
+            assert ax2 < bx1 or bx2 < ax1 or ay2 < by1 or by2 < ay1, rectangles

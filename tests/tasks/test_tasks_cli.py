@@ -243,6 +243,22 @@ def test_a_detectors_image_whose_rows_the_resumed_manifest_lacks_is_explained_ag
     assert [{**row, "status": "ok", "seconds": 0} for row in after] == [{**row, "seconds": 0} for row in before]
 
 
+def test_gradcam_eval_scores_a_segmenters_class_maps_against_the_boxes_of_their_label(inputs, tmp_path):
+    boxes = tmp_path / "boxes.csv"
+    boxes.write_text(
+        "image,x1,y1,x2,y2,class\ntwo.png,120,200,200,280,red\ntwo.png,30,40,90,100,GREEN\n"
+        "two.png,200,10,230,40,blue\ntwo.png,0,0,10,10,cat\n",
+        encoding="utf-8",
+    )
+    labels = inputs.parent / "classes.txt"
+    result = run_eval(inputs / "two.png", "-m", SEGMENTER, "--labels", labels, "--boxes", boxes, "--json")
+    assert result.exit_code == EXIT_OK, result.output
+    report = json.loads(result.stdout)
+    pointing = report["methods"]["gradcam"]["pointing"]
+    assert pointing["overall"] == {**pointing["overall"], "count": 2, "hits": 2}  # red and green, any case
+    assert report["undetected_boxes"] == 2  # blue is predicted nowhere; no class is named cat
+
+
 def test_list_layers_marks_the_backbones_last_stage(inputs):
     result = run("-m", DETECTOR, "--list-layers")
     assert result.exit_code == EXIT_OK, result.output

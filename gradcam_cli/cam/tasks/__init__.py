@@ -1,7 +1,29 @@
 """Task adapters (:mod:`.base`): one module per task, registered in :data:`TASKS` in this order (YOLO's before
 torchvision's detectors, as the first adapter that claims a model explains it)."""
 
-from . import classify, detect, segment, yolo  # noqa: F401  (each registers its adapter)
-from .base import TASKS, Explained, Pair, ScoreRequest, TaskAdapter, adapter_for, register_task
+from . import answer, classify, detect, segment, yolo  # noqa: F401  (each registers its adapter)
+from .base import (
+    TASKS,
+    Answering,
+    Explained,
+    Pair,
+    ScoreRequest,
+    TaskAdapter,
+    adapter_for,
+    answering,
+    label_box_pairs,
+    register_task,
+)
 
-__all__ = ["TASKS", "Explained", "Pair", "ScoreRequest", "TaskAdapter", "adapter_for", "register_task"]
+__all__ = [
+    "TASKS",
+    "Answering",
+    "Explained",
+    "Pair",
+    "ScoreRequest",
+    "TaskAdapter",
+    "adapter_for",
+    "answering",
+    "label_box_pairs",
+    "register_task",
+]

@@ -10,7 +10,7 @@ Nothing outside the adapters compares a task. How to add one: docs/internals.md 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -77,6 +77,8 @@ class TaskAdapter:
     faithfulness = False
     takes_targets = False
     aug_smooth = False
+    answers = False
+    """It answers ``--prompt`` questions (:class:`Answering`; found by :func:`answering`)."""
     methods_of = "segment"
     """The built-in task whose method list this one takes (:attr:`CamMethod.tasks`), unless :meth:`takes` says."""
 
@@ -167,6 +169,68 @@ class TaskAdapter:
     def serve_target(self) -> bool:
         """Whether ``gradcam serve`` resolves a class to explain for a request (a ranked task explains them all)."""
         return not self.ranked
+
+
+def label_box_pairs(
+    explainer: Explained,
+    image: Any,
+    result: ImageExplanation,
+    boxes: Sequence[GroundTruthBox],
+    found: Callable[[Prediction], bool],
+) -> tuple[list[Pair], int]:
+    """:meth:`TaskAdapter.box_pairs` by label, for tasks whose targets are classes: the boxes of one label scored
+    together with the map of the class of that name (any case; a box without a label: the image's first explained
+    class); a label that names no class, or a class whose explained target is not ``found`` in the image (predicted
+    nowhere, counted none), is undetected."""
+    names = [name.lower() for name in explainer.model.categories or []]
+    pairs: list[Pair] = []
+    undetected = 0
+    for label in dict.fromkeys(box.label for box in boxes):
+        group = [box.box for box in boxes if box.label == label]
+        explained = result
+        if label is not None:
+            if names.count(label.lower()) != 1:
+                undetected += len(group)
+                continue
+            explained = explainer.explain(image, target=names.index(label.lower()))
+        if not explained.explanations or not found(explained.explanations[0].target):
+            undetected += len(group)
+            continue
+        first = explained.explanations[0].target.index
+        pairs.append((label, group, [e for e in explained.explanations if e.target.index == first]))
+    return pairs, undetected
+
+
+class Answering(Protocol):
+    """What the command line asks of the adapter that answers ``--prompt`` questions (a vision-language model's
+    answer: :mod:`.answer`), beside :class:`TaskAdapter`'s members."""
+
+    def refused(self, explain: ExplainOptions, output: Any, run: Any) -> list[str]: ...
+    def answerer(self, model: Any, explain: ExplainOptions) -> Any: ...
+    def layer_note(self, answerer: Any) -> str: ...
+    def run(
+        self,
+        answerer: Any,
+        images: Sequence[Any],
+        question: Any,
+        output: Any,
+        specs: Sequence[TargetSpec] = (),
+        max_side: int | None = None,
+        prompts: dict[str, str] | None = None,
+    ) -> Iterator[tuple[Any, list[dict[str, Any]]]]: ...
+    def lines(self, answerer: Any, result: Any, rows: list[dict[str, Any]]) -> list[str]: ...
+    def evaluate(
+        self, answerer: Any, images: Sequence[Any], question: Any, steps: int, prompts: dict[str, str] | None = None
+    ) -> Iterator[dict[str, Any]]: ...
+
+
+def answering() -> Answering:
+    """The registered adapter that answers ``--prompt`` questions (its :attr:`~TaskAdapter.answers`)."""
+    for adapter in TASKS.values():
+        if adapter.answers:
+            chosen: Any = adapter
+            return chosen  # type: ignore[no-any-return]
+    raise UsageError("no registered task answers a --prompt")
 
 
 def check_class_score(options: ExplainOptions) -> None:

@@ -27,7 +27,7 @@ class ClassifyTask(TaskAdapter):
     methods_of = "classify"
 
     def claims(self, model: LoadedModel, requested: str | None) -> bool:
-        return model.task.value == self.name
+        return model.task.value == self.name and requested in (None, self.name)  # else a plugin's task named
 
     def check_options(self, options: ExplainOptions) -> None:
         check_class_score(options)

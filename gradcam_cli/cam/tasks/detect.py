@@ -32,7 +32,7 @@ class DetectTask(TaskAdapter):
     methods_of = "detect"
 
     def claims(self, model: LoadedModel, requested: str | None) -> bool:
-        return model.task.value == self.name and not is_yolo_module(model.module)  # YOLO's: .yolo
+        return model.task.value == self.name and requested in (None, self.name) and not is_yolo_module(model.module)
 
     def check_options(self, options: ExplainOptions) -> None:
         check_class_score(options)

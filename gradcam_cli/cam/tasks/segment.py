@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ...options import ExplainOptions
 from ..scores import Score
 from ..segmentation import SegmentationScore
-from .base import Explained, Pair, ScoreRequest, TaskAdapter, check_class_score, register_task
+from .base import Explained, Pair, ScoreRequest, TaskAdapter, check_class_score, label_box_pairs, register_task
 
 if TYPE_CHECKING:
     from ...evaluation.boxes import GroundTruthBox
@@ -53,32 +53,9 @@ class SegmentTask(TaskAdapter):
     def box_pairs(
         self, explainer: Explained, image: Any, result: ImageExplanation, boxes: Sequence[GroundTruthBox]
     ) -> tuple[list[Pair], int]:
-        """The boxes of one label scored together with the map of the class of that name (a box without a label:
-        the image's first explained class); a label that names no class, or a class predicted nowhere, is
-        undetected."""
-        pairs: list[Pair] = []
-        undetected = 0
-        for label in dict.fromkeys(box.label for box in boxes):
-            group = [box.box for box in boxes if box.label == label]
-            explained = result
-            if label is not None:
-                index = _class_of(explainer, label)
-                if index is None:
-                    undetected += len(group)
-                    continue
-                explained = explainer.explain(image, target=index)
-            if not explained.explanations or not explained.explanations[0].target.share:
-                undetected += len(group)  # the class is predicted nowhere: its map is empty
-                continue
-            first = explained.explanations[0].target.index
-            pairs.append((label, group, [e for e in explained.explanations if e.target.index == first]))
-        return pairs, undetected
-
-
-def _class_of(explainer: Explained, label: str) -> int | None:
-    categories = explainer.model.categories or []
-    matches = [i for i, name in enumerate(categories) if name.lower() == label.lower()]
-    return matches[0] if len(matches) == 1 else None
+        """The boxes of one label against the map of the class of that name (:func:`label_box_pairs`); a class
+        predicted nowhere (its map is empty) is undetected."""
+        return label_box_pairs(explainer, image, result, boxes, lambda target: bool(target.share))
 
 
 register_task(SegmentTask())

@@ -32,9 +32,8 @@ class Custom(Family):
         name = options.model
         module = _build(name, options.weights, architecture_only)
         spec = InputSpec()
-        plugin_task = options.task if options.task is not None and options.task not in TASK_NAMES else None
         task = chosen_task(options, Task.CLASSIFY) if options.task in TASK_NAMES else infer_task(module, spec, name)
-        profile = ModelProfile(spec, None, task, task_name=plugin_task, size_known=False)
+        profile = ModelProfile(spec, None, task, size_known=False)  # a plugin's --task: load_model says it
         return LoadedModel(module, name, options.weights, profile=profile)
 
 

@@ -41,7 +41,7 @@
       caption.append(document.createTextNode((view.method || "") + " · "));
       if (view.target) {
         caption.append(document.createTextNode(view.target[0] + " "));
-        caption.append(el("span", {class: "p"}, pct(view.target[1]) + "(#" + view.target[2] + ")"));
+        caption.append(el("span", {class: "p"}, pct(view.target[1]) + (view.target[2] >= 0 ? "(#" + view.target[2] + ")" : "")));
       } else {
         caption.append(el("span", {class: "p"}, "top class per frame"));
       }
@@ -62,7 +62,7 @@
     if (entry.predictions.length) {
       const list = el("ol", {class: "preds", title: "top predictions"});
       for (const [name, p, index] of entry.predictions) {
-        list.append(el("li", {}, name + " " + pct(p) + "(#" + index + ")"));
+        list.append(el("li", {}, name + " " + pct(p) + (index >= 0 ? "(#" + index + ")" : "")));
       }
       node.append(list);
     }

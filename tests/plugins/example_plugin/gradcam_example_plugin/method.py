@@ -1,6 +1,7 @@
 """The ``toy-saliency`` method, registered under the ``gradcam_cli.methods`` entry point ``toy-saliency``, which
 names :data:`TOY_SALIENCY` (the entry point's name must be the method's: the command line accepts it as
-``--method toy-saliency`` before anything is imported)."""
+``--method toy-saliency`` before anything is imported). It reads only the layer's activations and the score's
+gradient, so it serves every task (``tasks`` left at its default): the plugin's ``count`` task takes it too."""
 
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ def toy_saliency(activations: torch.Tensor, gradients: torch.Tensor, *, eigen_sm
 TOY_SALIENCY = CamMethod(
     "toy-saliency",
     toy_saliency,
-    tasks=("classify",),
     formula="sum_k |g^k ⊙ A^k|",
     paper="the example plugin (tests/plugins/example_plugin)",
     cost="one backward pass",

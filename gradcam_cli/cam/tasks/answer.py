@@ -1,0 +1,167 @@
+"""A vision-language model's answer (docs/vlm.md): the task of ``--prompt``. Its model is loaded by the family
+registry (:meth:`~gradcam_cli.models.families.base.Family.load_answering`) and explained by
+:class:`~gradcam_cli.vlm.answer.AnswerExplainer`; this adapter decides everything the command line asks of a
+task: the options it refuses, which methods apply, the run (maps, overlays and rows), the console's lines, what an
+empty answer says, and ``gradcam eval``'s deletion and insertion of the answer's probability."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ...errors import GradcamError, UsageError, describe
+from .base import TaskAdapter, register_task
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from ...io.discovery import InputImage
+    from ...models.loading import LoadedModel
+    from ...options import AnswerOptions, ExplainOptions, ModelOptions, OutputOptions, RunOptions
+    from ...targets import TargetSpec
+    from ...vlm.answer import AnswerExplainer, AnswerExplanation
+
+DEFAULT_MAX_NEW_TOKENS = 32
+"""The generated answer's most tokens without ``--max-new-tokens``."""
+EMPTY_ANSWER = "the model's answer is empty (it ended at once): nothing to map; give one with --answer TEXT"
+"""What an image whose generated answer is empty says (its row's ``note``, the console)."""
+
+
+class AnswerTask(TaskAdapter):
+    """A generated (or given) answer's log-probability, its tokens', ``answer:`` and ``contrast:answer:`` targets."""
+
+    name = "answer"
+    noun = "vision-language model"
+    answers = True
+    by_name = False  # asked with --prompt, never named by --task
+    videos = False
+    faithfulness = True
+    takes_targets = True
+
+    def claims(self, model: LoadedModel, requested: str | None) -> bool:
+        return False  # the model of a question is loaded for it (--prompt), never as a LoadedModel
+
+    def takes(self, method: str, tasks: Sequence[str], module: nn.Module) -> bool:
+        from ...vlm.answer import answer_methods
+
+        return method in answer_methods()
+
+    def nothing_found(self, model: Any, score: Any, target: int | None) -> str | None:
+        return EMPTY_ANSWER
+
+    def refused(self, explain: ExplainOptions, output: OutputOptions | None, run: RunOptions | None) -> list[str]:
+        """The options given that an answer does not take (``None`` or off: not given)."""
+        values = {
+            "--target-class": explain.target_class,
+            "--top-k": explain.top_k,
+            "--score": explain.score,
+            "--score-threshold": explain.score_threshold,
+            "--max-detections": explain.max_detections,
+            "--embedding": explain.embedding,
+            "--shard": run.shard if run is not None else None,
+        }
+        flags = {
+            "--aug-smooth": explain.aug_smooth,
+            "--save-heatmap": output is not None and output.save_heatmap,
+            "--panel": output is not None and output.panel,
+            "--skip-existing": output is not None and output.skip_existing,
+            "--engine ray": run is not None and run.engine != "local",
+        }
+        given = [name for name, value in values.items() if value is not None]
+        return given + [name for name, on in flags.items() if on]
+
+    def answerer(self, model: ModelOptions, explain: ExplainOptions) -> AnswerExplainer:
+        """The explainer of ``explain``'s question, its model loaded by the family registry."""
+        from ...models.devices import resolve_device
+        from ...models.families import family_of
+        from ...vlm.answer import AnswerExplainer
+
+        if len(explain.layers) > 1:
+            raise UsageError("--prompt explains one --layer at a time")
+        vlm = family_of(model.model).load_answering(model, resolve_device(model.device))
+        return AnswerExplainer(
+            vlm,
+            explain.layers[0] if explain.layers else None,
+            explain.methods,
+            explain.question.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
+            explain.perturbation.seed,
+            explain.eigen_smooth,
+        )
+
+    def layer_note(self, answerer: AnswerExplainer) -> str:
+        """The console's note on the default layer."""
+        return f"using layer {answerer.layer} ({answerer.vlm.family.layer_description}; choose with --layer)"
+
+    def run(
+        self,
+        answerer: AnswerExplainer,
+        images: Sequence[InputImage],
+        question: AnswerOptions,
+        output: OutputOptions,
+        specs: Sequence[TargetSpec] = (),
+        max_side: int | None = None,
+        prompts: dict[str, str] | None = None,
+    ) -> Iterator[tuple[AnswerExplanation | None, list[dict[str, Any]]]]:
+        """Each image's answer (``None`` where it failed) and its rows (docs/vlm.md), its maps written; ``prompts``:
+        an image's own prompt by its path, else ``question.prompt``."""
+        from ...vlm.outputs import AnswerRun
+
+        return AnswerRun(answerer, question, output, specs, max_side, EMPTY_ANSWER, prompts).run(images)
+
+    def lines(self, answerer: AnswerExplainer, result: AnswerExplanation, rows: list[dict[str, Any]]) -> list[str]:
+        """The console's lines of one image's answer and maps."""
+        first = rows[0]
+        given = "" if result.generated else " (given)"
+        lines = [f"{first['input']}  (model {answerer.vlm.name}, layer {answerer.layer})"]
+        if not result.tokens:
+            return [*lines, f"  answer{given}: (empty)  {EMPTY_ANSWER}"]
+        lines.append(f"  answer{given}: {result.answer}  (log p {result.logprob:.3f})")
+        for explained, row in zip(result.maps, rows, strict=True):
+            label = explained.target.label
+            lines.append(f"  {explained.method} for {label} ({explained.score:.3f}) -> {row['outputs'][0]}")
+        return lines
+
+    def evaluate(
+        self,
+        answerer: AnswerExplainer,
+        images: Sequence[InputImage],
+        question: AnswerOptions,
+        steps: int,
+        prompts: dict[str, str] | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """``gradcam eval``'s rows: per image and method, the deletion and insertion curves of the answer's
+        per-token probability along its map (:mod:`gradcam_cli.vlm.faithfulness`); an image that fails gives an
+        error row."""
+        from ...io.images import load_image
+        from ...vlm.faithfulness import answer_curves
+
+        for image in images:
+            prompt = (prompts or {}).get(str(image.path), question.prompt or "")
+            try:
+                photo = load_image(image.path)
+                result = answerer.explain(photo, prompt, question.answer)
+                if not result.tokens:
+                    yield {"input": str(image.path), "status": "ok", "note": EMPTY_ANSWER, "answer": ""}
+                    continue
+                ids = [token.id for token in result.tokens]
+                for explained in result.maps:
+                    curves = answer_curves(answerer, photo, prompt, ids, explained.saliency, steps)
+                    yield {
+                        "input": str(image.path),
+                        "status": "ok",
+                        "method": explained.method,
+                        "prompt": prompt,
+                        "answer": result.answer,
+                        "deletion_auc": round(curves.deletion_auc, 6),
+                        "insertion_auc": round(curves.insertion_auc, 6),
+                        "deletion": [round(v, 6) for v in curves.deletion],
+                        "insertion": [round(v, 6) for v in curves.insertion],
+                    }
+            except GradcamError as error:
+                yield {"input": str(image.path), "status": "error", "error": str(error)}
+            except (RuntimeError, ValueError, OSError) as error:
+                message = f"{image.path}: {describe(error, str(image.path))}"
+                yield {"input": str(image.path), "status": "error", "error": message}
+
+
+register_task(AnswerTask())
