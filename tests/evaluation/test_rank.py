@@ -24,6 +24,7 @@ from gradcam_cli.cam.results import Prediction
 from gradcam_cli.cli.eval import app
 from gradcam_cli.evaluation import metrics
 from gradcam_cli.evaluation.evaluate import Evaluator
+from gradcam_cli.evaluation.plan import SEED_RERUNS
 from gradcam_cli.evaluation.rank import MIN_IMAGES, bootstrap, format_ranking, paired_interval, rank
 from gradcam_cli.evaluation.report import SANITY_MIN_REPEAT, EvalReport, ImageScores, MethodScores
 from gradcam_cli.options import EvalOptions, PerturbationOptions
@@ -371,11 +372,16 @@ def test_cli_rank_plan_rows_interrupt_and_resume(tmp_path: Path, monkeypatch: py
     ]
     calls.clear()
     monkeypatch.setattr(
-        Evaluator, "evaluate_image", lambda self, path, boxes=(): calls.append(path) or original(self, path, boxes)
+        Evaluator,
+        "evaluate_image",
+        lambda self, path, boxes=(): calls.append((self.options.seed, path)) or original(self, path, boxes),
     )
     resumed = run(*common, "--skip-existing", "--json")
     assert resumed.exit_code == 0, resumed.output
-    assert [path.name for path in calls] == ["square1.png", "square2.png"]  # the finished image is kept
+    evaluated = [path.name for seed, path in calls if seed == 0]
+    assert evaluated == ["square1.png", "square2.png"]  # the finished image is kept
+    reruns = [path.name for seed, path in calls if seed != 0]  # the seed spread's: the first 3, twice
+    assert reruns == ["square0.png", "square1.png", "square2.png"] * SEED_RERUNS
     rows = [json.loads(line) for line in resumed.stdout.splitlines() if line.startswith("{")]
     assert {row["images"] for row in rows} == {3} and all(len(row["per_image"]) == 3 for row in rows)
     assert len((page / "rows.jsonl").read_text().splitlines()) == 4
