@@ -14,6 +14,7 @@ from gradcam_cli.cam.results import Prediction
 from gradcam_cli.cli.eval import app
 from gradcam_cli.evaluation.plan import SEED_RERUNS, rerun_images
 from gradcam_cli.evaluation.rank import format_ranking, rank
+from gradcam_cli.evaluation.rank_page import write_rank_report
 from gradcam_cli.evaluation.report import EvalReport, ImageScores, MethodScores
 from gradcam_cli.options import EvalOptions
 
@@ -47,6 +48,9 @@ def test_rank_reports_each_methods_seed_spread(tmp_path: Path) -> None:
     report = EvalReport("synthetic", ["layer"], ["gradcam", "randomcam"], EvalOptions(), [], images)
     table = format_ranking(rank(report, spread={"gradcam": {"deletion_auc": 0.0}}))
     assert "seed sd" in table[3] and "±0.000" in table[4]  # the table's column, where measured
+    page = write_rank_report(tmp_path / "page", report, rank(report, spread={"gradcam": {"deletion_auc": 0.0}}), [])
+    html = page.read_text()
+    assert "<th>seed SD</th>" in html and "<td>±0.000</td>" in html and "<td>(1)</td>" in html  # groups: 2 images
     # nothing drawn from a seed: no re-runs, nothing to report
     quiet = EvalOptions(road=False, stability=False)
     assert rerun_images(["gradcam", "layercam"], quiet, 5) == 0
