@@ -80,6 +80,8 @@ PRECISION_NAMES = ("fp32", "bf16", "fp16")
 :mod:`gradcam_cli.cam.precision`); maps are always computed in float32."""
 JPEG_SUFFIXES = frozenset({".jpg", ".jpeg"})
 """Input suffixes (lower case) whose outputs are JPEG under ``--format auto``."""
+SCORE_BATCH_SIZE = 32
+"""Masked inputs (Score-CAM) or ablated copies (AblationCAM) per forward pass when not given."""
 ENGINE_NAMES = ("local", "ray")
 """What ``--engine`` accepts: this machine (:mod:`gradcam_cli.pipeline.batch`) or a Ray cluster
 (:mod:`gradcam_cli.pipeline.ray_engine`)."""
@@ -186,7 +188,8 @@ class ExplainOptions:
 
     layers: tuple[str, ...] = ()
     methods: tuple[str, ...] = (DEFAULT_METHOD,)
-    target_class: str | None = None
+    target_class: int | str | None = None
+    """The class explained in every image, an index or a name; ``None``: each image's own top ``top_k``."""
     top_k: int | None = None
     aug_smooth: bool = False
     eigen_smooth: bool = False
@@ -202,6 +205,13 @@ class ExplainOptions:
     perturbation: PerturbationOptions = PerturbationOptions()
     question: AnswerOptions = AnswerOptions()
     """A question for a vision-language model (``--prompt``); its ``prompt`` ``None``: none asked."""
+    score_batch_size: int = SCORE_BATCH_SIZE
+    """Masked inputs (Score-CAM) or ablated copies (AblationCAM) per forward pass."""
+
+    def task_for(self, task: str | None) -> str | None:
+        """``--task`` as given, else ``classify`` where ``--target`` specs or ``--embedding`` say the model is
+        explained as a classifier (an embedding model's output gives no task to find); ``None``: the model's own."""
+        return task or ("classify" if self.targets or self.embedding else None)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from torch import nn
 
 from ..errors import UsageError
 from .attention.discovery import HF, TIMM, AttentionModel, AttentionSite
+from .logits import as_logits
 
 _INPLACE_ERROR_MARKERS = ("BackwardHookFunction", "inplace")
 
@@ -66,6 +67,12 @@ class LayerRecord:
     gradients: torch.Tensor | None = None
     leaf: torch.Tensor | None = None
     handles: list[torch.utils.hooks.RemovableHandle] = field(default_factory=list)
+
+
+def settle_loaded(module: nn.Module, device: torch.device | None = None) -> None:
+    """A model the tool has just loaded for itself, once in the state every pass wants (eval, no parameter gradients,
+    on ``device``; ``None``: where it is); a model passed in is left as found (:func:`model_state_preserved`)."""
+    module.eval().requires_grad_(False).to(device)
 
 
 @dataclass
@@ -105,6 +112,9 @@ def model_state_preserved(model: nn.Module) -> Iterator[None]:
         for param, requires_grad in flags:
             if param.requires_grad is not requires_grad:
                 param.requires_grad_(requires_grad)
+
+
+KeptLayers = dict[str, tuple[torch.Tensor | None, torch.Tensor | None, int]]  # activations, leaf, calls per layer
 
 
 class LayerCapture:
@@ -175,6 +185,15 @@ class LayerCapture:
                 raise
             _modules_needing_tensor_hooks.update(r.module for r in self.records.values())
             return self._forward_once(inputs)
+
+    def kept(self) -> KeptLayers:
+        """What this capture's forward pass left at each layer, for :meth:`replay` in another capture."""
+        return {name: (r.activations, r.leaf, r.calls) for name, r in self.records.items()}
+
+    def replay(self, kept: KeptLayers) -> None:
+        """Restore a pass's layers (:meth:`kept`), as if this capture had run it: no forward pass (its graph kept)."""
+        for name, record in self.records.items():
+            record.activations, record.leaf, record.calls = kept[name]
 
     def gradients(self, score: torch.Tensor, retain_graph: bool = False) -> dict[str, torch.Tensor]:
         """Backpropagate a scalar ``score`` to the target layers; return each layer's output gradient."""
@@ -379,17 +398,3 @@ def standard_layout(output: torch.Tensor) -> torch.Tensor:
     run's).
     """
     return output if output.is_contiguous() else output.contiguous()
-
-
-def as_logits(output: object) -> torch.Tensor:
-    """A classifier's logits: the output itself when it is a tensor, else :func:`first_tensor` of it."""
-    return output if isinstance(output, torch.Tensor) else first_tensor(output)
-
-
-def first_tensor(output: object) -> torch.Tensor:
-    """Logits from models that return tuples or named tuples (GoogLeNet and Inception in train mode)."""
-    if isinstance(output, Sequence) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    if hasattr(output, "logits") and isinstance(output.logits, torch.Tensor):
-        return output.logits
-    raise UsageError(f"the model returned {type(output).__name__}; expected a tensor of class scores")

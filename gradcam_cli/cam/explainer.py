@@ -14,29 +14,36 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from PIL import Image
 from torch import nn
 
 from ..errors import UsageError
-from ..io.images import InputSpec, load_image, to_input_tensor, to_pixel_tensor, to_rgb
+from ..io.images import load_image, to_input_tensor, to_pixel_tensor, to_rgb
 from ..models.devices import resolve_device
 from ..models.folding import fold_batch_norms
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel, load_model
-from ..models.tasks import Task, detection_spec, detection_transform, infer_task, task_of_shape
-from ..options import SCORE_NAMES, TASK_NAMES, TOP_K, ExplainOptions, ModelOptions, PerturbationOptions
-from ..targets import TargetSpec
+from ..models.tasks import Task
+from ..options import (
+    SCORE_NAMES,
+    TOP_K,
+    ExplainOptions,
+    ModelOptions,
+)
 from .attention.discovery import attention_for
-from .engine import LayerCapture
-from .layers import chosen_layers, dry_pass, forget_tokens, reads_tokens, resolve_layer
+from .engine import LayerCapture, settle_loaded
+from .explainer_input import ExplainKeywords, explain_options, explained_model
+from .layers import DryPasses, LayerInfo, chosen_layers, forget_tokens, reads_tokens, resolve_layer
 from .maps import pad_to_region
-from .masked_scores import SCORECAM_BATCH_SIZE, ProgressCallback
+from .masked_scores import ProgressCallback
 from .methods import METHODS, resolve_methods
 from .methods.needs import ATTENTION_NEEDS
-from .passes import MethodInputs
+from .passes import MethodInputs, ViewPass
 from .perturbation import check_perturbation, perturbation_settings
 from .precision import autocast, check_precision, full_precision, to_float32
 from .reshape import spatial
@@ -46,13 +53,19 @@ from .smoothing import IDENTITY, augmentations, average_views
 from .targets import SpecTargets
 from .tasks import ScoreRequest, TaskAdapter, adapter_for
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 
 class Explainer:
     """Explain a model's decisions at one or more layers: a classifier's classes, a detector's detections, a
     segmenter's classes (see docs/tasks.md).
 
     ``model``: a :class:`LoadedModel` (from :func:`load_model`) or any ``nn.Module`` (its task found from its output,
-    see :mod:`gradcam_cli.models.tasks`; ``task`` overrides it).
+    see :mod:`gradcam_cli.models.tasks`; ``task`` overrides it). ``options``: what to explain, an
+    :class:`ExplainOptions` taken whole; or its fields as the arguments and keywords below, which build the same
+    :class:`ExplainOptions` (:mod:`gradcam_cli.cam.explainer_input`; ``explain_options`` holds it either way).
+    ``dry_passes``: where the dry pass below is kept and found (:class:`~gradcam_cli.cam.layers.DryPasses`).
     ``layers``: dotted module names; ``None`` picks the last spatial layer. Several layers fuse into one map per
     method: the mean of the per-layer maps, each normalised to [0, 1], normalised again.
     ``methods``: names from ``METHODS``, or ``all`` (every method that serves the model's task); they share one
@@ -73,106 +86,90 @@ class Explainer:
     UsageError. ``targets``: ``--target`` specs (strings or :class:`~gradcam_cli.targets.TargetSpec`), each explained
     in every image (:mod:`gradcam_cli.cam.targets`, docs/targets.md); ``embedding``: which output is the embedding.
     Layers whose output is channel-last (Swin) or a token sequence (ViT) are reshaped to (N, C, h, w) first.
-    Building the explainer makes one dry pass at the model's input size (see :func:`gradcam_cli.cam.layers.dry_pass`):
-    it picks the default layer, refuses a layer with a single position (``avgpool``) or no spatial grid (``fc``), and
-    an input size too small for the model, each with a one-line UsageError, before any image is processed.
+    Building the explainer makes (or finds in ``dry_passes``) one dry pass at the model's input size (see
+    :func:`gradcam_cli.cam.layers.dry_pass`): it picks the default layer, refuses a layer with a single position
+    (``avgpool``) or no spatial grid (``fc``), and an input size too small for the model, each with a one-line
+    UsageError, before any image is processed.
     """
 
     def __init__(
         self,
         model: LoadedModel | nn.Module,
-        layers: str | Sequence[str] | None = None,
-        methods: str | Sequence[str] = "gradcam",
+        options: ExplainOptions | str | Sequence[str] | None = None,
+        methods: str | Sequence[str] | None = None,
         device: torch.device | str | None = None,
         *,
-        target: int | str | None = None,
-        top_k: int | None = None,
-        aug_smooth: bool = False,
-        eigen_smooth: bool = False,
-        score_batch_size: int = SCORECAM_BATCH_SIZE,
-        progress: ProgressCallback | None = None,
-        score: str | None = None,
-        score_threshold: float | None = None,
-        max_detections: int | None = None,
         task: str | None = None,
         precision: str = "fp32",
-        targets: Sequence[TargetSpec | str] = (),
-        embedding: str | None = None,
-        perturbation: PerturbationOptions | None = None,
+        progress: ProgressCallback | None = None,
+        dry_passes: DryPasses | None = None,
+        **keywords: Unpack[ExplainKeywords],
     ) -> None:
-        bare = isinstance(model, nn.Module)
-        if isinstance(model, nn.Module):
-            own = Task.DETECT if detection_transform(model) is not None else Task.CLASSIFY
-            model = LoadedModel(model, type(model).__name__, "custom", None, InputSpec(), own)
-        task = task or ("classify" if bare and (targets or embedding) else None)  # targets say what it does
-        requested = task if task is not None and task not in TASK_NAMES else model.task_name
-        if task is not None and task in TASK_NAMES:  # the caller's LoadedModel is left as it is: this copy says it
-            model = model.with_profile(task=Task.parse(task))
-        if bare and model.task is Task.DETECT:
-            model = model.with_profile(input_spec=detection_spec(model.module, None) or model.input_spec)
-        self.model = model
+        options = explain_options(options, methods, keywords)
+        self.explain_options = options
+        """What this explainer explains, whole (:meth:`with_options` builds another from it)."""
+        model, requested, bare = explained_model(model, task, options)
         if device is not None:
             model.module.to(device)
         self.device = next(model.module.parameters(), torch.empty(0)).device
-        self.methods = [methods] if isinstance(methods, str) else list(methods)
-        resolve_methods(self.methods, model.task.value, also=METHODS)  # unknown names fail before the dry pass
-        self.target = resolve_target(model, target) if isinstance(target, str) else target
-        self.top_k = TOP_K if top_k is None else top_k
-        names = [layers] if isinstance(layers, str) else list(layers or [])
+        resolve_methods(list(options.methods), model.task.value, also=METHODS)  # unknown names fail before the dry
+        names = list(options.layers)
         resolved = {name: resolve_layer(model.module, name) for name in names}
-        infos = dry_pass(model, self.device)
+        infos = (dry_passes or DryPasses()).get(model, self.device)
         if bare and task is None and model.task is Task.CLASSIFY:  # a bare module's task, from the dry pass
-            shown = task_of_shape(infos[0].output_shape) if infos and not infos[0].name else None
-            model = model.with_profile(task=shown or infer_task(model.module, model.input_spec, model.name))
-            self.model = model
-        self.task = model.task
+            model = model.with_task_shown(infos[0].output_shape if infos and not infos[0].name else None)
+        self.model, self.task = model, model.task
         self.adapter: TaskAdapter = adapter_for(model, requested)
         """What the model's task does (:mod:`gradcam_cli.cam.tasks`): its score, methods, rows and messages."""
         self.tokens = reads_tokens(model)
         """Whether 3-D layer outputs are token sequences (see :mod:`gradcam_cli.cam.reshape`)."""
         if not self.tokens:
             forget_tokens(infos)
-        adapter = self.adapter
-        taken = [name for name, method in METHODS.items() if adapter.takes(name, method.tasks, model.module)]
-        self.methods = resolve_methods(self.methods, adapter.methods_of, taken)
-        wanted = [name for name in self.methods if METHODS[name].needs in ATTENTION_NEEDS]
-        self.attention, self.methods, self.left_out = attention_for(model, self.methods, wanted, methods)
-        self.perturbation = check_perturbation(perturbation or PerturbationOptions())
-        if score is not None and score not in SCORE_NAMES:
-            raise UsageError(f"unknown score {score!r}; use {', '.join(SCORE_NAMES)}")
-        self.score_name = score or ("cosine" if model.text is not None else "logit")
-        self.target_specs, self.embedding = tuple(TargetSpec.parse(spec) for spec in targets), embedding
-        if self.target_specs and not adapter.takes_targets:
-            raise UsageError(f"--target is for classifiers and embedding models; a {adapter.noun} explains its own")
-        given = ExplainOptions(
-            top_k=top_k,
-            score=score,
-            score_threshold=score_threshold,
-            max_detections=max_detections,
-            embedding=embedding,
-        )
-        self.request = ScoreRequest(self.device, given, self.target, self.target_specs, tuple(self.methods))
-        self.score: Score = adapter.score(model, self.request)
-        if aug_smooth and not adapter.aug_smooth:
-            raise UsageError(
-                f"--aug-smooth is for classifiers: a {adapter.noun}'s targets in a flipped or rescaled view are "
-                "other pixels and boxes; run without it"
-            )
-        layer_free = not names and not any(METHODS[method].uses_layer for method in self.methods)
-        self.layer_names = [] if layer_free else chosen_layers(model, infos, names, self.tokens, adapter.ranked)
+        self._check(options)
+        self.layer_names = self._layer_names(infos, names)
         self.layers = resolved or {name: resolve_layer(model.module, name) for name in self.layer_names}
         self.layer_calls: dict[str, int] = {}
         self.capture: Callable[[nn.Module, Mapping[str, nn.Module]], LayerCapture] = LayerCapture
-        """What each pass hooks the layers with: :class:`LayerCapture`, or a subclass (``gradcam serve`` keeps a
-        pass's graph to explain another class without a forward pass: :mod:`gradcam_cli.serve.replay`)."""
+        """What each pass hooks the layers with: :class:`LayerCapture`, or :class:`~gradcam_cli.cam.engine.Replay`
+        (``gradcam serve`` explains another class of a kept pass without a forward pass)."""
         self._folded: tuple[nn.Module, dict[str, nn.Module]] | None = None
-        self.aug_smooth = aug_smooth
-        self.eigen_smooth = eigen_smooth
-        self.score_batch_size = score_batch_size
+        self.aug_smooth, self.eigen_smooth = options.aug_smooth, options.eigen_smooth
+        self.score_batch_size = options.score_batch_size
         self.progress = progress
         self.precision = check_precision(precision)
         self.options: tuple[ModelOptions, ExplainOptions] | None = None
         """The options :meth:`from_options` built this explainer from (the Ray engine's actors rebuild it)."""
+
+    def _check(self, options: ExplainOptions) -> None:
+        """The methods the task takes, the score, the targets and the smoothing, checked and kept."""
+        model, adapter = self.model, self.adapter
+        taken = [name for name, method in METHODS.items() if adapter.takes(name, method.tasks, model.module)]
+        self.methods = resolve_methods(list(options.methods), adapter.methods_of, taken)
+        wanted = [name for name in self.methods if METHODS[name].needs in ATTENTION_NEEDS]
+        self.attention, self.methods, self.left_out = attention_for(model, self.methods, wanted, options.methods)
+        self.perturbation = check_perturbation(options.perturbation)
+        if options.score is not None and options.score not in SCORE_NAMES:
+            raise UsageError(f"unknown score {options.score!r}; use {', '.join(SCORE_NAMES)}")
+        self.score_name = options.score or ("cosine" if model.text is not None else "logit")
+        self.target_specs, self.embedding = options.targets, options.embedding
+        if self.target_specs and not adapter.takes_targets:
+            raise UsageError(f"--target is for classifiers and embedding models; a {adapter.noun} explains its own")
+        target = options.target_class
+        self.target = resolve_target(model, target) if isinstance(target, str) else target
+        self.top_k = TOP_K if options.top_k is None else options.top_k
+        self.request = ScoreRequest(self.device, options, self.target, self.target_specs, tuple(self.methods))
+        self.score: Score = adapter.score(model, self.request)
+        if options.aug_smooth and not adapter.aug_smooth:
+            raise UsageError(
+                f"--aug-smooth is for classifiers: a {adapter.noun}'s targets in a flipped or rescaled view are "
+                "other pixels and boxes; run without it"
+            )
+
+    def _layer_names(self, infos: list[LayerInfo], names: list[str]) -> list[str]:
+        """The layers explained: ``names``, else the default layer; none where no method reads a layer."""
+        if not names and not any(METHODS[method].uses_layer for method in self.methods):
+            return []
+        return chosen_layers(self.model, infos, names, self.tokens, self.adapter.ranked)
 
     @classmethod
     def from_options(
@@ -181,36 +178,33 @@ class Explainer:
         options: ExplainOptions | None = None,
         *,
         progress: ProgressCallback | None = None,
+        dry_passes: DryPasses | None = None,
     ) -> Explainer:
         """An explainer as the command line builds it: the model loaded (and moved to its device) from
         :class:`ModelOptions`, or a model already loaded, explained as :class:`ExplainOptions` says."""
         options = options or ExplainOptions()
-        device = None
-        model_options = model if isinstance(model, ModelOptions) else None
-        if isinstance(model, ModelOptions):
-            device = resolve_device(model.device)
-            model = load_model(model)
-            model.module.eval().requires_grad_(False)  # its own model, as every pass wants it: nothing to switch
-        explainer = cls(
-            model,
-            list(options.layers) or None,
-            list(options.methods),
-            device,
-            target=options.target_class,
-            top_k=options.top_k,
-            aug_smooth=options.aug_smooth,
-            eigen_smooth=options.eigen_smooth,
-            progress=progress,
-            score=options.score,
-            score_threshold=options.score_threshold,
-            max_detections=options.max_detections,
-            precision=model_options.precision if model_options is not None else "fp32",
-            targets=options.targets,
-            embedding=options.embedding,
-            perturbation=options.perturbation,
-        )
-        explainer.options = (model_options, options) if model_options is not None else None
+        if not isinstance(model, ModelOptions):
+            return cls(model, options, progress=progress, dry_passes=dry_passes)
+        loaded = load_model(model)
+        settle_loaded(loaded.module)
+        device = resolve_device(model.device)
+        explainer = cls(loaded, options, device=device, precision=model.precision, progress=progress)
+        explainer.options = (model, options)
         return explainer
+
+    def with_options(
+        self, module: nn.Module | None = None, progress: ProgressCallback | None = None, **changes: Any
+    ) -> Explainer:
+        """An explainer like this one with some of its options replaced (``methods=(...)``), ``module`` in place of
+        its model's module and ``progress`` in place of its masked passes' progress callback; its layers stay
+        those chosen here."""
+        loaded = self.model
+        options = replace(self.explain_options, layers=tuple(self.layer_names), **changes)
+        return Explainer(
+            replace(loaded, module=module if module is not None else loaded.module),
+            options,
+            progress=progress or self.progress,
+        )
 
     @property
     def settings(self) -> dict[str, object]:
@@ -321,7 +315,7 @@ class Explainer:
             def layout(name: str, tensor: torch.Tensor) -> torch.Tensor:  # a layer's tensor as the methods take it
                 return to_float32(spatial(tensor, size, name, prefix, self.tokens))
 
-            extras = MethodInputs(
+            view = ViewPass(
                 module,
                 capture,
                 inputs,
@@ -329,13 +323,10 @@ class Explainer:
                 lambda out: self.score.targets(full_precision(out), inputs, target, top_k, chosen_targets),
                 {n: (a, 1 if layouts[n] is a else -1) for n, a in raw.items()},
                 passes,
-                self.score_batch_size,
-                self.progress,
                 lambda score: {n: layout(n, g) for n, g in capture.gradients(score, retain_graph=True).items()},
-                layout=layout,
-                perturbation=self.perturbation,
-                seed=seed,
+                layout,
             )
+            extras = MethodInputs(view, self.score_batch_size, self.progress, self.perturbation, seed)
             need_gradients = any(METHODS[method].uses_gradients for method in self.methods)
             keep_graph = any(METHODS[method].keeps_graph for method in self.methods)
             cams: Cams = {method: [] for method in self.methods}

@@ -12,7 +12,7 @@ from torch import nn
 
 from ..errors import GradcamError, ModelLoadError, UsageError, describe, suggest
 from ..io.images import InputSpec, load_image, to_input_tensor
-from ..models.tasks import NAMED_LAYERS, Task, layer_scopes
+from ..models.tasks import NAMED_LAYERS, layer_scopes
 from .attention.discovery import attention_sites
 from .engine import model_state_preserved
 from .reshape import Layout, infer_layout
@@ -63,7 +63,7 @@ def reads_tokens(model: LoadedModel) -> bool:
     family whose profile says it makes tokens (timm, Hugging Face), or one with an attention module or a patch
     embedding (a convolution whose stride is its kernel: torchvision's ViT, your own transformer or mixer). Elsewhere
     a 3-D output has no grid: a detector head's (N, anchors, classes)."""
-    if model.task is not Task.CLASSIFY:
+    if not model.profile.may_read_tokens:
         return False
     if model.prefix_tokens is not None or model.profile.tokens:
         return True
@@ -186,6 +186,24 @@ def dry_pass(model: LoadedModel, device: torch.device, example: torch.Tensor | N
         raise
     except Exception as error:
         raise _forward_failure(model, device, example, error) from error
+
+
+class DryPasses:
+    """Each model's dry pass (:func:`dry_pass`), made once and kept: per :class:`LoadedModel` object (its module,
+    input size and task) and device. ``gradcam serve`` keeps one for its model, so that an explainer for another
+    layer, method or target, or a faithfulness request, makes no new pass; an explainer without one makes its own."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[int, str], tuple[LoadedModel, list[LayerInfo]]] = {}
+
+    def get(self, model: LoadedModel, device: torch.device) -> list[LayerInfo]:
+        """``model``'s layers from its dry pass on ``device``, made now if not yet."""
+        key = (id(model), str(device))
+        kept = self._kept.get(key)
+        if kept is None or kept[0] is not model:
+            kept = (model, dry_pass(model, device))
+            self._kept[key] = kept
+        return list(kept[1])
 
 
 def _forward_failure(model: LoadedModel, device: torch.device, example: torch.Tensor, error: Exception) -> GradcamError:

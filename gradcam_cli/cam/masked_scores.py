@@ -8,13 +8,14 @@ from collections.abc import Callable
 
 import torch
 
-from .engine import as_logits
+from ..options import SCORE_BATCH_SIZE
+from .logits import as_logits
 from .maps import Region, normalise, upsample_region
 
 ProgressCallback = Callable[[int, int], object]
 """Called as ``progress(done, total)`` while Score-CAM's masked inputs run."""
 
-SCORECAM_BATCH_SIZE = 32
+SCORECAM_BATCH_SIZE = SCORE_BATCH_SIZE
 """Masked inputs per forward pass in Score-CAM, ablated copies in AblationCAM (``Explainer(score_batch_size=...)``)."""
 
 

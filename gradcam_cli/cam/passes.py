@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -69,33 +69,42 @@ Layout = Callable[[str, torch.Tensor], torch.Tensor]
 """``(layer, tensor in the layer's own layout)`` -> the tensor as (N, C, h, w), as its activations are given."""
 
 
+@dataclass(frozen=True)
+class ViewPass:
+    """One view's pass, as the methods' extra inputs read it: the model and the ``capture`` that ran it on
+    ``inputs``, the ``targets`` chosen; ``rescore(output)`` chooses the same targets in another pass's output;
+    ``layer_outputs``: each layer's output and its layout (1: as the methods take it, -1: channel-last or tokens);
+    ``stack`` closes the passes opened for it (before ``capture`` closes); ``gradients(score)`` differentiates a
+    score in the capture's graph (Finer-CAM); ``layout`` turns a layer's tensor into the methods' (N, C, h, w)."""
+
+    model: nn.Module
+    capture: LayerCapture
+    inputs: torch.Tensor
+    targets: Targets
+    rescore: Callable[[object], Targets]
+    layer_outputs: dict[str, tuple[torch.Tensor, int]]
+    stack: ExitStack
+    gradients: LayerGradients | None = None
+    layout: Layout | None = None
+
+
 class MethodInputs:
-    """Builds the extra arguments for one view; ``rescore(output)`` chooses the same targets in another pass's
-    output; ``gradients(score)`` differentiates a score in the capture's graph (Finer-CAM). Passes it opens are
-    closed by ``stack``, which must close before ``capture`` does. ``layout`` turns a layer's Hessian-vector product
-    into the methods' (N, C, h, w); ``perturbation`` and ``seed`` say which noise and masks randomcam and RISE draw."""
+    """Builds the extra arguments for one view (:class:`ViewPass`), with masked inputs or ablated copies
+    ``batch_size`` per forward pass (``progress`` called as they run); ``perturbation`` and ``seed`` say which noise
+    and masks randomcam and RISE draw."""
 
     def __init__(
         self,
-        model: nn.Module,
-        capture: LayerCapture,
-        inputs: torch.Tensor,
-        targets: Targets,
-        rescore: Callable[[object], Targets],
-        layer_outputs: dict[str, tuple[torch.Tensor, int]],
-        stack: ExitStack,
+        view: ViewPass,
         batch_size: int,
         progress: ProgressCallback | None = None,
-        gradients: LayerGradients | None = None,
-        *,
-        layout: Layout | None = None,
         perturbation: PerturbationOptions | None = None,
         seed: int | None = None,
     ) -> None:
-        self.model, self.capture, self.inputs, self.targets = model, capture, inputs, targets
-        self.rescore, self.layer_outputs, self.stack = rescore, layer_outputs, stack
-        self.batch_size, self.progress, self.gradients = batch_size, progress, gradients
-        self.layout = layout or (lambda _layer, tensor: tensor)
+        self.model, self.capture, self.inputs, self.targets = view.model, view.capture, view.inputs, view.targets
+        self.rescore, self.layer_outputs, self.stack = view.rescore, view.layer_outputs, view.stack
+        self.batch_size, self.progress, self.gradients = batch_size, progress, view.gradients
+        self.layout = view.layout or (lambda _layer, tensor: tensor)
         perturbation = perturbation or PerturbationOptions()
         self.perturbation = perturbation if seed is None else replace(perturbation, seed=seed)
         self._layer_passes: dict[int, tuple[LayerCapture, Targets]] = {}

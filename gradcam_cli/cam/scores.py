@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch
 
 from ..errors import UsageError
-from .engine import as_logits
 from .finer import finer_scores
+from .logits import as_logits
 from .maps import Region, to_image_maps
 from .results import TOP_PREDICTIONS, Explanation, ImageExplanation, Prediction
 

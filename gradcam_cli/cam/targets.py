@@ -28,9 +28,10 @@ from ..models.loading import LoadedModel
 from ..options import CLASS_SCORE_NAMES
 from ..targets import TargetSpec
 from .embeddings import PromptHead, reference_embedding, select_output, unit
-from .engine import as_logits, model_state_preserved
+from .engine import model_state_preserved
 from .finer import finer_scores
 from .layers import blank_input
+from .logits import as_logits
 from .maps import to_image_maps
 from .methods import METHODS
 from .methods.needs import FINER_GRADIENT

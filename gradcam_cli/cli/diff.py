@@ -31,7 +31,7 @@ Exit codes: 0 no drift; 1 drift (the images are named); 2 usage error (also a ma
 
 
 @app.command(help=HELP)
-def diff(
+def diff(  # noqa: PLR0913  (a typer command: one parameter per option)
     baseline: Annotated[
         Path, typer.Argument(parser=params.parse_path, metavar="BASELINE", hidden=True, show_default=False)
     ],

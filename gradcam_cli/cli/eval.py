@@ -7,7 +7,6 @@ eval cannot be a typer subcommand beside it).
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -16,8 +15,18 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, GradcamError, UsageError, describe
-from ..options import ALL_METHODS, DEFAULT_METHOD, POINTING_TOLERANCE, RANDOM_BASELINE, EvalOptions, PerturbationOptions
+from ..options import (
+    ALL_METHODS,
+    DEFAULT_METHOD,
+    POINTING_TOLERANCE,
+    RANDOM_BASELINE,
+    EvalOptions,
+    ExplainOptions,
+    ModelOptions,
+    PerturbationOptions,
+)
 from . import answers, params
+from .eval_output import tell
 from .ranking import MethodSteps, RankOptions, rank_report
 from .reporting import (
     PassProgress,
@@ -33,6 +42,7 @@ from .reporting import (
 
 if TYPE_CHECKING:
     from ..cam.explainer import Explainer
+    from ..evaluation.boxes import GroundTruthBox
     from ..evaluation.evaluate import Evaluator
     from ..evaluation.report import EvalReport, ImageScores
     from ..evaluation.rows import RowsFile
@@ -60,7 +70,7 @@ interrupted."""
 
 
 @app.command(help=HELP)
-def evaluate(
+def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
     inputs: Annotated[list[str], typer.Argument(metavar="INPUT", hidden=True, show_default=False)],
     method: params.MethodOpt = params.MethodList([DEFAULT_METHOD]),
     model: params.ModelOpt = "resnet50",
@@ -180,31 +190,30 @@ def evaluate(
     specs, mistake = params.target_specs(target)
     if mistake is not None:
         run_reported(reporter, lambda: params.refuse(mistake))
-    task = task or ("classify" if specs or embedding else None)
     baseline = RANDOM_BASELINE
     methods = params.MethodList([*method, baseline]) if rank and baseline not in method else method
     perturbation = PerturbationOptions(
         rise_masks, occlusion_window=occlusion_window, occlusion_stride=occlusion_stride, seed=seed
     )
+    explain = ExplainOptions(
+        tuple(layer or ()),
+        tuple(methods),
+        target_class,
+        aug_smooth=aug_smooth,
+        eigen_smooth=eigen_smooth,
+        score=score,
+        score_threshold=score_threshold,
+        max_detections=max_detections,
+        targets=tuple(specs),
+        embedding=embedding,
+        perturbation=perturbation,
+        question=answers.question(prompt, answer, False, None),
+    )
     command = EvalCommand(
         reporter,
         inputs,
-        params.model_options(model, weights, num_classes, labels, input_size, device, task),
-        params.explain_options(
-            layer,
-            methods,
-            target_class,
-            None,
-            aug_smooth,
-            eigen_smooth,
-            score,
-            score_threshold=score_threshold,
-            max_detections=max_detections,
-            targets=specs,
-            embedding=embedding,
-            perturbation=perturbation,
-            question=answers.question(prompt, answer, False, None),
-        ),
+        ModelOptions(model, weights, num_classes, labels, input_size, device, explain.task_for(task)),
+        explain,
         EvalOptions(
             steps,
             batch_size,
@@ -240,14 +249,11 @@ class EvalCommand:
         self.plan_seconds: dict[str, float] = {}  # --rank's estimate per method and image
 
     def run(self) -> int:
-        from ..cam.explainer import Explainer
         from ..evaluation.boxes import read_boxes
         from ..evaluation.evaluate import evaluator_for
-        from ..evaluation.report import write_plot
-        from ..evaluation.table import format_report
         from ..io.discovery import discover
 
-        reporter, options = self.reporter, self.options
+        options = self.options
         if self.explain_options.question.prompt is not None or self.explain_options.question.given():
             return answers.evaluate_answers(self)
         if self.ranking.report is not None and not self.ranking.rank:
@@ -258,6 +264,24 @@ class EvalCommand:
         if not images:
             raise UsageError(f"no images found in {' '.join(self.inputs)}")
         boxes = read_boxes(options.boxes) if options.boxes is not None else None
+        explainer = self._explainer()
+        if self.ranking.rank and not explainer.adapter.faithfulness:  # boxes only: what a detector is measured by
+            options = replace(options, sanity=False, road=False, stability=False)
+        if self.ranking.rank:
+            explainer = self._planned(explainer, images, options)
+        evaluator = evaluator_for(explainer, options)
+        started = time.perf_counter()
+        report = self._evaluate(evaluator, options, images, boxes)
+        elapsed = time.perf_counter() - started
+        tell(self.reporter, report, evaluator, images, options, bool(boxes), self.ranking)
+        self.reporter.info(f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {duration(elapsed)}")
+        return EXIT_IMAGE_FAILED if report.failed else EXIT_OK
+
+    def _explainer(self) -> Explainer:
+        """The explainer, with its masked passes' progress shown, and the notes on its layer and its passes."""
+        from ..cam.explainer import Explainer
+
+        reporter = self.reporter
         passes = pass_methods(self.explain_options.methods)
         shown = PassProgress(reporter, f"{'/'.join(passes)} passes") if passes else None
         explainer = Explainer.from_options(self.model_options, self.explain_options, progress=shown)
@@ -266,14 +290,20 @@ class EvalCommand:
         if explainer.left_out:
             reporter.info(left_out_note(explainer.left_out))
         if not self.explain_options.layers and explainer.layer_names:  # RISE, occlusion alone: no layer
-            reason = default_layer_reason(explainer.task, bool(explainer.model.default_layers))
+            reason = default_layer_reason(explainer.adapter, bool(explainer.model.default_layers))
             reporter.info(f"using layer {explainer.layer_label} ({reason})")
-        if self.ranking.rank and not explainer.adapter.faithfulness:  # boxes only: what a detector is measured by
-            options = replace(options, sanity=False, road=False, stability=False)
-        if self.ranking.rank:
-            explainer = self._planned(explainer, images, options)
-        evaluator = evaluator_for(explainer, options)
-        started = time.perf_counter()
+        return explainer
+
+    def _evaluate(
+        self,
+        evaluator: Evaluator | TaskEvaluator,
+        options: EvalOptions,
+        images: list[InputImage],
+        boxes: list[GroundTruthBox] | None,
+    ) -> EvalReport:
+        """Evaluate the images not yet done, with a progress bar (rows appended to ``--rank --report``'s rows file
+        as they finish); on Ctrl-C, rank the images finished first."""
+        reporter, explainer = self.reporter, evaluator.explainer
         methods = len(explainer.methods)
         rows, done = self._rows(explainer, options)
         todo = [image for image in images if str(image.path) not in {scores.image for scores in done}]
@@ -304,31 +334,7 @@ class EvalCommand:
         finally:
             if rows is not None:
                 rows.close()
-        report = self._report(evaluator, options, images, finished, ran)
-        elapsed = time.perf_counter() - started
-        for failure in report.failed:
-            reporter.error(failure.error or f"{failure.image}: failed")
-        if report.unmatched_boxes:
-            reporter.info(f"{report.unmatched_boxes} box(es) name no input image and were ignored")
-        if report.undetected_boxes:
-            reporter.info(f"{report.undetected_boxes} box(es) match no explained detection or class: not scored")
-        unboxed = [image for image in report.ok if not any(s.boxes for s in image.methods.values())]
-        if boxes and unboxed:
-            reporter.info(f"{len(unboxed)} image(s) have no boxes: scored for faithfulness only")
-        if self.ranking.rank:  # with the seed spread, from a few images re-run with other seeds
-            rank_report(reporter, explainer, report, images, self.ranking.report, options.seed, evaluator)
-        elif reporter.as_json:
-            reporter.emit(json.dumps(report.to_dict()))
-        for line in [] if self.ranking.rank else format_report(report):
-            reporter.result(line)
-        if options.plot is not None and report.ok:
-            try:
-                write_plot(report, options.plot)
-            except OSError as error:
-                raise UsageError(f"cannot write --plot {options.plot}: {describe(error, options.plot)}") from error
-            reporter.info(f"curves plotted to {options.plot}")
-        reporter.info(f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {duration(elapsed)}")
-        return EXIT_IMAGE_FAILED if report.failed else EXIT_OK
+        return self._report(evaluator, options, images, finished, ran)
 
     def _planned(self, explainer: Explainer, images: list[InputImage], options: EvalOptions) -> Explainer:
         """Print the plan (each method's estimated seconds per image, from a timed pass on the first image) and,
@@ -379,18 +385,10 @@ class EvalCommand:
         run: EvalReport | None = None,
     ) -> EvalReport:
         """The report of the ``finished`` images (those of ``run`` and those resumed), in the inputs' order."""
-        from ..evaluation.report import EvalReport, in_order
+        from ..evaluation.images import report_of
+        from ..evaluation.report import in_order
 
-        explainer = evaluator.explainer
         ordered = in_order(images, finished)
         if run is not None:
             return replace(run, images=ordered)
-        return EvalReport(
-            model=explainer.model.name,
-            layers=list(explainer.layer_names),
-            methods=list(explainer.methods),
-            options=options,
-            sanity_modules=list(getattr(evaluator, "sanity_modules", [])),
-            images=ordered,
-            target=explainer.target,
-        )
+        return report_of(evaluator.explainer, options, ordered, 0, getattr(evaluator, "sanity_modules", []))

@@ -16,7 +16,9 @@ from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
 from ..options import (
     DEFAULT_MAX_SIDE,
     DEFAULT_METHOD,
+    ExplainOptions,
     ImageFormat,
+    ModelOptions,
     OutputOptions,
     PerturbationOptions,
     RunOptions,
@@ -58,7 +60,7 @@ EPILOG = (
 
 
 @app.command(help=HELP, epilog=EPILOG)
-def explain(
+def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
     inputs: Annotated[list[str] | None, typer.Argument(metavar="INPUT", hidden=True, show_default=False)] = None,
     layer: params.LayerOpt = None,
     model: params.ModelOpt = "resnet50",
@@ -232,28 +234,28 @@ def explain(
     specs, mistake = params.target_specs(target)
     if mistake is not None:
         run_reported(reporter, lambda: params.refuse(mistake))
-    task = task or ("classify" if specs or embedding else None)  # an embedding: no task to find from the output
+    explain = ExplainOptions(
+        tuple(layer or ()),
+        tuple(method),
+        target_class,
+        top_k,
+        aug_smooth,
+        eigen_smooth,
+        score,
+        score_threshold,
+        max_detections,
+        tuple(specs),
+        embedding,
+        PerturbationOptions(
+            rise_masks, occlusion_window=occlusion_window, occlusion_stride=occlusion_stride, seed=seed
+        ),
+        answers.question(prompt, answer, per_token, max_new_tokens, prompts),
+    )
     command = ExplainCommand(
         reporter,
         inputs or [],
-        params.model_options(model, weights, num_classes, labels, input_size, device, task, precision),
-        params.explain_options(
-            layer,
-            method,
-            target_class,
-            top_k,
-            aug_smooth,
-            eigen_smooth,
-            score,
-            score_threshold,
-            max_detections,
-            specs,
-            embedding,
-            PerturbationOptions(
-                rise_masks, occlusion_window=occlusion_window, occlusion_stride=occlusion_stride, seed=seed
-            ),
-            answers.question(prompt, answer, per_token, max_new_tokens, prompts),
-        ),
+        ModelOptions(model, weights, num_classes, labels, input_size, device, explain.task_for(task), precision),
+        explain,
         OutputOptions(
             output_dir,
             image_format,
@@ -372,7 +374,7 @@ class ExplainCommand:
             if explainer.left_out:
                 reporter.info(left_out_note(explainer.left_out))
             if not self.explain_options.layers and explainer.layer_names:  # RISE, occlusion alone: no layer
-                reason = default_layer_reason(explainer.task, bool(explainer.model.default_layers))
+                reason = default_layer_reason(explainer.adapter, bool(explainer.model.default_layers))
                 reporter.info(f"using layer {explainer.layer_label} ({reason})")
             model = explainer.model
             reporter.detail(f"model {model.name} ({model.weights}, {explainer.adapter.label}) on {explainer.device}")

@@ -22,11 +22,7 @@ from ..options import (
     PRECISION_NAMES,
     SCORE_NAMES,
     TASK_NAMES,
-    AnswerOptions,
-    ExplainOptions,
     ImageFormat,
-    ModelOptions,
-    PerturbationOptions,
     Shard,
 )
 from ..registry import METHODS_GROUP, plugin_entry_points
@@ -323,53 +319,6 @@ EigenSmoothOpt = Annotated[
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print errors only.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="More detail, and tracebacks for failures.")]
-
-
-def model_options(
-    model: str,
-    weights: str,
-    num_classes: int | None,
-    labels: Path | None,
-    input_size: int | None,
-    device: str,
-    task: str | None = None,
-    precision: str = "fp32",
-) -> ModelOptions:
-    """What to load, from the shared options."""
-    return ModelOptions(model, weights, num_classes, labels, input_size, device, task, precision)
-
-
-def explain_options(
-    layers: list[str] | None,
-    methods: MethodList,
-    target_class: str | None,
-    top_k: int | None,
-    aug_smooth: bool,
-    eigen_smooth: bool,
-    score: str | None = None,
-    score_threshold: float | None = None,
-    max_detections: int | None = None,
-    targets: list[TargetSpec] | None = None,
-    embedding: str | None = None,
-    perturbation: PerturbationOptions | None = None,
-    question: AnswerOptions | None = None,
-) -> ExplainOptions:
-    """What to explain, from the shared options (``targets`` parsed by :func:`target_specs`; ``None``: not given)."""
-    return ExplainOptions(
-        tuple(layers or ()),
-        tuple(methods),
-        target_class,
-        top_k,
-        aug_smooth,
-        eigen_smooth,
-        score,
-        score_threshold,
-        max_detections,
-        tuple(targets or ()),
-        embedding,
-        perturbation or PerturbationOptions(),
-        question or AnswerOptions(),
-    )
 
 
 def target_specs(texts: list[str] | None) -> tuple[list[TargetSpec], str | None]:

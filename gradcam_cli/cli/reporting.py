@@ -20,7 +20,7 @@ from ..io.display import displayable
 
 if TYPE_CHECKING:
     from ..cam.explainer import Explainer
-    from ..models.tasks import Task
+    from ..cam.tasks import TaskAdapter
     from ..pipeline.records import Record
     from ..pipeline.session import Counts
 
@@ -133,11 +133,10 @@ def run_reported(reporter: Reporter, run: Callable[[], int]) -> None:
     raise typer.Exit(code)
 
 
-def default_layer_reason(task: Task, declared: bool = False) -> str:
+def default_layer_reason(adapter: TaskAdapter, declared: bool = False) -> str:
     """Why the default layer was chosen, as the 'using layer' message says it (``declared``: the model's own, a YOLO
     detector's head inputs)."""
-    kind = "last spatial layer" if task.value == "classify" else "last stage of the backbone"
-    kind = "the feature maps entering the head" if declared else kind
+    kind = "the feature maps entering the head" if declared else adapter.default_layer
     return f"{kind}; choose with --layer"
 
 

@@ -14,12 +14,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ..errors import EXIT_OK, UsageError, describe
-from ..options import DEFAULT_METHOD, ServeOptions
+from ..options import DEFAULT_METHOD, ExplainOptions, ModelOptions, ServeOptions
 from . import params
 from .reporting import Reporter, default_layer_reason, run_reported
 
 if TYPE_CHECKING:
+    from ..io.discovery import InputImage
     from ..serve.model import ModelService
+    from ..serve.runs import ServedPaths
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
@@ -36,7 +38,7 @@ Exit codes: 0 stopped; 2 usage error; 3 model/weights unavailable; 130 interrupt
 
 
 @app.command(help=HELP)
-def serve(
+def serve(  # noqa: PLR0913  (a typer command: one parameter per option)
     paths: Annotated[list[str] | None, typer.Argument(metavar="PATH", hidden=True, show_default=False)] = None,
     model: Annotated[
         str | None,
@@ -115,35 +117,47 @@ def load_service(reporter: Reporter, model: str, record: dict[str, Any], given: 
     kept = record.get("layers")  # the run's layer label, "a+b" for several
     layers = given["layer"] or (kept.split("+") if isinstance(kept, str) and kept else None)
     specs, embedding = given["targets"] or record_targets(record), given["embedding"] or record.get("embedding")
-    task = given["task"] or ("classify" if specs or embedding else None)  # as gradcam's own --target
-    service = ModelService(
-        params.model_options(
-            model,
-            given["weights"],
-            given["num_classes"],
-            given["labels"],
-            given["input_size"],
-            given["device"],
-            task,
-        ),
-        params.explain_options(
-            layers,
-            given["method"],
-            None,
-            None,
-            False,
-            False,
-            given["score"],
-            score_threshold=given["score_threshold"],
-            max_detections=given["max_detections"],
-            targets=specs,
-            embedding=embedding if isinstance(embedding, str) else None,
-        ),
+    explain = ExplainOptions(
+        tuple(layers or ()),
+        tuple(given["method"]),
+        score=given["score"],
+        score_threshold=given["score_threshold"],
+        max_detections=given["max_detections"],
+        targets=tuple(specs),
+        embedding=embedding if isinstance(embedding, str) else None,
     )
+    model_options = ModelOptions(
+        model,
+        given["weights"],
+        given["num_classes"],
+        given["labels"],
+        given["input_size"],
+        given["device"],
+        explain.task_for(given["task"]),
+    )
+    service = ModelService(model_options, explain)
     if not layers:
-        reason = default_layer_reason(service.model.task, bool(service.model.default_layers))
+        reason = default_layer_reason(service.adapter, bool(service.model.default_layers))
         reporter.info(f"using layer {service.default_layer} ({reason})")
     return service
+
+
+def _served(paths: list[str], drift: Path | None) -> tuple[ServedPaths, list[InputImage]]:
+    """The paths sorted out (a run, images) and the images found, with ``--drift`` checked: refused before the
+    port is bound and the model loads."""
+    from ..io.discovery import discover
+    from ..serve.runindex import read_drift
+    from ..serve.runs import sort_paths
+
+    served = sort_paths(paths)
+    if drift is not None:
+        if served.run is None:
+            raise UsageError("--drift marks a run's rows; give a finished run's output folder or its manifest")
+        read_drift(drift)  # a file that is no gradcam diff --json result: refused before the model loads
+    inputs = discover(served.images) if served.images else []
+    if served.images and not inputs:
+        raise UsageError(f"no images found in {' '.join(served.images)}")
+    return served, inputs
 
 
 def start(
@@ -161,21 +175,11 @@ def start(
         import uvicorn  # noqa: F401
     except ImportError:
         raise UsageError("gradcam serve needs the optional extra: pip install 'gradcam-cli[serve]'") from None
-    from ..io.discovery import discover
     from ..serve import create_app
-    from ..serve.runindex import read_drift
-    from ..serve.runs import sort_paths
     from ..serve.server import bind, is_loopback, serve, url_of
 
-    served = sort_paths(paths)
+    served, inputs = _served(paths, drift)
     run = served.run
-    if drift is not None:
-        if run is None:
-            raise UsageError("--drift marks a run's rows; give a finished run's output folder or its manifest")
-        read_drift(drift)  # a file that is no gradcam diff --json result: refused before the model loads
-    inputs = discover(served.images) if served.images else []
-    if served.images and not inputs:
-        raise UsageError(f"no images found in {' '.join(served.images)}")
     try:  # bound before the model loads: a port in use is said at once
         sock = bind(options.host, options.port)
     except OSError as error:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -74,21 +74,8 @@ def with_methods(
 ) -> Explainer:
     """An explainer like ``explainer`` with other ``methods`` (and ``module`` in place of its model's module,
     ``progress`` in place of its masked passes' progress callback, ``perturbation`` in place of its own)."""
-    loaded = explainer.model
-    return Explainer(
-        replace(loaded, module=module if module is not None else loaded.module),
-        explainer.layer_names,
-        methods,
-        target=explainer.target,
-        aug_smooth=explainer.aug_smooth,
-        eigen_smooth=explainer.eigen_smooth,
-        score_batch_size=explainer.score_batch_size,
-        score=explainer.score_name,
-        targets=explainer.target_specs,
-        embedding=explainer.embedding,
-        perturbation=perturbation or explainer.perturbation,
-        progress=progress or explainer.progress,
-    )
+    changes = {"perturbation": perturbation} if perturbation is not None else {}
+    return explainer.with_options(module, progress, methods=tuple(methods), **changes)
 
 
 @dataclass(frozen=True)

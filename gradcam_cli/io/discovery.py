@@ -44,35 +44,7 @@ def discover(
     share an output name.
     """
     excluded = _real(exclude) if exclude is not None else None
-    roots: list[tuple[Path, list[Path], bool]] = []
-    for raw in inputs:
-        if isinstance(raw, str) and not raw:
-            raise UsageError("INPUT '' is an empty path (is a shell variable unset?); use . for the current folder")
-        path = Path(raw)
-        if path.is_dir():
-            if excluded is not None and _real(path) == excluded:
-                raise UsageError(
-                    f"--output-dir {exclude} is the input directory {raw} itself; choose another folder "
-                    "(a subfolder of the inputs is fine: it is never searched)"
-                )
-            roots.append((path, sorted(_walk(path, excluded, warn), key=_sort_key), True))
-        elif path.exists() or path.is_symlink():  # a file, or a FIFO or device: tried, and failed, as an input
-            roots.append((path.parent, [path], False))
-        elif glob.has_magic(str(raw)):
-            matches = sorted((Path(p) for p in glob.glob(str(raw), recursive=True)), key=_sort_key)
-            files: list[Path] = []
-            for match in matches:
-                if match.is_dir():
-                    if excluded is None or not _is_within(_real(match), excluded):
-                        files.extend(sorted(_walk(match, excluded, warn), key=_sort_key))
-                elif _has_image_suffix(match.name) and (excluded is None or not _is_within(_real(match), excluded)):
-                    files.append(match)
-            if not files:
-                raise UsageError(f"no images match {raw!r}")
-            common = Path(os.path.commonpath([os.path.abspath(p.parent) for p in files]))
-            roots.append((common, files, True))
-        else:
-            raise UsageError(f"{raw}: no such file or directory")
+    roots = [_root(raw, exclude, excluded, warn) for raw in inputs]
     prefixes = _tree_prefixes([root for root, _, is_tree in roots if is_tree])
     seen: set[str] = set()
     images = []
@@ -88,6 +60,48 @@ def discover(
                 relative = Path(file.name)
             images.append(InputImage(file, relative.with_suffix("")))
     return _disambiguate(images)
+
+
+Root = tuple[Path, list[Path], bool]
+"""One input: the folder its files' stems are relative to, its files, and whether it is a tree (a directory or a
+glob pattern) rather than a named file."""
+
+
+def _root(raw: str | Path, exclude: Path | None, excluded: str | None, warn: Callable[[str], None] | None) -> Root:
+    """One input expanded (:func:`discover`)."""
+    if isinstance(raw, str) and not raw:
+        raise UsageError("INPUT '' is an empty path (is a shell variable unset?); use . for the current folder")
+    path = Path(raw)
+    if path.is_dir():
+        if excluded is not None and _real(path) == excluded:
+            raise UsageError(
+                f"--output-dir {exclude} is the input directory {raw} itself; choose another folder "
+                "(a subfolder of the inputs is fine: it is never searched)"
+            )
+        return path, sorted(_walk(path, excluded, warn), key=_sort_key), True
+    if path.exists() or path.is_symlink():  # a file, or a FIFO or device: tried, and failed, as an input
+        return path.parent, [path], False
+    if not glob.has_magic(str(raw)):
+        raise UsageError(f"{raw}: no such file or directory")
+    files = _glob_files(str(raw), excluded, warn)
+    if not files:
+        raise UsageError(f"no images match {raw!r}")
+    common = Path(os.path.commonpath([os.path.abspath(p.parent) for p in files]))
+    return common, files, True
+
+
+def _glob_files(pattern: str, excluded: str | None, warn: Callable[[str], None] | None) -> list[Path]:
+    """The images a glob pattern matches: its files with an image suffix, and its directories' images."""
+    matches = sorted((Path(p) for p in glob.glob(pattern, recursive=True)), key=_sort_key)
+    files: list[Path] = []
+    for match in matches:
+        if excluded is not None and _is_within(_real(match), excluded):
+            continue
+        if match.is_dir():
+            files.extend(sorted(_walk(match, excluded, warn), key=_sort_key))
+        elif _has_image_suffix(match.name):
+            files.append(match)
+    return files
 
 
 def _real(path: Path) -> str:

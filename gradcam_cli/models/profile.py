@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from ..io.images import InputSpec
-from .tasks import Task
+from .tasks import Task, detection_spec, detection_transform, infer_task, task_of_shape
 
 if TYPE_CHECKING:
     from .text_tower import TextTower
@@ -49,6 +49,12 @@ class ModelProfile:
     size_known: bool = True
     """The model says its own input size (``--input-size`` is then at most 4 times it); ``False`` for your own
     ``file.py:factory`` models."""
+
+    @property
+    def may_read_tokens(self) -> bool:
+        """Whether its 3-D (N, L, C) layer outputs may be token sequences: only a classifier's (a detector head's
+        (N, anchors, classes) has no grid); :func:`gradcam_cli.cam.layers.reads_tokens` says whether they are."""
+        return self.task is Task.CLASSIFY
 
 
 @dataclass(frozen=True, init=False)
@@ -85,6 +91,25 @@ class LoadedModel:
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "weights", weights)
         object.__setattr__(self, "profile", profile)
+
+    @classmethod
+    def of_module(cls, module: nn.Module) -> LoadedModel:
+        """A bare module as a model: named by its class, a detector where it has a detection transform, else a
+        classifier until its output says otherwise (:meth:`with_task_shown`)."""
+        task = Task.DETECT if detection_transform(module) is not None else Task.CLASSIFY
+        return cls(module, type(module).__name__, "custom", None, InputSpec(), task)
+
+    def with_detector_input(self) -> LoadedModel:
+        """A bare detector with its transform's input size (any other model as it is)."""
+        if self.task is not Task.DETECT:
+            return self
+        return self.with_profile(input_spec=detection_spec(self.module, None) or self.input_spec)
+
+    def with_task_shown(self, output_shape: tuple[int, ...] | None) -> LoadedModel:
+        """A bare module's task, from the shape of its output in a dry pass (``None``: not a tensor), else from
+        :func:`~gradcam_cli.models.tasks.infer_task`."""
+        shown = task_of_shape(output_shape)
+        return self.with_profile(task=shown or infer_task(self.module, self.input_spec, self.name))
 
     def with_profile(self, **changes: Any) -> LoadedModel:
         """This model with some of its profile's facts replaced (``model.with_profile(task=Task.DETECT)``)."""

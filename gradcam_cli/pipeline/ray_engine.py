@@ -91,14 +91,7 @@ class RayRunner(BatchRunner):
         said: set[str] = set()
         try:
             for batch in self._dataset(ray, todo, inputs).iter_batches(batch_size=None, batch_format="numpy"):
-                for fatal in batch["fatal"]:
-                    if fatal:
-                        kind, _, message = str(fatal).partition("\t")
-                        raise _KINDS.get(kind, GradcamError)(message)
-                for note in batch["note"]:
-                    if note and note not in said and self.notify is not None:
-                        said.add(note)
-                        self.notify(str(note))
+                self._said(batch, said)
                 for index, rows in zip(batch["index"], batch["rows"], strict=True):
                     if on_image:
                         on_image()
@@ -115,6 +108,15 @@ class RayRunner(BatchRunner):
                 _cluster_messages(True)
         if interrupted():
             raise KeyboardInterrupt
+
+    def _said(self, batch: Any, said: set[str]) -> None:
+        """Raise a batch's fatal error (as the error it was), and pass on its notes not yet said."""
+        for kind, _, message in (str(fatal).partition("\t") for fatal in batch["fatal"] if fatal):
+            raise _KINDS.get(kind, GradcamError)(message)
+        for note in dict.fromkeys(str(note) for note in batch["note"] if note and note not in said):
+            said.add(note)
+            if self.notify is not None:
+                self.notify(note)
 
     def _dataset(self, ray: Any, todo: list[InputImage], inputs: set[str]) -> Any:
         """The pipeline: rows of images, decoding tasks, the actor pool."""
@@ -341,10 +343,9 @@ def connect(ray: Any, address: str | None) -> bool:
 
 
 def _cluster_messages(shown: bool) -> None:
-    """Ray's driver prints the cluster's error messages (a node lost, a task retried: lines and a raylet's log
-    each time) on stdout, which carries gradcam's results (``--json``): they are off while gradcam is connected,
-    as the rest of Ray's output is (the run's outcome says what matters). Ray has no option for it but its
-    module's switch (the tests check that stdout stays clean through a node's loss)."""
+    """Ray's driver prints the cluster's error messages (a node lost, a task retried) on stdout, which carries
+    gradcam's results (``--json``): off while gradcam is connected, as the rest of Ray's output is. Ray has no option
+    for it but its module's switch (the tests check that stdout stays clean through a node's loss)."""
     worker = sys.modules.get("ray._private.worker")
     if worker is not None and hasattr(worker, "_worker_logs_enabled"):
         setattr(worker, "_worker_logs_enabled", shown)  # noqa: B010
@@ -374,10 +375,9 @@ def quiet() -> None:
 
 def cluster_error(error: BaseException) -> GradcamError:
     """The one-line error for a failed Ray job: a gradcam error raised in an actor as it is (a model that does not
-    load there keeps its message and exit code), anything else as a :class:`ClusterError`.
-
-    Ray hands a task's error on as its ``cause``, but an actor that failed to start only as the text of its
-    traceback, whose last ``gradcam_cli.errors.<Kind>: <message>`` line is taken back."""
+    load there keeps its message and exit code), anything else as a :class:`ClusterError`. Ray hands a task's error
+    on as its ``cause``, but an actor that failed to start only as the text of its traceback, whose last
+    ``gradcam_cli.errors.<Kind>: <message>`` line is taken back."""
     cause: BaseException | None = error
     seen: set[int] = set()
     while cause is not None and id(cause) not in seen:

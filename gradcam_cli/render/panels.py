@@ -145,23 +145,29 @@ def panel_figure(
             cell = cells.get((target_index, method))
             if cell is None:
                 continue
-            ax = axes[row, column]
-            ax.imshow(blend(small_pixels, shrunk[(target_index, method)], table, alpha).numpy())
-            ax.set_axis_on()
-            ax.set_xticks([])
-            ax.set_yticks([])
-            for spine in ax.spines.values():
-                spine.set_visible(False)
-            if row == 0:
-                ax.set_title(_plain(method), fontsize=11)
-            if column == 1:
-                target = cell.target
-                ax.set_ylabel(f"{_plain(target.name)}\n{target.probability:.1%} (class {target.index})")
+            overlay = blend(small_pixels, shrunk[(target_index, method)], table, alpha).numpy()
+            _grid_cell(axes[row, column], overlay, cell, method if row == 0 else None, column == 1)
     scale = matplotlib.cm.ScalarMappable(matplotlib.colors.Normalize(0.0, 1.0), colormap)
     figure.colorbar(scale, ax=axes[:, 1:].ravel().tolist(), fraction=0.03, pad=0.02, label="importance")
     if title:
         figure.suptitle(_plain(title), fontsize=12)
     return figure
+
+
+def _grid_cell(ax: Any, overlay: np.ndarray, cell: Explanation, method: str | None, labelled: bool) -> None:
+    """One overlay of the grid, titled with its ``method`` (the top row) and ``labelled`` with its class (the first
+    column)."""
+    ax.imshow(overlay)
+    ax.set_axis_on()
+    ax.set_xticks([])
+    ax.set_yticks([])
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    if method is not None:
+        ax.set_title(_plain(method), fontsize=11)
+    if labelled:
+        target = cell.target
+        ax.set_ylabel(f"{_plain(target.name)}\n{target.probability:.1%} (class {target.index})")
 
 
 def _show(ax: Any, image: np.ndarray, caption: str) -> None:

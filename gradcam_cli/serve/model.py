@@ -26,8 +26,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..cam.engine import settle_loaded
 from ..cam.explainer import Explainer
-from ..cam.layers import dry_pass, model_default_layer
+from ..cam.layers import DryPasses, model_default_layer
 from ..cam.methods import METHODS
 from ..cam.targets import model_kind
 from ..errors import UsageError, suggest
@@ -99,10 +100,16 @@ class ModelService:
         if isinstance(model, ModelOptions):  # loaded here: an embedding model without a target has no explainer yet
             device = resolve_device(model.device)
             model = load_model(model)
-            model.module.eval().requires_grad_(False).to(device)
+            settle_loaded(model.module, device)
         self.kind = model_kind(model)
         first = self.targets[:1] or ((TargetSpec("output"),) if self.kind == "embed" else ())  # output:0 of any
-        base = Explainer.from_options(model, replace(options, targets=first, top_k=None if first else options.top_k))
+        self.dry_passes = DryPasses()
+        """The model's one dry pass, which every explainer the service builds reads (:class:`DryPasses`)."""
+        base = Explainer.from_options(
+            model,
+            self._options(options.layers, options.methods, first[0] if first else None),
+            dry_passes=self.dry_passes,
+        )
         self.model = base.model
         self.adapter = base.adapter
         self.device = base.device
@@ -115,7 +122,7 @@ class ModelService:
         self._explainers: dict[tuple[str, str, str], Explainer] = {
             (base.layer_label, base.methods[0], str(first[0]) if first else ""): base
         }
-        infos = dry_pass(self.model, self.device)
+        infos = self.dry_passes.get(self.model, self.device)
         try:
             default = model_default_layer(self.model, infos)
         except UsageError:
@@ -163,20 +170,22 @@ class ModelService:
             if method not in self.methods:
                 raise UsageError(f"unknown method {method!r} for a {self.adapter.noun}.{suggest(method, self.methods)}")
             names = [name for name in layer.split("+") if name]
-            options = ExplainOptions(
-                layers=tuple(names),
-                methods=(method,),
-                score=self.options.score,
-                score_threshold=self.options.score_threshold,
-                max_detections=self.options.max_detections,
-                top_k=self.options.top_k if target is None else None,
-                targets=(target,) if target is not None else (),
-                embedding=self.options.embedding,
-            )
+            options = self._options(tuple(names), (method,), target)
             if len(self._explainers) >= MAX_EXPLAINERS:
                 self._explainers.pop(next(iter(self._explainers)))
-            self._explainers[key] = Explainer.from_options(self.model, options)
+            self._explainers[key] = Explainer(self.model, options, dry_passes=self.dry_passes)
         return self._explainers[key]
+
+    def _options(self, layers: tuple[str, ...], methods: tuple[str, ...], target: TargetSpec | None) -> ExplainOptions:
+        """The run's options for one explainer: ``layers``, ``methods``, and ``target`` (``None``: classes, the
+        run's ``top_k`` of them)."""
+        return replace(
+            self.options,
+            layers=layers,
+            methods=methods,
+            top_k=self.options.top_k if target is None else None,
+            targets=(target,) if target is not None else (),
+        )
 
     def target_index(self, text: str | None) -> int | None:
         """A class by index or name, matched as ``--target-class`` matches it."""
@@ -266,11 +275,11 @@ class ModelService:
         options = ExplainOptions(
             layers=tuple(stored.layer.split("+")),
             methods=(explanation.method,),
-            target_class=str(explanation.target.index),
+            target_class=explanation.target.index,
             score=self.options.score,
         )
         with self.model_lock:
-            explainer = Explainer.from_options(self.model, options, progress=Deadline(seconds))
+            explainer = Explainer(self.model, options, progress=Deadline(seconds), dry_passes=self.dry_passes)
             scores = Evaluator(explainer, EvalOptions(steps=FAITHFULNESS_STEPS, road=road)).evaluate_image(path)
         if scores.error is not None or scores.target is None:
             raise UsageError(scores.error or "this image could not be evaluated")

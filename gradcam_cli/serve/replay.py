@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..cam.engine import LayerCapture
+from ..cam.engine import KeptLayers, LayerCapture
 
 RETAINED_PASSES = 4
 """How many (image, layers) passes are kept by default."""
@@ -37,7 +37,7 @@ class RetainedPass:
     """One kept pass: the model's output and, per layer, (activations, leaf, calls)."""
 
     output: object
-    records: dict[str, tuple[torch.Tensor | None, torch.Tensor | None, int]]
+    records: KeptLayers
 
 
 class RetainedPasses:
@@ -108,13 +108,11 @@ class ReplayCapture(LayerCapture):
         forward pass where attention is watched: the attention methods read the pass's own probabilities)."""
         kept = None if self.attention else self.factory.passes.get(self.key)
         if kept is not None:
-            for name, record in self.records.items():
-                record.activations, record.leaf, record.calls = kept.records[name]
+            self.replay(kept.records)
             return kept.output
         output = super().forward_output(inputs)
         self.factory.forward = True
-        records = {name: (r.activations, r.leaf, r.calls) for name, r in self.records.items()}
-        self.factory.passes.put(self.key, RetainedPass(output, records))
+        self.factory.passes.put(self.key, RetainedPass(output, self.kept()))
         return output
 
     def gradients(self, score: torch.Tensor, retain_graph: bool = False) -> dict[str, torch.Tensor]:

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..cam.engine import settle_loaded
 from ..errors import ModelLoadError, UsageError, describe
 from .families import VlmFamily, family_of
 
@@ -69,7 +70,5 @@ def load_vlm(model: str, device: torch.device, precision: str = "fp32") -> Loade
         processor = auto.AutoProcessor.from_pretrained(folder)
     except Exception as error:  # transformers raises many kinds for a broken folder
         raise ModelLoadError(f"cannot load {model}: {describe(error)}") from None
-    module.eval()
-    for parameter in module.parameters():
-        parameter.requires_grad_(False)
-    return LoadedVlm(module.to(device), processor, family, model)
+    settle_loaded(module, device)
+    return LoadedVlm(module, processor, family, model)

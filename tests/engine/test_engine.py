@@ -453,3 +453,23 @@ def test_a_model_failing_at_its_usual_size_is_a_model_error_not_an_input_size_on
     message = str(caught.value)
     assert caught.value.exit_code == EXIT_MODEL and "\n" not in message
     assert re.fullmatch(r"always-fails fails on a 64x64 input: .*mat1 and mat2 shapes cannot be multiplied.*", message)
+
+
+def test_keywords_build_the_options_an_explainer_takes_whole(square_model):
+    from gradcam_cli import Explainer
+    from gradcam_cli.options import ExplainOptions
+
+    whole = ExplainOptions(layers=("features",), methods=("gradcam", "layercam"), target_class="green")
+    by_options = Explainer(square_model, whole)
+    by_keywords = Explainer(square_model, "features", ["gradcam", "layercam"], target="green")
+    assert by_keywords.explain_options == by_options.explain_options == whole
+    assert by_options.target == 1 and by_options.layer_names == ["features"]
+    inputs = torch.rand(2, 3, 32, 32)
+    _, _, cams = by_options.compute(inputs)
+    _, _, again = by_keywords.compute(inputs)
+    for method in ("gradcam", "layercam"):
+        torch.testing.assert_close(cams[method][0][0], again[method][0][0])
+    other = by_options.with_options(methods=("hirescam",))
+    assert other.methods == ["hirescam"] and other.explain_options.target_class == "green"
+    with pytest.raises(TypeError, match="not both"):
+        Explainer(square_model, whole, top_k=2)

@@ -517,3 +517,23 @@ def test_a_port_in_use_is_said_before_the_model_loads(tmp_path):
         taken.close()
     assert result.exit_code == 2
     assert result.output == f"error: cannot listen on 127.0.0.1:{port}: address already in use\n"
+
+
+def test_one_dry_pass_serves_every_layer_method_target_and_faithfulness(square_model, tmp_path, monkeypatch):
+    import gradcam_cli.cam.layers as layers
+
+    passes: list[str] = []
+    real = layers.dry_pass
+
+    def counted(model, device, example=None):
+        passes.append(model.name)
+        return real(model, device, example)
+
+    monkeypatch.setattr(layers, "dry_pass", counted)
+    service = ModelService(square_model)
+    with TestClient(create_app(service, work_dir=tmp_path / "work"), base_url="http://127.0.0.1") as test_client:
+        image_id = upload(test_client, squares())
+        for query in ("", "&layer=features.0&method=layercam", "&method=gradcam%2B%2B&target=green"):
+            made = test_client.get(f"/api/map?image={image_id}{query}").json()
+        assert test_client.get(f"/api/maps/{made['id']}/faithfulness").status_code == 200
+    assert passes == ["colour-detector"]  # made once, when the service started

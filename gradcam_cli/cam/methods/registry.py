@@ -11,7 +11,7 @@ function's signature to the need's type, so the type checker sees each registrat
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from typing import Any, Generic, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar, overload
 
 import torch
 
@@ -20,6 +20,9 @@ from ...models.tasks import Task
 from ...options import ALL_METHODS, TASK_NAMES
 from ...registry import METHODS_GROUP, Registry
 from .needs import Need
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 E = TypeVar("E")
 E_contra = TypeVar("E_contra", contravariant=True)
@@ -45,6 +48,14 @@ class LayerMapWith(Protocol[E_contra]):
     ) -> torch.Tensor: ...
 
 
+class MethodRow(TypedDict, total=False):
+    """A method's row of the table in docs/methods.md: its formula, its paper and its cost (each text)."""
+
+    formula: str
+    paper: str
+    cost: str
+
+
 class CamMethod(Generic[E]):
     """One registered method: its ``--method`` name, the function that computes its coarse map (formula and paper in
     its docstring), what that function needs besides the activations (``uses_gradients``: the backward pass to the
@@ -66,9 +77,7 @@ class CamMethod(Generic[E]):
         class_agnostic: bool = False,
         tasks: tuple[str, ...] = TASK_NAMES,
         uses_layer: bool = True,
-        formula: str = "",
-        paper: str = "",
-        cost: str = "",
+        **row: Unpack[MethodRow],
     ) -> None: ...
 
     @overload
@@ -82,9 +91,7 @@ class CamMethod(Generic[E]):
         class_agnostic: bool = False,
         tasks: tuple[str, ...] = TASK_NAMES,
         uses_layer: bool = True,
-        formula: str = "",
-        paper: str = "",
-        cost: str = "",
+        **row: Unpack[MethodRow],
     ) -> None: ...
 
     def __init__(
@@ -97,9 +104,7 @@ class CamMethod(Generic[E]):
         class_agnostic: bool = False,
         tasks: tuple[str, ...] = TASK_NAMES,
         uses_layer: bool = True,
-        formula: str = "",
-        paper: str = "",
-        cost: str = "",
+        **row: Unpack[MethodRow],
     ) -> None:
         self.name = name
         self.compute: Callable[..., torch.Tensor] = compute
@@ -108,7 +113,7 @@ class CamMethod(Generic[E]):
         self.class_agnostic = class_agnostic
         self.tasks = tasks
         self.uses_layer = uses_layer
-        self.formula, self.paper, self.cost = formula, paper, cost
+        self.formula, self.paper, self.cost = row.get("formula", ""), row.get("paper", ""), row.get("cost", "")
 
     def __repr__(self) -> str:
         return f"CamMethod({self.name!r}, needs={self.needs!r})"

@@ -80,6 +80,8 @@ class TaskAdapter:
     answers = False
     """It answers ``--prompt`` questions (:class:`Answering`; found by :func:`answering`)."""
     methods_of = "segment"
+    default_layer = "last stage of the backbone"
+    """Which layer is explained when none is chosen, as the 'using layer' message says it."""
     """The built-in task whose method list this one takes (:attr:`CamMethod.tasks`), unless :meth:`takes` says."""
 
     @property
@@ -93,8 +95,7 @@ class TaskAdapter:
 
     def check_options(self, options: ExplainOptions) -> None:
         """A one-line UsageError for an option this task does not take, given at all (``None``: not given)."""
-        if options.score is not None and options.score != "logit":
-            raise UsageError(f"--score {options.score} is for classifiers; a {self.noun} has its own score")
+        self.check_own_score(options)
         given = [
             f"{option} {value:g}"
             for option, value in (
@@ -105,6 +106,11 @@ class TaskAdapter:
         ]
         if given:
             raise UsageError(f"{given[0]} is for detectors; a {self.noun} has no detections to choose from")
+
+    def check_own_score(self, options: ExplainOptions) -> None:
+        """A one-line UsageError for a ``--score`` other than ``logit`` (the default), for a task with its own."""
+        if options.score not in (None, "logit"):
+            raise UsageError(f"--score {options.score} is for classifiers; a {self.noun} has its own score")
 
     def score(self, model: LoadedModel, request: ScoreRequest) -> Score:
         """The :class:`~gradcam_cli.cam.scores.Score` this task differentiates."""

@@ -25,6 +25,7 @@ class ClassifyTask(TaskAdapter):
     takes_targets = True
     aug_smooth = True
     methods_of = "classify"
+    default_layer = "last spatial layer"
 
     def claims(self, model: LoadedModel, requested: str | None) -> bool:
         return model.task.value == self.name and requested in (None, self.name)  # else a plugin's task named

@@ -36,8 +36,7 @@ class DetectTask(TaskAdapter):
 
     def check_options(self, options: ExplainOptions) -> None:
         check_class_score(options)
-        if options.score not in (None, "logit"):
-            raise UsageError(f"--score {options.score} is for classifiers; a {self.noun} has its own score")
+        self.check_own_score(options)
         if options.top_k is not None:
             raise UsageError(
                 f"--top-k {options.top_k} is for classifiers and segmenters; a detector explains each detection "

@@ -1,0 +1,76 @@
+"""What an :class:`~gradcam_cli.cam.explainer.Explainer` is built from: its :class:`ExplainOptions`, given whole or
+as keywords (:class:`ExplainKeywords`, :func:`explain_options`: one path either way), and the model it explains, a
+:class:`LoadedModel` or a bare module (:func:`explained_model`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypedDict
+
+from torch import nn
+
+from ..models.loading import LoadedModel
+from ..models.tasks import Task
+from ..options import DEFAULT_METHOD, TASK_NAMES, ExplainOptions, PerturbationOptions
+from ..targets import TargetSpec
+
+
+class ExplainKeywords(TypedDict, total=False):
+    """:class:`ExplainOptions` as :class:`Explainer`'s keywords (a notebook's ``Explainer(model, "layer4",
+    target=281)``): ``layers`` and ``target`` are its ``layers`` and ``target_class``; ``targets`` may be strings."""
+
+    layers: str | Sequence[str] | None
+    target: int | str | None
+    top_k: int | None
+    aug_smooth: bool
+    eigen_smooth: bool
+    score_batch_size: int
+    score: str | None
+    score_threshold: float | None
+    max_detections: int | None
+    targets: Sequence[TargetSpec | str]
+    embedding: str | None
+    perturbation: PerturbationOptions | None
+
+
+def explain_options(
+    first: ExplainOptions | str | Sequence[str] | None, methods: str | Sequence[str] | None, keywords: ExplainKeywords
+) -> ExplainOptions:
+    """The :class:`ExplainOptions` an :class:`Explainer` is built with: ``first`` itself, or built from the layers
+    ``first`` (or ``keywords["layers"]``), ``methods`` and the other ``keywords``."""
+    if isinstance(first, ExplainOptions):
+        if methods is not None or keywords:
+            raise TypeError("Explainer takes ExplainOptions or their keywords, not both")
+        return first
+    given: dict[str, Any] = dict(keywords)
+    layers = given.pop("layers", None) if first is None else first
+    methods = methods if methods is not None else DEFAULT_METHOD
+    if "target" in given:
+        given["target_class"] = given.pop("target")
+    if "targets" in given:
+        given["targets"] = tuple(TargetSpec.parse(spec) for spec in given["targets"])
+    if given.get("perturbation", 0) is None:
+        given.pop("perturbation")
+    return ExplainOptions(
+        layers=(layers,) if isinstance(layers, str) else tuple(layers or ()),
+        methods=(methods,) if isinstance(methods, str) else tuple(methods),
+        **given,
+    )
+
+
+def explained_model(
+    model: LoadedModel | nn.Module, task: str | None, options: ExplainOptions
+) -> tuple[LoadedModel, str | None, bool]:
+    """The model explained, the task asked for (a plugin task's name too) and whether ``model`` was a bare module
+    (its task is then found from its output after the dry pass:
+    :meth:`~gradcam_cli.models.profile.LoadedModel.with_task_shown`)."""
+    bare = isinstance(model, nn.Module)
+    if isinstance(model, nn.Module):
+        model = LoadedModel.of_module(model)
+        task = options.task_for(task)
+    requested = task if task is not None and task not in TASK_NAMES else model.task_name
+    if task is not None and task in TASK_NAMES:  # the caller's LoadedModel is left as it is: this copy says it
+        model = model.with_profile(task=Task.parse(task))
+    if bare:
+        model = model.with_detector_input()
+    return model, requested, bare
