@@ -8,15 +8,21 @@ explanation timed once on the image, the masked-input methods for 2 s and extrap
 :func:`~gradcam_cli.evaluation.plan.choose`'s for ``--images`` images and ``--budget`` seconds; then one image is
 evaluated with the methods kept, timed, against the plan's sum for them.
 
-Usage: ``python benchmarks/bench_rank.py [--device cpu|cuda] [--images N] [--budget SECONDS]``.
+``--sharing`` measures instead what sharing batched passes across the stability copies would gain: the masked
+inputs of 3 copies forwarded as 3 passes of ``--score-batch-size`` (32, today's path) against 1 pass of 3 x 32
+(shared), in the same run, best of ``--repeats``. (The cascade's stages cannot share a pass: their weights differ.)
+
+Usage: ``python benchmarks/bench_rank.py [--device cpu|cuda] [--images N] [--budget SECONDS] [--sharing]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -40,10 +46,14 @@ def main() -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--images", type=int, default=1, help="images the plan is for")
     parser.add_argument("--budget", type=float, default=BUDGET)
+    parser.add_argument("--sharing", action="store_true", help="measure shared masked passes instead")
+    parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
 
     device = torch.device(args.device)
     module, inputs, target, _ = resnet50_case(device)
+    if args.sharing:
+        return sharing(module, inputs, args.repeats)
     loaded = LoadedModel(module, "resnet50", "none", None, InputSpec(size=224))
     explainer = Explainer(loaded, "layer4", ["all"], target=target, device=device)
     options = EvalOptions(sanity=True, road=True, stability=True)
@@ -67,6 +77,31 @@ def main() -> int:
     planned = sum(seconds[m] for m in plan.kept)
     kept_count = len(plan.kept)
     print(f"measured: the budgeted plan's {kept_count} methods on one image in {took:.1f} s (planned {planned:.1f} s)")
+    return 0
+
+
+def sharing(module: torch.nn.Module, inputs: torch.Tensor, repeats: int, copies: int = 3, batch: int = 32) -> int:
+    """Seconds per masked input: ``copies`` passes of ``batch`` (unshared) against one of ``copies * batch``."""
+    masked = inputs.expand(copies * batch, *inputs.shape[1:]).contiguous()
+    masked = masked * torch.rand(masked.shape[0], 1, *inputs.shape[2:], generator=torch.Generator().manual_seed(0)).to(
+        inputs.device
+    )
+
+    def timed(work: Callable[[], object]) -> float:
+        best = math.inf
+        for _ in range(repeats):
+            started = time.perf_counter()
+            work()
+            best = min(best, time.perf_counter() - started)
+        return best / masked.shape[0]
+
+    with torch.inference_mode():
+        module(masked[:batch])  # warm-up
+        unshared = timed(lambda: [module(masked[i * batch : (i + 1) * batch]) for i in range(copies)])
+        shared = timed(lambda: module(masked))
+    print(f"ResNet-50, 224x224, {inputs.device}, torch threads {torch.get_num_threads()}: seconds per masked input")
+    print(f"  unshared ({copies} passes of {batch}): {unshared:.4f} s")
+    print(f"  shared   (1 pass of {copies * batch}):  {shared:.4f} s  (ratio shared/unshared {shared / unshared:.2f})")
     return 0
 
 

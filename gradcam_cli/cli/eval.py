@@ -28,7 +28,7 @@ from ..options import (
 from . import answers, params
 from .eval_output import tell
 from .input_size import InputSizeOpt
-from .ranking import RankOptions, rank_report
+from .ranking import MethodSteps, RankOptions, rank_report
 from .reporting import (
     PassProgress,
     ProgressBar,
@@ -247,6 +247,7 @@ class EvalCommand:
         self.reporter, self.inputs = reporter, inputs
         self.model_options, self.explain_options, self.options = model, explain, options
         self.ranking = ranking or RankOptions()
+        self.plan_seconds: dict[str, float] = {}  # --rank's estimate per method and image
 
     def run(self) -> int:
         from ..evaluation.boxes import read_boxes
@@ -273,7 +274,7 @@ class EvalCommand:
         started = time.perf_counter()
         report = self._evaluate(evaluator, options, images, boxes)
         elapsed = time.perf_counter() - started
-        tell(self.reporter, report, explainer, images, options, bool(boxes), self.ranking)
+        tell(self.reporter, report, evaluator, images, options, bool(boxes), self.ranking)
         self.reporter.info(f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {duration(elapsed)}")
         return EXIT_IMAGE_FAILED if report.failed else EXIT_OK
 
@@ -319,12 +320,8 @@ class EvalCommand:
             with ProgressBar(reporter, len(images) * methods, label) as progress:
                 for _ in range(len(done) * methods):
                     progress(skipped=True)
-
-                def advance() -> None:
-                    for _ in range(methods):  # one step per method and image: all methods share the image's passes
-                        progress()
-
-                ran = evaluator.run(todo, boxes, on_image=advance, on_result=record) if todo else None
+                steps = MethodSteps(progress, len(images), methods, len(done), self.plan_seconds)
+                ran = evaluator.run(todo, boxes, steps.image, record, steps.method) if todo else None
         except KeyboardInterrupt:
             if self.ranking.rank and not finished:
                 reporter.info("interrupted before the first image finished: nothing to rank")
@@ -343,7 +340,7 @@ class EvalCommand:
     def _planned(self, explainer: Explainer, images: list[InputImage], options: EvalOptions) -> Explainer:
         """Print the plan (each method's estimated seconds per image, from a timed pass on the first image) and,
         for ``--method all`` on a CPU or with ``--budget``, keep the methods that fit the budget."""
-        from ..evaluation.plan import BUDGET, choose, estimate, with_methods
+        from ..evaluation.plan import BUDGET, planned, with_methods
         from ..io.images import load_image, to_input_tensor
 
         budget = self.ranking.budget
@@ -355,7 +352,8 @@ class EvalCommand:
             return explainer  # the first image fails: no plan; the evaluation reports it
         inputs = to_input_tensor(picture, explainer.model.input_spec).unsqueeze(0).to(explainer.device)
         self.reporter.info(f"plan: timing each method on {images[0].path.name} ...")
-        plan = choose(estimate(explainer, inputs, options), len(images), budget)
+        plan = planned(explainer, inputs, options, len(images), budget)
+        self.plan_seconds = plan.seconds
         for line in plan.lines():
             self.reporter.info(line)
         return explainer if not plan.left_out else with_methods(explainer, plan.kept)

@@ -11,8 +11,9 @@ from .ranking import RankOptions, rank_report
 from .reporting import Reporter
 
 if TYPE_CHECKING:
-    from ..cam.explainer import Explainer
+    from ..evaluation.evaluate import Evaluator
     from ..evaluation.report import EvalReport
+    from ..evaluation.tasks import TaskEvaluator
     from ..io.discovery import InputImage
     from ..options import EvalOptions
 
@@ -20,14 +21,14 @@ if TYPE_CHECKING:
 def tell(
     reporter: Reporter,
     report: EvalReport,
-    explainer: Explainer,
+    evaluator: Evaluator | TaskEvaluator,
     images: list[InputImage],
     options: EvalOptions,
     boxes: bool,
     ranking: RankOptions,
 ) -> None:
-    """The failures and notes (``boxes``: boxes were given), then the ranking, the JSON or the table, and the
-    plot."""
+    """The failures and notes (``boxes``: boxes were given), then the ranking (with the seed spread: ``evaluator``
+    re-runs a few images with other seeds), the JSON or the table, and the plot."""
     from ..evaluation.report import write_plot
     from ..evaluation.table import format_report
 
@@ -41,7 +42,7 @@ def tell(
     if boxes and unboxed:
         reporter.info(f"{len(unboxed)} image(s) have no boxes: scored for faithfulness only")
     if ranking.rank:
-        rank_report(reporter, explainer, report, images, ranking.report, options.seed)
+        rank_report(reporter, evaluator.explainer, report, images, ranking.report, options.seed, evaluator)
     elif reporter.as_json:
         reporter.emit(json.dumps(report.to_dict()))
     for line in [] if ranking.rank else format_report(report):

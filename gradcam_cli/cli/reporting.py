@@ -313,6 +313,13 @@ class ProgressBar:
         if self.enabled:
             self.bar.advance(self.task)
 
+    def describe(self, text: str) -> None:
+        """Show ``text`` as the bar's label now (what it is working on)."""
+        self.label = text
+        if self.enabled:
+            self.bar.update(self.task, description=text)
+            self.bar.refresh()
+
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:

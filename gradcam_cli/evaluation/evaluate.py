@@ -88,6 +88,8 @@ class Evaluator:
         self.randomised: list[Explainer] = []
         self.redraw: Explainer | None = None
         self.seed = explainer.perturbation.seed  # the maps' own seed (RISE's masks, randomcam's noise)
+        self.on_method: Callable[[str], Any] | None = None
+        self._singles: dict[tuple[int, str], Explainer] = {}
         if self.options.sanity:
             self._build_randomised()
 
@@ -115,9 +117,12 @@ class Evaluator:
         boxes: Sequence[GroundTruthBox] | None = None,
         on_image: Callable[[], Any] | None = None,
         on_result: Callable[[ImageScores], Any] | None = None,
+        on_method: Callable[[str], Any] | None = None,
     ) -> EvalReport:
-        """Evaluate every image; ``on_image`` is called once per image (for progress bars), ``on_result`` with each
-        image's scores as they are ready (``gradcam eval --rank``'s rows file)."""
+        """Evaluate every image; ``on_image`` is called once per image and ``on_method(name)`` as each method's
+        work on an image begins (for progress bars), ``on_result`` with each image's scores as they are ready
+        (``gradcam eval --rank``'s rows file)."""
+        self.on_method = on_method
         results, unmatched = evaluate_images(
             self.explainer, images, boxes, self.evaluate_image, on_image, False, on_result
         )
@@ -127,77 +132,96 @@ class Evaluator:
         """All figures for one image; a failure to read or run it is returned as ``error``, not raised."""
         return scored_safely(path, lambda: self._evaluate(path, boxes))
 
+    def _single(self, explainer: Explainer, method: str) -> Explainer:
+        """``explainer`` (the trained model's or a cascade stage's) with ``method`` alone, built once."""
+        key = (id(explainer), method)
+        if key not in self._singles:
+            self._singles[key] = with_methods(explainer, [method])
+        return self._singles[key]
+
     def _evaluate(self, path: Path, boxes: Sequence[GroundTruthBox]) -> ImageScores:
-        explainer = self.explainer
+        """One method after another (so that progress advances per method), each explained, scored, checked for
+        stability and through the cascade before the next."""
         picture = load_image(path)
-        inputs = to_input_tensor(picture, explainer.model.input_spec).unsqueeze(0).to(explainer.device)
-        target, cams, read = self._explained(inputs)
-        target_index = target.index
-        input_size = tuple(inputs.shape[-2:])
-        maps = {method: to_image_maps(cams[method][0], input_size)[0] for method in explainer.methods}
-        draws = (  # randomcam, the floor: its figures averaged over several draws
-            {
-                f"randomcam#{d}": to_image_maps(cam, input_size)[0]
-                for d, cam in enumerate(random_draws(cams, inputs, self.seed), 1)
-            }
-            if "randomcam" in maps
-            else {}
-        )
-        scores = self._perturbation_scores(inputs[0], target, {**maps, **draws}, read)
-        for method, saliency in {**maps, **draws}.items():
-            scores[method].gini, scores[method].entropy = metrics.gini(saliency), metrics.entropy(saliency)
-        if draws:
-            scores["randomcam"] = averaged([scores.pop(name) for name in ["randomcam", *draws]])
-        if self.options.stability:
-            self._stability(inputs, target_index, maps, scores)
+        inputs = to_input_tensor(picture, self.explainer.model.input_spec).unsqueeze(0).to(self.explainer.device)
+        cams: Cams = {}
+        scores: dict[str, MethodScores] = {}
+        target: Prediction | None = None
+        for method in self.explainer.methods:
+            if self.on_method is not None:
+                self.on_method(method)
+            explained, method_cams, read = self._explained(inputs, self._single(self.explainer, method))
+            target = target or explained
+            cams.update(method_cams)
+            scores[method] = self._method_scores(inputs, target, method, method_cams, read)
+        assert target is not None
         if boxes:
             self._score_boxes(scores, inputs, (picture.height, picture.width), boxes, target, cams)
-        if self.redraw is not None:  # a random method's agreement with itself: the most the cascade can show
-            redrawn = self.redraw.compute_targets(inputs, target_index, top_k=1, seed=sanity_seed(self.seed, 0))[1]
-            for method in self.redraw.methods:
-                redrawn_map = to_image_maps(redrawn[method][0], input_size)[0]
-                scores[method].sanity_redraw = metrics.spearman(maps[method], redrawn_map)
-        for stage, randomised in enumerate(self.randomised, 1):  # fresh masks and noise: never the trained model's
-            random_cams = randomised.compute_targets(inputs, target_index, 1, seed=sanity_seed(self.seed, stage))[1]
-            for method in explainer.methods:
-                random_map = to_image_maps(random_cams[method][0], input_size)[0]
-                scores[method].sanity.append(metrics.spearman(maps[method], random_map))
         return ImageScores(str(path), target, scores)
 
-    def _explained(self, inputs: torch.Tensor) -> tuple[Prediction, Cams, Callable[[object], torch.Tensor]]:
+    def _method_scores(
+        self, inputs: torch.Tensor, target: Prediction, method: str, cams: Cams, read: Callable[[object], torch.Tensor]
+    ) -> MethodScores:
+        """One method's figures on one image: faithfulness (randomcam's averaged over its draws), sparseness,
+        stability, and its maps' agreement through the cascade."""
+        input_size = tuple(inputs.shape[-2:])
+        maps = {method: to_image_maps(cams[method][0], input_size)[0]}
+        if method == "randomcam":  # the floor: its figures averaged over several draws
+            for d, cam in enumerate(random_draws(cams, inputs, self.seed), 1):
+                maps[f"randomcam#{d}"] = to_image_maps(cam, input_size)[0]
+        scores = self._perturbation_scores(inputs[0], target, maps, read)
+        for name, saliency in maps.items():
+            scores[name].gini, scores[name].entropy = metrics.gini(saliency), metrics.entropy(saliency)
+        result = averaged([scores[name] for name in maps]) if len(maps) > 1 else scores[method]
+        saliency = maps[method]
+        if self.options.stability:
+            result.stability = self._stability(inputs, target.index, saliency, self._single(self.explainer, method))
+        if self.redraw is not None and method in self.redraw.methods:  # a random method's agreement with itself
+            redrawn = self._single(self.explainer, method).compute_targets(
+                inputs, target.index, top_k=1, seed=sanity_seed(self.seed, 0)
+            )[1]
+            result.sanity_redraw = metrics.spearman(saliency, to_image_maps(redrawn[method][0], input_size)[0])
+        for stage, randomised in enumerate(self.randomised, 1):  # fresh masks and noise: never the trained model's
+            single = self._single(randomised, method)
+            random_cams = single.compute_targets(inputs, target.index, 1, seed=sanity_seed(self.seed, stage))[1]
+            result.sanity.append(metrics.spearman(saliency, to_image_maps(random_cams[method][0], input_size)[0]))
+        return result
+
+    def _explained(
+        self, inputs: torch.Tensor, explainer: Explainer
+    ) -> tuple[Prediction, Cams, Callable[[object], torch.Tensor]]:
         """The target explained in one image, its maps, and how its score is read from the model's output for a
         batch of perturbed copies: a class's probability (softmax; sigmoid with ``--score sigmoid``), or a
         ``--target``'s own score (a similarity's cosine; a class's probability; docs/targets.md)."""
-        targets, cams = self.explainer.compute_targets(inputs, self.explainer.target, 1)
+        targets, cams = explainer.compute_targets(inputs, explainer.target, 1)
         if isinstance(targets, SpecTargets):
             resolved = targets.resolved[0]
             read = resolved.display or resolved.score
             value = float(read(targets.output).detach()[0])
             return Prediction(resolved.index, resolved.name, value, score=resolved.shown), cams, read
         assert isinstance(targets, ClassTargets)
-        index, score = int(targets.targets[0, 0]), self.explainer.score
+        index, score = int(targets.targets[0, 0]), explainer.score
 
         def probability(output: object) -> torch.Tensor:
             chosen = score.targets(output, inputs, index, 1)
             assert isinstance(chosen, ClassTargets)
             return chosen.probabilities[:, index]
 
-        return self.explainer.prediction(index, float(targets.probabilities[0, index])), cams, probability
+        return explainer.prediction(index, float(targets.probabilities[0, index])), cams, probability
 
     def _stability(
-        self, inputs: torch.Tensor, target: int, maps: dict[str, torch.Tensor], scores: dict[str, MethodScores]
-    ) -> None:
-        """Each method's map change ||m' - m|| / ||m|| on ``stability_samples`` noisy copies of the (1, 3, H, W)
-        input (N(0, STABILITY_SIGMA^2) added in the network's input space, drawn from ``seed``), keeping only copies
-        whose top class is still ``target``."""
+        self, inputs: torch.Tensor, target: int, saliency: torch.Tensor, explainer: Explainer
+    ) -> list[float]:
+        """The map change ||m' - m|| / ||m|| of ``explainer``'s one method on ``stability_samples`` noisy copies of
+        the (1, 3, H, W) input (N(0, STABILITY_SIGMA^2) added in the network's input space, drawn from ``seed``),
+        keeping only copies whose top class is still ``target``."""
         generator = torch.Generator().manual_seed(self.options.seed)
         noise = torch.randn(self.options.stability_samples, *inputs.shape[1:], generator=generator)
         noisy = inputs + STABILITY_SIGMA * noise.to(inputs.device, inputs.dtype)
-        probabilities, _, cams = self.explainer.compute(noisy, target, top_k=1)
+        probabilities, _, cams = explainer.compute(noisy, target, top_k=1)
         kept = (probabilities.argmax(dim=1) == target).nonzero().flatten().tolist()
-        for method, saliency in maps.items():
-            noisy_maps = to_image_maps(cams[method][0], tuple(inputs.shape[-2:]))
-            scores[method].stability = [metrics.relative_change(saliency, noisy_maps[i]) for i in kept]
+        noisy_maps = to_image_maps(cams[explainer.methods[0]][0], tuple(inputs.shape[-2:]))
+        return [metrics.relative_change(saliency, noisy_maps[i]) for i in kept]
 
     def _perturbation_scores(
         self,

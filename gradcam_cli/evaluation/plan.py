@@ -21,7 +21,7 @@ from torch import nn
 from ..cam.engine import model_state_preserved
 from ..cam.explainer import Explainer
 from ..cam.masked_scores import ProgressCallback
-from ..options import EvalOptions
+from ..options import EvalOptions, PerturbationOptions
 from .draws import RANDOM_DRAWS, RANDOM_METHODS
 from .road import ROAD_FRACTIONS
 
@@ -31,6 +31,12 @@ KEPT = ("randomcam",)
 """Methods kept whatever their cost: the floor."""
 TIMED_SECONDS = 2.0
 """How long a method with batches of masked inputs is timed before its time is extrapolated."""
+SEED_RERUNS = 2
+"""Other seeds the seed spread re-runs each image of its subset with (:mod:`gradcam_cli.evaluation.seeds`)."""
+SEED_SUBSET = 3
+"""Images the seed spread re-runs: the first this many evaluated."""
+RERUN_SEED_STEP = 104_729
+"""Re-run k uses ``--seed + k * RERUN_SEED_STEP`` (and the maps' seed shifted alike)."""
 
 
 class _Enough(Exception):
@@ -64,10 +70,12 @@ def with_methods(
     methods: Sequence[str],
     module: nn.Module | None = None,
     progress: ProgressCallback | None = None,
+    perturbation: PerturbationOptions | None = None,
 ) -> Explainer:
     """An explainer like ``explainer`` with other ``methods`` (and ``module`` in place of its model's module,
-    ``progress`` in place of its masked passes' progress callback)."""
-    return explainer.with_options(module, progress, methods=tuple(methods))
+    ``progress`` in place of its masked passes' progress callback, ``perturbation`` in place of its own)."""
+    changes = {"perturbation": perturbation} if perturbation is not None else {}
+    return explainer.with_options(module, progress, methods=tuple(methods), **changes)
 
 
 @dataclass(frozen=True)
@@ -79,12 +87,20 @@ class Plan:
     left_out: list[str]
     images: int
     budget: float | None
+    reruns: int = 0
+    """Extra image evaluations of the seed spread (:func:`rerun_images`)."""
 
     def lines(self) -> list[str]:
         """The plan as printed before the heavy work."""
-        total = sum(self.seconds[m] for m in self.kept) * self.images
+        per_image = sum(self.seconds[m] for m in self.kept)
+        total = per_image * (self.images + self.reruns)
         cost = ", ".join(f"{m} ~{self.seconds[m]:.1f}s" for m in self.kept)
         out = [f"plan: {len(self.kept)} method(s) on {self.images} image(s), about {total:.0f}s: {cost} per image"]
+        if self.reruns:
+            out.append(
+                f"plan: the seed spread re-runs {self.reruns // SEED_RERUNS} image(s) with {SEED_RERUNS} other "
+                f"seeds (at most ~{per_image * self.reruns:.0f}s, included above)"
+            )
         if self.left_out:
             over = ", ".join(f"{m} ~{self.seconds[m]:.1f}s" for m in self.left_out)
             out.append(
@@ -121,15 +137,35 @@ def estimate(
     return seconds
 
 
-def choose(seconds: dict[str, float], images: int, budget: float | None) -> Plan:
+def draws_noise(methods: Sequence[str], options: EvalOptions) -> bool:
+    """Whether anything measured depends on a seed (a random method, ``--road`` or ``--stability``)."""
+    return options.road or options.stability or any(method in RANDOM_METHODS for method in methods)
+
+
+def rerun_images(methods: Sequence[str], options: EvalOptions, images: int) -> int:
+    """The extra image evaluations the seed spread's re-runs cost (counted at a whole image's cost: an upper
+    bound, since the cascade is not re-run)."""
+    return SEED_RERUNS * min(SEED_SUBSET, images) if draws_noise(methods, options) else 0
+
+
+def planned(
+    explainer: Explainer, inputs: torch.Tensor, options: EvalOptions, images: int, budget: float | None
+) -> Plan:
+    """The plan of evaluating ``images`` images like ``inputs`` (and the seed re-runs) within ``budget``."""
+    reruns = rerun_images(explainer.methods, options, images)
+    return choose(estimate(explainer, inputs, options), images, budget, reruns)
+
+
+def choose(seconds: dict[str, float], images: int, budget: float | None, reruns: int = 0) -> Plan:
     """Keep :data:`KEPT`, then each method in the order of ``seconds`` (``--method``'s: the classic methods first)
-    whose cost over ``images`` still fits ``budget`` (None: all)."""
+    whose cost over ``images`` and ``reruns`` more still fits ``budget`` (None: all)."""
     if budget is None:
-        return Plan(seconds, list(seconds), [], images, None)
-    chosen, spent = set(KEPT) & set(seconds), sum(seconds[m] for m in KEPT if m in seconds) * images
+        return Plan(seconds, list(seconds), [], images, None, reruns)
+    runs = images + reruns
+    chosen, spent = set(KEPT) & set(seconds), sum(seconds[m] for m in KEPT if m in seconds) * runs
     for method in seconds:
-        if method not in chosen and spent + seconds[method] * images <= budget:
+        if method not in chosen and spent + seconds[method] * runs <= budget:
             chosen.add(method)
-            spent += seconds[method] * images
+            spent += seconds[method] * runs
     kept = [m for m in seconds if m in chosen]
-    return Plan(seconds, kept, [m for m in seconds if m not in chosen], images, budget)
+    return Plan(seconds, kept, [m for m in seconds if m not in chosen], images, budget, reruns)

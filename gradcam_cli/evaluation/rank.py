@@ -96,6 +96,9 @@ class RankRow:
     indistinguishable_from_best: bool | None = None
     reliable: bool = True
     per_image: dict[str, float] = field(default_factory=dict)
+    seed_sd: float = math.nan
+    """The method's own randomness on this metric: the standard deviation of a per-image value across seeds
+    (:mod:`gradcam_cli.evaluation.seeds`; NaN where not measured)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {key: (None if isinstance(v, float) and math.isnan(v) else v) for key, v in asdict(self).items()}
@@ -176,8 +179,15 @@ def groups(order: Sequence[str], apart: Callable[[str, str], bool]) -> dict[str,
     return out
 
 
-def rank(report: EvalReport, seed: int = 0, resamples: int = BOOTSTRAP_RESAMPLES) -> list[RankRow]:
-    """Every measured metric's ranking of the report's methods (best first), with the marks above."""
+def rank(
+    report: EvalReport,
+    seed: int = 0,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    spread: dict[str, dict[str, float]] | None = None,
+) -> list[RankRow]:
+    """Every measured metric's ranking of the report's methods (best first), with the marks above and each
+    method's seed ``spread`` (method -> metric -> SD; :mod:`gradcam_cli.evaluation.seeds`) where measured."""
+    spread = spread or {}
     flagged = {}
     for method in report.methods:
         sanity = report.summary(method).get("sanity")
@@ -255,6 +265,7 @@ def rank(report: EvalReport, seed: int = 0, resamples: int = BOOTSTRAP_RESAMPLES
                     indistinguishable_from_best=None if math.isnan(vs_best[1]) else not apart[method],
                     reliable=len(images) >= MIN_IMAGES,
                     per_image=dict(zip(images, columns[method], strict=True)),
+                    seed_sd=spread.get(method, {}).get(metric, math.nan),
                 )
             )
     return rows
@@ -287,15 +298,29 @@ def format_interval(low: float, high: float) -> str:
     return "-" if math.isnan(low) else f"[{low:.3f}, {high:.3f}]"
 
 
+def group_cell(row: RankRow) -> str:
+    """The row's group as shown: in parentheses below :data:`MIN_IMAGES` images, where groups are not reliable."""
+    return str(row.group) if row.reliable else f"({row.group})"
+
+
+def seed_cell(row: RankRow) -> str:
+    """The row's seed spread as shown: ``±SD``, or ``-`` where not measured."""
+    return "-" if math.isnan(row.seed_sd) else f"±{row.seed_sd:.3f}"
+
+
 def format_ranking(rows: list[RankRow]) -> list[str]:
-    """One block per metric: rank, group, method, mean, 95 % CI, the paired difference to the best, marks."""
+    """One block per metric: rank, group, method, mean, 95 % CI, the paired difference to the best, the seed
+    spread (where measured), marks."""
     lines: list[str] = [*(f"warning: {line}" for line in warnings(rows))]
     for metric in dict.fromkeys(row.metric for row in rows):
         block = [row for row in rows if row.metric == metric]
-        lines += ["", f"{block[0].label} ({block[0].better} is better; {block[0].images} image(s))"]
+        unreliable = "" if block[0].reliable else f": groups not reliable below {MIN_IMAGES} images"
+        lines += ["", f"{block[0].label} ({block[0].better} is better; {block[0].images} image(s)){unreliable}"]
         width = max(len(row.method) for row in block)
+        seeds = any(not math.isnan(row.seed_sd) for row in block)
         lines.append(
             f"  {'#':>3} {'grp':>3}  {'method'.ljust(width)}  {'mean':>8}  {'95 % CI':>20}  {'vs best (paired)':>30}"
+            + (f"  {'seed sd':>8}" if seeds else "")
         )
         for row in block:
             interval = format_interval(row.ci_low, row.ci_high)
@@ -305,13 +330,16 @@ def format_ranking(rows: list[RankRow]) -> list[str]:
                 else f"{row.vs_best:+.3f} {format_interval(row.vs_best_low, row.vs_best_high)}"
             )
             name = row.method.ljust(width)
-            cells = f"  {row.rank:>2}. {row.group:>3}  {name}  {row.mean:8.3f}  {interval:>20}  {paired:>30}"
+            cells = f"  {row.rank:>2}. {group_cell(row):>3}  {name}  {row.mean:8.3f}  {interval:>20}  {paired:>30}"
+            cells += f"  {seed_cell(row):>8}" if seeds else ""
             lines.append(f"{cells}  {'  '.join(marks(row))}".rstrip())
     lines += [
         "",
         "(95 % bootstrap confidence intervals over images; vs best: the mean per-image difference to the best "
-        "method with its paired BCa interval; grp: methods in one group cannot be told apart; SANITY FAILED: the "
-        "maps change no more when the model is randomised than the check allows; not above randomcam: the paired "
-        "interval against randomcam does not exclude 0 on deletion/insertion AUC or pointing)",
+        "method with its paired BCa interval; grp: methods in one group cannot be told apart (in parentheses: "
+        f"fewer than {MIN_IMAGES} images, not reliable); seed sd: how much a per-image value moves with the seeds "
+        "of RISE's masks, randomcam's and ROAD's noise and stability's copies (not in the intervals); SANITY FAILED: "
+        "the maps change no more when the model is randomised than the check allows; not above randomcam: the "
+        "paired interval against randomcam does not exclude 0 on deletion/insertion AUC or pointing)",
     ]
     return lines

@@ -16,7 +16,7 @@ from pathlib import Path
 from ..cam.results import ImageExplanation
 from ..io.atomic import write_atomic
 from ..io.display import displayable
-from .rank import RANKED, RankRow, format_interval, marks, values, warnings
+from .rank import RANKED, RankRow, format_interval, group_cell, marks, seed_cell, values, warnings
 from .report import EvalReport, write_plot
 
 STYLE = (
@@ -67,7 +67,9 @@ def _page(
         f"<p id='summary' data-methods='{len(report.methods)}' data-images='{len(report.ok)}'>"
         f"{len(report.methods)} method(s) on {len(report.ok)} image(s); 95 % bootstrap confidence intervals over "
         "images; <em>vs best</em> and <em>vs randomcam</em>: the mean per-image difference with its paired BCa 95 % "
-        "interval; methods in one <em>group</em> cannot be told apart. <span class='bad'>sanity failed</span>: the "
+        "interval; methods in one <em>group</em> cannot be told apart (in parentheses: too few images to be "
+        "reliable); <em>seed SD</em>: how much a per-image value moves with the seeds of the evaluation's own "
+        "randomness (not in the intervals). <span class='bad'>sanity failed</span>: the "
         "maps change no more when the model is randomised than the check allows; "
         "<span class='bad'>not above randomcam</span>: the paired interval against randomcam does not exclude 0 on "
         "deletion/insertion AUC or pointing.</p>",
@@ -78,14 +80,16 @@ def _page(
         parts.append(f"<h2>{e(block[0].label)} <small>({block[0].better} is better)</small></h2>")
         parts.append(f"<table class='ranking' data-metric='{e(metric)}'><tr><th>#</th><th>group</th>")
         parts.append("<th class='m'>method</th><th>mean</th><th>95 % CI</th><th>vs best</th><th>vs randomcam</th>")
+        parts.append("<th>seed SD</th>")
         parts.append("<th class='m'>marks</th></tr>")
         for row in block:
             parts.append(
-                f"<tr data-group='{row.group}'><td>{row.rank}</td><td>{row.group}</td>"
+                f"<tr data-group='{row.group}'><td>{row.rank}</td><td>{group_cell(row)}</td>"
                 f"<td class='m'>{e(row.method)}</td>"
                 f"<td>{_fmt(row.mean)}</td><td>{format_interval(row.ci_low, row.ci_high)}</td>"
                 f"<td>{_paired(row.vs_best, row.vs_best_low, row.vs_best_high)}</td>"
                 f"<td>{_paired(row.vs_random, row.vs_random_low, row.vs_random_high)}</td>"
+                f"<td>{seed_cell(row)}</td>"
                 f"<td class='m bad'>{e(', '.join(marks(row)))}</td></tr>"
             )
         parts.append("</table>")

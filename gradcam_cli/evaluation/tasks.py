@@ -49,9 +49,10 @@ class TaskEvaluator:
         boxes: Sequence[GroundTruthBox] | None = None,
         on_image: Callable[[], Any] | None = None,
         on_result: Callable[[ImageScores], Any] | None = None,
+        on_method: Callable[[str], Any] | None = None,
     ) -> EvalReport:
         """Score every image that has boxes; ``on_image`` is called once per image, ``on_result`` with each scored
-        image's scores."""
+        image's scores (``on_method`` is not called: the methods share each image's work)."""
         kind = self.explainer.adapter.noun
         if not boxes:
             raise UsageError(f"gradcam eval of a {kind} needs --boxes: it measures where its maps point")

@@ -24,6 +24,7 @@ from gradcam_cli.cam.results import Prediction
 from gradcam_cli.cli.eval import app
 from gradcam_cli.evaluation import metrics
 from gradcam_cli.evaluation.evaluate import Evaluator
+from gradcam_cli.evaluation.plan import SEED_RERUNS
 from gradcam_cli.evaluation.rank import MIN_IMAGES, bootstrap, format_ranking, paired_interval, rank
 from gradcam_cli.evaluation.report import SANITY_MIN_REPEAT, EvalReport, ImageScores, MethodScores
 from gradcam_cli.options import EvalOptions, PerturbationOptions
@@ -329,6 +330,13 @@ def test_rank_says_when_intervals_are_unreliable_or_absent() -> None:
     few = rank(synthetic({"gradcam": [0.1, 0.2, 0.15], "randomcam": [0.5, 0.4, 0.6]}))
     assert not any(row.reliable for row in few)
     assert f"not reliable below {MIN_IMAGES} images" in format_ranking(few)[0]
+    # the groups too: each block says so, and shows them in parentheses
+    table = format_ranking(few)
+    assert f"3 image(s)): groups not reliable below {MIN_IMAGES} images" in table[2]
+    assert all(line.split()[1].startswith("(") for line in table if line.lstrip()[:2] in {"1.", "2."})
+    assert "seed sd" not in table[3]  # not measured: no column
+    many = format_ranking(rank(synthetic({"gradcam": [0.1 + 0.01 * i for i in range(12)], "randomcam": [0.5] * 12})))
+    assert "groups not reliable" not in "\n".join(many) and "  1.   1  " in "\n".join(many)
     one = rank(synthetic({"gradcam": [0.1], "randomcam": [0.5]}))
     assert all(math.isnan(row.ci_low) and row.to_dict()["ci_low"] is None for row in one)
     assert {row.method: row.beats_random for row in one} == {"gradcam": None, "randomcam": None}
@@ -364,11 +372,16 @@ def test_cli_rank_plan_rows_interrupt_and_resume(tmp_path: Path, monkeypatch: py
     ]
     calls.clear()
     monkeypatch.setattr(
-        Evaluator, "evaluate_image", lambda self, path, boxes=(): calls.append(path) or original(self, path, boxes)
+        Evaluator,
+        "evaluate_image",
+        lambda self, path, boxes=(): calls.append((self.options.seed, path)) or original(self, path, boxes),
     )
     resumed = run(*common, "--skip-existing", "--json")
     assert resumed.exit_code == 0, resumed.output
-    assert [path.name for path in calls] == ["square1.png", "square2.png"]  # the finished image is kept
+    evaluated = [path.name for seed, path in calls if seed == 0]
+    assert evaluated == ["square1.png", "square2.png"]  # the finished image is kept
+    reruns = [path.name for seed, path in calls if seed != 0]  # the seed spread's: the first 3, twice
+    assert reruns == ["square0.png", "square1.png", "square2.png"] * SEED_RERUNS
     rows = [json.loads(line) for line in resumed.stdout.splitlines() if line.startswith("{")]
     assert {row["images"] for row in rows} == {3} and all(len(row["per_image"]) == 3 for row in rows)
     assert len((page / "rows.jsonl").read_text().splitlines()) == 4
