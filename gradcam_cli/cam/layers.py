@@ -169,8 +169,9 @@ def model_default_layer(model: LoadedModel, infos: list[LayerInfo]) -> str:
 
 
 def blank_input(spec: InputSpec, device: torch.device | None = None) -> torch.Tensor:
-    """A zero (1, 3, H, W) input at the model's size: ``size`` x ``size``, or its fixed size."""
-    height, width = spec.fixed_size or (spec.size, spec.size)
+    """A zero (1, 3, H, W) input at the model's size: ``size`` x ``size`` (its sides rounded to the spec's
+    ``multiple``), or its fixed size."""
+    height, width = spec.resized_shape(spec.size, spec.size)
     return torch.zeros(1, 3, height, width, device=device)
 
 

@@ -44,6 +44,9 @@ class InputSpec:
     keep_aspect: bool = False
     """Scale the image as a whole instead of squeezing it: the shorter side becomes ``size`` unless the longer side
     would pass ``max_side``, which it then meets (torchvision's detection transform's rule)."""
+    multiple: tuple[int, int] | None = None
+    """(height, width) that the network input's sides are rounded to multiples of (the nearest multiple, at least
+    one): a patch model that takes any shape (a timm ViT built with ``dynamic_img_size``) needs whole patches."""
 
     def resized_shape(self, height: int, width: int) -> tuple[int, int]:
         """(H, W) of the network input for an image of ``height`` x ``width``: shorter side = size, aspect kept.
@@ -51,16 +54,23 @@ class InputSpec:
         The shorter side is always ``size``, so the dry pass at size x size made when an explainer is built proves
         that every image can run. Extreme aspect ratios are clamped instead: the longer side never exceeds
         ``max_side`` (4 x size), so a 4000 x 40 strip is squeezed to 896 x 224, not enlarged to 22400 x 224. The
-        map is stretched back over the whole image, so it still lines up with the pixels.
+        map is stretched back over the whole image, so it still lines up with the pixels. With ``multiple``, each
+        side is then rounded to the nearest multiple of it (a 64 x 48 image at size 32 and 8-pixel patches: 32 x 40,
+        not 32 x 43).
         """
         if self.fixed_size is not None:
             return self.fixed_size
         longest = max(self.size, self.max_side or MAX_ASPECT * self.size)
         if self.keep_aspect:
             scale = min(self.size / min(height, width), longest / max(height, width))
-            return max(1, round(height * scale)), max(1, round(width * scale))
-        long_side = min(longest, round(max(height, width) * self.size / min(height, width)))
-        return (self.size, long_side) if height <= width else (long_side, self.size)
+            shape = max(1, round(height * scale)), max(1, round(width * scale))
+        else:
+            long_side = min(longest, round(max(height, width) * self.size / min(height, width)))
+            shape = (self.size, long_side) if height <= width else (long_side, self.size)
+        if self.multiple is None:
+            return shape
+        (rows, columns), (patch_height, patch_width) = shape, self.multiple
+        return max(1, round(rows / patch_height)) * patch_height, max(1, round(columns / patch_width)) * patch_width
 
 
 def load_image(path: str | Path, max_side: int | None = None) -> Image.Image:

@@ -80,6 +80,7 @@ def load_model(
         loaded = loaded.with_profile(task_name=model.task)
     if model.input_size is not None or loaded.task is Task.DETECT:
         loaded = loaded.with_profile(input_spec=_input_spec(family, loaded, model.input_size))
+    loaded = with_whole_patches(loaded)
     if model.labels is not None:
         loaded = loaded.with_profile(categories=_labels(family, loaded, model))
     return loaded
@@ -155,6 +156,18 @@ def shaped_spec(loaded: LoadedModel, shape: tuple[int, int]) -> InputSpec:
             f"{patch[0]} (height) and {patch[1]} (width)"
         )
     return replace(own, size=min(shape), fixed_size=shape)
+
+
+def with_whole_patches(loaded: LoadedModel) -> LoadedModel:
+    """A patch model that takes any shape at its own or ``--input-size N`` (its spec names no fixed size, as for a
+    ``file.py:factory`` timm ViT built with ``dynamic_img_size``): its input spec rounds the network input's sides
+    to multiples of its patch size (``InputSpec.multiple``), so that an image of any aspect runs; the map is still
+    stretched back over the original image. Any other model as it is."""
+    spec = loaded.input_spec
+    if spec.fixed_size is not None or spec.keep_aspect or loaded.task is Task.DETECT:
+        return loaded
+    patch = patch_size(loaded.module)
+    return loaded if patch is None else loaded.with_profile(input_spec=replace(spec, multiple=patch))
 
 
 def patch_size(module: nn.Module) -> tuple[int, int] | None:

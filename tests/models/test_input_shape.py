@@ -107,3 +107,27 @@ def test_a_hugging_face_vit_with_an_image_size_pair(tmp_path: Path, grids: list[
     refused = _run(image, "-m", model, "--input-size", "40,16", "--method", "rollout", "-o", out)
     assert refused.exit_code == 2 and refused.stderr.count("\n") == 1
     assert "takes a fixed 16x40 input" in refused.stderr
+
+
+def test_a_dynamic_timm_vit_at_one_input_size_takes_images_of_any_aspect(
+    tmp_path: Path, grids: list[tuple[int, int]]
+) -> None:
+    for width, height in ((64, 48), (48, 64)):  # at 32 the longer side would be 43 pixels: not whole 8-pixel patches
+        folder = tmp_path / f"{width}x{height}"
+        folder.mkdir()
+        image, out = _image(folder, width, height), folder / "out"
+        result = _run(image, "-m", VIT, "--input-size", 32, "--method", "rollout", "-t", 1, "--save-raw", "-o", out)
+        assert result.exit_code == 0, result.output
+        assert np.load(out / "wide_rollout_1-1.npy").shape == (height, width)
+    assert grids == [(4, 5), (5, 4)]  # a 32 x 40 (then 40 x 32) network input: 43 rounded to 40
+
+
+def test_the_network_input_of_a_patch_model_that_takes_any_shape_has_whole_patches() -> None:
+    spec = load_model(ModelOptions(VIT, input_size=32)).input_spec
+    assert spec.multiple == (8, 8) and load_model(ModelOptions(VIT)).input_spec.multiple == (8, 8)
+    for height, width in ((48, 64), (64, 48), (40, 90), (500, 20), (33, 33)):
+        rows, columns = spec.resized_shape(height, width)
+        assert rows % 8 == 0 and columns % 8 == 0 and min(rows, columns) == 32
+    assert spec.resized_shape(48, 64) == (32, 40) and spec.resized_shape(64, 48) == (40, 32)
+    assert load_model(ModelOptions(VIT, input_size=30)).input_spec.resized_shape(30, 30) == (32, 32)
+    assert load_model(ModelOptions("resnet18", weights="none")).input_spec.multiple is None  # no patches
