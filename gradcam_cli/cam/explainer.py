@@ -115,9 +115,11 @@ class Explainer:
         resolve_methods(list(options.methods), model.task.value, also=METHODS)  # unknown names fail before the dry
         names = list(options.layers)
         resolved = {name: resolve_layer(model.module, name) for name in names}
-        infos = (dry_passes or DryPasses()).get(model, self.device)
+        self.dry_passes = dry_passes or DryPasses()
+        infos = self.dry_passes.get(model, self.device)
         if bare and task is None and model.task is Task.CLASSIFY:  # a bare module's task, from the dry pass
             model = model.with_task_shown(infos[0].output_shape if infos and not infos[0].name else None)
+        self.dry_passes.keep(model, self.device, infos)  # found again by with_options' explainers
         self.model, self.task = model, model.task
         self.adapter: TaskAdapter = adapter_for(model, requested)
         """What the model's task does (:mod:`gradcam_cli.cam.tasks`): its score, methods, rows and messages."""
@@ -199,13 +201,10 @@ class Explainer:
         """An explainer like this one with some of its options replaced (``methods=(...)``), ``module`` in place of
         its model's module and ``progress`` in place of its masked passes' progress callback; its layers stay
         those chosen here."""
-        loaded = self.model
         options = replace(self.explain_options, layers=tuple(self.layer_names), **changes)
-        return Explainer(
-            replace(loaded, module=module if module is not None else loaded.module),
-            options,
-            progress=progress or self.progress,
-        )
+        if module is None:  # the same model: its dry pass is kept
+            return Explainer(self.model, options, progress=progress or self.progress, dry_passes=self.dry_passes)
+        return Explainer(replace(self.model, module=module), options, progress=progress or self.progress)
 
     @property
     def settings(self) -> dict[str, object]:

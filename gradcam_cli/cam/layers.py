@@ -206,6 +206,11 @@ class DryPasses:
             self._kept[key] = kept
         return list(kept[1])
 
+    def keep(self, model: LoadedModel, device: torch.device, infos: list[LayerInfo]) -> None:
+        """Keep ``infos`` as ``model``'s dry pass on ``device`` (a copy of a model whose pass was made, its task
+        found from it)."""
+        self._kept[(id(model), str(device))] = (model, list(infos))
+
 
 def _forward_failure(model: LoadedModel, device: torch.device, example: torch.Tensor, error: Exception) -> GradcamError:
     height, width = example.shape[-2:]
