@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gradcam_cli.cam.explainer import Explainer
 from gradcam_cli.cam.masked_scores import SCORECAM_BATCH_SIZE
 from gradcam_cli.cam.methods import METHODS
+from gradcam_cli.cam.methods.needs import ATTENTION_NEEDS
 
 
 def _sync(device: torch.device) -> None:
@@ -96,8 +97,9 @@ def main() -> int:
     print(f"resnet50 (random weights), 1x3x224x224 on {device}{threads}; layer4; one target")
     print(f"{'case':<34} {'time':>12} {'forward':>10}  ratio")
 
-    elsewhere = NEWER_LAYER_METHODS + BLACK_BOX_METHODS
-    cases: list[tuple[str, list[str], dict]] = [(name, [name], {}) for name in METHODS if name not in elsewhere]
+    elsewhere = NEWER_LAYER_METHODS + BLACK_BOX_METHODS  # bench_newer_methods; the attention methods: bench_attention
+    cnn = [name for name in METHODS if METHODS[name].needs not in ATTENTION_NEEDS]
+    cases: list[tuple[str, list[str], dict]] = [(name, [name], {}) for name in cnn if name not in elsewhere]
     cases += [
         ("5 gradient methods, one run", ["gradcam", "gradcam++", "xgradcam", "hirescam", "layercam"], {}),
         ("gradcam --eigen-smooth", ["gradcam"], {"eigen_smooth": True}),
