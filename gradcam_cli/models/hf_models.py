@@ -59,7 +59,7 @@ def load_hf(model: str, weights: str, num_classes: int | None, architecture_only
     with _quiet_transformers():
         config = _load(model, lambda: AutoConfig.from_pretrained(folder))
         kind = _kind(model, config)
-        auto: Any = AutoModelForImageClassification if kind == "classify" else AutoModel
+        auto: Any = AutoModel if kind != "classify" else _teacher_class(config) or AutoModelForImageClassification
         if num_classes and kind != "classify":
             raise UsageError(f"--num-classes does not apply to {model}: it has no class head (it embeds images)")
         if own_weights:
@@ -67,7 +67,8 @@ def load_hf(model: str, weights: str, num_classes: int | None, architecture_only
         else:
             if num_classes:
                 config.num_labels = num_classes
-            module = _load(model, lambda: auto.from_config(config))
+            build = auto.from_config if hasattr(auto, "from_config") else auto  # a model class builds from a config
+            module = _load(model, lambda: build(config))
         try:
             processor = AutoImageProcessor.from_pretrained(folder)
         except Exception:  # no preprocessor_config.json: the defaults apply (docs/models.md)
@@ -164,6 +165,19 @@ def _load(model: str, load: Any) -> Any:
         raise ModelLoadError(f"transformers could not load {model}: {describe(error)}") from error
 
 
+TEACHER = "ForImageClassificationWithTeacher"
+"""A distilled classifier's architecture (DeiT's): class and distillation heads, whose mean is its logits."""
+
+
+def _teacher_class(config: Any) -> Any:
+    """The class of a distilled classifier (``DeiTForImageClassificationWithTeacher``), which
+    AutoModelForImageClassification would load without its two heads; ``None`` for any other model."""
+    import transformers
+
+    names = [str(name) for name in getattr(config, "architectures", None) or [] if str(name).endswith(TEACHER)]
+    return getattr(transformers, names[0], None) if names else None
+
+
 def _kind(model: str, config: Any) -> str:
     """``clip`` (a CLIP or SigLIP model), ``embed`` (a vision model saved without a classification head) or
     ``classify``; a UsageError for a model that is none of transformers' vision models."""
@@ -171,7 +185,7 @@ def _kind(model: str, config: Any) -> str:
 
     kind = getattr(config, "model_type", "")
     architectures = [str(name) for name in getattr(config, "architectures", None) or []]
-    headed = any(name.endswith("ForImageClassification") for name in architectures)
+    headed = any(name.endswith(("ForImageClassification", TEACHER)) for name in architectures)
     if kind in HF_CLIP_TYPES and not headed:
         return "clip"
     if kind not in KNOWN:

@@ -232,6 +232,30 @@ def test_hugging_face_weights_none_a_new_head_and_a_weights_file(hf_vit, tmp_pat
         load_model(f"hf:{folder}", num_classes=5)
 
 
+def test_a_distilled_deit_loads_with_both_heads_and_explains_their_mean(tmp_path):
+    """A DeiT saved as DeiTForImageClassificationWithTeacher (the distilled checkpoints) is a classifier whose logits
+    are the mean of its class and distillation heads, not an embedding model nor a classifier with a new head."""
+    torch.manual_seed(0)
+    config = transformers.DeiTConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32, patch_size=8
+    )
+    config.num_labels = 3
+    model = transformers.DeiTForImageClassificationWithTeacher(config).eval()
+    model.save_pretrained(tmp_path / "deit")
+    loaded = load_model(f"hf:{tmp_path / 'deit'}")
+    assert type(loaded.module).__name__ == "DeiTForImageClassificationWithTeacher" and not loaded.embeds
+    assert same_tensors(loaded.module, model.state_dict())
+    assert loaded.prefix_tokens == 2  # the class and distillation tokens
+    pixels = torch.rand(1, 3, 32, 32)
+    with torch.no_grad():
+        expected = (model(pixel_values=pixels).logits).softmax(dim=1)[0]
+    result = Explainer(loaded).explain_batch(pixels)[0]
+    top = result.predictions[0]
+    assert top.index == int(expected.argmax()) and abs(top.probability - float(expected.max())) < 1e-5
+    fresh = load_model(f"hf:{tmp_path / 'deit'}", "none")
+    assert type(fresh.module).__name__ == "DeiTForImageClassificationWithTeacher"
+
+
 def test_an_image_processor_becomes_an_input_spec():
     """Sizes, normalisation, rescaling and the resampling filter, as transformers' processors describe them."""
     convnext = transformers.ConvNextImageProcessor(
