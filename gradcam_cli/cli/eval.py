@@ -33,11 +33,9 @@ from .reporting import (
     PassProgress,
     ProgressBar,
     Reporter,
-    default_layer_reason,
     duration,
-    left_out_note,
+    explainer_notes,
     pass_methods,
-    passes_warning,
     run_reported,
 )
 
@@ -286,13 +284,7 @@ class EvalCommand:
         passes = pass_methods(self.explain_options.methods)
         shown = PassProgress(reporter, f"{'/'.join(passes)} passes") if passes else None
         explainer = Explainer.from_options(self.model_options, self.explain_options, progress=shown)
-        if (warning := passes_warning(explainer)) is not None:
-            reporter.info(warning)
-        if explainer.left_out:
-            reporter.info(left_out_note(explainer.left_out))
-        if not self.explain_options.layers and explainer.layer_names:  # RISE, occlusion alone: no layer
-            reason = default_layer_reason(explainer.adapter, bool(explainer.model.default_layers))
-            reporter.info(f"using layer {explainer.layer_label} ({reason})")
+        explainer_notes(reporter, explainer, bool(self.explain_options.layers))
         return explainer
 
     def _evaluate(

@@ -32,10 +32,8 @@ from .reporting import (
     PassProgress,
     ProgressBar,
     Reporter,
-    default_layer_reason,
-    left_out_note,
+    explainer_notes,
     pass_methods,
-    passes_warning,
     run_reported,
     run_summary,
 )
@@ -372,13 +370,7 @@ class ExplainCommand:
             else:
                 explainer = Explainer.from_options(self.model_options, self.explain_options, progress=progress)
             session.start(explainer)
-            if (warning := passes_warning(explainer)) is not None:
-                reporter.info(warning)
-            if explainer.left_out:
-                reporter.info(left_out_note(explainer.left_out))
-            if not self.explain_options.layers and explainer.layer_names:  # RISE, occlusion alone: no layer
-                reason = default_layer_reason(explainer.adapter, bool(explainer.model.default_layers))
-                reporter.info(f"using layer {explainer.layer_label} ({reason})")
+            explainer_notes(reporter, explainer, bool(self.explain_options.layers))
             model = explainer.model
             reporter.detail(f"model {model.name} ({model.weights}, {explainer.adapter.label}) on {explainer.device}")
             started = time.perf_counter()  # the summary times the explaining, not the model's loading
