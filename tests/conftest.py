@@ -46,6 +46,18 @@ def square_model():
     return LoadedModel(build(), "colour-detector", "none", list(CLASSES), InputSpec(mean=(0, 0, 0), std=(1, 1, 1)))
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread while the module runs, the count restored after: for modules of many small passes, where
+    on busy cores OpenMP's spin-waiting threads cost more than they bring (tests/methods/test_references.py)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def restore_determinism():
     """For tests that run with --deterministic, which switches PyTorch's deterministic algorithms on for the process."""

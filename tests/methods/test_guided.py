@@ -8,31 +8,26 @@ percentile, min-max), applied to every reference alike; the raw gradients are co
 
 from __future__ import annotations
 
-import functools
 import warnings
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-import torchvision
 from cam_reference import pearson
 from method_reference import (
-    calibrate_batchnorm,
     gradcam,
     guided_display,
     guided_gradient,
     pytorch_grad_cam_guided,
 )
+from method_subjects import REQUIRED, SIZE, model, ours, photo, top_class
 from model_state import hook_counts, mixed_model, snapshot
 from torch import nn
 
 from gradcam_cli import Explainer
 from gradcam_cli.cam.guided import GuidedPass, guided_relus
 from gradcam_cli.errors import UsageError
-
-REQUIRED = 0.999
-SIZE = (112, 112)
 
 
 class Relus(nn.Module):
@@ -185,30 +180,6 @@ def test_detectors_and_segmenters_are_refused_in_one_line(method: str) -> None:
 
 
 # --- against the references --------------------------------------------------------------------------------------
-
-
-@functools.cache
-def model(name: str) -> nn.Module:
-    torch.manual_seed(0)
-    options = {"init_weights": True, "aux_logits": False} if name == "googlenet" else {}
-    if name == "tiny_densenet":
-        built = torchvision.models.DenseNet(8, (2, 2), 16, 2, num_classes=10)  # F.relu(..., inplace=True) at the end
-    else:
-        built = torchvision.models.get_model(name, weights=None, **options)
-    return calibrate_batchnorm(built, SIZE).eval()
-
-
-def photo(size: tuple[int, int] = SIZE) -> torch.Tensor:
-    return torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(1))
-
-
-def top_class(net: nn.Module, x: torch.Tensor) -> int:
-    with torch.no_grad():
-        return int(net(x).argmax())
-
-
-def ours(net: nn.Module, layer: str, method: str, x: torch.Tensor, target: int) -> torch.Tensor:
-    return Explainer(net, layer, method).explain_batch(x, target=target)[0].explanations[0].saliency
 
 
 def check_guided(name: str, layer: str, size: tuple[int, int] = SIZE) -> None:

@@ -16,14 +16,12 @@ The sweeps (``slow``) run at 112 x 112 on light architectures: AblationCAM costs
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
 import pytest
 import pytorch_grad_cam as pgc
 import torch
-import torchvision
 from cam_reference import pearson, signed_projection
 from method_reference import (
     ablation_weights,
@@ -34,14 +32,12 @@ from method_reference import (
     pytorch_grad_cam_ablation_value,
     pytorch_grad_cam_map,
 )
+from method_subjects import REQUIRED, model, ours, photo, top_class
 from torch import nn
 
 from gradcam_cli import Explainer
 from gradcam_cli.cam.engine import LayerCapture
 from gradcam_cli.cam.fullgrad import bias_layers, layer_bias
-
-REQUIRED = 0.999
-SIZE = (112, 112)
 
 
 class SignedEigenGradCAM(pgc.EigenGradCAM):
@@ -52,33 +48,10 @@ class SignedEigenGradCAM(pgc.EigenGradCAM):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Many small passes: one intra-op thread (see ``tests/methods/test_references.py``)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):
+    """Many small passes: one intra-op thread (see ``tests/methods/test_references.py``); the models freed after."""
     yield
-    torch.set_num_threads(threads)
     model.cache_clear()
-
-
-@functools.cache
-def model(name: str) -> nn.Module:
-    torch.manual_seed(0)
-    options = {"init_weights": True, "aux_logits": False} if name == "googlenet" else {}
-    return calibrate_batchnorm(torchvision.models.get_model(name, weights=None, **options), SIZE).eval()
-
-
-def photo(size: tuple[int, int] = SIZE) -> torch.Tensor:
-    return torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(1))
-
-
-def top_class(net: nn.Module, x: torch.Tensor) -> int:
-    with torch.no_grad():
-        return int(net(x).argmax())
-
-
-def ours(net: nn.Module, layer: str, method: str, x: torch.Tensor, target: int, **options) -> torch.Tensor:
-    return Explainer(net, layer, method, **options).explain_batch(x, target=target)[0].explanations[0].saliency
 
 
 def tiny_cnn() -> nn.Module:

@@ -150,7 +150,7 @@ def test_unreadable_video_is_one_error_and_leaves_nothing(explainer: Explainer, 
 
 def test_cli_routes_videos_by_suffix(clip: Path, tmp_path: Path) -> None:
     """`gradcam clip.mp4 IMAGE --report`: the clip goes to the video runner, the image to the batch runner."""
-    from square_model import square_image
+    from square_model import CLI_OPTIONS, square_image
     from typer.testing import CliRunner
 
     from gradcam_cli.cli import app
@@ -158,28 +158,8 @@ def test_cli_routes_videos_by_suffix(clip: Path, tmp_path: Path) -> None:
     image = tmp_path / "still.png"
     square_image().save(image)
     out = tmp_path / "out"
-    model = Path(__file__).parents[1].joinpath("square_model.py")
-    result = CliRunner().invoke(
-        app,
-        [
-            str(clip),
-            str(image),
-            "--model",
-            f"{model}:build",
-            "--weights",
-            "none",
-            "--layer",
-            "features",
-            "-o",
-            str(out),
-            "--every",
-            "3",
-            "--report",
-            "--workers",
-            "0",
-            "--json",
-        ],
-    )
+    args = [str(clip), str(image), *CLI_OPTIONS, "-o", str(out), "--every", "3", "--report", "--workers", "0"]
+    result = CliRunner().invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
     assert probe(out / "clip_gradcam_top1.mp4").width == WIDTH
     assert len(_read(out / "clip_gradcam_top1.mp4")) == FRAMES
@@ -192,8 +172,9 @@ def test_cli_routes_videos_by_suffix(clip: Path, tmp_path: Path) -> None:
 
 
 def _square_cli_args(out: Path) -> list[str]:
-    model = Path(__file__).parents[1].joinpath("square_model.py")
-    return ["--model", f"{model}:build", "--weights", "none", "--layer", "features", "-o", str(out), "--workers", "0"]
+    from square_model import CLI_OPTIONS
+
+    return [*CLI_OPTIONS, "-o", str(out), "--workers", "0"]
 
 
 @pytest.mark.parametrize(
