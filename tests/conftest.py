@@ -22,6 +22,20 @@ OBJECT_BOXES = {
 }
 
 
+QUICK = "quick and not slow"
+"""``make test-quick``'s marker expression: the tests marked ``quick`` (a few light ones in every folder of tests/),
+less their ``slow`` cases."""
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under :data:`QUICK`, a test module that marks no test quick is not even imported: collecting them all would
+    take a good part of the quick run's minute (torch, transformers, Ray, Ultralytics...)."""
+    module = collection_path.suffix == ".py" and collection_path.name.startswith("test_")
+    if config.getoption("markexpr") != QUICK or not module:
+        return None
+    return True if "pytest.mark.quick" not in collection_path.read_text("utf-8") else None
+
+
 @pytest.fixture(scope="session")
 def sample_dir() -> Path:
     return SAMPLE_DIR

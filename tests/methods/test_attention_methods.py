@@ -242,6 +242,7 @@ def test_the_plain_path_gives_the_fused_paths_outputs_and_is_put_back(family: st
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
 
 
+@pytest.mark.quick
 def test_register_tokens_never_show_even_when_they_draw_the_attention() -> None:
     """A DINOv2-with-registers model whose class token attends almost only to its registers: the maps cover the
     patches alone (the registers are prefix tokens, dropped), so no patch lights up for them."""
@@ -316,6 +317,7 @@ def _run(*args: object):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
+@pytest.mark.quick
 def test_the_command_line_explains_a_wide_image_with_every_attention_method(tmp_path: Path) -> None:
     """A 96 x 48 image at --input-size 32: a 64 x 32 input, a 4 x 8 patch grid after a class token and two
     registers; each map comes at the image's size, in [0, 1], and equals the library's for the same input."""

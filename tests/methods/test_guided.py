@@ -72,6 +72,7 @@ FORMS = [
 ]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("form", FORMS)
 def test_every_relu_form_follows_the_guided_rule_by_hand(form: str) -> None:
     # x = (1, -2): h = W1 x = (1, -2, -1), only unit 0 active. dS/dh = w2 = (2, -3, 0.5).
@@ -117,6 +118,7 @@ def _plain_output(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 NEW_METHODS = ["guided-backprop", "guided-gradcam", "fullgrad", "ablationcam", "eigengradcam"]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("method", NEW_METHODS)
 def test_model_left_exactly_as_found(method: str) -> None:
     model = mixed_model()
@@ -234,6 +236,7 @@ def test_sweep_against_the_reference_and_the_peers(name: str, layer: str) -> Non
     check_guided(name, layer)
 
 
+@pytest.mark.quick
 def test_cli_writes_readable_maps_and_raw_arrays(tmp_path) -> None:
     from conftest import ROOT
     from square_model import square_image

@@ -96,6 +96,7 @@ class Pooled(nn.Module):
         return self.head(self.features(self.select(x)).sum(dim=(2, 3)))
 
 
+@pytest.mark.quick
 def test_ablationcam_weights_by_hand() -> None:
     # Channel 0 = [[1, 2]] (sum 3), channel 1 = [[0, 4]] (sum 4); class 0: y = 3 - 8 + 1 = -4.
     # y_0 = -4 - 3 = -7, y_1 = -4 + 8 = 4: w_0 = (y - y_0) / y = 3 / -4, w_1 = -8 / -4 = 2.
@@ -106,6 +107,7 @@ def test_ablationcam_weights_by_hand() -> None:
     assert torch.allclose(cams["ablationcam"][0][0], torch.tensor([[[0.0, 6.5]]]))
 
 
+@pytest.mark.quick
 def test_eigengradcam_is_the_signed_first_component_of_the_gradient_weighted_activations() -> None:
     # Two channels over three positions; g ⊙ A = [[1, 2, 3], [2, 4, 6]] (rank one): the centred rows are
     # [-1, 0, 1] and [-2, 0, 2], the component is [-1, 0, 1] times a positive factor, ReLU leaves [0, 0, 1]*c.
@@ -118,6 +120,7 @@ def test_eigengradcam_is_the_signed_first_component_of_the_gradient_weighted_act
     assert torch.allclose(cam / cam[2], torch.tensor([0.0, 0.0, 1.0]), atol=1e-6)
 
 
+@pytest.mark.quick
 def test_batchnorm_bias_is_beta_minus_mean_times_its_scale() -> None:
     norm = nn.BatchNorm2d(2).eval()
     with torch.no_grad():
@@ -292,6 +295,7 @@ def test_sweep_fullgrad(name: str, monkeypatch) -> None:
     assert pearson(mine, pytorch_grad_cam_map(pgc.FullGrad, net, [], x, target)) >= REQUIRED
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("method", ["eigengradcam", "ablationcam", "fullgrad", "guided-backprop", "guided-gradcam"])
 def test_a_batch_with_two_targets_each_equals_each_image_alone(method: str) -> None:
     """Every sample its own targets and its own maps, however the extra passes batch them (3 ablated copies per

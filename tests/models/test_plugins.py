@@ -104,6 +104,7 @@ def test_the_toy_family_is_registered_from_its_entry_point_and_claims_its_prefix
         load_model("toy:tiy", "none")
 
 
+@pytest.mark.quick
 def test_the_command_line_explains_a_toy_model(scene: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     args = [scene, "--model", "toy:tiny", "--weights", "none", "--target-class", "red", "--output-dir", out]
@@ -160,6 +161,7 @@ class Doubling(Family):
         return LoadedModel(module, options.model, options.weights, profile=profile)
 
 
+@pytest.mark.quick
 def test_a_family_registered_in_a_notebook_loads_through_load_model(tmp_path: Path) -> None:
     FAMILIES.register("double", Doubling())
     try:

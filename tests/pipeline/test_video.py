@@ -88,6 +88,7 @@ def test_overlay_video_keeps_rate_size_and_frames_and_the_map_follows_the_square
     assert [p.name for p in tmp_path.iterdir()] == [output.name]  # no temporaries left
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("every", [5, 40])  # 40: frames stream out behind each explained frame (no buffering)
 def test_every_n_explains_every_nth_frame_and_holds_the_map(
     explainer: Explainer, clip: Path, tmp_path: Path, every: int
@@ -205,6 +206,7 @@ def test_image_only_options_are_refused_for_videos_before_the_model_loads(
     assert not out.exists()
 
 
+@pytest.mark.quick
 def test_video_option_check_names_the_videos_and_lets_report_through(tmp_path: Path) -> None:
     from gradcam_cli.errors import UsageError
     from gradcam_cli.pipeline.video import check_video_options

@@ -38,6 +38,7 @@ def _data(page: str) -> list[dict]:
     return json.loads(match.group(1))
 
 
+@pytest.mark.quick
 def test_entries_merge_rows_per_image_and_link_relatively(tmp_path: Path) -> None:
     out = tmp_path / "out"
     records = [
@@ -81,6 +82,7 @@ def test_gallery_shows_skipped_rows_with_outputs_as_full_cards(tmp_path):
     assert "NaN" not in json.dumps(b)
 
 
+@pytest.mark.quick
 def test_page_is_self_contained_and_never_embeds_images(tmp_path: Path) -> None:
     out = tmp_path / "out"
     overlay = out / "a_gradcam_0-class-0.png"

@@ -63,6 +63,7 @@ def detect(what: Path, out: Path, *more: str | Path) -> object:
     return run(what, "-m", DETECTOR, "--labels", folder.parent / "classes.txt", "-o", out, "--workers", "0", *more)
 
 
+@pytest.mark.quick
 def test_a_detector_writes_a_row_and_an_overlay_per_detection_and_a_combined_overlay(inputs, tmp_path):
     out = tmp_path / "out"
     result = detect(inputs, out, "--json", "--method", "gradcam,layercam")
@@ -269,6 +270,7 @@ def test_list_layers_marks_the_backbones_last_stage(inputs):
     assert [line.split()[1] for line in table.splitlines() if line.startswith("*")] == ["backbone.body"]
 
 
+@pytest.mark.quick
 def test_a_segmenter_writes_one_overlay_per_class_with_its_share_and_outline(inputs, tmp_path):
     out = tmp_path / "out"
     labels = inputs.parent / "classes.txt"
@@ -288,6 +290,7 @@ def test_a_segmenter_writes_one_overlay_per_class_with_its_share_and_outline(inp
     assert grey.exit_code == EXIT_OK and "gradcam: no class other than the background" in grey.stdout
 
 
+@pytest.mark.quick
 def test_gradcam_eval_scores_a_detectors_maps_against_ground_truth_boxes(inputs, tmp_path):
     two = ["two.png,120,200,200,280,red", "two.png,30,40,90,100,green", "two.png,200,10,230,40,blue"]
     boxes = _boxes(tmp_path, "red.png,250,60,290,100,red", *two)
@@ -309,6 +312,7 @@ def test_gradcam_eval_scores_a_detectors_maps_against_ground_truth_boxes(inputs,
     )
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("more", "message"),
     [
