@@ -12,15 +12,12 @@ then served as every map is (``/api/maps/<id>.png`` and its downloads).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -33,13 +30,12 @@ from ..options import ExplainOptions, ModelOptions
 from .http import HttpError, blocking, guarded, int_param, json_response, text_param
 from .images import DecodedImage, ImageStore, Source
 from .maps import MapStore, StoredMap, map_id
-from .model import MapAnswer
+from .model import MapAnswer, ModelThread
 
 if TYPE_CHECKING:
     from ..vlm.answer import AnswerExplainer, AnswerToken
     from ..vlm.words import AnswerWord
 
-T = TypeVar("T")
 KEPT_ANSWERS = 32
 """Answers kept (an older one's words are asked again)."""
 MAX_QUESTION = 2000
@@ -75,7 +71,7 @@ class Asked:
         }
 
 
-class AnswerService:
+class AnswerService(ModelThread):
     """A vision-language model loaded once (by the family registry, as ``--prompt`` loads it), answering on
     request; ``options``: the command's layer, method (the first of a list) and ``--max-new-tokens``."""
 
@@ -99,15 +95,7 @@ class AnswerService:
         self._explainers: dict[tuple[str, str], AnswerExplainer] = {
             (self.default_layer, self.default_method): self.answerer
         }
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="gradcam-model")
-
-    async def run(self, work: Callable[[], T]) -> T:
-        """Await ``work`` (which uses the model) on the service's own thread (as :class:`ModelService` does)."""
-        return await asyncio.wrap_future(self._thread.submit(work))
-
-    def close(self) -> None:
-        """Let the service's thread end (once its work in hand is done)."""
-        self._thread.shutdown(wait=False, cancel_futures=True)
+        super().__init__()
 
     def info(self) -> dict[str, Any]:
         """What the page needs: ``answers`` (a question box instead of classes), the layer, the methods."""
