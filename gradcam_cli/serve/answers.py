@@ -7,7 +7,8 @@
 Routes (besides the explorer's, :mod:`gradcam_cli.serve.app`): ``POST /api/ask`` with a JSON body ``{"image",
 "prompt", "answer" (optional), "layer", "method"}``: the answer, its tokens and words, and the whole answer's map;
 ``GET /api/answers/<id>/map?word=K&layer=&method=``: word K's map (no ``word``: the whole answer's). The maps are
-then served as every map is (``/api/maps/<id>.png`` and its downloads).
+then served as every map is (``/api/maps/<id>.png`` and its downloads; ``.../faithfulness`` for the whole answer's,
+as ``gradcam eval --prompt`` measures it).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ KEPT_ANSWERS = 32
 MAX_QUESTION = 2000
 """The longest question (or given answer) taken, in characters."""
 MAX_BODY = 64 * 1024
+KEPT_SOURCES = 4096
+"""Maps whose answer is remembered (for their faithfulness)."""
 
 
 @dataclass
@@ -92,6 +95,8 @@ class AnswerService(ModelThread):
         self._lock = threading.Lock()
         """Guards the kept answers (never held during a pass, unlike :attr:`model_lock`)."""
         self._asked: OrderedDict[str, Asked] = OrderedDict()
+        self._whole: OrderedDict[str, str] = OrderedDict()
+        """The whole answers' maps: the id of the answer each maps."""
         self._explainers: dict[tuple[str, str], AnswerExplainer] = {
             (self.default_layer, self.default_method): self.answerer
         }
@@ -111,7 +116,7 @@ class AnswerService(ModelThread):
             "default_method": self.default_method,
             "kind": "answer",
             "targets": [],
-            "faithfulness": False,
+            "faithfulness": True,
             "max_new_tokens": self.answerer.max_new_tokens,
         }
 
@@ -193,6 +198,28 @@ class AnswerService(ModelThread):
             result = explainer.explain_ids(image.image, asked.prompt, asked.ids, asked.generated, [target])
             return MapAnswer(self._store(asked, explainer, result.maps[0], image), True, target.label)
 
+    def faithfulness(self, stored: StoredMap, image: DecodedImage, steps: int) -> dict[str, Any]:
+        """``gradcam eval --prompt``'s figures for a whole answer's map (:mod:`gradcam_cli.vlm.faithfulness`):
+        deletion and insertion of the answer's per-token probability along it, in ``steps``."""
+        from ..vlm.faithfulness import answer_curves
+
+        with self._lock:
+            answer_id = self._whole.get(stored.id)
+        if answer_id is None:
+            raise UsageError("deletion and insertion are measured for the whole answer's map, as gradcam eval does")
+        asked = self.asked(answer_id)
+        with self.model_lock:
+            explainer = self.explainer(stored.layer, stored.explanation.method)
+            saliency = stored.explanation.saliency
+            curves = answer_curves(explainer, image.image, asked.prompt, asked.ids, saliency, steps)
+        return {
+            "steps": steps,
+            "deletion_auc": curves.deletion_auc,
+            "insertion_auc": curves.insertion_auc,
+            "deletion": curves.deletion,
+            "insertion": curves.insertion,
+        }
+
     def _store(self, asked: Asked, explainer: AnswerExplainer, answer_map: Any, image: DecodedImage) -> StoredMap:
         target, score = answer_map.target, answer_map.score
         index = target.token if target.token is not None else -1
@@ -209,6 +236,11 @@ class AnswerService(ModelThread):
             file_name=answer_name(asked.stem, answer_map.method, target.label),
         )
         self.maps.put(stored)
+        if target.label == "answer":
+            with self._lock:
+                self._whole[stored.id] = asked.id
+                while len(self._whole) > KEPT_SOURCES:
+                    self._whole.popitem(last=False)
         return stored
 
 

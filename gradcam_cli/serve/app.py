@@ -59,7 +59,7 @@ from .http import (
     text_param,
 )
 from .images import ImageStore, decode
-from .model import ModelService
+from .model import FAITHFULNESS_STEPS, ModelService
 from .origin import SameOrigin
 from .runindex import RowFilter, RunIndex
 from .runs import run_base
@@ -274,13 +274,17 @@ def _map_file(explorer: Explorer, kind: str) -> Any:
 
 def _faithfulness(explorer: Explorer) -> Any:
     async def faithfulness(request: Request) -> Response:
-        if explorer.answers is not None:
-            raise HttpError(409, "an answer's deletion and insertion are measured by gradcam eval --prompt, not here")
-        service = _needs_model(explorer)
+        service = explorer.answers or _needs_model(explorer)
         stored = service.maps.get(request.path_params["id"])
         if stored is None:
             raise HttpError(404, "this map is no longer kept; ask for it again")
         road = text_param(request, "road") in ("1", "true", "yes")
+        if isinstance(service, AnswerService):
+            if road:
+                raise HttpError(400, "ROAD is measured for a classifier's classes, not an answer")
+            answers, shown = service, stored
+            _, image = await blocking(lambda: explorer.images.decoded(shown.image))
+            return json_response(await answers.run(lambda: answers.faithfulness(shown, image, FAITHFULNESS_STEPS)))
 
         path = explorer.images.source(stored.image).path
         seconds = explorer.options.request_seconds

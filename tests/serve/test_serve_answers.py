@@ -141,7 +141,9 @@ def test_cross_site_requests_and_what_does_not_apply_are_refused(client):
         assert response.status_code == status and text in response.json()["error"], response.text
 
     refused(client.get("/api/map?image=i0"), 409, "ask one about the image")
-    refused(client.get(f"/api/maps/{asked['map']['id']}/faithfulness"), 409, "gradcam eval --prompt")
+    refused(client.get(f"/api/maps/{asked['map']['id']}/faithfulness?road=1"), 400, "ROAD")
+    word_map = client.get(f"/api/answers/{asked['id']}/map?word=1").json()
+    refused(client.get(f"/api/maps/{word_map['id']}/faithfulness"), 400, "the whole answer's map")
     refused(client.get(f"/api/answers/{asked['id']}/map?word=2"), 400, "word: 2 is not between 0 and 1")
     refused(client.get("/api/answers/0123/map"), 404, "ask the question again")
     refused(client.post("/api/ask", content=b"{", headers={"Content-Type": "application/json"}), 400, "not JSON")
@@ -149,7 +151,23 @@ def test_cross_site_requests_and_what_does_not_apply_are_refused(client):
     refused(client.post("/api/ask", json={"image": "../x", "prompt": PROMPT}), 400, "not an image id")
     refused(client.post("/api/ask", json={"image": "i0", "prompt": PROMPT, "method": "scorecam"}), 400, "scorecam")
     info = client.get("/api/info").json()["model"]
-    assert info["answers"] and not info["faithfulness"] and "scorecam" not in info["methods"]
+    assert info["answers"] and info["faithfulness"] and "scorecam" not in info["methods"]
+
+
+def test_the_whole_answers_faithfulness_is_gradcam_evals(client, model, photo):
+    from typer.testing import CliRunner
+
+    from gradcam_cli.cli.eval import app
+
+    options = ["--prompt", PROMPT, "--answer", "a big cat", "--method", "layercam", "--steps", "20", "--json"]
+    result = CliRunner().invoke(app, [str(photo), "--model", model, *options])
+    assert result.exit_code == 0, result.output
+    (row,) = [json.loads(line) for line in result.stdout.splitlines()]
+    asked = ask(client, answer="a big cat", method="layercam")
+    figures = client.get(f"/api/maps/{asked['map']['id']}/faithfulness").json()
+    assert figures["steps"] == 20 and len(figures["deletion"]) == len(row["deletion"])
+    for key in ("deletion_auc", "insertion_auc", "deletion", "insertion"):
+        np.testing.assert_allclose(figures[key], row[key], atol=2e-6)
 
 
 def test_the_command_refuses_what_does_not_apply_to_a_vision_language_model(model, photo):

@@ -316,7 +316,7 @@ def test_ask_a_vision_language_model_and_click_a_word(browser, tmp_path):
         page.fill("#prompt", "what is the cat ?")
         page.press("#prompt", "Enter")
         wait_caption(page, "gradcam for answer at model.multi_modal_projector")
-        assert page.text_content("#answer-note").startswith("Answer: ")
+        assert page.text_content("#answer-note").startswith("Answer: ") and page.is_visible("#faith")
         assert page.locator("#answer-words button").count() >= 2  # the whole answer, then its words
         page.fill("#given", "a big cat")  # explain this answer instead
         page.click("#ask")
@@ -328,6 +328,7 @@ def test_ask_a_vision_language_model_and_click_a_word(browser, tmp_path):
         wait_caption(page, "gradcam for answer:big at model.multi_modal_projector")
         assert canvas_sum(page) != whole
         assert page.locator("#answer-words button.chosen").text_content() == "big"
+        assert not page.is_visible("#faith")  # measured for the whole answer (as gradcam eval), not a word
         page.select_option("#method", "layercam")  # the same word, another method
         wait_caption(page, "layercam for answer:big")
         assert errors == []

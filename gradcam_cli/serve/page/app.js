@@ -104,7 +104,10 @@ async function showMap(answer) {  // a map the server computed (or kept): fetche
   $("caption").textContent = `${answer.method} for ${answer.target.name} at ${answer.layer}` +
     (answer.forward ? "" : " (no forward pass)");
   $("faith-out").textContent = "";
-  $("faith").hidden = $("faith-road").parentNode.hidden = !(state.info.model.faithfulness && answer.spec === null);
+  const m = state.info.model;  // a class's map is measured, or a vision-language model's whole answer's
+  const measured = m.faithfulness && (m.answers ? answer.spec === "answer" : answer.spec === null);
+  $("faith").hidden = !measured;
+  $("faith-road").parentNode.hidden = !measured || Boolean(m.answers);
   redraw();
   $("view").dataset.mapId = answer.id;
   say("");
@@ -371,7 +374,7 @@ async function start() {
     if (m.targets.length) $("target").value = m.targets[0];
     $("compare-add").onclick = addCompare;
     $("faith").onclick = faithfulness;
-    $("faith").hidden = $("faith-road").parentNode.hidden = !m.faithfulness;
+    $("faith").hidden = $("faith-road").parentNode.hidden = !m.faithfulness || Boolean(m.answers);
     if (m.answers) {  // a question box in place of classes and targets
       $("answer-box").hidden = false;
       $("pred-title").hidden = $("predictions").hidden = $("target-label").hidden = $("target-go").hidden = true;
