@@ -31,7 +31,7 @@ from ..options import ExplainOptions, ModelOptions
 from .http import HttpError, blocking, guarded, int_param, json_response, text_param
 from .images import DecodedImage, ImageStore, Source
 from .maps import MapStore, StoredMap, map_id
-from .model import MapAnswer, ModelThread
+from .model import MAX_EXPLAINERS, MapAnswer, ModelThread
 
 if TYPE_CHECKING:
     from ..vlm.answer import AnswerExplainer, AnswerToken
@@ -130,6 +130,8 @@ class AnswerService(ModelThread):
         key = (layer, method)
         if key not in self._explainers:
             base = self.answerer
+            if len(self._explainers) >= MAX_EXPLAINERS:
+                self._explainers.pop(next(iter(self._explainers)))
             self._explainers[key] = AnswerExplainer(
                 base.vlm, layer, (method,), base.max_new_tokens, base.seed, base.eigen_smooth
             )

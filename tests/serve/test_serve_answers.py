@@ -154,6 +154,17 @@ def test_cross_site_requests_and_what_does_not_apply_are_refused(client):
     assert info["answers"] and info["faithfulness"] and "scorecam" not in info["methods"]
 
 
+def test_an_empty_answer_says_so(client, monkeypatch):
+    from gradcam_cli.vlm.answer import AnswerExplainer
+
+    monkeypatch.setattr(AnswerExplainer, "generate", lambda self, inputs: [])
+    asked = ask(client, prompt="what is the dog ?")
+    assert (asked["answer"], asked["words"], asked["map"]) == ("", [], None)
+    assert "answer is empty" in asked["note"]
+    response = client.get(f"/api/answers/{asked['id']}/map")
+    assert response.status_code == 409 and "answer is empty" in response.json()["error"]
+
+
 def test_the_whole_answers_faithfulness_is_gradcam_evals(client, model, photo):
     from typer.testing import CliRunner
 
