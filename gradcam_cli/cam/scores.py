@@ -131,19 +131,75 @@ class ClassScore:
     ) -> ClassTargets:
         logits = self.head(output) if self.head is not None else as_logits(output)
         if chosen is None:
-            chosen = _class_targets(logits, target, top_k)
+            chosen = chosen_channels(logits, target, top_k)
         return ClassTargets(logits, chosen, self.kind, self.head)
 
 
-def _class_targets(logits: torch.Tensor, target: int | None, top_k: int) -> torch.Tensor:
-    classes = logits.shape[1]
+def chosen_channels(
+    ranked: torch.Tensor, target: int | None, top_k: int, noun: str = "class", nouns: str = "classes"
+) -> torch.Tensor:
+    """(N, K) the channels explained in each sample of ``ranked``, (N, channels) values (a classifier's logits, a
+    dense output's per-channel scores): ``target`` in every sample, else each sample's ``top_k`` highest, highest
+    first. A ``target`` out of range, or a ``top_k`` beyond the channels, is a one-line UsageError naming the
+    channels as ``noun`` and ``nouns`` (a class, classes)."""
+    channels = ranked.shape[1]
     if target is not None:
-        if not 0 <= target < classes:
-            raise UsageError(f"target class {target} is out of range: the model has {classes} classes")
-        return torch.full((logits.shape[0], 1), target, dtype=torch.long, device=logits.device)
-    if not 1 <= top_k <= classes:
-        raise UsageError(f"--top-k must be between 1 and {classes}")
-    return logits.detach().topk(top_k, dim=1).indices
+        if not 0 <= target < channels:
+            raise UsageError(f"target {noun} {target} is out of range: the model has {channels} {nouns}")
+        return torch.full((ranked.shape[0], 1), target, dtype=torch.long, device=ranked.device)
+    if not 1 <= top_k <= channels:
+        raise UsageError(f"--top-k must be between 1 and {channels}")
+    return ranked.detach().topk(top_k, dim=1).indices
+
+
+def explanations_of(
+    cams: Cams,
+    n: int,
+    k: int,
+    target: Prediction,
+    size: Sequence[int],
+    region: Region = (1.0, 1.0),
+    *,
+    rank: int | None = None,
+    mask: torch.Tensor | None = None,
+) -> list[Explanation]:
+    """Sample ``n``'s explanations of target ``k``, one per method of ``cams`` (in its order): the sample's maps of
+    every layer stretched over an image of ``size`` = (H, W) and fused (:func:`~gradcam_cli.cam.maps.to_image_maps`;
+    ``region``: the part of the maps that shows the image), each explaining ``target`` (a detection's ``rank``, a
+    segmenter's ``mask``: the :class:`~gradcam_cli.cam.results.Explanation`'s ``rank`` and ``region``)."""
+    return [
+        Explanation(method, target, _fused(per_k[k], n, size, region), rank=rank, region=mask)
+        for method, per_k in cams.items()
+    ]
+
+
+def _fused(layers: Sequence[torch.Tensor], n: int, size: Sequence[int], region: Region) -> torch.Tensor:
+    return to_image_maps([cam[n : n + 1] for cam in layers], size, region)[0]
+
+
+class ChannelTargets:
+    """Targets that are channels of a differentiable (N, channels) ``scores`` (one score per channel of a dense
+    output: a counted class, a keypoint): each sample's ``chosen`` channels, (N, K) (:func:`chosen_channels`).
+    A task's targets subclass it and add :meth:`~Targets.masked` (reading another pass's values with
+    :meth:`entry`) and :meth:`~Targets.results` (with :func:`explanations_of`)."""
+
+    def __init__(self, scores: torch.Tensor, chosen: torch.Tensor) -> None:
+        self.scores, self.chosen = scores, chosen
+
+    @property
+    def count(self) -> int:
+        return int(self.chosen.shape[1])
+
+    @property
+    def region(self) -> tuple[float, float]:
+        return (1.0, 1.0)
+
+    def value(self, k: int) -> torch.Tensor:
+        return self.scores.gather(1, self.chosen[:, k : k + 1]).sum()
+
+    def entry(self, values: torch.Tensor, k: int, samples: torch.Tensor) -> torch.Tensor:
+        """(B,) target ``k``'s entry of another pass's (B, channels) ``values``, row j that of sample ``samples[j]``."""
+        return values.gather(1, self.chosen[samples, k].unsqueeze(1)).squeeze(1)
 
 
 class ClassTargets:
@@ -198,7 +254,6 @@ class ClassTargets:
     def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
         probabilities, targets = self.probabilities, self.targets
         top_p, top_i = probabilities.topk(min(TOP_PREDICTIONS, probabilities.shape[1]), dim=1)
-        methods = list(cams)
         results = []
         for i, size in enumerate(sizes):
             predictions = [
@@ -208,8 +263,6 @@ class ClassTargets:
             for k in range(targets.shape[1]):
                 index = int(targets[i, k])
                 chosen = Prediction(index, class_name(index), float(probabilities[i, index]))
-                for method in methods:
-                    saliency = to_image_maps([cam[i : i + 1] for cam in cams[method][k]], size)[0]
-                    explanations.append(Explanation(method, chosen, saliency))
+                explanations += explanations_of(cams, i, k, chosen, size)
             results.append(ImageExplanation(predictions, explanations))
         return results
