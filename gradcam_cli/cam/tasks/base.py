@@ -131,13 +131,18 @@ class TaskAdapter:
         """What a row without a target says (``None``: nothing special, a video's row)."""
         return None
 
+    def located(self, prediction: Prediction) -> str | None:
+        """Where a prediction lies, as :meth:`where` and :meth:`how_much` add it: a detection's box (``at [x1, y1,
+        x2, y2]``), a segmenter's share of the pixels; ``None``: nothing to add (the default, a combined map's)."""
+        return None
+
     def where(self, prediction: Prediction) -> str:
-        """A prediction's line on the console after its name and probability."""
-        return f"(class {prediction.index})"
+        """A prediction's line on the console after its name and probability: ``(class 3)``, then :meth:`located`."""
+        return _then(f"(class {prediction.index})", self.located(prediction))
 
     def how_much(self, prediction: Prediction) -> str:
-        """How much of a target an output line shows: ``73.1%``."""
-        return f"{prediction.probability:.1%}"
+        """How much of a target an output line shows: ``73.1%``, then :meth:`located`."""
+        return _then(f"{prediction.probability:.1%}", self.located(prediction))
 
     def eval_checks(self, sanity: bool, plot: bool, road: bool) -> None:
         """Refuse ``gradcam eval`` options the box measures do not take (tasks without :attr:`faithfulness`)."""
@@ -175,6 +180,10 @@ class TaskAdapter:
     def serve_target(self) -> bool:
         """Whether ``gradcam serve`` resolves a class to explain for a request (a ranked task explains them all)."""
         return not self.ranked
+
+
+def _then(text: str, more: str | None) -> str:
+    return f"{text} {more}" if more else text
 
 
 def label_box_pairs(

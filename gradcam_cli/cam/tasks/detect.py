@@ -63,15 +63,9 @@ class DetectTask(TaskAdapter):
         chosen: Any = score  # a DetectionScore, or a YOLO model's score (both have a threshold)
         return no_detection(model, chosen, target)
 
-    def where(self, prediction: Prediction) -> str:
-        if prediction.box is None:  # the combined map's target
-            return super().where(prediction)
-        return f"(class {prediction.index}) at {_box(prediction.box)}"
-
-    def how_much(self, prediction: Prediction) -> str:
-        if prediction.box is None:
-            return super().how_much(prediction)
-        return f"{prediction.probability:.1%} at {_box(prediction.box)}"
+    def located(self, prediction: Prediction) -> str | None:
+        """``at [x1, y1, x2, y2]``; the combined map's target has no box."""
+        return f"at {_box(prediction.box)}" if prediction.box is not None else None
 
     def box_pairs(
         self, explainer: Explained, image: Any, result: ImageExplanation, boxes: Sequence[GroundTruthBox]
