@@ -71,7 +71,7 @@ class TaskAdapter:
     by_name = True
     listed = "Predictions"
     """What ``gradcam serve``'s page titles the list of an image's predictions."""
-    """``--task NAME`` names it (YOLO's adapter claims its models by their module, whatever ``--task`` says)."""
+    """``--task NAME`` names it (YOLO's adapter claims the models whose family names it, whatever ``--task`` says)."""
     ranked = False
     videos = True
     faithfulness = False
@@ -262,7 +262,7 @@ def _register_plugin(name: str, loaded: object) -> None:
 
 
 TASKS: Registry[TaskAdapter] = Registry("task", TASKS_GROUP, register_plugin=_register_plugin)
-"""Every task adapter by name, the package's first (YOLO's before torchvision's detectors), then plugins'."""
+"""Every task adapter by name, the package's first, then plugins'."""
 
 
 def register_task(adapter: TaskAdapter, *, replace: bool = False) -> TaskAdapter:

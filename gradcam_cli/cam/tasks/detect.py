@@ -13,7 +13,6 @@ from ...models.tasks import detection_transform
 from ...options import MAX_DETECTIONS, SCORE_THRESHOLD, ExplainOptions
 from ..detection import MATCH_IOU, DetectionScore, box_iou, no_detection
 from ..scores import Score
-from ..yolo import is_yolo_module
 from .base import Explained, Pair, ScoreRequest, TaskAdapter, check_class_score, register_task
 
 if TYPE_CHECKING:
@@ -32,7 +31,7 @@ class DetectTask(TaskAdapter):
     methods_of = "detect"
 
     def claims(self, model: LoadedModel, requested: str | None) -> bool:
-        return model.task.value == self.name and requested in (None, self.name) and not is_yolo_module(model.module)
+        return model.task.value == self.name and requested in (None, self.name)
 
     def check_options(self, options: ExplainOptions) -> None:
         check_class_score(options)
