@@ -90,8 +90,9 @@ class TaskAdapter:
         return self.shown or self.name
 
     def claims(self, model: LoadedModel, requested: str | None) -> bool:
-        """Whether this adapter explains ``model`` (``requested``: ``--task`` as given, ``None``: not given)."""
-        return requested == self.name
+        """Whether this adapter explains ``model`` (``requested``: the adapter its profile or ``--task`` names,
+        ``None``: none): the one named, else the built-in task's adapter of the model's :class:`Task`."""
+        return requested == self.name or (requested is None and model.task.value == self.name)
 
     def check_options(self, options: ExplainOptions) -> None:
         """A one-line UsageError for an option this task does not take, given at all (``None``: not given)."""

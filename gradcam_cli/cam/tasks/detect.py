@@ -30,9 +30,6 @@ class DetectTask(TaskAdapter):
     listed = "Detections"
     methods_of = "detect"
 
-    def claims(self, model: LoadedModel, requested: str | None) -> bool:
-        return model.task.value == self.name and requested in (None, self.name)
-
     def check_options(self, options: ExplainOptions) -> None:
         check_class_score(options)
         self.check_own_score(options)

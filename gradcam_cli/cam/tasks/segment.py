@@ -26,9 +26,6 @@ class SegmentTask(TaskAdapter):
     listed = "Classes"
     methods_of = "segment"
 
-    def claims(self, model: LoadedModel, requested: str | None) -> bool:
-        return model.task.value == self.name and requested in (None, self.name)
-
     def check_options(self, options: ExplainOptions) -> None:
         check_class_score(options)
         TaskAdapter.check_options(self, options)

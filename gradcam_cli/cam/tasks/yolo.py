@@ -30,10 +30,6 @@ class YoloTask(DetectTask):
     shown = "detect"
     by_name = False
 
-    def claims(self, model: LoadedModel, requested: str | None) -> bool:
-        """The models whose profile names this adapter (the YOLO family's detectors), whatever ``--task`` says."""
-        return requested == self.name
-
     def check_options(self, options: ExplainOptions) -> None:
         """Checked by :func:`~gradcam_cli.cam.yolo.yolo_score`."""
 
