@@ -178,10 +178,10 @@ def _fused(layers: Sequence[torch.Tensor], n: int, size: Sequence[int], region: 
 
 
 class ChannelTargets:
-    """Targets that are channels of a differentiable (N, channels) ``scores`` (one score per channel of a dense
-    output: a counted class, a keypoint): each sample's ``chosen`` channels, (N, K) (:func:`chosen_channels`).
-    A task's targets subclass it and add :meth:`~Targets.masked` (reading another pass's values with
-    :meth:`entry`) and :meth:`~Targets.results` (with :func:`explanations_of`)."""
+    """Targets that are channels of a differentiable (N, channels) ``scores`` (one score per channel: a class, a
+    dense output's counted class or keypoint): each sample's ``chosen`` channels, (N, K) (:func:`chosen_channels`).
+    A task's targets subclass it, add :meth:`~Targets.masked` (reading another pass's values with :meth:`entry`)
+    and say what a channel's :meth:`prediction` shows."""
 
     def __init__(self, scores: torch.Tensor, chosen: torch.Tensor) -> None:
         self.scores, self.chosen = scores, chosen
@@ -201,20 +201,33 @@ class ChannelTargets:
         """(B,) target ``k``'s entry of another pass's (B, channels) ``values``, row j that of sample ``samples[j]``."""
         return values.gather(1, self.chosen[samples, k].unsqueeze(1)).squeeze(1)
 
+    def prediction(self, n: int, c: int, size: tuple[int, int], class_name: ClassName) -> Prediction:
+        """Sample ``n``'s prediction of channel ``c``, its image of ``size`` = (H, W) (default: the score as its
+        probability)."""
+        return Prediction(c, class_name(c), float(self.scores[n, c].detach()))
 
-class ClassTargets:
+    def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
+        """Each sample's :meth:`prediction` of every channel, highest score first, and the maps of its chosen
+        ones (:func:`explanations_of`)."""
+        scores = self.scores.detach()
+        results = []
+        for n, size in enumerate(sizes):
+            explanations = []
+            for k in range(self.count):
+                explanations += explanations_of(
+                    cams, n, k, self.prediction(n, int(self.chosen[n, k]), size, class_name), size
+                )
+            order = scores[n].argsort(descending=True).tolist()
+            results.append(ImageExplanation([self.prediction(n, c, size, class_name) for c in order], explanations))
+        return results
+
+
+class ClassTargets(ChannelTargets):
     """A classifier's (N, K) target classes in its (N, classes) ``logits`` (a prompt ``head``'s, for CLIP)."""
 
     def __init__(self, logits: torch.Tensor, targets: torch.Tensor, kind: str, head: PromptHead | None = None) -> None:
+        super().__init__(logits, targets)
         self.logits, self.targets, self.kind, self.head = logits, targets, kind, head
-
-    @property
-    def count(self) -> int:
-        return int(self.targets.shape[1])
-
-    @property
-    def region(self) -> tuple[float, float]:
-        return (1.0, 1.0)
 
     @property
     def probabilities(self) -> torch.Tensor:
@@ -229,8 +242,7 @@ class ClassTargets:
 
     def masked(self, k: int) -> MaskedProbability:
         def probability(output: object, samples: torch.Tensor) -> torch.Tensor:
-            probabilities = shown_probabilities(self._logits(output), self.kind, self.head)
-            return probabilities.gather(1, self.targets[samples, k].unsqueeze(1)).squeeze(1)
+            return self.entry(shown_probabilities(self._logits(output), self.kind, self.head), k, samples)
 
         return probability
 
@@ -239,8 +251,7 @@ class ClassTargets:
         sample from another output."""
 
         def score(output: object, samples: torch.Tensor) -> torch.Tensor:
-            values = class_scores(self._logits(output), self.kind, self.head)
-            return values.gather(1, self.targets[samples, k].unsqueeze(1)).squeeze(1)
+            return self.entry(class_scores(self._logits(output), self.kind, self.head), k, samples)
 
         return score
 

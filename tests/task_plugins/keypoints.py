@@ -7,15 +7,14 @@ value; its prediction shows the peak's place in the image's pixels (a task-owned
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 from task_models import colour_excess
 from torch import nn
 
-from gradcam_cli.cam.results import ImageExplanation, Prediction
-from gradcam_cli.cam.scores import Cams, ChannelTargets, ClassName, MaskedProbability, chosen_channels, explanations_of
+from gradcam_cli.cam.results import Prediction
+from gradcam_cli.cam.scores import ChannelTargets, ClassName, MaskedProbability, chosen_channels
 from gradcam_cli.cam.tasks import ScoreRequest, TaskAdapter
 from gradcam_cli.errors import UsageError
 
@@ -60,24 +59,14 @@ class KeypointTargets(ChannelTargets):
 
         return probability
 
-    def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
-        heat, peaks = self.heatmaps.detach().float(), self.scores.detach()
-        h, w = heat.shape[-2:]
-        results = []
-        for n, (height, width) in enumerate(sizes):
-
-            def prediction(c: int, n: int = n, height: int = height, width: int = width) -> Prediction:
-                cell = int(heat[n, c].flatten().argmax())
-                x, y = (cell % w + 0.5) * width / w, (cell // w + 0.5) * height / h
-                peak = float(peaks[n, c].sigmoid())
-                return Prediction(c, class_name(c), peak, details={"peak": [round(x, 2), round(y, 2)]})
-
-            order = peaks[n].argsort(descending=True).tolist()
-            explanations = []
-            for k in range(self.count):
-                explanations += explanations_of(cams, n, k, prediction(int(self.chosen[n, k])), (height, width))
-            results.append(ImageExplanation([prediction(c) for c in order], explanations))
-        return results
+    def prediction(self, n: int, c: int, size: tuple[int, int], class_name: ClassName) -> Prediction:
+        """The keypoint's peak (the sigmoid of its score) and its place in the image's pixels (``details``)."""
+        (height, width), heat = size, self.heatmaps[n, c].detach().float()
+        h, w = heat.shape
+        cell = int(heat.flatten().argmax())
+        x, y = (cell % w + 0.5) * width / w, (cell // w + 0.5) * height / h
+        peak = float(self.scores[n, c].detach().sigmoid())
+        return Prediction(c, class_name(c), peak, details={"peak": [round(x, 2), round(y, 2)]})
 
 
 class KeypointScore:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gradcam_cli.cam.results import ImageExplanation, Prediction
-from gradcam_cli.cam.scores import Cams, ChannelTargets, ClassName, MaskedProbability, chosen_channels, explanations_of
+from gradcam_cli.cam.scores import ChannelTargets, ClassName, MaskedProbability, chosen_channels
 from gradcam_cli.cam.tasks import Explained, Pair, ScoreRequest, TaskAdapter, label_box_pairs, register_task
 from gradcam_cli.errors import UsageError
 
@@ -44,25 +44,12 @@ class CountTargets(ChannelTargets):
         """Score-CAM's and RISE's measure of a masked input: the class's count in it."""
         return lambda output, samples: self.entry(counts_of(output), k, samples)
 
-    def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
-        counts = self.scores.detach()
-        results = []
-        for n, size in enumerate(sizes):
-            total = float(counts[n].sum())
-
-            def prediction(c: int, n: int = n, total: float = total) -> Prediction:
-                counted = float(counts[n, c])
-                share = counted / total if total > 0 else 0.0
-                return Prediction(c, class_name(c), share, details={"count": round(counted, 3)})
-
-            explanations = [
-                explanation
-                for k in range(self.count)
-                for explanation in explanations_of(cams, n, k, prediction(int(self.chosen[n, k])), size)
-            ]
-            order = counts[n].argsort(descending=True).tolist()
-            results.append(ImageExplanation([prediction(c) for c in order], explanations))
-        return results
+    def prediction(self, n: int, c: int, size: tuple[int, int], class_name: ClassName) -> Prediction:
+        """Class c's count (the row's ``count``) and, as its probability, its share of everything counted."""
+        counts = self.scores[n].detach()
+        counted, total = float(counts[c]), float(counts.sum())
+        share = counted / total if total > 0 else 0.0
+        return Prediction(c, class_name(c), share, details={"count": round(counted, 3)})
 
 
 class CountScore:
