@@ -14,6 +14,10 @@ output of a masked batch. :meth:`Targets.results` turns the coarse maps into eac
 - Explicit ``--target`` specs (similarity, text prompts, contrasts, outputs; :mod:`gradcam_cli.cam.targets`).
 - Detectors (:mod:`gradcam_cli.cam.detection`): the score of one detection, and the sum of all of them.
 - Segmenters (:mod:`gradcam_cli.cam.segmentation`): the sum of class c's logits over the pixels predicted as c.
+
+What every task's targets share is here too: :func:`chosen_channels` (``--target-class``, range-checked, or each
+sample's top ``--top-k``), :func:`explanations_of` (one sample's maps of one target, for every method) and
+:class:`ChannelTargets` (targets that are channels of an (N, C) score: a classifier's, a plugin's dense output's).
 """
 
 from __future__ import annotations
