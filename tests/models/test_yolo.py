@@ -244,6 +244,15 @@ def test_a_yolo_detector_is_explained_by_the_yolo_adapter_with_or_without_task(t
     assert detector.adapter.name == "detect"
 
 
+def test_a_library_task_naming_the_yolo_adapter_is_refused_in_one_line():
+    """The YOLO adapter is chosen by its family's profile, never by name: ``load_model(..., task="yolo")`` on another
+    model is a UsageError (it failed inside YOLO's score with an AttributeError), an unknown name one with close
+    matches."""
+    for task, message in (("yolo", r"^task 'yolo' is chosen by the models it explains"), ("detct", "detect")):
+        with pytest.raises(UsageError, match=message):
+            load_model(ModelOptions("resnet18", "none", task=task))
+
+
 @pytest.mark.slow
 def test_segment_and_pose_models_run_from_their_yaml(tmp_path):
     image = square_scene([RED, BLUE])

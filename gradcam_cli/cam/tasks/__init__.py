@@ -13,6 +13,7 @@ from .base import (
     answering,
     label_box_pairs,
     register_task,
+    task_names,
 )
 
 __all__ = [
@@ -26,4 +27,5 @@ __all__ = [
     "answering",
     "label_box_pairs",
     "register_task",
+    "task_names",
 ]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ...errors import UsageError
-from ...options import CLASS_SCORE_NAMES, ExplainOptions
+from ...options import CLASS_SCORE_NAMES, TASK_NAMES, ExplainOptions
 from ...registry import TASKS_GROUP, Registry
 
 if TYPE_CHECKING:
@@ -69,9 +69,9 @@ class TaskAdapter:
     """The task as records and messages name it (default: :attr:`name`; YOLO's detectors are ``detect``)."""
     noun = "model"
     by_name = True
+    """``--task NAME`` names it (YOLO's adapter claims the models whose family names it, whatever ``--task`` says)."""
     listed = "Predictions"
     """What ``gradcam serve``'s page titles the list of an image's predictions."""
-    """``--task NAME`` names it (YOLO's adapter claims the models whose family names it, whatever ``--task`` says)."""
     ranked = False
     videos = True
     faithfulness = False
@@ -270,6 +270,12 @@ TASKS: Registry[TaskAdapter] = Registry("task", TASKS_GROUP, register_plugin=_re
 def register_task(adapter: TaskAdapter, *, replace: bool = False) -> TaskAdapter:
     """Register ``adapter`` under its own :attr:`~TaskAdapter.name`."""
     return TASKS.register(adapter.name, adapter, replace=replace)
+
+
+def task_names() -> list[str]:
+    """What ``--task`` takes: the built-in tasks and every registered adapter that may be named
+    (:attr:`TaskAdapter.by_name`), plugins' included."""
+    return list(dict.fromkeys([*TASK_NAMES, *(name for name, adapter in TASKS.items() if adapter.by_name)]))
 
 
 def adapter_for(model: LoadedModel, requested: str | None = None) -> TaskAdapter:
