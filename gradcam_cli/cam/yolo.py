@@ -54,6 +54,8 @@ def yolo_score(
     if max_detections is not None and max_detections < 1:
         raise UsageError("--max-detections must be at least 1")
     net: Any = module  # a YoloNet (the YOLO family names its adapter: ModelProfile.task_name)
+    if not hasattr(net, "default_conf"):  # the yolo adapter named for another model (it is chosen, never named)
+        raise UsageError(f"the yolo task explains models loaded as yolo:..., not a {type(module).__name__}")
     if threshold is None:
         threshold = float(net.default_conf)
     return YoloScore(int(net.stride), threshold, MAX_DETECTIONS if max_detections is None else max_detections, name)

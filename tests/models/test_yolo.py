@@ -245,12 +245,12 @@ def test_a_yolo_detector_is_explained_by_the_yolo_adapter_with_or_without_task(t
 
 
 def test_a_library_task_naming_the_yolo_adapter_is_refused_in_one_line():
-    """The YOLO adapter is chosen by its family's profile, never by name: ``load_model(..., task="yolo")`` on another
-    model is a UsageError (it failed inside YOLO's score with an AttributeError), an unknown name one with close
-    matches."""
-    for task, message in (("yolo", r"^task 'yolo' is chosen by the models it explains"), ("detct", "detect")):
-        with pytest.raises(UsageError, match=message):
-            load_model(ModelOptions("resnet18", "none", task=task))
+    """The YOLO adapter is chosen by its family's profile, never by name: ``task="yolo"`` on another model is a
+    UsageError (it failed inside YOLO's score with an AttributeError), an unknown name one with close matches."""
+    with pytest.raises(UsageError, match=r"^the yolo task explains models loaded as yolo:\.\.\., not a ResNet$"):
+        Explainer(load_model(ModelOptions("resnet18", "none", task="yolo"))).explain(Image.new("RGB", (32, 32)))
+    with pytest.raises(UsageError, match="Did you mean: detect"):
+        Explainer(load_model(ModelOptions("resnet18", "none", task="detct")))
 
 
 @pytest.mark.slow
