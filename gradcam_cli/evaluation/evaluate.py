@@ -32,7 +32,7 @@ from .images import evaluate_images, report_of, scored_safely
 from .plan import with_methods
 from .report import BLUR_KERNEL, BLUR_SIGMA, STABILITY_SIGMA, BoxScore, EvalReport, ImageScores, MethodScores
 from .road import ROAD_FRACTIONS, impute, road_masks
-from .shared import Once, pass_groups
+from .shared import Once, methods_to_run, pass_groups
 from .tasks import TaskEvaluator
 
 __all__ = [
@@ -166,12 +166,7 @@ class Evaluator:
         scores: dict[str, MethodScores] = {}
         target: Prediction | None = done.target if done is not None else None
         self._once.clear()
-        for method in self.explainer.methods:
-            if done is not None and method in done.methods:
-                scores[method] = done.methods[method]
-                continue
-            if self.on_method is not None:
-                self.on_method(method)
+        for method in methods_to_run(self.explainer.methods, done, scores, self.on_method):
             group = self._part(self.explainer, self._groups[method])
             explained, cams, read = self._once(
                 ("explained", self._groups[method]), partial(self._explained, inputs, group)

@@ -9,10 +9,11 @@ cost. Sharing changes no map: each method's map is a function of the pass alone 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from ..cam.methods import METHODS
+from .report import ImageScores, MethodScores
 
 T = TypeVar("T")
 
@@ -21,6 +22,23 @@ def pass_groups(methods: Sequence[str]) -> dict[str, tuple[str, ...]]:
     """Each method -> the methods explained in the same passes as it (itself alone for the masked-input ones)."""
     shared = tuple(method for method in methods if not METHODS[method].shows_progress)
     return {method: shared if method in shared else (method,) for method in methods}
+
+
+def methods_to_run(
+    methods: Sequence[str],
+    done: ImageScores | None,
+    scores: dict[str, MethodScores],
+    on_method: Callable[[str], Any] | None,
+) -> Iterator[str]:
+    """Each of ``methods`` not yet finished on the image (``done``: those that are, their figures copied into
+    ``scores`` in turn), ``on_method(name)`` called as its work begins."""
+    for method in methods:
+        if done is not None and method in done.methods:
+            scores[method] = done.methods[method]
+            continue
+        if on_method is not None:
+            on_method(method)
+        yield method
 
 
 class Once:

@@ -35,7 +35,7 @@ from .boxes import GroundTruthBox
 from .images import evaluate_images, report_of, scored_safely
 from .plan import with_methods
 from .report import BoxScore, EvalReport, ImageScores, MethodScores
-from .shared import Once, pass_groups
+from .shared import Once, methods_to_run, pass_groups
 
 
 class TaskEvaluator:
@@ -86,12 +86,7 @@ class TaskEvaluator:
         scores: dict[str, MethodScores] = {}
         top = done.target if done is not None else None
         self._once.clear()
-        for method in self.explainer.methods:
-            if done is not None and method in done.methods:
-                scores[method] = done.methods[method]
-                continue
-            if self.on_method is not None:
-                self.on_method(method)
+        for method in methods_to_run(self.explainer.methods, done, scores, self.on_method):
             group = self._groups[method]
             first = not self._once
             result, pairs, undetected = self._once(("pairs", group), partial(self._paired, group, path, boxes))
