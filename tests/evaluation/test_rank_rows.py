@@ -2,7 +2,7 @@
 through an image keeps its finished methods (in the file and in the partial table, exit 130), ``--skip-existing``
 computes only the missing (image, method) pairs and ends with the uninterrupted run's table; a rows file of the
 older kind (one line per image) still resumes. And the methods that share a pass give the same figures as each
-method explained alone."""
+method explained alone, and are timed together by the plan."""
 
 from __future__ import annotations
 
@@ -10,13 +10,15 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from square_model import square_image
 from typer.testing import CliRunner
 
+from gradcam_cli.cam.explainer import Explainer
 from gradcam_cli.cam.results import Prediction
 from gradcam_cli.cli.eval import app
 from gradcam_cli.cli.ranking import MethodSteps
-from gradcam_cli.evaluation import evaluate
+from gradcam_cli.evaluation import evaluate, plan
 from gradcam_cli.evaluation.evaluate import Evaluator
 from gradcam_cli.evaluation.rank import format_ranking, rank
 from gradcam_cli.evaluation.report import EvalReport, ImageScores, MethodScores
@@ -168,3 +170,12 @@ def test_a_part_finished_image_counts_for_its_finished_methods_only() -> None:
     assert rows["gradcam"].vs_random == before["gradcam"].vs_random == pytest.approx(-0.3)  # over a and b only
     assert "deletion AUC (lower is better; 2-3 image(s))" in "\n".join(format_ranking(rank(partial)))
     assert partial.summary("randomcam")["images"] == 2
+
+
+def test_the_plan_times_the_methods_sharing_a_pass_together(square_model, monkeypatch: pytest.MonkeyPatch) -> None:
+    timed: list[tuple[str, ...]] = []
+    monkeypatch.setattr(plan, "_timed", lambda _explainer, methods, _inputs: timed.append(methods) or 3.0)
+    explainer = Explainer(square_model, "features", ["gradcam", "layercam", "scorecam", "randomcam"])
+    seconds = plan.estimate(explainer, torch.rand(1, 3, 32, 32), EvalOptions(steps=4))
+    assert timed == [("gradcam", "layercam", "randomcam"), ("scorecam",)]
+    assert seconds["gradcam"] == seconds["layercam"] == pytest.approx(seconds["scorecam"] - 3.0 + 1.0)  # 3 s shared
