@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ..errors import EXIT_OK, UsageError, describe
-from ..options import DEFAULT_METHOD, ExplainOptions, ModelOptions, ServeOptions
-from . import params
+from ..options import DEFAULT_METHOD, AnswerOptions, ExplainOptions, ModelOptions, ServeOptions
+from . import answers, params
 from .input_size import InputSizeOpt
 from .reporting import Reporter, default_layer_reason, run_reported
 
 if TYPE_CHECKING:
     from ..io.discovery import InputImage
+    from ..serve.answers import AnswerService
     from ..serve.model import ModelService
     from ..serve.runs import ServedPaths
 
@@ -32,7 +33,8 @@ PATH: a finished run's output folder (or its manifest), and/or image files, fold
 
 A run is browsed without a model (paged, filtered and sorted on the server); with --model (or with images and no
 run: the default model), any image can be explained live: click a class or type a target (--target's grammar), switch
-layer or method, compare, download.
+layer or method, compare, download. A vision-language model (hf:DIR) is asked a question about the image instead:
+its answer's map, then a clicked word's.
 Listens on 127.0.0.1 unless --host says otherwise; stops with Ctrl-C (or SIGTERM, SIGHUP), its uploads removed.
 
 Exit codes: 0 stopped; 2 usage error; 3 model/weights unavailable; 130 interrupted (Ctrl-C)."""
@@ -63,6 +65,7 @@ def serve(  # noqa: PLR0913  (a typer command: one parameter per option)
     input_size: InputSizeOpt = None,
     target: params.TargetsOpt = None,
     embedding: params.EmbeddingOpt = None,
+    max_new_tokens: answers.MaxNewTokensOpt = None,
     host: Annotated[
         str, typer.Option(metavar="HOST", help="Address to listen on (other than 127.0.0.1: a warning).")
     ] = ("127.0.0.1"),
@@ -95,6 +98,7 @@ def serve(  # noqa: PLR0913  (a typer command: one parameter per option)
         "input_size": input_size,
         "targets": specs,
         "embedding": embedding,
+        "max_new_tokens": max_new_tokens,
     }
     run_reported(reporter, lambda: start(reporter, paths or [], model, options, drift, open_browser, given))
 
@@ -111,10 +115,18 @@ def record_targets(record: dict[str, Any]) -> list[Any]:
         return []
 
 
-def load_service(reporter: Reporter, model: str, record: dict[str, Any], given: dict[str, Any]) -> ModelService:
-    """The model, with the command's options, else the run record's (its layers and targets), else the defaults."""
+def load_service(
+    reporter: Reporter, model: str, record: dict[str, Any], given: dict[str, Any]
+) -> ModelService | AnswerService:
+    """The model, with the command's options, else the run record's (its layers and targets), else the defaults; a
+    vision-language model's answers (:func:`load_answers`)."""
+    from ..models.families import family_of
     from ..serve.model import ModelService
 
+    if family_of(model).answers:
+        return load_answers(reporter, model, given)
+    if given["max_new_tokens"] is not None:
+        raise UsageError("--max-new-tokens is for a vision-language model's answers (--model hf:DIR)")
     kept = record.get("layers")  # the run's layer label, "a+b" for several
     layers = given["layer"] or (kept.split("+") if isinstance(kept, str) and kept else None)
     specs, embedding = given["targets"] or record_targets(record), given["embedding"] or record.get("embedding")
@@ -140,6 +152,35 @@ def load_service(reporter: Reporter, model: str, record: dict[str, Any], given: 
     if not layers:
         reason = default_layer_reason(service.adapter, bool(service.model.default_layers))
         reporter.info(f"using layer {service.default_layer} ({reason})")
+    return service
+
+
+def load_answers(reporter: Reporter, model: str, given: dict[str, Any]) -> AnswerService:
+    """A vision-language model, asked questions on the page (docs/serve.md); the options of classes, detections and
+    targets are refused."""
+    from ..serve.answers import AnswerService
+
+    options = {
+        "--task": given["task"],
+        "--num-classes": given["num_classes"],
+        "--labels": given["labels"],
+        "--input-size": given["input_size"],
+        "--score-threshold": given["score_threshold"],
+        "--max-detections": given["max_detections"],
+        "--target": given["targets"] or None,
+        "--embedding": given["embedding"],
+    }
+    refused = [name for name, value in options.items() if value is not None]
+    if refused:
+        raise UsageError(f"{refused[0]} does not apply to a vision-language model, which is asked questions")
+    explain = ExplainOptions(
+        tuple(given["layer"] or ()),
+        tuple(given["method"]),
+        question=AnswerOptions(max_new_tokens=given["max_new_tokens"]),
+    )
+    service = AnswerService(ModelOptions(model, device=given["device"]), explain)
+    if not given["layer"]:
+        reporter.info(service.layer_note)
     return service
 
 

@@ -58,7 +58,12 @@ def answer_path(output_dir: Path, image: InputImage, method: str, label: str, su
     """A vision-language answer's map: ``<stem>_<method>_<label slug><suffix>``, the label being ``answer``,
     ``token 2: cat`` (``token2-cat``), ``answer:cat`` or a contrast's ``a cat - a dog``."""
     stem = image.output_stem
-    return output_dir / stem.parent / f"{stem.name}_{slug(method)}_{slug(label.replace('token ', 'token'))}{suffix}"
+    return output_dir / stem.parent / f"{answer_name(stem.name, method, label)}{suffix}"
+
+
+def answer_name(stem: str, method: str, label: str) -> str:
+    """:func:`answer_path`'s file name without its suffix (``photo_gradcam_token2-cat``)."""
+    return f"{stem}_{slug(method)}_{slug(label.replace('token ', 'token'))}"
 
 
 def detection_path(

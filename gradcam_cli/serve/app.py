@@ -12,6 +12,8 @@ Routes (every answer JSON or a file; every failure ``{"error": "<one line>"}`` w
   or a ``--target`` spec whose ``similar:`` names a served image: :mod:`gradcam_cli.serve.targets`); ``GET
   /api/maps/<id>.png`` its 16-bit values packed in a PNG, ``.../overlay.png``, ``.../heatmap.png``, ``.../map.npy``
   its downloads, ``.../faithfulness`` its deletion/insertion (and ROAD) figures.
+- ``POST /api/ask``, ``GET /api/answers/<id>/map``: a vision-language model's answer and a word's map
+  (:mod:`gradcam_cli.serve.answers`).
 - ``GET /api/run/rows``: a page of the run's rows (filters, sort); ``GET /api/run/rows/<n>/outputs/<k>``: a row's
   file; ``GET /files/<path>``: a file inside the run folder.
 
@@ -42,6 +44,7 @@ from ..options import ServeOptions
 from ..pipeline.resume import read_run_record
 from ..render.colour import colormap_table
 from ..targets import TargetSpec
+from .answers import AnswerService, answer_routes
 from .files import contained, row_output
 from .http import (
     HttpError,
@@ -56,7 +59,7 @@ from .http import (
     text_param,
 )
 from .images import ImageStore, decode
-from .model import ModelService
+from .model import FAITHFULNESS_STEPS, ModelService
 from .origin import SameOrigin
 from .runindex import RowFilter, RunIndex
 from .runs import run_base
@@ -80,10 +83,12 @@ class Explorer:
     record: dict[str, Any] = field(default_factory=dict)
     base: Path = field(default_factory=Path.cwd)
     """The folder the run's relative paths start from (:func:`~gradcam_cli.serve.runs.run_base`)."""
+    answers: AnswerService | None = None
+    """A vision-language model, asked questions (then :attr:`service` is ``None``)."""
 
 
 def create_app(
-    service: ModelService | None = None,
+    service: ModelService | AnswerService | None = None,
     inputs: Sequence[InputImage] = (),
     run_dir: Path | None = None,
     manifest: Path | None = None,
@@ -91,9 +96,10 @@ def create_app(
     drift: Path | None = None,
     work_dir: Path | None = None,
 ) -> Starlette:
-    """The explorer's ASGI app: ``service`` explains (none: a run view only), ``inputs`` are the served images,
-    ``run_dir``/``manifest`` a finished run (its index is built now), ``drift`` a ``gradcam diff --json`` result.
-    Uploads and a fallback index live in ``work_dir`` (default: a new temporary folder)."""
+    """The explorer's ASGI app: ``service`` explains (none: a run view only; an :class:`AnswerService`: a
+    vision-language model, asked questions), ``inputs`` are the served images, ``run_dir``/``manifest`` a finished
+    run (its index is built now), ``drift`` a ``gradcam diff --json`` result. Uploads and a fallback index live in
+    ``work_dir`` (default: a new temporary folder)."""
     options = options or ServeOptions()
     work = work_dir or Path(tempfile.mkdtemp(prefix="gradcam-serve-"))
     run = RunIndex(manifest, work, drift) if manifest is not None else None
@@ -107,9 +113,11 @@ def create_app(
     uploads = work / "uploads"
     uploads.mkdir(parents=True, exist_ok=True)
     images = ImageStore(inputs, uploads, options, row_input)
-    if service is not None:
-        images.forgotten.append(service.passes.drop)
-    explorer = Explorer(options, images, service, run, run_dir.resolve() if run_dir else None, record, base)
+    answers = service if isinstance(service, AnswerService) else None
+    model = service if isinstance(service, ModelService) else None
+    if model is not None:
+        images.forgotten.append(model.passes.drop)
+    explorer = Explorer(options, images, model, run, run_dir.resolve() if run_dir else None, record, base, answers)
     routes = [
         Route("/", _page(explorer)),
         Route("/static/{name}", _static),
@@ -123,6 +131,7 @@ def create_app(
         Route("/api/maps/{id}/heatmap.png", guarded(_map_file(explorer, "heatmap"))),
         Route("/api/maps/{id}/map.npy", guarded(_map_file(explorer, "npy"))),
         Route("/api/maps/{id}/faithfulness", guarded(_faithfulness(explorer))),
+        *answer_routes(images, answers),
         Route("/api/run/rows", guarded(_rows(explorer))),
         Route("/api/run/rows/{row:int}/outputs/{k:int}", guarded(_row_file(explorer))),
         Route("/files/{path:path}", guarded(_file(explorer))),
@@ -149,6 +158,8 @@ async def _static(request: Request) -> Response:
 
 
 def _needs_model(explorer: Explorer) -> ModelService:
+    if explorer.answers is not None:
+        raise HttpError(409, "this vision-language model answers questions: ask one about the image (POST /api/ask)")
     if explorer.service is None:
         raise HttpError(409, "no model is loaded; start gradcam serve with --model to explain images")
     return explorer.service
@@ -160,7 +171,8 @@ def _info(explorer: Explorer) -> Any:
         if explorer.run is not None:
             facets = await blocking(explorer.run.facets)
             run = {**facets, "manifest": str(explorer.run.manifest), "record": explorer.record}
-        model = explorer.service.info() if explorer.service is not None else None
+        served = explorer.service or explorer.answers
+        model = served.info() if served is not None else None
         options = explorer.options
         colormap = str(explorer.record.get("colormap") or options.colormap)
         alpha = explorer.record.get("alpha")
@@ -240,8 +252,7 @@ def _map(explorer: Explorer) -> Any:
 
 def _map_file(explorer: Explorer, kind: str) -> Any:
     async def map_file(request: Request) -> Response:
-        service = _needs_model(explorer)
-        stored = service.maps.get(request.path_params["id"])
+        stored = (explorer.answers or _needs_model(explorer)).maps.get(request.path_params["id"])
         if stored is None:
             raise HttpError(404, "this map is no longer kept; ask for it again")
         if kind == "png":
@@ -263,11 +274,17 @@ def _map_file(explorer: Explorer, kind: str) -> Any:
 
 def _faithfulness(explorer: Explorer) -> Any:
     async def faithfulness(request: Request) -> Response:
-        service = _needs_model(explorer)
+        service = explorer.answers or _needs_model(explorer)
         stored = service.maps.get(request.path_params["id"])
         if stored is None:
             raise HttpError(404, "this map is no longer kept; ask for it again")
         road = text_param(request, "road") in ("1", "true", "yes")
+        if isinstance(service, AnswerService):
+            if road:
+                raise HttpError(400, "ROAD is measured for a classifier's classes, not an answer")
+            answers, shown = service, stored
+            _, image = await blocking(lambda: explorer.images.decoded(shown.image))
+            return json_response(await answers.run(lambda: answers.faithfulness(shown, image, FAITHFULNESS_STEPS)))
 
         path = explorer.images.source(stored.image).path
         seconds = explorer.options.request_seconds

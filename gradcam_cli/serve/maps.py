@@ -45,6 +45,8 @@ class StoredMap:
     predictions: list[Prediction]
     pixels: torch.Tensor = field(repr=False)
     _packed: bytes | None = field(default=None, repr=False)
+    file_name: str | None = None
+    """The name it is downloaded under where the target's class does not name it (an answer's map)."""
 
     @property
     def nbytes(self) -> int:
@@ -54,6 +56,8 @@ class StoredMap:
     def name(self) -> str:
         """``<stem>_<method>_<class index>-<class>``, as the command names its outputs (a detection adds ``_boxK``,
         the combined map of a detector is ``_boxes``)."""
+        if self.file_name is not None:
+            return self.file_name
         explanation = self.explanation
         method = slug(explanation.method)
         if explanation.rank == 0:

@@ -89,7 +89,23 @@ def prediction_dict(p: Any) -> dict[str, Any]:
     return {**out, **(p.details or {})}
 
 
-class ModelService:
+class ModelThread:
+    """The thread a served model's passes run on (the module's docstring says why one): :meth:`run` awaits work on
+    it, :meth:`close` lets it end."""
+
+    def __init__(self) -> None:
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="gradcam-model")
+
+    async def run(self, work: Callable[[], T]) -> T:
+        """Await ``work`` (which uses the model) on the service's own thread."""
+        return await asyncio.wrap_future(self._thread.submit(work))
+
+    def close(self) -> None:
+        """Let the service's thread end (once its work in hand is done); the command calls it when it stops."""
+        self._thread.shutdown(wait=False, cancel_futures=True)
+
+
+class ModelService(ModelThread):
     """One loaded model, explained on request; ``options`` are the run's (or the command's) explain options: their
     ``targets`` are the page's default targets (the first is explained when a request names none)."""
 
@@ -118,7 +134,7 @@ class ModelService:
         self.default_layer = base.layer_label
         self.default_method = base.methods[0]
         self.model_lock = threading.Lock()
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="gradcam-model")
+        super().__init__()
         self.passes = RetainedPasses(retained)
         self.maps = MapStore()
         self._explainers: dict[tuple[str, str, str], Explainer] = {
@@ -142,14 +158,6 @@ class ModelService:
         ]
         for spec in self.targets[1:]:  # every default target checked now (and its explainer kept), as a run's
             self.explainer(None, None, spec)
-
-    async def run(self, work: Callable[[], T]) -> T:
-        """Await ``work`` (which uses the model) on the service's own thread."""
-        return await asyncio.wrap_future(self._thread.submit(work))
-
-    def close(self) -> None:
-        """Let the service's thread end (once its work in hand is done); the command calls it when it stops."""
-        self._thread.shutdown(wait=False, cancel_futures=True)
 
     def info(self) -> dict[str, Any]:
         """What the page needs to build its controls."""

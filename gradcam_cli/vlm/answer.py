@@ -230,12 +230,25 @@ class AnswerExplainer:
         ids = self.generate(inputs) if answer is None else self.encode(answer)
         if not ids:  # the model ended at once: an empty answer, nothing to map
             return AnswerExplanation(prompt, "", True, [], self.layer)
-        targets = self.targets(ids, per_token, specs)
+        return self.explain_ids(image, prompt, ids, answer is None, self.targets(ids, per_token, specs), inputs)
+
+    def explain_ids(
+        self,
+        image: Image.Image,
+        prompt: str,
+        ids: Sequence[int],
+        generated: bool,
+        targets: Sequence[AnswerTarget],
+        inputs: Mapping[str, torch.Tensor] | None = None,
+    ) -> AnswerExplanation:
+        """Map ``targets`` of the answer ``ids`` (generated or given before: nothing is generated here)."""
+        inputs = self.inputs(image, prompt) if inputs is None else inputs
+        ids = [int(token) for token in ids]
         activations, gradients, logprobs = self.gradients(inputs, ids, targets)
         decode = self.vlm.tokenizer.decode
         tokens = [AnswerToken(decode([t]), t, float(lp)) for t, lp in zip(ids, logprobs, strict=True)]
         text = decode(ids, skip_special_tokens=True).strip()
-        result = AnswerExplanation(prompt, text, answer is None, tokens, self.layer)
+        result = AnswerExplanation(prompt, text, generated, tokens, self.layer)
         for target, (score, gradient) in zip(targets, gradients, strict=True):
             for method in self.methods:
                 values = self.token_map(method, activations, gradient)

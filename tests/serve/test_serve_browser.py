@@ -278,3 +278,65 @@ def png_bytes() -> bytes:
     buffer = io.BytesIO()
     Image.new("RGB", (20, 16), (0, 0, 255)).save(buffer, "PNG")
     return buffer.getvalue()
+
+
+def test_ask_a_vision_language_model_and_click_a_word(browser, tmp_path):
+    """``gradcam serve PHOTO --model hf:DIR`` as users start it (a subprocess): type a question, see the answer's
+    words and its map, click a word, see that word's map."""
+    import os
+    import select
+    import signal
+    import subprocess
+    import sys
+
+    pytest.importorskip("transformers")
+    import vlm_models
+
+    folder = vlm_models.llava(tmp_path / "llava")
+    photo = tmp_path / "halves.png"
+    picture = Image.new("RGB", (48, 32), (30, 30, 220))
+    picture.paste((220, 30, 30), (0, 0, 24, 32))
+    picture.save(photo)
+    command = [sys.executable, "-m", "gradcam_cli", "serve", str(photo), "--model", f"hf:{folder}", "--port", "0"]
+    command += ["--max-new-tokens", "4"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    try:
+        assert process.stdout is not None
+        ready, _, _ = select.select([process.stdout], [], [], 300)  # a hang guard, never a timing
+        line = process.stdout.readline() if ready else ""
+        assert line.startswith("serving on http://127.0.0.1:"), line
+        page.goto(line.split()[2])
+        page.wait_for_selector("body[data-ready='1']")
+        page.wait_for_function("() => document.getElementById('status').textContent.includes('ask a question')")
+        assert not page.is_visible("#predictions") and not page.is_visible("#target") and not page.is_visible("#faith")
+        page.fill("#prompt", "what is the cat ?")
+        page.press("#prompt", "Enter")
+        wait_caption(page, "gradcam for answer at model.multi_modal_projector")
+        assert page.text_content("#answer-note").startswith("Answer: ") and page.is_visible("#faith")
+        assert page.locator("#answer-words button").count() >= 2  # the whole answer, then its words
+        page.fill("#given", "a big cat")  # explain this answer instead
+        page.click("#ask")
+        wait_caption(page, "gradcam for answer at")
+        page.wait_for_function("() => document.getElementById('answer-note').textContent.startsWith('Given answer')")
+        assert page.locator("#answer-words button").all_text_contents() == ["whole answer", "a", "big", "cat"]
+        whole = canvas_sum(page)
+        page.click("#answer-words button:has-text('big')")
+        wait_caption(page, "gradcam for answer:big at model.multi_modal_projector")
+        assert canvas_sum(page) != whole
+        assert page.locator("#answer-words button.chosen").text_content() == "big"
+        assert not page.is_visible("#faith")  # measured for the whole answer (as gradcam eval), not a word
+        page.select_option("#method", "layercam")  # the same word, another method
+        wait_caption(page, "layercam for answer:big")
+        assert errors == []
+    finally:
+        page.close()
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        finally:
+            process.kill()
+            process.wait()

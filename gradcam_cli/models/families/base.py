@@ -38,6 +38,8 @@ class Family:
     a name are 0; the catch-alls come last: ``module:factory`` specs 1, torchvision's names 2."""
     headless: bool = False
     """``--num-classes 0`` builds its models without a head (their pooled features an embedding)."""
+    answers: bool = False
+    """Its models answer questions (:meth:`load_answering`) rather than being explained as image models."""
     counts_classes: bool = False
     """A ``--labels`` file for a model without class names is checked against the class count one forward pass
     finds (otherwise against ``--num-classes``)."""

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 class VisionLanguage(Family):
     name = "vision-language"
     claim_order = -1
+    answers = True
 
     def claims(self, model: str) -> bool:
         return vlm_model_type(model) is not None

@@ -4,7 +4,7 @@
 "use strict";
 const $ = (id) => document.getElementById(id);
 const state = { info: null, image: null, photo: null, map: null, values: null, answer: null, offset: 0, total: 0,
-  inputOffset: 0, inputTotal: 0 };
+  inputOffset: 0, inputTotal: 0, asked: null, word: null };
 const PAGE = 25;
 const INPUTS_PAGE = 50;  // inputs listed (and thumbnails shown) at a time
 
@@ -88,22 +88,77 @@ async function explain(params) {
   for (const [k, v] of Object.entries(params || {})) if (v !== null && v !== undefined && v !== "") q.set(k, v);
   say("explaining...");
   try {
-    const answer = await api("/api/map?" + q);
-    const img = await loadImage(`/api/maps/${answer.id}.png`);
-    state.answer = answer;
-    state.values = unpack(pixelsOf(img));
-    showPredictions(answer, model);
-    const cm = encodeURIComponent($("colormap").value), al = $("alpha").value;
-    $("dl-overlay").href = `/api/maps/${answer.id}/overlay.png?colormap=${cm}&alpha=${al}`;
-    $("dl-heatmap").href = `/api/maps/${answer.id}/heatmap.png?colormap=${cm}`;
-    $("dl-npy").href = `/api/maps/${answer.id}/map.npy`;
-    $("caption").textContent = `${answer.method} for ${answer.target.name} at ${answer.layer}` +
-      (answer.forward ? "" : " (no forward pass)");
-    $("faith-out").textContent = "";
-    $("faith").hidden = $("faith-road").parentNode.hidden = !(state.info.model.faithfulness && answer.spec === null);
-    redraw();
-    $("view").dataset.mapId = answer.id;
-    say("");
+    await showMap(await api("/api/map?" + q));
+    showPredictions(state.answer, model);
+  } catch (error) { say("error: " + error.message); }
+}
+
+async function showMap(answer) {  // a map the server computed (or kept): fetched once, coloured here
+  const img = await loadImage(`/api/maps/${answer.id}.png`);
+  state.answer = answer;
+  state.values = unpack(pixelsOf(img));
+  const cm = encodeURIComponent($("colormap").value), al = $("alpha").value;
+  $("dl-overlay").href = `/api/maps/${answer.id}/overlay.png?colormap=${cm}&alpha=${al}`;
+  $("dl-heatmap").href = `/api/maps/${answer.id}/heatmap.png?colormap=${cm}`;
+  $("dl-npy").href = `/api/maps/${answer.id}/map.npy`;
+  $("caption").textContent = `${answer.method} for ${answer.target.name} at ${answer.layer}` +
+    (answer.forward ? "" : " (no forward pass)");
+  $("faith-out").textContent = "";
+  const m = state.info.model;  // a class's map is measured, or a vision-language model's whole answer's
+  const measured = m.faithfulness && (m.answers ? answer.spec === "answer" : answer.spec === null);
+  $("faith").hidden = !measured;
+  $("faith-road").parentNode.hidden = !measured || Boolean(m.answers);
+  redraw();
+  $("view").dataset.mapId = answer.id;
+  say("");
+}
+
+// A vision-language model: a question about the image, its answer's map, then a clicked word's (the answer is kept
+// on the server: a click maps it, nothing is generated again).
+function showPhoto() {
+  const canvas = $("view");
+  canvas.width = state.photo.width; canvas.height = state.photo.height;
+  canvas.getContext("2d").putImageData(state.photo, 0, 0);
+}
+
+async function ask() {
+  if (!state.image) return;
+  if (!$("prompt").value.trim()) { say("type a question about the image"); return; }
+  say("answering...");
+  try {
+    const body = { image: state.image, prompt: $("prompt").value, answer: $("given").value || null,
+      layer: $("layer").value, method: $("method").value };
+    const asked = await api("/api/ask", { method: "POST", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(body) });
+    state.asked = asked; state.word = null;
+    $("answer-note").textContent = asked.note ||
+      `${asked.generated ? "Answer" : "Given answer"}: ${asked.answer} (log p ${asked.logprob.toFixed(3)})`;
+    const words = $("answer-words");
+    words.replaceChildren(...(asked.map ? [el("button", "whole answer", { type: "button", "data-word": "" })] : []));
+    asked.words.forEach((w, i) => words.append(el("button", w.text, { type: "button", "data-word": String(i) })));
+    for (const button of words.children) {
+      button.onclick = () => wordMap(button.dataset.word === "" ? null : Number(button.dataset.word));
+    }
+    markWord();
+    if (asked.map) await showMap(asked.map);
+    else { state.values = null; state.answer = null; showPhoto(); say(""); }
+  } catch (error) { say("error: " + error.message); }
+}
+
+function markWord() {
+  const chosen = state.word === null ? "" : String(state.word);
+  for (const button of $("answer-words").children) button.classList.toggle("chosen", button.dataset.word === chosen);
+}
+
+async function wordMap(word) {  // null: the whole answer
+  if (!state.asked || !state.asked.map) return;
+  const q = new URLSearchParams({ layer: $("layer").value, method: $("method").value });
+  if (word !== null) q.set("word", word);
+  say("explaining...");
+  try {
+    const answer = await api(`/api/answers/${state.asked.id}/map?` + q);
+    state.word = word; markWord();
+    await showMap(answer);
   } catch (error) { say("error: " + error.message); }
 }
 
@@ -154,6 +209,13 @@ async function chooseImage(id) {
   }
   $("compare").replaceChildren();
   const model = state.info.model;
+  if (model && model.answers) {  // asked again about the new image, if a question is typed
+    state.values = null; state.answer = null; state.asked = null;
+    $("answer-words").replaceChildren(); $("answer-note").textContent = ""; $("caption").textContent = "";
+    showPhoto();
+    if ($("prompt").value.trim()) await ask(); else say("ask a question about the image");
+    return;
+  }
   if (model && model.kind === "embed" && !model.targets.length) {  // no classes: the target field asks for maps
     if ($("target").value.includes(":")) await explain({ target: $("target").value });
     else { state.values = null; state.answer = null; say("this model embeds images: type a target, e.g. similar:NAME (a served input or an upload)"); }
@@ -284,12 +346,14 @@ async function start() {
   if (info.model) {
     const m = info.model;
     $("model-name").textContent = `${m.model} (${m.task})`;
-    const layers = m.layers.map((l) => [l.name, `${l.name} ${JSON.stringify(l.shape)}${l.default ? " (default)" : ""}`]);
+    const shape = (l) => (l.shape.length ? " " + JSON.stringify(l.shape) : "");
+    const layers = m.layers.map((l) => [l.name, `${l.name}${shape(l)}${l.default ? " (default)" : ""}`]);
     if (!m.layers.some((l) => l.name === m.default_layer)) layers.unshift([m.default_layer, m.default_layer + " (default)"]);
     setSelect($("layer"), layers, m.default_layer);
     setSelect($("method"), m.methods.map((n) => [n, n]), m.default_method);
     const again = (a) => (a.spec !== null ? a.spec : String(a.target.index));  // the same target, at another layer
-    $("layer").onchange = () => explain({ target: state.answer && !m.ranked ? again(state.answer) : "" });
+    $("layer").onchange = () => (m.answers ? wordMap(state.word) :
+      explain({ target: state.answer && !m.ranked ? again(state.answer) : "" }));
     $("method").onchange = $("layer").onchange;
     $("inputs").onchange = () => $("inputs").value && chooseImage($("inputs").value);
     $("input-q").oninput = () => { state.inputOffset = 0; loadInputs().catch((e) => say("error: " + e.message)); };
@@ -310,7 +374,13 @@ async function start() {
     if (m.targets.length) $("target").value = m.targets[0];
     $("compare-add").onclick = addCompare;
     $("faith").onclick = faithfulness;
-    $("faith").hidden = $("faith-road").parentNode.hidden = !m.faithfulness;
+    $("faith").hidden = $("faith-road").parentNode.hidden = !m.faithfulness || Boolean(m.answers);
+    if (m.answers) {  // a question box in place of classes and targets
+      $("answer-box").hidden = false;
+      $("pred-title").hidden = $("predictions").hidden = $("target-label").hidden = $("target-go").hidden = true;
+      $("ask").onclick = ask;
+      $("prompt").onkeydown = $("given").onkeydown = (e) => { if (e.key === "Enter") ask(); };
+    }
     const first = await loadInputs();
     if (first.length) await chooseImage(first[0].id);  // open on the first input
   } else {
