@@ -35,8 +35,8 @@ browser:  ## headless Chromium for the gallery's browser tests: Debian's package
 test: install  ## the whole suite (slow cases included)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-test-quick: install  ## the quick subset: no many-architecture sweeps, no subprocess smoke runs
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+test-quick: install  ## the quick subset, about a minute: the tests marked quick, a few light ones in every folder of tests/
+	$(BIN)/python -m pytest -m "quick and not slow" $(PYTEST_ARGS)
 
 demo: install  ## explain the sample photos with the ImageNet-pretrained EfficientNet-Lite0: overlays, panels, gallery
 	$(BIN)/gradcam sample_images --model efficientnet_lite0 --output-dir gradcam_out/demo --top-k 2 \

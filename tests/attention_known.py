@@ -3,11 +3,10 @@ known answer for the attention methods (tests/methods/test_attention_methods.py)
 
 from __future__ import annotations
 
-import timm
 import torch
+from attention_models import PATCH, SIZE, tiny_vit
 from torch import nn
 
-SIZE, PATCH = 32, 8
 GRID = SIZE // PATCH
 COLOURS = {"red": (1.0, -1.0, -1.0), "blue": (-1.0, -1.0, 1.0)}
 """The deciding patch's colour, one per class (0: red, 1: blue), in the normalised input's units."""
@@ -36,17 +35,7 @@ def make_images(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torc
 def train_vit(steps: int = 150, seed: int = 0) -> nn.Module:
     """A 2-block ViT with a class token (8-pixel patches, 4 x 4 grid) trained to tell the red patch from the blue."""
     torch.manual_seed(seed)
-    model = timm.create_model(
-        "vit_tiny_patch16_224",
-        pretrained=False,
-        img_size=SIZE,
-        patch_size=PATCH,
-        embed_dim=32,
-        depth=2,
-        num_heads=2,
-        mlp_ratio=2.0,
-        num_classes=2,
-    )
+    model = tiny_vit(depth=2, num_heads=2, mlp_ratio=2.0, num_classes=2)
     inputs, classes, _ = make_images(512, seed)
     optimiser = torch.optim.AdamW(model.parameters(), lr=3e-3)
     generator = torch.Generator().manual_seed(seed)

@@ -22,6 +22,20 @@ OBJECT_BOXES = {
 }
 
 
+QUICK = "quick and not slow"
+"""``make test-quick``'s marker expression: the tests marked ``quick`` (a few light ones in every folder of tests/),
+less their ``slow`` cases."""
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under :data:`QUICK`, a test module that marks no test quick is not even imported: collecting them all would
+    take a good part of the quick run's minute (torch, transformers, Ray, Ultralytics...)."""
+    module = collection_path.suffix == ".py" and collection_path.name.startswith("test_")
+    if config.getoption("markexpr") != QUICK or not module:
+        return None
+    return True if "pytest.mark.quick" not in collection_path.read_text("utf-8") else None
+
+
 @pytest.fixture(scope="session")
 def sample_dir() -> Path:
     return SAMPLE_DIR
@@ -44,6 +58,18 @@ def square_model():
     from gradcam_cli.models.loading import LoadedModel
 
     return LoadedModel(build(), "colour-detector", "none", list(CLASSES), InputSpec(mean=(0, 0, 0), std=(1, 1, 1)))
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread while the module runs, the count restored after: for modules of many small passes, where
+    on busy cores OpenMP's spin-waiting threads cost more than they bring (tests/methods/test_references.py)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture

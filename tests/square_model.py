@@ -6,11 +6,15 @@ Used as ``--model tests/square_model.py:build`` and in tests where the right map
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from PIL import Image
 from torch import nn
 
 CLASSES = ["red", "green", "blue"]
+CLI_OPTIONS = ["--model", f"{Path(__file__).resolve()}:build", "--weights", "none", "--layer", "features"]
+"""The command line's options that explain with this model at its ``features`` layer."""
 
 
 class ColourDetector(nn.Module):

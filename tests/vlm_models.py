@@ -32,6 +32,10 @@ def tokenizer(special: list[str]):
     )
 
 
+TINY_VISION = {"hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2, "image_size": 32, "patch_size": 8}
+"""The CLIP-like vision towers' configuration (LLaVA's, Idefics3's): 32 px images of 8 px patches, 2 heads 16 wide."""
+
+
 def _llama(vocab: int):
     """A tiny Llama for the language model, padding 0, start 2, end 3 (the tokenizer's)."""
     from transformers import LlamaConfig
@@ -71,14 +75,7 @@ def llava(folder: Path, vision_layers: int = 2, seed: int = 0, version: str = "1
     from transformers import CLIPVisionConfig
 
     torch.manual_seed(seed)
-    vision = CLIPVisionConfig(
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=max(vision_layers, 1),
-        num_attention_heads=2,
-        image_size=32,
-        patch_size=8,
-    )
+    vision = CLIPVisionConfig(**TINY_VISION, num_hidden_layers=max(vision_layers, 1))
     prefix = "LlavaNext" if version == "next" else "Llava"
     extra = {"image_grid_pinpoints": PINPOINTS} if version == "next" else {}
     config = getattr(transformers, f"{prefix}Config")(
@@ -199,14 +196,7 @@ def idefics3(folder: Path, vision_layers: int = 1, seed: int = 0) -> Path:
 
     torch.manual_seed(seed)
     first = len(WORDS)
-    vision = Idefics3VisionConfig(
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=vision_layers,
-        num_attention_heads=2,
-        image_size=32,
-        patch_size=8,
-    )
+    vision = Idefics3VisionConfig(**TINY_VISION, num_hidden_layers=vision_layers)
     text = _llama(first + len(IDEFICS_SPECIAL))
     config = Idefics3Config(vision_config=vision, text_config=text, scale_factor=2, image_token_id=first + 1)
     model = Idefics3ForConditionalGeneration(config).eval()

@@ -32,9 +32,9 @@ from torch import nn
 
 from ..errors import UsageError
 from ..models.tasks import describe_output
-from .maps import Region, to_image_maps
-from .results import Explanation, ImageExplanation, Prediction
-from .scores import Cams, ClassName, MaskedProbability, sum_or_none
+from .maps import Region
+from .results import ImageExplanation, Prediction
+from .scores import Cams, ClassName, MaskedProbability, explanations_of, sum_or_none
 
 if TYPE_CHECKING:
     from ..models.loading import LoadedModel
@@ -188,7 +188,6 @@ class DetectionTargets:
         return probability
 
     def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
-        methods = list(cams)
         results = []
         for n, size in enumerate(sizes):
             shown = self.predictions(n, size, class_name)
@@ -198,9 +197,8 @@ class DetectionTargets:
                 if not combined and k >= len(shown):
                     continue
                 target = shown[k] if not combined else _combined_target(shown)
-                for method in methods:
-                    saliency = to_image_maps([cam[n : n + 1] for cam in cams[method][k]], size, self.geometry.region)
-                    explanations.append(Explanation(method, target, saliency[0], rank=0 if combined else k + 1))
+                rank = 0 if combined else k + 1
+                explanations += explanations_of(cams, n, k, target, size, self.geometry.region, rank=rank)
             results.append(ImageExplanation(shown, explanations))
         return results
 

@@ -28,7 +28,6 @@ from ..models.devices import resolve_device
 from ..models.folding import fold_batch_norms
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel, load_model
-from ..models.tasks import Task
 from ..options import (
     SCORE_NAMES,
     TOP_K,
@@ -108,7 +107,7 @@ class Explainer:
         options = explain_options(options, methods, keywords)
         self.explain_options = options
         """What this explainer explains, whole (:meth:`with_options` builds another from it)."""
-        model, requested, bare = explained_model(model, task, options)
+        model, requested, unshown = explained_model(model, task, options)
         if device is not None:
             model.module.to(device)
         self.device = next(model.module.parameters(), torch.empty(0)).device
@@ -117,7 +116,7 @@ class Explainer:
         resolved = {name: resolve_layer(model.module, name) for name in names}
         self.dry_passes = dry_passes or DryPasses()
         infos = self.dry_passes.get(model, self.device)
-        if bare and task is None and model.task is Task.CLASSIFY:  # a bare module's task, from the dry pass
+        if unshown:  # a bare module's task, from the dry pass
             model = model.with_task_shown(infos[0].output_shape if infos and not infos[0].name else None)
         self.dry_passes.keep(model, self.device, infos)  # found again by with_options' explainers
         self.model, self.task = model, model.task

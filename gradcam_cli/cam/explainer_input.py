@@ -62,10 +62,11 @@ def explain_options(
 def explained_model(
     model: LoadedModel | nn.Module, task: str | None, options: ExplainOptions
 ) -> tuple[LoadedModel, str | None, bool]:
-    """The model explained, the task asked for (a plugin task's name too) and whether ``model`` was a bare module
-    (its task is then found from its output after the dry pass:
-    :meth:`~gradcam_cli.models.profile.LoadedModel.with_task_shown`)."""
+    """The model explained, the task asked for (a plugin task's name too) and whether its task is still to be found
+    from its output in the dry pass (:meth:`~gradcam_cli.models.profile.LoadedModel.with_task_shown`): a bare module
+    given no ``task`` and taken for a classifier until then (one with a detection transform is a detector)."""
     bare = isinstance(model, nn.Module)
+    unshown = bare and task is None
     if isinstance(model, nn.Module):
         model = LoadedModel.of_module(model)
         task = options.task_for(task)
@@ -74,4 +75,4 @@ def explained_model(
         model = model.with_profile(task=Task.parse(task))
     if bare:
         model = model.with_detector_input()
-    return model, requested, bare
+    return model, requested, unshown and model.task is Task.CLASSIFY

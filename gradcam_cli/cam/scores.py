@@ -14,6 +14,10 @@ output of a masked batch. :meth:`Targets.results` turns the coarse maps into eac
 - Explicit ``--target`` specs (similarity, text prompts, contrasts, outputs; :mod:`gradcam_cli.cam.targets`).
 - Detectors (:mod:`gradcam_cli.cam.detection`): the score of one detection, and the sum of all of them.
 - Segmenters (:mod:`gradcam_cli.cam.segmentation`): the sum of class c's logits over the pixels predicted as c.
+
+What every task's targets share is here too: :func:`chosen_channels` (``--target-class``, range-checked, or each
+sample's top ``--top-k``), :func:`explanations_of` (one sample's maps of one target, for every method) and
+:class:`ChannelTargets` (targets that are channels of an (N, C) score: a classifier's, a plugin's dense output's).
 """
 
 from __future__ import annotations
@@ -131,34 +135,103 @@ class ClassScore:
     ) -> ClassTargets:
         logits = self.head(output) if self.head is not None else as_logits(output)
         if chosen is None:
-            chosen = _class_targets(logits, target, top_k)
+            chosen = chosen_channels(logits, target, top_k)
         return ClassTargets(logits, chosen, self.kind, self.head)
 
 
-def _class_targets(logits: torch.Tensor, target: int | None, top_k: int) -> torch.Tensor:
-    classes = logits.shape[1]
+def chosen_channels(
+    ranked: torch.Tensor, target: int | None, top_k: int, noun: str = "class", nouns: str = "classes"
+) -> torch.Tensor:
+    """(N, K) the channels explained in each sample of ``ranked``, (N, channels) values (a classifier's logits, a
+    dense output's per-channel scores): ``target`` in every sample, else each sample's ``top_k`` highest, highest
+    first. A ``target`` out of range, or a ``top_k`` beyond the channels, is a one-line UsageError naming the
+    channels as ``noun`` and ``nouns`` (a class, classes)."""
+    channels = ranked.shape[1]
     if target is not None:
-        if not 0 <= target < classes:
-            raise UsageError(f"target class {target} is out of range: the model has {classes} classes")
-        return torch.full((logits.shape[0], 1), target, dtype=torch.long, device=logits.device)
-    if not 1 <= top_k <= classes:
-        raise UsageError(f"--top-k must be between 1 and {classes}")
-    return logits.detach().topk(top_k, dim=1).indices
+        if not 0 <= target < channels:
+            raise UsageError(f"target {noun} {target} is out of range: the model has {channels} {nouns}")
+        return torch.full((ranked.shape[0], 1), target, dtype=torch.long, device=ranked.device)
+    if not 1 <= top_k <= channels:
+        raise UsageError(f"--top-k must be between 1 and {channels}")
+    return ranked.detach().topk(top_k, dim=1).indices
 
 
-class ClassTargets:
-    """A classifier's (N, K) target classes in its (N, classes) ``logits`` (a prompt ``head``'s, for CLIP)."""
+def explanations_of(
+    cams: Cams,
+    n: int,
+    k: int,
+    target: Prediction,
+    size: Sequence[int],
+    region: Region = (1.0, 1.0),
+    *,
+    rank: int | None = None,
+    mask: torch.Tensor | None = None,
+) -> list[Explanation]:
+    """Sample ``n``'s explanations of target ``k``, one per method of ``cams`` (in its order): the sample's maps of
+    every layer stretched over an image of ``size`` = (H, W) and fused (:func:`~gradcam_cli.cam.maps.to_image_maps`;
+    ``region``: the part of the maps that shows the image), each explaining ``target`` (a detection's ``rank``, a
+    segmenter's ``mask``: the :class:`~gradcam_cli.cam.results.Explanation`'s ``rank`` and ``region``)."""
+    return [
+        Explanation(method, target, _fused(per_k[k], n, size, region), rank=rank, region=mask)
+        for method, per_k in cams.items()
+    ]
 
-    def __init__(self, logits: torch.Tensor, targets: torch.Tensor, kind: str, head: PromptHead | None = None) -> None:
-        self.logits, self.targets, self.kind, self.head = logits, targets, kind, head
+
+def _fused(layers: Sequence[torch.Tensor], n: int, size: Sequence[int], region: Region) -> torch.Tensor:
+    return to_image_maps([cam[n : n + 1] for cam in layers], size, region)[0]
+
+
+class ChannelTargets:
+    """Targets that are channels of a differentiable (N, channels) ``scores`` (one score per channel: a class, a
+    dense output's counted class or keypoint): each sample's ``chosen`` channels, (N, K) (:func:`chosen_channels`).
+    A task's targets subclass it, add :meth:`~Targets.masked` (reading another pass's values with :meth:`entry`)
+    and say what a channel's :meth:`prediction` shows."""
+
+    def __init__(self, scores: torch.Tensor, chosen: torch.Tensor) -> None:
+        self.scores, self.chosen = scores, chosen
 
     @property
     def count(self) -> int:
-        return int(self.targets.shape[1])
+        return int(self.chosen.shape[1])
 
     @property
     def region(self) -> tuple[float, float]:
         return (1.0, 1.0)
+
+    def value(self, k: int) -> torch.Tensor:
+        return self.scores.gather(1, self.chosen[:, k : k + 1]).sum()
+
+    def entry(self, values: torch.Tensor, k: int, samples: torch.Tensor) -> torch.Tensor:
+        """(B,) target ``k``'s entry of another pass's (B, channels) ``values``, row j that of sample ``samples[j]``."""
+        return values.gather(1, self.chosen[samples, k].unsqueeze(1)).squeeze(1)
+
+    def prediction(self, n: int, c: int, size: tuple[int, int], class_name: ClassName) -> Prediction:
+        """Sample ``n``'s prediction of channel ``c``, its image of ``size`` = (H, W) (default: the score as its
+        probability)."""
+        return Prediction(c, class_name(c), float(self.scores[n, c].detach()))
+
+    def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
+        """Each sample's :meth:`prediction` of every channel, highest score first, and the maps of its chosen
+        ones (:func:`explanations_of`)."""
+        scores = self.scores.detach()
+        results = []
+        for n, size in enumerate(sizes):
+            explanations = []
+            for k in range(self.count):
+                explanations += explanations_of(
+                    cams, n, k, self.prediction(n, int(self.chosen[n, k]), size, class_name), size
+                )
+            order = scores[n].argsort(descending=True).tolist()
+            results.append(ImageExplanation([self.prediction(n, c, size, class_name) for c in order], explanations))
+        return results
+
+
+class ClassTargets(ChannelTargets):
+    """A classifier's (N, K) target classes in its (N, classes) ``logits`` (a prompt ``head``'s, for CLIP)."""
+
+    def __init__(self, logits: torch.Tensor, targets: torch.Tensor, kind: str, head: PromptHead | None = None) -> None:
+        super().__init__(logits, targets)
+        self.logits, self.targets, self.kind, self.head = logits, targets, kind, head
 
     @property
     def probabilities(self) -> torch.Tensor:
@@ -173,8 +246,7 @@ class ClassTargets:
 
     def masked(self, k: int) -> MaskedProbability:
         def probability(output: object, samples: torch.Tensor) -> torch.Tensor:
-            probabilities = shown_probabilities(self._logits(output), self.kind, self.head)
-            return probabilities.gather(1, self.targets[samples, k].unsqueeze(1)).squeeze(1)
+            return self.entry(shown_probabilities(self._logits(output), self.kind, self.head), k, samples)
 
         return probability
 
@@ -183,8 +255,7 @@ class ClassTargets:
         sample from another output."""
 
         def score(output: object, samples: torch.Tensor) -> torch.Tensor:
-            values = class_scores(self._logits(output), self.kind, self.head)
-            return values.gather(1, self.targets[samples, k].unsqueeze(1)).squeeze(1)
+            return self.entry(class_scores(self._logits(output), self.kind, self.head), k, samples)
 
         return score
 
@@ -198,7 +269,6 @@ class ClassTargets:
     def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
         probabilities, targets = self.probabilities, self.targets
         top_p, top_i = probabilities.topk(min(TOP_PREDICTIONS, probabilities.shape[1]), dim=1)
-        methods = list(cams)
         results = []
         for i, size in enumerate(sizes):
             predictions = [
@@ -208,8 +278,6 @@ class ClassTargets:
             for k in range(targets.shape[1]):
                 index = int(targets[i, k])
                 chosen = Prediction(index, class_name(index), float(probabilities[i, index]))
-                for method in methods:
-                    saliency = to_image_maps([cam[i : i + 1] for cam in cams[method][k]], size)[0]
-                    explanations.append(Explanation(method, chosen, saliency))
+                explanations += explanations_of(cams, i, k, chosen, size)
             results.append(ImageExplanation(predictions, explanations))
         return results

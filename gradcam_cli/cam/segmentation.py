@@ -18,9 +18,8 @@ import torch.nn.functional as F
 
 from ..errors import UsageError
 from ..models.tasks import describe_output
-from .maps import to_image_maps
-from .results import TOP_PREDICTIONS, Explanation, ImageExplanation, Prediction
-from .scores import Cams, ClassName, MaskedProbability, sum_or_none
+from .results import TOP_PREDICTIONS, ImageExplanation, Prediction
+from .scores import Cams, ClassName, MaskedProbability, chosen_channels, explanations_of, sum_or_none
 
 BACKGROUND = 0
 """The class a segmenter's background is (torchvision's ``__background__``): not explained unless asked for."""
@@ -48,9 +47,7 @@ class SegmentationScore:
         predicted = logits.detach().argmax(dim=1)
         counts = F.one_hot(predicted.flatten(1), classes).sum(dim=1)  # (N, classes) pixels per class
         if target is not None:
-            if not 0 <= target < classes:
-                raise UsageError(f"target class {target} is out of range: the model has {classes} classes")
-            picked = [[target] for _ in range(logits.shape[0])]
+            picked = chosen_channels(counts, target, top_k).tolist()
         else:
             if top_k < 1:
                 raise UsageError("--top-k must be at least 1")
@@ -105,7 +102,6 @@ class SegmentationTargets:
         return probability
 
     def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
-        methods = list(cams)
         probabilities = self.logits.detach().float().softmax(dim=1)
         pixels = self.predicted.shape[-2] * self.predicted.shape[-1]
         results = []
@@ -121,11 +117,8 @@ class SegmentationTargets:
             predictions = [prediction(c) for c in present[:TOP_PREDICTIONS]]
             explanations = []
             for k, c in enumerate(self.picked[n]):
-                target = prediction(c)
-                region = region_mask(self.predicted[n] == c, size)
-                for method in methods:
-                    saliency = to_image_maps([cam[n : n + 1] for cam in cams[method][k]], size)[0]
-                    explanations.append(Explanation(method, target, saliency, region=region))
+                mask = region_mask(self.predicted[n] == c, size)
+                explanations += explanations_of(cams, n, k, prediction(c), size, mask=mask)
             results.append(ImageExplanation(predictions, explanations))
         return results
 

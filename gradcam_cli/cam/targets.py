@@ -32,11 +32,18 @@ from .engine import model_state_preserved
 from .finer import finer_scores
 from .layers import blank_input
 from .logits import as_logits
-from .maps import to_image_maps
 from .methods import METHODS
 from .methods.needs import FINER_GRADIENT
-from .results import TOP_PREDICTIONS, Explanation, ImageExplanation, Prediction
-from .scores import Cams, ClassName, ClassScore, MaskedProbability, class_probabilities, class_scores
+from .results import TOP_PREDICTIONS, ImageExplanation, Prediction
+from .scores import (
+    Cams,
+    ClassName,
+    ClassScore,
+    MaskedProbability,
+    class_probabilities,
+    class_scores,
+    explanations_of,
+)
 
 ScoreFunction = Callable[[object], torch.Tensor]
 """A model's output -> (N,) float32 scores, differentiable."""
@@ -280,9 +287,7 @@ class SpecTargets:
             explanations = []
             for k, resolved in enumerate(self.resolved):
                 chosen = Prediction(resolved.index, resolved.name, float(values[k][i]), score=resolved.shown)
-                for method in cams:
-                    saliency = to_image_maps([cam[i : i + 1] for cam in cams[method][k]], size)[0]
-                    explanations.append(Explanation(method, chosen, saliency))
+                explanations += explanations_of(cams, i, k, chosen, size)
             results.append(ImageExplanation(predictions, explanations))
         return results
 

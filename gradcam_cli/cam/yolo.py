@@ -37,13 +37,6 @@ YOLO_SCORES = ("logit", "box")
 """What a YOLO detection is scored by: its anchor's class logit (the default; ``--score logit``) or box extent."""
 
 
-def is_yolo_module(module: nn.Module) -> bool:
-    """Whether ``module`` is a YOLO detector as :func:`gradcam_cli.models.yolo.load_yolo` builds it."""
-    from ..models.yolo_net import YoloNet
-
-    return isinstance(module, YoloNet)
-
-
 def yolo_score(
     module: nn.Module, name: str, threshold: float | None, max_detections: int | None, top_k: int | None
 ) -> YoloScore:
@@ -60,7 +53,7 @@ def yolo_score(
         raise UsageError(f"--top-k {top_k} is for classifiers and segmenters; a detector explains each detection")
     if max_detections is not None and max_detections < 1:
         raise UsageError("--max-detections must be at least 1")
-    net: Any = module  # a YoloNet (is_yolo_module)
+    net: Any = module  # a YoloNet (the YOLO family names its adapter: ModelProfile.task_name)
     if threshold is None:
         threshold = float(net.default_conf)
     return YoloScore(int(net.stride), threshold, MAX_DETECTIONS if max_detections is None else max_detections, name)

@@ -43,18 +43,6 @@ MaxNewTokensOpt = Annotated[
 ]
 
 
-def question(
-    prompt: str | None,
-    answer: str | None,
-    per_token: bool,
-    max_new_tokens: int | None,
-    prompts: Path | None = None,
-) -> AnswerOptions:
-    """A question for a vision-language model, from ``--prompt``, ``--answer``, ``--per-token``,
-    ``--max-new-tokens`` and ``--prompts`` (docs/vlm.md)."""
-    return AnswerOptions(prompt, answer, per_token, max_new_tokens, prompts)
-
-
 class Command(Protocol):
     """The parsed ``gradcam`` command (``cli/explain.py``'s ``ExplainCommand``)."""
 

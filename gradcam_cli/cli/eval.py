@@ -20,6 +20,7 @@ from ..options import (
     DEFAULT_METHOD,
     POINTING_TOLERANCE,
     RANDOM_BASELINE,
+    AnswerOptions,
     EvalOptions,
     ExplainOptions,
     ModelOptions,
@@ -206,7 +207,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
         targets=tuple(specs),
         embedding=embedding,
         perturbation=perturbation,
-        question=answers.question(prompt, answer, False, None),
+        question=AnswerOptions(prompt, answer),
     )
     command = EvalCommand(
         reporter,

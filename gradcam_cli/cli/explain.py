@@ -16,6 +16,7 @@ from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
 from ..options import (
     DEFAULT_MAX_SIDE,
     DEFAULT_METHOD,
+    AnswerOptions,
     ExplainOptions,
     ImageFormat,
     ModelOptions,
@@ -249,7 +250,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
         PerturbationOptions(
             rise_masks, occlusion_window=occlusion_window, occlusion_stride=occlusion_stride, seed=seed
         ),
-        answers.question(prompt, answer, per_token, max_new_tokens, prompts),
+        AnswerOptions(prompt, answer, per_token, max_new_tokens, prompts),
         attention_heads=attention_heads,
     )
     command = ExplainCommand(

@@ -80,11 +80,11 @@ def parse_task(text: str) -> str:
     task = text.strip().lower()
     if task in TASK_NAMES:
         return task
-    from ..cam.tasks import TASKS
+    from ..cam.tasks import task_names
 
-    names = [name for name, adapter in TASKS.items() if adapter.by_name]
+    names = task_names()
     if task not in names:
-        raise typer.BadParameter(f"{text!r}: use {', '.join(dict.fromkeys([*TASK_NAMES, *names]))}")
+        raise typer.BadParameter(f"{text!r}: use {', '.join(names)}")
     return task
 
 

@@ -77,6 +77,12 @@ def load_model(
         raise UsageError(f"--num-classes 0 (no head: an embedding model) is for {no_head_families()} models")
     loaded = family.load(model, architecture_only)
     if model.task is not None and model.task not in TASK_NAMES:  # a plugin's task adapter, whatever the family
+        from ..cam.tasks import TASKS, task_names
+
+        TASKS[model.task]  # an unknown name: the registry's one line, with close matches
+        if model.task not in task_names():  # an adapter a model family chooses (YOLO's), never named
+            named = ", ".join(task_names())
+            raise UsageError(f"task {model.task!r} is chosen by the models it explains, never named; use {named}")
         loaded = loaded.with_profile(task_name=model.task)
     if model.input_size is not None or loaded.task is Task.DETECT:
         loaded = loaded.with_profile(input_spec=_input_spec(family, loaded, model.input_size))

@@ -44,8 +44,9 @@ class ModelProfile:
     text: TextTower | None = None
     """A CLIP-style model's text tower, for ``text:`` targets; its ``categories`` are then prompts (``--labels``)."""
     task_name: str | None = None
-    """``--task`` when it names a task adapter of a plugin (:mod:`gradcam_cli.cam.tasks`), not one of :class:`Task`:
-    that adapter explains the model."""
+    """The task adapter (:mod:`gradcam_cli.cam.tasks`) that explains the model, where not its :class:`Task`'s own:
+    a plugin's named by ``--task`` or by the model's family (``toy:counter``'s ``count``), or the YOLO family's
+    ``yolo`` (``--task detect`` or ``segment`` leave it); ``None``: the one of its :class:`Task`."""
     size_known: bool = True
     """The model says its own input size (``--input-size`` is then at most 4 times it); ``False`` for your own
     ``file.py:factory`` models."""

@@ -39,6 +39,9 @@ from .weights import apply_state_dict, load_state_dict_file
 from .yolo_net import model_stride
 
 YOLO_PREFIX = "yolo:"
+YOLO_TASK = "yolo"
+"""The task adapter that explains a YOLO detector, instance segmenter or pose model (:mod:`gradcam_cli.cam.tasks.yolo`),
+as its profile names it (:attr:`~gradcam_cli.models.profile.ModelProfile.task_name`)."""
 TASKS = {"detect": Task.DETECT, "segment": Task.DETECT, "pose": Task.DETECT, "classify": Task.CLASSIFY}
 """The ultralytics tasks gradcam explains, and how it explains each (instances and poses are detections)."""
 ENVIRONMENT = {"YOLO_OFFLINE": "1", "YOLO_AUTOINSTALL": "false", "YOLO_VERBOSE": "false"}

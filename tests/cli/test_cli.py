@@ -104,6 +104,7 @@ def test_json_lines_one_per_image_and_target(tmp_path, images):
         assert targets == top2
 
 
+@pytest.mark.quick
 def test_save_raw_is_the_map_drawn_in_the_overlay(images, labels, tmp_path):
     out = tmp_path / "out"
     result = run(images / "wide.png", *square_args(labels, out, "--save-raw", "-t", "red", "--json"))
@@ -119,6 +120,7 @@ def test_save_raw_is_the_map_drawn_in_the_overlay(images, labels, tmp_path):
     assert np.array_equal(np.asarray(Image.open(overlay_path)), expected)
 
 
+@pytest.mark.quick
 def test_top_k_writes_one_distinct_overlay_per_class(images, labels, tmp_path):
     out = tmp_path / "out"
     result = run(images / "wide.png", *square_args(labels, out, "--top-k", "3", "--json"))
@@ -132,6 +134,7 @@ def test_top_k_writes_one_distinct_overlay_per_class(images, labels, tmp_path):
     assert len(contents) == 3
 
 
+@pytest.mark.quick
 def test_target_class_by_name(images, labels, tmp_path):
     out = tmp_path / "out"
     result = run(
@@ -165,6 +168,7 @@ def test_list_layers_shows_every_module_shape_default_and_repeats(tmp_path):
 # --- exit codes and one-line errors -------------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("case", "code", "expected"),
     [
@@ -205,6 +209,7 @@ def test_each_mistake_gives_one_line_and_its_exit_code(images, labels, tmp_path,
     assert result.exception is None or isinstance(result.exception, SystemExit)
 
 
+@pytest.mark.quick
 def test_some_images_failing_gives_exit_1_and_the_rest_are_written(images, labels, tmp_path):
     (images / "broken.png").write_bytes(b"\x89PNG but no more")
     out = tmp_path / "out"
@@ -267,6 +272,7 @@ def test_cuda_without_cuda_is_a_one_line_usage_error(images, labels, tmp_path, m
     ]
 
 
+@pytest.mark.quick
 def test_outputs_are_never_written_over_an_input(images, labels):
     """With -o pointing at the inputs' folder, one input's overlay name is another input's name: refused."""
     victim = images / "wide_gradcam_0-red.png"

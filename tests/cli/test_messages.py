@@ -102,6 +102,7 @@ def test_labels_file_that_is_not_utf8_is_one_line_exit_2(tmp_path):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.quick
 def test_labels_count_mismatch_on_the_command_line(tmp_path):
     labels = write(tmp_path / "classes.txt", "a\nb\nc\nd\n")
     image = tmp_path / "in.png"
@@ -252,6 +253,7 @@ def test_missing_and_unexpected_keys_show_the_first_few_and_count_the_rest():
 # --- class-name suggestions -------------------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_a_word_suggests_the_classes_that_contain_it():
     model = LoadedModel(nn.Identity(), "m", "none", imagenet_categories(), InputSpec())
     with pytest.raises(UsageError) as caught:
@@ -301,6 +303,7 @@ FLAT_MODEL = (
 """Runs only on 224 x 224 inputs: a photo that is not square fails in the model."""
 
 
+@pytest.mark.quick
 def test_every_per_image_error_names_the_image_once_without_a_class_name(tmp_path, monkeypatch):
     folder = tmp_path / "in"
     folder.mkdir()
@@ -410,6 +413,7 @@ EMPTY = {
 }
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("case", EMPTY)
 def test_an_empty_path_is_refused_never_read_as_the_current_folder(tmp_path, monkeypatch, capsys, case):
     """``gradcam "$IMG"`` with IMG unset explained everything below the working folder (Path("") is ".")."""

@@ -25,6 +25,7 @@ from gradcam_cli.io.discovery import discover
 from gradcam_cli.options import OutputOptions, RunOptions
 from gradcam_cli.pipeline.session import Counts, Session
 
+pytestmark = pytest.mark.quick
 ALL_EXIST = "(nothing to explain: every output exists)"
 SQUARE_MODEL = f"{Path(__file__).parents[1].joinpath('square_model.py')}:build"
 

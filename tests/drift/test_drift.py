@@ -121,6 +121,7 @@ def names(inputs: list[str]) -> list[str]:
 # ------------------------------------------------------------------------------------------------ fingerprints
 
 
+@pytest.mark.quick
 def test_a_fingerprint_is_the_map_on_a_16_by_16_grid_in_hex():
     saliency = torch.zeros(64, 96)
     saliency[:16, :24] = 1.0  # the top-left quarter of the height and width: 4 x 4 cells
@@ -264,6 +265,7 @@ def test_deterministic_seeds_random_weights_and_is_recorded(tmp_path, images, re
 # ----------------------------------------------------------------------------------------------- gradcam diff
 
 
+@pytest.mark.quick
 def test_the_same_model_twice_is_no_drift(tmp_path, images):
     first = explain(tmp_path, "one", build(), images, methods=["gradcam", "layercam"], top_k=2)
     second = explain(tmp_path, "two", build(), images, methods=["gradcam", "layercam"], top_k=2, batch_size=1)
@@ -276,6 +278,7 @@ def test_the_same_model_twice_is_no_drift(tmp_path, images):
     assert "DRIFT" not in result.stdout and "made differently" not in result.stdout
 
 
+@pytest.mark.quick
 def test_a_moved_detector_drifts_for_exactly_the_affected_images(tmp_path, images):
     before = explain(tmp_path, "before", build(), images)
     after = explain(tmp_path, "after", moved_detector(), images)
@@ -295,6 +298,7 @@ def test_a_moved_detector_drifts_for_exactly_the_affected_images(tmp_path, image
     assert len(drift_lines) == 2 and "peak moved" in drift_lines[1]
 
 
+@pytest.mark.quick
 def test_the_thresholds_decide(tmp_path, images):
     before = explain(tmp_path, "before", build(), images)
     after = explain(tmp_path, "after", moved_detector(), images)
@@ -390,6 +394,7 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
+@pytest.mark.quick
 def test_malformed_and_mismatched_manifests_are_one_line_errors(tmp_path, images):
     good = explain(tmp_path, "good", build(), images)
     lines = good.read_text().splitlines()
@@ -491,6 +496,7 @@ def test_diff_help_names_the_exit_codes_and_gradcam_help_names_diff():
 # ----------------------------------------------------------------------------------------------- the HTML page
 
 
+@pytest.mark.quick
 def test_the_report_shows_baseline_current_and_difference_for_the_drifting_images(tmp_path, images):
     before = explain(tmp_path, "before", build(), images)
     after = explain(tmp_path, "after", moved_detector(), images)

@@ -113,6 +113,7 @@ def test_activations_are_taken_before_the_following_inplace_relu(request, model_
     assert (acts < 0).any()
 
 
+@pytest.mark.quick
 def test_activations_of_batchnorm_before_residual_add_are_its_own_output(resnet18):
     block = resnet18.layer4[1]
     x = images()
@@ -132,6 +133,7 @@ def test_activations_of_batchnorm_before_residual_add_are_its_own_output(resnet1
     assert not torch.allclose(acts, seen["block"])  # not the value after += identity and the ReLU
 
 
+@pytest.mark.quick
 def test_module_called_twice_is_explained_at_its_last_call(resnet18):
     """ResNet's BasicBlock runs its one ReLU(inplace=True) twice: the engine explains the last call (documented)."""
     x = images()
@@ -163,6 +165,7 @@ def test_the_same_capture_twice_gives_the_same_answer(vgg11):
 # --- no trace left on the model ---------------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_hooks_modes_and_flags_restored_after_success():
     model = mixed_model()
     before = snapshot(model)
@@ -185,6 +188,7 @@ def test_hooks_modes_and_flags_restored_after_success():
     assert result.explanations[0].saliency.shape == (16, 16)
 
 
+@pytest.mark.quick
 def test_hooks_modes_and_flags_restored_after_an_exception_mid_forward():
     model = mixed_model()
     before = snapshot(model)
@@ -218,6 +222,7 @@ def test_eval_mode_is_used_for_the_pass():
     torch.testing.assert_close(logits, expected)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("frozen", ["none", "some", "all"])
 def test_requires_grad_flags_restored_and_no_parameter_grad(frozen):
     torch.manual_seed(0)
@@ -310,6 +315,7 @@ def test_no_warning_reaches_the_user_on_inplace_patterns(name, layer):
 # --- batches: every sample its own target and its own map ---------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_batch_of_two_images_with_different_targets_equals_each_alone():
     spec = InputSpec(mean=(0, 0, 0), std=(1, 1, 1))
     loaded = LoadedModel(build_square_model(), "squares", "none", ["red", "green", "blue"], spec)
@@ -352,6 +358,7 @@ class Counting(nn.Module):
         return self.inner(x)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("layer", "expected"),
     [

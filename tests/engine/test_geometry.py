@@ -19,6 +19,7 @@ from gradcam_cli.cam.explainer import Explainer
 from gradcam_cli.cli import app
 from gradcam_cli.io.images import InputSpec, load_image, to_input_tensor
 
+pytestmark = pytest.mark.quick
 RED = 0
 SQUARE_MODEL = f"{Path(__file__).parents[1].joinpath('square_model.py')}:build"
 

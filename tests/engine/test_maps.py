@@ -9,6 +9,8 @@ import torch
 from gradcam_cli.cam.maps import normalise, to_image_maps, upsample
 from gradcam_cli.cam.methods import gradcam
 
+pytestmark = pytest.mark.quick
+
 
 def test_gradcam_weights_are_spatial_means_of_gradients_and_result_is_relu():
     activations = torch.tensor([[[[1.0, 2.0], [3.0, 4.0]], [[1.0, 0.0], [0.0, 1.0]]]])  # (1, 2, 2, 2)

@@ -31,6 +31,7 @@ def box(image: str, corners: tuple[float, float, float, float], label: str | Non
 # ------------------------------------------------------------------------------------------- boxes files
 
 
+@pytest.mark.quick
 def test_read_csv_boxes(tmp_path: Path) -> None:
     path = tmp_path / "boxes.csv"
     path.write_text(
@@ -48,6 +49,7 @@ def test_read_csv_boxes(tmp_path: Path) -> None:
     assert len(read_boxes(headless)) == 1
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -122,6 +124,7 @@ def test_missing_boxes_are_usage_errors(tmp_path: Path) -> None:
         read_boxes(tmp_path)
 
 
+@pytest.mark.quick
 def test_match_boxes_by_name_relative_or_absolute_path(tmp_path: Path) -> None:
     for name in ("set/a/one.png", "set/a/two.png", "set/b/two.png"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -179,6 +182,7 @@ def test_square_model_scores_the_known_answer(tmp_path: Path, square_explainer: 
     assert summary["increase_in_confidence"] == 0.0
 
 
+@pytest.mark.quick
 def test_evidence_outside_the_box_is_listed_worst_first(tmp_path: Path, square_explainer: Explainer) -> None:
     square_image().save(tmp_path / "far.png")
     square_image().save(tmp_path / "near.png")
@@ -316,6 +320,7 @@ def test_cli_eval_table_json_and_plot(monkeypatch, capsys, square_dir: Path) -> 
     assert [(b["class"], b["explained"]["name"], b["hit"]) for b in boxes_a] == [("red", "red", True)]
 
 
+@pytest.mark.quick
 def test_cli_eval_errors(monkeypatch, capsys, square_dir: Path) -> None:
     common = [str(square_dir), "--model", SQUARE_MODEL, "--steps", "4", "--device", "cpu"]
     bad = square_dir.parent / "bad.csv"

@@ -9,6 +9,7 @@ import torch
 
 from gradcam_cli.evaluation import metrics
 
+pytestmark = pytest.mark.quick
 BOX = (10.0, 10.0, 20.0, 20.0)  # pixels 10..19 in both directions
 
 

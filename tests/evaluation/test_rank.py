@@ -29,6 +29,7 @@ from gradcam_cli.evaluation.rank import MIN_IMAGES, bootstrap, format_ranking, p
 from gradcam_cli.evaluation.report import SANITY_MIN_REPEAT, EvalReport, ImageScores, MethodScores
 from gradcam_cli.options import EvalOptions, PerturbationOptions
 
+pytestmark = pytest.mark.quick
 PLACES = [(8, 8, 28, 28), (50, 20, 70, 40), (30, 60, 50, 80), (60, 62, 80, 82)]
 SMALL = PerturbationOptions(rise_masks=60, rise_grid=5, occlusion_window=16, occlusion_stride=16)
 

@@ -12,6 +12,8 @@ from gradcam_cli.errors import UsageError
 from gradcam_cli.io.discovery import discover
 from gradcam_cli.io.naming import output_path, slug
 
+pytestmark = pytest.mark.quick
+
 
 def touch(path: Path, content: bytes = b"x") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -49,6 +49,7 @@ def mixed(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("image_format", "source", "suffix"),
     [
@@ -89,6 +90,7 @@ def test_auto_writes_jpeg_for_jpeg_inputs_and_png_for_the_others(mixed, tmp_path
     assert np.load(out / "a_gradcam_0-red.npy").dtype == np.float32
 
 
+@pytest.mark.quick
 def test_a_named_format_applies_to_every_input(mixed, tmp_path):
     for name, fmt in (("png", "PNG"), ("webp", "WEBP")):
         out = tmp_path / name

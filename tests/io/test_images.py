@@ -23,6 +23,7 @@ from gradcam_cli.cli import app
 from gradcam_cli.errors import EXIT_IMAGE_FAILED, EXIT_OK, ImageError
 from gradcam_cli.io.images import load_image, to_rgb
 
+pytestmark = pytest.mark.quick
 SQUARE_MODEL = f"{Path(__file__).parents[1].joinpath('square_model.py')}:build"
 
 

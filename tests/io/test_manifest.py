@@ -25,6 +25,7 @@ from gradcam_cli.io.atomic import TEMP_MARKER
 from gradcam_cli.io.manifest import MANIFEST_FIELDS, ManifestWriter, read_manifest
 from gradcam_cli.pipeline.records import Record
 
+pytestmark = pytest.mark.quick
 ROOT = Path(__file__).resolve().parents[2]
 SQUARE_MODEL = f"{ROOT / 'tests' / 'square_model.py'}:build"
 FIELDS = ["input", "status", "error", "outputs", "predictions", "target", "method", "layer", "model", "seconds"]

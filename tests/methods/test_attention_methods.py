@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import timm
 import torch
 import torch.nn.functional as F
+from attention_models import HF_TINY, PATCH, SIZE, tiny_vit
 from PIL import Image
 from torch import nn
 
@@ -31,71 +31,54 @@ from gradcam_cli.io.images import InputSpec
 from gradcam_cli.models.loading import LoadedModel, load_model
 from gradcam_cli.options import ModelOptions
 
-SIZE = 32
 METHODS = ("rollout", "attn-grad", "attention", "legrad")
-TINY_HF: dict[str, int] = {
-    "hidden_size": 32,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "intermediate_size": 64,
-    "image_size": SIZE,
-    "patch_size": 8,
-}
+TINY_HF = {**HF_TINY, "num_hidden_layers": 3, "num_attention_heads": 4, "image_size": SIZE, "patch_size": PATCH}
 """Three blocks of four heads over 4 x 4 patches: every Hugging Face family's tiny configuration here."""
 
 
 def _timm(name: str, **kwargs: object) -> Callable[[], tuple[nn.Module, int]]:
     def build() -> tuple[nn.Module, int]:
         torch.manual_seed(0)
-        model = timm.create_model(
-            name,
-            pretrained=False,
-            img_size=SIZE,
-            patch_size=8,
-            embed_dim=32,
-            depth=3,
-            num_heads=4,
-            num_classes=5,
-            **kwargs,
-        )
+        model = tiny_vit(name, num_classes=5, **kwargs)
         return model.eval(), int(model.num_prefix_tokens)
 
     return build
 
 
-def _hf_vit() -> tuple[nn.Module, int]:
-    from transformers import ViTConfig, ViTForImageClassification
+class HFScores(nn.Module):
+    """A Hugging Face model built from its tiny configuration, returning one field of its output as the scores: a
+    classifier's ``logits`` (as the tool's loader wraps it), or a vision tower's ``pooler_output`` (the tool's
+    embedder, without the projection)."""
 
-    torch.manual_seed(0)
-    config = ViTConfig(**TINY_HF, num_labels=5)
-    return HFLogits(ViTForImageClassification(config).eval()), 1
-
-
-def _hf_dinov2_registers() -> tuple[nn.Module, int]:
-    from transformers import Dinov2WithRegistersConfig, Dinov2WithRegistersForImageClassification
-
-    torch.manual_seed(0)
-    config = Dinov2WithRegistersConfig(**TINY_HF, num_labels=5, num_register_tokens=4)
-    return HFLogits(Dinov2WithRegistersForImageClassification(config).eval()), 5
-
-
-class CLIPTower(nn.Module):
-    """A Hugging Face CLIP vision tower's pooled embedding, as the scores (the tool's embedder, without the
-    projection)."""
-
-    def __init__(self) -> None:
+    def __init__(self, family: str, head: str, field: str, **options: object) -> None:
         super().__init__()
-        from transformers import CLIPVisionConfig, CLIPVisionModel
+        import transformers
 
-        self.tower = CLIPVisionModel(CLIPVisionConfig(**TINY_HF))
+        config = getattr(transformers, f"{family}Config")(**TINY_HF, **options)
+        self.model = getattr(transformers, f"{family}{head}")(config)
+        self.field = field
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tower(pixel_values=x).pooler_output
+        return getattr(self.model(pixel_values=x), self.field)
 
 
-def _hf_clip() -> tuple[nn.Module, int]:
-    torch.manual_seed(0)
-    return CLIPTower().eval(), 1
+def _hf(family: str, head: str, field: str, prefix: int, **options: object) -> Callable[[], tuple[nn.Module, int]]:
+    """``transformers``' ``{family}{head}`` of a ``{family}Config`` as :class:`HFScores`, and its prefix count."""
+
+    def build() -> tuple[nn.Module, int]:
+        torch.manual_seed(0)
+        return HFScores(family, head, field, **options).eval(), prefix
+
+    return build
+
+
+_hf_vit = _hf("ViT", "ForImageClassification", "logits", 1, num_labels=5)
+_hf_dinov2_registers = _hf(
+    "Dinov2WithRegisters", "ForImageClassification", "logits", 5, num_labels=5, num_register_tokens=4
+)
+_hf_clip = _hf("CLIPVision", "Model", "pooler_output", 1)
+_hf_siglip = _hf("SiglipVision", "Model", "pooler_output", 0)
+"""A Hugging Face SigLIP vision tower's pooled embedding: no class token, an attention-pooling head."""
 
 
 def _open_clip_vit() -> tuple[nn.Module, int]:
@@ -106,24 +89,6 @@ def _open_clip_vit() -> tuple[nn.Module, int]:
     return tower.eval(), 1
 
 
-class SigLIPTower(nn.Module):
-    """A Hugging Face SigLIP vision tower's pooled embedding: no class token, an attention-pooling head."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        from transformers import SiglipVisionConfig, SiglipVisionModel
-
-        self.tower = SiglipVisionModel(SiglipVisionConfig(**TINY_HF))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tower(pixel_values=x).pooler_output
-
-
-def _hf_siglip() -> tuple[nn.Module, int]:
-    torch.manual_seed(0)
-    return SigLIPTower().eval(), 0
-
-
 def _torchvision_vit() -> tuple[nn.Module, int]:
     from torchvision.models.vision_transformer import VisionTransformer
 
@@ -131,17 +96,6 @@ def _torchvision_vit() -> tuple[nn.Module, int]:
     model = VisionTransformer(SIZE, 8, num_layers=3, num_heads=4, hidden_dim=32, mlp_dim=64, num_classes=5)
     nn.init.normal_(model.heads.head.weight)  # zeros as torchvision initialises it: no gradient at all
     return model.eval(), 1
-
-
-class HFLogits(nn.Module):
-    """A Hugging Face classifier returning its logits (as the tool's loader wraps it)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(pixel_values=x).logits
 
 
 FAMILIES = {
@@ -217,7 +171,7 @@ def test_attention_methods_agree_with_their_formulas(family: str, monkeypatch: p
     target = targets[:, 0]
     attentions, gradients, _ = _reference_attention(module, inputs, target, monkeypatch)
     assert len(attentions) == 3
-    grid = SIZE // 8
+    grid = SIZE // PATCH
     expected = {
         "rollout": _rollout_matrix(attentions)[:, 0, prefix:],
         "attn-grad": _attn_grad(attentions, gradients, prefix),
@@ -288,6 +242,7 @@ def test_the_plain_path_gives_the_fused_paths_outputs_and_is_put_back(family: st
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
 
 
+@pytest.mark.quick
 def test_register_tokens_never_show_even_when_they_draw_the_attention() -> None:
     """A DINOv2-with-registers model whose class token attends almost only to its registers: the maps cover the
     patches alone (the registers are prefix tokens, dropped), so no patch lights up for them."""
@@ -362,6 +317,7 @@ def _run(*args: object):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
+@pytest.mark.quick
 def test_the_command_line_explains_a_wide_image_with_every_attention_method(tmp_path: Path) -> None:
     """A 96 x 48 image at --input-size 32: a 64 x 32 input, a 4 x 8 patch grid after a class token and two
     registers; each map comes at the image's size, in [0, 1], and equals the library's for the same input."""

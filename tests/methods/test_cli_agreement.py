@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 import torchvision
 from cam_reference import pearson
-from method_reference import calibrate_batchnorm
+from method_reference import calibrate_batchnorm, stashing
 from PIL import Image
 from torch import nn
 from typer.testing import CliRunner
@@ -138,21 +138,11 @@ def subjects(tmp_path_factory) -> Callable[[str], Subject]:
 def reference_maps(model: nn.Module, layer: nn.Module, inputs: torch.Tensor, targets: list[int]) -> dict:
     """Each method's (N, H, W) map of ``targets[n]`` for every input, from the layer's own output (its last call)
     and ``torch.autograd.grad``, in float64 after the gradient."""
-    kept: list[torch.Tensor] = []
-
-    def keep(_module: nn.Module, _inputs: object, output: torch.Tensor) -> torch.Tensor:
-        kept.append(output)
-        return output.clone()
-
-    handle = layer.register_forward_hook(keep)
-    try:
-        with torch.enable_grad():
-            logits = model(inputs.clone().requires_grad_(True))
-            score = logits[torch.arange(len(targets)), torch.tensor(targets)].sum()
-            (gradients,) = torch.autograd.grad(score, kept[-1])
-    finally:
-        handle.remove()
-    a, g = kept[-1].detach().double(), gradients.double()
+    with stashing([layer]) as stash, torch.enable_grad():
+        logits = model(inputs.clone().requires_grad_(True))
+        score = logits[torch.arange(len(targets)), torch.tensor(targets)].sum()
+        (gradients,) = torch.autograd.grad(score, stash[0][-1])
+    a, g = stash[0][-1].detach().double(), gradients.double()
     maps = formula_maps(a, g, inputs.shape[-2:])
     noise = torch.Generator().manual_seed(1)
     wobble = [1 + PERTURBATION * torch.randn(t.shape, generator=noise, dtype=torch.float64) for t in (a, g)]

@@ -8,31 +8,26 @@ percentile, min-max), applied to every reference alike; the raw gradients are co
 
 from __future__ import annotations
 
-import functools
 import warnings
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-import torchvision
 from cam_reference import pearson
 from method_reference import (
-    calibrate_batchnorm,
     gradcam,
     guided_display,
     guided_gradient,
     pytorch_grad_cam_guided,
 )
+from method_subjects import REQUIRED, SIZE, model, ours, photo, top_class
 from model_state import hook_counts, mixed_model, snapshot
 from torch import nn
 
 from gradcam_cli import Explainer
 from gradcam_cli.cam.guided import GuidedPass, guided_relus
 from gradcam_cli.errors import UsageError
-
-REQUIRED = 0.999
-SIZE = (112, 112)
 
 
 class Relus(nn.Module):
@@ -77,6 +72,7 @@ FORMS = [
 ]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("form", FORMS)
 def test_every_relu_form_follows_the_guided_rule_by_hand(form: str) -> None:
     # x = (1, -2): h = W1 x = (1, -2, -1), only unit 0 active. dS/dh = w2 = (2, -3, 0.5).
@@ -122,6 +118,7 @@ def _plain_output(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 NEW_METHODS = ["guided-backprop", "guided-gradcam", "fullgrad", "ablationcam", "eigengradcam"]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("method", NEW_METHODS)
 def test_model_left_exactly_as_found(method: str) -> None:
     model = mixed_model()
@@ -187,30 +184,6 @@ def test_detectors_and_segmenters_are_refused_in_one_line(method: str) -> None:
 # --- against the references --------------------------------------------------------------------------------------
 
 
-@functools.cache
-def model(name: str) -> nn.Module:
-    torch.manual_seed(0)
-    options = {"init_weights": True, "aux_logits": False} if name == "googlenet" else {}
-    if name == "tiny_densenet":
-        built = torchvision.models.DenseNet(8, (2, 2), 16, 2, num_classes=10)  # F.relu(..., inplace=True) at the end
-    else:
-        built = torchvision.models.get_model(name, weights=None, **options)
-    return calibrate_batchnorm(built, SIZE).eval()
-
-
-def photo(size: tuple[int, int] = SIZE) -> torch.Tensor:
-    return torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(1))
-
-
-def top_class(net: nn.Module, x: torch.Tensor) -> int:
-    with torch.no_grad():
-        return int(net(x).argmax())
-
-
-def ours(net: nn.Module, layer: str, method: str, x: torch.Tensor, target: int) -> torch.Tensor:
-    return Explainer(net, layer, method).explain_batch(x, target=target)[0].explanations[0].saliency
-
-
 def check_guided(name: str, layer: str, size: tuple[int, int] = SIZE) -> None:
     """Our guided gradient equals the reference's value by value, and both maps agree; pytorch-grad-cam and
     captum agree too where the network's ReLUs are all modules, and differ where some are functional."""
@@ -263,6 +236,7 @@ def test_sweep_against_the_reference_and_the_peers(name: str, layer: str) -> Non
     check_guided(name, layer)
 
 
+@pytest.mark.quick
 def test_cli_writes_readable_maps_and_raw_arrays(tmp_path) -> None:
     from conftest import ROOT
     from square_model import square_image

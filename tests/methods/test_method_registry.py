@@ -27,6 +27,7 @@ from gradcam_cli.io.images import InputSpec, to_input_tensor
 from gradcam_cli.options import METHOD_NAMES
 from gradcam_cli.registry import METHODS_GROUP, Registry
 
+pytestmark = pytest.mark.quick
 SIZE = 32
 
 

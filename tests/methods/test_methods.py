@@ -119,6 +119,7 @@ def tiny_cnn() -> nn.Module:
 # --- the registry ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_every_method_is_registered_with_formula_and_paper() -> None:
     newer = ("gradcam-elementwise", "kpcacam", "shapleycam", "fem", "randomcam", "rise", "occlusion")
     newer += ("rollout", "attn-grad", "attention", "legrad")  # tests/methods/test_attention_methods.py
@@ -147,6 +148,7 @@ def test_every_method_is_registered_with_formula_and_paper() -> None:
 # --- formulas by hand --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_gradcam_plus_plus_follows_eq_19_by_hand() -> None:
     # One channel, two positions: A = [1, 3] (sum 4), g = [0.5, -0.25].
     # alpha_1 = 0.5^2 / (2 * 0.5^2 + 4 * 0.5^3) = 0.25;  alpha_2 = 0.0625 / (0.125 - 0.0625) = 1.
@@ -167,6 +169,7 @@ def test_gradcam_plus_plus_survives_tiny_gradients() -> None:
     assert torch.isfinite(cam).all() and cam.max() > 0
 
 
+@pytest.mark.quick
 def test_xgradcam_hirescam_layercam_by_hand() -> None:
     activations = torch.tensor([[1.0, 3.0], [2.0, 0.0]]).view(1, 2, 1, 2)  # channel 0: [1, 3]; channel 1: [2, 0]
     gradients = torch.tensor([[0.5, -0.5], [1.0, 2.0]]).view(1, 2, 1, 2)
@@ -209,6 +212,7 @@ def test_quick_xgradcam_agreement_with_unmodified_pytorch_grad_cam() -> None:
     assert pearson(mine, reference) >= REQUIRED
 
 
+@pytest.mark.quick
 def test_scorecam_matches_the_authors_loop_on_a_small_cnn() -> None:
     model = tiny_cnn()
     inputs = torch.randn(2, 3, 64, 64)
@@ -244,6 +248,7 @@ def test_scorecam_reports_progress_and_is_silent_by_default(capsys) -> None:
 # --- sharing passes --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_methods_share_the_forward_and_backward_passes(square_model, monkeypatch) -> None:
     forwards = []
     square_model.module.register_forward_pre_hook(lambda *_: forwards.append(1))

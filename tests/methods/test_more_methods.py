@@ -16,14 +16,12 @@ The sweeps (``slow``) run at 112 x 112 on light architectures: AblationCAM costs
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
 import pytest
 import pytorch_grad_cam as pgc
 import torch
-import torchvision
 from cam_reference import pearson, signed_projection
 from method_reference import (
     ablation_weights,
@@ -34,14 +32,12 @@ from method_reference import (
     pytorch_grad_cam_ablation_value,
     pytorch_grad_cam_map,
 )
+from method_subjects import REQUIRED, model, ours, photo, top_class
 from torch import nn
 
 from gradcam_cli import Explainer
 from gradcam_cli.cam.engine import LayerCapture
 from gradcam_cli.cam.fullgrad import bias_layers, layer_bias
-
-REQUIRED = 0.999
-SIZE = (112, 112)
 
 
 class SignedEigenGradCAM(pgc.EigenGradCAM):
@@ -52,33 +48,10 @@ class SignedEigenGradCAM(pgc.EigenGradCAM):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Many small passes: one intra-op thread (see ``tests/methods/test_references.py``)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):
+    """Many small passes: one intra-op thread (see ``tests/methods/test_references.py``); the models freed after."""
     yield
-    torch.set_num_threads(threads)
     model.cache_clear()
-
-
-@functools.cache
-def model(name: str) -> nn.Module:
-    torch.manual_seed(0)
-    options = {"init_weights": True, "aux_logits": False} if name == "googlenet" else {}
-    return calibrate_batchnorm(torchvision.models.get_model(name, weights=None, **options), SIZE).eval()
-
-
-def photo(size: tuple[int, int] = SIZE) -> torch.Tensor:
-    return torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(1))
-
-
-def top_class(net: nn.Module, x: torch.Tensor) -> int:
-    with torch.no_grad():
-        return int(net(x).argmax())
-
-
-def ours(net: nn.Module, layer: str, method: str, x: torch.Tensor, target: int, **options) -> torch.Tensor:
-    return Explainer(net, layer, method, **options).explain_batch(x, target=target)[0].explanations[0].saliency
 
 
 def tiny_cnn() -> nn.Module:
@@ -123,6 +96,7 @@ class Pooled(nn.Module):
         return self.head(self.features(self.select(x)).sum(dim=(2, 3)))
 
 
+@pytest.mark.quick
 def test_ablationcam_weights_by_hand() -> None:
     # Channel 0 = [[1, 2]] (sum 3), channel 1 = [[0, 4]] (sum 4); class 0: y = 3 - 8 + 1 = -4.
     # y_0 = -4 - 3 = -7, y_1 = -4 + 8 = 4: w_0 = (y - y_0) / y = 3 / -4, w_1 = -8 / -4 = 2.
@@ -133,6 +107,7 @@ def test_ablationcam_weights_by_hand() -> None:
     assert torch.allclose(cams["ablationcam"][0][0], torch.tensor([[[0.0, 6.5]]]))
 
 
+@pytest.mark.quick
 def test_eigengradcam_is_the_signed_first_component_of_the_gradient_weighted_activations() -> None:
     # Two channels over three positions; g ⊙ A = [[1, 2, 3], [2, 4, 6]] (rank one): the centred rows are
     # [-1, 0, 1] and [-2, 0, 2], the component is [-1, 0, 1] times a positive factor, ReLU leaves [0, 0, 1]*c.
@@ -145,6 +120,7 @@ def test_eigengradcam_is_the_signed_first_component_of_the_gradient_weighted_act
     assert torch.allclose(cam / cam[2], torch.tensor([0.0, 0.0, 1.0]), atol=1e-6)
 
 
+@pytest.mark.quick
 def test_batchnorm_bias_is_beta_minus_mean_times_its_scale() -> None:
     norm = nn.BatchNorm2d(2).eval()
     with torch.no_grad():
@@ -319,6 +295,7 @@ def test_sweep_fullgrad(name: str, monkeypatch) -> None:
     assert pearson(mine, pytorch_grad_cam_map(pgc.FullGrad, net, [], x, target)) >= REQUIRED
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("method", ["eigengradcam", "ablationcam", "fullgrad", "guided-backprop", "guided-gradcam"])
 def test_a_batch_with_two_targets_each_equals_each_image_alone(method: str) -> None:
     """Every sample its own targets and its own maps, however the extra passes batch them (3 ablated copies per

@@ -37,6 +37,7 @@ def test_first_component_is_pytorch_grad_cams_projection_up_to_its_sign() -> Non
         assert pearson(mine[i], weighted[i].sum(dim=0)) > 0
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_first_component_of_a_rank_one_map(sign: float) -> None:
     torch.manual_seed(1)
@@ -94,6 +95,7 @@ def test_the_views() -> None:
     assert augmentations(fixed_size=True) == [IDENTITY, Augmentation(flip=True)]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("view", augmentations())
 def test_each_view_maps_back_to_the_original_geometry(view: Augmentation) -> None:
     # A stand-in for a CNN: the "map" is the input's first channel pooled 8x8, so it moves with the image.
@@ -124,6 +126,7 @@ def test_aug_smooth_keeps_the_maximum_inside_the_square_and_undoes_the_flip(squa
         assert mirror.max() < 0.1 * saliency[y1:y2, x1:x2].max(), explanation.method
 
 
+@pytest.mark.quick
 def test_aug_smooth_is_flip_equivariant() -> None:
     # smoothed(flip(x)) = flip(smoothed(x)) exactly, because every view of x is a view of flip(x) mapped back.
     model = tiny_cnn()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from attention_models import HF_TINY
 from conftest import SAMPLE_DIR
 from PIL import Image
 from torch import nn
@@ -136,16 +137,23 @@ def test_timm_pretrained_weights_are_read_from_the_hub_cache(hub_cache, tmp_path
     assert loaded.weights == "r160_in1k" and loaded.class_name(285) == "Egyptian cat"
 
 
-@pytest.mark.parametrize("offline", [True, False], ids=["HF_HUB_OFFLINE", "no-network"])
-def test_timm_weights_neither_cached_nor_downloadable_are_one_sentence(hub_cache, monkeypatch, offline):
+def _model_load_error(monkeypatch, offline: bool, model: str) -> str:
+    """The one-sentence message (exit code 3) of loading ``model`` whose weights are neither cached nor
+    downloadable, offline as ``HF_HUB_OFFLINE`` says or with no network."""
     from huggingface_hub import constants
 
-    cache, attempts = hub_cache
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
     with pytest.raises(ModelLoadError) as caught:
-        load_model("timm:test_resnet")
+        load_model(model)
     message = str(caught.value)
     assert caught.value.exit_code == EXIT_MODEL and one_sentence(message), message
+    return message
+
+
+@pytest.mark.parametrize("offline", [True, False], ids=["HF_HUB_OFFLINE", "no-network"])
+def test_timm_weights_neither_cached_nor_downloadable_are_one_sentence(hub_cache, monkeypatch, offline):
+    cache, attempts = hub_cache
+    message = _model_load_error(monkeypatch, offline, "timm:test_resnet")
     assert "timm/test_resnet.r160_in1k" in message and str(cache) in message
     assert "--weights PATH" in message and "--weights none" in message
     assert ("HF_HUB_OFFLINE is set" in message) == offline
@@ -186,15 +194,7 @@ def hf_vit(tmp_path_factory) -> tuple[Path, dict[str, torch.Tensor]]:
     """A tiny ViT classifier saved with save_pretrained, with its image processor and class names."""
     folder = tmp_path_factory.mktemp("hf-vit")
     torch.manual_seed(0)
-    config = transformers.ViTConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        image_size=32,
-        patch_size=8,
-        id2label={0: "cat", 1: "dog", 2: "bird"},
-    )
+    config = transformers.ViTConfig(**HF_TINY, image_size=32, patch_size=8, id2label={0: "cat", 1: "dog", 2: "bird"})
     model = transformers.ViTForImageClassification(config)
     model.save_pretrained(folder)
     processor = transformers.ViTImageProcessor(
@@ -282,14 +282,8 @@ def test_a_hub_id_is_read_from_the_cache(hf_vit, hub_cache):
 
 @pytest.mark.parametrize("offline", [True, False], ids=["HF_HUB_OFFLINE", "no-network"])
 def test_a_hub_id_neither_cached_nor_downloadable_is_one_sentence(hub_cache, monkeypatch, offline):
-    from huggingface_hub import constants
-
     _, attempts = hub_cache
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
-    with pytest.raises(ModelLoadError) as caught:
-        load_model("hf:someone/not-cached")
-    message = str(caught.value)
-    assert caught.value.exit_code == EXIT_MODEL and one_sentence(message), message
+    message = _model_load_error(monkeypatch, offline, "hf:someone/not-cached")
     assert message.startswith("hf:someone/not-cached (not a folder here, so a hub id) could not be found")
     assert message.endswith("or pass hf:FOLDER, a folder saved with save_pretrained")
     assert "--weights" not in message  # --weights none would need the hub id's configuration just the same

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.nn.functional as F
+from attention_models import HF_TINY, tiny_vit
+from method_reference import stashing
 from square_model import square_image
 from torch import nn
 
@@ -34,6 +36,7 @@ from gradcam_cli.models.timm_models import describe_timm
 timm = pytest.importorskip("timm")
 transformers = pytest.importorskip("transformers")
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 PEARSON_MIN = 0.999
 VIT = {"depth": 2, "embed_dim": 32, "num_heads": 2}
 """A two-block, 32-wide ViT: enough to have attention, small enough to build in milliseconds."""
@@ -82,7 +85,6 @@ TIMM_SWEEP = [
     Case("vit-resnet-hybrid", _timm("vit_tiny_r_s16_p8_224", img_size=128, **VIT), "blocks.1.norm1", "tokens", 1, 128),
     Case("maxvit-hybrid", _timm("test_maxvit"), "norm", "nchw", size=160),
 ]
-HF_TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 HF_QUICK = [
     Case(
         "hf-vit",
@@ -136,14 +138,6 @@ def _params(quick: list[Case], sweep: list[Case]) -> list:
     ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _loaded(case: Case) -> LoadedModel:
     torch.manual_seed(0)
     module = case.build().eval()
@@ -168,21 +162,11 @@ def _calibrate_batchnorm(model: nn.Module, size: int) -> None:
 
 def _reference(module: nn.Module, layer: nn.Module, inputs: torch.Tensor, target: int, case: Case) -> torch.Tensor:
     """The coarse (h, w) Grad-CAM of ``layer`` from a forward hook and ``torch.autograd.grad`` alone."""
-    stash: list[torch.Tensor] = []
-
-    def keep(_module: nn.Module, _inputs: object, output: torch.Tensor) -> torch.Tensor:
-        stash.append(output)
-        return output.clone()
-
-    handle = layer.register_forward_hook(keep)
-    try:
-        with torch.enable_grad():
-            output = module(inputs)
-            logits = output if isinstance(output, torch.Tensor) else output.logits
-            (gradients,) = torch.autograd.grad(logits[0, target], stash[-1])
-    finally:
-        handle.remove()
-    activations = stash[-1].detach()[0]
+    with stashing([layer]) as stash, torch.enable_grad():
+        output = module(inputs)
+        logits = output if isinstance(output, torch.Tensor) else output.logits
+        (gradients,) = torch.autograd.grad(logits[0, target], stash[0][-1])
+    activations = stash[0][-1].detach()[0]
     gradients = gradients[0]
     if case.layout == "nhwc":
         activations, gradients = activations.permute(2, 0, 1), gradients.permute(2, 0, 1)
@@ -226,19 +210,8 @@ def planted_vit() -> nn.Module:
     """A timm ViT (32 x 32 input, 8 x 8 patches, a class token and 8 registers) whose class scores are the red,
     green and blue excess of its patches: patch embedding = colour detectors, attention uniform over all tokens
     (q = k = 0) so the class token reads the mean token, no norms, no MLP, head = 10 x identity."""
-    model = timm.create_model(
-        "vit_tiny_patch16_224",
-        pretrained=False,
-        img_size=32,
-        patch_size=8,
-        embed_dim=3,
-        depth=1,
-        num_heads=1,
-        mlp_ratio=1.0,
-        reg_tokens=8,
-        num_classes=3,
-        norm_layer=nn.Identity,
-    ).eval()
+    planted = {"embed_dim": 3, "depth": 1, "num_heads": 1, "mlp_ratio": 1.0, "reg_tokens": 8, "num_classes": 3}
+    model = tiny_vit(**planted, norm_layer=nn.Identity).eval()
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.zero_()

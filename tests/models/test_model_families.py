@@ -16,6 +16,8 @@ from gradcam_cli.models.loading import load_model
 from gradcam_cli.models.profile import LoadedModel, ModelProfile
 from gradcam_cli.models.tasks import Task
 
+pytestmark = pytest.mark.quick
+
 
 @pytest.mark.parametrize(
     ("model", "family"),

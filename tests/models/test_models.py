@@ -50,6 +50,7 @@ def offline(monkeypatch, tmp_path):
 # --- model names ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(("typo", "suggestion"), [("resnt18", "resnet18"), ("efficientnet_lite", "efficientnet_lite0")])
 def test_unknown_model_gets_close_matches(typo, suggestion):
     with pytest.raises(UsageError, match="unknown model") as caught:
@@ -285,6 +286,7 @@ def test_weights_files_are_loaded_with_weights_only(tmp_path):
 # --- custom factories -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_factory_from_a_file_path(monkeypatch):
     monkeypatch.chdir(ROOT)
     loaded = load_model("tests/square_model.py:build")
@@ -320,6 +322,7 @@ def test_factory_from_a_package_module(user_package, tmp_path):
     assert_same_tensors(load_model(f"{user_package}:make", str(tmp_path / "user.pth")).module, state)
 
 
+@pytest.mark.quick
 def test_factory_mistakes(user_package):
     with pytest.raises(UsageError, match="Did you mean: make"):
         load_model(f"{user_package}:mkae")
@@ -341,6 +344,7 @@ def imagenet_model() -> LoadedModel:
     return LoadedModel(nn.Identity(), "m", "none", imagenet_categories(), InputSpec())
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("text", "index"), [("281", 281), ("tabby", 281), ("Egyptian Cat", 285), ("  EGYPTIAN CAT ", 285), (None, None)]
 )
@@ -353,6 +357,7 @@ def test_target_name_typo_gets_a_suggestion(imagenet_model):
         resolve_target(imagenet_model, "egyptain cat")
 
 
+@pytest.mark.quick
 def test_ambiguous_target_name_asks_for_the_index():
     model = LoadedModel(nn.Identity(), "m", "none", ["crane", "dog", "Crane"], InputSpec())
     with pytest.raises(UsageError, match=r"ambiguous \(indices \[0, 2\]\)"):
@@ -366,6 +371,7 @@ def test_target_name_without_class_names_needs_labels():
         resolve_target(model, "cat")
 
 
+@pytest.mark.quick
 def test_out_of_range_target_index_is_a_usage_error(square_model):
     with pytest.raises(UsageError, match="out of range: the model has 3 classes"):
         Explainer(square_model, layers="features").explain_batch(torch.zeros(1, 3, 8, 8), target=3)

@@ -104,6 +104,7 @@ def test_the_toy_family_is_registered_from_its_entry_point_and_claims_its_prefix
         load_model("toy:tiy", "none")
 
 
+@pytest.mark.quick
 def test_the_command_line_explains_a_toy_model(scene: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     args = [scene, "--model", "toy:tiny", "--weights", "none", "--target-class", "red", "--output-dir", out]
@@ -160,6 +161,7 @@ class Doubling(Family):
         return LoadedModel(module, options.model, options.weights, profile=profile)
 
 
+@pytest.mark.quick
 def test_a_family_registered_in_a_notebook_loads_through_load_model(tmp_path: Path) -> None:
     FAMILIES.register("double", Doubling())
     try:
@@ -225,6 +227,34 @@ def test_the_plugin_task_counts_from_the_command_line_with_the_plugin_family_and
     named = CliRunner().invoke(app, [str(squares), "--model", "toy:tiny", "--weights", "none", "--task", "count"])
     assert named.exit_code == EXIT_USAGE  # a classifier asked to count is not explained as a classifier
     assert "a counting model returns (N, classes, h, w) density maps" in named.stderr
+
+
+def test_each_image_of_a_counted_batch_gets_its_own_map(squares: Path, tmp_path: Path) -> None:
+    """Two different images in one batch (the CPU's default batch of 4): each image's map is the one it gets alone
+    (``--batch-size 1``), on its own most counted colour's squares."""
+    other = {"blue": [(8, 40, 24, 56), (40, 40, 56, 56)], "red": [(76, 8, 92, 24)]}
+    image = Image.new("RGB", (96, 64), (128, 128, 128))
+    for colour, boxes in other.items():
+        for box in boxes:
+            image.paste({"red": (255, 0, 0), "blue": (0, 0, 255)}[colour], box)
+    image.save(squares.parent / "other.png")
+    maps = {}
+    for batch in ("4", "1"):
+        out = tmp_path / f"batch{batch}"
+        args = [squares.parent, "--model", "toy:counter", "--weights", "none", "--method", "gradcam,toy-saliency"]
+        options = ["--top-k", "1", "--batch-size", batch, "--output-dir", out, "--json", "--save-raw"]
+        result = CliRunner().invoke(app, [*map(str, [*args, *options])])
+        assert result.exit_code == EXIT_OK, result.output
+        for row in map(json.loads, result.stdout.splitlines()):
+            npy = next(path for path in row["outputs"] if path.endswith(".npy"))
+            maps[batch, Path(row["input"]).name, row["method"], row["target"]["name"]] = np.load(npy)
+    assert len(maps) == 8
+    for (_, name, method, colour), saliency in maps.items():
+        assert (name, colour) in (("squares.png", "red"), ("other.png", "blue"))  # two squares of each
+        assert np.allclose(saliency, maps["1", name, method, colour], atol=1e-5)
+        counted = COUNTED if name == "squares.png" else other
+        mean = {c: np.mean([saliency[y1:y2, x1:x2].mean() for x1, y1, x2, y2 in counted[c]]) for c in counted}
+        assert mean[colour] > 0.7 and mean["blue" if colour == "red" else "red"] < 0.05
 
 
 def test_the_count_score_is_a_density_maps_sum_and_its_gradient_what_the_maps_show() -> None:

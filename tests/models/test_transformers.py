@@ -32,6 +32,7 @@ SQUARE_BOX = (330, 40, 390, 100)  # square_image()'s red square, x1, y1, x2, y2,
 # --- the layout rule ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("shape", "size", "layout"),
     [
@@ -75,6 +76,7 @@ def test_non_spatial_outputs_have_no_layout() -> None:
 # --- markers land where they belong -------------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(("row", "col"), [(0, 0), (2, 11), (13, 5), (13, 13)])
 def test_a_token_marker_lands_at_its_row_and_column(row: int, col: int) -> None:
     activations = torch.zeros(2, 197, 16)
@@ -91,6 +93,7 @@ def test_a_token_marker_lands_at_its_row_and_column(row: int, col: int) -> None:
     assert cam[1, row, col] == 6.0 and cam.sum() == 6.0
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(("row", "col"), [(0, 6), (3, 1), (6, 0)])
 def test_a_channel_last_marker_lands_at_its_row_and_column(row: int, col: int) -> None:
     activations = torch.zeros(1, 7, 7, 768)

@@ -221,6 +221,38 @@ def test_every_method_serves_yolo_and_box_scores_differ(squares):
     assert [p.name for p in only_red.predictions] == ["red"]
 
 
+def test_a_yolo_detector_is_explained_by_the_yolo_adapter_with_or_without_task(tmp_path):
+    """The YOLO family names its adapter in the profile: ``--task detect`` and ``segment`` (a segment model's) keep
+    it (YOLO's score, its own threshold, 0.25), ``--task classify`` is refused; a torchvision-style detector given
+    ``--task detect`` is the detector adapter's."""
+    config = tiny_config(["Segment", ["nc", 8, 16]])
+    (tmp_path / "seg.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    square_scene([RED, BLUE]).save(tmp_path / "two.png")
+    model = ["-m", f"yolo:{tmp_path / 'seg.yaml'}", "-w", "none", "--input-size", "64", "--method", "gradcam"]
+    for task in ([], ["--task", "detect"], ["--task", "segment"]):
+        out = tmp_path / f"out{len(task)}{task[-1] if task else ''}"
+        result = CliRunner().invoke(app, [str(tmp_path / "two.png"), *model, *task, "-o", str(out), "--json"])
+        assert result.exit_code == EXIT_OK, result.output
+        rows = [json.loads(line) for line in result.stdout.splitlines()]
+        assert {(row["provenance"]["task"], row["provenance"]["score"]) for row in rows} == {("detect", "logit")}
+        assert {row["provenance"]["score_threshold"] for row in rows} == {0.25}
+    refused = CliRunner().invoke(app, [str(tmp_path / "two.png"), *model, "--task", "classify", "-o", str(tmp_path)])
+    assert refused.exit_code == EXIT_USAGE and "--task classify does not fit yolo:" in refused.stderr
+    detector = Explainer(
+        load_model(f"{Path(__file__).parents[1] / 'task_models.py'}:build_detector", "none", task="detect")
+    )
+    assert detector.adapter.name == "detect"
+
+
+def test_a_library_task_naming_the_yolo_adapter_is_refused_in_one_line():
+    """The YOLO adapter is chosen by its family's profile, never by name: ``load_model(..., task="yolo")`` on another
+    model is a UsageError (it failed inside YOLO's score with an AttributeError), an unknown name one with close
+    matches."""
+    for task, message in (("yolo", r"^task 'yolo' is chosen by the models it explains"), ("detct", "detect")):
+        with pytest.raises(UsageError, match=message):
+            load_model(ModelOptions("resnet18", "none", task=task))
+
+
 @pytest.mark.slow
 def test_segment_and_pose_models_run_from_their_yaml(tmp_path):
     image = square_scene([RED, BLUE])

@@ -157,6 +157,7 @@ def fake_sample(index: int, shape: tuple[int, int], pixels: int = 100) -> Sample
     return Sample(index, torch.zeros(3, *shape), torch.zeros(1, 1, 3, dtype=torch.uint8).expand(pixels, 1, 3), None)
 
 
+@pytest.mark.quick
 def test_buckets_hold_one_shape_each_and_never_hold_many_samples():
     shapes = [(4, 4 + (i * 7919) % 5) for i in range(500)]  # five shapes, interleaved
     pulled = 0
@@ -260,6 +261,7 @@ def test_table_blending_equals_render_blend_bit_for_bit(colormap, alpha, monkeyp
     assert torch.equal(batch_module.Blender(table, alpha)(pixels, saliency), expected)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("unnamed", [True, False])
 def test_atomic_writes_from_many_threads_at_once(tmp_path, monkeypatch, unnamed):
     from concurrent.futures import ThreadPoolExecutor
@@ -307,6 +309,7 @@ def run_batch(explainer: Explainer, inputs: list[Path], top_k: int = 1, **option
     return list(runner.run(discover(inputs, exclude=output.output_dir)))
 
 
+@pytest.mark.quick
 def test_bad_files_each_give_one_error_row_and_the_batch_goes_on(tmp_path, square_model, monkeypatch):
     folder = tmp_path / "in"
     bad = make_bad_files(folder)
@@ -348,6 +351,7 @@ def test_decoding_in_worker_processes_isolates_bad_files_too(tmp_path, square_mo
     assert all(r.error for r in records if r.status == "error")
 
 
+@pytest.mark.quick
 def test_an_input_file_is_never_overwritten(tmp_path, square_model):
     square_image().save(tmp_path / "x.png")
     victim = tmp_path / "x_gradcam_0-red.png"  # exactly the name x.png's overlay would get
@@ -550,6 +554,7 @@ class CountingDataset:
         return Sample(index, None, None, f"sample {index}")
 
 
+@pytest.mark.quick
 def test_decoding_thread_keeps_order_stays_a_bounded_number_ahead_and_stops_with_its_consumer():
     dataset = CountingDataset(50)
     samples = decode_in_thread(dataset, ahead=3)

@@ -169,6 +169,7 @@ def test_the_earlier_rows_stay_in_the_manifest_while_a_resumed_run_goes(tmp_path
     assert rows[4:] == before[4:]
 
 
+@pytest.mark.quick
 def test_the_latest_set_of_rows_wins_even_next_to_an_earlier_one():
     def row(name: str, index: int, status: str = "ok") -> dict:
         return {"input": name, "status": status, "method": "gradcam", "target": {"index": index}}
@@ -184,6 +185,7 @@ def test_the_latest_set_of_rows_wins_even_next_to_an_earlier_one():
 # ---------------------------------------------------------------------------------------- 15: rows in input order
 
 
+@pytest.mark.quick
 def test_records_come_in_input_order_though_batches_do_not(tmp_path, square_model):
     names = []
     for i in range(8):  # two sizes, alternating: batches of one size run images 0, 2, 4... before 1, 3...
@@ -222,6 +224,7 @@ def test_a_second_run_into_a_locked_output_folder_fails_with_one_line(tmp_path, 
     assert not (out / LOCK_NAME).exists()  # removed when the run ends
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("named", ["outside", "inside", "linked folder", "linked file", "relative"])
 def test_a_manifest_another_run_writes_is_refused_whatever_path_names_it(tmp_path, images, monkeypatch, named):
     """The manifest is claimed by itself, not only through the output folder it may lie in: a run writing to it

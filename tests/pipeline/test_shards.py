@@ -93,6 +93,7 @@ def test_a_name_in_either_unicode_form_falls_in_the_same_shard():
     assert shard_key(first) == shard_key(second)
 
 
+@pytest.mark.quick
 def test_n_shards_cover_every_input_once_whatever_the_discovery_order(photos):
     images = discover([photos])
     for count in (1, 2, 3, 5):
@@ -103,6 +104,7 @@ def test_n_shards_cover_every_input_once_whatever_the_discovery_order(photos):
         assert [{str(i.path) for _, i in part} for part in parts] == [{str(i.path) for _, i in p} for p in shuffled]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("value", "message"),
     [
@@ -153,6 +155,7 @@ def test_merged_shards_equal_one_local_run_map_for_map_and_row_for_row(photos, t
     assert drift.exit_code == 0, drift.output
 
 
+@pytest.mark.quick
 def test_a_csv_manifest_is_merged_as_csv(photos, tmp_path):
     out = tmp_path / "out"
     for k in range(2):

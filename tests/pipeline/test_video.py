@@ -88,6 +88,7 @@ def test_overlay_video_keeps_rate_size_and_frames_and_the_map_follows_the_square
     assert [p.name for p in tmp_path.iterdir()] == [output.name]  # no temporaries left
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("every", [5, 40])  # 40: frames stream out behind each explained frame (no buffering)
 def test_every_n_explains_every_nth_frame_and_holds_the_map(
     explainer: Explainer, clip: Path, tmp_path: Path, every: int
@@ -150,7 +151,7 @@ def test_unreadable_video_is_one_error_and_leaves_nothing(explainer: Explainer, 
 
 def test_cli_routes_videos_by_suffix(clip: Path, tmp_path: Path) -> None:
     """`gradcam clip.mp4 IMAGE --report`: the clip goes to the video runner, the image to the batch runner."""
-    from square_model import square_image
+    from square_model import CLI_OPTIONS, square_image
     from typer.testing import CliRunner
 
     from gradcam_cli.cli import app
@@ -158,28 +159,8 @@ def test_cli_routes_videos_by_suffix(clip: Path, tmp_path: Path) -> None:
     image = tmp_path / "still.png"
     square_image().save(image)
     out = tmp_path / "out"
-    model = Path(__file__).parents[1].joinpath("square_model.py")
-    result = CliRunner().invoke(
-        app,
-        [
-            str(clip),
-            str(image),
-            "--model",
-            f"{model}:build",
-            "--weights",
-            "none",
-            "--layer",
-            "features",
-            "-o",
-            str(out),
-            "--every",
-            "3",
-            "--report",
-            "--workers",
-            "0",
-            "--json",
-        ],
-    )
+    args = [str(clip), str(image), *CLI_OPTIONS, "-o", str(out), "--every", "3", "--report", "--workers", "0"]
+    result = CliRunner().invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
     assert probe(out / "clip_gradcam_top1.mp4").width == WIDTH
     assert len(_read(out / "clip_gradcam_top1.mp4")) == FRAMES
@@ -192,8 +173,9 @@ def test_cli_routes_videos_by_suffix(clip: Path, tmp_path: Path) -> None:
 
 
 def _square_cli_args(out: Path) -> list[str]:
-    model = Path(__file__).parents[1].joinpath("square_model.py")
-    return ["--model", f"{model}:build", "--weights", "none", "--layer", "features", "-o", str(out), "--workers", "0"]
+    from square_model import CLI_OPTIONS
+
+    return [*CLI_OPTIONS, "-o", str(out), "--workers", "0"]
 
 
 @pytest.mark.parametrize(
@@ -224,6 +206,7 @@ def test_image_only_options_are_refused_for_videos_before_the_model_loads(
     assert not out.exists()
 
 
+@pytest.mark.quick
 def test_video_option_check_names_the_videos_and_lets_report_through(tmp_path: Path) -> None:
     from gradcam_cli.errors import UsageError
     from gradcam_cli.pipeline.video import check_video_options

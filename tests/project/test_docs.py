@@ -59,6 +59,7 @@ def broken_links(page: Path) -> list[str]:
     return broken
 
 
+@pytest.mark.quick
 def test_readme_is_a_short_guide_without_scaffolding() -> None:
     text = README.read_text(encoding="utf-8")
     assert len(README.read_bytes()) < README_LIMIT
@@ -84,6 +85,7 @@ def test_a_broken_link_is_caught(tmp_path: Path) -> None:
     assert broken_links(page) == ["other.md#absent (no such heading in other.md)", "missing.md (no such file)"]
 
 
+@pytest.mark.quick
 def test_every_docs_page_is_linked_from_the_readme() -> None:
     linked = {(ROOT / target.partition("#")[0]).resolve() for target in links(README.read_text(encoding="utf-8"))}
     assert [page.name for page in PAGES if page.resolve() not in linked] == []
@@ -150,6 +152,7 @@ def test_the_readme_detector_and_segmenter_examples_run_from_a_clone_as_shown(tm
                 assert (tmp_path / line.split(" -> ")[1]).is_file()
 
 
+@pytest.mark.quick
 def test_the_method_table_is_the_registrys() -> None:
     """docs/methods.md's table of methods is what the registrations say (regenerate it with
     ``methods_table(BUILTIN_METHODS)``), and docs/cli.md's unknown ``--method`` example is the parser's message."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
 from conftest import ROOT
 
 PACKAGE = ROOT / "gradcam_cli"
@@ -79,6 +80,7 @@ def test_no_private_names_across_modules() -> None:
     assert not used, used
 
 
+@pytest.mark.quick
 def test_modules_stay_small() -> None:
     sizes = {
         path.relative_to(ROOT): len(path.read_text(encoding="utf-8").splitlines()) for path in PACKAGE.rglob("*.py")

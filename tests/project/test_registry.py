@@ -10,6 +10,8 @@ from gradcam_cli import registry as registry_module
 from gradcam_cli.errors import UsageError
 from gradcam_cli.registry import Registry
 
+pytestmark = pytest.mark.quick
+
 
 def test_entries_keep_their_order_and_unknown_names_suggest_close_ones() -> None:
     things: Registry[int] = Registry("thing", "gradcam_cli.test-things")

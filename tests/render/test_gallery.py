@@ -38,6 +38,7 @@ def _data(page: str) -> list[dict]:
     return json.loads(match.group(1))
 
 
+@pytest.mark.quick
 def test_entries_merge_rows_per_image_and_link_relatively(tmp_path: Path) -> None:
     out = tmp_path / "out"
     records = [
@@ -81,6 +82,7 @@ def test_gallery_shows_skipped_rows_with_outputs_as_full_cards(tmp_path):
     assert "NaN" not in json.dumps(b)
 
 
+@pytest.mark.quick
 def test_page_is_self_contained_and_never_embeds_images(tmp_path: Path) -> None:
     out = tmp_path / "out"
     overlay = out / "a_gradcam_0-class-0.png"
@@ -143,7 +145,7 @@ def _shown(dom: str) -> tuple[int, int]:
 @pytest.mark.slow
 def test_gallery_of_a_real_run_in_headless_chromium(tmp_path: Path, chromium: str) -> None:
     """gradcam DIR --report --panel: Chromium shows one card per input (the failure too) and a non-blank page."""
-    from square_model import square_image
+    from square_model import CLI_OPTIONS, square_image
     from typer.testing import CliRunner
 
     from gradcam_cli.cli import app
@@ -154,29 +156,8 @@ def test_gallery_of_a_real_run_in_headless_chromium(tmp_path: Path, chromium: st
         square_image(box=box, colour=colour).save(images / f"{colour}.png")
     (images / "broken.png").write_bytes(b"not a png")
     out = tmp_path / "out"
-    model = Path(__file__).parents[1].joinpath("square_model.py")
-    result = CliRunner().invoke(
-        app,
-        [
-            str(images),
-            "--model",
-            f"{model}:build",
-            "--weights",
-            "none",
-            "--layer",
-            "features",
-            "-o",
-            str(out),
-            "--top-k",
-            "2",
-            "--report",
-            "--panel",
-            "--workers",
-            "0",
-            "--labels",
-            str(_labels(tmp_path)),
-        ],
-    )
+    args = [str(images), *CLI_OPTIONS, "-o", str(out), "--top-k", "2", "--report", "--panel", "--workers", "0"]
+    result = CliRunner().invoke(app, [*args, "--labels", str(_labels(tmp_path))])
     assert result.exit_code == 1, result.output  # the broken file fails; the rest is explained
     index = out / "index.html"
     assert index.is_file()

@@ -49,6 +49,7 @@ def test_single_panel_layout_and_title(pixels: torch.Tensor) -> None:
     assert figure.canvas.__class__.__name__ == "FigureCanvasAgg"
 
 
+@pytest.mark.quick
 def test_grid_rows_are_classes_and_columns_methods(pixels: torch.Tensor) -> None:
     targets = [Prediction(0, "red", 0.7), Prediction(2, "blue", 0.2), Prediction(1, "green", 0.1)]
     figure = panel_figure(pixels, _explanations(targets, ["gradcam", "other"]), "jet", 0.5, "x.png")

@@ -16,6 +16,8 @@ from gradcam_cli.render.boxes import colour, draw_boxes
 from gradcam_cli.render.colour import blend, colorize, colormap_table, heatmap_image
 from gradcam_cli.render.encode import encode_image, save_image
 
+pytestmark = pytest.mark.quick
+
 
 def _byte(colour: torch.Tensor) -> torch.Tensor:
     return (colour * 255).round().to(torch.uint8)

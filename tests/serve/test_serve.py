@@ -68,6 +68,7 @@ def upload(client: TestClient, image: Image.Image, name: str = "a.png") -> str:
     return str(answer.json()["id"])
 
 
+@pytest.mark.quick
 def test_maps_match_the_library_and_a_class_switch_runs_no_forward_pass(client, square_model):
     test_client, service = client
     image = squares()
@@ -178,6 +179,7 @@ def _url(ids: list[str], item: tuple[int, str, str]) -> str:
     return f"/api/map?image={ids[item[0]]}&target={item[1]}&method={item[2]}"
 
 
+@pytest.mark.quick
 def test_uploads_are_checked_before_and_while_decoding(square_model, tmp_path):
     service = ModelService(square_model)
     options = ServeOptions(max_upload_bytes=50_000, max_pixels=100_000)
@@ -197,6 +199,7 @@ def test_uploads_are_checked_before_and_while_decoding(square_model, tmp_path):
         assert test_client.post("/api/upload", content=data).status_code == 200  # still serving
 
 
+@pytest.mark.quick
 def test_a_failing_model_is_an_error_answer_and_the_server_keeps_serving(client, square_model, monkeypatch):
     test_client, _ = client
     image_id = upload(test_client, squares())
@@ -234,6 +237,7 @@ def test_state_changes_refuse_other_origins(client):
     assert ".innerHTML" not in test_client.get("/static/app.js").text  # text is set with textContent only
 
 
+@pytest.mark.quick
 def test_loopback_hosts():
     from gradcam_cli.serve.origin import host_name
     from gradcam_cli.serve.server import is_loopback
@@ -322,6 +326,7 @@ def test_a_run_row_is_explained_live_with_a_model(square_model, tmp_path, monkey
         assert test_client.get("/api/map?image=r7").status_code == 404  # no such row
 
 
+@pytest.mark.quick
 def test_only_files_inside_the_run_folder_are_served(tmp_path):
     run = tmp_path / "out"
     manifest = write_run(run, 3)

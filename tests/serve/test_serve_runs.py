@@ -136,6 +136,7 @@ def serve_command(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+@pytest.mark.quick
 def test_what_is_no_run_is_refused_or_served_as_images(tmp_path):
     from gradcam_cli.serve.runs import sort_paths
 

@@ -86,6 +86,7 @@ def test_similar_map_equals_the_library_and_reads_only_served_images(served, tmp
         assert again.status_code == 200 and again.json()["id"] == answer["id"]
 
 
+@pytest.mark.quick
 def test_contrast_and_output_on_a_classifier_equal_the_library(square_model, tmp_path):
     app = create_app(ModelService(square_model), work_dir=tmp_path / "work")
     image = Image.new("RGB", (64, 48), (128, 128, 128))

@@ -7,16 +7,14 @@ value; its prediction shows the peak's place in the image's pixels (a task-owned
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 from task_models import colour_excess
 from torch import nn
 
-from gradcam_cli.cam.maps import to_image_maps
-from gradcam_cli.cam.results import Explanation, ImageExplanation, Prediction
-from gradcam_cli.cam.scores import Cams, ClassName, MaskedProbability
+from gradcam_cli.cam.results import Prediction
+from gradcam_cli.cam.scores import ChannelTargets, ClassName, MaskedProbability, chosen_channels
 from gradcam_cli.cam.tasks import ScoreRequest, TaskAdapter
 from gradcam_cli.errors import UsageError
 
@@ -46,53 +44,29 @@ def build() -> nn.Module:
     return KeypointNet().eval()
 
 
-class KeypointTargets:
-    """Each sample's chosen keypoints (N, k) in (N, K, h, w) ``heatmaps``; a keypoint's score: its peak value."""
+class KeypointTargets(ChannelTargets):
+    """Each sample's chosen keypoints (N, k) in (N, K, h, w) ``heatmaps``; a keypoint's score (``scores``): its
+    heatmap's peak value."""
 
     def __init__(self, heatmaps: torch.Tensor, chosen: torch.Tensor) -> None:
-        self.heatmaps, self.chosen = heatmaps, chosen
-        self.peaks = heatmaps.flatten(2).amax(2)
-
-    @property
-    def count(self) -> int:
-        return int(self.chosen.shape[1])
-
-    @property
-    def region(self) -> tuple[float, float]:
-        return (1.0, 1.0)
-
-    def value(self, k: int) -> torch.Tensor:
-        return self.peaks.gather(1, self.chosen[:, k : k + 1]).sum()
+        super().__init__(heatmaps.flatten(2).amax(2), chosen)
+        self.heatmaps = heatmaps
 
     def masked(self, k: int) -> MaskedProbability:
         def probability(output: object, samples: torch.Tensor) -> torch.Tensor:
             assert isinstance(output, torch.Tensor)
-            peaks = output.float().flatten(2).amax(2).sigmoid()
-            return peaks.gather(1, self.chosen[samples, k].unsqueeze(1)).squeeze(1)
+            return self.entry(output.float().flatten(2).amax(2).sigmoid(), k, samples)
 
         return probability
 
-    def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
-        heat = self.heatmaps.detach().float()
-        h, w = heat.shape[-2:]
-        results = []
-        for n, (height, width) in enumerate(sizes):
-
-            def prediction(c: int, n: int = n, height: int = height, width: int = width) -> Prediction:
-                cell = int(heat[n, c].flatten().argmax())
-                x, y = (cell % w + 0.5) * width / w, (cell // w + 0.5) * height / h
-                peak = float(self.peaks[n, c].detach().sigmoid())
-                return Prediction(c, class_name(c), peak, details={"peak": [round(x, 2), round(y, 2)]})
-
-            order = self.peaks[n].detach().argsort(descending=True).tolist()
-            explanations = []
-            for k in range(self.count):
-                target = prediction(int(self.chosen[n, k]))
-                for method in cams:
-                    saliency = to_image_maps([cam[n : n + 1] for cam in cams[method][k]], (height, width))[0]
-                    explanations.append(Explanation(method, target, saliency))
-            results.append(ImageExplanation([prediction(c) for c in order], explanations))
-        return results
+    def prediction(self, n: int, c: int, size: tuple[int, int], class_name: ClassName) -> Prediction:
+        """The keypoint's peak (the sigmoid of its score) and its place in the image's pixels (``details``)."""
+        (height, width), heat = size, self.heatmaps[n, c].detach().float()
+        h, w = heat.shape
+        cell = int(heat.flatten().argmax())
+        x, y = (cell % w + 0.5) * width / w, (cell // w + 0.5) * height / h
+        peak = float(self.scores[n, c].detach().sigmoid())
+        return Prediction(c, class_name(c), peak, details={"peak": [round(x, 2), round(y, 2)]})
 
 
 class KeypointScore:
@@ -101,13 +75,8 @@ class KeypointScore:
     ) -> KeypointTargets:
         if not isinstance(output, torch.Tensor) or output.dim() != 4:
             raise UsageError("a keypoint model returns (N, keypoints, h, w) heatmaps")
-        peaks = output.detach().flatten(2).amax(2)
-        if target is not None:
-            if not 0 <= target < output.shape[1]:
-                raise UsageError(f"keypoint {target} is out of range: the model has {output.shape[1]} keypoints")
-            picked = torch.full((output.shape[0], 1), target, dtype=torch.long, device=output.device)
-        else:
-            picked = peaks.topk(min(top_k, output.shape[1]), dim=1).indices
+        keypoints = output.shape[1]
+        picked = chosen_channels(output.flatten(2).amax(2), target, min(top_k, keypoints), "keypoint", "keypoints")
         return KeypointTargets(output.float(), picked)
 
 

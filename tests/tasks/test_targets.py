@@ -173,6 +173,7 @@ def test_embedding_chooses_one_output_of_several(scene):
     assert pearson(explainer.compute_targets(inputs)[1]["gradcam"][0][0], expected) >= 0.999
 
 
+@pytest.mark.quick
 def test_contrast_changes_sign_where_the_evidence_differs(scene, square_model):
     inputs = to_input_tensor(load_image(scene), square_model.input_spec)[None]
     explainer = Explainer(square_model, targets=["contrast:red,blue", "contrast:class:blue,class:red"])
@@ -279,6 +280,7 @@ def test_cli_contrast_and_output_lines(scene, tmp_path):
     assert len(list((tmp_path / "out").glob("scene_gradcam_*.png"))) == 2
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("model", "args", "message"),
     [

@@ -45,6 +45,7 @@ def gradcam_of(activations: torch.Tensor, gradients: torch.Tensor) -> torch.Tens
 # --- the task ----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_the_task_comes_from_the_model_and_task_overrides_it():
     assert load_model(DETECTOR, "none").task is Task.DETECT  # by its torchvision transform
     assert load_model("tests/task_models.py:build_segmenter", "none").task is Task.SEGMENT  # by its output

@@ -63,6 +63,7 @@ def detect(what: Path, out: Path, *more: str | Path) -> object:
     return run(what, "-m", DETECTOR, "--labels", folder.parent / "classes.txt", "-o", out, "--workers", "0", *more)
 
 
+@pytest.mark.quick
 def test_a_detector_writes_a_row_and_an_overlay_per_detection_and_a_combined_overlay(inputs, tmp_path):
     out = tmp_path / "out"
     result = detect(inputs, out, "--json", "--method", "gradcam,layercam")
@@ -243,13 +244,16 @@ def test_a_detectors_image_whose_rows_the_resumed_manifest_lacks_is_explained_ag
     assert [{**row, "status": "ok", "seconds": 0} for row in after] == [{**row, "seconds": 0} for row in before]
 
 
-def test_gradcam_eval_scores_a_segmenters_class_maps_against_the_boxes_of_their_label(inputs, tmp_path):
+def _boxes(tmp_path: Path, *rows: str) -> Path:
+    """A ground-truth boxes CSV (``gradcam eval --boxes``) of ``rows``, each ``image,x1,y1,x2,y2,class``."""
     boxes = tmp_path / "boxes.csv"
-    boxes.write_text(
-        "image,x1,y1,x2,y2,class\ntwo.png,120,200,200,280,red\ntwo.png,30,40,90,100,GREEN\n"
-        "two.png,200,10,230,40,blue\ntwo.png,0,0,10,10,cat\n",
-        encoding="utf-8",
-    )
+    boxes.write_text("".join(f"{row}\n" for row in ["image,x1,y1,x2,y2,class", *rows]), encoding="utf-8")
+    return boxes
+
+
+def test_gradcam_eval_scores_a_segmenters_class_maps_against_the_boxes_of_their_label(inputs, tmp_path):
+    two = ["two.png,120,200,200,280,red", "two.png,30,40,90,100,GREEN", "two.png,200,10,230,40,blue"]
+    boxes = _boxes(tmp_path, *two, "two.png,0,0,10,10,cat")
     labels = inputs.parent / "classes.txt"
     result = run_eval(inputs / "two.png", "-m", SEGMENTER, "--labels", labels, "--boxes", boxes, "--json")
     assert result.exit_code == EXIT_OK, result.output
@@ -266,6 +270,7 @@ def test_list_layers_marks_the_backbones_last_stage(inputs):
     assert [line.split()[1] for line in table.splitlines() if line.startswith("*")] == ["backbone.body"]
 
 
+@pytest.mark.quick
 def test_a_segmenter_writes_one_overlay_per_class_with_its_share_and_outline(inputs, tmp_path):
     out = tmp_path / "out"
     labels = inputs.parent / "classes.txt"
@@ -285,13 +290,10 @@ def test_a_segmenter_writes_one_overlay_per_class_with_its_share_and_outline(inp
     assert grey.exit_code == EXIT_OK and "gradcam: no class other than the background" in grey.stdout
 
 
+@pytest.mark.quick
 def test_gradcam_eval_scores_a_detectors_maps_against_ground_truth_boxes(inputs, tmp_path):
-    boxes = tmp_path / "boxes.csv"
-    boxes.write_text(
-        "image,x1,y1,x2,y2,class\nred.png,250,60,290,100,red\ntwo.png,120,200,200,280,red\n"
-        "two.png,30,40,90,100,green\ntwo.png,200,10,230,40,blue\n",
-        encoding="utf-8",
-    )
+    two = ["two.png,120,200,200,280,red", "two.png,30,40,90,100,green", "two.png,200,10,230,40,blue"]
+    boxes = _boxes(tmp_path, "red.png,250,60,290,100,red", *two)
     base = [inputs, "-m", DETECTOR, "--labels", inputs.parent / "classes.txt", "--boxes", boxes]
     result = run_eval(*base, "--json")
     assert result.exit_code == EXIT_OK, result.output
@@ -310,6 +312,7 @@ def test_gradcam_eval_scores_a_detectors_maps_against_ground_truth_boxes(inputs,
     )
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("more", "message"),
     [

@@ -1,5 +1,5 @@
-"""Task adapters (:mod:`.base`): one module per task, registered in :data:`TASKS` in this order (YOLO's before
-torchvision's detectors, as the first adapter that claims a model explains it)."""
+"""Task adapters (:mod:`.base`): one module per task, registered in :data:`TASKS` in this order (the first adapter
+that claims a model explains it)."""
 
 from . import answer, classify, detect, segment, yolo  # noqa: F401  (each registers its adapter)
 from .base import (
@@ -13,6 +13,7 @@ from .base import (
     answering,
     label_box_pairs,
     register_task,
+    task_names,
 )
 
 __all__ = [
@@ -26,4 +27,5 @@ __all__ = [
     "answering",
     "label_box_pairs",
     "register_task",
+    "task_names",
 ]

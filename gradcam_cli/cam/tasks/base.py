@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ...errors import UsageError
-from ...options import CLASS_SCORE_NAMES, ExplainOptions
+from ...options import CLASS_SCORE_NAMES, TASK_NAMES, ExplainOptions
 from ...registry import TASKS_GROUP, Registry
 
 if TYPE_CHECKING:
@@ -69,9 +69,9 @@ class TaskAdapter:
     """The task as records and messages name it (default: :attr:`name`; YOLO's detectors are ``detect``)."""
     noun = "model"
     by_name = True
+    """``--task NAME`` names it (YOLO's adapter claims the models whose family names it, whatever ``--task`` says)."""
     listed = "Predictions"
     """What ``gradcam serve``'s page titles the list of an image's predictions."""
-    """``--task NAME`` names it (YOLO's adapter claims its models by their module, whatever ``--task`` says)."""
     ranked = False
     videos = True
     faithfulness = False
@@ -90,8 +90,9 @@ class TaskAdapter:
         return self.shown or self.name
 
     def claims(self, model: LoadedModel, requested: str | None) -> bool:
-        """Whether this adapter explains ``model`` (``requested``: ``--task`` as given, ``None``: not given)."""
-        return requested == self.name
+        """Whether this adapter explains ``model`` (``requested``: the adapter its profile or ``--task`` names,
+        ``None``: none): the one named, else the built-in task's adapter of the model's :class:`Task`."""
+        return requested == self.name or (requested is None and model.task.value == self.name)
 
     def check_options(self, options: ExplainOptions) -> None:
         """A one-line UsageError for an option this task does not take, given at all (``None``: not given)."""
@@ -131,13 +132,18 @@ class TaskAdapter:
         """What a row without a target says (``None``: nothing special, a video's row)."""
         return None
 
+    def located(self, prediction: Prediction) -> str | None:
+        """Where a prediction lies, as :meth:`where` and :meth:`how_much` add it: a detection's box (``at [x1, y1,
+        x2, y2]``), a segmenter's share of the pixels; ``None``: nothing to add (the default, a combined map's)."""
+        return None
+
     def where(self, prediction: Prediction) -> str:
-        """A prediction's line on the console after its name and probability."""
-        return f"(class {prediction.index})"
+        """A prediction's line on the console after its name and probability: ``(class 3)``, then :meth:`located`."""
+        return _then(f"(class {prediction.index})", self.located(prediction))
 
     def how_much(self, prediction: Prediction) -> str:
-        """How much of a target an output line shows: ``73.1%``."""
-        return f"{prediction.probability:.1%}"
+        """How much of a target an output line shows: ``73.1%``, then :meth:`located`."""
+        return _then(f"{prediction.probability:.1%}", self.located(prediction))
 
     def eval_checks(self, sanity: bool, plot: bool, road: bool) -> None:
         """Refuse ``gradcam eval`` options the box measures do not take (tasks without :attr:`faithfulness`)."""
@@ -175,6 +181,10 @@ class TaskAdapter:
     def serve_target(self) -> bool:
         """Whether ``gradcam serve`` resolves a class to explain for a request (a ranked task explains them all)."""
         return not self.ranked
+
+
+def _then(text: str, more: str | None) -> str:
+    return f"{text} {more}" if more else text
 
 
 def label_box_pairs(
@@ -254,12 +264,18 @@ def _register_plugin(name: str, loaded: object) -> None:
 
 
 TASKS: Registry[TaskAdapter] = Registry("task", TASKS_GROUP, register_plugin=_register_plugin)
-"""Every task adapter by name, the package's first (YOLO's before torchvision's detectors), then plugins'."""
+"""Every task adapter by name, the package's first, then plugins'."""
 
 
 def register_task(adapter: TaskAdapter, *, replace: bool = False) -> TaskAdapter:
     """Register ``adapter`` under its own :attr:`~TaskAdapter.name`."""
     return TASKS.register(adapter.name, adapter, replace=replace)
+
+
+def task_names() -> list[str]:
+    """What ``--task`` takes: the built-in tasks and every registered adapter that may be named
+    (:attr:`TaskAdapter.by_name`), plugins' included."""
+    return list(dict.fromkeys([*TASK_NAMES, *(name for name, adapter in TASKS.items() if adapter.by_name)]))
 
 
 def adapter_for(model: LoadedModel, requested: str | None = None) -> TaskAdapter:

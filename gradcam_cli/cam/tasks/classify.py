@@ -27,9 +27,6 @@ class ClassifyTask(TaskAdapter):
     methods_of = "classify"
     default_layer = "last spatial layer"
 
-    def claims(self, model: LoadedModel, requested: str | None) -> bool:
-        return model.task.value == self.name and requested in (None, self.name)  # else a plugin's task named
-
     def check_options(self, options: ExplainOptions) -> None:
         check_class_score(options)
         TaskAdapter.check_options(self, replace(options, score=None))

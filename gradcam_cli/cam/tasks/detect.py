@@ -13,7 +13,6 @@ from ...models.tasks import detection_transform
 from ...options import MAX_DETECTIONS, SCORE_THRESHOLD, ExplainOptions
 from ..detection import MATCH_IOU, DetectionScore, box_iou, no_detection
 from ..scores import Score
-from ..yolo import is_yolo_module
 from .base import Explained, Pair, ScoreRequest, TaskAdapter, check_class_score, register_task
 
 if TYPE_CHECKING:
@@ -30,9 +29,6 @@ class DetectTask(TaskAdapter):
     ranked = True
     listed = "Detections"
     methods_of = "detect"
-
-    def claims(self, model: LoadedModel, requested: str | None) -> bool:
-        return model.task.value == self.name and requested in (None, self.name) and not is_yolo_module(model.module)
 
     def check_options(self, options: ExplainOptions) -> None:
         check_class_score(options)
@@ -63,15 +59,9 @@ class DetectTask(TaskAdapter):
         chosen: Any = score  # a DetectionScore, or a YOLO model's score (both have a threshold)
         return no_detection(model, chosen, target)
 
-    def where(self, prediction: Prediction) -> str:
-        if prediction.box is None:  # the combined map's target
-            return super().where(prediction)
-        return f"(class {prediction.index}) at {_box(prediction.box)}"
-
-    def how_much(self, prediction: Prediction) -> str:
-        if prediction.box is None:
-            return super().how_much(prediction)
-        return f"{prediction.probability:.1%} at {_box(prediction.box)}"
+    def located(self, prediction: Prediction) -> str | None:
+        """``at [x1, y1, x2, y2]``; the combined map's target has no box."""
+        return f"at {_box(prediction.box)}" if prediction.box is not None else None
 
     def box_pairs(
         self, explainer: Explained, image: Any, result: ImageExplanation, boxes: Sequence[GroundTruthBox]

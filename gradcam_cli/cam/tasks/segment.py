@@ -26,9 +26,6 @@ class SegmentTask(TaskAdapter):
     listed = "Classes"
     methods_of = "segment"
 
-    def claims(self, model: LoadedModel, requested: str | None) -> bool:
-        return model.task.value == self.name and requested in (None, self.name)
-
     def check_options(self, options: ExplainOptions) -> None:
         check_class_score(options)
         TaskAdapter.check_options(self, options)
@@ -40,15 +37,12 @@ class SegmentTask(TaskAdapter):
     def nothing_found(self, model: LoadedModel, score: Score, target: int | None) -> str | None:
         return "no class other than the background"
 
-    def where(self, prediction: Prediction) -> str:
-        if prediction.share is None:
-            return f"(class {prediction.index})"
-        return f"(class {prediction.index}) on {prediction.share:.1%} of the pixels"
+    def located(self, prediction: Prediction) -> str | None:
+        return f"on {prediction.share:.1%} of the pixels" if prediction.share is not None else None
 
     def how_much(self, prediction: Prediction) -> str:
-        if prediction.share is None:
-            return super().how_much(prediction)
-        return f"{prediction.share:.1%} of the pixels"
+        """The class's share of the pixels (``12.3% of the pixels``): what a segmenter's target is measured by."""
+        return f"{prediction.share:.1%} of the pixels" if prediction.share is not None else super().how_much(prediction)
 
     def box_pairs(
         self, explainer: Explained, image: Any, result: ImageExplanation, boxes: Sequence[GroundTruthBox]

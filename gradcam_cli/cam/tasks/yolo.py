@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from ...models.yolo import YOLO_TASK
 from ...options import ExplainOptions
 from ..methods import METHODS
 from ..methods.needs import ABLATED_SCORES
 from ..scores import Score
-from ..yolo import is_yolo_module, yolo_score
+from ..yolo import yolo_score
 from .base import ScoreRequest, register_task
 from .detect import DetectTask
 
@@ -25,12 +26,9 @@ class YoloTask(DetectTask):
     """A YOLO model's detections (detect, segment and pose alike): a detector's layout and rows; AblationCAM
     applies (its ablated passes read the same anchor)."""
 
-    name = "yolo"
+    name = YOLO_TASK
     shown = "detect"
     by_name = False
-
-    def claims(self, model: LoadedModel, requested: str | None) -> bool:
-        return is_yolo_module(model.module)
 
     def check_options(self, options: ExplainOptions) -> None:
         """Checked by :func:`~gradcam_cli.cam.yolo.yolo_score`."""

@@ -18,9 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gradcam_cli.cam.maps import to_image_maps
-from gradcam_cli.cam.results import Explanation, ImageExplanation, Prediction
-from gradcam_cli.cam.scores import Cams, ClassName, MaskedProbability
+from gradcam_cli.cam.results import ImageExplanation, Prediction
+from gradcam_cli.cam.scores import ChannelTargets, ClassName, MaskedProbability, chosen_channels
 from gradcam_cli.cam.tasks import Explained, Pair, ScoreRequest, TaskAdapter, label_box_pairs, register_task
 from gradcam_cli.errors import UsageError
 
@@ -38,50 +37,19 @@ def counts_of(output: object) -> torch.Tensor:
     return output.float().flatten(2).sum(2)
 
 
-class CountTargets:
-    """Each sample's chosen classes (N, k) and their (N, classes) ``counts``, differentiable."""
-
-    def __init__(self, counts: torch.Tensor, chosen: torch.Tensor) -> None:
-        self.counts, self.chosen = counts, chosen
-
-    @property
-    def count(self) -> int:
-        return int(self.chosen.shape[1])
-
-    @property
-    def region(self) -> tuple[float, float]:
-        return (1.0, 1.0)
-
-    def value(self, k: int) -> torch.Tensor:
-        return self.counts.gather(1, self.chosen[:, k : k + 1]).sum()
+class CountTargets(ChannelTargets):
+    """Each sample's chosen classes (N, k) of its (N, classes) counts (``scores``), differentiable."""
 
     def masked(self, k: int) -> MaskedProbability:
         """Score-CAM's and RISE's measure of a masked input: the class's count in it."""
+        return lambda output, samples: self.entry(counts_of(output), k, samples)
 
-        def counted(output: object, samples: torch.Tensor) -> torch.Tensor:
-            return counts_of(output).gather(1, self.chosen[samples, k].unsqueeze(1)).squeeze(1)
-
-        return counted
-
-    def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
-        counts = self.counts.detach()
-        results = []
-        for n, size in enumerate(sizes):
-            total = float(counts[n].sum())
-
-            def prediction(c: int, n: int = n, total: float = total) -> Prediction:
-                counted = float(counts[n, c])
-                share = counted / total if total > 0 else 0.0
-                return Prediction(c, class_name(c), share, details={"count": round(counted, 3)})
-
-            explanations = [
-                Explanation(method, prediction(int(self.chosen[n, k])), to_image_maps(per_k[k], size)[0])
-                for k in range(self.count)
-                for method, per_k in cams.items()
-            ]
-            order = counts[n].argsort(descending=True).tolist()
-            results.append(ImageExplanation([prediction(c) for c in order], explanations))
-        return results
+    def prediction(self, n: int, c: int, size: tuple[int, int], class_name: ClassName) -> Prediction:
+        """Class c's count (the row's ``count``) and, as its probability, its share of everything counted."""
+        counts = self.scores[n].detach()
+        counted, total = float(counts[c]), float(counts.sum())
+        share = counted / total if total > 0 else 0.0
+        return Prediction(c, class_name(c), share, details={"count": round(counted, 3)})
 
 
 class CountScore:
@@ -91,13 +59,8 @@ class CountScore:
         self, output: object, inputs: torch.Tensor, target: int | None, top_k: int, chosen: torch.Tensor | None = None
     ) -> CountTargets:
         counts = counts_of(output)
-        classes = counts.shape[1]
-        if chosen is None and target is not None:
-            if not 0 <= target < classes:
-                raise UsageError(f"class {target} is out of range: the model counts {classes} classes")
-            chosen = torch.full((counts.shape[0], 1), target, dtype=torch.long, device=counts.device)
-        elif chosen is None:
-            chosen = counts.detach().topk(min(top_k, classes), dim=1).indices  # the most counted first
+        if chosen is None:  # the most counted first, at most every class
+            chosen = chosen_channels(counts, target, min(top_k, counts.shape[1]))
         return CountTargets(counts, chosen)
 
 
