@@ -150,6 +150,7 @@ def test_methods_sharing_a_pass_score_as_each_method_alone(
     assert rows == json_rows(alone.stdout)
 
 
+@pytest.mark.quick
 def test_a_part_finished_image_counts_for_its_finished_methods_only() -> None:
     """The ranking of an interrupted run: the image in hand counts for the methods finished on it, each paired
     comparison over the images both finished; the others' figures are those of the whole images alone."""
