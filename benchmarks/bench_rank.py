@@ -12,7 +12,14 @@ evaluated with the methods kept, timed, against the plan's sum for them.
 inputs of 3 copies forwarded as 3 passes of ``--score-batch-size`` (32, today's path) against 1 pass of 3 x 32
 (shared), in the same run, best of ``--repeats``. (The cascade's stages cannot share a pass: their weights differ.)
 
-Usage: ``python benchmarks/bench_rank.py [--device cpu|cuda] [--images N] [--budget SECONDS] [--sharing]``.
+``--shared-pass`` measures what explaining the methods that read the captured pass together saves in the evaluation
+itself (:mod:`gradcam_cli.evaluation.shared`): one image evaluated with the ``--rank`` settings (``--steps``, at
+``--size`` pixels) by Grad-CAM, Grad-CAM++, LayerCAM, XGrad-CAM, HiResCAM, EigenCAM and randomcam, sharing their
+passes against one method at a time, run alternately ``--repeats`` times each in the same process; it prints the
+ratio of the best times (shared / one at a time) and checks that both give the same figures.
+
+Usage: ``python benchmarks/bench_rank.py [--device cpu|cuda] [--images N] [--budget SECONDS] [--sharing]
+[--shared-pass [--steps N] [--size PIXELS] [--no-road]]``.
 """
 
 from __future__ import annotations
@@ -48,12 +55,18 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=BUDGET)
     parser.add_argument("--sharing", action="store_true", help="measure shared masked passes instead")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--shared-pass", action="store_true", help="measure the evaluation's shared passes instead")
+    parser.add_argument("--steps", type=int, default=10, help="with --shared-pass: curve steps")
+    parser.add_argument("--size", type=int, default=128, help="with --shared-pass: the input's side")
+    parser.add_argument("--no-road", action="store_true", help="with --shared-pass: without ROAD (its imputation)")
     args = parser.parse_args()
 
     device = torch.device(args.device)
     module, inputs, target, _ = resnet50_case(device)
     if args.sharing:
         return sharing(module, inputs, args.repeats)
+    if args.shared_pass:
+        return shared_pass(module, device, args.repeats, args.steps, args.size, not args.no_road)
     loaded = LoadedModel(module, "resnet50", "none", None, InputSpec(size=224))
     explainer = Explainer(loaded, "layer4", ["all"], target=target, device=device)
     options = EvalOptions(sanity=True, road=True, stability=True)
@@ -103,6 +116,42 @@ def sharing(module: torch.nn.Module, inputs: torch.Tensor, repeats: int, copies:
     print(f"  unshared ({copies} passes of {batch}): {unshared:.4f} s")
     print(f"  shared   (1 pass of {copies * batch}):  {shared:.4f} s  (ratio shared/unshared {shared / unshared:.2f})")
     return 0
+
+
+SHARED = ("gradcam", "gradcam++", "layercam", "xgradcam", "hirescam", "eigencam", "randomcam")
+
+
+def shared_pass(module: torch.nn.Module, device: torch.device, repeats: int, steps: int, size: int, road: bool) -> int:
+    """Seconds to evaluate one image with :data:`SHARED` sharing their passes, and one method at a time."""
+    from gradcam_cli.evaluation import evaluate
+
+    loaded = LoadedModel(module, "resnet50", "none", None, InputSpec(size=size))
+    explainer = Explainer(loaded, "layer4", list(SHARED), device=device)
+    options = EvalOptions(steps=steps, sanity=True, road=road, stability=True)
+    grouped = evaluate.pass_groups
+    times: dict[str, list[float]] = {"shared": [], "alone": []}
+    figures = {}
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "noise.png"
+        pixels = (torch.rand(size, size, 3, generator=torch.Generator().manual_seed(0)) * 255).to(torch.uint8)
+        Image.fromarray(pixels.numpy()).save(path)
+        for _ in range(repeats):
+            for mode in ("alone", "shared"):
+                evaluate.pass_groups = grouped if mode == "shared" else lambda ms: {m: (m,) for m in ms}  # type: ignore[assignment]
+                started = time.perf_counter()
+                report = Evaluator(explainer, options).run([path])
+                times[mode].append(time.perf_counter() - started)
+                figures[mode] = report.to_dict()["per_image"]
+                print(f"  {mode:<7} {times[mode][-1]:6.1f} s", flush=True)
+    evaluate.pass_groups = grouped  # type: ignore[assignment]
+    shared, alone = min(times["shared"]), min(times["alone"])
+    settings = "--rank settings" if road else "--rank settings without ROAD"
+    print(f"ResNet-50, {size}x{size}, {device}, {settings}, {steps} steps, {len(SHARED)} methods, one image:")
+    print(
+        f"  one method at a time {alone:.1f} s, shared passes {shared:.1f} s: ratio shared/alone {shared / alone:.2f}"
+    )
+    print(f"  same figures: {figures['shared'] == figures['alone']}")
+    return 0 if figures["shared"] == figures["alone"] else 1
 
 
 if __name__ == "__main__":

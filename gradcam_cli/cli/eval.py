@@ -158,8 +158,8 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
         bool,
         typer.Option(
             "--skip-existing",
-            help="With --rank --report DIR: resume, keeping the images already in DIR/rows.jsonl (written as each "
-            "image finishes).",
+            help="With --rank --report DIR: resume, keeping the (image, method) results already in DIR/rows.jsonl "
+            "(written as each finishes).",
         ),
     ] = False,
     budget: Annotated[
@@ -295,32 +295,38 @@ class EvalCommand:
         images: list[InputImage],
         boxes: list[GroundTruthBox] | None,
     ) -> EvalReport:
-        """Evaluate the images not yet done, with a progress bar (rows appended to ``--rank --report``'s rows file
-        as they finish); on Ctrl-C, rank the images finished first."""
+        """Evaluate the (image, method) results not yet done, with a progress bar (rows appended to ``--rank
+        --report``'s rows file as they finish); on Ctrl-C, rank the results finished first."""
+        from ..evaluation.rows import Finished
+
         reporter, explainer = self.reporter, evaluator.explainer
         methods = len(explainer.methods)
         rows, done = self._rows(explainer, options)
-        todo = [image for image in images if str(image.path) not in {scores.image for scores in done}]
-        finished = list(done)
+        finished = Finished(explainer.methods, done)
+        todo = [image for image in images if not finished.complete(str(image.path))]
 
         def record(scores: ImageScores) -> None:
-            finished.append(scores)
+            finished.add(scores)
             if rows is not None:
                 rows.append(scores)
 
         label = f"evaluating {methods} methods" if methods > 1 else "evaluating"
         try:
             with ProgressBar(reporter, len(images) * methods, label) as progress:
-                for _ in range(len(done) * methods):
+                for _ in range((len(images) - len(todo)) * methods):
                     progress(skipped=True)
-                steps = MethodSteps(progress, len(images), methods, len(done), self.plan_seconds)
-                ran = evaluator.run(todo, boxes, steps.image, record, steps.method) if todo else None
+                steps = MethodSteps(progress, len(images), methods, len(images) - len(todo), self.plan_seconds)
+                pending = finished.pending()
+                ran = evaluator.run(todo, boxes, steps.image, record, steps.method, pending) if todo else None
         except KeyboardInterrupt:
-            if self.ranking.rank and not finished:
-                reporter.info("interrupted before the first image finished: nothing to rank")
-            if self.ranking.rank and finished:
-                partial = self._report(evaluator, options, images, finished)
-                reporter.info(f"interrupted: the ranking of the {len(partial.ok)} image(s) finished")
+            if self.ranking.rank and not finished.results():
+                reporter.info("interrupted before the first method finished on an image: nothing to rank")
+            if self.ranking.rank and finished.results():
+                partial = self._report(evaluator, options, images, finished.images())
+                reporter.info(
+                    f"interrupted: the ranking of the {finished.results()} (image, method) result(s) finished, on "
+                    f"{len(partial.ok)} image(s)"
+                )
                 rank_report(reporter, explainer, partial, images, None, options.seed)
                 if rows is not None:
                     reporter.info(f"their rows are in {rows.path}; add --skip-existing to resume")
@@ -328,7 +334,7 @@ class EvalCommand:
         finally:
             if rows is not None:
                 rows.close()
-        return self._report(evaluator, options, images, finished, ran)
+        return self._report(evaluator, options, images, finished.images(), ran)
 
     def _planned(self, explainer: Explainer, images: list[InputImage], options: EvalOptions) -> Explainer:
         """Print the plan (each method's estimated seconds per image, from a timed pass on the first image) and,
@@ -352,8 +358,8 @@ class EvalCommand:
         return explainer if not plan.left_out else with_methods(explainer, plan.kept)
 
     def _rows(self, explainer: Explainer, options: EvalOptions) -> tuple[RowsFile | None, list[ImageScores]]:
-        """With ``--rank --report DIR``: the rows file that each finished image is appended to, and the images
-        ``--skip-existing`` keeps from it."""
+        """With ``--rank --report DIR``: the rows file that each finished (image, method) is appended to, and the
+        results ``--skip-existing`` keeps from it (merged per image)."""
         from ..evaluation.rows import ROWS_NAME, RowsFile, read_rows, run_settings
 
         folder = self.ranking.report

@@ -7,7 +7,8 @@ the scores, their JSON form and the curve plot are in :mod:`gradcam_cli.evaluati
 """
 
 import copy
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from .images import evaluate_images, report_of, scored_safely
 from .plan import with_methods
 from .report import BLUR_KERNEL, BLUR_SIGMA, STABILITY_SIGMA, BoxScore, EvalReport, ImageScores, MethodScores
 from .road import ROAD_FRACTIONS, impute, road_masks
+from .shared import Once, methods_to_run, pass_groups
 from .tasks import TaskEvaluator
 
 __all__ = [
@@ -89,7 +91,11 @@ class Evaluator:
         self.redraw: Explainer | None = None
         self.seed = explainer.perturbation.seed  # the maps' own seed (RISE's masks, randomcam's noise)
         self.on_method: Callable[[str], Any] | None = None
-        self._singles: dict[tuple[int, str], Explainer] = {}
+        self.on_result: Callable[[ImageScores], Any] | None = None
+        self.done: Mapping[str, ImageScores] = {}
+        self._groups = pass_groups(explainer.methods)
+        self._parts: dict[tuple[int, tuple[str, ...]], Explainer] = {}
+        self._once = Once()
         if self.options.sanity:
             self._build_randomised()
 
@@ -118,11 +124,13 @@ class Evaluator:
         on_image: Callable[[], Any] | None = None,
         on_result: Callable[[ImageScores], Any] | None = None,
         on_method: Callable[[str], Any] | None = None,
+        done: Mapping[str, ImageScores] | None = None,
     ) -> EvalReport:
         """Evaluate every image; ``on_image`` is called once per image and ``on_method(name)`` as each method's
-        work on an image begins (for progress bars), ``on_result`` with each image's scores as they are ready
-        (``gradcam eval --rank``'s rows file)."""
-        self.on_method = on_method
+        work on an image begins (for progress bars), ``on_result`` with each (image, method)'s scores as they are
+        ready, and with each failed image (``gradcam eval --rank``'s rows file, :mod:`.rows`). ``done``: image path
+        -> the methods already finished on it (``--skip-existing``), kept, not computed again."""
+        self.on_method, self.on_result, self.done = on_method, on_result, done or {}
         results, unmatched = evaluate_images(
             self.explainer, images, boxes, self.evaluate_image, on_image, False, on_result
         )
@@ -132,31 +140,45 @@ class Evaluator:
         """All figures for one image; a failure to read or run it is returned as ``error``, not raised."""
         return scored_safely(path, lambda: self._evaluate(path, boxes))
 
-    def _single(self, explainer: Explainer, method: str) -> Explainer:
-        """``explainer`` (the trained model's or a cascade stage's) with ``method`` alone, built once."""
-        key = (id(explainer), method)
-        if key not in self._singles:
-            self._singles[key] = with_methods(explainer, [method])
-        return self._singles[key]
+    def _part(self, explainer: Explainer, methods: tuple[str, ...]) -> Explainer:
+        """``explainer`` (the trained model's or a cascade stage's) with ``methods`` alone, built once."""
+        key = (id(explainer), methods)
+        if key not in self._parts:
+            self._parts[key] = with_methods(explainer, methods)
+        return self._parts[key]
+
+    def _cams(
+        self, explainer: Explainer, methods: tuple[str, ...], inputs: torch.Tensor, target: int, seed: int
+    ) -> Cams:
+        """The maps of ``methods`` (those sharing a pass) on ``inputs`` for class ``target``, computed once per
+        image."""
+        part = self._part(explainer, methods)
+        key = ("cams", id(explainer), methods, target, seed)
+        return self._once(key, lambda: part.compute_targets(inputs, target, 1, seed=seed)[1])
 
     def _evaluate(self, path: Path, boxes: Sequence[GroundTruthBox]) -> ImageScores:
-        """One method after another (so that progress advances per method), each explained, scored, checked for
-        stability and through the cascade before the next."""
+        """One method after another (so that progress advances per method), each scored, checked for stability and
+        through the cascade, and handed to ``on_result`` before the next; the methods that share passes
+        (:mod:`.shared`) are explained once for all of them, as the first of them begins."""
         picture = load_image(path)
         inputs = to_input_tensor(picture, self.explainer.model.input_spec).unsqueeze(0).to(self.explainer.device)
-        cams: Cams = {}
+        done = self.done.get(str(path))
         scores: dict[str, MethodScores] = {}
-        target: Prediction | None = None
-        for method in self.explainer.methods:
-            if self.on_method is not None:
-                self.on_method(method)
-            explained, method_cams, read = self._explained(inputs, self._single(self.explainer, method))
+        target: Prediction | None = done.target if done is not None else None
+        self._once.clear()
+        for method in methods_to_run(self.explainer.methods, done, scores, self.on_method):
+            group = self._part(self.explainer, self._groups[method])
+            explained, cams, read = self._once(
+                ("explained", self._groups[method]), partial(self._explained, inputs, group)
+            )
             target = target or explained
-            cams.update(method_cams)
-            scores[method] = self._method_scores(inputs, target, method, method_cams, read)
+            scores[method] = self._method_scores(inputs, target, method, cams, read)
+            if boxes:
+                self._score_boxes(method, scores[method], inputs, (picture.height, picture.width), boxes, target, cams)
+            if self.on_result is not None:
+                self.on_result(ImageScores(str(path), target, {method: scores[method]}))
+        self._once.clear()
         assert target is not None
-        if boxes:
-            self._score_boxes(scores, inputs, (picture.height, picture.width), boxes, target, cams)
         return ImageScores(str(path), target, scores)
 
     def _method_scores(
@@ -173,17 +195,15 @@ class Evaluator:
         for name, saliency in maps.items():
             scores[name].gini, scores[name].entropy = metrics.gini(saliency), metrics.entropy(saliency)
         result = averaged([scores[name] for name in maps]) if len(maps) > 1 else scores[method]
-        saliency = maps[method]
+        saliency, group = maps[method], self._groups[method]
         if self.options.stability:
-            result.stability = self._stability(inputs, target.index, saliency, self._single(self.explainer, method))
+            result.stability = self._stability(inputs, target.index, saliency, method)
         if self.redraw is not None and method in self.redraw.methods:  # a random method's agreement with itself
-            redrawn = self._single(self.explainer, method).compute_targets(
-                inputs, target.index, top_k=1, seed=sanity_seed(self.seed, 0)
-            )[1]
+            random = tuple(m for m in group if m in self.redraw.methods)
+            redrawn = self._cams(self.explainer, random, inputs, target.index, sanity_seed(self.seed, 0))
             result.sanity_redraw = metrics.spearman(saliency, to_image_maps(redrawn[method][0], input_size)[0])
         for stage, randomised in enumerate(self.randomised, 1):  # fresh masks and noise: never the trained model's
-            single = self._single(randomised, method)
-            random_cams = single.compute_targets(inputs, target.index, 1, seed=sanity_seed(self.seed, stage))[1]
+            random_cams = self._cams(randomised, group, inputs, target.index, sanity_seed(self.seed, stage))
             result.sanity.append(metrics.spearman(saliency, to_image_maps(random_cams[method][0], input_size)[0]))
         return result
 
@@ -209,18 +229,19 @@ class Evaluator:
 
         return explainer.prediction(index, float(targets.probabilities[0, index])), cams, probability
 
-    def _stability(
-        self, inputs: torch.Tensor, target: int, saliency: torch.Tensor, explainer: Explainer
-    ) -> list[float]:
-        """The map change ||m' - m|| / ||m|| of ``explainer``'s one method on ``stability_samples`` noisy copies of
-        the (1, 3, H, W) input (N(0, STABILITY_SIGMA^2) added in the network's input space, drawn from ``seed``),
-        keeping only copies whose top class is still ``target``."""
+    def _stability(self, inputs: torch.Tensor, target: int, saliency: torch.Tensor, method: str) -> list[float]:
+        """The map change ||m' - m|| / ||m|| of ``method`` on ``stability_samples`` noisy copies of the (1, 3, H, W)
+        input (N(0, STABILITY_SIGMA^2) added in the network's input space, drawn from ``seed``), keeping only copies
+        whose top class is still ``target`` (the copies explained once for the methods sharing ``method``'s pass)."""
         generator = torch.Generator().manual_seed(self.options.seed)
         noise = torch.randn(self.options.stability_samples, *inputs.shape[1:], generator=generator)
         noisy = inputs + STABILITY_SIGMA * noise.to(inputs.device, inputs.dtype)
-        probabilities, _, cams = explainer.compute(noisy, target, top_k=1)
+        group = self._part(self.explainer, self._groups[method])
+        probabilities, _, cams = self._once(
+            ("stability", self._groups[method]), partial(group.compute, noisy, target, 1)
+        )
         kept = (probabilities.argmax(dim=1) == target).nonzero().flatten().tolist()
-        noisy_maps = to_image_maps(cams[explainer.methods[0]][0], tuple(inputs.shape[-2:]))
+        noisy_maps = to_image_maps(cams[method][0], tuple(inputs.shape[-2:]))
         return [metrics.relative_change(saliency, noisy_maps[i]) for i in kept]
 
     def _perturbation_scores(
@@ -303,32 +324,36 @@ class Evaluator:
 
     def _score_boxes(
         self,
-        scores: dict[str, MethodScores],
+        method: str,
+        scores: MethodScores,
         inputs: torch.Tensor,
         size: tuple[int, int],
         boxes: Sequence[GroundTruthBox],
         target: Prediction,
-        cams: dict[str, list[list[torch.Tensor]]],
+        cams: Cams,
     ) -> None:
-        """Pointing game and energy per box class, on maps at the original image's resolution."""
+        """``method``'s pointing game and energy per box class, on maps at the original image's resolution (another
+        class's maps explained once for the methods sharing ``method``'s pass)."""
         labels = list(dict.fromkeys(box.label for box in boxes))
         for label in labels:
             group = [box.box for box in boxes if box.label == label]
             explained, group_cams = target, cams
             class_index = self._class_of(label)
             if class_index is not None and class_index != target.index:
-                probabilities, _, group_cams = self.explainer.compute(inputs, class_index, top_k=1)
-                explained = self.explainer.prediction(class_index, float(probabilities[0, class_index]))
-            for method, method_scores in scores.items():
-                saliency = to_image_maps(group_cams[method][0], size)[0]
-                method_scores.boxes.append(
-                    BoxScore(
-                        label,
-                        explained,
-                        metrics.pointing_hit(saliency, group, self.options.tolerance),
-                        metrics.energy_inside(saliency, group),
-                    )
+                part = self._part(self.explainer, self._groups[method])
+                probabilities, _, group_cams = self._once(
+                    ("class", self._groups[method], class_index), partial(part.compute, inputs, class_index, 1)
                 )
+                explained = self.explainer.prediction(class_index, float(probabilities[0, class_index]))
+            saliency = to_image_maps(group_cams[method][0], size)[0]
+            scores.boxes.append(
+                BoxScore(
+                    label,
+                    explained,
+                    metrics.pointing_hit(saliency, group, self.options.tolerance),
+                    metrics.energy_inside(saliency, group),
+                )
+            )
 
     def _class_of(self, label: str | None) -> int | None:
         categories = self.explainer.model.categories

@@ -29,8 +29,8 @@ def evaluate_images(
     on_result: Callable[[ImageScores], Any] | None = None,
 ) -> tuple[list[ImageScores], int]:
     """Each image's figures (``boxed_only``: only of the images that have boxes), and how many boxes name no input
-    image; ``on_image`` is called once per image (for progress bars), ``on_result`` with each image's figures as
-    they are ready."""
+    image; ``on_image`` is called once per image (for progress bars), ``on_result`` with each failed image (the
+    evaluators hand it each finished (image, method) themselves)."""
     inputs = [image for image in images if isinstance(image, InputImage)]
     if len(inputs) < len(images):
         inputs = discover([image.path if isinstance(image, InputImage) else image for image in images])
@@ -41,7 +41,7 @@ def evaluate_images(
     for image in inputs:
         if not boxed_only or image.path in matched:
             results.append(evaluate_image(image.path, matched.get(image.path, [])))
-            if on_result:
+            if on_result and results[-1].error is not None:
                 on_result(results[-1])
         if on_image:
             on_image()

@@ -5,7 +5,8 @@ before the heavy work, and for ``--method all`` on a CPU (or any ``--budget``) t
 A method's evaluation on one image costs its explanation once for the image, once per sanity stage, once more for
 a random method's redraw and once per stability copy, plus one forward pass per perturbed image it is scored on
 (deletion and insertion steps, the masked image, ROAD's 18 images; randomcam four times over). The explanation is
-timed on the first image; a method that runs batches of masked inputs (Score-CAM, AblationCAM, RISE, occlusion) is
+timed on the first image (the methods that share a pass, :mod:`.shared`, timed together, each carrying an equal
+share); a method that runs batches of masked inputs (Score-CAM, AblationCAM, RISE, occlusion) is
 stopped through its progress callback after :data:`TIMED_SECONDS` and its time extrapolated from the share done.
 """
 
@@ -24,6 +25,7 @@ from ..cam.masked_scores import ProgressCallback
 from ..options import EvalOptions, PerturbationOptions
 from .draws import RANDOM_DRAWS, RANDOM_METHODS
 from .road import ROAD_FRACTIONS
+from .shared import pass_groups
 
 BUDGET = 600.0
 """Seconds a ``--method all`` ranking may take on a CPU unless ``--budget`` says otherwise."""
@@ -43,8 +45,9 @@ class _Enough(Exception):
     """Stops a timed explanation once its rate is known."""
 
 
-def _timed(explainer: Explainer, method: str, inputs: torch.Tensor) -> float:
-    """Seconds ``method`` takes to explain the (1, 3, H, W) ``inputs``, extrapolated from its progress."""
+def _timed(explainer: Explainer, methods: tuple[str, ...], inputs: torch.Tensor) -> float:
+    """Seconds ``methods`` (one pass) take to explain the (1, 3, H, W) ``inputs``, extrapolated from their
+    progress."""
     marks: dict[str, float] = {}
 
     def progress(done: int, total: int) -> None:
@@ -56,7 +59,7 @@ def _timed(explainer: Explainer, method: str, inputs: torch.Tensor) -> float:
             if done < total:
                 raise _Enough
 
-    single = with_methods(explainer, [method], progress=progress)
+    single = with_methods(explainer, methods, progress=progress)
     started = time.perf_counter()
     try:
         single.compute_targets(inputs, explainer.target, 1)
@@ -127,10 +130,14 @@ def estimate(
     )
     passes = 2 * (options.steps - 1) + 1 + (2 * len(ROAD_FRACTIONS) if options.road else 0)
     seconds = {}
+    groups, explained = pass_groups(explainer.methods), {}
     for method in explainer.methods:
         if on_method:
             on_method(method)
-        explain = _timed(explainer, method, inputs)
+        group = groups[method]
+        if group not in explained:  # the methods sharing a pass: timed together, each carries an equal share
+            explained[group] = _timed(explainer, group, inputs) / len(group)
+        explain = explained[group]
         redraw = 1 if options.sanity and method in RANDOM_METHODS else 0
         draws = RANDOM_DRAWS if method == "randomcam" else 1
         seconds[method] = explain * (repeats + redraw) + forward * passes * draws

@@ -1,13 +1,15 @@
 """``gradcam eval --rank``: every method ranked per metric, with bootstrap intervals over images and paired
 comparisons (docs/evaluation.md, "Ranking", is the protocol; this module computes it).
 
-Per metric: each image's value for each method (:data:`RANKED`) on the images every method has a value for, in
-float64; each method's mean and the percentile 95 % interval of the mean over :data:`BOOTSTRAP_RESAMPLES` resamples
-of the images (the same resamples for every method, drawn from ``seed``; widened to hold the mean where the
-percentiles miss it). Methods with equal means share a rank. The comparisons are paired: the per-image difference
-between each method and the best one, and between each method and ``randomcam``, with a BCa bootstrap 95 % interval
-(:func:`paired_interval`, Efron 1987); a method is indistinguishable from the best where that interval holds 0, and
-beats randomcam where, on every faithfulness metric measured, its interval lies wholly on the better side of 0.
+Per metric: each image's value for each method (:data:`RANKED`) on the images every method has a value for (an
+image a run was interrupted on counts for the methods finished on it: their comparisons are over the images both
+finished), in float64; each method's mean and the percentile 95 % interval of the mean over
+:data:`BOOTSTRAP_RESAMPLES` resamples of the images (the same resamples for every method, drawn from ``seed``;
+widened to hold the mean where the percentiles miss it). Methods with equal means share a rank. The comparisons are
+paired: the per-image difference between each method and the best one, and between each method and ``randomcam``,
+with a BCa bootstrap 95 % interval (:func:`paired_interval`, Efron 1987); a method is indistinguishable from the
+best where that interval holds 0, and beats randomcam where, on every faithfulness metric measured, its interval
+lies wholly on the better side of 0.
 Methods that cannot be told apart share a group. Below :data:`MIN_IMAGES` images the intervals are marked not
 reliable; one image gives none.
 """
@@ -105,22 +107,23 @@ class RankRow:
 
 
 def values(report: EvalReport, metric: str) -> dict[str, list[float]]:
-    """Each method's per-image values of ``metric`` on the images where every method has one (same order)."""
-    return measured_table(report, metric)[1]
+    """Each method's per-image values of ``metric`` (:func:`measured_table`), in the report's image order."""
+    return {method: list(column.values()) for method, column in measured_table(report, metric).items()}
 
 
-def measured_table(report: EvalReport, metric: str) -> tuple[list[str], dict[str, list[float]]]:
-    """The images where every method has a value of ``metric``, and each method's values on them (same order)."""
+def measured_table(report: EvalReport, metric: str) -> dict[str, dict[str, float]]:
+    """Each method's values of ``metric`` by image, on the images where every method the image holds has one: every
+    method of a finished run (the same images for all); an image interrupted part-way counts for the methods that
+    finished on it."""
     value = RANKED[metric][2]
-    images: list[str] = []
-    columns: dict[str, list[float]] = {method: [] for method in report.methods}
+    columns: dict[str, dict[str, float]] = {method: {} for method in report.methods}
     for image in report.ok:
-        row = [value(image, image.methods[m]) if m in image.methods else None for m in report.methods]
-        if all(v is not None and not math.isnan(v) for v in row):
-            images.append(image.image)
-            for method, v in zip(report.methods, row, strict=True):
-                columns[method].append(float(v))  # type: ignore[arg-type]
-    return images, columns
+        held = [m for m in report.methods if m in image.methods]
+        row = [value(image, image.methods[m]) for m in held]
+        if held and all(v is not None and not math.isnan(v) for v in row):
+            for method, v in zip(held, row, strict=True):
+                columns[method][image.image] = float(v)  # type: ignore[arg-type]
+    return columns
 
 
 def bootstrap(table: torch.Tensor, seed: int, resamples: int = BOOTSTRAP_RESAMPLES) -> torch.Tensor:
@@ -193,14 +196,16 @@ def rank(
         sanity = report.summary(method).get("sanity")
         flagged[method] = bool(sanity["flagged"]) if sanity else None
     tables = {metric: measured_table(report, metric) for metric in RANKED}
-    tables = {metric: table for metric, table in tables.items() if table[0]}
+    tables = {metric: table for metric, table in tables.items() if any(table.values())}
     data = {
-        metric: {m: torch.tensor(v, dtype=torch.float64) for m, v in columns.items()}
-        for metric, (_, columns) in tables.items()
+        metric: {m: torch.tensor(list(v.values()), dtype=torch.float64) for m, v in columns.items()}
+        for metric, columns in tables.items()
     }
 
     def compare(metric: str, method: str, other: str) -> tuple[float, float, float]:
-        difference = data[metric][method] - data[metric][other]
+        difference = paired(tables[metric], data[metric], method, other)
+        if not difference.numel():
+            return math.nan, math.nan, math.nan
         return (float(difference.mean()), *paired_interval(difference, seed, resamples))
 
     beats: dict[str, bool | None] = dict.fromkeys(report.methods)
@@ -214,13 +219,13 @@ def rank(
                 checks.append(None if math.isnan(low) else (high < 0 if RANKED[metric][1] == "lower" else low > 0))
             beats[method] = None if not checks or None in checks else all(checks)
     rows = []
-    for metric, (images, columns) in tables.items():
+    for metric, columns in tables.items():
         label, better, _ = RANKED[metric]
         sign = 1.0 if better == "lower" else -1.0
-        methods = list(columns)
+        methods = [m for m in columns if columns[m]]
+        counts = {m: len(columns[m]) for m in methods}
         means = {m: float(data[metric][m].mean()) for m in methods}
-        table = torch.stack([data[metric][m] for m in methods])
-        intervals = bootstrap(table, seed, resamples) if len(images) > 1 else torch.full((len(methods), 2), math.nan)
+        intervals = _intervals([data[metric][m] for m in methods], seed, resamples)
         order = sorted(methods, key=lambda m: sign * means[m])
         best = order[0]
         comparisons = {m: compare(metric, m, best) for m in methods}
@@ -252,7 +257,7 @@ def rank(
                     mean,
                     low,
                     high,
-                    len(images),
+                    counts[method],
                     flagged[method],
                     beats[method],
                     group=grouped[method],
@@ -263,12 +268,33 @@ def rank(
                     vs_random_low=vs_random[1],
                     vs_random_high=vs_random[2],
                     indistinguishable_from_best=None if math.isnan(vs_best[1]) else not apart[method],
-                    reliable=len(images) >= MIN_IMAGES,
-                    per_image=dict(zip(images, columns[method], strict=True)),
+                    reliable=min(counts.values()) >= MIN_IMAGES,
+                    per_image=dict(columns[method]),
                     seed_sd=spread.get(method, {}).get(metric, math.nan),
                 )
             )
     return rows
+
+
+def paired(
+    columns: dict[str, dict[str, float]], data: dict[str, torch.Tensor], method: str, other: str
+) -> torch.Tensor:
+    """The per-image differences ``method - other`` on the images both have values for (every image, unless a run
+    was interrupted part-way through one)."""
+    ours, theirs = columns[method], columns[other]
+    if ours.keys() == theirs.keys():
+        return data[method] - data[other]
+    return torch.tensor([ours[i] - theirs[i] for i in ours if i in theirs], dtype=torch.float64)
+
+
+def _intervals(columns: list[torch.Tensor], seed: int, resamples: int) -> torch.Tensor:
+    """(M, 2): each column's percentile interval (:func:`bootstrap`), the same resamples for columns of one length
+    (every column, unless a run was interrupted part-way through an image); NaN below 2 values."""
+    out = torch.full((len(columns), 2), math.nan, dtype=torch.float64)
+    for n in {column.numel() for column in columns if column.numel() > 1}:
+        rows = [i for i, column in enumerate(columns) if column.numel() == n]
+        out[rows] = bootstrap(torch.stack([columns[i] for i in rows]), seed, resamples)
+    return out
 
 
 def warnings(rows: Sequence[RankRow]) -> list[str]:
@@ -315,7 +341,9 @@ def format_ranking(rows: list[RankRow]) -> list[str]:
     for metric in dict.fromkeys(row.metric for row in rows):
         block = [row for row in rows if row.metric == metric]
         unreliable = "" if block[0].reliable else f": groups not reliable below {MIN_IMAGES} images"
-        lines += ["", f"{block[0].label} ({block[0].better} is better; {block[0].images} image(s)){unreliable}"]
+        counts = sorted({row.images for row in block})
+        images = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+        lines += ["", f"{block[0].label} ({block[0].better} is better; {images} image(s)){unreliable}"]
         width = max(len(row.method) for row in block)
         seeds = any(not math.isnan(row.seed_sd) for row in block)
         lines.append(

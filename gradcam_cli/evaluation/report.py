@@ -123,8 +123,9 @@ class EvalReport:
         return any(s.boxes for image in self.ok for s in image.methods.values())
 
     def summary(self, method: str) -> dict[str, Any]:
-        """Figures over all images for one method (means, percentages, per-class tables, the worst images)."""
-        scores = [(image, image.methods[method]) for image in self.ok]
+        """Figures over all images for one method (means, percentages, per-class tables, the worst images); the
+        images it finished on where a run was interrupted part-way through one."""
+        scores = [(image, image.methods[method]) for image in self.ok if method in image.methods]
         out: dict[str, Any] = {"images": len(scores)}
         if not scores:
             return out

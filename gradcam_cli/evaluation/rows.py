@@ -1,16 +1,22 @@
-"""``gradcam eval --rank --report DIR``'s rows file, ``DIR/rows.jsonl``: every image's scores appended as it
-finishes, so that an interrupted run leaves its finished images on disk and ``--skip-existing`` resumes from them.
+"""``gradcam eval --rank --report DIR``'s rows file, ``DIR/rows.jsonl``: every (image, method) result appended as it
+finishes, so that an interrupted run leaves its finished results on disk and ``--skip-existing`` resumes from them.
 
 Line 1 is the run's settings (``{"settings": {...}}``: model, layers, methods, seeds, steps ...); each next line one
-image's scores (:func:`image_row`, the fields of :class:`~gradcam_cli.evaluation.report.ImageScores`). A line is
-written whole with one ``write`` to a file opened for appending and flushed to disk before the next image starts; a
-last line cut short by a crash is ignored when the file is read.
+row (:func:`image_row`, the fields of :class:`~gradcam_cli.evaluation.report.ImageScores`): one method's figures on
+one image (``methods`` holds that one method; ``target`` is the image's explained target, the same in each of its
+rows), or a failed image (``error`` set, no methods). The unit of a row is everything measured for one method on one
+image: its curves, masked probability, ROAD, Gini and entropy (randomcam's averaged over its draws), its stability
+copies, its sanity cascade and redraw, its boxes. Rows of one image are merged when the file is read (a file written
+before rows were per method, one line per image with all its methods, reads the same way). A line is written whole
+with one ``write`` to a file opened for appending and flushed to disk before the next method starts; a last line cut
+short by a crash is ignored when the file is read.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import IO, Any
@@ -60,7 +66,8 @@ def image_from_row(row: dict[str, Any]) -> ImageScores:
 
 
 class RowsFile:
-    """Appends each finished image's row to ``path``, after the settings line (a new file) ."""
+    """Appends each finished (image, method)'s row (and each failed image's) to ``path``, after the settings line
+    (a new file)."""
 
     def __init__(self, path: Path, settings: dict[str, Any], resume: bool) -> None:
         self.path = path
@@ -85,8 +92,9 @@ class RowsFile:
 
 
 def read_rows(path: Path, settings: dict[str, Any]) -> list[ImageScores]:
-    """The images ``path`` holds, when it was written with the same ``settings`` (otherwise a usage error: its
-    figures would not be comparable); none when it does not exist. Failed images are left out (tried again)."""
+    """The (image, method) results ``path`` holds, merged per image, when it was written with the same ``settings``
+    (otherwise a usage error: its figures would not be comparable); none when it does not exist. Failure rows are
+    left out (the image's missing methods are tried again)."""
     if not path.exists():
         return []
     lines = path.read_text(encoding="utf-8").splitlines()
@@ -99,12 +107,60 @@ def read_rows(path: Path, settings: dict[str, Any]) -> list[ImageScores]:
             f"--skip-existing: {path} was written by a run with other settings; remove it or run without "
             "--skip-existing"
         )
-    images = []
+    finished = Finished(written["methods"])
     for line in lines[1:]:
         try:
-            image = image_from_row(json.loads(line))
+            row = image_from_row(json.loads(line))
         except (ValueError, KeyError, TypeError):
             continue  # a line cut short by an interrupted write
-        if image.error is None:
-            images.append(image)
-    return images
+        if row.error is None:
+            finished.add(row)
+    return finished.images()
+
+
+class Finished:
+    """The results finished so far, merged per image from their rows (a failed image's row replaces it), each
+    image's methods in ``methods``' order."""
+
+    def __init__(self, methods: Sequence[str], rows: Iterable[ImageScores] = ()) -> None:
+        self.methods = list(methods)
+        self._images: dict[str, ImageScores] = {}
+        for row in rows:
+            self.add(row)
+
+    def add(self, row: ImageScores) -> None:
+        known = self._images.get(row.image)
+        if row.error is not None or known is None or known.error is not None:
+            self._images[row.image] = ImageScores(row.image, row.target, dict(row.methods), row.error)
+        else:
+            known.methods.update(row.methods)
+
+    def complete(self, image: str) -> bool:
+        """Whether every method has finished on ``image``."""
+        known = self._images.get(image)
+        return known is not None and known.error is None and all(m in known.methods for m in self.methods)
+
+    def pending(self) -> dict[str, ImageScores]:
+        """Image -> its finished methods, for the images some method is still to run on (a copy)."""
+        return {
+            name: ImageScores(name, image.target, dict(image.methods))
+            for name, image in self._images.items()
+            if image.error is None and not self.complete(name)
+        }
+
+    def results(self) -> int:
+        """How many (image, method) results have finished."""
+        return sum(len(image.methods) for image in self._images.values() if image.error is None)
+
+    def images(self) -> list[ImageScores]:
+        """Every image with a row, its methods in order (those finished)."""
+        order = {method: i for i, method in enumerate(self.methods)}
+        return [
+            ImageScores(
+                image.image,
+                image.target,
+                dict(sorted(image.methods.items(), key=lambda item: order.get(item[0], len(order)))),
+                image.error,
+            )
+            for image in self._images.values()
+        ]

@@ -19,19 +19,23 @@ How a task pairs boxes with its explanations is its adapter's (:meth:`~gradcam_c
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from ..cam.explainer import Explainer
-from ..cam.results import Prediction
+from ..cam.results import ImageExplanation, Prediction
+from ..cam.tasks.base import Pair
 from ..errors import UsageError
 from ..io.discovery import InputImage
 from ..options import EvalOptions
 from . import metrics
 from .boxes import GroundTruthBox
 from .images import evaluate_images, report_of, scored_safely
+from .plan import with_methods
 from .report import BoxScore, EvalReport, ImageScores, MethodScores
+from .shared import Once, methods_to_run, pass_groups
 
 
 class TaskEvaluator:
@@ -42,6 +46,12 @@ class TaskEvaluator:
         self.options = options or EvalOptions()
         explainer.adapter.eval_checks(self.options.sanity, self.options.plot is not None, self.options.road)
         self.undetected = 0
+        self.on_method: Callable[[str], Any] | None = None
+        self.on_result: Callable[[ImageScores], Any] | None = None
+        self.done: Mapping[str, ImageScores] = {}
+        self._groups = pass_groups(explainer.methods)
+        self._parts: dict[tuple[str, ...], Explainer] = {}
+        self._once = Once()
 
     def run(
         self,
@@ -50,12 +60,16 @@ class TaskEvaluator:
         on_image: Callable[[], Any] | None = None,
         on_result: Callable[[ImageScores], Any] | None = None,
         on_method: Callable[[str], Any] | None = None,
+        done: Mapping[str, ImageScores] | None = None,
     ) -> EvalReport:
-        """Score every image that has boxes; ``on_image`` is called once per image, ``on_result`` with each scored
-        image's scores (``on_method`` is not called: the methods share each image's work)."""
+        """Score every image that has boxes; ``on_image`` is called once per image, ``on_method(name)`` as each
+        method's work on an image begins, ``on_result`` with each (image, method)'s scores and each failed image;
+        ``done``: the methods already finished per image, kept (as :meth:`Evaluator.run
+        <gradcam_cli.evaluation.evaluate.Evaluator.run>`)."""
         kind = self.explainer.adapter.noun
         if not boxes:
             raise UsageError(f"gradcam eval of a {kind} needs --boxes: it measures where its maps point")
+        self.on_method, self.on_result, self.done = on_method, on_result, done or {}
         results, unmatched = evaluate_images(
             self.explainer, images, boxes, self.evaluate_image, on_image, True, on_result
         )
@@ -66,20 +80,43 @@ class TaskEvaluator:
         return scored_safely(path, lambda: self._scores(path, boxes))
 
     def _scores(self, path: Path, boxes: Sequence[GroundTruthBox]) -> ImageScores:
-        result = self.explainer.explain(path)
-        pairs, undetected = self.explainer.adapter.box_pairs(self.explainer, path, result, boxes)
-        self.undetected += undetected
-        scores = {method: MethodScores([], [], math.nan) for method in self.explainer.methods}
-        for label, group, explanations in pairs:
-            for explanation in explanations:
-                saliency = explanation.saliency
-                scores[explanation.method].boxes.append(
-                    BoxScore(
-                        label,
-                        explanation.target,
-                        metrics.pointing_hit(saliency, group, self.options.tolerance),
-                        metrics.energy_inside(saliency, group),
+        """One method after another, each handed to ``on_result`` as it is scored; the methods that share passes
+        (:mod:`.shared`) explained once for all of them, as the first of them begins."""
+        done = self.done.get(str(path))
+        scores: dict[str, MethodScores] = {}
+        top = done.target if done is not None else None
+        self._once.clear()
+        for method in methods_to_run(self.explainer.methods, done, scores, self.on_method):
+            group = self._groups[method]
+            first = not self._once
+            result, pairs, undetected = self._once(("pairs", group), partial(self._paired, group, path, boxes))
+            self.undetected += undetected if first else 0  # the same boxes for every group: counted once
+            top = top or (result.predictions[0] if result.predictions else Prediction(-1, "nothing found", 0.0))
+            scores[method] = MethodScores([], [], math.nan)
+            for label, truth, explanations in pairs:
+                for explanation in (e for e in explanations if e.method == method):
+                    scores[method].boxes.append(
+                        BoxScore(
+                            label,
+                            explanation.target,
+                            metrics.pointing_hit(explanation.saliency, truth, self.options.tolerance),
+                            metrics.energy_inside(explanation.saliency, truth),
+                        )
                     )
-                )
-        top = result.predictions[0] if result.predictions else Prediction(-1, "nothing found", 0.0)
+            if self.on_result is not None:
+                self.on_result(ImageScores(str(path), top, {method: scores[method]}))
+        self._once.clear()
+        assert top is not None
         return ImageScores(str(path), top, scores)
+
+    def _paired(
+        self, methods: tuple[str, ...], path: Path, boxes: Sequence[GroundTruthBox]
+    ) -> tuple[ImageExplanation, list[Pair], int]:
+        """The image explained by ``methods`` (one pass), its boxes paired with their explanations, and how many
+        boxes no explanation matched."""
+        if methods not in self._parts:
+            self._parts[methods] = with_methods(self.explainer, methods)
+        explainer = self._parts[methods]
+        result = explainer.explain(path)
+        pairs, undetected = explainer.adapter.box_pairs(explainer, path, result, boxes)
+        return result, pairs, undetected

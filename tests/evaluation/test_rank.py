@@ -368,8 +368,10 @@ def test_cli_rank_plan_rows_interrupt_and_resume(tmp_path: Path, monkeypatch: py
     assert "deletion AUC (lower is better; 1 image(s))" in stopped.stdout  # the partial table
     assert "add --skip-existing to resume" in stopped.stderr
     lines = (page / "rows.jsonl").read_text().splitlines()
-    assert "settings" in json.loads(lines[0]) and [json.loads(line)["image"] for line in lines[1:]] == [
-        str(folder / "square0.png")
+    rows = [json.loads(line) for line in lines[1:]]  # one row per (image, method), as each finishes
+    assert "settings" in json.loads(lines[0]) and [(row["image"], *row["methods"]) for row in rows] == [
+        (str(folder / "square0.png"), "gradcam"),
+        (str(folder / "square0.png"), "randomcam"),
     ]
     calls.clear()
     monkeypatch.setattr(
@@ -385,7 +387,7 @@ def test_cli_rank_plan_rows_interrupt_and_resume(tmp_path: Path, monkeypatch: py
     assert reruns == ["square0.png", "square1.png", "square2.png"] * SEED_RERUNS
     rows = [json.loads(line) for line in resumed.stdout.splitlines() if line.startswith("{")]
     assert {row["images"] for row in rows} == {3} and all(len(row["per_image"]) == 3 for row in rows)
-    assert len((page / "rows.jsonl").read_text().splitlines()) == 4
+    assert len((page / "rows.jsonl").read_text().splitlines()) == 1 + 3 * 2  # settings, then 3 images x 2 methods
     other = run(*common, "--skip-existing", "--steps", "5")
     assert other.exit_code == 2 and "written by a run with other settings" in other.stderr
     # a budget no method fits: only the floor is kept, and the plan says which were left out and why

@@ -3,6 +3,7 @@ method at work with the plan's estimate for it, advanced as each method's work b
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -57,3 +58,43 @@ def test_the_rank_bar_advances_per_image_and_method(tmp_path: Path, monkeypatch:
         "step 6/6",
     ]
     assert "image 2/2 · randomcam" in ANSI.sub("", result.stderr)  # drawn on the terminal as it changes
+
+
+def test_a_detectors_eval_bar_advances_per_image_and_method(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The box measures of a detector step per (image, method) too, the methods sharing one pass per image."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    square_image((300, 200), (250, 60, 290, 100)).save(folder / "red.png")
+    square_image((300, 200), (20, 60, 60, 100)).save(folder / "left.png")
+    (tmp_path / "classes.txt").write_text("__background__\nred\ngreen\nblue\n", encoding="utf-8")
+    boxes = tmp_path / "boxes.csv"
+    boxes.write_text("image,x1,y1,x2,y2,class\nred.png,250,60,290,100,red\nleft.png,20,60,60,100,red\n")
+    events: list[str] = []
+    step, describe = reporting.ProgressBar.__call__, reporting.ProgressBar.describe
+    monkeypatch.setattr(typer.testing._NamedTextIOWrapper, "isatty", lambda _self: True)
+    monkeypatch.setattr(reporting.sys.stderr, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr(
+        reporting.ProgressBar,
+        "__call__",
+        lambda self, skipped=False: (
+            events.append(f"step {self.bar.tasks[0].completed + 1}/{self.total}") or step(self, skipped)
+        ),
+    )
+    monkeypatch.setattr(
+        reporting.ProgressBar, "describe", lambda self, text: events.append(text) or describe(self, text)
+    )
+    detector = f"{Path(__file__).resolve().parents[1] / 'task_models.py'}:build_detector"
+    args = [str(folder), "--model", detector, "--labels", str(tmp_path / "classes.txt"), "--boxes", str(boxes)]
+    result = CliRunner().invoke(app, [*args, "--method", "gradcam,eigencam", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["methods"]["eigencam"]["pointing"]["overall"]["count"] == 2
+    assert events == [
+        "image 1/2 · gradcam",
+        "step 1/4",
+        "image 1/2 · eigencam",
+        "step 2/4",
+        "image 2/2 · gradcam",
+        "step 3/4",
+        "image 2/2 · eigencam",
+        "step 4/4",
+    ]
