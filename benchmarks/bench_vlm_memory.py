@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import vlm_models  # noqa: E402
-from saved_memory import KeptMemory  # noqa: E402
+from saved_memory import KeptMemory, kept_training_style  # noqa: E402
 
-from gradcam_cli.vlm.answer import AnswerExplainer, _Prompted  # noqa: E402
+from gradcam_cli.vlm.answer import AnswerExplainer  # noqa: E402
 from gradcam_cli.vlm.families import family_of  # noqa: E402
 from gradcam_cli.vlm.loading import LoadedVlm, load_vlm  # noqa: E402
 
@@ -47,17 +47,7 @@ def kept(explainer: AnswerExplainer, image: Image.Image, answer: str, per_token:
     ids = explainer.encode(answer)
     with KeptMemory(explainer.vlm.module, explainer.module) as ours:
         explainer.gradients(inputs, ids, explainer.targets(ids, per_token))
-    images = {key: value for key, value in inputs.items() if key not in ("input_ids", "attention_mask")}
-    sequence = torch.cat((inputs["input_ids"], torch.tensor([ids], device=explainer.device)), dim=1)
-    module = explainer.vlm.module
-    flags = [parameter.requires_grad for parameter in module.parameters()]
-    try:
-        module.requires_grad_(True)
-        with KeptMemory(module) as full, torch.enable_grad():
-            _Prompted(module, images)(sequence)
-    finally:
-        for parameter, flag in zip(module.parameters(), flags, strict=True):
-            parameter.requires_grad_(flag)
+    full = kept_training_style(explainer, inputs, ids)
     return ours.total, full.total
 
 

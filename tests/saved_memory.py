@@ -6,6 +6,7 @@ gradient, but in memory anyway), and of those saved before a given layer's outpu
 from __future__ import annotations
 
 from types import TracebackType
+from typing import Any
 
 import torch
 from torch import nn
@@ -50,3 +51,22 @@ class KeptMemory:
         self._hooks.__exit__(kind, error, trace)
         if self._handle is not None:
             self._handle.remove()
+
+
+def kept_training_style(explainer: Any, inputs: dict[str, torch.Tensor], answer: list[int]) -> KeptMemory:
+    """What the answer's teacher-forced forward pass keeps when run as training runs it (every parameter requiring
+    a gradient): the comparison for an ``AnswerExplainer``'s own pass. The parameters' flags are restored."""
+    from gradcam_cli.vlm.answer import TEXT_KEYS, _Prompted
+
+    module = explainer.vlm.module
+    images = {key: value for key, value in inputs.items() if key not in TEXT_KEYS}
+    ids = torch.cat((inputs["input_ids"], torch.tensor([answer], device=explainer.device)), dim=1)
+    flags = [parameter.requires_grad for parameter in module.parameters()]
+    try:
+        module.requires_grad_(True)
+        with KeptMemory(module, explainer.module) as kept, torch.enable_grad():
+            _Prompted(module, images)(ids)
+    finally:
+        for parameter, flag in zip(module.parameters(), flags, strict=True):
+            parameter.requires_grad_(flag)
+    return kept

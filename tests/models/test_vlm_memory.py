@@ -13,9 +13,9 @@ pytest.importorskip("transformers")
 import torch
 import vlm_models
 from PIL import Image
-from saved_memory import KeptMemory
+from saved_memory import KeptMemory, kept_training_style
 
-from gradcam_cli.vlm.answer import AnswerExplainer, _Prompted
+from gradcam_cli.vlm.answer import AnswerExplainer
 from gradcam_cli.vlm.loading import load_vlm
 
 PROMPT = "what is the cat ?"
@@ -41,16 +41,7 @@ def test_nothing_below_the_layer_is_kept_and_no_parameter_gets_a_gradient(explai
     assert all(p.grad is None for p in explainer.vlm.module.parameters())
     assert [p.requires_grad for p in explainer.vlm.module.parameters()] == flags
 
-    # The same forward pass as training would run it (every parameter requiring a gradient) keeps more.
-    images = {key: value for key, value in inputs.items() if key not in ("input_ids", "attention_mask")}
-    ids = torch.cat((inputs["input_ids"], torch.tensor([answer])), dim=1)
-    module = explainer.vlm.module
-    try:
-        module.requires_grad_(True)
-        with KeptMemory(explainer.vlm.module, explainer.module) as full:
-            _Prompted(module, images)(ids)
-    finally:
-        for parameter, flag in zip(module.parameters(), flags, strict=True):
-            parameter.requires_grad_(flag)
+    # The same forward pass as training would run it keeps more, some of it below the layer.
+    full = kept_training_style(explainer, inputs, answer)
     assert full.below > 0
     assert kept.total < full.total
