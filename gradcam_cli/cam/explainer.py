@@ -37,7 +37,7 @@ from ..options import (
 from .attention.discovery import attention_for, head_settings, with_heads
 from .engine import LayerCapture, settle_loaded
 from .explainer_input import ExplainKeywords, explain_options, explained_model
-from .layers import DryPasses, LayerInfo, chosen_layers, forget_tokens, reads_tokens, resolve_layer
+from .layers import DryPasses, LayerInfo, forget_tokens, reads_tokens, resolve_layer
 from .maps import pad_to_region
 from .masked_scores import ProgressCallback
 from .methods import METHODS, resolve_methods
@@ -107,22 +107,24 @@ class Explainer:
         options = explain_options(options, methods, keywords)
         self.explain_options = options
         """What this explainer explains, whole (:meth:`with_options` builds another from it)."""
-        model, requested, unshown = explained_model(model, task, options)
+        model, unshown = explained_model(model, task, options)
         if device is not None:
             model.module.to(device)
         self.device = next(model.module.parameters(), torch.empty(0)).device
-        resolve_methods(list(options.methods), model.task.value, also=METHODS)  # unknown names fail before the dry
+        resolve_methods(list(options.methods), model.task, also=METHODS)  # unknown names fail before the dry pass
         names = list(options.layers)
         resolved = {name: resolve_layer(model.module, name) for name in names}
         self.dry_passes = dry_passes or DryPasses()
-        infos = self.dry_passes.get(model, self.device)
+        adapter = adapter_for(model)  # a bare module's: a classifier's until its dry pass shows its task
+        infos = self.dry_passes.get(model, self.device, adapter.tokens)
         if unshown:  # a bare module's task, from the dry pass
             model = model.with_task_shown(infos[0].output_shape if infos and not infos[0].name else None)
+            adapter = adapter_for(model)
         self.dry_passes.keep(model, self.device, infos)  # found again by with_options' explainers
         self.model, self.task = model, model.task
-        self.adapter: TaskAdapter = adapter_for(model, requested)
+        self.adapter: TaskAdapter = adapter
         """What the model's task does (:mod:`gradcam_cli.cam.tasks`): its score, methods, rows and messages."""
-        self.tokens = reads_tokens(model)
+        self.tokens = reads_tokens(model, adapter.tokens)
         """Whether 3-D layer outputs are token sequences (see :mod:`gradcam_cli.cam.reshape`)."""
         if not self.tokens:
             forget_tokens(infos)
@@ -171,7 +173,7 @@ class Explainer:
         """The layers explained: ``names``, else the default layer; none where no method reads a layer."""
         if not names and not any(METHODS[method].uses_layer for method in self.methods):
             return []
-        return chosen_layers(self.model, infos, names, self.tokens, self.adapter.ranked)
+        return self.adapter.chosen_layers(self.model, infos, names, self.tokens)
 
     @classmethod
     def from_options(
@@ -257,7 +259,7 @@ class Explainer:
         """
         targets, cams = self.compute_targets(inputs, target, top_k, seed)
         if not isinstance(targets, ClassTargets):
-            raise UsageError(f"compute() is for classifiers; explain a {self.task.noun} with compute_targets()")
+            raise UsageError(f"compute() is for classifiers; explain a {self.adapter.noun} with compute_targets()")
         return targets.probabilities, targets.targets, cams
 
     def compute_targets(

@@ -10,7 +10,7 @@ from typing import Any, TypedDict
 from torch import nn
 
 from ..models.loading import LoadedModel
-from ..models.tasks import Task
+from ..models.tasks import parse_task, task_facts
 from ..options import DEFAULT_METHOD, TASK_NAMES, ExplainOptions, PerturbationOptions
 from ..targets import TargetSpec
 
@@ -61,18 +61,21 @@ def explain_options(
 
 def explained_model(
     model: LoadedModel | nn.Module, task: str | None, options: ExplainOptions
-) -> tuple[LoadedModel, str | None, bool]:
-    """The model explained, the task asked for (a plugin task's name too) and whether its task is still to be found
-    from its output in the dry pass (:meth:`~gradcam_cli.models.profile.LoadedModel.with_task_shown`): a bare module
-    given no ``task`` and taken for a classifier until then (one with a detection transform is a detector)."""
+) -> tuple[LoadedModel, bool]:
+    """The model explained, its profile naming the task asked for (a plugin task's name too; a built-in task
+    replaces a built-in task only, not the adapter a profile names, a YOLO detector's or a plugin's), and whether
+    its task is still to be found from its output in the dry pass
+    (:meth:`~gradcam_cli.models.profile.LoadedModel.with_task_shown`): a bare module given no ``task`` and taken
+    for a classifier until then (one with a detection transform is a detector)."""
     bare = isinstance(model, nn.Module)
     unshown = bare and task is None
     if isinstance(model, nn.Module):
         model = LoadedModel.of_module(model)
         task = options.task_for(task)
-    requested = task if task is not None and task not in TASK_NAMES else model.task_name
-    if task is not None and task in TASK_NAMES:  # the caller's LoadedModel is left as it is: this copy says it
-        model = model.with_profile(task=Task.parse(task))
+    if task is not None and task not in TASK_NAMES:  # the caller's LoadedModel is left as it is: this copy says it
+        model = model.with_profile(task=task)
+    elif task is not None and model.task in TASK_NAMES:
+        model = model.with_profile(**task_facts(parse_task(task)))
     if bare:
         model = model.with_detector_input()
-    return model, requested, unshown and model.task is Task.CLASSIFY
+    return model, unshown and not model.profile.detector

@@ -265,9 +265,8 @@ class EvalCommand:
             raise UsageError(f"no images found in {' '.join(self.inputs)}")
         boxes = read_boxes(options.boxes) if options.boxes is not None else None
         explainer = self._explainer()
-        if self.ranking.rank and not explainer.adapter.faithfulness:  # boxes only: what a detector is measured by
-            options = replace(options, sanity=False, road=False, stability=False)
         if self.ranking.rank:
+            options = explainer.adapter.rank_options(options)
             explainer = self._planned(explainer, images, options)
         evaluator = evaluator_for(explainer, options)
         started = time.perf_counter()

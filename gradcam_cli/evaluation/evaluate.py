@@ -366,9 +366,14 @@ class Evaluator:
 def evaluator_for(explainer: Explainer, options: EvalOptions | None = None) -> Evaluator | TaskEvaluator:
     """The evaluator for the explainer's task: the whole protocol for a classifier, the boxes only for a detector
     or segmenter (:mod:`gradcam_cli.evaluation.tasks`)."""
-    if explainer.adapter.faithfulness:
+
+    def protocol() -> Evaluator | TaskEvaluator:
         return Evaluator(explainer, options)
-    return TaskEvaluator(explainer, options)
+
+    def boxes() -> Evaluator | TaskEvaluator:
+        return TaskEvaluator(explainer, options)
+
+    return explainer.adapter.evaluation(protocol, boxes)
 
 
 def evaluate(

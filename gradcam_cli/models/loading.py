@@ -20,7 +20,7 @@ from .families.lite0 import LITE0, LITE0_SPEC
 from .families.torchvision import imagenet_categories
 from .labels import check_label_count, read_labels
 from .profile import LoadedModel, ModelProfile
-from .tasks import Task, detection_spec
+from .tasks import detection_spec
 
 __all__ = [
     "FAMILIES",
@@ -58,7 +58,7 @@ def load_model(
     ``hf:PATH`` (a folder saved with ``save_pretrained``, or a hub id), ``open_clip:ARCH`` (docs/targets.md),
     ``yolo:PATH``, ``package.module:factory`` or ``path/to/file.py:factory``, or a plugin family's (the family that
     claims the name loads it: :mod:`gradcam_cli.models.families`); ``task`` (``None``: found from the model) says
-    what it does (a plugin's task adapter by its name: ``ModelProfile.task_name``). ``weights``:
+    what it does (a plugin's task adapter by its name: ``ModelProfile.task``). ``weights``:
     ``DEFAULT``, a torchvision weights enum name (``IMAGENET1K_V1``), ``none`` (random initialisation, backbone
     included: nothing is downloaded) or the path of a state dict (``torch.save`` or safetensors). ``labels``: a text
     file, one class per line, which must name as many classes as the model has (a custom model's count is found
@@ -77,8 +77,8 @@ def load_model(
         raise UsageError(f"--num-classes 0 (no head: an embedding model) is for {no_head_families()} models")
     loaded = family.load(model, architecture_only)
     if model.task is not None and model.task not in TASK_NAMES:  # a plugin's task adapter, whatever the family
-        loaded = loaded.with_profile(task_name=model.task)
-    if model.input_size is not None or loaded.task is Task.DETECT:
+        loaded = loaded.with_profile(task=model.task)
+    if model.input_size is not None or loaded.profile.detector:
         loaded = loaded.with_profile(input_spec=_input_spec(family, loaded, model.input_size))
     loaded = with_whole_patches(loaded)
     if model.labels is not None:
@@ -89,7 +89,7 @@ def load_model(
 def _input_spec(family: Family, loaded: LoadedModel, size: int | tuple[int, int] | None) -> InputSpec:
     """The loaded model's input spec at ``--input-size size`` (``None``: its own; a torchvision-style detector's
     from its transform; ``(H, W)``: :func:`shaped_spec`)."""
-    detector = loaded.task is Task.DETECT
+    detector = loaded.profile.detector
     if isinstance(size, tuple):
         return shaped_spec(loaded, size)
     if size is not None:
@@ -139,7 +139,7 @@ def shaped_spec(loaded: LoadedModel, shape: tuple[int, int]) -> InputSpec:
     height, width = shape
     own = loaded.input_spec
     given = f"--input-size {height},{width}"
-    if loaded.task is Task.DETECT:
+    if loaded.profile.detector:
         raise UsageError(f"{given} is not for detectors ({loaded.name} sets its own shape); give --input-size N")
     if own.fixed_size is not None and not loaded.profile.any_shape:
         if own.fixed_size != shape:
@@ -164,7 +164,7 @@ def with_whole_patches(loaded: LoadedModel) -> LoadedModel:
     to multiples of its patch size (``InputSpec.multiple``), so that an image of any aspect runs; the map is still
     stretched back over the original image. Any other model as it is."""
     spec = loaded.input_spec
-    if spec.fixed_size is not None or spec.keep_aspect or loaded.task is Task.DETECT:
+    if spec.fixed_size is not None or spec.keep_aspect or loaded.profile.detector:
         return loaded
     patch = patch_size(loaded.module)
     return loaded if patch is None else loaded.with_profile(input_spec=replace(spec, multiple=patch))

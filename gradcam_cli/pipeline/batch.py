@@ -55,12 +55,11 @@ from .decode import (
     default_workers,
     keep_sample,
 )
-from .detection_resume import CombinedOutputs, resumed_detection_rows
 from .gpu import is_out_of_memory, release_cached_memory, results_to_host, stack_inputs
 from .ordering import InOrder, deferred_interrupt
 from .outputs import OutputKind, WriteJob, output_kinds
 from .records import Record, in_original_pixels
-from .resume import EarlierRows, ExistingOutputs, FoundExplanation, resumed_rows
+from .resume import EarlierRows, ExistingOutputs, FoundExplanation
 
 FOLD_MIN_IMAGES = 32
 """Runs of at least this many images fold batch norms into convolutions (:meth:`Explainer.folded`): folding a
@@ -158,10 +157,7 @@ class BatchRunner:
             return self._record(image, "skipped", **fields)
 
         earlier, required = self.earlier.get(str(image.path)), self.earlier.required
-        if self.explainer.adapter.ranked:
-            rows = resumed_detection_rows(found, earlier, row, required)
-        else:
-            rows = resumed_rows(found, earlier, row, self.explainer.model.class_name, required)
+        rows = self.explainer.adapter.resumed_rows(found, earlier, row, self.explainer.model.class_name, required)
         return rows if rows is None else rows or [row()]
 
     def explain_images(
@@ -230,8 +226,7 @@ class BatchRunner:
         """What ``--skip-existing`` looks for: this run's listed outputs, for its methods and targets."""
         explainer = self.explainer
         target = explainer.prediction(explainer.target, 0.0) if explainer.target is not None else None
-        kind = CombinedOutputs if explainer.adapter.ranked else ExistingOutputs
-        return kind(self.output, self.kinds, explainer.methods, target, explainer.top_k)
+        return explainer.adapter.existing_outputs(self.output, self.kinds, explainer.methods, target, explainer.top_k)
 
     def _finish(self, item: _Pending, on_image: Callable[[], Any] | None) -> tuple[int, list[Record]]:
         rows, seconds = item.rows, item.seconds

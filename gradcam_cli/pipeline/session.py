@@ -264,11 +264,7 @@ class Session:
         carries; once per session."""
         if self._started:
             return
-        if self.output.panel and explainer.adapter.ranked:
-            raise UsageError(
-                "--panel is for classifiers and segmenters; a detector's <stem>_<method>_boxes overlay "
-                "shows all its detections at once"
-            )
+        explainer.adapter.check_outputs(self.output)
         spec = explainer.model.input_spec
         record = run_record(
             explainer.model.name,

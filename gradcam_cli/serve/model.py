@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from ..cam.attention.discovery import reads_attention
 from ..cam.engine import settle_loaded
 from ..cam.explainer import Explainer
-from ..cam.layers import DryPasses, model_default_layer
+from ..cam.layers import DryPasses
 from ..cam.methods import METHODS
 from ..cam.methods.needs import ATTENTION_NEEDS
 from ..cam.targets import model_kind
@@ -140,9 +140,9 @@ class ModelService(ModelThread):
         self._explainers: dict[tuple[str, str, str], Explainer] = {
             (base.layer_label, base.methods[0], str(first[0]) if first else ""): base
         }
-        infos = self.dry_passes.get(self.model, self.device)
+        infos = self.dry_passes.get(self.model, self.device, self.adapter.tokens)
         try:
-            default = model_default_layer(self.model, infos)
+            default = self.adapter.default_layer_of(self.model, infos)
         except UsageError:
             default = None
         self.layers = [
@@ -163,16 +163,13 @@ class ModelService(ModelThread):
         """What the page needs to build its controls."""
         return {
             "model": self.model.name,
-            "task": self.adapter.label,
-            "ranked": self.adapter.ranked,
-            "listed": self.adapter.listed,
+            **self.adapter.serve_facts(),
             "layers": self.layers,
             "default_layer": self.default_layer,
             "methods": self.methods,
             "default_method": self.default_method,
             "kind": self.kind,
             "targets": [str(spec) for spec in self.targets],
-            "faithfulness": self.adapter.faithfulness,
         }
 
     def explainer(self, layer: str | None, method: str | None, target: TargetSpec | None = None) -> Explainer:
@@ -255,20 +252,11 @@ class ModelService(ModelThread):
         result.pixels = image.pixels
         chosen = self.adapter.pick(result.explanations, rank)
         stored = StoredMap(key, source.id, source.stem, explainer.layer_label, chosen, result.predictions, image.pixels)
-        if self.adapter.ranked:  # every detection's map came with this pass: keep them all
-            for other in result.explanations:
-                if other is not chosen and other.rank is not None:
-                    self.maps.put(
-                        StoredMap(
-                            key_of(other.rank),
-                            source.id,
-                            source.stem,
-                            stored.layer,
-                            other,
-                            result.predictions,
-                            image.pixels,
-                        )
-                    )
+        for other in self.adapter.kept_maps(result, chosen):  # a detector's: one pass made every detection's map
+            kept = key_of(other.rank or 0)
+            self.maps.put(
+                StoredMap(kept, source.id, source.stem, stored.layer, other, result.predictions, image.pixels)
+            )
         self.maps.put(stored)
         return MapAnswer(stored, factory.forward or deadline.passes > 0, shown)
 
@@ -276,10 +264,7 @@ class ModelService(ModelThread):
         """``gradcam eval``'s figures for the map ``stored`` shows, by its own evaluator (what ``gradcam eval PATH
         --target-class N --layer L --method M --steps 20 [--road]`` prints): deletion and insertion AUC and curves,
         the masked image's probability, and with ``road`` the combined ROAD score. Classifiers only, as there."""
-        if not self.adapter.faithfulness:
-            raise UsageError(
-                f"deletion, insertion and ROAD are for classifiers (as in gradcam eval), not a {self.adapter.noun}"
-            )
+        self.adapter.check_curves()
         from ..evaluation.evaluate import Evaluator
 
         explanation = stored.explanation

@@ -275,7 +275,7 @@ def test_a_yolo_classifier_is_explained_as_any_classifier(tmp_path):
     config = {**tiny_config(), "head": [[-1, 1, "Classify", ["nc"]]]}
     (tmp_path / "cls.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     model = load_model(ModelOptions(f"yolo:{tmp_path / 'cls.yaml'}", "none", input_size=64))
-    assert model.task.value == "classify" and model.input_spec.size == 64
+    assert model.task == "classify" and model.input_spec.size == 64
     result = Explainer(model, "model.5", top_k=2).explain(square_scene([RED, BLUE], (96, 64)))
     assert [e.saliency.shape for e in result.explanations] == [(64, 96), (64, 96)]
     assert sum(p.probability for p in result.predictions) == pytest.approx(1.0, abs=1e-4)  # softmax of the logits

@@ -38,7 +38,7 @@ class AnswerTask(TaskAdapter):
     faithfulness = True
     takes_targets = True
 
-    def claims(self, model: LoadedModel, requested: str | None) -> bool:
+    def claims(self, model: LoadedModel) -> bool:
         return False  # the model of a question is loaded for it (--prompt), never as a LoadedModel
 
     def takes(self, method: str, tasks: Sequence[str], module: nn.Module) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ...models.tasks import LAYER_SCOPES
 from ...options import ExplainOptions
 from ..scores import Score
 from ..segmentation import SegmentationScore
@@ -25,6 +26,9 @@ class SegmentTask(TaskAdapter):
     videos = False
     listed = "Classes"
     methods_of = "segment"
+    layer_scopes = LAYER_SCOPES
+    tokens = False
+    nothing = "only the background"
 
     def check_options(self, options: ExplainOptions) -> None:
         check_class_score(options)

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from ..cam.results import Explanation, Prediction
-from ..io.discovery import InputImage
-from .records import Record
-from .resume import ExistingOutputs, FoundExplanation
+from ....io.discovery import InputImage
+from ....pipeline.records import Record
+from ....pipeline.resume import ExistingOutputs, FoundExplanation
+from ...results import Explanation, Prediction
 
 _COMBINED = Prediction(-1, "all detections", 0.0)
 _PROBE_TARGET = Prediction(0, "x", 0.0)
