@@ -47,9 +47,8 @@ from .perturbation import check_perturbation, perturbation_settings
 from .precision import autocast, check_precision, full_precision, to_float32
 from .reshape import spatial
 from .results import ImageExplanation, Prediction
-from .scores import Cams, ClassTargets, Score, Targets
+from .scores import Cams, Classified, Score, Targets, Viewed
 from .smoothing import IDENTITY, augmentations, average_views
-from .targets import SpecTargets
 from .tasks import ScoreRequest, TaskAdapter, adapter_for
 
 if TYPE_CHECKING:
@@ -258,9 +257,10 @@ class Explainer:
         ``perturbation.seed``). Detectors and segmenters: :meth:`compute_targets`.
         """
         targets, cams = self.compute_targets(inputs, target, top_k, seed)
-        if not isinstance(targets, ClassTargets):
+        if not isinstance(targets, Classified):
             raise UsageError(f"compute() is for classifiers; explain a {self.adapter.noun} with compute_targets()")
-        return targets.probabilities, targets.targets, cams
+        probabilities, chosen = targets.classes()
+        return probabilities, chosen, cams
 
     def compute_targets(
         self, inputs: torch.Tensor, target: int | None = None, top_k: int | None = None, seed: int | None = None
@@ -272,12 +272,12 @@ class Explainer:
         top_k = top_k or self.top_k
         inputs = inputs.to(self.device)
         targets, cams = self._compute_view(inputs, target, top_k, seed=seed)
-        if not self.aug_smooth or not isinstance(targets, ClassTargets | SpecTargets):
+        if not self.aug_smooth or not isinstance(targets, Viewed):
             return targets, cams
         size = tuple(inputs.shape[-2:])
         views = [(IDENTITY, cams)]
         for view in augmentations(self.model.input_spec.fixed_size is not None)[1:]:
-            chosen = targets.targets if isinstance(targets, ClassTargets) else None
+            chosen = targets.in_view()
             views.append((view, self._compute_view(view.apply(inputs), chosen=chosen, seed=seed)[1]))
         smoothed = {
             method: [
@@ -311,7 +311,7 @@ class Explainer:
             raw = capture.activations()
             layouts = {n: spatial(a, size, n, prefix, self.tokens) for n, a in raw.items()}
             activations = {n: to_float32(a) for n, a in layouts.items()}
-            chosen_targets = targets.targets if isinstance(targets, ClassTargets) else None
+            chosen_targets = targets.in_view() if isinstance(targets, Viewed) else None
 
             def layout(name: str, tensor: torch.Tensor) -> torch.Tensor:  # a layer's tensor as the methods take it
                 return to_float32(spatial(tensor, size, name, prefix, self.tokens))

@@ -40,6 +40,7 @@ from .scores import (
     ClassName,
     ClassScore,
     MaskedProbability,
+    Score,
     class_probabilities,
     class_scores,
     explanations_of,
@@ -267,6 +268,21 @@ class SpecTargets:
 
     def original(self, k: int) -> torch.Tensor:
         return self.resolved[k].score(self.output).detach().float()
+
+    def ablated(self, k: int) -> tuple[MaskedProbability, torch.Tensor]:
+        return self.scored(k), self.original(k)
+
+    def in_view(self) -> None:
+        return None
+
+    def measured(
+        self, score: Score, inputs: torch.Tensor, class_name: ClassName
+    ) -> tuple[Prediction, Callable[[object], torch.Tensor]]:
+        """The first target, its own score (a similarity's cosine; a class's shown probability: docs/targets.md)."""
+        resolved = self.resolved[0]
+        read = resolved.display or resolved.score
+        value = float(read(self.output).detach()[0])
+        return Prediction(resolved.index, resolved.name, value, score=resolved.shown), read
 
     def finer(self, k: int) -> torch.Tensor:
         finer = self.resolved[k].finer

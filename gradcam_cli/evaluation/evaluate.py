@@ -19,8 +19,7 @@ from ..cam.engine import model_state_preserved
 from ..cam.explainer import Explainer
 from ..cam.maps import to_image_maps
 from ..cam.results import Prediction
-from ..cam.scores import Cams, ClassTargets
-from ..cam.targets import SpecTargets
+from ..cam.scores import Cams, Measured
 from ..errors import UsageError
 from ..io.discovery import InputImage
 from ..io.images import load_image, to_input_tensor
@@ -214,20 +213,9 @@ class Evaluator:
         batch of perturbed copies: a class's probability (softmax; sigmoid with ``--score sigmoid``), or a
         ``--target``'s own score (a similarity's cosine; a class's probability; docs/targets.md)."""
         targets, cams = explainer.compute_targets(inputs, explainer.target, 1)
-        if isinstance(targets, SpecTargets):
-            resolved = targets.resolved[0]
-            read = resolved.display or resolved.score
-            value = float(read(targets.output).detach()[0])
-            return Prediction(resolved.index, resolved.name, value, score=resolved.shown), cams, read
-        assert isinstance(targets, ClassTargets)
-        index, score = int(targets.targets[0, 0]), explainer.score
-
-        def probability(output: object) -> torch.Tensor:
-            chosen = score.targets(output, inputs, index, 1)
-            assert isinstance(chosen, ClassTargets)
-            return chosen.probabilities[:, index]
-
-        return explainer.prediction(index, float(targets.probabilities[0, index])), cams, probability
+        assert isinstance(targets, Measured)
+        prediction, read = targets.measured(explainer.score, inputs, explainer.model.class_name)
+        return prediction, cams, read
 
     def _stability(self, inputs: torch.Tensor, target: int, saliency: torch.Tensor, method: str) -> list[float]:
         """The map change ||m' - m|| / ||m|| of ``method`` on ``stability_samples`` noisy copies of the (1, 3, H, W)

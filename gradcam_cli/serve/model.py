@@ -120,7 +120,8 @@ class ModelService(ModelThread):
             model = load_model(model)
             settle_loaded(model.module, device)
         self.kind = model_kind(model)
-        first = self.targets[:1] or ((TargetSpec("output"),) if self.kind == "embed" else ())  # output:0 of any
+        embeds = model.embeds and model.text is None  # an embedding model: output:0 of any
+        first = self.targets[:1] or ((TargetSpec("output"),) if embeds else ())
         self.dry_passes = DryPasses()
         """The model's one dry pass, which every explainer the service builds reads (:class:`DryPasses`)."""
         base = Explainer.from_options(
@@ -260,7 +261,7 @@ class ModelService(ModelThread):
         self.maps.put(stored)
         return MapAnswer(stored, factory.forward or deadline.passes > 0, shown)
 
-    def faithfulness(self, stored: StoredMap, path: Path, road: bool, seconds: float | None = None) -> dict[str, Any]:
+    def curves(self, stored: StoredMap, path: Path, road: bool, seconds: float | None = None) -> dict[str, Any]:
         """``gradcam eval``'s figures for the map ``stored`` shows, by its own evaluator (what ``gradcam eval PATH
         --target-class N --layer L --method M --steps 20 [--road]`` prints): deletion and insertion AUC and curves,
         the masked image's probability, and with ``road`` the combined ROAD score. Classifiers only, as there."""

@@ -5,6 +5,7 @@ count too), no private names used across modules, no module over the size we agr
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,11 @@ from conftest import ROOT
 
 PACKAGE = ROOT / "gradcam_cli"
 MAX_LINES = 400
+TASKS = PACKAGE / "cam" / "tasks"
+ASKED_OF_ADAPTERS = re.compile(r"\.ranked|\.faithfulness|Task\.DETECT|isinstance\([^)]*Targets")
+"""What a task decides, read outside its adapter: a flag of it, the old task enum, a test of a task's targets."""
+MODULE_NAMES = re.compile(r"vlm\.faithfulness")
+"""Modules named like a flag (the answer's deletion and insertion), not a read of it."""
 
 
 def _module_name(path: Path) -> str:
@@ -86,3 +92,18 @@ def test_modules_stay_small() -> None:
         path.relative_to(ROOT): len(path.read_text(encoding="utf-8").splitlines()) for path in PACKAGE.rglob("*.py")
     }
     assert not {path: lines for path, lines in sizes.items() if lines > MAX_LINES}
+
+
+@pytest.mark.quick
+def test_tasks_own_their_behaviour() -> None:
+    """Outside the task adapters (cam/tasks/) nothing reads an adapter's ``ranked`` or ``faithfulness``, tests for a
+    detector by the task enum, or asks which kind of targets it holds: each is a method of the adapter or of the
+    targets (docs/internals.md, "Task adapters")."""
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if TASKS not in path.parents
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if ASKED_OF_ADAPTERS.search(MODULE_NAMES.sub("", line))
+    ]
+    assert not found, found

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ....errors import UsageError
+from ....io.naming import COMBINED_TAIL
 from ....models.tasks import LAYER_SCOPES, detection_transform
 from ....options import MAX_DETECTIONS, SCORE_THRESHOLD, ExplainOptions, OutputOptions
 from ...detection import MATCH_IOU, DetectionScore, box_iou, no_detection
@@ -107,8 +108,6 @@ class DetectTask(TaskAdapter):
 
     def video_labels(self, target: int | None, top_k: int, class_name: Callable[[int], str]) -> list[str]:
         """One video per method: the combined map, every box drawn."""
-        from .resume import COMBINED_TAIL
-
         return [COMBINED_TAIL]
 
     def frame_maps(self, result: ImageExplanation) -> list[Explanation]:

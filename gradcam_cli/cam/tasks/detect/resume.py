@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ....io.discovery import InputImage
+from ....io.naming import COMBINED_TAIL
 from ....pipeline.records import Record
 from ....pipeline.resume import ExistingOutputs, FoundExplanation
 from ...results import Explanation, Prediction
@@ -25,8 +26,6 @@ from ...results import Explanation, Prediction
 _COMBINED = Prediction(-1, "all detections", 0.0)
 _PROBE_TARGET = Prediction(0, "x", 0.0)
 _PROBE_MARK = "_box1_0-x"
-COMBINED_TAIL = "boxes"
-"""How a :class:`FoundExplanation` of a combined map is marked."""
 
 
 @dataclass
