@@ -34,6 +34,7 @@ class AnswerTask(TaskAdapter):
     noun = "vision-language model"
     answers = True
     by_name = False  # asked with --prompt, never named by --task
+    default_layer = "last stage of the backbone"
     videos = False
     faithfulness = True
     takes_targets = True

@@ -89,7 +89,7 @@ class TaskAdapter:
     """It answers ``--prompt`` questions (:class:`Answering`; found by :func:`answering`)."""
     methods_of = "segment"
     """The built-in task whose method list this one takes (:attr:`CamMethod.tasks`), unless :meth:`takes` says."""
-    default_layer = "last stage of the backbone"
+    default_layer = "last spatial layer"
     """Which layer is explained when none is chosen, as the 'using layer' message says it."""
     layer_scopes: tuple[str, ...] = ()
     """Where its model's default layer is looked for first, in turn (a detector's or segmenter's backbone:

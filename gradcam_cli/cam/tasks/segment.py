@@ -26,6 +26,7 @@ class SegmentTask(TaskAdapter):
     videos = False
     listed = "Classes"
     methods_of = "segment"
+    default_layer = "last stage of the backbone"
     layer_scopes = LAYER_SCOPES
     tokens = False
     nothing = "only the background"

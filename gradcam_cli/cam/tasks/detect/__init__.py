@@ -36,6 +36,7 @@ class DetectTask(TaskAdapter):
     ranked = True
     listed = "Detections"
     methods_of = "detect"
+    default_layer = "last stage of the backbone"
     layer_scopes = LAYER_SCOPES
     tokens = False
     nothing = "no detection"
