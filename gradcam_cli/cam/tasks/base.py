@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ...errors import UsageError
+from ...io.naming import video_label
 from ...options import CLASS_SCORE_NAMES, TASK_NAMES, EvalOptions, ExplainOptions, OutputOptions
 from ...registry import TASKS_GROUP, Registry
 from ..layers import LayerInfo, chosen_layers, model_default_layer
@@ -226,8 +227,6 @@ class TaskAdapter:
     def video_labels(self, target: int | None, top_k: int, class_name: Callable[[int], str]) -> list[str]:
         """The label of each video a clip makes per method, in order: one per explained class (``target``, else
         the top ``top_k``)."""
-        from ...io.naming import video_label
-
         name = class_name(target) if target is not None else ""
         return [video_label(rank + 1, target, name) for rank in range(1 if target is not None else top_k)]
 
