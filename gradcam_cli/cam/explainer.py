@@ -51,7 +51,7 @@ from .scores import Cams, ClassTargets, Score, Targets
 from .smoothing import IDENTITY, augmentations, average_views
 from .targets import SpecTargets
 from .tasks import ScoreRequest, TaskAdapter, adapter_for
-from .untargeted import untargeted_methods
+from .untargeted import NoTargets, untargeted_methods
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -272,7 +272,7 @@ class Explainer:
         top_k = top_k or self.top_k
         inputs = inputs.to(self.device)
         targets, cams = self._compute_view(inputs, target, top_k, seed=seed)
-        if not self.aug_smooth or not isinstance(targets, ClassTargets | SpecTargets):
+        if not self.aug_smooth or not isinstance(targets, ClassTargets | SpecTargets | NoTargets):
             return targets, cams
         size = tuple(inputs.shape[-2:])
         views = [(IDENTITY, cams)]

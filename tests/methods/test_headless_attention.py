@@ -24,6 +24,7 @@ from gradcam_cli import Explainer
 from gradcam_cli.cam.methods import METHODS
 from gradcam_cli.cli import app
 from gradcam_cli.cli.diff import app as diff_app
+from gradcam_cli.cli.eval import app as eval_app
 from gradcam_cli.errors import EXIT_OK, EXIT_USAGE
 from gradcam_cli.io.images import load_image, to_input_tensor
 from gradcam_cli.models.loading import LoadedModel, load_model
@@ -152,10 +153,17 @@ def test_timm_dinov2_with_registers_gives_the_attention_maps_without_a_target(
     headed = tiny_dinov2(num_classes=5)
     headed.load_state_dict(loaded.module.state_dict(), strict=False)
     classifier = LoadedModel(headed, "headed", "none", None, loaded.input_spec, prefix_tokens=PREFIX)
-    explained = Explainer(classifier, methods=["rollout", "attention"]).explain(image)
-    for explanation in explained.explanations:
-        saved = np.load(out / f"{image.stem}_{explanation.method}_0-no-target.npy")
-        assert torch.allclose(torch.from_numpy(saved), explanation.saliency, atol=1e-6), explanation.method
+    for smooth in (False, True):  # --aug-smooth: the flipped and rescaled views' maps averaged, as with a head
+        if smooth:
+            result = run(image, "--model", MODEL, "--weights", "none", "--method", "rollout,attention", "--save-raw",
+                         "--aug-smooth", "-o", out)  # fmt: skip
+            assert result.exit_code == EXIT_OK, result.output
+        explainer = Explainer(classifier, methods=["rollout", "attention"], aug_smooth=smooth)
+        for explanation in explainer.explain(image).explanations:
+            saved = torch.from_numpy(np.load(out / f"{image.stem}_{explanation.method}_0-no-target.npy"))
+            assert torch.allclose(saved, explanation.saliency, atol=1e-6), (explanation.method, smooth)
+            assert smooth or torch.allclose(saved, expected[explanation.method], atol=1e-4)
+            assert not smooth or not torch.allclose(saved, expected[explanation.method], atol=1e-2)
 
 
 def test_a_hugging_face_dinov2_model_gives_the_attention_maps_without_a_target(
@@ -203,6 +211,9 @@ def test_method_all_keeps_the_methods_that_need_no_target_and_names_the_others(
     chosen = run(*base, "--method", "rollout", "--top-k", 2)
     assert chosen.exit_code == EXIT_USAGE
     assert chosen.stderr.strip() == f"error: --top-k chooses a class; {MODEL} has none, and rollout needs none"
+    evaluated = CliRunner().invoke(eval_app, [str(image), "--model", MODEL, "--weights", "none", "--method", "rollout"])
+    assert evaluated.exit_code == EXIT_USAGE  # deletion and insertion follow a target's score: there is none
+    assert evaluated.stderr.strip().endswith(f"{MODEL} has none: give --target similar:IMAGE_OR_FOLDER")
 
 
 def test_only_the_attention_methods_that_read_the_attention_alone_need_no_target() -> None:
