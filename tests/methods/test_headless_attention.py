@@ -185,7 +185,6 @@ def test_a_hugging_face_dinov2_model_gives_the_attention_maps_without_a_target(
     check_rows(rows, out, image.stem, expected_maps(attentions, 1))
 
 
-@pytest.mark.quick
 def test_method_all_keeps_the_methods_that_need_no_target_and_names_the_others(
     tiny_timm: None, image: Path, tmp_path: Path
 ) -> None:
@@ -216,6 +215,7 @@ def test_method_all_keeps_the_methods_that_need_no_target_and_names_the_others(
     assert evaluated.stderr.strip().endswith(f"{MODEL} has none: give --target similar:IMAGE_OR_FOLDER")
 
 
+@pytest.mark.quick
 def test_only_the_attention_methods_that_read_the_attention_alone_need_no_target() -> None:
     own = [name for name, method in METHODS.items() if method.__module__.startswith("gradcam_cli.")]
     assert [name for name in own if not METHODS[name].needs_target] == ["rollout", "attention"]
