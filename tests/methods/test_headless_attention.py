@@ -217,7 +217,7 @@ def test_method_all_keeps_the_methods_that_need_no_target_and_names_the_others(
 
 @pytest.mark.quick
 def test_only_the_attention_methods_that_read_the_attention_alone_need_no_target() -> None:
-    own = [name for name, method in METHODS.items() if method.__module__.startswith("gradcam_cli.")]
+    own = [name for name, method in METHODS.items() if method.compute.__module__.startswith("gradcam_cli.")]
     assert [name for name in own if not METHODS[name].needs_target] == ["rollout", "attention"]
 
 
