@@ -5,13 +5,16 @@ distribution and the name, exit code 2, no traceback."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 from plugin_dists import run_gradcam, write_dist
 
-from gradcam_cli.errors import EXIT_USAGE
+from gradcam_cli.errors import EXIT_IMAGE_FAILED, EXIT_USAGE
 from gradcam_cli.registry import FAMILIES_GROUP, METHODS_GROUP, TASKS_GROUP
 
 pytestmark = pytest.mark.slow  # a subprocess each
@@ -120,3 +123,93 @@ def test_a_task_entry_point_naming_no_adapter_or_another_name_is_one_line(
         tmp_path / "site", "odd-tasks", "0.0.1", {TASKS_GROUP: {point: value}}, {"odd_tasks": ODD_TASKS}
     )
     assert refused(image, plugins) == f"error: the task plugin 'count' (odd-tasks 0.0.1: {value}) {expected}"
+
+
+ODD_MAPS = """
+import torch
+
+from gradcam_cli.cam.methods.registry import CamMethod
+
+
+def nan_on_red(activations, gradients, *, eigen_smooth=False):
+    # the positive activations' sum, NaN for a sample whose layer sees mostly red (the toy model's channel 0)
+    summed = activations.clamp(min=0).sum(dim=1)
+    red = activations[:, 0].flatten(1).mean(dim=1) > 0.5
+    return torch.where(red[:, None, None], torch.full_like(summed, float("nan")), summed)
+
+
+NAN_ON_RED = CamMethod("nan-on-red", nan_on_red, uses_gradients=False)
+INFINITE = CamMethod(
+    "infinite", lambda activations, gradients, *, eigen_smooth=False: torch.full_like(activations[:, 0], float("inf"))
+)
+UNSUMMED = CamMethod("unsummed", lambda activations, gradients, *, eigen_smooth=False: (activations * gradients).abs())
+"""
+
+
+@pytest.fixture
+def odd_maps(tmp_path: Path) -> Path:
+    """A distribution adding three methods: NaN maps for mostly red images, infinite maps, and (N, C, h, w) maps."""
+    methods = {"nan-on-red": "odd_maps:NAN_ON_RED", "infinite": "odd_maps:INFINITE", "unsummed": "odd_maps:UNSUMMED"}
+    return write_dist(tmp_path / "site", "odd-maps", "0.3", {METHODS_GROUP: methods}, {"odd_maps": ODD_MAPS})
+
+
+@pytest.fixture
+def two_images(tmp_path: Path) -> Path:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name, colour in (("red.png", (255, 0, 0)), ("blue.png", (0, 0, 255))):
+        Image.new("RGB", (48, 32), colour).save(folder / name)
+    return folder
+
+
+TOY = ("--model", "toy:tiny", "--weights", "none")
+
+
+def test_a_nan_map_fails_its_image_naming_the_method_and_the_batch_goes_on(
+    odd_maps: Path, two_images: Path, tmp_path: Path
+) -> None:
+    """Both images in one batch: the red one fails (an error row, no overlay or .npy), the blue one is explained."""
+    out = tmp_path / "out"
+    args = (two_images, *TOY, "--method", "nan-on-red", "-o", out, "--save-raw", "--json", "--batch-size", "2")
+    done = run_gradcam(*args, "--manifest", out / "m.jsonl", plugins=odd_maps)
+    assert done.returncode == EXIT_IMAGE_FAILED, done.stderr
+    rows = {Path(row["input"]).name: row for row in map(json.loads, done.stdout.splitlines())}
+    assert (rows["red.png"]["status"], rows["blue.png"]["status"]) == ("error", "ok"), rows
+    error = rows["red.png"]["error"]
+    assert error.startswith(str(two_images / "red.png"))
+    assert error.endswith("--method nan-on-red returned NaN values at layer relu, not a map)")
+    assert [line for line in done.stderr.splitlines() if line.startswith("error:")] == [f"error: {error}"]
+    assert "Traceback" not in done.stderr
+    written = sorted(path.name for path in out.iterdir() if path.suffix in (".png", ".npy"))
+    assert written == ["blue_nan-on-red_2-blue.npy", "blue_nan-on-red_2-blue.png"], written
+    assert np.isfinite(np.load(out / "blue_nan-on-red_2-blue.npy")).all()
+    plugins = {"gradcam-example-plugin": "0.1.0", "odd-maps": "0.3"}  # the installed one and this one, by version
+    assert rows["blue.png"]["provenance"]["plugins"] == plugins
+    assert json.loads((out / ".gradcam-run.json").read_text(encoding="utf-8"))["plugins"] == plugins
+
+
+def test_an_unsummed_map_and_an_infinite_one_are_errors_naming_the_method(odd_maps: Path, two_images: Path) -> None:
+    red = two_images / "red.png"
+    for method, expected in (
+        (
+            "unsummed",
+            r"--method unsummed returned a 1 x 3 x (\d+) x (\d+) tensor at layer relu, not a map of 1 x \1 x \2\)$",
+        ),
+        ("infinite", r"--method infinite returned infinite values at layer relu, not a map\)$"),
+    ):
+        done = run_gradcam(red, *TOY, "--method", method, "-o", two_images.parent / method, plugins=odd_maps)
+        assert done.returncode == EXIT_IMAGE_FAILED, done.stderr
+        (line,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        assert line.startswith(f"error: {red}: ") and re.search(expected, line), line
+        assert not any((two_images.parent / method).glob("*.png"))
+
+
+def test_gradcam_eval_reports_no_figures_for_a_nan_map(odd_maps: Path, two_images: Path) -> None:
+    done = run_gradcam("eval", two_images, *TOY, "--method", "nan-on-red", "--steps", "4", "--json", plugins=odd_maps)
+    assert done.returncode == EXIT_IMAGE_FAILED, done.stderr
+    report = json.loads(done.stdout)
+    assert [Path(image["image"]).name for image in report["per_image"]] == ["blue.png"]
+    ((failed),) = report["failed"]
+    assert Path(failed["image"]).name == "red.png"
+    assert failed["error"].endswith("--method nan-on-red returned NaN values at layer relu, not a map)")
+    assert report["per_image"][0]["methods"]["nan-on-red"]["deletion_auc"] is not None

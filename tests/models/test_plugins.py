@@ -120,6 +120,18 @@ def test_the_command_line_explains_a_toy_model(scene: Path, tmp_path: Path) -> N
     assert unknown.exit_code == EXIT_USAGE and "Did you mean: tiny?" in unknown.stderr
 
 
+@pytest.mark.quick
+def test_the_run_record_and_every_rows_provenance_name_the_plugins_version(scene: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = [scene, "--model", "toy:tiny", "--weights", "none", "--method", "toy-saliency", "--output-dir", out]
+    result = CliRunner().invoke(app, [*map(str, args), "--json"])
+    assert result.exit_code == EXIT_OK, result.output
+    version = metadata.version("gradcam-example-plugin")
+    assert json.loads(result.stdout)["provenance"]["plugins"] == {"gradcam-example-plugin": version}
+    record = json.loads((out / ".gradcam-run.json").read_text(encoding="utf-8"))
+    assert record["plugins"] == {"gradcam-example-plugin": version}
+
+
 def test_gradcam_eval_measures_a_toy_model(tmp_path: Path) -> None:
     image = Image.new("RGB", (96, 64), (0, 0, 255))
     image.paste((255, 0, 0), (0, 0, 56, 64))  # red on the left, the top class
