@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from importlib import metadata
 from types import ModuleType
 from typing import Generic, TypeVar, overload
@@ -61,11 +62,12 @@ class Registry(Generic[T]):
         with self._lock:
             if name in self._entries and not replace and self._entries[name] is not entry:
                 if _LOADING:
-                    raise UsageError(self._clash(_LOADING[-1], name))
+                    raise UsageError(self._clash(_LOADING[-1].point, name))
                 raise ValueError(f"a {self.kind} named {name!r} is registered already")
             self._entries[name] = entry
             if _LOADING:
-                self._origins[name] = plugin_label(_LOADING[-1])
+                self._origins[name] = plugin_label(_LOADING[-1].point)
+                _LOADING[-1].registered.append(entry)
         return entry
 
     def _clash(self, point: metadata.EntryPoint, name: str) -> str:
@@ -150,7 +152,8 @@ class Registry(Generic[T]):
 
     def _load_plugin(self, point: metadata.EntryPoint) -> None:
         """Import one entry point and register what it names (its module registers its own entries on import)."""
-        _LOADING.append(point)
+        loading = _Loading(point)
+        _LOADING.append(loading)
         try:
             try:
                 loaded = point.load()
@@ -170,7 +173,7 @@ class Registry(Generic[T]):
                 )
             if self._register_plugin is not None:
                 self._register_plugin(point.name, loaded)
-            if self._entries.get(point.name) is not loaded:
+            if not any(entry is loaded for entry in loading.registered):  # in this registry or another
                 raise UsageError(
                     f"the {self.kind} plugin {plugin_label(point)} names a {type(loaded).__name__}, "
                     f"neither a {self.kind} nor a module"
@@ -179,7 +182,15 @@ class Registry(Generic[T]):
             _LOADING.pop()
 
 
-_LOADING: list[metadata.EntryPoint] = []
+@dataclass
+class _Loading:
+    """An entry point being loaded, and what has been registered while it loads (in any registry)."""
+
+    point: metadata.EntryPoint
+    registered: list[object] = field(default_factory=list)
+
+
+_LOADING: list[_Loading] = []
 """The entry points being loaded (innermost last), whichever registry loads them: a plugin module that registers into
 another kind's registry on import is named in a clash too."""
 

@@ -28,6 +28,27 @@ from ..options import (
 from ..registry import METHODS_GROUP, plugin_entry_points
 from ..targets import TargetSpec
 
+INPUT_PANEL = "Input and model"
+EXPLAIN_PANEL = "What to explain"
+METHODS_PANEL = "Methods"
+ANSWERS_PANEL = "Vision-language (--prompt)"
+MEASURES_PANEL = "Measures"
+RANKING_PANEL = "Ranking (--rank)"
+OUTPUT_PANEL = "Output"
+RUN_PANEL = "Run"
+PANELS = (
+    INPUT_PANEL,
+    EXPLAIN_PANEL,
+    METHODS_PANEL,
+    ANSWERS_PANEL,
+    MEASURES_PANEL,
+    RANKING_PANEL,
+    OUTPUT_PANEL,
+    RUN_PANEL,
+)
+"""The panels ``--help`` groups the options in (each option's ``rich_help_panel``), in this order
+(:class:`~gradcam_cli.cli.help.PanelledCommand`)."""
+
 
 class MethodList(tuple[str, ...]):
     """The ``--method`` value: method names, in the order given, each once."""
@@ -58,6 +79,26 @@ def method_names() -> tuple[str, ...]:
         return tuple(registry.names())
     plugins = (point.name for point in plugin_entry_points(METHODS_GROUP) if point.name not in METHOD_NAMES)
     return (*METHOD_NAMES, *plugins)
+
+
+def plugin_method_names() -> tuple[str, ...]:
+    """The methods ``--method`` takes besides the package's own (:func:`method_names`): plugins' and a notebook's."""
+    return tuple(name for name in method_names() if name not in METHOD_NAMES)
+
+
+def method_help(plugins: tuple[str, ...] = ()) -> str:
+    """``--method``'s help: the package's methods, and ``plugins`` (:func:`plugin_method_names`, which ``--help``
+    reads as it is shown: :class:`~gradcam_cli.cli.help.PanelledCommand`)."""
+    others = f"; and the plugins' {', '.join(plugins)}" if plugins else ", or a plugin's"
+    return (
+        f"Method(s), comma-separated: {', '.join(METHOD_NAMES)}{others}; all: every method the model's task takes. "
+        "Costs (docs/methods.md): the gradient methods share one backward pass per target; scorecam and "
+        "ablationcam need one extra forward pass per channel of the layer (e.g. 2048 for resnet50 layer4, batched 32 "
+        "at a time), rise and occlusion one per mask or window; fullgrad and the guided methods a pass through the "
+        "whole network (pixel-level maps, classifiers only); shapleycam and finercam a second backward pass; rollout "
+        "and attention (a transformer's attention) about one forward pass, attn-grad and legrad a backward pass "
+        "through the whole network (legrad one more forward pass); all leaves them out for other models."
+    )
 
 
 def unknown_method(name: str, known: tuple[str, ...]) -> str:
@@ -172,6 +213,7 @@ ModelOpt = Annotated[
         metavar="NAME",
         help="torchvision classification, detection or segmentation model name (see --list-models), "
         "efficientnet_lite0, timm:NAME, hf:FOLDER_OR_HUB_ID, package.module:factory or file.py:factory.",
+        rich_help_panel=INPUT_PANEL,
     ),
 ]
 WeightsOpt = Annotated[
@@ -183,6 +225,7 @@ WeightsOpt = Annotated[
         metavar="WEIGHTS",
         help="DEFAULT, a torchvision weights name (IMAGENET1K_V1), none (random; nothing is downloaded), or a "
         "state-dict or .safetensors file.",
+        rich_help_panel=INPUT_PANEL,
     ),
 ]
 NumClassesOpt = Annotated[
@@ -192,10 +235,14 @@ NumClassesOpt = Annotated[
         metavar="N",
         help="Classes of a replaced head (with --weights PATH); 0 for timm: no head, its pooled features (an "
         "embedding, for --target similar:).",
+        rich_help_panel=INPUT_PANEL,
     ),
 ]
 LabelsOpt = Annotated[
-    Path | None, typer.Option(parser=parse_path, metavar="PATH", help="Text file with one class name per line.")
+    Path | None,
+    typer.Option(
+        parser=parse_path, metavar="PATH", help="Text file with one class name per line.", rich_help_panel=INPUT_PANEL
+    ),
 ]
 TaskOpt = Annotated[
     str | None,
@@ -203,6 +250,7 @@ TaskOpt = Annotated[
         parser=parse_task,
         metavar="classify|detect|segment",
         help="What the model does (default: taken from the model).",
+        rich_help_panel=INPUT_PANEL,
     ),
 ]
 ScoreOpt = Annotated[
@@ -214,6 +262,7 @@ ScoreOpt = Annotated[
         "(multi-label heads) or rest (logit + log softmax: ShapleyCAM's recommended target); text: targets: the "
         "image-text cosine (default) or the logit, softmax, sigmoid.",
         show_default=False,
+        rich_help_panel=EXPLAIN_PANEL,
     ),
 ]
 TargetsOpt = Annotated[
@@ -224,6 +273,7 @@ TargetsOpt = Annotated[
         help="What to explain (repeatable, one map each): class:NAME|INDEX, similar:IMAGE_OR_FOLDER, "
         'text:"a photo of a dog", contrast:A,B, output:I[:neg] (docs/targets.md).',
         show_default=False,
+        rich_help_panel=EXPLAIN_PANEL,
     ),
 ]
 EmbeddingOpt = Annotated[
@@ -231,6 +281,7 @@ EmbeddingOpt = Annotated[
     typer.Option(
         metavar="NAME",
         help="Which of the model's outputs is its embedding (similar: targets): a key, attribute or index.",
+        rich_help_panel=EXPLAIN_PANEL,
     ),
 ]
 ScoreThresholdOpt = Annotated[
@@ -241,6 +292,7 @@ ScoreThresholdOpt = Annotated[
         metavar="S",
         help="Detectors: explain the detections scoring at least S (default 0.5; YOLO: the model's own conf).",
         show_default=False,
+        rich_help_panel=EXPLAIN_PANEL,
     ),
 ]
 MaxDetectionsOpt = Annotated[
@@ -250,15 +302,22 @@ MaxDetectionsOpt = Annotated[
         metavar="N",
         help="Detectors: explain at most N detections per image, best first (default 10).",
         show_default=False,
+        rich_help_panel=EXPLAIN_PANEL,
     ),
 ]
-DeviceOpt = Annotated[str, typer.Option(parser=parse_device, metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps.")]
+DeviceOpt = Annotated[
+    str,
+    typer.Option(
+        parser=parse_device, metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps.", rich_help_panel=RUN_PANEL
+    ),
+]
 PrecisionOpt = Annotated[
     str,
     typer.Option(
         parser=parse_precision,
         metavar="fp32|bf16|fp16",
         help="The forward pass in float32, or under autocast in bfloat16 or float16 (maps stay float32).",
+        rich_help_panel=RUN_PANEL,
     ),
 ]
 LayerOpt = Annotated[
@@ -268,29 +327,36 @@ LayerOpt = Annotated[
         "-l",
         metavar="NAME",
         help="Dotted module name (repeatable: several layers are fused). Default: the last spatial layer.",
+        rich_help_panel=EXPLAIN_PANEL,
     ),
 ]
 MethodOpt = Annotated[
     MethodList,
-    typer.Option(
-        parser=parse_methods,
-        metavar="NAME[,NAME...]",
-        help=f"Method(s), comma-separated: {', '.join(METHOD_NAMES)}, or a plugin's; all: every method the model's "
-        "task takes. Costs (docs/methods.md): the gradient methods share one backward pass per target; scorecam and "
-        "ablationcam need one extra forward pass per channel of the layer (e.g. 2048 for resnet50 layer4, batched 32 "
-        "at a time), rise and occlusion one per mask or window; fullgrad and the guided methods a pass through the "
-        "whole network (pixel-level maps, classifiers only); shapleycam and finercam a second backward pass; rollout "
-        "and attention (a transformer's attention) about one forward pass, attn-grad and legrad a backward pass "
-        "through the whole network (legrad one more forward pass); all leaves them out for other models.",
-    ),
+    typer.Option(parser=parse_methods, metavar="NAME[,NAME...]", help=method_help(), rich_help_panel=METHODS_PANEL),
 ]
 RiseMasksOpt = Annotated[
-    int, typer.Option(min=1, metavar="N", help="RISE: random masks per image (7x7 cells, each kept with p 0.5).")
+    int,
+    typer.Option(
+        min=1,
+        metavar="N",
+        help="RISE: random masks per image (7x7 cells, each kept with p 0.5).",
+        rich_help_panel=METHODS_PANEL,
+    ),
 ]
-OcclusionWindowOpt = Annotated[int, typer.Option(min=1, metavar="PIXELS", help="Occlusion: the square window's side.")]
-OcclusionStrideOpt = Annotated[int, typer.Option(min=1, metavar="PIXELS", help="Occlusion: the window's step.")]
+OcclusionWindowOpt = Annotated[
+    int,
+    typer.Option(min=1, metavar="PIXELS", help="Occlusion: the square window's side.", rich_help_panel=METHODS_PANEL),
+]
+OcclusionStrideOpt = Annotated[
+    int, typer.Option(min=1, metavar="PIXELS", help="Occlusion: the window's step.", rich_help_panel=METHODS_PANEL)
+]
 SeedOpt = Annotated[
-    int, typer.Option(metavar="N", help="Seed of RISE's masks and randomcam's noise (and of eval's random draws).")
+    int,
+    typer.Option(
+        metavar="N",
+        help="Seed of RISE's masks and randomcam's noise (and of eval's random draws).",
+        rich_help_panel=METHODS_PANEL,
+    ),
 ]
 TargetOpt = Annotated[
     str | None,
@@ -299,6 +365,7 @@ TargetOpt = Annotated[
         "-t",
         metavar="CLASS",
         help="Class to explain: index or name. Default: the top prediction.",
+        rich_help_panel=EXPLAIN_PANEL,
     ),
 ]
 AugSmoothOpt = Annotated[
@@ -307,6 +374,7 @@ AugSmoothOpt = Annotated[
         "--aug-smooth",
         help="Average each map over flipped and rescaled inputs (x0.75, x1, x1.25; 6 passes; flips only for "
         "fixed-size models such as ViT), each mapped back to the image first.",
+        rich_help_panel=METHODS_PANEL,
     ),
 ]
 EigenSmoothOpt = Annotated[
@@ -314,6 +382,7 @@ EigenSmoothOpt = Annotated[
     typer.Option(
         "--eigen-smooth",
         help="Use the first principal component of the weighted activations instead of their sum (less noise).",
+        rich_help_panel=METHODS_PANEL,
     ),
 ]
 AttentionHeadsOpt = Annotated[
@@ -322,10 +391,13 @@ AttentionHeadsOpt = Annotated[
         parser=parse_attention_heads,
         metavar="mean|max|min",
         help="How --method rollout and attention fuse each layer's heads (default: mean, as their papers).",
+        rich_help_panel=METHODS_PANEL,
     ),
 ]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print errors only.")]
-VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="More detail, and tracebacks for failures.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print errors only.", rich_help_panel=RUN_PANEL)]
+VerboseOpt = Annotated[
+    bool, typer.Option("--verbose", "-v", help="More detail, and tracebacks for failures.", rich_help_panel=RUN_PANEL)
+]
 
 
 def target_specs(texts: list[str] | None) -> tuple[list[TargetSpec], str | None]:

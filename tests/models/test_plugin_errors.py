@@ -193,7 +193,7 @@ def test_an_unsummed_map_and_an_infinite_one_are_errors_naming_the_method(odd_ma
     for method, expected in (
         (
             "unsummed",
-            r"--method unsummed returned a 1 x 3 x (\d+) x (\d+) tensor at layer relu, not a map of 1 x \1 x \2\)$",
+            r"--method unsummed returned a 1 x 3 x (\d+) x (\d+) tensor at layer relu, not a map of 1 x h x w\)$",
         ),
         ("infinite", r"--method infinite returned infinite values at layer relu, not a map\)$"),
     ):

@@ -166,8 +166,8 @@ def register_method(method: CamMethod[Any], *, replace: bool = False) -> CamMeth
 
 
 class MapError(ValueError):
-    """A method returned something other than a map: NaN or infinite values, or another shape than the layer's
-    (N, *spatial) (a method that reads no layer: the input's). Not a :class:`~gradcam_cli.errors.GradcamError`:
+    """A method returned something other than a map: NaN or infinite values, or not one map per sample with the
+    layer's spatial rank (a method that reads no layer: the input's). Not a :class:`~gradcam_cli.errors.GradcamError`:
     it is the input's failure, so a batch goes on without it."""
 
 
@@ -178,8 +178,9 @@ def check_maps(
     inputs: torch.Tensor,
 ) -> None:
     """Each method's coarse maps, ``maps[method][k][l]`` (target k, layer ``layers[l]``), as every method's output
-    passes once: a :class:`MapError` naming the method (and the layer) for a map that is not finite or not shaped
-    ``(N, *spatial)`` of its layer's ``activations`` (a method that reads no layer: of ``inputs``)."""
+    passes once: a :class:`MapError` naming the method (and the layer) for a map that is not finite, or not of the
+    batch and spatial rank of its layer's ``activations`` (N, C, *spatial) (a method that reads no layer: of
+    ``inputs``)."""
     for name, per_target in maps.items():
         method = METHODS[name]
         for computed in per_target:
@@ -188,18 +189,14 @@ def check_maps(
 
 
 def _check_map(name: str, layer: str | None, cam: torch.Tensor, reference: torch.Tensor | None) -> None:
+    """Only the batch and the spatial rank are held: maps come at the layer's resolution, a lower one (KPCA-CAM) or
+    the input's (FullGrad, the guided methods)."""
     where = f" at layer {layer}" if layer is not None else ""
-    if reference is None:  # a layer not captured: nothing to hold the shape to
-        expected, wrong = [], False
-    elif layer is not None:
-        expected = [str(size) for size in (reference.shape[0], *reference.shape[2:])]
-        wrong = [str(size) for size in cam.shape] != expected
-    else:  # at the input's resolution (padded to a detector's region): only the rank and the batch are known
-        expected = [str(reference.shape[0]), *"DHW"[5 - reference.dim() :]]
-        wrong = cam.dim() != reference.dim() - 1 or cam.shape[0] != reference.shape[0]
-    if wrong:
+    if reference is not None and (cam.dim() != reference.dim() - 1 or cam.shape[0] != reference.shape[0]):
+        rank = reference.dim() - 2
+        expected = " x ".join([str(reference.shape[0]), *(["d", "h", "w"][3 - rank :] if rank <= 3 else ["..."])])
         shape = " x ".join(map(str, cam.shape)) or "scalar"
-        raise MapError(f"--method {name} returned a {shape} tensor{where}, not a map of {' x '.join(expected)}")
+        raise MapError(f"--method {name} returned a {shape} tensor{where}, not a map of {expected}")
     if not bool(torch.isfinite(cam).all()):
         kind = "NaN" if bool(torch.isnan(cam).any()) else "infinite"
         raise MapError(f"--method {name} returned {kind} values{where}, not a map")
