@@ -13,7 +13,7 @@ import typer
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
 from ..options import AnswerOptions, EvalOptions, ExplainOptions, ModelOptions, OutputOptions, RunOptions
-from .params import ANSWERS_PANEL, parse_path
+from .params import parse_path
 from .ranking import RankOptions
 from .reporting import Reporter, run_summary
 
@@ -23,39 +23,23 @@ if TYPE_CHECKING:
 PromptOpt = Annotated[
     str | None,
     typer.Option(
-        metavar="TEXT",
-        help="Ask a vision-language model (hf:DIR) this about each image; map its answer (docs/vlm.md).",
-        rich_help_panel=ANSWERS_PANEL,
+        metavar="TEXT", help="Ask a vision-language model (hf:DIR) this about each image; map its answer (docs/vlm.md)."
     ),
 ]
 AnswerOpt = Annotated[
-    str | None,
-    typer.Option(
-        metavar="TEXT",
-        help="--prompt: explain this answer instead of the generated one.",
-        rich_help_panel=ANSWERS_PANEL,
-    ),
+    str | None, typer.Option(metavar="TEXT", help="--prompt: explain this answer instead of the generated one.")
 ]
-PerTokenOpt = Annotated[
-    bool, typer.Option("--per-token", help="--prompt: also one map per answer token.", rich_help_panel=ANSWERS_PANEL)
-]
+PerTokenOpt = Annotated[bool, typer.Option("--per-token", help="--prompt: also one map per answer token.")]
 PromptsOpt = Annotated[
     Path | None,
     typer.Option(
         parser=parse_path,
         metavar="FILE.csv",
         help="Ask each image its own question: image,prompt lines (paths relative to the file; docs/vlm.md).",
-        rich_help_panel=ANSWERS_PANEL,
     ),
 ]
 MaxNewTokensOpt = Annotated[
-    int | None,
-    typer.Option(
-        min=1,
-        metavar="N",
-        help="--prompt: the generated answer's most tokens (default: 32).",
-        rich_help_panel=ANSWERS_PANEL,
-    ),
+    int | None, typer.Option(min=1, metavar="N", help="--prompt: the generated answer's most tokens (default: 32).")
 ]
 
 

@@ -28,7 +28,7 @@ from ..options import (
 )
 from . import answers, params
 from .eval_output import tell
-from .help import PanelledCommand
+from .help import PanelledEvalCommand
 from .input_size import InputSizeOpt
 from .ranking import MethodSteps, RankOptions, rank_report
 from .reporting import (
@@ -70,7 +70,7 @@ Exit codes: 0 all images evaluated; 1 some image failed; 2 usage error; 3 model/
 interrupted."""
 
 
-@app.command(cls=PanelledCommand, help=HELP)
+@app.command(cls=PanelledEvalCommand, help=HELP)
 def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
     inputs: Annotated[list[str], typer.Argument(metavar="INPUT", hidden=True, show_default=False)],
     method: params.MethodOpt = params.MethodList([DEFAULT_METHOD]),
@@ -91,46 +91,28 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
     steps: Annotated[
         int,
         typer.Option(
-            min=2,
-            metavar="N",
-            help="Points on the deletion/insertion curves: each step perturbs 1/N of the pixels.",
-            rich_help_panel=params.MEASURES_PANEL,
+            min=2, metavar="N", help="Points on the deletion/insertion curves: each step perturbs 1/N of the pixels."
         ),
     ] = 50,
-    batch_size: Annotated[
-        int,
-        typer.Option(min=1, metavar="N", help="Perturbed images per forward pass.", rich_help_panel=params.RUN_PANEL),
-    ] = 16,
+    batch_size: Annotated[int, typer.Option(min=1, metavar="N", help="Perturbed images per forward pass.")] = 16,
     boxes: Annotated[
         Path | None,
         typer.Option(
             parser=params.parse_path,
             metavar="PATH",
             help="Ground truth: CSV image,x1,y1,x2,y2[,class], or a folder of Pascal VOC XML files.",
-            rich_help_panel=params.MEASURES_PANEL,
         ),
     ] = None,
     tolerance: Annotated[
-        float,
-        typer.Option(
-            min=0.0, metavar="PIXELS", help="Pointing-game tolerance in pixels.", rich_help_panel=params.MEASURES_PANEL
-        ),
+        float, typer.Option(min=0.0, metavar="PIXELS", help="Pointing-game tolerance in pixels.")
     ] = POINTING_TOLERANCE,
     sanity: Annotated[
-        bool,
-        typer.Option(
-            "--sanity",
-            help="Run the model-parameter randomisation test (Adebayo et al. 2018).",
-            rich_help_panel=params.MEASURES_PANEL,
-        ),
+        bool, typer.Option("--sanity", help="Run the model-parameter randomisation test (Adebayo et al. 2018).")
     ] = False,
     sanity_layers: Annotated[
         int,
         typer.Option(
-            min=1,
-            metavar="N",
-            help="With --sanity: re-initialise the top 1..N parameterised modules, cascading.",
-            rich_help_panel=params.MEASURES_PANEL,
+            min=1, metavar="N", help="With --sanity: re-initialise the top 1..N parameterised modules, cascading."
         ),
     ] = 3,
     road: Annotated[
@@ -139,7 +121,6 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
             "--road",
             help="Also measure ROAD (Rong et al. 2022): the probability with 10, 20, ..., 90% of the pixels removed by "
             "noisy linear imputation, most and least relevant first, and the combined score.",
-            rich_help_panel=params.MEASURES_PANEL,
         ),
     ] = False,
     plot: Annotated[
@@ -148,7 +129,6 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
             parser=params.parse_path,
             metavar="PATH",
             help="Write the mean deletion/insertion curves to this .png, .pdf or .svg.",
-            rich_help_panel=params.OUTPUT_PANEL,
         ),
     ] = None,
     stability: Annotated[
@@ -156,7 +136,6 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
         typer.Option(
             "--stability",
             help="Also measure how much each map changes under small input noise that keeps the prediction.",
-            rich_help_panel=params.MEASURES_PANEL,
         ),
     ] = False,
     rank: Annotated[
@@ -165,7 +144,6 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
             "--rank",
             help="Measure everything (--sanity, --road, --stability) and rank the methods per metric, with 95% "
             "bootstrap confidence intervals; marks methods that fail the sanity check or do not beat randomcam.",
-            rich_help_panel=params.RANKING_PANEL,
         ),
     ] = False,
     report_dir: Annotated[
@@ -175,7 +153,6 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
             parser=params.parse_path,
             metavar="DIR",
             help="With --rank: write an HTML page (table, curves, box plots, example maps side by side) into DIR.",
-            rich_help_panel=params.RANKING_PANEL,
         ),
     ] = None,
     skip_existing: Annotated[
@@ -184,7 +161,6 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
             "--skip-existing",
             help="With --rank --report DIR: resume, keeping the (image, method) results already in DIR/rows.jsonl "
             "(written as each finishes).",
-            rich_help_panel=params.RANKING_PANEL,
         ),
     ] = False,
     budget: Annotated[
@@ -195,7 +171,6 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
             help="With --rank: keep randomcam, then the methods in --method order while their estimated time fits "
             "SECONDS for the whole run "
             "(default for --method all on a CPU: 600).",
-            rich_help_panel=params.RANKING_PANEL,
         ),
     ] = None,
     rise_masks: params.RiseMasksOpt = 4000,
@@ -205,12 +180,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
     prompt: answers.PromptOpt = None,
     answer: answers.AnswerOpt = None,
     as_json: Annotated[
-        bool,
-        typer.Option(
-            "--json",
-            help="Print the whole report as one JSON object (--rank: one per row).",
-            rich_help_panel=params.OUTPUT_PANEL,
-        ),
+        bool, typer.Option("--json", help="Print the whole report as one JSON object (--rank: one per row).")
     ] = False,
     device: params.DeviceOpt = "auto",
     input_size: InputSizeOpt = None,

@@ -86,7 +86,6 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
             metavar="K",
             help="Explain each of the top K classes (one output each; default 1).",
             show_default=False,
-            rich_help_panel=params.EXPLAIN_PANEL,
         ),
     ] = None,
     method: params.MethodOpt = params.MethodList([DEFAULT_METHOD]),
@@ -101,18 +100,9 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
     eigen_smooth: params.EigenSmoothOpt = False,
     attention_heads: params.AttentionHeadsOpt = None,
     alpha: Annotated[
-        float,
-        typer.Option(
-            min=0.0,
-            max=1.0,
-            metavar="A",
-            help="Heatmap opacity in the overlay, 0 to 1.",
-            rich_help_panel=params.OUTPUT_PANEL,
-        ),
+        float, typer.Option(min=0.0, max=1.0, metavar="A", help="Heatmap opacity in the overlay, 0 to 1.")
     ] = 0.5,
-    colormap: Annotated[
-        str, typer.Option(metavar="NAME", help="Any matplotlib colormap name.", rich_help_panel=params.OUTPUT_PANEL)
-    ] = "jet",
+    colormap: Annotated[str, typer.Option(metavar="NAME", help="Any matplotlib colormap name.")] = "jet",
     image_format: Annotated[
         ImageFormat,
         typer.Option(
@@ -120,32 +110,16 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
             parser=params.parse_format,
             metavar="auto|png|jpg|webp",
             help="Overlay, heatmap and panel format; auto: JPEG for JPEG inputs, PNG for the others.",
-            rich_help_panel=params.OUTPUT_PANEL,
         ),
     ] = ImageFormat.AUTO,
     quality: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            max=100,
-            metavar="Q",
-            help="JPEG/WebP quality of overlays, heatmaps and panels.",
-            rich_help_panel=params.OUTPUT_PANEL,
-        ),
+        int, typer.Option(min=1, max=100, metavar="Q", help="JPEG/WebP quality of overlays, heatmaps and panels.")
     ] = 90,
     save_raw: Annotated[
-        bool,
-        typer.Option(
-            "--save-raw", help="Also save each map as float32 .npy (H x W, [0,1]).", rich_help_panel=params.OUTPUT_PANEL
-        ),
+        bool, typer.Option("--save-raw", help="Also save each map as float32 .npy (H x W, [0,1]).")
     ] = False,
     save_heatmap: Annotated[
-        bool,
-        typer.Option(
-            "--save-heatmap",
-            help="Also save the colour-mapped heatmap alone (in --format).",
-            rich_help_panel=params.OUTPUT_PANEL,
-        ),
+        bool, typer.Option("--save-heatmap", help="Also save the colour-mapped heatmap alone (in --format).")
     ] = False,
     panel: Annotated[
         bool,
@@ -153,25 +127,13 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
             "--panel",
             help="Also save a figure per image: image | heatmap with colorbar | overlay "
             "(a grid, rows classes x columns methods, with --top-k or several methods).",
-            rich_help_panel=params.OUTPUT_PANEL,
         ),
     ] = False,
     report: Annotated[
-        bool,
-        typer.Option(
-            "--report",
-            help="Write an HTML gallery of the run, OUTPUT_DIR/index.html.",
-            rich_help_panel=params.OUTPUT_PANEL,
-        ),
+        bool, typer.Option("--report", help="Write an HTML gallery of the run, OUTPUT_DIR/index.html.")
     ] = False,
     every: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            metavar="N",
-            help="Videos: explain every Nth frame and hold its map in between.",
-            rich_help_panel=params.INPUT_PANEL,
-        ),
+        int, typer.Option(min=1, metavar="N", help="Videos: explain every Nth frame and hold its map in between.")
     ] = 1,
     output_dir: Annotated[
         Path,
@@ -181,7 +143,6 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
             parser=params.parse_folder,
             metavar="DIR",
             help="Where outputs go (input tree mirrored).",
-            rich_help_panel=params.OUTPUT_PANEL,
         ),
     ] = Path("gradcam_out"),
     device: params.DeviceOpt = "auto",
@@ -189,12 +150,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
     input_size: InputSizeOpt = None,
     batch_size: Annotated[
         int | None,
-        typer.Option(
-            min=1,
-            metavar="N",
-            help="Images per forward pass (default: 4 on the CPU, 16 on a GPU).",
-            rich_help_panel=params.RUN_PANEL,
-        ),
+        typer.Option(min=1, metavar="N", help="Images per forward pass (default: 4 on the CPU, 16 on a GPU)."),
     ] = None,
     max_side: Annotated[
         int,
@@ -203,7 +159,6 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
             metavar="N",
             help="Shrink images whose longer side is larger by a whole factor first, so overlays and maps are at "
             "most this big (0: never).",
-            rich_help_panel=params.INPUT_PANEL,
         ),
     ] = DEFAULT_MAX_SIDE,
     workers: Annotated[
@@ -212,16 +167,12 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
             min=0,
             metavar="N",
             help="Decoding processes, 0 for a decoding thread (default: spare cores, at most 4; 0 on 1-2 cores).",
-            rich_help_panel=params.RUN_PANEL,
         ),
     ] = None,
     manifest: Annotated[
         Path | None,
         typer.Option(
-            parser=params.parse_path,
-            metavar="PATH",
-            help="Write one row per output to this .jsonl or .csv file.",
-            rich_help_panel=params.OUTPUT_PANEL,
+            parser=params.parse_path, metavar="PATH", help="Write one row per output to this .jsonl or .csv file."
         ),
     ] = None,
     shard: Annotated[
@@ -231,81 +182,49 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
             metavar="K/N",
             help="Explain only shard K (0 to N-1) of the inputs, split by their paths; each shard writes its own "
             "manifest, and gradcam merge OUTPUT_DIR joins them.",
-            rich_help_panel=params.RUN_PANEL,
         ),
     ] = None,
     engine: Annotated[
         str,
         typer.Option(
-            parser=params.parse_engine,
-            metavar="local|ray",
-            help="Run here, or on a Ray cluster (pip extra [ray]).",
-            rich_help_panel=params.RUN_PANEL,
+            parser=params.parse_engine, metavar="local|ray", help="Run here, or on a Ray cluster (pip extra [ray])."
         ),
     ] = "local",
     ray_address: Annotated[
         str | None,
-        typer.Option(
-            metavar="ADDR",
-            help="--engine ray: the cluster (default: RAY_ADDRESS, else a local one).",
-            rich_help_panel=params.RUN_PANEL,
-        ),
+        typer.Option(metavar="ADDR", help="--engine ray: the cluster (default: RAY_ADDRESS, else a local one)."),
     ] = None,
     actors: Annotated[
         int | None,
         typer.Option(
-            min=1,
-            metavar="N",
-            help="--engine ray: explaining actors (default: one per GPU, else one per two CPUs).",
-            rich_help_panel=params.RUN_PANEL,
+            min=1, metavar="N", help="--engine ray: explaining actors (default: one per GPU, else one per two CPUs)."
         ),
     ] = None,
     gpus_per_worker: Annotated[
         float | None,
-        typer.Option(
-            min=0.0,
-            metavar="G",
-            help="--engine ray: GPUs per actor (default: 1 if the cluster has GPUs).",
-            rich_help_panel=params.RUN_PANEL,
-        ),
+        typer.Option(min=0.0, metavar="G", help="--engine ray: GPUs per actor (default: 1 if the cluster has GPUs)."),
     ] = None,
     deterministic: Annotated[
         bool,
         typer.Option(
-            "--deterministic",
-            help="Seed every generator and use PyTorch's deterministic algorithms (recorded).",
-            rich_help_panel=params.RUN_PANEL,
+            "--deterministic", help="Seed every generator and use PyTorch's deterministic algorithms (recorded)."
         ),
     ] = False,
     skip_existing: Annotated[
-        bool,
-        typer.Option(
-            "--skip-existing", help="Skip images whose outputs all exist (resume).", rich_help_panel=params.RUN_PANEL
-        ),
+        bool, typer.Option("--skip-existing", help="Skip images whose outputs all exist (resume).")
     ] = False,
     as_json: Annotated[
-        bool,
-        typer.Option(
-            "--json", help="Print one JSON object per image and target on stdout.", rich_help_panel=params.OUTPUT_PANEL
-        ),
+        bool, typer.Option("--json", help="Print one JSON object per image and target on stdout.")
     ] = False,
     list_layers: Annotated[
-        bool,
-        typer.Option(
-            "--list-layers", help="List every layer with its output shape and exit.", rich_help_panel=params.INPUT_PANEL
-        ),
+        bool, typer.Option("--list-layers", help="List every layer with its output shape and exit.")
     ] = False,
     list_models: Annotated[
-        bool,
-        typer.Option(
-            "--list-models", help="List the model names --model accepts and exit.", rich_help_panel=params.INPUT_PANEL
-        ),
+        bool, typer.Option("--list-models", help="List the model names --model accepts and exit.")
     ] = False,
     quiet: params.QuietOpt = False,
     verbose: params.VerboseOpt = False,
-    version: Annotated[
-        bool, typer.Option("--version", help="Print the version and exit.", rich_help_panel=params.RUN_PANEL)
-    ] = False,
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     reporter = Reporter(quiet, verbose, as_json)
     ray_options = {"--ray-address": ray_address, "--actors": actors, "--gpus-per-worker": gpus_per_worker}

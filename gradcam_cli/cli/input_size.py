@@ -7,8 +7,6 @@ from typing import Annotated, Any
 
 import typer
 
-from .params import INPUT_PANEL
-
 MIN_INPUT_SIDE = 16
 """The smallest side ``--input-size`` takes."""
 
@@ -38,6 +36,5 @@ InputSizeOpt = Annotated[
         help="Shorter side of the network input, in pixels (default: the model's own: 224 for torchvision "
         "classifiers, the detector's transform's, 520 for torchvision's segmenters, a timm or Hugging Face model's "
         "configured size); H,W: exactly that height and width, for a model that takes it.",
-        rich_help_panel=INPUT_PANEL,
     ),
 ]

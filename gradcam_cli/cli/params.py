@@ -28,27 +28,6 @@ from ..options import (
 from ..registry import METHODS_GROUP, plugin_entry_points
 from ..targets import TargetSpec
 
-INPUT_PANEL = "Input and model"
-EXPLAIN_PANEL = "What to explain"
-METHODS_PANEL = "Methods"
-ANSWERS_PANEL = "Vision-language (--prompt)"
-MEASURES_PANEL = "Measures"
-RANKING_PANEL = "Ranking (--rank)"
-OUTPUT_PANEL = "Output"
-RUN_PANEL = "Run"
-PANELS = (
-    INPUT_PANEL,
-    EXPLAIN_PANEL,
-    METHODS_PANEL,
-    ANSWERS_PANEL,
-    MEASURES_PANEL,
-    RANKING_PANEL,
-    OUTPUT_PANEL,
-    RUN_PANEL,
-)
-"""The panels ``--help`` groups the options in (each option's ``rich_help_panel``), in this order
-(:class:`~gradcam_cli.cli.help.PanelledCommand`)."""
-
 
 class MethodList(tuple[str, ...]):
     """The ``--method`` value: method names, in the order given, each once."""
@@ -213,7 +192,6 @@ ModelOpt = Annotated[
         metavar="NAME",
         help="torchvision classification, detection or segmentation model name (see --list-models), "
         "efficientnet_lite0, timm:NAME, hf:FOLDER_OR_HUB_ID, package.module:factory or file.py:factory.",
-        rich_help_panel=INPUT_PANEL,
     ),
 ]
 WeightsOpt = Annotated[
@@ -225,7 +203,6 @@ WeightsOpt = Annotated[
         metavar="WEIGHTS",
         help="DEFAULT, a torchvision weights name (IMAGENET1K_V1), none (random; nothing is downloaded), or a "
         "state-dict or .safetensors file.",
-        rich_help_panel=INPUT_PANEL,
     ),
 ]
 NumClassesOpt = Annotated[
@@ -235,14 +212,10 @@ NumClassesOpt = Annotated[
         metavar="N",
         help="Classes of a replaced head (with --weights PATH); 0 for timm: no head, its pooled features (an "
         "embedding, for --target similar:).",
-        rich_help_panel=INPUT_PANEL,
     ),
 ]
 LabelsOpt = Annotated[
-    Path | None,
-    typer.Option(
-        parser=parse_path, metavar="PATH", help="Text file with one class name per line.", rich_help_panel=INPUT_PANEL
-    ),
+    Path | None, typer.Option(parser=parse_path, metavar="PATH", help="Text file with one class name per line.")
 ]
 TaskOpt = Annotated[
     str | None,
@@ -250,7 +223,6 @@ TaskOpt = Annotated[
         parser=parse_task,
         metavar="classify|detect|segment",
         help="What the model does (default: taken from the model).",
-        rich_help_panel=INPUT_PANEL,
     ),
 ]
 ScoreOpt = Annotated[
@@ -262,7 +234,6 @@ ScoreOpt = Annotated[
         "(multi-label heads) or rest (logit + log softmax: ShapleyCAM's recommended target); text: targets: the "
         "image-text cosine (default) or the logit, softmax, sigmoid.",
         show_default=False,
-        rich_help_panel=EXPLAIN_PANEL,
     ),
 ]
 TargetsOpt = Annotated[
@@ -273,7 +244,6 @@ TargetsOpt = Annotated[
         help="What to explain (repeatable, one map each): class:NAME|INDEX, similar:IMAGE_OR_FOLDER, "
         'text:"a photo of a dog", contrast:A,B, output:I[:neg] (docs/targets.md).',
         show_default=False,
-        rich_help_panel=EXPLAIN_PANEL,
     ),
 ]
 EmbeddingOpt = Annotated[
@@ -281,7 +251,6 @@ EmbeddingOpt = Annotated[
     typer.Option(
         metavar="NAME",
         help="Which of the model's outputs is its embedding (similar: targets): a key, attribute or index.",
-        rich_help_panel=EXPLAIN_PANEL,
     ),
 ]
 ScoreThresholdOpt = Annotated[
@@ -292,7 +261,6 @@ ScoreThresholdOpt = Annotated[
         metavar="S",
         help="Detectors: explain the detections scoring at least S (default 0.5; YOLO: the model's own conf).",
         show_default=False,
-        rich_help_panel=EXPLAIN_PANEL,
     ),
 ]
 MaxDetectionsOpt = Annotated[
@@ -302,22 +270,15 @@ MaxDetectionsOpt = Annotated[
         metavar="N",
         help="Detectors: explain at most N detections per image, best first (default 10).",
         show_default=False,
-        rich_help_panel=EXPLAIN_PANEL,
     ),
 ]
-DeviceOpt = Annotated[
-    str,
-    typer.Option(
-        parser=parse_device, metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps.", rich_help_panel=RUN_PANEL
-    ),
-]
+DeviceOpt = Annotated[str, typer.Option(parser=parse_device, metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps.")]
 PrecisionOpt = Annotated[
     str,
     typer.Option(
         parser=parse_precision,
         metavar="fp32|bf16|fp16",
         help="The forward pass in float32, or under autocast in bfloat16 or float16 (maps stay float32).",
-        rich_help_panel=RUN_PANEL,
     ),
 ]
 LayerOpt = Annotated[
@@ -327,36 +288,23 @@ LayerOpt = Annotated[
         "-l",
         metavar="NAME",
         help="Dotted module name (repeatable: several layers are fused). Default: the last spatial layer.",
-        rich_help_panel=EXPLAIN_PANEL,
     ),
 ]
 MethodOpt = Annotated[
     MethodList,
-    typer.Option(parser=parse_methods, metavar="NAME[,NAME...]", help=method_help(), rich_help_panel=METHODS_PANEL),
+    typer.Option(
+        parser=parse_methods,
+        metavar="NAME[,NAME...]",
+        help=method_help(),
+    ),
 ]
 RiseMasksOpt = Annotated[
-    int,
-    typer.Option(
-        min=1,
-        metavar="N",
-        help="RISE: random masks per image (7x7 cells, each kept with p 0.5).",
-        rich_help_panel=METHODS_PANEL,
-    ),
+    int, typer.Option(min=1, metavar="N", help="RISE: random masks per image (7x7 cells, each kept with p 0.5).")
 ]
-OcclusionWindowOpt = Annotated[
-    int,
-    typer.Option(min=1, metavar="PIXELS", help="Occlusion: the square window's side.", rich_help_panel=METHODS_PANEL),
-]
-OcclusionStrideOpt = Annotated[
-    int, typer.Option(min=1, metavar="PIXELS", help="Occlusion: the window's step.", rich_help_panel=METHODS_PANEL)
-]
+OcclusionWindowOpt = Annotated[int, typer.Option(min=1, metavar="PIXELS", help="Occlusion: the square window's side.")]
+OcclusionStrideOpt = Annotated[int, typer.Option(min=1, metavar="PIXELS", help="Occlusion: the window's step.")]
 SeedOpt = Annotated[
-    int,
-    typer.Option(
-        metavar="N",
-        help="Seed of RISE's masks and randomcam's noise (and of eval's random draws).",
-        rich_help_panel=METHODS_PANEL,
-    ),
+    int, typer.Option(metavar="N", help="Seed of RISE's masks and randomcam's noise (and of eval's random draws).")
 ]
 TargetOpt = Annotated[
     str | None,
@@ -365,7 +313,6 @@ TargetOpt = Annotated[
         "-t",
         metavar="CLASS",
         help="Class to explain: index or name. Default: the top prediction.",
-        rich_help_panel=EXPLAIN_PANEL,
     ),
 ]
 AugSmoothOpt = Annotated[
@@ -374,7 +321,6 @@ AugSmoothOpt = Annotated[
         "--aug-smooth",
         help="Average each map over flipped and rescaled inputs (x0.75, x1, x1.25; 6 passes; flips only for "
         "fixed-size models such as ViT), each mapped back to the image first.",
-        rich_help_panel=METHODS_PANEL,
     ),
 ]
 EigenSmoothOpt = Annotated[
@@ -382,7 +328,6 @@ EigenSmoothOpt = Annotated[
     typer.Option(
         "--eigen-smooth",
         help="Use the first principal component of the weighted activations instead of their sum (less noise).",
-        rich_help_panel=METHODS_PANEL,
     ),
 ]
 AttentionHeadsOpt = Annotated[
@@ -391,13 +336,10 @@ AttentionHeadsOpt = Annotated[
         parser=parse_attention_heads,
         metavar="mean|max|min",
         help="How --method rollout and attention fuse each layer's heads (default: mean, as their papers).",
-        rich_help_panel=METHODS_PANEL,
     ),
 ]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print errors only.", rich_help_panel=RUN_PANEL)]
-VerboseOpt = Annotated[
-    bool, typer.Option("--verbose", "-v", help="More detail, and tracebacks for failures.", rich_help_panel=RUN_PANEL)
-]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print errors only.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="More detail, and tracebacks for failures.")]
 
 
 def target_specs(texts: list[str] | None) -> tuple[list[TargetSpec], str | None]:

@@ -1,7 +1,8 @@
-"""A plugin's mistakes, through the command line with real entry points (throwaway distributions on PYTHONPATH,
+"""Plugins through the command line with real entry points (throwaway distributions on PYTHONPATH,
 :mod:`plugin_dists`, beside the installed example plugin): a name the package or another plugin holds, an entry point
 naming neither an entry nor a module or named otherwise than its entry, each one ``error:`` line naming the plugin's
-distribution and the name, exit code 2, no traceback."""
+distribution and the name, exit code 2, no traceback; methods whose maps are NaN, infinite or of another rank, each
+the failure of its input only (``gradcam`` and ``gradcam eval``); and docs/internals.md's task plugin as shown."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
-from plugin_dists import run_gradcam, write_dist
+from plugin_dists import ROOT, run_gradcam, write_dist
 
 from gradcam_cli.errors import EXIT_IMAGE_FAILED, EXIT_USAGE
 from gradcam_cli.registry import FAMILIES_GROUP, METHODS_GROUP, TASKS_GROUP
@@ -213,3 +215,48 @@ def test_gradcam_eval_reports_no_figures_for_a_nan_map(odd_maps: Path, two_image
     assert Path(failed["image"]).name == "red.png"
     assert failed["error"].endswith("--method nan-on-red returned NaN values at layer relu, not a map)")
     assert report["per_image"][0]["methods"]["nan-on-red"]["deletion_auc"] is not None
+
+
+REGRESSOR = """
+import torch
+from torch import nn
+
+
+def build():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
+"""
+
+
+def test_the_docs_task_plugin_runs_as_shown(image: Path, tmp_path: Path) -> None:
+    """docs/internals.md's whole task plugin (its module and its entry point, as the page shows them) installed as
+    a distribution: ``--task regress`` explains each output of a regression model, its rows carrying the value."""
+    from gradcam_cli.io.images import load_image, to_input_tensor
+    from gradcam_cli.models.loading import load_model
+
+    page = (ROOT / "docs" / "internals.md").read_text(encoding="utf-8")
+    source = re.search(r"```python\n# my_plugin/regress\.py\n(.*?)```", page, re.S)
+    point = re.search(r'```toml\n\[project\.entry-points\."gradcam_cli\.tasks"\]\n(\S+) = "(\S+)"\n```', page)
+    assert source is not None and point is not None
+    site = write_dist(tmp_path / "site", "my-plugin", "1.0", {TASKS_GROUP: {point[1]: point[2]}}, {})
+    (site / "my_plugin").mkdir()
+    (site / "my_plugin" / "__init__.py").write_text("", encoding="utf-8")
+    (site / "my_plugin" / "regress.py").write_text(source[1], encoding="utf-8")
+    (tmp_path / "my_model.py").write_text(REGRESSOR, encoding="utf-8")
+    (tmp_path / "outputs.txt").write_text("speed\nheight\n", encoding="utf-8")
+    model, out = f"{tmp_path / 'my_model.py'}:build", tmp_path / "out"
+    args = ("--model", model, "--task", "regress", "--labels", tmp_path / "outputs.txt", "--top-k", "2")
+    done = run_gradcam(image, *args, "-o", out, "--json", "--save-raw", plugins=site)
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    loaded = load_model(model, "DEFAULT", labels=tmp_path / "outputs.txt")
+    with torch.no_grad():
+        values = loaded.module(to_input_tensor(load_image(image), loaded.input_spec).unsqueeze(0))[0]
+    by_value = sorted(range(2), key=lambda c: -float(values[c]))  # the top --top-k outputs, largest first
+    assert [row["target"]["name"] for row in rows] == [["speed", "height"][c] for c in by_value]
+    for row, c in zip(rows, by_value, strict=True):
+        assert row["status"] == "ok" and row["provenance"]["task"] == "regress"
+        assert row["target"]["value"] == pytest.approx(float(values[c]), abs=1e-3)
+        saliency = np.load(next(path for path in row["outputs"] if path.endswith(".npy")))
+        assert saliency.shape == (32, 48) and np.isfinite(saliency).all()
+    assert row["provenance"]["plugins"]["my-plugin"] == "1.0"
