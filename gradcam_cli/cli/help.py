@@ -19,8 +19,8 @@ from typer.core import TyperCommand, TyperOption
 from .params import method_help, plugin_method_names
 
 if TYPE_CHECKING:
-    import typer
-    from typer._click.formatting import HelpFormatter  # typer's own copy of click
+    from typer._click.core import Context  # typer's own copy of click
+    from typer._click.formatting import HelpFormatter
 
 INPUT = "Input and model"
 EXPLAIN = "What to explain"
@@ -111,7 +111,7 @@ class PanelledCommand(TyperCommand):
 
     panel_of: ClassVar[Mapping[str, str]] = {name: title for title, names in PANELS.items() for name in names}
 
-    def format_options(self, ctx: typer.Context, formatter: HelpFormatter) -> None:
+    def format_options(self, ctx: Context, formatter: HelpFormatter) -> None:
         shown: dict[str, list[tuple[str, str]]] = {title: [] for title in [*PANELS, OTHER]}
         for param in self.get_params(ctx):
             if param.name == "method" and isinstance(param, TyperOption):
