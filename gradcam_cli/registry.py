@@ -61,13 +61,17 @@ class Registry(Generic[T]):
         ``ValueError``; while a plugin loads, a :class:`UsageError` naming the plugin and who holds the name)."""
         with self._lock:
             if name in self._entries and not replace and self._entries[name] is not entry:
-                if _LOADING:
-                    raise UsageError(self._clash(_LOADING[-1].point, name))
+                loading = _loading()
+                if loading:
+                    raise UsageError(self._clash(loading[-1].point, name))
                 raise ValueError(f"a {self.kind} named {name!r} is registered already")
             self._entries[name] = entry
-            if _LOADING:
-                self._origins[name] = plugin_label(_LOADING[-1].point)
-                _LOADING[-1].registered.append(entry)
+            loading = _loading()
+            if loading:
+                self._origins[name] = plugin_label(loading[-1].point)
+                loading[-1].registered.append(entry)
+            else:
+                self._origins.pop(name, None)
         return entry
 
     def _clash(self, point: metadata.EntryPoint, name: str) -> str:
@@ -83,6 +87,7 @@ class Registry(Generic[T]):
         """Remove ``name`` (tests and notebooks that registered something temporary)."""
         with self._lock:
             self._entries.pop(name, None)
+            self._origins.pop(name, None)
 
     def __setitem__(self, name: str, entry: T) -> None:
         """``registry[name] = entry``: :meth:`register` with ``replace`` (as ``monkeypatch.setitem`` uses it)."""
@@ -153,7 +158,7 @@ class Registry(Generic[T]):
     def _load_plugin(self, point: metadata.EntryPoint) -> None:
         """Import one entry point and register what it names (its module registers its own entries on import)."""
         loading = _Loading(point)
-        _LOADING.append(loading)
+        _loading().append(loading)
         try:
             try:
                 loaded = point.load()
@@ -179,7 +184,7 @@ class Registry(Generic[T]):
                     f"neither a {self.kind} nor a module"
                 )
         finally:
-            _LOADING.pop()
+            _loading().pop()
 
 
 @dataclass
@@ -190,9 +195,16 @@ class _Loading:
     registered: list[object] = field(default_factory=list)
 
 
-_LOADING: list[_Loading] = []
-"""The entry points being loaded (innermost last), whichever registry loads them: a plugin module that registers into
-another kind's registry on import is named in a clash too."""
+_THREAD = threading.local()
+
+
+def _loading() -> list[_Loading]:
+    """This thread's entry points being loaded (innermost last), whichever registry loads them: a plugin module that
+    registers into another kind's registry on import is named in a clash too."""
+    stack: list[_Loading] | None = getattr(_THREAD, "loading", None)
+    if stack is None:
+        stack = _THREAD.loading = []
+    return stack
 
 
 def plugin_label(point: metadata.EntryPoint) -> str:
