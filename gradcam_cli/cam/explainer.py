@@ -42,6 +42,7 @@ from .maps import pad_to_region
 from .masked_scores import ProgressCallback
 from .methods import METHODS, resolve_methods
 from .methods.needs import ATTENTION_NEEDS
+from .methods.registry import check_maps
 from .passes import MethodInputs, ViewPass
 from .perturbation import check_perturbation, perturbation_settings
 from .precision import autocast, check_precision, full_precision, to_float32
@@ -362,6 +363,7 @@ class Explainer:
                             for n in self.layer_names
                         ]
                     )
+        check_maps(cams, activations, self.layer_names, inputs)  # a plugin's NaN or misshapen map: the input fails
         return targets, cams
 
     def explain_batch(

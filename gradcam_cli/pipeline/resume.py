@@ -22,6 +22,7 @@ from ..io.discovery import InputImage
 from ..io.manifest import latest_row_sets, row_key
 from ..io.naming import RUN_RECORD_NAME, TARGET_TAIL, slug
 from ..options import ImageFormat, OutputOptions
+from ..registry import plugin_versions
 from .outputs import OutputKind
 from .records import Record
 
@@ -240,7 +241,8 @@ def run_record(
     output: OutputOptions,
     max_side: int | None,
 ) -> dict[str, Any]:
-    """What made a run's outputs, as the run record stores it (quality only for the lossy formats)."""
+    """What made a run's outputs, as the run record stores it (quality only for the lossy formats; the installed
+    plugins' distributions and versions, which ``--skip-existing`` does not hold a resumed run to)."""
     lossy = output.image_format is not ImageFormat.PNG
     return {
         "model": model,
@@ -254,6 +256,7 @@ def run_record(
         "format": output.image_format.value,
         "quality": output.quality if lossy else None,
         "max_side": max_side,
+        "plugins": plugin_versions(),
     }
 
 
