@@ -42,6 +42,7 @@ from .maps import pad_to_region
 from .masked_scores import ProgressCallback
 from .methods import METHODS, resolve_methods
 from .methods.needs import ATTENTION_NEEDS
+from .methods.registry import check_maps
 from .passes import MethodInputs, ViewPass
 from .perturbation import check_perturbation, perturbation_settings
 from .precision import autocast, check_precision, full_precision, to_float32
@@ -50,6 +51,7 @@ from .results import ImageExplanation, Prediction
 from .scores import Cams, Classified, Score, Targets, Viewed
 from .smoothing import IDENTITY, augmentations, average_views
 from .tasks import ScoreRequest, TaskAdapter, adapter_for
+from .untargeted import untargeted_methods
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -149,6 +151,7 @@ class Explainer:
         self.methods = resolve_methods(list(options.methods), adapter.methods_of, taken)
         wanted = [name for name in self.methods if METHODS[name].needs in ATTENTION_NEEDS]
         self.attention, self.methods, self.left_out = attention_for(model, self.methods, wanted, options.methods)
+        self.methods, self.need_target = untargeted_methods(model, options, self.methods, adapter.takes_targets)
         self.attention = with_heads(self.attention, options.attention_heads, self.methods)
         self.perturbation = check_perturbation(options.perturbation)
         if options.score is not None and options.score not in SCORE_NAMES:
@@ -362,6 +365,7 @@ class Explainer:
                             for n in self.layer_names
                         ]
                     )
+        check_maps(cams, activations, self.layer_names, inputs)  # a plugin's NaN or misshapen map: the input fails
         return targets, cams
 
     def explain_batch(

@@ -28,6 +28,7 @@ from ..options import (
 )
 from . import answers, params
 from .eval_output import tell
+from .help import PanelledEvalCommand
 from .input_size import InputSizeOpt
 from .ranking import MethodSteps, RankOptions, rank_report
 from .reporting import (
@@ -69,7 +70,7 @@ Exit codes: 0 all images evaluated; 1 some image failed; 2 usage error; 3 model/
 interrupted."""
 
 
-@app.command(help=HELP)
+@app.command(cls=PanelledEvalCommand, help=HELP)
 def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
     inputs: Annotated[list[str], typer.Argument(metavar="INPUT", hidden=True, show_default=False)],
     method: params.MethodOpt = params.MethodList([DEFAULT_METHOD]),

@@ -26,6 +26,7 @@ from ..options import (
     Shard,
 )
 from . import answers, params
+from .help import PanelledCommand
 from .input_size import InputSizeOpt
 from .lines import layer_line, layer_row, report_record
 from .params import refuse
@@ -59,7 +60,7 @@ EPILOG = (
 )
 
 
-@app.command(help=HELP, epilog=EPILOG)
+@app.command(cls=PanelledCommand, help=HELP, epilog=EPILOG)
 def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
     inputs: Annotated[list[str] | None, typer.Argument(metavar="INPUT", hidden=True, show_default=False)] = None,
     layer: params.LayerOpt = None,

@@ -1,10 +1,10 @@
 """How a run's maps were made: the ``provenance`` object of every row it writes, and ``--deterministic``.
 
-The object names the versions (gradcam-cli, torch, torchvision), the model and its weights (a file's sha256 too,
-computed once per file and run), the layers and methods, the task and what it differentiates (a classifier's
-``--score``; a detector's ``--score-threshold`` and ``--max-detections``; as the run record has them), which classes
-were explained, the input size, the device, dtype and precision, the options that change the maps, and whether
-PyTorch ran deterministically (and with which seed). docs/ci.md lists the fields.
+The object names the versions (gradcam-cli, torch, torchvision, and each installed plugin's distribution), the model
+and its weights (a file's sha256 too, computed once per file and run), the layers and methods, the task and what it
+differentiates (a classifier's ``--score``; a detector's ``--score-threshold`` and ``--max-detections``; as the run
+record has them), which classes were explained, the input size, the device, dtype and precision, the options that
+change the maps, and whether PyTorch ran deterministically (and with which seed). docs/ci.md lists the fields.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ def run_provenance(explainer: Explainer, run: RunOptions | None = None) -> dict[
     """The provenance of the maps ``explainer`` makes under ``run`` (its ``max_side``), as every row carries it."""
     from .. import __version__
     from ..options import RunOptions
+    from ..registry import plugin_versions
 
     model = explainer.model
     weights = model.weights
@@ -82,6 +83,7 @@ def run_provenance(explainer: Explainer, run: RunOptions | None = None) -> dict[
         "gradcam_cli": __version__,
         "torch": torch.__version__,
         "torchvision": _version("torchvision"),
+        "plugins": plugin_versions(),
         "model": model.name,
         "weights": weights,
         "weights_sha256": sha256,

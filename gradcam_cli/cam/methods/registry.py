@@ -10,7 +10,7 @@ function's signature to the need's type, so the type checker sees each registrat
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar, overload
 
 import torch
@@ -63,8 +63,10 @@ class CamMethod(Generic[E]):
     :class:`~gradcam_cli.cam.methods.needs.Need`), whether one map serves every target (``class_agnostic``), the
     tasks it explains (``tasks``: names of :data:`gradcam_cli.options.TASK_NAMES`), and whether it reads a layer at
     all (``uses_layer``: RISE and occlusion do not; their maps come at the network input's resolution, and they are
-    given ``None`` for the activations and gradients). ``formula``, ``paper`` and ``cost``: its row of the table in
-    docs/methods.md (:func:`gradcam_cli.cam.methods.table.methods_table`)."""
+    given ``None`` for the activations and gradients). ``needs_target``: false for a method that reads the model
+    alone, never a target's score (rollout, the last layer's attention), so that it also explains an embedding model
+    given no ``--target`` (:mod:`gradcam_cli.cam.untargeted`). ``formula``, ``paper`` and ``cost``: its row of the
+    table in docs/methods.md (:func:`gradcam_cli.cam.methods.table.methods_table`)."""
 
     @overload
     def __init__(
@@ -77,6 +79,7 @@ class CamMethod(Generic[E]):
         class_agnostic: bool = False,
         tasks: tuple[str, ...] = TASK_NAMES,
         uses_layer: bool = True,
+        needs_target: bool = True,
         **row: Unpack[MethodRow],
     ) -> None: ...
 
@@ -91,6 +94,7 @@ class CamMethod(Generic[E]):
         class_agnostic: bool = False,
         tasks: tuple[str, ...] = TASK_NAMES,
         uses_layer: bool = True,
+        needs_target: bool = True,
         **row: Unpack[MethodRow],
     ) -> None: ...
 
@@ -104,6 +108,7 @@ class CamMethod(Generic[E]):
         class_agnostic: bool = False,
         tasks: tuple[str, ...] = TASK_NAMES,
         uses_layer: bool = True,
+        needs_target: bool = True,
         **row: Unpack[MethodRow],
     ) -> None:
         self.name = name
@@ -113,6 +118,7 @@ class CamMethod(Generic[E]):
         self.class_agnostic = class_agnostic
         self.tasks = tasks
         self.uses_layer = uses_layer
+        self.needs_target = needs_target
         self.formula, self.paper, self.cost = row.get("formula", ""), row.get("paper", ""), row.get("cost", "")
 
     def __repr__(self) -> str:
@@ -163,6 +169,43 @@ def register_method(method: CamMethod[Any], *, replace: bool = False) -> CamMeth
     """Add ``method`` under its name (a notebook's, a plugin module's), for the library, the command line and
     ``gradcam serve`` alike; ``replace`` lets it take the place of a method of the same name."""
     return METHODS.register(method.name, method, replace=replace)
+
+
+class MapError(ValueError):
+    """A method returned something other than a map: NaN or infinite values, or not one map per sample with the
+    layer's spatial rank (a method that reads no layer: the input's). Not a :class:`~gradcam_cli.errors.GradcamError`:
+    it is the input's failure, so a batch goes on without it."""
+
+
+def check_maps(
+    maps: Mapping[str, Sequence[Sequence[torch.Tensor]]],
+    activations: Mapping[str, torch.Tensor],
+    layers: Sequence[str],
+    inputs: torch.Tensor,
+) -> None:
+    """Each method's coarse maps, ``maps[method][k][l]`` (target k, layer ``layers[l]``), as every method's output
+    passes once: a :class:`MapError` naming the method (and the layer) for a map that is not finite, or not of the
+    batch and spatial rank of its layer's ``activations`` (N, C, *spatial) (a method that reads no layer: of
+    ``inputs``)."""
+    for name, per_target in maps.items():
+        method = METHODS[name]
+        for computed in per_target:
+            for layer, cam in zip(layers if method.uses_layer else [None], computed, strict=False):
+                _check_map(name, layer, cam, inputs if layer is None else activations.get(layer))
+
+
+def _check_map(name: str, layer: str | None, cam: torch.Tensor, reference: torch.Tensor | None) -> None:
+    """Only the batch and the spatial rank are held: maps come at the layer's resolution, a lower one (KPCA-CAM) or
+    the input's (FullGrad, the guided methods)."""
+    where = f" at layer {layer}" if layer is not None else ""
+    if reference is not None and (cam.dim() != reference.dim() - 1 or cam.shape[0] != reference.shape[0]):
+        rank = reference.dim() - 2
+        expected = " x ".join([str(reference.shape[0]), *(["d", "h", "w"][3 - rank :] if rank <= 3 else ["..."])])
+        shape = " x ".join(map(str, cam.shape)) or "scalar"
+        raise MapError(f"--method {name} returned a {shape} tensor{where}, not a map of {expected}")
+    if not bool(torch.isfinite(cam).all()):
+        kind = "NaN" if bool(torch.isnan(cam).any()) else "infinite"
+        raise MapError(f"--method {name} returned {kind} values{where}, not a map")
 
 
 def resolve_methods(names: Sequence[str], task: str, also: Collection[str] = ()) -> list[str]:
