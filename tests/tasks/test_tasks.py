@@ -14,6 +14,8 @@ from task_models import DETECTION_CLASSES, SquareDetector, SquareSegmenter
 from gradcam_cli import Explainer, load_model
 from gradcam_cli.cam.detection import box_iou, match
 from gradcam_cli.cam.maps import upsample, upsample_region
+from gradcam_cli.cam.tasks import TASKS, nothing_of, register_task
+from gradcam_cli.cam.tasks.classify import ClassifyTask
 from gradcam_cli.errors import UsageError
 from gradcam_cli.evaluation import metrics
 from gradcam_cli.io.images import InputSpec, to_input_tensor
@@ -286,3 +288,36 @@ def test_every_torchvision_detector_and_segmenter_builds_offline_and_gives_a_map
     assert saliency.shape == (72, 96) and torch.isfinite(saliency).all()
     # LayerCAM sums positive gradients times non-negative activations: empty only if no gradient reached the layer
     assert float(saliency.max()) == 1.0, "the map is empty: the score did not reach the layer"
+
+
+class _ScopedTask(ClassifyTask):
+    """A classifier's adapter that looks for the default layer in ``features.0`` first."""
+
+    name = "scoped"
+    layer_scopes = ("features.0",)
+
+
+@pytest.mark.quick
+def test_the_adapter_the_profile_names_chooses_the_default_layer(square_model):
+    """One key on the profile: the adapter's name; the adapter, not a task enum on the model, decides the layer."""
+    register_task(_ScopedTask())
+    try:
+        scoped = Explainer(square_model, methods="gradcam", task="scoped")
+        assert (scoped.model.task, type(scoped.adapter).__name__) == ("scoped", "_ScopedTask")
+        assert scoped.layer_names == ["features.0"]
+        assert Explainer(square_model, methods="gradcam").layer_names == ["features"]  # the classifier's own
+        assert square_model.task == CLASSIFY  # the caller's model is left as it is
+    finally:
+        TASKS.unregister("scoped")
+    detector, classifier = LoadedModel.of_module(SquareDetector()), LoadedModel.of_module(square_model.module)
+    assert (detector.task, detector.profile.detector, classifier.task, classifier.profile.detector) == (
+        DETECT,
+        True,
+        CLASSIFY,
+        False,
+    )
+    assert (nothing_of("detect"), nothing_of("segment"), nothing_of("classify")) == (
+        "no detection",
+        "only the background",
+        "no target",
+    )
