@@ -28,6 +28,7 @@ from ..models.devices import resolve_device
 from ..models.folding import fold_batch_norms
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel, load_model
+from ..models.modes import settle_loaded
 from ..options import (
     SCORE_NAMES,
     TOP_K,
@@ -35,7 +36,7 @@ from ..options import (
     ModelOptions,
 )
 from .attention.discovery import attention_for, head_settings, with_heads
-from .engine import LayerCapture, settle_loaded
+from .engine import LayerCapture
 from .explainer_input import ExplainKeywords, explain_options, explained_model
 from .layers import DryPasses, LayerInfo, chosen_layers, forget_tokens, reads_tokens, resolve_layer
 from .maps import pad_to_region

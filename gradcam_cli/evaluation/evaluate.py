@@ -15,7 +15,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..cam.engine import model_state_preserved
 from ..cam.explainer import Explainer
 from ..cam.maps import to_image_maps
 from ..cam.results import Prediction
@@ -24,6 +23,7 @@ from ..cam.targets import SpecTargets
 from ..errors import UsageError
 from ..io.discovery import InputImage
 from ..io.images import load_image, to_input_tensor
+from ..models.modes import model_state_preserved
 from ..options import EvalOptions
 from . import metrics
 from .boxes import GroundTruthBox, read_boxes

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..cam.engine import model_state_preserved
 from ..cam.explainer import Explainer
 from ..cam.masked_scores import ProgressCallback
+from ..models.modes import model_state_preserved
 from ..options import EvalOptions, PerturbationOptions
 from .draws import RANDOM_DRAWS, RANDOM_METHODS
 from .road import ROAD_FRACTIONS

@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..cam.engine import model_state_preserved
 from ..errors import UsageError
 from ..io.images import InputSpec
 from ..options import TASK_NAMES, ModelOptions
@@ -19,6 +18,7 @@ from .families import FAMILIES, Family, available_models, family_of, no_head_fam
 from .families.lite0 import LITE0, LITE0_SPEC
 from .families.torchvision import imagenet_categories
 from .labels import check_label_count, read_labels
+from .modes import model_state_preserved
 from .profile import LoadedModel, ModelProfile
 from .tasks import Task, detection_spec
 

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..cam.attention.discovery import reads_attention
-from ..cam.engine import settle_loaded
 from ..cam.explainer import Explainer
 from ..cam.layers import DryPasses, model_default_layer
 from ..cam.methods import METHODS
@@ -37,6 +36,7 @@ from ..errors import UsageError, suggest
 from ..models.devices import resolve_device
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel, load_model
+from ..models.modes import settle_loaded
 from ..options import EvalOptions, ExplainOptions, ModelOptions
 from ..targets import TargetSpec
 from .http import HttpError
