@@ -48,7 +48,7 @@ _EXPORTS = {
     "BatchRunner": "pipeline.batch",
     "VideoRunner": "pipeline.video",
     "Session": "pipeline.session",
-    "Record": "pipeline.records",
+    "Record": "cam.records",
     "Evaluator": "evaluation.evaluate",
     "evaluate": "evaluation.evaluate",
     "EvalReport": "evaluation.report",

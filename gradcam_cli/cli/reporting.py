@@ -20,8 +20,8 @@ from ..io.display import displayable
 
 if TYPE_CHECKING:
     from ..cam.explainer import Explainer
+    from ..cam.records import Record
     from ..cam.tasks import TaskAdapter
-    from ..pipeline.records import Record
     from ..pipeline.session import Counts
 
 

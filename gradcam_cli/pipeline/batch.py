@@ -38,6 +38,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..cam.explainer import Explainer
+from ..cam.records import Record, in_original_pixels
 from ..cam.results import Explanation, ImageExplanation
 from ..drift.fingerprint import empty_fingerprint, map_fingerprint
 from ..errors import GradcamError, describe
@@ -59,7 +60,6 @@ from .detection_resume import CombinedOutputs, resumed_detection_rows
 from .gpu import is_out_of_memory, release_cached_memory, results_to_host, stack_inputs
 from .ordering import InOrder, deferred_interrupt
 from .outputs import OutputKind, WriteJob, output_kinds
-from .records import Record, in_original_pixels
 from .resume import EarlierRows, ExistingOutputs, FoundExplanation, resumed_rows
 
 FOLD_MIN_IMAGES = 32

@@ -39,6 +39,7 @@ import torch
 from .. import __version__
 from ..cam.explainer import Explainer
 from ..cam.masked_scores import ProgressCallback
+from ..cam.records import Record
 from ..drift.provenance import run_provenance, use_deterministic
 from ..errors import EXIT_IMAGE_FAILED, GradcamError, ImageError, ModelLoadError, UsageError, describe
 from ..io.discovery import InputImage
@@ -46,7 +47,6 @@ from ..io.images import InputSpec
 from ..options import ExplainOptions, ModelOptions, OutputOptions, RunOptions
 from .batch import BatchRunner
 from .decode import ImageDataset, Sample, default_batch_size
-from .records import Record
 
 BATCHES_PER_CALL = 4
 """An actor gets this many model batches of images per call: enough for shape buckets to fill."""

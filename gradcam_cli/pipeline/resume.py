@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..cam.records import Record
 from ..cam.results import Explanation, Prediction
 from ..errors import UsageError, describe
 from ..io.atomic import write_atomic
@@ -23,7 +24,6 @@ from ..io.manifest import latest_row_sets, row_key
 from ..io.naming import RUN_RECORD_NAME, TARGET_TAIL
 from ..options import ImageFormat, OutputOptions
 from .outputs import OutputKind
-from .records import Record
 
 _PROBE_TARGET = Prediction(0, "x", 0.0)
 _PROBE_MARK = "_0-x"

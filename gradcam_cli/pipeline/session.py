@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from ..cam.explainer import Explainer
+from ..cam.records import Record
 from ..drift.provenance import run_provenance, use_deterministic
 from ..errors import GradcamError, UsageError, describe
 from ..io.atomic import remove_stale_temporaries
@@ -47,7 +48,6 @@ from ..io.naming import INDEX_NAME, LOCK_NAME, MANIFEST_NAME, shard_lock_name, s
 from ..options import OutputOptions, RunOptions
 from ..render.colour import colormap_table
 from .batch import BatchRunner
-from .records import Record
 from .resume import EarlierRows, check_run_record, run_record, write_run_record
 from .shards import ShardRecord, inputs_digest, select_shard, stored_path
 from .video import VideoRunner

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..cam.explainer import Explainer
+from ..cam.records import Record
 from ..cam.results import TOP_PREDICTIONS, ImageExplanation
 from ..errors import GradcamError, ImageError, UsageError, describe
 from ..io.atomic import TEMP_MARKER
@@ -33,7 +34,6 @@ from ..options import OutputOptions, RunOptions
 from ..render.colour import blend, colormap_table
 from ..render.gallery import save_thumbnail
 from .decode import default_batch_size
-from .records import Record
 
 MAX_BUFFERED_FRAMES = 64
 """Frames held in memory while a batch of explained frames is computed (bounds memory for large --every)."""
