@@ -2,12 +2,12 @@
 
 Classifiers, detectors and segmenters alike: what is differentiated for each comes from :mod:`gradcam_cli.cam.scores`.
 
->>> from gradcam_cli import Explainer, load_model
+>>> from gradcam_cli import Explainer, load_model, overlay
 >>> explainer = Explainer(load_model("efficientnet_lite0"))
 >>> result = explainer.explain("cat.jpg")
 >>> result.predictions[0].name, result.explanations[0].saliency.shape
 ('Egyptian cat', torch.Size([300, 451]))
->>> result.overlay().save("cat_gradcam.png")
+>>> overlay(result).save("cat_gradcam.png")
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from ..io.video import FOURCC, NO_FRAMES, UNREADABLE, capture_info, frames, open
 from ..options import OutputOptions, RunOptions
 from ..render.colour import blend, colormap_table
 from ..render.gallery import save_thumbnail
+from ..render.overlay import mark
 from .decode import default_batch_size
 
 MAX_BUFFERED_FRAMES = 64
@@ -212,7 +213,7 @@ class VideoRunner:
         for writer, explanation in zip(clip.writers, shown, strict=True):
             overlay = blend(pixels, explanation.saliency, self.table, self.output.alpha).cpu()
             if detector:
-                overlay = result.mark(overlay, explanation)
+                overlay = mark(result, overlay, explanation)
             if clip.frames == 0 and self.output.report:
                 clip.first_overlays.append(overlay)
             writer.write(np.ascontiguousarray(overlay.numpy()[:, :, ::-1]))
