@@ -42,11 +42,11 @@ from .reporting import (
 
 if TYPE_CHECKING:
     from ..cam.explainer import Explainer
-    from ..evaluation.boxes import GroundTruthBox
     from ..evaluation.evaluate import Evaluator
     from ..evaluation.report import EvalReport, ImageScores
     from ..evaluation.rows import RowsFile
     from ..evaluation.tasks import TaskEvaluator
+    from ..io.boxes import GroundTruthBox
     from ..io.discovery import InputImage
     from ..options import ExplainOptions, ModelOptions
 

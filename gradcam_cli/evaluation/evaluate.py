@@ -21,12 +21,13 @@ from ..cam.results import Prediction
 from ..cam.scores import Cams, ClassTargets
 from ..cam.targets import SpecTargets
 from ..errors import UsageError
+from ..io.boxes import GroundTruthBox
 from ..io.discovery import InputImage
 from ..io.images import load_image, to_input_tensor
 from ..models.modes import model_state_preserved
 from ..options import EvalOptions
 from . import metrics
-from .boxes import GroundTruthBox, read_boxes
+from .boxes import read_boxes
 from .draws import RANDOM_METHODS, averaged, random_draws, sanity_seed
 from .images import evaluate_images, report_of, scored_safely
 from .plan import with_methods

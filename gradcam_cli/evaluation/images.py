@@ -10,9 +10,10 @@ from typing import Any
 
 from ..cam.explainer import Explainer
 from ..errors import GradcamError, UsageError, describe
+from ..io.boxes import GroundTruthBox
 from ..io.discovery import InputImage, discover
 from ..options import EvalOptions
-from .boxes import GroundTruthBox, match_boxes
+from .boxes import match_boxes
 from .report import EvalReport, ImageScores
 
 ImageEvaluation = Callable[[Path, Sequence[GroundTruthBox]], ImageScores]

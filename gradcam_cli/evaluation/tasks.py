@@ -28,10 +28,10 @@ from ..cam.explainer import Explainer
 from ..cam.results import ImageExplanation, Prediction
 from ..cam.tasks.base import Pair
 from ..errors import UsageError
+from ..io.boxes import GroundTruthBox
 from ..io.discovery import InputImage
 from ..options import EvalOptions
 from . import metrics
-from .boxes import GroundTruthBox
 from .images import evaluate_images, report_of, scored_safely
 from .plan import with_methods
 from .report import BoxScore, EvalReport, ImageScores, MethodScores
