@@ -300,9 +300,9 @@ class EvalCommand:
         from ..evaluation.rows import Finished
 
         reporter, explainer = self.reporter, evaluator.explainer
-        methods = len(explainer.methods)
+        methods = len(explainer.chosen.methods)
         rows, done = self._rows(explainer, options)
-        finished = Finished(explainer.methods, done)
+        finished = Finished(explainer.chosen.methods, done)
         todo = [image for image in images if not finished.complete(str(image.path))]
 
         def record(scores: ImageScores) -> None:

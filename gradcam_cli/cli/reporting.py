@@ -145,9 +145,9 @@ def explainer_notes(reporter: Reporter, explainer: Explainer, layers_given: bool
     long, the methods left out for this model, and (``layers_given`` false) the layer chosen and why."""
     if (warning := passes_warning(explainer)) is not None:
         reporter.info(warning)
-    if explainer.left_out:
-        reporter.info(left_out_note(explainer.left_out))
-    if not layers_given and explainer.layer_names:  # RISE, occlusion alone: no layer
+    if explainer.chosen.left_out:
+        reporter.info(left_out_note(explainer.chosen.left_out))
+    if not layers_given and explainer.chosen.layers:  # RISE, occlusion alone: no layer
         reason = default_layer_reason(explainer.adapter, bool(explainer.model.default_layers))
         reporter.info(f"using layer {explainer.layer_label} ({reason})")
 
@@ -174,10 +174,10 @@ def passes_warning(explainer: Explainer) -> str | None:
     target (counted at the smallest network input, ``--input-size`` square), and which options make it less."""
     from ..cam.perturbation import occlusion_count
 
-    options, spec = explainer.perturbation, explainer.model.input_spec
+    options, spec = explainer.options.perturbation, explainer.model.input_spec
     height, width = spec.fixed_size or (spec.size, spec.size)
     counts = {"rise": options.rise_masks, "occlusion": occlusion_count(options, (height, width)) + 1}
-    chosen = {method: counts[method] for method in counts if method in explainer.methods}
+    chosen = {method: counts[method] for method in counts if method in explainer.chosen.methods}
     total = sum(chosen.values())
     if total <= LONG_PASSES:
         return None

@@ -73,12 +73,12 @@ def report_of(
     """The :class:`EvalReport` of ``results``."""
     return EvalReport(
         model=explainer.model.name,
-        layers=list(explainer.layer_names),
-        methods=list(explainer.methods),
+        layers=list(explainer.chosen.layers),
+        methods=list(explainer.chosen.methods),
         options=options,
         sanity_modules=list(sanity_modules),
         images=results,
         unmatched_boxes=unmatched,
-        target=explainer.target,
+        target=explainer.chosen.target,
         undetected_boxes=undetected,
     )

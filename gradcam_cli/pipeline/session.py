@@ -275,15 +275,15 @@ class Session:
             explainer.model.weights,
             explainer.layer_label,
             spec.fixed_size or spec.size,
-            (explainer.aug_smooth, explainer.eigen_smooth),
+            (explainer.options.aug_smooth, explainer.options.eigen_smooth),
             self.output,
             self.run.max_side,
         )
         record.update(explainer.settings)
-        record["precision"] = explainer.precision
+        record["precision"] = explainer.chosen.precision
         record["cwd"] = os.getcwd()  # what the manifest's relative paths start from (gradcam serve reads it)
         if self.output.skip_existing:
-            if explainer.target_specs and self.output.manifest is None:  # file names carry a class, not a target
+            if explainer.options.targets and self.output.manifest is None:  # file names carry a class, not a target
                 raise UsageError("--skip-existing with --target needs --manifest: skipped images' rows come from it")
             check_run_record(self.output.output_dir, record)
         write_run_record(self.output.output_dir, record)

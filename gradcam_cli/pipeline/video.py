@@ -86,13 +86,15 @@ class VideoRunner:
 
     def outputs(self, video: InputImage) -> list[tuple[str, Path]]:
         """(method, output path) for each video this input produces, in the order of its explanations."""
-        target = self.explainer.target
+        target = self.explainer.chosen.target
         rows = []
         if self.explainer.adapter.ranked:  # one video per method: the combined map, every box drawn
-            return [(m, video_output_path(self.output.output_dir, video, m, "boxes")) for m in self.explainer.methods]
-        for rank in range(1 if target is not None else self.explainer.top_k):
+            return [
+                (m, video_output_path(self.output.output_dir, video, m, "boxes")) for m in self.explainer.chosen.methods
+            ]
+        for rank in range(1 if target is not None else self.explainer.chosen.top_k):
             label = video_label(rank + 1, target, self.explainer.model.class_name(target) if target is not None else "")
-            for method in self.explainer.methods:
+            for method in self.explainer.chosen.methods:
                 rows.append((method, video_output_path(self.output.output_dir, video, method, label)))
         return rows
 
@@ -132,8 +134,10 @@ class VideoRunner:
         ranked = sorted(mean.items(), key=lambda item: -item[1])[:TOP_PREDICTIONS]
         predictions = [self.explainer.prediction(index, p) for index, p in ranked]
         target = None
-        if self.explainer.target is not None:
-            target = self.explainer.prediction(self.explainer.target, mean.get(self.explainer.target, 0.0))
+        if self.explainer.chosen.target is not None:
+            target = self.explainer.prediction(
+                self.explainer.chosen.target, mean.get(self.explainer.chosen.target, 0.0)
+            )
         return [
             self._record(
                 video, "ok", method=method, target=target, predictions=predictions, outputs=[str(path)], seconds=seconds

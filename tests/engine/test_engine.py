@@ -378,7 +378,7 @@ def test_a_layer_without_a_map_is_refused_naming_the_nearest_spatial_layer(resne
 
 def test_one_dry_pass_serves_the_default_layer_and_the_check(resnet18):
     counted = Counting(resnet18)
-    assert Explainer(counted).layer_names == ["inner.layer4"]
+    assert list(Explainer(counted).chosen.layers) == ["inner.layer4"]
     assert counted.passes == 1
     Explainer(counted, layers="inner.layer4")
     assert counted.passes == 2
@@ -469,14 +469,14 @@ def test_keywords_build_the_options_an_explainer_takes_whole(square_model):
     whole = ExplainOptions(layers=("features",), methods=("gradcam", "layercam"), target_class="green")
     by_options = Explainer(square_model, whole)
     by_keywords = Explainer(square_model, "features", ["gradcam", "layercam"], target="green")
-    assert by_keywords.explain_options == by_options.explain_options == whole
-    assert by_options.target == 1 and by_options.layer_names == ["features"]
+    assert by_keywords.options == by_options.options == whole
+    assert by_options.chosen.target == 1 and list(by_options.chosen.layers) == ["features"]
     inputs = torch.rand(2, 3, 32, 32)
     _, _, cams = by_options.compute(inputs)
     _, _, again = by_keywords.compute(inputs)
     for method in ("gradcam", "layercam"):
         torch.testing.assert_close(cams[method][0][0], again[method][0][0])
     other = by_options.with_options(methods=("hirescam",))
-    assert other.methods == ["hirescam"] and other.explain_options.target_class == "green"
+    assert list(other.chosen.methods) == ["hirescam"] and other.options.target_class == "green"
     with pytest.raises(TypeError, match="not both"):
         Explainer(square_model, whole, top_k=2)

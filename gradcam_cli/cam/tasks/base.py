@@ -49,8 +49,6 @@ class Explained(Protocol):
 
     model: LoadedModel
     score: Score
-    target: int | None
-    methods: list[str]
 
     def explain(self, image: Any, target: int | None = None, top_k: int | None = None) -> ImageExplanation: ...
 
