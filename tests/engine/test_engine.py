@@ -480,3 +480,29 @@ def test_keywords_build_the_options_an_explainer_takes_whole(square_model):
     assert list(other.chosen.methods) == ["hirescam"] and other.options.target_class == "green"
     with pytest.raises(TypeError, match="not both"):
         Explainer(square_model, whole, top_k=2)
+
+
+@pytest.mark.quick
+def test_a_call_context_belongs_to_its_call_and_the_explainer_stays_as_built(square_model):
+    from gradcam_cli.cam.explainer_input import CallContext
+
+    explainer = Explainer(square_model, "features", ["gradcam", "scorecam"], score_batch_size=2)
+    built = dict(vars(explainer))
+    captures: list[LayerCapture] = []
+    progress: list[tuple[int, int]] = []
+
+    class Counted(LayerCapture):
+        def __init__(self, model, layers):
+            super().__init__(model, layers)
+            captures.append(self)
+
+    inputs = torch.rand(1, 3, 32, 32)
+    context = CallContext(Counted, lambda done, total: progress.append((done, total)))
+    _, _, cams = explainer.compute(inputs, context=context)
+    assert len(captures) == 1 and progress and progress[-1][0] == progress[-1][1]  # this call's, every masked pass
+    seen = len(progress)
+    _, _, plain = explainer.compute(inputs)  # no context: plain captures, the explainer's own (no) progress
+    assert len(captures) == 1 and len(progress) == seen
+    assert vars(explainer).keys() == built.keys() and all(vars(explainer)[k] is v for k, v in built.items())
+    for method in ("gradcam", "scorecam"):
+        torch.testing.assert_close(cams[method][0][0], plain[method][0][0])

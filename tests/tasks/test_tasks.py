@@ -52,7 +52,7 @@ def test_the_task_comes_from_the_model_and_task_overrides_it():
     assert load_model("tests/square_model.py:build", "none").task is Task.CLASSIFY
     assert load_model("lraspp_mobilenet_v3_large", "none").task is Task.SEGMENT  # by torchvision's namespace
     assert load_model("tests/task_models.py:build_segmenter", "none", task="classify").task is Task.CLASSIFY
-    assert Explainer(SquareSegmenter(), methods="gradcam").model.task is Task.SEGMENT  # a bare module, from its dry pass
+    assert Explainer(SquareSegmenter(), methods="gradcam").model.task is Task.SEGMENT  # a bare module: its dry pass
 
 
 def test_a_model_whose_task_cannot_be_recognised_is_one_clear_line():
