@@ -50,6 +50,7 @@ from .scores import Cams, ClassTargets, Score, Targets
 from .smoothing import IDENTITY, augmentations, average_views
 from .targets import SpecTargets
 from .tasks import ScoreRequest, TaskAdapter, adapter_for
+from .untargeted import NoTargets, untargeted_methods
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -121,8 +122,7 @@ class Explainer:
         self.model = model
         self.adapter: TaskAdapter = adapter_for(model, requested)
         """What the model's task does (:mod:`gradcam_cli.cam.tasks`): its score, methods, rows and messages."""
-        self.tokens = reads_tokens(model)
-        """Whether 3-D layer outputs are token sequences (see :mod:`gradcam_cli.cam.reshape`)."""
+        self.tokens = reads_tokens(model)  # whether 3-D layer outputs are token sequences (:mod:`.reshape`)
         if not self.tokens:
             forget_tokens(infos)
         chosen, self.attention = self._check(options, check_precision(precision))
@@ -139,8 +139,7 @@ class Explainer:
         self.network: tuple[nn.Module, Mapping[str, nn.Module]] = (model.module, layers)
         """The module each pass runs and its explained layers (:meth:`folded`: a copy with batch norms folded)."""
         self.context = CallContext(progress=progress)  # what a call passes with when it is given none
-        self.model_options: ModelOptions | None = None
-        """The options :meth:`from_options` loaded the model from (the Ray engine's actors load it again)."""
+        self.model_options: ModelOptions | None = None  # from_options' (the Ray engine's actors load them again)
 
     def _check(self, options: ExplainOptions, precision: str) -> tuple[Chosen, AttentionModel | None]:
         """The options checked; what they came to (no layers chosen yet) and the attention the methods read."""
@@ -149,6 +148,7 @@ class Explainer:
         methods = resolve_methods(list(options.methods), adapter.methods_of, taken)
         wanted = [name for name in methods if METHODS[name].needs in ATTENTION_NEEDS]
         attention, methods, left_out = attention_for(model, methods, wanted, options.methods)
+        methods, need_target = untargeted_methods(model, options, methods, adapter.takes_targets)
         attention = with_heads(attention, options.attention_heads, methods)
         check_perturbation(options.perturbation)
         if options.score is not None and options.score not in SCORE_NAMES:
@@ -158,7 +158,7 @@ class Explainer:
         target = options.target_class
         target = resolve_target(model, target) if isinstance(target, str) else target
         top_k = TOP_K if options.top_k is None else options.top_k
-        return Chosen(tuple(methods), tuple(left_out), (), target, top_k, precision), attention
+        return Chosen(tuple(methods), tuple(left_out), tuple(need_target), (), target, top_k, precision), attention
 
     def _layer_names(self, infos: list[LayerInfo], names: list[str], methods: Sequence[str]) -> tuple[str, ...]:
         """The layers explained: ``names``, else the default layer; none where no method reads a layer."""
@@ -276,7 +276,7 @@ class Explainer:
         context = context or self.context
         inputs = inputs.to(self.device)
         targets, cams = self._compute_view(inputs, context, target, top_k, seed=seed)
-        if not self.options.aug_smooth or not isinstance(targets, ClassTargets | SpecTargets):
+        if not self.options.aug_smooth or not isinstance(targets, ClassTargets | SpecTargets | NoTargets):
             return targets, cams
         size = tuple(inputs.shape[-2:])
         views = [(IDENTITY, cams)]

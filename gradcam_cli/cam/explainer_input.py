@@ -26,12 +26,13 @@ CaptureFactory = Callable[[nn.Module, Mapping[str, nn.Module]], LayerCapture]
 class Chosen:
     """What an explainer's options came to for its model, found once when it is built (the options themselves stay
     as given: ``explainer.options``): the methods (``all`` expanded; ``left_out``: those ``all`` dropped for a model
-    they cannot read), the layers explained (the default layer where none was given; none where no method reads a
-    layer), the class explained in every image (a name found as an index; ``None``: each image's top ``top_k``) and
-    the forward pass's precision."""
+    they cannot read, ``need_target``: for lack of a target, :mod:`gradcam_cli.cam.untargeted`), the layers explained
+    (the default layer where none was given; none where no method reads a layer), the class explained in every image
+    (a name found as an index; ``None``: each image's top ``top_k``) and the forward pass's precision."""
 
     methods: tuple[str, ...]
     left_out: tuple[str, ...]
+    need_target: tuple[str, ...]
     layers: tuple[str, ...]
     target: int | None
     top_k: int
