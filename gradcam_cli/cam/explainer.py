@@ -28,12 +28,7 @@ from ..io.images import load_image, to_input_tensor, to_pixel_tensor, to_rgb
 from ..models.folding import fold_batch_norms
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel, load_for_run
-from ..options import (
-    SCORE_NAMES,
-    TOP_K,
-    ExplainOptions,
-    ModelOptions,
-)
+from ..options import SCORE_NAMES, TOP_K, ExplainOptions, ModelOptions
 from .attention.discovery import AttentionModel, attention_for, head_settings, with_heads
 from .explainer_input import CallContext, Chosen, ExplainKeywords, explain_options, explained_model
 from .layers import DryPasses, LayerInfo, chosen_layers, forget_tokens, reads_tokens, resolve_layer
@@ -370,7 +365,7 @@ class Explainer:
                             for n in names
                         ]
                     )
-        check_maps(cams, activations, self.layer_names, inputs)  # a plugin's NaN or misshapen map: the input fails
+        check_maps(cams, activations, self.chosen.layers, inputs)  # a plugin's NaN or misshapen map: the input fails
         return targets, cams
 
     def explain_batch(
