@@ -25,10 +25,10 @@ import torch
 from ..errors import UsageError
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel
+from ..models.modes import model_state_preserved
 from ..options import CLASS_SCORE_NAMES
 from ..targets import TargetSpec
 from .embeddings import PromptHead, reference_embedding, select_output, unit
-from .engine import model_state_preserved
 from .finer import finer_scores
 from .layers import blank_input
 from .logits import as_logits

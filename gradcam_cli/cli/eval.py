@@ -43,11 +43,11 @@ from .reporting import (
 
 if TYPE_CHECKING:
     from ..cam.explainer import Explainer
-    from ..evaluation.boxes import GroundTruthBox
     from ..evaluation.evaluate import Evaluator
     from ..evaluation.report import EvalReport, ImageScores
     from ..evaluation.rows import RowsFile
     from ..evaluation.tasks import TaskEvaluator
+    from ..io.boxes import GroundTruthBox
     from ..io.discovery import InputImage
     from ..options import ExplainOptions, ModelOptions
 
@@ -300,9 +300,9 @@ class EvalCommand:
         from ..evaluation.rows import Finished
 
         reporter, explainer = self.reporter, evaluator.explainer
-        methods = len(explainer.methods)
+        methods = len(explainer.chosen.methods)
         rows, done = self._rows(explainer, options)
-        finished = Finished(explainer.methods, done)
+        finished = Finished(explainer.chosen.methods, done)
         todo = [image for image in images if not finished.complete(str(image.path))]
 
         def record(scores: ImageScores) -> None:

@@ -383,7 +383,7 @@ class ExplainCommand:
             bars = lambda label, total: ProgressBar(reporter, total, label)  # noqa: E731
             shown: set[str] = set()
             adapter = explainer.adapter
-            nothing = adapter.nothing_found(model, explainer.score, explainer.target)
+            nothing = adapter.nothing_found(model, explainer.score, explainer.chosen.target)
             for record in session.explain(explainer, images, videos, progress=bars):
                 reporter.record(record)
                 report_record(reporter, record, single, record.input not in shown, adapter, nothing)

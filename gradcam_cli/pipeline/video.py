@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..cam.explainer import Explainer
+from ..cam.records import Record
 from ..cam.results import TOP_PREDICTIONS, ImageExplanation
 from ..errors import GradcamError, ImageError, UsageError, describe
 from ..io.atomic import TEMP_MARKER
@@ -32,8 +33,8 @@ from ..io.video import FOURCC, NO_FRAMES, UNREADABLE, capture_info, frames, open
 from ..options import OutputOptions, RunOptions
 from ..render.colour import blend, colormap_table
 from ..render.gallery import save_thumbnail
+from ..render.overlay import mark
 from .decode import default_batch_size
-from .records import Record
 
 MAX_BUFFERED_FRAMES = 64
 """Frames held in memory while a batch of explained frames is computed (bounds memory for large --every)."""
@@ -86,11 +87,12 @@ class VideoRunner:
     def outputs(self, video: InputImage) -> list[tuple[str, Path]]:
         """(method, output path) for each video this input produces, in the order of its explanations."""
         explainer = self.explainer
-        labels = explainer.adapter.video_labels(explainer.target, explainer.top_k, explainer.model.class_name)
+        chosen = explainer.chosen
+        labels = explainer.adapter.video_labels(chosen.target, chosen.top_k, explainer.model.class_name)
         return [
             (method, video_output_path(self.output.output_dir, video, method, label))
             for label in labels
-            for method in explainer.methods
+            for method in chosen.methods
         ]
 
     def run(self, video: InputImage, on_frame: Callable[[], Any] | None = None) -> list[Record]:
@@ -129,8 +131,10 @@ class VideoRunner:
         ranked = sorted(mean.items(), key=lambda item: -item[1])[:TOP_PREDICTIONS]
         predictions = [self.explainer.prediction(index, p) for index, p in ranked]
         target = None
-        if self.explainer.target is not None:
-            target = self.explainer.prediction(self.explainer.target, mean.get(self.explainer.target, 0.0))
+        if self.explainer.chosen.target is not None:
+            target = self.explainer.prediction(
+                self.explainer.chosen.target, mean.get(self.explainer.chosen.target, 0.0)
+            )
         return [
             self._record(
                 video, "ok", method=method, target=target, predictions=predictions, outputs=[str(path)], seconds=seconds
@@ -206,9 +210,10 @@ class VideoRunner:
         """Blend one RGB frame with each of ``result``'s maps and append it to the matching output video."""
         pixels = torch.from_numpy(frame)
         adapter = self.explainer.adapter
-        for writer, explanation in zip(clip.writers, adapter.frame_maps(result), strict=True):
+        for writer, (explanation, marked) in zip(clip.writers, adapter.frame_maps(result), strict=True):
             overlay = blend(pixels, explanation.saliency, self.table, self.output.alpha).cpu()
-            overlay = adapter.marked(result, overlay, explanation)
+            if marked:
+                overlay = mark(result, overlay, explanation)
             if clip.frames == 0 and self.output.report:
                 clip.first_overlays.append(overlay)
             writer.write(np.ascontiguousarray(overlay.numpy()[:, :, ::-1]))

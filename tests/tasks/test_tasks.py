@@ -54,7 +54,7 @@ def test_the_task_comes_from_the_model_and_task_overrides_it():
     assert load_model("tests/square_model.py:build", "none").task == CLASSIFY
     assert load_model("lraspp_mobilenet_v3_large", "none").task == SEGMENT  # by torchvision's namespace
     assert load_model("tests/task_models.py:build_segmenter", "none", task="classify").task == CLASSIFY
-    assert Explainer(SquareSegmenter(), methods="gradcam").task == SEGMENT  # a bare module, from its dry pass
+    assert Explainer(SquareSegmenter(), methods="gradcam").model.task == SEGMENT  # a bare module: its dry pass
 
 
 def test_a_model_whose_task_cannot_be_recognised_is_one_clear_line():
@@ -66,8 +66,8 @@ def test_a_model_whose_task_cannot_be_recognised_is_one_clear_line():
 
 
 def test_detectors_default_to_the_backbones_last_stage():
-    assert Explainer(detector()).layer_names == ["backbone.body"]
-    assert Explainer(segmenter()).layer_names == ["backbone"]
+    assert list(Explainer(detector()).chosen.layers) == ["backbone.body"]
+    assert list(Explainer(segmenter()).chosen.layers) == ["backbone"]
 
 
 # --- detection ---------------------------------------------------------------------------------------------------
@@ -282,7 +282,7 @@ def test_every_torchvision_detector_and_segmenter_builds_offline_and_gives_a_map
             owner.detections_per_img = 5  # and the mask and keypoint heads need not run on 100 of them
     detector = {"score_threshold": 0.0, "max_detections": 1} if loaded.task == DETECT else {}
     explainer = Explainer(loaded, methods="layercam", **detector)
-    assert explainer.layer_names == [layer]
+    assert list(explainer.chosen.layers) == [layer]
     result = explainer.explain(square_image((96, 72), (40, 20, 70, 50)))
     saliency = result.explanations[0].saliency
     assert saliency.shape == (72, 96) and torch.isfinite(saliency).all()
@@ -304,8 +304,8 @@ def test_the_adapter_the_profile_names_chooses_the_default_layer(square_model):
     try:
         scoped = Explainer(square_model, methods="gradcam", task="scoped")
         assert (scoped.model.task, type(scoped.adapter).__name__) == ("scoped", "_ScopedTask")
-        assert scoped.layer_names == ["features.0"]
-        assert Explainer(square_model, methods="gradcam").layer_names == ["features"]  # the classifier's own
+        assert scoped.chosen.layers == ("features.0",)
+        assert Explainer(square_model, methods="gradcam").chosen.layers == ("features",)  # the classifier's own
         assert square_model.task == CLASSIFY  # the caller's model is left as it is
     finally:
         TASKS.unregister("scoped")

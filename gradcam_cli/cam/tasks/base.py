@@ -25,11 +25,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from ...evaluation.boxes import GroundTruthBox
+    from ...io.boxes import GroundTruthBox
     from ...models.loading import LoadedModel
-    from ...pipeline.outputs import OutputKind
-    from ...pipeline.records import Record
-    from ...pipeline.resume import ExistingOutputs, FoundExplanation
     from ...targets import TargetSpec
     from ..results import Explanation, ImageExplanation, Prediction
     from ..scores import Score
@@ -56,8 +53,6 @@ class Explained(Protocol):
 
     model: LoadedModel
     score: Score
-    target: int | None
-    methods: list[str]
 
     def explain(self, image: Any, target: int | None = None, top_k: int | None = None) -> ImageExplanation: ...
 
@@ -100,6 +95,11 @@ class TaskAdapter:
     """Its model's 3-D (N, L, C) layer outputs may be token sequences on a patch grid, as a classifier's may
     (:func:`~gradcam_cli.cam.layers.reads_tokens`); a detector head's (N, anchors, classes) have no grid."""
     nothing = "no target"
+    """What ``gradcam diff`` says of a map that became empty (``no detection``, ``only the background``)."""
+    combined_tail: str | None = None
+    """Where its explanations of an image are one per detection with a map combining them (``rank`` 0), written
+    after them: that map's name tail (``boxes``: ``<stem>_<method>_boxes``), by which ``--skip-existing`` finds an
+    image done (:mod:`gradcam_cli.pipeline.detection_resume`); ``None``: each target's own files."""
     """What ``gradcam diff`` says of a map that became empty (``no detection``, ``only the background``)."""
 
     @property
@@ -196,47 +196,16 @@ class TaskAdapter:
     def check_outputs(self, output: OutputOptions) -> None:
         """A one-line UsageError for an output option this task's maps do not make (default: none)."""
 
-    def existing_outputs(
-        self,
-        output: OutputOptions,
-        kinds: Sequence[OutputKind],
-        methods: Sequence[str],
-        target: Prediction | None,
-        top_k: int,
-    ) -> ExistingOutputs:
-        """What ``--skip-existing`` looks for: an image's listed outputs for ``methods`` and its targets
-        (:class:`~gradcam_cli.pipeline.resume.ExistingOutputs`)."""
-        from ...pipeline.resume import ExistingOutputs
-
-        return ExistingOutputs(output, kinds, methods, target, top_k)
-
-    def resumed_rows(
-        self,
-        found: Sequence[FoundExplanation],
-        earlier: Sequence[dict[str, Any]],
-        skipped: Callable[..., Record],
-        class_name: Callable[[int], str],
-        required: bool = False,
-    ) -> list[Record] | None:
-        """The rows of an image whose outputs :meth:`existing_outputs` found (``skipped`` builds one): its earlier
-        rows, or rows rebuilt from the files; ``None``: the earlier rows are ``required`` and some lack."""
-        from ...pipeline.resume import resumed_rows
-
-        return resumed_rows(found, earlier, skipped, class_name, required)
-
     def video_labels(self, target: int | None, top_k: int, class_name: Callable[[int], str]) -> list[str]:
         """The label of each video a clip makes per method, in order: one per explained class (``target``, else
         the top ``top_k``)."""
         name = class_name(target) if target is not None else ""
         return [video_label(rank + 1, target, name) for rank in range(1 if target is not None else top_k)]
 
-    def frame_maps(self, result: ImageExplanation) -> list[Explanation]:
-        """The maps of a video frame's ``result``, one per video (:meth:`video_labels`, in each method's order)."""
-        return result.explanations
-
-    def marked(self, result: ImageExplanation, overlay: torch.Tensor, explanation: Explanation) -> torch.Tensor:
-        """A video frame's ``overlay`` of ``explanation`` with what it explains drawn on it (default: nothing)."""
-        return overlay
+    def frame_maps(self, result: ImageExplanation) -> list[tuple[Explanation, bool]]:
+        """The maps of a video frame's ``result``, one per video (:meth:`video_labels`, in each method's order), each
+        with whether what it explains is drawn on the frame (:func:`gradcam_cli.render.overlay.mark`; default: no)."""
+        return [(explanation, False) for explanation in result.explanations]
 
     def kept_maps(self, result: ImageExplanation, shown: Explanation) -> list[Explanation]:
         """The maps of ``result`` ``gradcam serve`` keeps beside the one ``shown`` (a detector's other detections:

@@ -1,7 +1,7 @@
 """torchvision's detectors: each detection's class score by the matching rule of :mod:`gradcam_cli.cam.detection`,
 explained one by one (``rank`` 1, 2, ...) and combined (``rank`` 0), and what that layout makes: the ``_box<rank>``
-and ``_boxes`` files, their resumed rows (:mod:`.resume`), a video's combined map with every box drawn, serve's
-maps of every detection, ``gradcam eval``'s pairing of boxes with detections."""
+and ``_boxes`` files (their resumed rows: :mod:`gradcam_cli.pipeline.detection_resume`), a video's combined map
+with every box drawn, serve's maps of every detection, ``gradcam eval``'s pairing of boxes with detections."""
 
 from __future__ import annotations
 
@@ -20,11 +20,8 @@ from ...scores import Score
 from ..base import Explained, Pair, ScoreRequest, TaskAdapter, check_class_score, register_task
 
 if TYPE_CHECKING:
-    from ....evaluation.boxes import GroundTruthBox
+    from ....io.boxes import GroundTruthBox
     from ....models.loading import LoadedModel
-    from ....pipeline.outputs import OutputKind
-    from ....pipeline.records import Record
-    from ....pipeline.resume import ExistingOutputs, FoundExplanation
     from ...results import Explanation, ImageExplanation, Prediction
 
 
@@ -40,6 +37,7 @@ class DetectTask(TaskAdapter):
     layer_scopes = LAYER_SCOPES
     tokens = False
     nothing = "no detection"
+    combined_tail = COMBINED_TAIL
 
     def check_options(self, options: ExplainOptions) -> None:
         check_class_score(options)
@@ -82,41 +80,13 @@ class DetectTask(TaskAdapter):
                 "shows all its detections at once"
             )
 
-    def existing_outputs(
-        self,
-        output: OutputOptions,
-        kinds: Sequence[OutputKind],
-        methods: Sequence[str],
-        target: Prediction | None,
-        top_k: int,
-    ) -> ExistingOutputs:
-        """Each method's combined map with all its listed files (:class:`~.resume.CombinedOutputs`)."""
-        from .resume import CombinedOutputs
-
-        return CombinedOutputs(output, kinds, methods, target, top_k)
-
-    def resumed_rows(
-        self,
-        found: Sequence[FoundExplanation],
-        earlier: Sequence[dict[str, Any]],
-        skipped: Callable[..., Record],
-        class_name: Callable[[int], str],
-        required: bool = False,
-    ) -> list[Record] | None:
-        from .resume import resumed_detection_rows
-
-        return resumed_detection_rows(found, earlier, skipped, required)
-
     def video_labels(self, target: int | None, top_k: int, class_name: Callable[[int], str]) -> list[str]:
         """One video per method: the combined map, every box drawn."""
         return [COMBINED_TAIL]
 
-    def frame_maps(self, result: ImageExplanation) -> list[Explanation]:
-        return [explanation for explanation in result.explanations if explanation.rank == 0]
-
-    def marked(self, result: ImageExplanation, overlay: torch.Tensor, explanation: Explanation) -> torch.Tensor:
-        """Every detection's box, label and score."""
-        return result.mark(overlay, explanation)
+    def frame_maps(self, result: ImageExplanation) -> list[tuple[Explanation, bool]]:
+        """The combined map, every detection's box, label and score drawn on it."""
+        return [(explanation, True) for explanation in result.explanations if explanation.rank == 0]
 
     def kept_maps(self, result: ImageExplanation, shown: Explanation) -> list[Explanation]:
         """Every other detection's map (and the combined map): one pass made them all."""

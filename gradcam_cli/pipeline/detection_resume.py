@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from ....io.discovery import InputImage
-from ....io.naming import COMBINED_TAIL
-from ....pipeline.records import Record
-from ....pipeline.resume import ExistingOutputs, FoundExplanation
-from ...results import Explanation, Prediction
+from ..cam.records import Record
+from ..cam.results import Explanation, Prediction
+from ..io.discovery import InputImage
+from ..io.naming import COMBINED_TAIL
+from .resume import ExistingOutputs, FoundExplanation
 
 _COMBINED = Prediction(-1, "all detections", 0.0)
 _PROBE_TARGET = Prediction(0, "x", 0.0)
