@@ -64,7 +64,8 @@ class TaskAdapter:
     :attr:`~gradcam_cli.models.profile.ModelProfile.task`); ``noun``: what its model is called in messages;
     ``ranked``: its explanations are per detection (``rank`` 1, 2, ...) with a combined map (``rank`` 0), named
     ``_box<rank>`` and ``_boxes`` (:class:`~gradcam_cli.cam.tasks.detect.DetectTask` overrides the methods that
-    lay such explanations out: resumed rows, videos, serve's maps); ``videos``: it explains video frames;
+    lay such explanations out: videos, serve's maps, and sets :attr:`combined_tail` for ``--skip-existing``; read
+    only by this class's methods); ``videos``: it explains video frames;
     ``faithfulness``: ``gradcam eval`` runs the whole perturbation protocol (else the boxes only, through
     :meth:`box_pairs`); ``takes_targets``: ``--target`` specs apply; ``aug_smooth``: ``--aug-smooth`` applies."""
 
