@@ -45,6 +45,7 @@ from .methods.needs import ATTENTION_NEEDS
 from .passes import MethodInputs, ViewPass
 from .perturbation import check_perturbation, perturbation_settings
 from .precision import autocast, check_precision, full_precision, to_float32
+from .ranks import check_ranks
 from .reshape import spatial
 from .results import ImageExplanation, Prediction
 from .scores import Cams, ClassTargets, Score, Targets
@@ -128,6 +129,7 @@ class Explainer:
             forget_tokens(infos)
         self._check(options)
         self.layer_names = self._layer_names(infos, names)
+        check_ranks(self.methods, infos, self.layer_names, model.input_spec, options.aug_smooth)
         self.layers = resolved or {name: resolve_layer(model.module, name) for name in self.layer_names}
         self.layer_calls: dict[str, int] = {}
         self.capture: Callable[[nn.Module, Mapping[str, nn.Module]], LayerCapture] = LayerCapture
@@ -296,7 +298,7 @@ class Explainer:
     ) -> tuple[Targets, Cams]:
         """One forward pass, one backward pass per target if a method needs gradients, then every method (with the
         extra passes some take: :mod:`gradcam_cli.cam.passes`)."""
-        size = tuple(inputs.shape[-2:])
+        size = tuple(inputs.shape[2:])  # (H, W); (T, H, W), (L,) of inputs of another rank
         module, layers = self._folded or (self.model.module, self.layers)
         with self.adapter.pass_settings(self.score), self.capture(module, layers) as capture, ExitStack() as passes:
             capture.watch_attention(self.attention)
@@ -365,13 +367,14 @@ class Explainer:
     def explain_batch(
         self,
         inputs: torch.Tensor,
-        sizes: Sequence[tuple[int, int]] | None = None,
+        sizes: Sequence[tuple[int, ...]] | None = None,
         target: int | None = None,
         top_k: int | None = None,
     ) -> list[ImageExplanation]:
-        """Explain a batch; each sample's maps are upsampled to its entry in ``sizes`` (default: input size)."""
+        """Explain a batch; each sample's maps are upsampled to its entry in ``sizes`` (default: input size; a clip's
+        or a volume's (T, H, W), a sequence's (L,))."""
         targets, cams = self.compute_targets(inputs, target, top_k)
-        sizes = sizes or [(inputs.shape[-2], inputs.shape[-1])] * inputs.shape[0]
+        sizes = sizes or [tuple(inputs.shape[2:])] * inputs.shape[0]
         return targets.results(cams, sizes, self.model.class_name)
 
     def explain(

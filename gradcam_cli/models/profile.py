@@ -20,6 +20,22 @@ if TYPE_CHECKING:
     from .text_tower import TextTower
 
 
+BARE_CLIP = (16, 112, 112)
+"""The (T, H, W) a bare module whose first convolution is 3-D is first run at (a clip's, as torchvision's video
+models take them; a volume model's alike)."""
+
+
+def bare_input(module: nn.Module) -> InputSpec:
+    """How a bare module takes its input, from its first convolution: a 3-D one takes (C, T, H, W) clips or
+    volumes (:data:`BARE_CLIP`), a 1-D one (C, L) sequences of the usual size, any other module RGB images."""
+    first = next((m for m in module.modules() if isinstance(m, nn.Conv1d | nn.Conv2d | nn.Conv3d)), None)
+    if isinstance(first, nn.Conv3d):
+        return InputSpec(size=BARE_CLIP[-1], shape=(first.in_channels, *BARE_CLIP))
+    if isinstance(first, nn.Conv1d):
+        return InputSpec(shape=(first.in_channels, InputSpec.size))
+    return InputSpec()
+
+
 @dataclass(frozen=True)
 class ModelProfile:
     """What the tool needs to know about a loaded model besides its module, as its family describes it."""
@@ -101,7 +117,7 @@ class LoadedModel:
         """A bare module as a model: named by its class, a detector where it has a detection transform, else a
         classifier until its output says otherwise (:meth:`with_task_shown`)."""
         task = Task.DETECT if detection_transform(module) is not None else Task.CLASSIFY
-        return cls(module, type(module).__name__, "custom", None, InputSpec(), task)
+        return cls(module, type(module).__name__, "custom", None, bare_input(module), task)
 
     def with_detector_input(self) -> LoadedModel:
         """A bare detector with its transform's input size (any other model as it is)."""

@@ -4,8 +4,9 @@ points and a notebook through :func:`register_method`.
 
 A method's ``compute`` takes the layer's (N, C, h, w) ``activations`` and ``gradients`` (``None`` for a method that
 takes no backward pass) and, when the method has a :class:`~gradcam_cli.cam.methods.needs.Need`, the value that need
-builds (:mod:`gradcam_cli.cam.passes`), and returns the coarse (N, h, w) map. The constructor's overloads tie the
-function's signature to the need's type, so the type checker sees each registration's signature.
+builds (:mod:`gradcam_cli.cam.passes`), and returns the coarse (N, h, w) map; a method whose ``ranks`` take grids of
+other ranks is given (N, C, t, h, w) or (N, C, l) and returns (N, t, h, w) or (N, l). The constructor's overloads tie
+the function's signature to the need's type, so the type checker sees each registration's signature.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ E_contra = TypeVar("E_contra", contravariant=True)
 
 CLASSIFY: tuple[str, ...] = ("classify",)
 """The tasks of a method for classifiers only."""
+IMAGE_MAPS: tuple[int, ...] = (2,)
+"""The spatial ranks of a method defined for 2-D maps only (a method's default)."""
+ANY_RANK: tuple[int, ...] = (1, 2, 3)
+"""The spatial ranks of a method whose formula holds on any grid: (L,) sequences, (H, W) images, (T, H, W) clips and
+(D, H, W) volumes."""
 
 
 class LayerMap(Protocol):
@@ -57,14 +63,17 @@ class MethodRow(TypedDict, total=False):
 
 
 class CamMethod(Generic[E]):
-    """One registered method: its ``--method`` name, the function that computes its coarse map (formula and paper in
-    its docstring), what that function needs besides the activations (``uses_gradients``: the backward pass to the
-    layer, one per target, shared by all such methods; ``needs``: an extra input, a
-    :class:`~gradcam_cli.cam.methods.needs.Need`), whether one map serves every target (``class_agnostic``), the
-    tasks it explains (``tasks``: names of :data:`gradcam_cli.options.TASK_NAMES`), and whether it reads a layer at
-    all (``uses_layer``: RISE and occlusion do not; their maps come at the network input's resolution, and they are
-    given ``None`` for the activations and gradients). ``formula``, ``paper`` and ``cost``: its row of the table in
-    docs/methods.md (:func:`gradcam_cli.cam.methods.table.methods_table`)."""
+    """One registered method: its ``--method`` name, the function that computes its coarse map (formula and paper in its
+    docstring), what that function needs besides the activations (``uses_gradients``: the backward pass to the layer,
+    one per target, shared by all such methods; ``needs``: an extra input, a
+    :class:`~gradcam_cli.cam.methods.needs.Need`), whether one map serves every target (``class_agnostic``), the tasks
+    it explains (``tasks``: names of :data:`gradcam_cli.options.TASK_NAMES`), and whether it reads a layer at all
+    (``uses_layer``: RISE and occlusion do not; their maps come at the network input's resolution, and they are given
+    ``None`` for the activations and gradients). ``ranks``: the numbers of spatial dimensions of the maps its formula is
+    defined for (:data:`IMAGE_MAPS`, the default: 2-D only; :data:`ANY_RANK`); a layer (or, for a method that reads
+    none, an input) of another rank is refused before any work (:func:`gradcam_cli.cam.ranks.check_ranks`). ``formula``,
+    ``paper`` and ``cost``: its row of the table in docs/methods.md
+    (:func:`gradcam_cli.cam.methods.table.methods_table`)."""
 
     @overload
     def __init__(
@@ -77,6 +86,7 @@ class CamMethod(Generic[E]):
         class_agnostic: bool = False,
         tasks: tuple[str, ...] = TASK_NAMES,
         uses_layer: bool = True,
+        ranks: tuple[int, ...] = IMAGE_MAPS,
         **row: Unpack[MethodRow],
     ) -> None: ...
 
@@ -91,6 +101,7 @@ class CamMethod(Generic[E]):
         class_agnostic: bool = False,
         tasks: tuple[str, ...] = TASK_NAMES,
         uses_layer: bool = True,
+        ranks: tuple[int, ...] = IMAGE_MAPS,
         **row: Unpack[MethodRow],
     ) -> None: ...
 
@@ -104,6 +115,7 @@ class CamMethod(Generic[E]):
         class_agnostic: bool = False,
         tasks: tuple[str, ...] = TASK_NAMES,
         uses_layer: bool = True,
+        ranks: tuple[int, ...] = IMAGE_MAPS,
         **row: Unpack[MethodRow],
     ) -> None:
         self.name = name
@@ -113,6 +125,7 @@ class CamMethod(Generic[E]):
         self.class_agnostic = class_agnostic
         self.tasks = tasks
         self.uses_layer = uses_layer
+        self.ranks = ranks
         self.formula, self.paper, self.cost = row.get("formula", ""), row.get("paper", ""), row.get("cost", "")
 
     def __repr__(self) -> str:
