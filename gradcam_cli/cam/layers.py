@@ -20,7 +20,14 @@ from .reshape import Layout, infer_layout
 if TYPE_CHECKING:
     from ..models.loading import LoadedModel
 
-_HEAD_POOLING = (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveMaxPool1d)
+_HEAD_POOLING = (
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveMaxPool1d,
+    nn.AdaptiveAvgPool2d,
+    nn.AdaptiveMaxPool2d,
+    nn.AdaptiveAvgPool3d,
+    nn.AdaptiveMaxPool3d,
+)
 _LAYOUT_ONLY = ("Permute",)
 """Modules that only reorder their input's axes (torchvision's ``Permute``): never chosen as the default."""
 
