@@ -6,10 +6,10 @@ and a 16 x 16 grid of the map, row by row from the top, where each cell is the m
 the height and of the width (PyTorch's adaptive average pooling), scaled to 0..255, rounded and written as two
 lower-case hex digits, left to right. ``"00"`` is no evidence, ``"ff"`` a cell where the whole map is at its maximum.
 
-Maps of another rank: ``size`` lists every side, ``[L]`` of a sequence's map, ``[T, H, W]`` of a clip's (``[D, H, W]``
-of a volume's). A 1-D map's grid is that of the map as a 1 x L image (its 16 rows alike); a 3-D map's grid is that of
-its mean over the first axis (over the frames, or the slices), and ``"depth"``, one more row of 32 hex digits, holds
-the map's mean over each sixteenth of the first axis (the frames' or slices' share, on the same 0..255 scale).
+Maps of another rank: a sequence's (L,) map is fingerprinted as a 1 x L image (``size`` ``[1, L]``, its 16 rows
+alike); a clip's or a volume's ``size`` lists its three sides, ``[T, H, W]`` (``[D, H, W]``), its grid is that of its
+mean over the first axis (over the frames, or the slices), and ``"depth"``, one more row of 32 hex digits, holds the
+map's mean over each sixteenth of the first axis (the frames' or slices' share, on the same 0..255 scale).
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ _ROW = re.compile(rf"[0-9a-f]{{{2 * GRID}}}")
 def map_fingerprint(saliency: torch.Tensor) -> dict[str, Any]:
     """The fingerprint of an (H, W) map in [0, 1] (computed where the map is, then two hundred bytes copied); of an
     (L,) or a (T, H, W) map alike (see the module docstring)."""
-    sides = [int(side) for side in saliency.shape]
     plane = saliency.detach().float()
     if plane.dim() == 1:
         plane = plane.view(1, -1)
-    elif plane.dim() == 3:
+    sides = [int(side) for side in plane.shape]
+    if plane.dim() == 3:
         plane = plane.mean(dim=0)
     height, width = (int(side) for side in plane.shape[-2:])
     cells = F.adaptive_avg_pool2d(plane.reshape(1, 1, height, width), GRID)[0, 0]
@@ -62,22 +62,20 @@ def empty_fingerprint(height: int, width: int) -> dict[str, Any]:
 
 def decode_fingerprint(value: Any) -> tuple[torch.Tensor, tuple[int, int]]:
     """(the (GRID, GRID) grid in [0, 1] as float64, the (H, W) of the plane it shows: the map's own, the last two
-    sides of a 3-D map's, (1, L) of a 1-D map's) of a fingerprint; a ValueError saying what is wrong when ``value``
-    is not one."""
+    sides of a 3-D map's) of a fingerprint; a ValueError saying what is wrong when ``value`` is not one."""
     if not isinstance(value, dict):
         raise ValueError("not an object")
     size, grid = value.get("size"), value.get("grid")
     if not (
-        isinstance(size, list) and 1 <= len(size) <= 3 and all(isinstance(side, int) and side > 0 for side in size)
+        isinstance(size, list) and 2 <= len(size) <= 3 and all(isinstance(side, int) and side > 0 for side in size)
     ):
-        raise ValueError("its size is not [height, width] (nor [length], [depth, height, width])")
+        raise ValueError("its size is not [height, width] (nor [depth, height, width])")
     if not isinstance(grid, list) or len(grid) != GRID or not all(_is_row(row) for row in grid):
         raise ValueError(f"its grid is not {GRID} rows of {2 * GRID} hex digits")
     if "depth" in value and not _is_row(value["depth"]):
         raise ValueError(f"its depth is not {2 * GRID} hex digits")
     codes = torch.tensor(list(bytes.fromhex("".join(grid))), dtype=torch.float64)
-    height, width = (1, size[0]) if len(size) == 1 else (size[-2], size[-1])
-    return codes.view(GRID, GRID) / LEVELS, (height, width)
+    return codes.view(GRID, GRID) / LEVELS, (size[-2], size[-1])
 
 
 def _is_row(row: Any) -> bool:

@@ -403,7 +403,7 @@ def test_fingerprints_of_3d_and_1d_maps(tmp_path):
     grid, size = decode_fingerprint(fingerprint)
     assert size == (32, 32) and grid[0, 0] == pytest.approx(64 / 255) and grid[-1, -1] == 0  # the frames' mean
     line = map_fingerprint(torch.linspace(0, 1, 40))
-    assert line["size"] == [40] and "depth" not in line and len(set(line["grid"])) == 1
+    assert line["size"] == [1, 40] and "depth" not in line and len(set(line["grid"])) == 1
     assert decode_fingerprint(line)[1] == (1, 40)
     image = map_fingerprint(torch.rand(20, 30, generator=torch.Generator().manual_seed(0)))
     assert image["size"] == [20, 30] and set(image) == {"size", "grid"}  # 2-D fingerprints as before
