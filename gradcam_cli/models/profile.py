@@ -26,12 +26,14 @@ models take them; a volume model's alike)."""
 
 
 def bare_input(module: nn.Module) -> InputSpec:
-    """How a bare module takes its input, from its first convolution: a 3-D one takes (C, T, H, W) clips or
-    volumes (:data:`BARE_CLIP`), a 1-D one (C, L) sequences of the usual size, any other module RGB images."""
-    first = next((m for m in module.modules() if isinstance(m, nn.Conv1d | nn.Conv2d | nn.Conv3d)), None)
+    """How a bare module takes its input, from its convolutions: one whose first is 3-D takes (C, T, H, W) clips or
+    volumes (:data:`BARE_CLIP`), one with 1-D convolutions only (C, L) sequences of the usual size, any other module
+    RGB images."""
+    convolutions = [m for m in module.modules() if isinstance(m, nn.Conv1d | nn.Conv2d | nn.Conv3d)]
+    first = convolutions[0] if convolutions else None
     if isinstance(first, nn.Conv3d):
         return InputSpec(size=BARE_CLIP[-1], shape=(first.in_channels, *BARE_CLIP))
-    if isinstance(first, nn.Conv1d):
+    if isinstance(first, nn.Conv1d) and all(isinstance(m, nn.Conv1d) for m in convolutions):
         return InputSpec(shape=(first.in_channels, InputSpec.size))
     return InputSpec()
 

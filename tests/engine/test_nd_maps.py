@@ -412,3 +412,15 @@ def test_fingerprints_of_3d_and_1d_maps(tmp_path):
     save_array(clip, tmp_path / "clip.npy")  # --save-raw
     raw = np.load(tmp_path / "clip.npy")
     assert raw.shape == (8, 32, 32) and raw.dtype == np.float32 and np.array_equal(raw, clip.numpy())
+
+
+@pytest.mark.quick
+def test_a_bare_module_takes_inputs_of_its_convolutions_rank():
+    from gradcam_cli.io.images import InputSpec
+    from gradcam_cli.models.profile import bare_input
+
+    assert bare_input(clip_net()) == InputSpec(size=112, shape=(2, 16, 112, 112))
+    assert bare_input(sequence_net()) == InputSpec(shape=(3, 224))
+    assert bare_input(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Conv1d(4, 4, 3))) == InputSpec()  # an image model
+    assert bare_input(nn.Sequential(nn.Conv1d(3, 4, 3), nn.Conv2d(3, 4, 3))) == InputSpec()  # ECA-style: images
+    assert bare_input(nn.Linear(3, 4)) == InputSpec()
