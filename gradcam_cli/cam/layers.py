@@ -12,9 +12,9 @@ from torch import nn
 
 from ..errors import GradcamError, ModelLoadError, UsageError, describe, suggest
 from ..io.images import InputSpec, load_image, to_input_tensor
+from ..models.modes import model_state_preserved
 from ..models.tasks import NAMED_LAYERS, layer_scopes
 from .attention.discovery import attention_sites
-from .engine import model_state_preserved
 from .reshape import Layout, infer_layout
 
 if TYPE_CHECKING:

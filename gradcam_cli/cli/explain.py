@@ -26,6 +26,7 @@ from ..options import (
     Shard,
 )
 from . import answers, params
+from .help import PanelledCommand
 from .input_size import InputSizeOpt
 from .lines import layer_line, layer_row, report_record
 from .params import refuse
@@ -59,7 +60,7 @@ EPILOG = (
 )
 
 
-@app.command(help=HELP, epilog=EPILOG)
+@app.command(cls=PanelledCommand, help=HELP, epilog=EPILOG)
 def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
     inputs: Annotated[list[str] | None, typer.Argument(metavar="INPUT", hidden=True, show_default=False)] = None,
     layer: params.LayerOpt = None,
@@ -378,7 +379,7 @@ class ExplainCommand:
             bars = lambda label, total: ProgressBar(reporter, total, label)  # noqa: E731
             shown: set[str] = set()
             adapter = explainer.adapter
-            nothing = adapter.nothing_found(model, explainer.score, explainer.target)
+            nothing = adapter.nothing_found(model, explainer.score, explainer.chosen.target)
             for record in session.explain(explainer, images, videos, progress=bars):
                 reporter.record(record)
                 report_record(reporter, record, single, record.input not in shown, adapter, nothing)

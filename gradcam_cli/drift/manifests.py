@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..cam.results import NO_TARGET_SCORE
 from ..errors import UsageError, describe
 from ..io.manifest import latest_row_sets, manifest_text, parse_rows
 from ..targets import TARGET_KINDS
@@ -145,11 +146,12 @@ def _map_row(row: dict[str, Any], manifest: Path, shown: str) -> MapRow:
 
 def _is_named(target: dict[str, Any] | None) -> bool:
     """Whether a row's target is a ``--target`` other than a class, by its name (``similar:ref.jpg``) or its score
-    (a contrast's ``difference``)."""
+    (a contrast's ``difference``, a map's made without a target ``none``)."""
     if not target:
         return False
     name = str(target.get("name", ""))
-    return target.get("score") == "difference" or any(name.startswith(f"{kind}:") for kind in NAMED_KINDS)
+    kinds = any(name.startswith(f"{kind}:") for kind in NAMED_KINDS)
+    return target.get("score") in ("difference", NO_TARGET_SCORE) or kinds
 
 
 def _is_prediction(value: Any) -> bool:

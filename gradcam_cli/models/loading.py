@@ -11,14 +11,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..cam.engine import model_state_preserved
 from ..errors import UsageError
 from ..io.images import InputSpec
 from ..options import TASK_NAMES, ModelOptions
+from .devices import resolve_device
 from .families import FAMILIES, Family, available_models, family_of, no_head_families
 from .families.lite0 import LITE0, LITE0_SPEC
 from .families.torchvision import imagenet_categories
 from .labels import check_label_count, read_labels
+from .modes import model_state_preserved, settle_loaded
 from .profile import LoadedModel, ModelProfile
 from .tasks import Task, detection_spec
 
@@ -32,6 +33,7 @@ __all__ = [
     "check_input_size",
     "count_classes",
     "imagenet_categories",
+    "load_for_run",
     "load_model",
 ]
 
@@ -63,11 +65,10 @@ def load_model(
     included: nothing is downloaded) or the path of a state dict (``torch.save`` or safetensors). ``labels``: a text
     file, one class per line, which must name as many classes as the model has (a custom model's count is found
     with one forward pass on a blank input); a CLIP-style model's are prompts, any number. ``input_size``: ``None``
-    keeps the model's own. The model stays on the
-    CPU (``ModelOptions.device`` is applied by :meth:`Explainer.from_options`). ``architecture_only``: build the
-    model its weights describe (class count, input size, auxiliary heads) without downloading or reading them, its
-    parameters left random: all ``--list-layers`` needs (a Hugging Face hub id still needs its configuration files,
-    and a custom factory runs as usual).
+    keeps the model's own. The model stays on the CPU, as found (a run's is settled on ``ModelOptions.device`` by
+    :func:`load_for_run`). ``architecture_only``: build the model its weights describe (class count, input size,
+    auxiliary heads) without downloading or reading them, its parameters left random: all ``--list-layers`` needs
+    (a Hugging Face hub id still needs its configuration files, and a custom factory runs as usual).
     """
     if isinstance(model, str):
         path = Path(labels) if labels is not None else None
@@ -83,6 +84,15 @@ def load_model(
     loaded = with_whole_patches(loaded)
     if model.labels is not None:
         loaded = loaded.with_profile(categories=_labels(family, loaded, model))
+    return loaded
+
+
+def load_for_run(options: ModelOptions) -> LoadedModel:
+    """:func:`load_model`, then the model settled once as every pass wants it, and where it runs: eval mode, frozen
+    parameters, on ``options.device`` (:func:`~gradcam_cli.models.devices.resolve_device`). The command line's
+    models, and ``gradcam serve``'s, are moved to their device here and nowhere else."""
+    loaded = load_model(options)
+    settle_loaded(loaded.module, resolve_device(options.device))
     return loaded
 
 

@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..cam.engine import model_state_preserved
 from ..errors import UsageError
 from ..io.images import InputSpec
+from .modes import model_state_preserved
 
 DETECTION_KEYS = ("boxes", "labels", "scores")
 """What each image's dict in a detector's output holds (torchvision's detection output)."""

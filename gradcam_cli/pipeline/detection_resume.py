@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
+from ..cam.records import Record
 from ..cam.results import Explanation, Prediction
 from ..io.discovery import InputImage
-from .records import Record
 from .resume import ExistingOutputs, FoundExplanation
 
 _COMBINED = Prediction(-1, "all detections", 0.0)

@@ -1,6 +1,6 @@
 """The ``--report`` gallery: one self-contained static ``index.html`` for a whole run.
 
-It is built at the end of a run from its :class:`~gradcam_cli.pipeline.records.Record` rows. Images are not embedded:
+It is built at the end of a run from its :class:`~gradcam_cli.cam.records.Record` rows. Images are not embedded:
 each overlay gets a small JPEG thumbnail under ``<output_dir>/_thumbs/`` (written while the run has the overlay in
 memory) and the page links to the full-size files by relative paths, so the output folder can be moved or zipped
 as a whole. The entries travel as one embedded JSON array; a few lines of plain JavaScript show them a page at a
@@ -27,7 +27,7 @@ from ..io.display import displayable, href
 from ..io.naming import INDEX_NAME, thumbnail_relative
 
 if TYPE_CHECKING:
-    from ..pipeline.records import Record
+    from ..cam.records import Record
 
 THUMB_SIDE = 192
 THUMB_QUALITY = 80

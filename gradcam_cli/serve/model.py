@@ -4,8 +4,9 @@
 maps from an :class:`~gradcam_cli.cam.explainer.Explainer` (one per layer and method, built on first use), the
 layer list from :func:`~gradcam_cli.cam.layers.inspect_layers` (through ``dry_pass``), class names matched as
 ``--target-class`` matches them, and faithfulness figures from ``gradcam eval``'s
-:class:`~gradcam_cli.evaluation.evaluate.Evaluator`. Each explainer's ``capture`` is a
-:class:`~gradcam_cli.serve.replay.ReplayFactory`, so that another class of an image already explained at a layer
+:class:`~gradcam_cli.evaluation.evaluate.Evaluator`. Each request's passes hook the layers with a
+:class:`~gradcam_cli.serve.replay.ReplayFactory` (its call's :class:`~gradcam_cli.cam.explainer_input.CallContext`;
+the explainers kept are never changed), so that another class of an image already explained at a layer
 costs one backward pass and no forward pass (:class:`~gradcam_cli.serve.replay.RetainedPasses` bounds what is kept).
 
 One lock (``model_lock``) serialises every pass: hooks, retained graphs and the model's mode flags are never shared
@@ -27,16 +28,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..cam.attention.discovery import reads_attention
-from ..cam.engine import settle_loaded
 from ..cam.explainer import Explainer
+from ..cam.explainer_input import CallContext
 from ..cam.layers import DryPasses, model_default_layer
 from ..cam.methods import METHODS
 from ..cam.methods.needs import ATTENTION_NEEDS
 from ..cam.targets import model_kind
 from ..errors import UsageError, suggest
-from ..models.devices import resolve_device
 from ..models.labels import resolve_target
-from ..models.loading import LoadedModel, load_model
+from ..models.loading import LoadedModel, load_for_run
 from ..options import EvalOptions, ExplainOptions, ModelOptions
 from ..targets import TargetSpec
 from .http import HttpError
@@ -116,9 +116,7 @@ class ModelService(ModelThread):
         self.options = options
         self.targets = options.targets
         if isinstance(model, ModelOptions):  # loaded here: an embedding model without a target has no explainer yet
-            device = resolve_device(model.device)
-            model = load_model(model)
-            settle_loaded(model.module, device)
+            model = load_for_run(model)
         self.kind = model_kind(model)
         first = self.targets[:1] or ((TargetSpec("output"),) if self.kind == "embed" else ())  # output:0 of any
         self.dry_passes = DryPasses()
@@ -132,13 +130,13 @@ class ModelService(ModelThread):
         self.adapter = base.adapter
         self.device = base.device
         self.default_layer = base.layer_label
-        self.default_method = base.methods[0]
+        self.default_method = base.chosen.methods[0]
         self.model_lock = threading.Lock()
         super().__init__()
         self.passes = RetainedPasses(retained)
         self.maps = MapStore()
         self._explainers: dict[tuple[str, str, str], Explainer] = {
-            (base.layer_label, base.methods[0], str(first[0]) if first else ""): base
+            (base.layer_label, base.chosen.methods[0], str(first[0]) if first else ""): base
         }
         infos = self.dry_passes.get(self.model, self.device)
         try:
@@ -238,20 +236,15 @@ class ModelService(ModelThread):
             chosen_target = str(spec) if spec is not None else index
 
             def key_of(rank: int) -> str:
-                return map_id(source.id, explainer.layer_label, explainer.methods[0], chosen_target, rank)
+                return map_id(source.id, explainer.layer_label, explainer.chosen.methods[0], chosen_target, rank)
 
             key = key_of(rank)
             stored = self.maps.get(key)
             if stored is not None:
                 return MapAnswer(stored, False, shown)
-            factory, previous = ReplayFactory(self.passes, source.id), (explainer.capture, explainer.progress)
-            deadline = Deadline(seconds)
-            explainer.capture, explainer.progress = factory, deadline
-            try:
-                batch = image.batch(self.model.input_spec)
-                result = explainer.explain_batch(batch, [image.size], target=index)[0]
-            finally:
-                explainer.capture, explainer.progress = previous
+            factory, deadline = ReplayFactory(self.passes, source.id), Deadline(seconds)
+            batch = image.batch(self.model.input_spec)
+            result = explainer.explain_batch(batch, [image.size], index, context=CallContext(factory, deadline))[0]
         result.pixels = image.pixels
         chosen = self.adapter.pick(result.explanations, rank)
         stored = StoredMap(key, source.id, source.stem, explainer.layer_label, chosen, result.predictions, image.pixels)

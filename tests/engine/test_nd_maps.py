@@ -308,7 +308,7 @@ def test_a_1d_cnn_gets_linear_maps_of_the_sequence_matching_the_papers_formulas(
 def test_a_bare_3d_module_is_explained_at_its_default_layer_and_at_the_sizes_asked():
     model = clip_net()
     explainer = Explainer(model, methods=["gradcam", "randomcam"])
-    assert explainer.layer_names == ["3"]  # the last layer with a grid: the second ReLU
+    assert explainer.chosen.layers == ("3",)  # the last layer with a grid: the second ReLU
     results = explainer.explain_batch(clips(), sizes=[(12, 32, 32), (6, 20, 24)])
     assert [tuple(e.saliency.shape) for e in results[0].explanations] == [(12, 32, 32)] * 2
     assert [tuple(e.saliency.shape) for e in results[1].explanations] == [(6, 20, 24)] * 2

@@ -18,7 +18,7 @@ from PIL import Image
 from typer.testing import CliRunner
 from yolo_model import CLASSES, square_scene, tiny_config
 
-from gradcam_cli import Explainer, load_model
+from gradcam_cli import Explainer, load_model, overlay
 from gradcam_cli.cli import app
 from gradcam_cli.cli.diff import app as diff_app
 from gradcam_cli.cli.eval import app as eval_app
@@ -267,7 +267,7 @@ def test_segment_and_pose_models_run_from_their_yaml(tmp_path):
             assert all(p.area is not None for p in result.predictions)
         else:
             assert all(len(p.keypoints or []) == 17 for p in result.predictions)
-        assert result.overlay(0).size == image.size
+        assert overlay(result, 0).size == image.size
 
 
 @pytest.mark.slow

@@ -52,7 +52,7 @@ def test_the_task_comes_from_the_model_and_task_overrides_it():
     assert load_model("tests/square_model.py:build", "none").task is Task.CLASSIFY
     assert load_model("lraspp_mobilenet_v3_large", "none").task is Task.SEGMENT  # by torchvision's namespace
     assert load_model("tests/task_models.py:build_segmenter", "none", task="classify").task is Task.CLASSIFY
-    assert Explainer(SquareSegmenter(), methods="gradcam").task is Task.SEGMENT  # a bare module, from its dry pass
+    assert Explainer(SquareSegmenter(), methods="gradcam").model.task is Task.SEGMENT  # a bare module: its dry pass
 
 
 def test_a_model_whose_task_cannot_be_recognised_is_one_clear_line():
@@ -64,8 +64,8 @@ def test_a_model_whose_task_cannot_be_recognised_is_one_clear_line():
 
 
 def test_detectors_default_to_the_backbones_last_stage():
-    assert Explainer(detector()).layer_names == ["backbone.body"]
-    assert Explainer(segmenter()).layer_names == ["backbone"]
+    assert list(Explainer(detector()).chosen.layers) == ["backbone.body"]
+    assert list(Explainer(segmenter()).chosen.layers) == ["backbone"]
 
 
 # --- detection ---------------------------------------------------------------------------------------------------
@@ -280,7 +280,7 @@ def test_every_torchvision_detector_and_segmenter_builds_offline_and_gives_a_map
             owner.detections_per_img = 5  # and the mask and keypoint heads need not run on 100 of them
     detector = {"score_threshold": 0.0, "max_detections": 1} if loaded.task is Task.DETECT else {}
     explainer = Explainer(loaded, methods="layercam", **detector)
-    assert explainer.layer_names == [layer]
+    assert list(explainer.chosen.layers) == [layer]
     result = explainer.explain(square_image((96, 72), (40, 20, 70, 50)))
     saliency = result.explanations[0].saliency
     assert saliency.shape == (72, 96) and torch.isfinite(saliency).all()

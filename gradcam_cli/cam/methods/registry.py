@@ -11,7 +11,7 @@ the function's signature to the need's type, so the type checker sees each regis
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar, overload
 
 import torch
@@ -55,25 +55,29 @@ class LayerMapWith(Protocol[E_contra]):
 
 
 class MethodRow(TypedDict, total=False):
-    """A method's row of the table in docs/methods.md: its formula, its paper and its cost (each text)."""
+    """A method's row of the table in docs/methods.md: its formula, its paper and its cost (each text), and the
+    spatial ranks of the maps its formula is defined for (its ``grids`` column; default :data:`IMAGE_MAPS`)."""
 
     formula: str
     paper: str
     cost: str
+    ranks: tuple[int, ...]
 
 
 class CamMethod(Generic[E]):
-    """One registered method: its ``--method`` name, the function that computes its coarse map (formula and paper in its
-    docstring), what that function needs besides the activations (``uses_gradients``: the backward pass to the layer,
-    one per target, shared by all such methods; ``needs``: an extra input, a
-    :class:`~gradcam_cli.cam.methods.needs.Need`), whether one map serves every target (``class_agnostic``), the tasks
-    it explains (``tasks``: names of :data:`gradcam_cli.options.TASK_NAMES`), and whether it reads a layer at all
-    (``uses_layer``: RISE and occlusion do not; their maps come at the network input's resolution, and they are given
-    ``None`` for the activations and gradients). ``ranks``: the numbers of spatial dimensions of the maps its formula is
-    defined for (:data:`IMAGE_MAPS`, the default: 2-D only; :data:`ANY_RANK`); a layer (or, for a method that reads
-    none, an input) of another rank is refused before any work (:func:`gradcam_cli.cam.ranks.check_ranks`). ``formula``,
-    ``paper`` and ``cost``: its row of the table in docs/methods.md
-    (:func:`gradcam_cli.cam.methods.table.methods_table`)."""
+    """One registered method: its ``--method`` name, the function that computes its coarse map (formula and paper in
+    its docstring), what that function needs besides the activations (``uses_gradients``: the backward pass to the
+    layer, one per target, shared by all such methods; ``needs``: an extra input, a
+    :class:`~gradcam_cli.cam.methods.needs.Need`), whether one map serves every target (``class_agnostic``), the
+    tasks it explains (``tasks``: names of :data:`gradcam_cli.options.TASK_NAMES`), and whether it reads a layer at
+    all (``uses_layer``: RISE and occlusion do not; their maps come at the network input's resolution, and they are
+    given ``None`` for the activations and gradients). ``needs_target``: false for a method that reads the model
+    alone, never a target's score (rollout, the last layer's attention), so that it also explains an embedding model
+    given no ``--target`` (:mod:`gradcam_cli.cam.untargeted`). ``formula``, ``paper`` and ``cost``: its row of the
+    table in docs/methods.md (:func:`gradcam_cli.cam.methods.table.methods_table`); ``ranks``: the numbers of spatial
+    dimensions of the maps its formula is defined for (:data:`IMAGE_MAPS`, the default: 2-D only; :data:`ANY_RANK`),
+    the table's ``grids``; a layer (or, for a method that reads none, an input) of another rank is refused before any
+    work (:func:`gradcam_cli.cam.ranks.check_ranks`)."""
 
     @overload
     def __init__(
@@ -86,7 +90,7 @@ class CamMethod(Generic[E]):
         class_agnostic: bool = False,
         tasks: tuple[str, ...] = TASK_NAMES,
         uses_layer: bool = True,
-        ranks: tuple[int, ...] = IMAGE_MAPS,
+        needs_target: bool = True,
         **row: Unpack[MethodRow],
     ) -> None: ...
 
@@ -101,7 +105,7 @@ class CamMethod(Generic[E]):
         class_agnostic: bool = False,
         tasks: tuple[str, ...] = TASK_NAMES,
         uses_layer: bool = True,
-        ranks: tuple[int, ...] = IMAGE_MAPS,
+        needs_target: bool = True,
         **row: Unpack[MethodRow],
     ) -> None: ...
 
@@ -115,7 +119,7 @@ class CamMethod(Generic[E]):
         class_agnostic: bool = False,
         tasks: tuple[str, ...] = TASK_NAMES,
         uses_layer: bool = True,
-        ranks: tuple[int, ...] = IMAGE_MAPS,
+        needs_target: bool = True,
         **row: Unpack[MethodRow],
     ) -> None:
         self.name = name
@@ -125,8 +129,9 @@ class CamMethod(Generic[E]):
         self.class_agnostic = class_agnostic
         self.tasks = tasks
         self.uses_layer = uses_layer
-        self.ranks = ranks
+        self.needs_target = needs_target
         self.formula, self.paper, self.cost = row.get("formula", ""), row.get("paper", ""), row.get("cost", "")
+        self.ranks = row.get("ranks", IMAGE_MAPS)
 
     def __repr__(self) -> str:
         return f"CamMethod({self.name!r}, needs={self.needs!r})"
@@ -176,6 +181,43 @@ def register_method(method: CamMethod[Any], *, replace: bool = False) -> CamMeth
     """Add ``method`` under its name (a notebook's, a plugin module's), for the library, the command line and
     ``gradcam serve`` alike; ``replace`` lets it take the place of a method of the same name."""
     return METHODS.register(method.name, method, replace=replace)
+
+
+class MapError(ValueError):
+    """A method returned something other than a map: NaN or infinite values, or not one map per sample with the
+    layer's spatial rank (a method that reads no layer: the input's). Not a :class:`~gradcam_cli.errors.GradcamError`:
+    it is the input's failure, so a batch goes on without it."""
+
+
+def check_maps(
+    maps: Mapping[str, Sequence[Sequence[torch.Tensor]]],
+    activations: Mapping[str, torch.Tensor],
+    layers: Sequence[str],
+    inputs: torch.Tensor,
+) -> None:
+    """Each method's coarse maps, ``maps[method][k][l]`` (target k, layer ``layers[l]``), as every method's output
+    passes once: a :class:`MapError` naming the method (and the layer) for a map that is not finite, or not of the
+    batch and spatial rank of its layer's ``activations`` (N, C, *spatial) (a method that reads no layer: of
+    ``inputs``)."""
+    for name, per_target in maps.items():
+        method = METHODS[name]
+        for computed in per_target:
+            for layer, cam in zip(layers if method.uses_layer else [None], computed, strict=False):
+                _check_map(name, layer, cam, inputs if layer is None else activations.get(layer))
+
+
+def _check_map(name: str, layer: str | None, cam: torch.Tensor, reference: torch.Tensor | None) -> None:
+    """Only the batch and the spatial rank are held: maps come at the layer's resolution, a lower one (KPCA-CAM) or
+    the input's (FullGrad, the guided methods)."""
+    where = f" at layer {layer}" if layer is not None else ""
+    if reference is not None and (cam.dim() != reference.dim() - 1 or cam.shape[0] != reference.shape[0]):
+        rank = reference.dim() - 2
+        expected = " x ".join([str(reference.shape[0]), *(["d", "h", "w"][3 - rank :] if rank <= 3 else ["..."])])
+        shape = " x ".join(map(str, cam.shape)) or "scalar"
+        raise MapError(f"--method {name} returned a {shape} tensor{where}, not a map of {expected}")
+    if not bool(torch.isfinite(cam).all()):
+        kind = "NaN" if bool(torch.isnan(cam).any()) else "infinite"
+        raise MapError(f"--method {name} returned {kind} values{where}, not a map")
 
 
 def resolve_methods(names: Sequence[str], task: str, also: Collection[str] = ()) -> list[str]:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from ...evaluation.boxes import GroundTruthBox
+    from ...io.boxes import GroundTruthBox
     from ...models.loading import LoadedModel
     from ...targets import TargetSpec
     from ..results import Explanation, ImageExplanation, Prediction
@@ -49,8 +49,6 @@ class Explained(Protocol):
 
     model: LoadedModel
     score: Score
-    target: int | None
-    methods: list[str]
 
     def explain(self, image: Any, target: int | None = None, top_k: int | None = None) -> ImageExplanation: ...
 

@@ -16,7 +16,7 @@ from ..scores import Score
 from .base import Explained, Pair, ScoreRequest, TaskAdapter, check_class_score, register_task
 
 if TYPE_CHECKING:
-    from ...evaluation.boxes import GroundTruthBox
+    from ...io.boxes import GroundTruthBox
     from ...models.loading import LoadedModel
     from ..results import ImageExplanation, Prediction
 

@@ -12,7 +12,7 @@ from ..segmentation import SegmentationScore
 from .base import Explained, Pair, ScoreRequest, TaskAdapter, check_class_score, label_box_pairs, register_task
 
 if TYPE_CHECKING:
-    from ...evaluation.boxes import GroundTruthBox
+    from ...io.boxes import GroundTruthBox
     from ...models.loading import LoadedModel
     from ..results import ImageExplanation, Prediction
 
