@@ -40,6 +40,7 @@ from .methods.registry import check_maps
 from .passes import MethodInputs, ViewPass
 from .perturbation import check_perturbation, perturbation_settings
 from .precision import autocast, check_precision, full_precision, to_float32
+from .ranks import check_ranks
 from .reshape import spatial
 from .results import ImageExplanation, Prediction
 from .scores import Cams, Classified, Score, Targets, Viewed
@@ -130,8 +131,8 @@ class Explainer:
                 f"--aug-smooth is for classifiers: a {self.adapter.noun}'s targets in a flipped or rescaled view are "
                 "other pixels and boxes; run without it"
             )
-        self.chosen = replace(chosen, layers=self._layer_names(infos, names, chosen.methods))
-        """What the options came to for this model: methods, layers, target, top_k, precision."""
+        self.chosen = replace(chosen, layers=self._layer_names(infos, names, chosen.methods))  # what options came to
+        check_ranks(self.chosen.methods, infos, self.chosen.layers, model.input_spec, options.aug_smooth)
         layers = resolved or {name: resolve_layer(model.module, name) for name in self.chosen.layers}
         self.network: tuple[nn.Module, Mapping[str, nn.Module]] = (model.module, layers)
         """The module each pass runs and its explained layers (:meth:`folded`: a copy with batch norms folded)."""
@@ -301,7 +302,7 @@ class Explainer:
     ) -> tuple[Targets, Cams]:
         """One forward pass, one backward pass per target if a method needs gradients, then every method (with the
         extra passes some take: :mod:`gradcam_cli.cam.passes`)."""
-        size = tuple(inputs.shape[-2:])
+        size = tuple(inputs.shape[2:])  # (H, W); (T, H, W), (L,) of inputs of another rank
         module, layers = self.network
         methods, names = self.chosen.methods, self.chosen.layers
         with self.adapter.pass_settings(self.score), context.capture(module, layers) as capture, ExitStack() as passes:
@@ -373,15 +374,15 @@ class Explainer:
     def explain_batch(
         self,
         inputs: torch.Tensor,
-        sizes: Sequence[tuple[int, int]] | None = None,
+        sizes: Sequence[tuple[int, ...]] | None = None,
         target: int | None = None,
         top_k: int | None = None,
         context: CallContext | None = None,
     ) -> list[ImageExplanation]:
-        """Explain a batch; each sample's maps are upsampled to its entry in ``sizes`` (default: input size);
-        ``context``: what this call passes with (:class:`CallContext`)."""
+        """Explain a batch; each sample's maps are upsampled to its entry in ``sizes`` (default: input size; (T, H, W)
+        of clips and volumes, (L,) of sequences); ``context``: what this call passes with (:class:`CallContext`)."""
         targets, cams = self.compute_targets(inputs, target, top_k, context=context)
-        sizes = sizes or [(inputs.shape[-2], inputs.shape[-1])] * inputs.shape[0]
+        sizes = sizes or [tuple(inputs.shape[2:])] * inputs.shape[0]
         return targets.results(cams, sizes, self.model.class_name)
 
     def explain(

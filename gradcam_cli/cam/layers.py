@@ -20,7 +20,14 @@ from .reshape import Layout, infer_layout
 if TYPE_CHECKING:
     from ..models.loading import LoadedModel
 
-_HEAD_POOLING = (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveMaxPool1d)
+_HEAD_POOLING = (
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveMaxPool1d,
+    nn.AdaptiveAvgPool2d,
+    nn.AdaptiveMaxPool2d,
+    nn.AdaptiveAvgPool3d,
+    nn.AdaptiveMaxPool3d,
+)
 _LAYOUT_ONLY = ("Permute",)
 """Modules that only reorder their input's axes (torchvision's ``Permute``): never chosen as the default."""
 
@@ -90,7 +97,7 @@ def inspect_layers(
     infos = {name: LayerInfo(name, type(m).__name__, None, 0, -1) for name, m in model.named_modules()}
     counter = iter(range(1 << 62))
     handles = []
-    input_size = tuple(example.shape[-2:])
+    input_size = tuple(example.shape[2:])
 
     def starter(name: str) -> Callable[[nn.Module, object], None]:
         def pre_hook(_module: nn.Module, _inputs: object) -> None:
@@ -172,7 +179,9 @@ def model_default_layer(model: LoadedModel, infos: list[LayerInfo], scopes: Sequ
 
 def blank_input(spec: InputSpec, device: torch.device | None = None) -> torch.Tensor:
     """A zero (1, 3, H, W) input at the model's size: ``size`` x ``size`` (its sides rounded to the spec's
-    ``multiple``), or its fixed size."""
+    ``multiple``), or its fixed size; a model that takes no images, a zero input of its ``shape``."""
+    if spec.shape is not None:
+        return torch.zeros(1, *spec.shape, device=device)
     height, width = spec.resized_shape(spec.size, spec.size)
     return torch.zeros(1, 3, height, width, device=device)
 
@@ -217,9 +226,9 @@ class DryPasses:
 
 
 def _forward_failure(model: LoadedModel, device: torch.device, example: torch.Tensor, error: Exception) -> GradcamError:
-    height, width = example.shape[-2:]
+    sides = "x".join(map(str, example.shape[2:]))
     spec, usual = model.input_spec, InputSpec.size
-    if spec.fixed_size is None and spec.size < usual:
+    if spec.fixed_size is None and spec.shape is None and spec.size < usual:
         try:
             inspect_layers(model.module, torch.zeros(1, 3, usual, usual, device=device), model.prefix_tokens)
         except Exception:  # the model fails at its usual size too: reported below
@@ -227,9 +236,9 @@ def _forward_failure(model: LoadedModel, device: torch.device, example: torch.Te
         else:
             return UsageError(
                 f"--input-size {spec.size} is too small for {model.name} (its forward pass fails at "
-                f"{height}x{width}); use a larger size such as {usual}"
+                f"{sides}); use a larger size such as {usual}"
             )
-    return ModelLoadError(f"{model.name} fails on a {height}x{width} input: {describe(error)}")
+    return ModelLoadError(f"{model.name} fails on a {sides} input: {describe(error)}")
 
 
 def forget_tokens(infos: list[LayerInfo]) -> None:

@@ -92,7 +92,8 @@ def rescaled(prediction: Prediction, scale_y: float, scale_x: float) -> Predicti
 
 @dataclass
 class Explanation:
-    """One saliency map: which method, which target class, the (H, W) map in [0, 1].
+    """One saliency map: which method, which target class, the (H, W) map in [0, 1] (a clip's or a volume's
+    (T, H, W), a sequence's (L,): :mod:`gradcam_cli.cam.maps`).
 
     ``rank``: a detection's number (1 = highest score), 0 for a detector's combined map (of the sum of every
     explained detection's score); ``None`` for classifiers and segmenters. ``region``: a segmenter's (H, W) bool

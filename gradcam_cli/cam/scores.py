@@ -63,7 +63,7 @@ class Targets(Protocol):
     def masked(self, k: int) -> MaskedProbability:
         """How Score-CAM reads target ``k``'s probability from the output of a masked batch."""
 
-    def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
+    def results(self, cams: Cams, sizes: Sequence[tuple[int, ...]], class_name: ClassName) -> list[ImageExplanation]:
         """Each sample's predictions and maps, upsampled to its entry of ``sizes``."""
 
 
@@ -243,12 +243,12 @@ class ChannelTargets:
         """(B,) target ``k``'s entry of another pass's (B, channels) ``values``, row j that of sample ``samples[j]``."""
         return values.gather(1, self.chosen[samples, k].unsqueeze(1)).squeeze(1)
 
-    def prediction(self, n: int, c: int, size: tuple[int, int], class_name: ClassName) -> Prediction:
+    def prediction(self, n: int, c: int, size: tuple[int, ...], class_name: ClassName) -> Prediction:
         """Sample ``n``'s prediction of channel ``c``, its image of ``size`` = (H, W) (default: the score as its
         probability)."""
         return Prediction(c, class_name(c), float(self.scores[n, c].detach()))
 
-    def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
+    def results(self, cams: Cams, sizes: Sequence[tuple[int, ...]], class_name: ClassName) -> list[ImageExplanation]:
         """Each sample's :meth:`prediction` of every channel, highest score first, and the maps of its chosen
         ones (:func:`explanations_of`)."""
         scores = self.scores.detach()
@@ -327,7 +327,7 @@ class ClassTargets(ChannelTargets):
     def finer(self, k: int) -> torch.Tensor:
         return finer_scores(self.logits, self.targets[:, k]).sum()
 
-    def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
+    def results(self, cams: Cams, sizes: Sequence[tuple[int, ...]], class_name: ClassName) -> list[ImageExplanation]:
         probabilities, targets = self.probabilities, self.targets
         top_p, top_i = probabilities.topk(min(TOP_PREDICTIONS, probabilities.shape[1]), dim=1)
         results = []

@@ -291,7 +291,7 @@ class SpecTargets:
             raise UsageError(f"Finer-CAM does not apply to {self.resolved[k].spec}")
         return finer(self.output).sum()
 
-    def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
+    def results(self, cams: Cams, sizes: Sequence[tuple[int, ...]], class_name: ClassName) -> list[ImageExplanation]:
         ranking = self.spec_score.ranking(self.output)
         values = [(r.display or r.score)(self.output).detach().float().cpu() for r in self.resolved]
         results = []

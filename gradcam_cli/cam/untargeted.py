@@ -115,5 +115,5 @@ class NoTargets:
         """None: another view's pass has no targets either (``--aug-smooth`` averages the views' maps)."""
         return None
 
-    def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
+    def results(self, cams: Cams, sizes: Sequence[tuple[int, ...]], class_name: ClassName) -> list[ImageExplanation]:
         return [ImageExplanation([], explanations_of(cams, i, 0, no_target(), size)) for i, size in enumerate(sizes)]

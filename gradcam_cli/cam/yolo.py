@@ -153,10 +153,10 @@ class YoloTargets(DetectionTargets):
         )
         return read, original.detach().float()
 
-    def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
+    def results(self, cams: Cams, sizes: Sequence[tuple[int, ...]], class_name: ClassName) -> list[ImageExplanation]:
         results = super().results(cams, sizes, class_name)
-        for n, (result, size) in enumerate(zip(results, sizes, strict=True)):
-            masks = self._masks(n, size)
+        for n, (result, (height, width)) in enumerate(zip(results, sizes, strict=True)):
+            masks = self._masks(n, (height, width))
             if masks is None:
                 continue
             for explanation in result.explanations:

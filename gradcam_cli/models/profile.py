@@ -20,6 +20,24 @@ if TYPE_CHECKING:
     from .text_tower import TextTower
 
 
+BARE_CLIP = (16, 112, 112)
+"""The (T, H, W) a bare module whose first convolution is 3-D is first run at (a clip's, as torchvision's video
+models take them; a volume model's alike)."""
+
+
+def bare_input(module: nn.Module) -> InputSpec:
+    """How a bare module takes its input, from its convolutions: one whose first is 3-D takes (C, T, H, W) clips or
+    volumes (:data:`BARE_CLIP`), one with 1-D convolutions only (C, L) sequences of the usual size, any other module
+    RGB images."""
+    convolutions = [m for m in module.modules() if isinstance(m, nn.Conv1d | nn.Conv2d | nn.Conv3d)]
+    first = convolutions[0] if convolutions else None
+    if isinstance(first, nn.Conv3d):
+        return InputSpec(size=BARE_CLIP[-1], shape=(first.in_channels, *BARE_CLIP))
+    if isinstance(first, nn.Conv1d) and all(isinstance(m, nn.Conv1d) for m in convolutions):
+        return InputSpec(shape=(first.in_channels, InputSpec.size))
+    return InputSpec()
+
+
 @dataclass(frozen=True)
 class ModelProfile:
     """What the tool needs to know about a loaded model besides its module, as its family describes it."""
@@ -102,7 +120,7 @@ class LoadedModel:
         """A bare module as a model: named by its class, a detector where it has a detection transform, else a
         classifier until its output says otherwise (:meth:`with_task_shown`)."""
         task = DETECT if detection_transform(module) is not None else CLASSIFY
-        return cls(module, type(module).__name__, "custom", None, InputSpec(), task)
+        return cls(module, type(module).__name__, "custom", None, bare_input(module), task)
 
     def with_detector_input(self) -> LoadedModel:
         """A bare detector with its transform's input size (any other model as it is)."""

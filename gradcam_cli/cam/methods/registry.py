@@ -4,8 +4,9 @@ points and a notebook through :func:`register_method`.
 
 A method's ``compute`` takes the layer's (N, C, h, w) ``activations`` and ``gradients`` (``None`` for a method that
 takes no backward pass) and, when the method has a :class:`~gradcam_cli.cam.methods.needs.Need`, the value that need
-builds (:mod:`gradcam_cli.cam.passes`), and returns the coarse (N, h, w) map. The constructor's overloads tie the
-function's signature to the need's type, so the type checker sees each registration's signature.
+builds (:mod:`gradcam_cli.cam.passes`), and returns the coarse (N, h, w) map; a method whose ``ranks`` take grids of
+other ranks is given (N, C, t, h, w) or (N, C, l) and returns (N, t, h, w) or (N, l). The constructor's overloads tie
+the function's signature to the need's type, so the type checker sees each registration's signature.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ E_contra = TypeVar("E_contra", contravariant=True)
 
 CLASSIFY: tuple[str, ...] = ("classify",)
 """The tasks of a method for classifiers only."""
+IMAGE_MAPS: tuple[int, ...] = (2,)
+"""The spatial ranks of a method defined for 2-D maps only (a method's default)."""
+ANY_RANK: tuple[int, ...] = (1, 2, 3)
+"""The spatial ranks of a method whose formula holds on any grid: (L,) sequences, (H, W) images, (T, H, W) clips and
+(D, H, W) volumes."""
 
 
 class LayerMap(Protocol):
@@ -49,11 +55,13 @@ class LayerMapWith(Protocol[E_contra]):
 
 
 class MethodRow(TypedDict, total=False):
-    """A method's row of the table in docs/methods.md: its formula, its paper and its cost (each text)."""
+    """A method's row of the table in docs/methods.md: its formula, its paper and its cost (each text), and the
+    spatial ranks of the maps its formula is defined for (its ``grids`` column; default :data:`IMAGE_MAPS`)."""
 
     formula: str
     paper: str
     cost: str
+    ranks: tuple[int, ...]
 
 
 class CamMethod(Generic[E]):
@@ -66,7 +74,10 @@ class CamMethod(Generic[E]):
     given ``None`` for the activations and gradients). ``needs_target``: false for a method that reads the model
     alone, never a target's score (rollout, the last layer's attention), so that it also explains an embedding model
     given no ``--target`` (:mod:`gradcam_cli.cam.untargeted`). ``formula``, ``paper`` and ``cost``: its row of the
-    table in docs/methods.md (:func:`gradcam_cli.cam.methods.table.methods_table`)."""
+    table in docs/methods.md (:func:`gradcam_cli.cam.methods.table.methods_table`); ``ranks``: the numbers of spatial
+    dimensions of the maps its formula is defined for (:data:`IMAGE_MAPS`, the default: 2-D only; :data:`ANY_RANK`),
+    the table's ``grids``; a layer (or, for a method that reads none, an input) of another rank is refused before any
+    work (:func:`gradcam_cli.cam.ranks.check_ranks`)."""
 
     @overload
     def __init__(
@@ -120,6 +131,7 @@ class CamMethod(Generic[E]):
         self.uses_layer = uses_layer
         self.needs_target = needs_target
         self.formula, self.paper, self.cost = row.get("formula", ""), row.get("paper", ""), row.get("cost", "")
+        self.ranks = row.get("ranks", IMAGE_MAPS)
 
     def __repr__(self) -> str:
         return f"CamMethod({self.name!r}, needs={self.needs!r})"
