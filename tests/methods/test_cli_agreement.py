@@ -187,10 +187,10 @@ def recorded_batches(monkeypatch) -> Iterator[dict[str, list]]:
         return forward(self, inputs)
 
     @contextmanager
-    def spy_folded(self: Explainer) -> Iterator[bool]:
-        with folded(self) as did:
-            seen["folded"].append(did)
-            yield did
+    def spy_folded(self: Explainer) -> Iterator[Explainer]:
+        with folded(self) as explainer:
+            seen["folded"].append(explainer is not self)  # a folded copy, or this explainer where nothing folds
+            yield explainer
 
     monkeypatch.setattr(LayerCapture, "forward_output", spy_forward)
     monkeypatch.setattr(Explainer, "folded", spy_folded)
