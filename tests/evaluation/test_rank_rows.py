@@ -177,6 +177,6 @@ def test_the_plan_times_the_methods_sharing_a_pass_together(square_model, monkey
     timed: list[tuple[str, ...]] = []
     monkeypatch.setattr(plan, "_timed", lambda _explainer, methods, _inputs: timed.append(methods) or 3.0)
     explainer = Explainer(square_model, "features", ["gradcam", "layercam", "scorecam", "randomcam"])
-    seconds = plan.estimate(explainer, torch.rand(1, 3, 32, 32), EvalOptions(steps=4))
+    seconds = plan.estimate(explainer, torch.rand(1, 3, 32, 32), EvalOptions(steps=4)).seconds
     assert timed == [("gradcam", "layercam", "randomcam"), ("scorecam",)]
     assert seconds["gradcam"] == seconds["layercam"] == pytest.approx(seconds["scorecam"] - 3.0 + 1.0)  # 3 s shared
