@@ -20,6 +20,7 @@ from gradcam_cli.cli.eval import app
 from gradcam_cli.cli.ranking import MethodSteps
 from gradcam_cli.evaluation import evaluate, plan
 from gradcam_cli.evaluation.evaluate import Evaluator
+from gradcam_cli.evaluation.plan import SEED_RERUNS
 from gradcam_cli.evaluation.rank import format_ranking, rank
 from gradcam_cli.evaluation.report import EvalReport, ImageScores, MethodScores
 from gradcam_cli.evaluation.shared import pass_groups
@@ -63,9 +64,9 @@ def test_ctrl_c_keeps_each_finished_image_method_and_skip_existing_computes_only
     page = tmp_path / "page"
     begun = MethodSteps.method
 
-    def interrupted(self: MethodSteps, name: str) -> None:  # Ctrl-C as the 5th (image, method) begins
-        interrupted.calls += 1  # type: ignore[attr-defined]
-        if interrupted.calls == 5:  # type: ignore[attr-defined]
+    def interrupted(self: MethodSteps, name: str) -> None:  # Ctrl-C as the 5th (image, method) begins: the plan's
+        interrupted.calls += 1  # type: ignore[attr-defined]  # sample evaluated image 1's 3, the main pass the rest
+        if interrupted.calls == 2:  # type: ignore[attr-defined]
             raise KeyboardInterrupt
         begun(self, name)
 
@@ -115,7 +116,9 @@ def test_ctrl_c_keeps_each_finished_image_method_and_skip_existing_computes_only
         ("square2.png", "randomcam"),
     ]
     assert json_rows(resumed.stdout) == json_rows(whole.stdout)  # the uninterrupted run's table, value for value
-    assert len((page / "rows.jsonl").read_text().splitlines()) == 1 + 1 + 1 + 5
+    kept = [json.loads(line) for line in (page / "rows.jsonl").read_text().splitlines()[1:]]
+    assert len([row for row in kept if "seed_run" not in row]) == 1 + 1 + 5
+    assert len([row for row in kept if "seed_run" in row]) == SEED_RERUNS * 3 * 3  # the seed spread's, kept too
 
 
 SHARED = "gradcam,gradcam++,layercam,xgradcam,hirescam,eigencam,scorecam"
