@@ -6,11 +6,12 @@ A method's evaluation on one image costs its explanation once for the image, onc
 a random method's redraw and once per stability copy, plus its scoring: the deletion and insertion steps, the
 masked image and ROAD's 18 images, each imputed (the imputation often costs more than the forward passes) and
 forwarded; randomcam's four times over. The seed spread re-runs a few images without the cascade. The plan
-measures a sample of this real work: the methods that share a pass (:mod:`.shared`) are evaluated for real on
-the first image (their results kept, not computed again), which gives their costs and one map's scoring cost; the
-others' explanation is timed on the same image, a method that runs batches of masked inputs (Score-CAM,
-AblationCAM, RISE, occlusion) stopped through its progress callback after :data:`TIMED_SECONDS` and its time
-extrapolated from the share done, and their scoring counted at the measured cost of one map.
+measures a sample of this real work: the first method that shares a pass (:mod:`.shared`) and randomcam are
+evaluated for real on the first image (their results kept, not computed again), which gives one map's scoring
+cost (what their evaluation took beyond their explanations); each method's explanation is timed on the same image
+(those sharing a pass together, each carrying an equal share; a method that runs batches of masked inputs,
+Score-CAM, AblationCAM, RISE, occlusion, stopped through its progress callback after :data:`TIMED_SECONDS` and its
+time extrapolated from the share done), and its cost is its explanations plus its maps' scoring.
 """
 
 from __future__ import annotations
@@ -98,6 +99,13 @@ def _sampled(sample: Sample, methods: tuple[str, ...]) -> tuple[dict[str, float]
     ended = time.perf_counter()
     ends = [at for _, at in marks[1:]] + [ended]
     return {name: end - at for (name, at), end in zip(marks, ends, strict=True)}, ended - started
+
+
+def _sample_of(shared: tuple[str, ...]) -> tuple[str, ...]:
+    """The methods evaluated for real to time the scoring: the first of those sharing a pass that draws no noise,
+    and randomcam (its scoring four maps over)."""
+    plain = [m for m in shared if m not in RANDOM_METHODS][:1]
+    return tuple(m for m in shared if m in plain or m == "randomcam")
 
 
 def _forward_scoring(explainer: Explainer, inputs: torch.Tensor, options: EvalOptions) -> float:
@@ -205,19 +213,16 @@ def estimate(
         if group not in explained:  # the methods sharing a pass: timed together, each carries an equal share
             explained[group] = _timed(explainer, group, inputs) / len(group)
     shared = tuple(m for m in explainer.methods if not METHODS[m].shows_progress)
-    measured, whole = _sampled(sample, shared) if sample is not None and shared else ({}, 0.0)
-    first = next(iter(measured), None)
-    passes = explained[shared] * len(shared) * repeats if measured else 0.0  # the passes the first method holds
+    sampled = _sample_of(shared)
+    measured, whole = _sampled(sample, sampled) if sample is not None and sampled else ({}, 0.0)
+    passes = _timed(explainer, sampled, inputs) * repeats if measured else 0.0  # the sample's explanations
     maps = sum(RANDOM_DRAWS if m == "randomcam" else 1 for m in measured)
     scoring = max(whole - passes, 0.0) / maps if maps else _forward_scoring(explainer, inputs, options)
     seconds, rerun = {}, {}
     for method in explainer.methods:
         explain = explained[groups[method]]
         redraw = 1 if options.sanity and method in RANDOM_METHODS else 0
-        if method in measured:
-            seconds[method] = max(measured[method] - (passes if method == first else 0.0), 0.0) + passes / len(measured)
-        else:
-            seconds[method] = explain * (repeats + redraw) + scoring * (RANDOM_DRAWS if method == "randomcam" else 1)
+        seconds[method] = explain * (repeats + redraw) + scoring * (RANDOM_DRAWS if method == "randomcam" else 1)
         cascade = options.sanity_layers if options.sanity else 0
         rerun[method] = max(seconds[method] - explain * (cascade + redraw), 0.0)
     return Costs(seconds, rerun, time.perf_counter() - started, tuple(measured))

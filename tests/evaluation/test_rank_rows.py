@@ -65,8 +65,8 @@ def test_ctrl_c_keeps_each_finished_image_method_and_skip_existing_computes_only
     begun = MethodSteps.method
 
     def interrupted(self: MethodSteps, name: str) -> None:  # Ctrl-C as the 5th (image, method) begins: the plan's
-        interrupted.calls += 1  # type: ignore[attr-defined]  # sample evaluated image 1's 3, the main pass the rest
-        if interrupted.calls == 2:  # type: ignore[attr-defined]
+        interrupted.calls += 1  # type: ignore[attr-defined]  # sample evaluated image 1's gradcam and randomcam
+        if interrupted.calls == 3:  # type: ignore[attr-defined]
             raise KeyboardInterrupt
         begun(self, name)
 
@@ -77,8 +77,9 @@ def test_ctrl_c_keeps_each_finished_image_method_and_skip_existing_computes_only
     first, second = str(squares / "square0.png"), str(squares / "square1.png")
     lines = (page / "rows.jsonl").read_text().splitlines()
     written = [(row["image"], *row["methods"]) for row in map(json.loads, lines[1:])]
-    # image 1's three methods, then image 2's first: the method in hand (layercam on image 2) is not written
-    assert written == [(first, "gradcam"), (first, "layercam"), (first, "randomcam"), (second, "gradcam")]
+    # image 1's three methods (the plan's sample first), then image 2's first: the method in hand (layercam on
+    # image 2) is not written
+    assert written == [(first, "gradcam"), (first, "randomcam"), (first, "layercam"), (second, "gradcam")]
     partial = {(row["metric"], row["method"]): row for row in json_rows(stopped.stdout)}
     assert partial[("deletion_auc", "gradcam")]["images"] == 2  # the image in hand's finished method is ranked
     assert set(partial[("deletion_auc", "gradcam")]["per_image"]) == {first, second}
@@ -87,6 +88,7 @@ def test_ctrl_c_keeps_each_finished_image_method_and_skip_existing_computes_only
 
     # the file as an older version wrote it, one line per finished image (image 1 whole), resumes the same way
     settings, *rows = (json.loads(line) for line in lines)
+    rows[:3] = [rows[0], rows[2], rows[1]]  # the methods' order
     older = {**rows[0], "methods": {k: v for row in rows[:3] for k, v in row["methods"].items()}}
     (page / "rows.jsonl").write_text("\n".join(json.dumps(r) for r in [settings, older, rows[3]]) + "\n")
 
@@ -108,9 +110,9 @@ def test_ctrl_c_keeps_each_finished_image_method_and_skip_existing_computes_only
     )
     resumed = run(*common(squares, page), "--skip-existing")
     assert resumed.exit_code == 0, resumed.output
-    assert computed == [
-        ("square1.png", "layercam"),
+    assert computed == [  # image 2's randomcam first: the plan's sample
         ("square1.png", "randomcam"),
+        ("square1.png", "layercam"),
         ("square2.png", "gradcam"),
         ("square2.png", "layercam"),
         ("square2.png", "randomcam"),
