@@ -8,14 +8,13 @@ eval cannot be a typer subcommand beside it).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, GradcamError, UsageError, describe
+from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError, describe
 from ..options import (
     ALL_METHODS,
     DEFAULT_METHOD,
@@ -31,6 +30,7 @@ from . import answers, params
 from .eval_output import tell
 from .help import PanelledEvalCommand
 from .input_size import InputSizeOpt
+from .rank_plan import plan_rank
 from .ranking import MethodSteps, RankOptions, rank_report
 from .reporting import (
     PassProgress,
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from ..evaluation.boxes import GroundTruthBox
     from ..evaluation.evaluate import Evaluator
     from ..evaluation.report import EvalReport, ImageScores
-    from ..evaluation.rows import Finished, RowsFile
+    from ..evaluation.rows import RowsFile
     from ..evaluation.tasks import TaskEvaluator
     from ..io.discovery import InputImage
     from ..options import ExplainOptions, ModelOptions
@@ -275,18 +275,22 @@ class EvalCommand:
             options = replace(options, sanity=False, road=False, stability=False)
         started = time.perf_counter()
         if self.ranking.rank:
-            explainer = self._planned(explainer, images, options, boxes is None)
+            named = ALL_METHODS not in self.explain_options.methods
+            planned = plan_rank(self.reporter, self.ranking, named, explainer, images, options, boxes is None)
+            if planned is not None:
+                explainer, self.plan_seconds, self.plan_total = planned.explainer, planned.seconds, planned.total
+                self.sampled, self.ranking = planned.sampled, replace(self.ranking, seed_images=planned.seed_images)
         evaluator = evaluator_for(explainer, options)
         report = self._evaluate(evaluator, options, images, boxes)
         tell(self.reporter, report, evaluator, images, options, bool(boxes), self.ranking)
         elapsed = time.perf_counter() - started  # the plan's timing and the seed spread included
-        planned = (
+        said = (
             f" (the plan said about {duration(self.plan_total)}: {elapsed / self.plan_total:.2f}x)"
             if self.plan_total
             else ""
         )
         self.reporter.info(
-            f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {duration(elapsed)}{planned}"
+            f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {duration(elapsed)}{said}"
         )
         return EXIT_IMAGE_FAILED if report.failed else EXIT_OK
 
@@ -353,70 +357,6 @@ class EvalCommand:
             if rows is not None:
                 rows.close()
         return self._report(evaluator, options, images, finished.images(), ran)
-
-    def _planned(
-        self, explainer: Explainer, images: list[InputImage], options: EvalOptions, keep: bool = True
-    ) -> Explainer:
-        """Print the plan (each method's estimated seconds per image, measured on the first image still to do: the
-        methods sharing a pass evaluated there for real, their results kept where ``keep``) and, for ``--method
-        all`` on a CPU or with ``--budget``, keep the methods that fit the budget."""
-        from ..evaluation.plan import BUDGET, SEED_SUBSET, choose, estimate, rerun_images, with_methods
-        from ..io.images import load_image, to_input_tensor
-
-        budget = self.ranking.budget
-        named = ALL_METHODS not in self.explain_options.methods
-        if budget is None and not named and explainer.device.type == "cpu":
-            budget = BUDGET
-        finished = self._finished(explainer)
-        first = next((image for image in images if not finished.complete(str(image.path))), images[0])
-        try:
-            picture = load_image(first.path)
-        except GradcamError:
-            return explainer  # the image fails: no plan; the evaluation reports it
-        inputs = to_input_tensor(picture, explainer.model.input_spec).unsqueeze(0).to(explainer.device)
-        self.reporter.info(f"plan: timing each method on {first.path.name} ...")
-        costs = estimate(explainer, inputs, options, sample=self._sample(explainer, options, first, finished))
-        done = {m: sum(1 for image in finished.images() if m in image.methods) for m in explainer.methods}
-        if keep and costs.sampled:
-            self.sampled = [row for row in self.sampled if not finished.complete(row.image)]
-            for method in costs.sampled:
-                done[method] += any(method in row.methods for row in self.sampled)
-        else:
-            self.sampled = []
-        seeds = rerun_images(explainer.methods, options, len(images)) and min(SEED_SUBSET, len(images))
-        plan = choose(costs, len(images), budget, seeds, done, named)
-        self.plan_seconds, self.plan_total = plan.seconds, plan.total()
-        self.ranking = replace(self.ranking, seed_images=plan.seed_images)
-        for line in plan.lines():
-            self.reporter.info(line)
-        return explainer if not plan.left_out else with_methods(explainer, plan.kept)
-
-    def _finished(self, explainer: Explainer) -> Finished:
-        """With ``--skip-existing``: the results the rows file holds (the plan counts only what is left)."""
-        from ..evaluation.rows import ROWS_NAME, Finished, read_finished
-
-        if not self.ranking.skip_existing or self.ranking.report is None:
-            return Finished(explainer.methods)
-        return read_finished(self.ranking.report / ROWS_NAME, explainer.methods)
-
-    def _sample(
-        self, explainer: Explainer, options: EvalOptions, image: InputImage, finished: Finished
-    ) -> Callable[[tuple[str, ...], Callable[[str], None]], object] | None:
-        """The plan's real evaluation of ``image`` with the given methods (its per-method rows kept in
-        :attr:`sampled`); None for a task evaluator (no per-method work to time)."""
-        from ..evaluation.evaluate import Evaluator
-        from ..evaluation.plan import with_methods
-
-        if not explainer.adapter.faithfulness:
-            return None
-
-        def sample(methods: tuple[str, ...], on_method: Callable[[str], None]) -> object:
-            evaluator = Evaluator(with_methods(explainer, methods), options)
-            evaluator.on_method, evaluator.on_result = on_method, self.sampled.append
-            evaluator.done = finished.pending()
-            return evaluator.evaluate_image(image.path)
-
-        return sample
 
     def _rows(self, explainer: Explainer, options: EvalOptions) -> tuple[RowsFile | None, list[ImageScores]]:
         """With ``--rank --report DIR``: the rows file that each finished (image, method) is appended to, and the
