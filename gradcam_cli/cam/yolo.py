@@ -53,7 +53,7 @@ def yolo_score(
         raise UsageError(f"--top-k {top_k} is for classifiers and segmenters; a detector explains each detection")
     if max_detections is not None and max_detections < 1:
         raise UsageError("--max-detections must be at least 1")
-    net: Any = module  # a YoloNet (the YOLO family names its adapter: ModelProfile.task_name)
+    net: Any = module  # a YoloNet (the YOLO family names its adapter: ModelProfile.task)
     if not hasattr(net, "default_conf"):  # the yolo adapter named for another model (it is chosen, never named)
         raise UsageError(f"the yolo task explains models loaded as yolo:..., not a {type(module).__name__}")
     if threshold is None:

@@ -44,11 +44,11 @@ from .reporting import (
 
 if TYPE_CHECKING:
     from ..cam.explainer import Explainer
-    from ..evaluation.boxes import GroundTruthBox
     from ..evaluation.evaluate import Evaluator
     from ..evaluation.report import EvalReport, ImageScores
     from ..evaluation.rows import RowsFile
     from ..evaluation.tasks import TaskEvaluator
+    from ..io.boxes import GroundTruthBox
     from ..io.discovery import InputImage
     from ..options import ExplainOptions, ModelOptions
 
@@ -271,10 +271,9 @@ class EvalCommand:
             raise UsageError(f"no images found in {' '.join(self.inputs)}")
         boxes = read_boxes(options.boxes) if options.boxes is not None else None
         explainer = self._explainer()
-        if self.ranking.rank and not explainer.adapter.faithfulness:  # boxes only: what a detector is measured by
-            options = replace(options, sanity=False, road=False, stability=False)
         started = time.perf_counter()
         if self.ranking.rank:
+            options = explainer.adapter.rank_options(options)
             named = ALL_METHODS not in self.explain_options.methods
             planned = plan_rank(self.reporter, self.ranking, named, explainer, images, options, boxes is None)
             if planned is not None:
@@ -317,11 +316,11 @@ class EvalCommand:
         from ..evaluation.rows import Finished
 
         reporter, explainer = self.reporter, evaluator.explainer
-        methods = len(explainer.methods)
+        methods = len(explainer.chosen.methods)
         rows, done = self._rows(explainer, options)
-        finished = Finished(explainer.methods, done)
+        finished = Finished(explainer.chosen.methods, done)
         for row in self.sampled:  # the plan's sample: kept, not computed again
-            if all(m in explainer.methods for m in row.methods) and not finished.complete(row.image):
+            if all(m in explainer.chosen.methods for m in row.methods) and not finished.complete(row.image):
                 finished.add(row)
                 if rows is not None:
                     rows.append(row)

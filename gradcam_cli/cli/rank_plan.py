@@ -60,12 +60,12 @@ def plan_rank(
     reporter.info(f"plan: timing each method on {first.path.name} ...")
     sampled: list[ImageScores] = []
     costs = estimate(explainer, inputs, options, sample=_sample(explainer, options, first, finished, sampled))
-    done = {m: sum(1 for image in finished.images() if m in image.methods) for m in explainer.methods}
+    done = {m: sum(1 for image in finished.images() if m in image.methods) for m in explainer.chosen.methods}
     if not keep:
         sampled.clear()
     for method in costs.sampled:
         done[method] += any(method in row.methods for row in sampled)
-    seeds = rerun_images(explainer.methods, options, len(images)) and min(SEED_SUBSET, len(images))
+    seeds = rerun_images(explainer.chosen.methods, options, len(images)) and min(SEED_SUBSET, len(images))
     plan = choose(costs, len(images), budget, seeds, done, named)
     for line in plan.lines():
         reporter.info(line)
@@ -78,8 +78,8 @@ def _finished(ranking: RankOptions, explainer: Explainer) -> Finished:
     from ..evaluation.rows import ROWS_NAME, Finished, read_finished
 
     if not ranking.skip_existing or ranking.report is None:
-        return Finished(explainer.methods)
-    return read_finished(ranking.report / ROWS_NAME, explainer.methods)
+        return Finished(explainer.chosen.methods)
+    return read_finished(ranking.report / ROWS_NAME, explainer.chosen.methods)
 
 
 def _sample(

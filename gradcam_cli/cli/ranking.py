@@ -95,7 +95,7 @@ def _seed_spread(
         return seed_spread(evaluator, report, subset)
     rows = RowsFile(path, {}, resume=True)
     try:
-        done = read_seed_rows(path, evaluator.explainer.methods)
+        done = read_seed_rows(path, evaluator.explainer.chosen.methods)
         return seed_spread(evaluator, report, subset, done, lambda k, scores: rows.append(scores, k))
     finally:
         rows.close()

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..cam.engine import model_state_preserved
 from ..cam.explainer import Explainer
 from ..cam.masked_scores import ProgressCallback
 from ..cam.methods import METHODS
+from ..models.modes import model_state_preserved
 from ..options import EvalOptions, PerturbationOptions
 from .draws import RANDOM_DRAWS, RANDOM_METHODS
 from .road import ROAD_FRACTIONS
@@ -84,7 +84,7 @@ def _timed(explainer: Explainer, methods: tuple[str, ...], inputs: torch.Tensor)
     single = with_methods(explainer, methods, progress=progress)
     started = time.perf_counter()
     try:
-        single.compute_targets(inputs, explainer.target, 1)
+        single.compute_targets(inputs, explainer.chosen.target, 1)
     except _Enough:
         return marks["setup"] + marks["spent"] / marks["share"]
     return time.perf_counter() - started
@@ -205,21 +205,21 @@ def estimate(
     repeats = (
         1 + (options.sanity_layers if options.sanity else 0) + (options.stability_samples if options.stability else 0)
     )
-    groups, explained = pass_groups(explainer.methods), {}
-    for method in explainer.methods:
+    groups, explained = pass_groups(explainer.chosen.methods), {}
+    for method in explainer.chosen.methods:
         if on_method:
             on_method(method)
         group = groups[method]
         if group not in explained:  # the methods sharing a pass: timed together, each carries an equal share
             explained[group] = _timed(explainer, group, inputs) / len(group)
-    shared = tuple(m for m in explainer.methods if not METHODS[m].shows_progress)
+    shared = tuple(m for m in explainer.chosen.methods if not METHODS[m].shows_progress)
     sampled = _sample_of(shared)
     measured, whole = _sampled(sample, sampled) if sample is not None and sampled else ({}, 0.0)
     passes = _timed(explainer, sampled, inputs) * repeats if measured else 0.0  # the sample's explanations
     maps = sum(RANDOM_DRAWS if m == "randomcam" else 1 for m in measured)
     scoring = max(whole - passes, 0.0) / maps if maps else _forward_scoring(explainer, inputs, options)
     seconds, rerun = {}, {}
-    for method in explainer.methods:
+    for method in explainer.chosen.methods:
         explain = explained[groups[method]]
         redraw = 1 if options.sanity and method in RANDOM_METHODS else 0
         seconds[method] = explain * (repeats + redraw) + scoring * (RANDOM_DRAWS if method == "randomcam" else 1)

@@ -43,12 +43,12 @@ def seed_spread(
     runs: list[list[ImageScores]] = [subset]
     for k in range(1, SEED_RERUNS + 1):
         shift = k * RERUN_SEED_STEP
-        perturbation = replace(explainer.perturbation, seed=explainer.perturbation.seed + shift)
+        perturbation = replace(explainer.options.perturbation, seed=explainer.options.perturbation.seed + shift)
         reseeded = Evaluator(
-            with_methods(explainer, explainer.methods, perturbation=perturbation),
+            with_methods(explainer, explainer.chosen.methods, perturbation=perturbation),
             replace(options, seed=options.seed + shift, sanity=False),
         )
-        finished = done.get(k, Finished(explainer.methods))
+        finished = done.get(k, Finished(explainer.chosen.methods))
         reseeded.done = finished.pending()
         reseeded.on_result = (lambda scores, k=k: on_result(k, scores)) if on_result is not None else None
         kept = {image.image: image for image in finished.images()}

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from ..io.images import InputSpec
-from .tasks import Task, detection_spec, detection_transform, infer_task, task_of_shape
+from .tasks import CLASSIFY, DETECT, detection_spec, detection_transform, infer_task, task_facts, task_of_shape
 
 if TYPE_CHECKING:
     from .text_tower import TextTower
@@ -28,7 +28,14 @@ class ModelProfile:
     """How the model wants its input: size and normalisation."""
     categories: list[str] | None = None
     """Its class names (``--labels`` replaces them; a CLIP-style model's are prompts); ``None``: none known."""
-    task: Task = Task.CLASSIFY
+    task: str = CLASSIFY
+    """The name of the task adapter that explains it (:mod:`gradcam_cli.cam.tasks`): a built-in task found from the
+    model or named by ``--task`` (``classify``, ``detect``, ``segment``), the YOLO family's ``yolo`` for its
+    detectors, or a plugin's, named by ``--task`` or by the model's family (``toy:counter``'s ``count``)."""
+    detector: bool = False
+    """Its output is detections: a torchvision-style detector (its input spec then its detection transform's), a
+    YOLO detector, instance segmenter or pose model; ``--input-size H,W`` is refused and its sides are not rounded
+    to whole patches. Always so for the ``detect`` task."""
     prefix_tokens: int | None = None
     """Leading non-spatial tokens (class, distillation, register) of the model's token sequences, as the model
     declares them (timm, Hugging Face); ``None``: found from each layer's shape (:mod:`gradcam_cli.cam.reshape`)."""
@@ -43,10 +50,6 @@ class ModelProfile:
     """Its output is an embedding, not class scores: explained with ``similar:`` targets (docs/targets.md)."""
     text: TextTower | None = None
     """A CLIP-style model's text tower, for ``text:`` targets; its ``categories`` are then prompts (``--labels``)."""
-    task_name: str | None = None
-    """The task adapter (:mod:`gradcam_cli.cam.tasks`) that explains the model, where not its :class:`Task`'s own:
-    a plugin's named by ``--task`` or by the model's family (``toy:counter``'s ``count``), or the YOLO family's
-    ``yolo`` (``--task detect`` or ``segment`` leave it); ``None``: the one of its :class:`Task`."""
     size_known: bool = True
     """The model says its own input size (``--input-size`` is then at most 4 times it); ``False`` for your own
     ``file.py:factory`` models."""
@@ -54,11 +57,9 @@ class ModelProfile:
     """It takes any height and width (``--input-size H,W``: a multiple of its patch size) though its ``input_spec``
     names a fixed size: a timm ViT built with ``dynamic_img_size``."""
 
-    @property
-    def may_read_tokens(self) -> bool:
-        """Whether its 3-D (N, L, C) layer outputs may be token sequences: only a classifier's (a detector head's
-        (N, anchors, classes) has no grid); :func:`gradcam_cli.cam.layers.reads_tokens` says whether they are."""
-        return self.task is Task.CLASSIFY
+    def __post_init__(self) -> None:
+        if self.task == DETECT:
+            object.__setattr__(self, "detector", True)
 
 
 @dataclass(frozen=True, init=False)
@@ -82,7 +83,7 @@ class LoadedModel:
         weights: str,
         categories: list[str] | None = None,
         input_spec: InputSpec | None = None,
-        task: Task = Task.CLASSIFY,
+        task: str = CLASSIFY,
         *,
         profile: ModelProfile | None = None,
         **facts: Any,
@@ -100,12 +101,12 @@ class LoadedModel:
     def of_module(cls, module: nn.Module) -> LoadedModel:
         """A bare module as a model: named by its class, a detector where it has a detection transform, else a
         classifier until its output says otherwise (:meth:`with_task_shown`)."""
-        task = Task.DETECT if detection_transform(module) is not None else Task.CLASSIFY
+        task = DETECT if detection_transform(module) is not None else CLASSIFY
         return cls(module, type(module).__name__, "custom", None, InputSpec(), task)
 
     def with_detector_input(self) -> LoadedModel:
         """A bare detector with its transform's input size (any other model as it is)."""
-        if self.task is not Task.DETECT:
+        if not self.profile.detector:
             return self
         return self.with_profile(input_spec=detection_spec(self.module, None) or self.input_spec)
 
@@ -113,10 +114,10 @@ class LoadedModel:
         """A bare module's task, from the shape of its output in a dry pass (``None``: not a tensor), else from
         :func:`~gradcam_cli.models.tasks.infer_task`."""
         shown = task_of_shape(output_shape)
-        return self.with_profile(task=shown or infer_task(self.module, self.input_spec, self.name))
+        return self.with_profile(**task_facts(shown or infer_task(self.module, self.input_spec, self.name)))
 
     def with_profile(self, **changes: Any) -> LoadedModel:
-        """This model with some of its profile's facts replaced (``model.with_profile(task=Task.DETECT)``)."""
+        """This model with some of its profile's facts replaced (``model.with_profile(categories=names)``)."""
         return replace(self, profile=replace(self.profile, **changes))
 
     @property
@@ -128,12 +129,8 @@ class LoadedModel:
         return self.profile.input_spec
 
     @property
-    def task(self) -> Task:
+    def task(self) -> str:
         return self.profile.task
-
-    @property
-    def task_name(self) -> str | None:
-        return self.profile.task_name
 
     @property
     def prefix_tokens(self) -> int | None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..cam.records import Record
 from ..cam.results import NO_TARGET_NAME, Explanation, Prediction, no_target
 from ..errors import UsageError, describe
 from ..io.atomic import write_atomic
@@ -24,7 +25,6 @@ from ..io.naming import RUN_RECORD_NAME, TARGET_TAIL, slug
 from ..options import ImageFormat, OutputOptions
 from ..registry import plugin_versions
 from .outputs import OutputKind
-from .records import Record
 
 _PROBE_TARGET = Prediction(0, "x", 0.0)
 _PROBE_MARK = "_0-x"

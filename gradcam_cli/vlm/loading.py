@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..cam.engine import settle_loaded
 from ..errors import ModelLoadError, UsageError, describe
+from ..models.modes import settle_loaded
 from .families import VlmFamily, family_of
 
 HF_PREFIX = "hf:"

@@ -24,7 +24,7 @@ from ..targets import TargetSpec
 from .answer import AnswerExplainer, AnswerExplanation
 
 if TYPE_CHECKING:
-    from ..pipeline.records import Record
+    from ..cam.records import Record
 
 
 class AnswerRun:
@@ -133,8 +133,8 @@ class AnswerRun:
 def gallery_record(row: dict[str, Any]) -> Record:
     """A row as the gallery's record: the question and its answer shown as the image's prediction (with the
     answer's probability), each map's target as its label and probability."""
+    from ..cam.records import Record
     from ..cam.results import Prediction
-    from ..pipeline.records import Record
 
     record = Record.from_dict({**row, "target": None})
     target = row.get("target")

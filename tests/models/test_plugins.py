@@ -26,7 +26,7 @@ from gradcam_cli.models.families import FAMILIES, Family, family_of
 from gradcam_cli.models.families.base import chosen_task
 from gradcam_cli.models.loading import load_model
 from gradcam_cli.models.profile import LoadedModel, ModelProfile
-from gradcam_cli.models.tasks import Task
+from gradcam_cli.models.tasks import CLASSIFY
 from gradcam_cli.options import ModelOptions
 from gradcam_cli.registry import FAMILIES_GROUP, METHODS_GROUP, TASKS_GROUP
 
@@ -100,7 +100,7 @@ def test_the_toy_family_is_registered_from_its_entry_point_and_claims_its_prefix
     assert family_of("toy:tiny").name == "toy"
     assert family_of("tests/square_model.py:build").name == "custom"  # the catch-alls are asked after it
     loaded = load_model("toy:tiny", "none")
-    assert (loaded.categories, loaded.task.value, loaded.input_spec.size) == (["red", "green", "blue"], "classify", 64)
+    assert (loaded.categories, loaded.task, loaded.input_spec.size) == (["red", "green", "blue"], "classify", 64)
     with pytest.raises(UsageError, match=r"unknown toy model 'tiy'\. Did you mean: tiny\?"):
         load_model("toy:tiy", "none")
 
@@ -170,7 +170,7 @@ class Doubling(Family):
     def load(self, options: ModelOptions, architecture_only: bool) -> LoadedModel:
         channels = int(options.model.removeprefix("double:"))
         module = torch.nn.Sequential(torch.nn.Conv2d(3, channels, 1), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten())
-        profile = ModelProfile(InputSpec(size=32), None, chosen_task(options, Task.CLASSIFY))
+        profile = ModelProfile(InputSpec(size=32), None, chosen_task(options, CLASSIFY))
         return LoadedModel(module, options.model, options.weights, profile=profile)
 
 

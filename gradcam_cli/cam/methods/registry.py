@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar, ov
 import torch
 
 from ...errors import UsageError, suggest
-from ...models.tasks import Task
+from ...models.tasks import NOUNS
 from ...options import ALL_METHODS, TASK_NAMES
 from ...registry import METHODS_GROUP, Registry
 from .needs import Need
@@ -220,7 +220,7 @@ def resolve_methods(names: Sequence[str], task: str, also: Collection[str] = ())
         names = [name for name, method in METHODS.items() if task in method.tasks or name in also]
     for name in names:
         if task not in METHODS[name].tasks and name not in also:
-            kinds = " and ".join(f"{Task(kind).noun}s" for kind in METHODS[name].tasks)
+            kinds = " and ".join(f"{NOUNS[kind]}s" for kind in METHODS[name].tasks)
             taken = ", ".join(other for other, method in METHODS.items() if task in method.tasks)
-            raise UsageError(f"--method {name} is for {kinds}; a {Task(task).noun} takes {taken}")
+            raise UsageError(f"--method {name} is for {kinds}; a {NOUNS.get(task, task)} takes {taken}")
     return list(names)

@@ -34,11 +34,12 @@ class AnswerTask(TaskAdapter):
     noun = "vision-language model"
     answers = True
     by_name = False  # asked with --prompt, never named by --task
+    default_layer = "last stage of the backbone"
     videos = False
     faithfulness = True
     takes_targets = True
 
-    def claims(self, model: LoadedModel, requested: str | None) -> bool:
+    def claims(self, model: LoadedModel) -> bool:
         return False  # the model of a question is loaded for it (--prompt), never as a LoadedModel
 
     def takes(self, method: str, tasks: Sequence[str], module: nn.Module) -> bool:
