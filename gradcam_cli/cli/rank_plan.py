@@ -90,13 +90,10 @@ def _sample(
     from ..evaluation.evaluate import Evaluator
     from ..evaluation.plan import with_methods
 
-    if not explainer.adapter.faithfulness:
-        return None
-
     def sample(methods: tuple[str, ...], on_method: Callable[[str], None]) -> object:
         evaluator = Evaluator(with_methods(explainer, methods), options)
         evaluator.on_method, evaluator.on_result = on_method, results.append
         evaluator.done = finished.pending()
         return evaluator.evaluate_image(image.path)
 
-    return sample
+    return explainer.adapter.evaluation(lambda: sample, lambda: None)
