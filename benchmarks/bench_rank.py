@@ -18,14 +18,23 @@ itself (:mod:`gradcam_cli.evaluation.shared`): one image evaluated with the ``--
 passes against one method at a time, run alternately ``--repeats`` times each in the same process; it prints the
 ratio of the best times (shared / one at a time) and checks that both give the same figures.
 
+``--photos DIR`` measures the plan against the whole run (issue 41): ``gradcam eval DIR --rank --method all
+--model MODEL`` (``--model``, default ``efficientnet_lite0``; ``--budget`` when given) run as a user runs it, and
+the plan's total (timing, main pass and seed spread) printed against the time the run then took, as a ratio
+(actual / plan), with the methods ranked. The machine's load average is printed beside it: compare the ratio, not
+the seconds.
+
 Usage: ``python benchmarks/bench_rank.py [--device cpu|cuda] [--images N] [--budget SECONDS] [--sharing]
-[--shared-pass [--steps N] [--size PIXELS] [--no-road]]``.
+[--shared-pass [--steps N] [--size PIXELS] [--no-road]] [--photos DIR [--model NAME]]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
+import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -52,7 +61,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--images", type=int, default=1, help="images the plan is for")
-    parser.add_argument("--budget", type=float, default=BUDGET)
+    parser.add_argument("--budget", type=float, default=None, help=f"default {BUDGET:.0f}")
+    parser.add_argument("--photos", type=Path, help="measure `gradcam eval DIR --rank --method all`'s plan instead")
+    parser.add_argument("--model", default="efficientnet_lite0", help="with --photos: the model")
     parser.add_argument("--sharing", action="store_true", help="measure shared masked passes instead")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--shared-pass", action="store_true", help="measure the evaluation's shared passes instead")
@@ -61,6 +72,8 @@ def main() -> int:
     parser.add_argument("--no-road", action="store_true", help="with --shared-pass: without ROAD (its imputation)")
     args = parser.parse_args()
 
+    if args.photos is not None:
+        return plan_against_run(args.photos, args.model, args.budget)
     device = torch.device(args.device)
     module, inputs, target, _ = resnet50_case(device)
     if args.sharing:
@@ -71,11 +84,12 @@ def main() -> int:
     explainer = Explainer(loaded, "layer4", ["all"], target=target, device=device)
     options = EvalOptions(sanity=True, road=True, stability=True)
     print(f"ResNet-50, 224x224, layer4, {device}, --rank settings: estimated seconds per image", flush=True)
-    seconds = estimate(explainer, inputs, options, on_method=lambda m: print(f"  timing {m} ...", flush=True))
+    costs = estimate(explainer, inputs, options, on_method=lambda m: print(f"  timing {m} ...", flush=True))
+    seconds = costs.seconds
     for method, cost in seconds.items():
         print(f"  {method:<20} {cost:8.1f} s", flush=True)
     print(f"  {'all (default settings)':<20} {sum(seconds.values()):8.1f} s")
-    plan = choose(seconds, args.images, args.budget)
+    plan = choose(costs, args.images, BUDGET if args.budget is None else args.budget)
     for line in plan.lines():
         print(line)
     kept = with_methods(explainer, plan.kept)
@@ -90,6 +104,30 @@ def main() -> int:
     planned = sum(seconds[m] for m in plan.kept)
     kept_count = len(plan.kept)
     print(f"measured: the budgeted plan's {kept_count} methods on one image in {took:.1f} s (planned {planned:.1f} s)")
+    return 0
+
+
+def plan_against_run(photos: Path, model: str, budget: float | None) -> int:
+    """``gradcam eval PHOTOS --rank --method all --model MODEL``: its plan's total against the time it took."""
+    command = [sys.executable, "-m", "gradcam_cli", "eval", str(photos), "--rank", "--method", "all", "--model", model]
+    command += ["--budget", str(budget)] if budget is not None else []
+    load = os.getloadavg()[0]
+    print(f"{' '.join(command[2:])}  (CPUs {os.cpu_count()}, torch threads {torch.get_num_threads()}, load {load:.1f})")
+    root = str(Path(__file__).resolve().parent.parent)
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
+    plan = [line for line in done.stderr.splitlines() if line.startswith("plan:") and "timing each" not in line]
+    print("\n".join(plan))
+    total = re.search(r"plan: .* about (\d+)s in all", done.stderr)
+    taken = re.search(r"in ([\d.]+)s \(the plan said", done.stderr)
+    if done.returncode or total is None or taken is None:
+        print(done.stderr[-3000:])
+        return 1
+    ranked = sorted({line.split()[2] for line in done.stdout.splitlines() if re.match(r"\s+\d+\.\s", line)})
+    print(f"ranked: {', '.join(ranked)}")
+    planned, actual = float(total[1]), float(taken[1])
+    print(f"plan {planned:.0f} s, actual {actual:.0f} s: ratio actual/plan {actual / planned:.2f}")
+    print(f"load average now {os.getloadavg()[0]:.1f} (at the start {load:.1f})")
     return 0
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, GradcamError, UsageError, describe
+from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError, describe
 from ..options import (
     ALL_METHODS,
     DEFAULT_METHOD,
@@ -30,6 +30,7 @@ from . import answers, params
 from .eval_output import tell
 from .help import PanelledEvalCommand
 from .input_size import InputSizeOpt
+from .rank_plan import plan_rank
 from .ranking import MethodSteps, RankOptions, rank_report
 from .reporting import (
     PassProgress,
@@ -248,6 +249,8 @@ class EvalCommand:
         self.model_options, self.explain_options, self.options = model, explain, options
         self.ranking = ranking or RankOptions()
         self.plan_seconds: dict[str, float] = {}  # --rank's estimate per method and image
+        self.plan_total = 0.0  # --rank's estimate of the whole run, timing and seed spread included
+        self.sampled: list[ImageScores] = []  # the plan's real evaluation of the first image, kept
 
     def run(self) -> int:
         from ..evaluation.boxes import read_boxes
@@ -259,6 +262,8 @@ class EvalCommand:
             return answers.evaluate_answers(self)
         if self.ranking.report is not None and not self.ranking.rank:
             raise UsageError("--report is for --rank: add --rank (gradcam eval writes no page otherwise)")
+        if self.ranking.budget is not None and not self.ranking.rank:
+            raise UsageError("--budget is for --rank: add --rank (gradcam eval plans nothing otherwise)")
         if options.plot is not None and options.plot.suffix.lower() not in PLOT_FORMATS:
             raise UsageError(f"--plot {options.plot}: use a file ending in {', '.join(PLOT_FORMATS)}")
         images = discover(self.inputs)
@@ -266,15 +271,26 @@ class EvalCommand:
             raise UsageError(f"no images found in {' '.join(self.inputs)}")
         boxes = read_boxes(options.boxes) if options.boxes is not None else None
         explainer = self._explainer()
+        started = time.perf_counter()
         if self.ranking.rank:
             options = explainer.adapter.rank_options(options)
-            explainer = self._planned(explainer, images, options)
+            named = ALL_METHODS not in self.explain_options.methods
+            planned = plan_rank(self.reporter, self.ranking, named, explainer, images, options, boxes is None)
+            if planned is not None:
+                explainer, self.plan_seconds, self.plan_total = planned.explainer, planned.seconds, planned.total
+                self.sampled, self.ranking = planned.sampled, replace(self.ranking, seed_images=planned.seed_images)
         evaluator = evaluator_for(explainer, options)
-        started = time.perf_counter()
         report = self._evaluate(evaluator, options, images, boxes)
-        elapsed = time.perf_counter() - started
         tell(self.reporter, report, evaluator, images, options, bool(boxes), self.ranking)
-        self.reporter.info(f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {duration(elapsed)}")
+        elapsed = time.perf_counter() - started  # the plan's timing and the seed spread included
+        said = (
+            f" (the plan said about {duration(self.plan_total)}: {elapsed / self.plan_total:.2f}x)"
+            if self.plan_total
+            else ""
+        )
+        self.reporter.info(
+            f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {duration(elapsed)}{said}"
+        )
         return EXIT_IMAGE_FAILED if report.failed else EXIT_OK
 
     def _explainer(self) -> Explainer:
@@ -303,6 +319,11 @@ class EvalCommand:
         methods = len(explainer.chosen.methods)
         rows, done = self._rows(explainer, options)
         finished = Finished(explainer.chosen.methods, done)
+        for row in self.sampled:  # the plan's sample: kept, not computed again
+            if all(m in explainer.chosen.methods for m in row.methods) and not finished.complete(row.image):
+                finished.add(row)
+                if rows is not None:
+                    rows.append(row)
         todo = [image for image in images if not finished.complete(str(image.path))]
 
         def record(scores: ImageScores) -> None:
@@ -335,27 +356,6 @@ class EvalCommand:
             if rows is not None:
                 rows.close()
         return self._report(evaluator, options, images, finished.images(), ran)
-
-    def _planned(self, explainer: Explainer, images: list[InputImage], options: EvalOptions) -> Explainer:
-        """Print the plan (each method's estimated seconds per image, from a timed pass on the first image) and,
-        for ``--method all`` on a CPU or with ``--budget``, keep the methods that fit the budget."""
-        from ..evaluation.plan import BUDGET, planned, with_methods
-        from ..io.images import load_image, to_input_tensor
-
-        budget = self.ranking.budget
-        if budget is None and ALL_METHODS in self.explain_options.methods and explainer.device.type == "cpu":
-            budget = BUDGET
-        try:
-            picture = load_image(images[0].path)
-        except GradcamError:
-            return explainer  # the first image fails: no plan; the evaluation reports it
-        inputs = to_input_tensor(picture, explainer.model.input_spec).unsqueeze(0).to(explainer.device)
-        self.reporter.info(f"plan: timing each method on {images[0].path.name} ...")
-        plan = planned(explainer, inputs, options, len(images), budget)
-        self.plan_seconds = plan.seconds
-        for line in plan.lines():
-            self.reporter.info(line)
-        return explainer if not plan.left_out else with_methods(explainer, plan.kept)
 
     def _rows(self, explainer: Explainer, options: EvalOptions) -> tuple[RowsFile | None, list[ImageScores]]:
         """With ``--rank --report DIR``: the rows file that each finished (image, method) is appended to, and the

@@ -42,7 +42,9 @@ def tell(
     if boxes and unboxed:
         reporter.info(f"{len(unboxed)} image(s) have no boxes: scored for faithfulness only")
     if ranking.rank:
-        rank_report(reporter, evaluator.explainer, report, images, ranking.report, options.seed, evaluator)
+        rank_report(
+            reporter, evaluator.explainer, report, images, ranking.report, options.seed, evaluator, ranking.seed_images
+        )
     elif reporter.as_json:
         reporter.emit(json.dumps(report.to_dict()))
     for line in [] if ranking.rank else format_report(report):

@@ -14,6 +14,7 @@ from .reporting import ProgressBar, Reporter
 if TYPE_CHECKING:
     from ..cam.explainer import Explainer
     from ..evaluation.evaluate import Evaluator
+    from ..evaluation.rank import RankRow
     from ..evaluation.report import EvalReport
     from ..evaluation.tasks import TaskEvaluator
     from ..io.discovery import InputImage
@@ -32,6 +33,8 @@ class RankOptions:
     """Resume from the rows file in ``report`` (:mod:`gradcam_cli.evaluation.rows`)."""
     budget: float | None = None
     """Seconds the whole run may take, for the plan of ``--method all`` on a CPU (None: :data:`BUDGET`)."""
+    seed_images: int | None = None
+    """Images the seed spread re-runs, as the plan chose (None: :data:`SEED_SUBSET`)."""
 
 
 def rank_report(
@@ -42,28 +45,34 @@ def rank_report(
     folder: Path | None,
     seed: int,
     evaluator: Evaluator | TaskEvaluator | None = None,
+    seed_images: int | None = None,
 ) -> None:
     """Print the ranking (``--json``: one object per row) and write the ``--report`` page; with the ``evaluator``
-    that made ``report``, first re-run a few images with other seeds for each method's seed spread
-    (:mod:`gradcam_cli.evaluation.seeds`)."""
+    that made ``report``, first re-run ``seed_images`` images (None: :data:`SEED_SUBSET`) with other seeds for each
+    method's seed spread (:mod:`gradcam_cli.evaluation.seeds`; its rows kept in the rows file). Ctrl-C during the
+    seed spread prints the ranking without it, then stops."""
     from ..evaluation.evaluate import Evaluator
-    from ..evaluation.plan import SEED_RERUNS, rerun_images
-    from ..evaluation.rank import format_ranking, rank
-    from ..evaluation.rank_page import write_rank_report
-    from ..evaluation.seeds import seed_spread
+    from ..evaluation.plan import SEED_RERUNS, SEED_SUBSET, rerun_images
+    from ..evaluation.rank import rank
 
     spread = {}
-    if isinstance(evaluator, Evaluator) and (reruns := rerun_images(report.methods, evaluator.options, len(report.ok))):
+    subset = SEED_SUBSET if seed_images is None else seed_images
+    reruns = rerun_images(report.methods, evaluator.options, len(report.ok), subset) if evaluator else 0
+    if isinstance(evaluator, Evaluator) and reruns:
         reporter.info(f"seed spread: re-running {reruns // SEED_RERUNS} image(s) with {SEED_RERUNS} other seeds ...")
-        spread = seed_spread(evaluator, report)
+        try:
+            spread = _seed_spread(evaluator, report, subset, folder)
+        except KeyboardInterrupt:
+            kept = f"; its finished re-runs are in {folder}, add --skip-existing to resume" if folder else ""
+            reporter.info(f"interrupted during the seed spread: the ranking without it{kept}")
+            _print_ranking(reporter, rank(report, seed))
+            raise
     rows = rank(report, seed, spread=spread)
-    if reporter.as_json:
-        for row in rows:
-            reporter.emit(json.dumps(row.to_dict()))
-    for line in format_ranking(rows):
-        reporter.result(line)
+    _print_ranking(reporter, rows)
     if folder is None:
         return
+    from ..evaluation.rank_page import write_rank_report
+
     failed = {image.image for image in report.failed}
     shown = [image for image in images if str(image.path) not in failed][:EXAMPLES]
     examples = [(image.path.name, explainer.explain(image.path)) for image in shown]  # its --target(-class)
@@ -72,6 +81,34 @@ def rank_report(
     except OSError as error:
         raise UsageError(f"cannot write --report {folder}: {describe(error, folder)}") from error
     reporter.info(f"ranking report written to {page}")
+
+
+def _seed_spread(
+    evaluator: Evaluator, report: EvalReport, subset: int, folder: Path | None
+) -> dict[str, dict[str, float]]:
+    """The seed spread, its re-runs' rows appended to ``folder``'s rows file (those there before kept)."""
+    from ..evaluation.rows import ROWS_NAME, RowsFile, read_seed_rows
+    from ..evaluation.seeds import seed_spread
+
+    path = folder / ROWS_NAME if folder is not None else None
+    if path is None or not path.exists():
+        return seed_spread(evaluator, report, subset)
+    rows = RowsFile(path, {}, resume=True)
+    try:
+        done = read_seed_rows(path, evaluator.explainer.chosen.methods)
+        return seed_spread(evaluator, report, subset, done, lambda k, scores: rows.append(scores, k))
+    finally:
+        rows.close()
+
+
+def _print_ranking(reporter: Reporter, rows: list[RankRow]) -> None:
+    from ..evaluation.rank import format_ranking
+
+    if reporter.as_json:
+        for row in rows:
+            reporter.emit(json.dumps(row.to_dict()))
+    for line in format_ranking(rows):
+        reporter.result(line)
 
 
 class MethodSteps:

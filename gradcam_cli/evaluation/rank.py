@@ -305,8 +305,9 @@ def warnings(rows: Sequence[RankRow]) -> list[str]:
     if counts[0] < 2:
         return ["one image: no confidence intervals and no paired comparisons (they need at least 2 images)"]
     if counts[0] < MIN_IMAGES:
+        images = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"  # as the blocks say
         return [
-            f"only {counts[0]} image(s): the intervals are not reliable below {MIN_IMAGES} images "
+            f"only {images} image(s): the intervals are not reliable below {MIN_IMAGES} images "
             "(bootstrap intervals under-cover there); evaluate more images before trusting the groups"
         ]
     return []

@@ -9,7 +9,8 @@ image: its curves, masked probability, ROAD, Gini and entropy (randomcam's avera
 copies, its sanity cascade and redraw, its boxes. Rows of one image are merged when the file is read (a file written
 before rows were per method, one line per image with all its methods, reads the same way). A line is written whole
 with one ``write`` to a file opened for appending and flushed to disk before the next method starts; a last line cut
-short by a crash is ignored when the file is read.
+short by a crash is ignored when the file is read. The seed spread's re-runs (:mod:`.seeds`) are rows too, marked
+``"seed_run": k`` (the k-th other seed), read apart from the main pass's (:func:`read_seed_rows`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from ..options import EvalOptions
 from .report import BoxScore, ImageScores, MethodScores
 
 ROWS_NAME = "rows.jsonl"
+SEED_RUN = "seed_run"
+"""The key that marks a seed-spread row."""
 
 
 def run_settings(explainer: Explainer, options: EvalOptions) -> dict[str, Any]:
@@ -79,8 +82,9 @@ class RowsFile:
         if fresh:
             self._write({"settings": settings})
 
-    def append(self, image: ImageScores) -> None:
-        self._write(image_row(image))
+    def append(self, image: ImageScores, seed_run: int = 0) -> None:
+        """One row; ``seed_run`` k > 0: a row of the seed spread's k-th re-run."""
+        self._write({SEED_RUN: seed_run, **image_row(image)} if seed_run else image_row(image))
 
     def _write(self, data: dict[str, Any]) -> None:
         self._file.write(json.dumps(data) + "\n")
@@ -107,15 +111,38 @@ def read_rows(path: Path, settings: dict[str, Any]) -> list[ImageScores]:
             f"--skip-existing: {path} was written by a run with other settings; remove it or run without "
             "--skip-existing"
         )
-    finished = Finished(written["methods"])
-    for line in lines[1:]:
+    return _merged(lines[1:], written["methods"], 0)[0].images()
+
+
+def read_seed_rows(path: Path, methods: Sequence[str]) -> dict[int, Finished]:
+    """The seed spread's rows ``path`` holds (its settings checked by :func:`read_rows`): re-run k -> its results
+    merged per image."""
+    if not path.exists():
+        return {}
+    return _merged(path.read_text(encoding="utf-8").splitlines()[1:], methods, None)
+
+
+def read_finished(path: Path, methods: Sequence[str]) -> Finished:
+    """The main pass's results ``path`` holds, whatever its settings (the plan's count of what is left; the
+    settings are checked by :func:`read_rows` before anything is kept)."""
+    if not path.exists():
+        return Finished(methods)
+    return _merged(path.read_text(encoding="utf-8").splitlines()[1:], methods, 0).get(0, Finished(methods))
+
+
+def _merged(lines: Iterable[str], methods: Sequence[str], run: int | None) -> dict[int, Finished]:
+    """Rows merged per seed run (0: the main pass) and image; ``run``: that run's alone, else every seed run's."""
+    runs: dict[int, Finished] = {} if run is None else {run: Finished(methods)}
+    for line in lines:
         try:
-            row = image_from_row(json.loads(line))
-        except (ValueError, KeyError, TypeError):
+            data = json.loads(line)
+            k = int(data.pop(SEED_RUN, 0))
+            row = image_from_row(data)
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue  # a line cut short by an interrupted write
-        if row.error is None:
-            finished.add(row)
-    return finished.images()
+        if row.error is None and (k == run or (run is None and k > 0)):
+            runs.setdefault(k, Finished(methods)).add(row)
+    return runs
 
 
 class Finished:

@@ -20,6 +20,7 @@ from gradcam_cli.cli.eval import app
 from gradcam_cli.cli.ranking import MethodSteps
 from gradcam_cli.evaluation import evaluate, plan
 from gradcam_cli.evaluation.evaluate import Evaluator
+from gradcam_cli.evaluation.plan import SEED_RERUNS
 from gradcam_cli.evaluation.rank import format_ranking, rank
 from gradcam_cli.evaluation.report import EvalReport, ImageScores, MethodScores
 from gradcam_cli.evaluation.shared import pass_groups
@@ -63,9 +64,9 @@ def test_ctrl_c_keeps_each_finished_image_method_and_skip_existing_computes_only
     page = tmp_path / "page"
     begun = MethodSteps.method
 
-    def interrupted(self: MethodSteps, name: str) -> None:  # Ctrl-C as the 5th (image, method) begins
-        interrupted.calls += 1  # type: ignore[attr-defined]
-        if interrupted.calls == 5:  # type: ignore[attr-defined]
+    def interrupted(self: MethodSteps, name: str) -> None:  # Ctrl-C as the 5th (image, method) begins: the plan's
+        interrupted.calls += 1  # type: ignore[attr-defined]  # sample evaluated image 1's gradcam and randomcam
+        if interrupted.calls == 3:  # type: ignore[attr-defined]
             raise KeyboardInterrupt
         begun(self, name)
 
@@ -76,8 +77,9 @@ def test_ctrl_c_keeps_each_finished_image_method_and_skip_existing_computes_only
     first, second = str(squares / "square0.png"), str(squares / "square1.png")
     lines = (page / "rows.jsonl").read_text().splitlines()
     written = [(row["image"], *row["methods"]) for row in map(json.loads, lines[1:])]
-    # image 1's three methods, then image 2's first: the method in hand (layercam on image 2) is not written
-    assert written == [(first, "gradcam"), (first, "layercam"), (first, "randomcam"), (second, "gradcam")]
+    # image 1's three methods (the plan's sample first), then image 2's first: the method in hand (layercam on
+    # image 2) is not written
+    assert written == [(first, "gradcam"), (first, "randomcam"), (first, "layercam"), (second, "gradcam")]
     partial = {(row["metric"], row["method"]): row for row in json_rows(stopped.stdout)}
     assert partial[("deletion_auc", "gradcam")]["images"] == 2  # the image in hand's finished method is ranked
     assert set(partial[("deletion_auc", "gradcam")]["per_image"]) == {first, second}
@@ -86,6 +88,7 @@ def test_ctrl_c_keeps_each_finished_image_method_and_skip_existing_computes_only
 
     # the file as an older version wrote it, one line per finished image (image 1 whole), resumes the same way
     settings, *rows = (json.loads(line) for line in lines)
+    rows[:3] = [rows[0], rows[2], rows[1]]  # the methods' order
     older = {**rows[0], "methods": {k: v for row in rows[:3] for k, v in row["methods"].items()}}
     (page / "rows.jsonl").write_text("\n".join(json.dumps(r) for r in [settings, older, rows[3]]) + "\n")
 
@@ -107,15 +110,17 @@ def test_ctrl_c_keeps_each_finished_image_method_and_skip_existing_computes_only
     )
     resumed = run(*common(squares, page), "--skip-existing")
     assert resumed.exit_code == 0, resumed.output
-    assert computed == [
-        ("square1.png", "layercam"),
+    assert computed == [  # image 2's randomcam first: the plan's sample
         ("square1.png", "randomcam"),
+        ("square1.png", "layercam"),
         ("square2.png", "gradcam"),
         ("square2.png", "layercam"),
         ("square2.png", "randomcam"),
     ]
     assert json_rows(resumed.stdout) == json_rows(whole.stdout)  # the uninterrupted run's table, value for value
-    assert len((page / "rows.jsonl").read_text().splitlines()) == 1 + 1 + 1 + 5
+    kept = [json.loads(line) for line in (page / "rows.jsonl").read_text().splitlines()[1:]]
+    assert len([row for row in kept if "seed_run" not in row]) == 1 + 1 + 5
+    assert len([row for row in kept if "seed_run" in row]) == SEED_RERUNS * 3 * 3  # the seed spread's, kept too
 
 
 SHARED = "gradcam,gradcam++,layercam,xgradcam,hirescam,eigencam,scorecam"
@@ -177,6 +182,6 @@ def test_the_plan_times_the_methods_sharing_a_pass_together(square_model, monkey
     timed: list[tuple[str, ...]] = []
     monkeypatch.setattr(plan, "_timed", lambda _explainer, methods, _inputs: timed.append(methods) or 3.0)
     explainer = Explainer(square_model, "features", ["gradcam", "layercam", "scorecam", "randomcam"])
-    seconds = plan.estimate(explainer, torch.rand(1, 3, 32, 32), EvalOptions(steps=4))
+    seconds = plan.estimate(explainer, torch.rand(1, 3, 32, 32), EvalOptions(steps=4)).seconds
     assert timed == [("gradcam", "layercam", "randomcam"), ("scorecam",)]
     assert seconds["gradcam"] == seconds["layercam"] == pytest.approx(seconds["scorecam"] - 3.0 + 1.0)  # 3 s shared

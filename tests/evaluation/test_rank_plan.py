@@ -1,0 +1,188 @@
+"""``gradcam eval --rank``'s plan against the run it plans (issue 41), on a fake clock: every call of ROAD's
+imputation advances it 10 s and nothing else does, so the plan's arithmetic is checked exactly, never a machine's
+speed. The plan measures a sample of the real work (ROAD's imputation and the seed spread included), counts only
+what ``--skip-existing`` has left, never ranks randomcam alone, and is printed beside the time taken; Ctrl-C during
+the seed spread prints the table of what finished and keeps the spread's rows for the resume."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from square_model import square_image
+from typer.testing import CliRunner
+
+from gradcam_cli.cli.eval import app
+from gradcam_cli.cli.ranking import MethodSteps
+from gradcam_cli.evaluation import evaluate
+from gradcam_cli.evaluation.evaluate import Evaluator
+from gradcam_cli.evaluation.plan import SEED_RERUNS, Costs, choose
+
+SQUARE_MODEL = f"{Path(__file__).resolve().parents[1] / 'square_model.py'}:build"
+PLACES = [(8, 8, 28, 28), (30, 30, 50, 50), (10, 36, 30, 56)]
+IMPUTATION = 10.0
+"""Fake seconds one call of ROAD's imputation (one map's 18 images) takes."""
+
+
+def run(*args: str):
+    return CliRunner().invoke(app, [*args], catch_exceptions=False)  # gradcam eval ARGS
+
+
+@pytest.fixture
+def squares(tmp_path: Path) -> Path:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i, corners in enumerate(PLACES):
+        square_image((64, 64), corners).save(folder / f"square{i}.png")
+    return folder
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """A clock that only ROAD's imputation advances (and every reading by a nanosecond, to stay increasing)."""
+    now = [0.0]
+
+    def perf_counter() -> float:
+        now[0] += 1e-9
+        return now[0]
+
+    impute = evaluate.impute
+
+    def slow_impute(*args, **kwargs):  # type: ignore[no-untyped-def]
+        now[0] += IMPUTATION
+        return impute(*args, **kwargs)
+
+    monkeypatch.setattr("time.perf_counter", perf_counter)
+    monkeypatch.setattr(evaluate, "impute", slow_impute)
+    return now
+
+
+def common(folder: Path, *more: str) -> list[str]:
+    return [
+        str(folder),
+        *("--model", SQUARE_MODEL, "--layer", "features", "--steps", "4", "--sanity-layers", "1"),
+        *("--input-size", "32", "--rank", *more),
+    ]
+
+
+def planned_and_taken(stderr: str) -> tuple[float, float, float]:
+    """The plan's total, and the closing line's time taken and the plan it quotes."""
+    total = float(re.search(r"plan: .* about (\d+)s in all", stderr)[1])  # type: ignore[index]
+    taken, said = re.search(r"in ([\d.]+)s \(the plan said about ([\d.]+)s", stderr).groups()  # type: ignore[union-attr]
+    return total, float(taken), float(said)
+
+
+@pytest.mark.quick
+def test_the_plan_counts_roads_imputation_and_the_seed_spread(squares: Path, clock: list[float]) -> None:
+    result = run(*common(squares, "--method", "gradcam,layercam,scorecam"))
+    assert result.exit_code == 0, result.output
+    # per image: gradcam, layercam, scorecam 1 map each, randomcam 4: 7 imputations; 3 images, then 2 x 3 re-runs
+    taken = 7 * (3 + SEED_RERUNS * 3) * IMPUTATION
+    total, measured, said = planned_and_taken(result.stderr)
+    assert measured == pytest.approx(taken, abs=0.1) and clock[0] == pytest.approx(taken, abs=0.1)
+    assert total == pytest.approx(taken, abs=1) and said == pytest.approx(taken, abs=0.1)
+    assert f"the seed spread re-runs 3 image(s) with {SEED_RERUNS} other seeds (~{7 * 6 * IMPUTATION:.0f}s" in (
+        result.stderr
+    )
+    assert "scorecam ~10.0s" in result.stderr and "randomcam ~40.0s" in result.stderr  # one map's scoring: 10 s
+
+
+@pytest.mark.quick
+def test_budget_needs_rank(squares: Path) -> None:
+    result = run(str(squares), "--model", SQUARE_MODEL, "--budget", "10")
+    assert result.exit_code == 2 and result.stderr.strip().splitlines() == [
+        "error: --budget is for --rank: add --rank (gradcam eval plans nothing otherwise)"
+    ]
+
+
+def test_a_budget_that_fits_only_the_baseline_keeps_the_cheapest_method(squares: Path, clock: list[float]) -> None:
+    result = run(*common(squares, "--method", "gradcam,layercam,scorecam", "--budget", "1", "--json"))
+    assert result.exit_code == 0, result.output
+    ranked = {json.loads(line)["method"] for line in result.stdout.splitlines() if line.startswith("{")}
+    assert ranked == {"randomcam", "gradcam"}  # never the baseline alone
+    assert "the 1s budget fits only the randomcam baseline, which ranks nothing alone: kept gradcam" in result.stderr
+    assert "the seed spread re-runs 1 image(s)" in result.stderr  # cut down first
+    left_out = next(line for line in result.stderr.splitlines() if "left out to fit" in line)
+    assert "layercam ~" in left_out and "scorecam ~" in left_out
+    assert left_out.endswith("raise --budget SECONDS") and "name them with --method" not in left_out  # named
+    # plan and time taken agree: 3 images x (gradcam 1 + randomcam 4), then 2 re-runs of 1 image
+    total, measured, _ = planned_and_taken(result.stderr)
+    assert measured == pytest.approx(5 * (3 + SEED_RERUNS) * IMPUTATION, abs=0.1) and total == pytest.approx(
+        measured, abs=1
+    )
+
+
+@pytest.mark.quick
+def test_choose_cuts_the_seed_spread_before_forcing_a_method() -> None:
+    costs = Costs({"gradcam": 10.0, "randomcam": 40.0}, {"gradcam": 10.0, "randomcam": 40.0})
+    plan = choose(costs, 3, 300.0, seed_images=3)  # 3 x 50 + 2 x 3 x 50 = 450 s: only with 1 image re-run
+    assert plan.kept == ["gradcam", "randomcam"] and plan.seed_images == 1 and plan.forced is None
+    assert plan.total() == pytest.approx(3 * 50 + SEED_RERUNS * 50)
+    whole = choose(costs, 3, 450.0, seed_images=3)
+    assert whole.seed_images == 3 and whole.total() == pytest.approx(450)
+    done = choose(costs, 3, None, seed_images=3, done={"gradcam": 2, "randomcam": 2})
+    assert done.total() == pytest.approx(50 + SEED_RERUNS * 3 * 50)  # only the pairs left
+
+
+def test_skip_existing_plans_only_what_is_left_and_the_warning_counts_as_the_table(
+    squares: Path, tmp_path: Path, clock: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    page = tmp_path / "page"
+    begun = MethodSteps.method
+
+    def interrupted(self: MethodSteps, name: str) -> None:  # Ctrl-C as layercam begins on image 3
+        if self.image_number == 3 and name == "layercam":
+            raise KeyboardInterrupt
+        begun(self, name)
+
+    monkeypatch.setattr(MethodSteps, "method", interrupted)
+    stopped = run(*common(squares, "--method", "gradcam,layercam", "--report", str(page)))
+    assert stopped.exit_code == 130, stopped.output
+    assert "deletion AUC (lower is better; 2-3 image(s))" in stopped.stdout
+    assert "warning: only 2-3 image(s):" in stopped.stdout  # as the table counts them
+    monkeypatch.setattr(MethodSteps, "method", begun)
+    resumed = run(*common(squares, "--method", "gradcam,layercam", "--report", str(page), "--skip-existing"))
+    assert resumed.exit_code == 0, resumed.output
+    # left: layercam and randomcam on image 3 (1 + 4 imputations), then the seed spread: 2 x 3 images x 6
+    total, measured, _ = planned_and_taken(resumed.stderr)
+    assert measured == pytest.approx((5 + SEED_RERUNS * 3 * 6) * IMPUTATION, abs=0.1)
+    assert total == pytest.approx(measured, abs=1)
+
+
+def test_ctrl_c_in_the_seed_spread_prints_the_table_and_keeps_its_rows(
+    squares: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    page = tmp_path / "page"
+    original, reruns = Evaluator.evaluate_image, []
+
+    def interrupted(self, path, boxes=()):  # type: ignore[no-untyped-def]  # Ctrl-C on the spread's 2nd image
+        if self.options.seed != 0:
+            reruns.append(path.name)
+            if len(reruns) == 2:
+                raise KeyboardInterrupt
+        return original(self, path, boxes)
+
+    monkeypatch.setattr(Evaluator, "evaluate_image", interrupted)
+    stopped = run(*common(squares, "--method", "gradcam", "--report", str(page), "--json"))
+    assert stopped.exit_code == 130, stopped.output
+    assert "interrupted during the seed spread: the ranking without it" in stopped.stderr
+    assert "add --skip-existing to resume" in stopped.stderr
+    rows = [json.loads(line) for line in stopped.stdout.splitlines() if line.startswith("{")]
+    assert {row["method"] for row in rows} == {"gradcam", "randomcam"} and {row["images"] for row in rows} == {3}
+    kept = [json.loads(line) for line in (page / "rows.jsonl").read_text().splitlines()[1:]]
+    spread = [(row["seed_run"], Path(row["image"]).name, *row["methods"]) for row in kept if "seed_run" in row]
+    assert spread == [(1, "square0.png", "gradcam"), (1, "square0.png", "randomcam")]
+    reruns.clear()
+    monkeypatch.setattr(
+        Evaluator,
+        "evaluate_image",
+        lambda self, path, boxes=(): (
+            (self.options.seed != 0 and reruns.append(path.name)) or original(self, path, boxes)
+        ),
+    )
+    resumed = run(*common(squares, "--method", "gradcam", "--report", str(page), "--skip-existing", "--json"))
+    assert resumed.exit_code == 0, resumed.output
+    assert reruns == ["square1.png", "square2.png", "square0.png", "square1.png", "square2.png"]  # not square0 again
+    assert any(json.loads(line)["seed_sd"] for line in resumed.stdout.splitlines() if line.startswith("{"))
