@@ -112,9 +112,19 @@ class _Prompted(nn.Module):
         return logits
 
 
+@dataclass(frozen=True)
+class Question:
+    """What a run asks of every prompted image besides its prompt: ``answer`` to explain instead of the generated
+    one, a map per answer token (``per_token``), and ``--target`` specs."""
+
+    answer: str | None = None
+    per_token: bool = False
+    specs: tuple[TargetSpec, ...] = ()
+
+
 class AnswerExplainer:
     """Generates or takes an answer about a photo and explains it at ``layer`` (default: the family's) with
-    ``methods``."""
+    ``methods``; ``question``: what a run asks of each image (:class:`Question`)."""
 
     def __init__(
         self,
@@ -124,8 +134,11 @@ class AnswerExplainer:
         max_new_tokens: int = 32,
         seed: int = 0,
         eigen_smooth: bool = False,
+        question: Question | None = None,
+        precision: str = "fp32",
     ) -> None:
         self.vlm, self.max_new_tokens, self.seed, self.eigen_smooth = vlm, max_new_tokens, seed, eigen_smooth
+        self.question, self.precision = question or Question(), precision
         self.layer = layer or vlm.family.default_layer
         modules = dict(vlm.module.named_modules())
         if self.layer not in modules:
@@ -137,6 +150,28 @@ class AnswerExplainer:
                 raise UsageError(f"--method {method} does not explain an answer; use one of {', '.join(usable)}")
         self.methods = tuple(methods)
         self.device = next(vlm.module.parameters()).device
+
+    @property
+    def answer(self) -> str | None:
+        return self.question.answer
+
+    @property
+    def per_token(self) -> bool:
+        return self.question.per_token
+
+    @property
+    def specs(self) -> tuple[TargetSpec, ...]:
+        return self.question.specs
+
+    @property
+    def settings(self) -> dict[str, object]:
+        """What the answer task adds to a run record and to every row's provenance."""
+        return {
+            "task": "answer",
+            "max_new_tokens": self.max_new_tokens,
+            "per_token": self.per_token,
+            "targets": [str(spec) for spec in self.specs] or None,
+        }
 
     def inputs(self, image: Image.Image, prompt: str) -> dict[str, torch.Tensor]:
         """The processor's tensors for the photo and the prompt in the chat template, on the model's device."""
