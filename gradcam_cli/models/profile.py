@@ -17,6 +17,7 @@ from ..io.images import InputSpec
 from .tasks import Task, detection_spec, detection_transform, infer_task, task_of_shape
 
 if TYPE_CHECKING:
+    from ..vlm.layouts import TokenLayout
     from .text_tower import TextTower
 
 
@@ -53,6 +54,11 @@ class ModelProfile:
     any_shape: bool = False
     """It takes any height and width (``--input-size H,W``: a multiple of its patch size) though its ``input_spec``
     names a fixed size: a timm ViT built with ``dynamic_img_size``."""
+    processor: Any = None
+    """A vision-language model's processor (image processor, tokenizer, chat template): ``task_name`` ``answer``."""
+    layout: TokenLayout | None = None
+    """A vision-language model's token layout: its default layer and where that layer's image tokens lie on the
+    photo (:mod:`gradcam_cli.vlm.layouts`)."""
 
     @property
     def may_read_tokens(self) -> bool:
@@ -150,6 +156,14 @@ class LoadedModel:
     @property
     def text(self) -> TextTower | None:
         return self.profile.text
+
+    @property
+    def processor(self) -> Any:
+        return self.profile.processor
+
+    @property
+    def layout(self) -> TokenLayout | None:
+        return self.profile.layout
 
     def class_name(self, index: int) -> str:
         """Human name of class ``index`` (the index itself when the model has no names)."""

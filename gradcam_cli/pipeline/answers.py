@@ -90,7 +90,7 @@ class AnswerRunner:
         rows = [Record.from_dict(row) for row in self.earlier.get(str(image.path))]
         if not rows or any(row.status not in ("ok", "skipped") or row.answer is None for row in rows):
             return None
-        given = self.explainer.answer
+        given = self.explainer.question.answer
         for row in rows:
             assert row.answer is not None
             if row.answer.prompt != image.prompt or row.answer.generated != (given is None):
@@ -122,8 +122,8 @@ class AnswerRunner:
     def _explain(self, image: InputImage) -> list[Record]:
         photo = load_image(image.path, self.run.max_side)
         prompt = image.prompt or ""
-        explainer = self.explainer
-        result = explainer.explain(photo, prompt, explainer.answer, explainer.per_token, explainer.specs)
+        question = self.explainer.question
+        result = self.explainer.explain(photo, prompt, question.answer, question.per_token, question.specs)
         answer = Answer(result.prompt, result.answer, result.generated)
         if not result.tokens:  # nothing to map: the row says so (``note``)
             answer.tokens, answer.note = [], EMPTY_ANSWER
@@ -176,7 +176,7 @@ class AnswerRunner:
         return [path for _, path in paths]
 
     def _record(self, image: InputImage, status: str, **fields: Any) -> Record:
-        model = self.explainer.vlm.name
+        model = self.explainer.model.name
         return Record(str(image.path), status, model, self.explainer.layer, **fields)
 
 
@@ -188,7 +188,7 @@ def token_rows(result: AnswerExplanation) -> list[dict[str, Any]]:
 def answer_run_record(explainer: AnswerExplainer, output: OutputOptions, run: RunOptions) -> dict[str, Any]:
     """The run record of a run of prompted images: what makes their outputs (the model, the layer, the methods'
     look, the answer's length, which targets)."""
-    name, smoothing = explainer.vlm.name, (False, explainer.eigen_smooth)
+    name, smoothing = explainer.model.name, (False, explainer.eigen_smooth)
     record = run_record(name, name, explainer.layer, 0, smoothing, output, run.max_side)
     del record["input_size"]  # the processor's
     record.update(explainer.settings)
@@ -197,11 +197,11 @@ def answer_run_record(explainer: AnswerExplainer, output: OutputOptions, run: Ru
 
 def answer_provenance(explainer: AnswerExplainer, run: RunOptions) -> dict[str, Any]:
     """The provenance every row of a run of prompted images carries (docs/ci.md's fields that apply)."""
-    parameter = next(explainer.vlm.module.parameters(), None)
+    parameter = next(explainer.model.module.parameters(), None)
     return {
         **versions(),
-        "model": explainer.vlm.name,
-        "weights": explainer.vlm.name,
+        "model": explainer.model.name,
+        "weights": explainer.model.name,
         "weights_sha256": None,
         "layers": [explainer.layer],
         "methods": list(explainer.methods),

@@ -1,5 +1,5 @@
 """A vision-language model's answer (docs/vlm.md): the task of ``--prompt``. Its model is loaded by the family
-registry (:meth:`~gradcam_cli.models.families.base.Family.load_answering`) and explained by
+registry (the ``vision-language`` family, for this task: ``ModelOptions(task="answer")``) and explained by
 :class:`~gradcam_cli.vlm.answer.AnswerExplainer`; this adapter decides everything the command line asks of a
 task: the options it refuses, which methods apply, the console's lines of its rows (the run is the session's:
 :mod:`gradcam_cli.pipeline.answers`), what an empty answer says, and ``gradcam eval``'s deletion and insertion of
@@ -65,13 +65,23 @@ class AnswerTask(TaskAdapter):
 
     def answerer(self, model: ModelOptions, explain: ExplainOptions) -> AnswerExplainer:
         """The explainer of ``explain``'s question, its model loaded by the family registry."""
+        from dataclasses import replace
+
         from ...models.devices import resolve_device
         from ...models.families import family_of
+        from ...models.loading import load_model
         from ...vlm.answer import AnswerExplainer, Question
+        from ..engine import settle_loaded
 
         if len(explain.layers) > 1:
             raise UsageError("--prompt explains one --layer at a time")
-        vlm = family_of(model.model).load_answering(model, resolve_device(model.device))
+        family = family_of(model.model)
+        if not family.answers:
+            raise UsageError(
+                f"--prompt asks a vision-language model (hf:DIR: docs/vlm.md); {model.model} is a {family.name} model"
+            )
+        vlm = load_model(replace(model, task=self.name))
+        settle_loaded(vlm.module, resolve_device(model.device))
         question = Question(explain.question.answer, explain.question.per_token, tuple(explain.targets))
         return AnswerExplainer(
             vlm,
@@ -86,7 +96,7 @@ class AnswerTask(TaskAdapter):
 
     def layer_note(self, answerer: AnswerExplainer) -> str:
         """The console's note on the default layer."""
-        return f"using layer {answerer.layer} ({answerer.vlm.family.layer_description}; choose with --layer)"
+        return f"using layer {answerer.layer} ({answerer.layout.layer_description}; choose with --layer)"
 
     def lines(self, record: Record, first: bool) -> list[str]:
         """The console's lines of one row of a prompted image: before its first, the image, its model and layer and
