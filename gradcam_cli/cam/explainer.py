@@ -51,6 +51,7 @@ from .scores import Cams, ClassTargets, Score, Targets
 from .smoothing import IDENTITY, augmentations, average_views
 from .targets import SpecTargets
 from .tasks import ScoreRequest, TaskAdapter, adapter_for
+from .untargeted import NoTargets, untargeted_methods
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -148,6 +149,7 @@ class Explainer:
         self.methods = resolve_methods(list(options.methods), adapter.methods_of, taken)
         wanted = [name for name in self.methods if METHODS[name].needs in ATTENTION_NEEDS]
         self.attention, self.methods, self.left_out = attention_for(model, self.methods, wanted, options.methods)
+        self.methods, self.need_target = untargeted_methods(model, options, self.methods, adapter.takes_targets)
         self.attention = with_heads(self.attention, options.attention_heads, self.methods)
         self.perturbation = check_perturbation(options.perturbation)
         if options.score is not None and options.score not in SCORE_NAMES:
@@ -270,7 +272,7 @@ class Explainer:
         top_k = top_k or self.top_k
         inputs = inputs.to(self.device)
         targets, cams = self._compute_view(inputs, target, top_k, seed=seed)
-        if not self.aug_smooth or not isinstance(targets, ClassTargets | SpecTargets):
+        if not self.aug_smooth or not isinstance(targets, ClassTargets | SpecTargets | NoTargets):
             return targets, cams
         size = tuple(inputs.shape[-2:])
         views = [(IDENTITY, cams)]

@@ -6,6 +6,7 @@ with the share of the pixels predicted as it (see docs/tasks.md).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,6 +51,18 @@ class Prediction:
         visibility in [0, 1]."""
         points = (self.details or {}).get("keypoints")
         return [(float(x), float(y), float(v)) for x, y, v in points] if isinstance(points, list) else None
+
+
+NO_TARGET_SCORE = "none"
+"""The :attr:`Prediction.score` of a map made without a target (:mod:`gradcam_cli.cam.untargeted`)."""
+NO_TARGET_NAME = "no target"
+"""Its name: rows show ``{"index": 0, "name": "no target", "probability": null, "score": "none"}``, file names
+``0-no-target``."""
+
+
+def no_target() -> Prediction:
+    """The target of a map made without one (rollout and attention on an embedding model given no ``--target``)."""
+    return Prediction(0, NO_TARGET_NAME, math.nan, score=NO_TARGET_SCORE)
 
 
 def rescaled(prediction: Prediction, scale_y: float, scale_x: float) -> Prediction:

@@ -44,6 +44,7 @@ from .scores import (
     class_scores,
     explanations_of,
 )
+from .untargeted import NoTargetScore
 
 ScoreFunction = Callable[[object], torch.Tensor]
 """A model's output -> (N,) float32 scores, differentiable."""
@@ -314,10 +315,11 @@ def explicit_score(
     methods: Sequence[str],
     score: str | None,
     embedding: str | None,
-) -> TargetScore | ClassScore:
-    """The score of a run with ``--target`` specs, or of a model without a class head: a :class:`TargetScore`, or a
-    CLIP-style model's prompts (``--labels``) ranked as classes (a :class:`ClassScore` with a prompt head). What does
-    not fit is a one-line UsageError."""
+) -> TargetScore | ClassScore | NoTargetScore:
+    """The score of a run with ``--target`` specs, or of a model without a class head: a :class:`TargetScore`, a
+    CLIP-style model's prompts (``--labels``) ranked as classes (a :class:`ClassScore` with a prompt head), or, given
+    neither, a :class:`~gradcam_cli.cam.untargeted.NoTargetScore` (methods that need no target only). What does not
+    fit is a one-line UsageError."""
     if specs and target is not None:
         raise UsageError("--target-class is --target class:NAME; give one of them")
     if specs and top_k is not None:
@@ -326,9 +328,7 @@ def explicit_score(
         if model.text is not None and model.categories:
             head = PromptHead.encode(model.text, model.categories, device, embedding)
             return ClassScore(score or "cosine", head)
-        what = "text:PROMPT or similar:IMAGE" if model.text is not None else "similar:IMAGE_OR_FOLDER"
-        labels = " (or --labels FILE of prompts, ranked as classes)" if model.text is not None else ""
-        raise UsageError(f"{model.name} embeds images and has no classes: give --target {what}{labels}")
+        return NoTargetScore(model, methods, target, top_k)  # rollout and attention need no target; others ask one
     chosen = TargetScore(model, specs, device, score, embedding)
     for method in methods:
         if METHODS[method].needs is FINER_GRADIENT:

@@ -142,11 +142,16 @@ def default_layer_reason(adapter: TaskAdapter, declared: bool = False) -> str:
 
 def explainer_notes(reporter: Reporter, explainer: Explainer, layers_given: bool) -> None:
     """What ``gradcam`` and ``gradcam eval`` say once the explainer is built: RISE or occlusion settings that take
-    long, the methods left out for this model, and (``layers_given`` false) the layer chosen and why."""
+    long, the methods left out for this model (or for lack of a target), and (``layers_given`` false) the layer
+    chosen and why."""
     if (warning := passes_warning(explainer)) is not None:
         reporter.info(warning)
     if explainer.left_out:
         reporter.info(left_out_note(explainer.left_out))
+    if explainer.need_target:
+        from ..cam.untargeted import left_out_for_target
+
+        reporter.info(left_out_for_target(explainer.model, explainer.need_target))
     if not layers_given and explainer.layer_names:  # RISE, occlusion alone: no layer
         reason = default_layer_reason(explainer.adapter, bool(explainer.model.default_layers))
         reporter.info(f"using layer {explainer.layer_label} ({reason})")

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..cam.results import NO_TARGET_SCORE
 from ..errors import UsageError, describe
 from ..io.manifest import latest_row_sets, manifest_text, parse_rows
 from ..targets import TARGET_KINDS
@@ -161,11 +162,12 @@ def _answer_target(target: Any, shown: str, line: int) -> dict[str, Any] | None:
 
 def _is_named(target: dict[str, Any] | None) -> bool:
     """Whether a row's target is a ``--target`` other than a class, by its name (``similar:ref.jpg``) or its score
-    (a contrast's ``difference``)."""
+    (a contrast's ``difference``, a map's made without a target ``none``)."""
     if not target:
         return False
     name = str(target.get("name", ""))
-    return target.get("score") == "difference" or any(name.startswith(f"{kind}:") for kind in NAMED_KINDS)
+    kinds = any(name.startswith(f"{kind}:") for kind in NAMED_KINDS)
+    return target.get("score") in ("difference", NO_TARGET_SCORE) or kinds
 
 
 def _is_prediction(value: Any) -> bool:

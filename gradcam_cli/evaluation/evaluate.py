@@ -21,6 +21,7 @@ from ..cam.maps import to_image_maps
 from ..cam.results import Prediction
 from ..cam.scores import Cams, ClassTargets
 from ..cam.targets import SpecTargets
+from ..cam.untargeted import NoTargetScore, ask_for_target
 from ..errors import UsageError
 from ..io.discovery import InputImage
 from ..io.images import load_image, to_input_tensor
@@ -84,6 +85,9 @@ class Evaluator:
             raise UsageError("--batch-size must be at least 1")
         if len(explainer.target_specs) > 1:
             raise UsageError("gradcam eval scores one target per image; give one --target")
+        if isinstance(explainer.score, NoTargetScore):  # rollout, attention on an embedding model: no score to follow
+            give = ask_for_target(explainer.model)
+            raise UsageError(f"gradcam eval follows a target's score; {explainer.model.name} has none: give {give}")
         if self.options.stability and explainer.target_specs:
             raise UsageError("--stability measures a class's map; run it without --target")
         self.sanity_modules: list[str] = []

@@ -15,18 +15,20 @@ from typing import Any
 
 import torch
 
-from ..cam.results import Explanation, Prediction
+from ..cam.results import NO_TARGET_NAME, Explanation, Prediction, no_target
 from ..errors import UsageError, describe
 from ..io.atomic import write_atomic
 from ..io.discovery import InputImage
 from ..io.manifest import latest_row_sets, row_key
-from ..io.naming import RUN_RECORD_NAME, TARGET_TAIL
+from ..io.naming import RUN_RECORD_NAME, TARGET_TAIL, slug
 from ..options import ImageFormat, OutputOptions
 from .outputs import OutputKind
 from .records import Record
 
 _PROBE_TARGET = Prediction(0, "x", 0.0)
 _PROBE_MARK = "_0-x"
+NO_TARGET_TAIL = f"0-{slug(NO_TARGET_NAME)}"
+"""The class part of a map's file name made without a target (its row rebuilt says so again)."""
 
 
 class OutputIndex:
@@ -171,8 +173,8 @@ def resumed_rows(
 
     Each takes predictions, target, outputs, seconds, fingerprint and provenance from the earlier run's row with
     the same main output, where the manifest has one; the others are rebuilt from the file names (the class index
-    and the model's name for it, probability unknown, the image's predictions from any earlier row, no fingerprint
-    or provenance). ``skipped(**fields)`` makes a row of this image.
+    and the model's name for it, or no target for ``0-no-target``, probability unknown, the image's predictions
+    from any earlier row, no fingerprint or provenance). ``skipped(**fields)`` makes a row of this image.
     """
     usable = [Record.from_dict(row) for row in earlier if row["status"] in ("ok", "skipped") and row["outputs"]]
     by_output = {os.path.abspath(record.outputs[0]): (place, record) for place, record in enumerate(usable)}
@@ -194,6 +196,7 @@ def resumed_rows(
         if required:
             return None
         target = Prediction(entry.class_index, class_name(entry.class_index), math.nan)
+        target = no_target() if entry.tail == NO_TARGET_TAIL else target
         rebuilt.append(skipped(method=entry.method, target=target, predictions=predictions, outputs=entry.outputs))
     if required and not matched:
         return None

@@ -63,8 +63,10 @@ class CamMethod(Generic[E]):
     :class:`~gradcam_cli.cam.methods.needs.Need`), whether one map serves every target (``class_agnostic``), the
     tasks it explains (``tasks``: names of :data:`gradcam_cli.options.TASK_NAMES`), and whether it reads a layer at
     all (``uses_layer``: RISE and occlusion do not; their maps come at the network input's resolution, and they are
-    given ``None`` for the activations and gradients). ``formula``, ``paper`` and ``cost``: its row of the table in
-    docs/methods.md (:func:`gradcam_cli.cam.methods.table.methods_table`)."""
+    given ``None`` for the activations and gradients). ``needs_target``: false for a method that reads the model
+    alone, never a target's score (rollout, the last layer's attention), so that it also explains an embedding model
+    given no ``--target`` (:mod:`gradcam_cli.cam.untargeted`). ``formula``, ``paper`` and ``cost``: its row of the
+    table in docs/methods.md (:func:`gradcam_cli.cam.methods.table.methods_table`)."""
 
     @overload
     def __init__(
@@ -77,6 +79,7 @@ class CamMethod(Generic[E]):
         class_agnostic: bool = False,
         tasks: tuple[str, ...] = TASK_NAMES,
         uses_layer: bool = True,
+        needs_target: bool = True,
         **row: Unpack[MethodRow],
     ) -> None: ...
 
@@ -91,6 +94,7 @@ class CamMethod(Generic[E]):
         class_agnostic: bool = False,
         tasks: tuple[str, ...] = TASK_NAMES,
         uses_layer: bool = True,
+        needs_target: bool = True,
         **row: Unpack[MethodRow],
     ) -> None: ...
 
@@ -104,6 +108,7 @@ class CamMethod(Generic[E]):
         class_agnostic: bool = False,
         tasks: tuple[str, ...] = TASK_NAMES,
         uses_layer: bool = True,
+        needs_target: bool = True,
         **row: Unpack[MethodRow],
     ) -> None:
         self.name = name
@@ -113,6 +118,7 @@ class CamMethod(Generic[E]):
         self.class_agnostic = class_agnostic
         self.tasks = tasks
         self.uses_layer = uses_layer
+        self.needs_target = needs_target
         self.formula, self.paper, self.cost = row.get("formula", ""), row.get("paper", ""), row.get("cost", "")
 
     def __repr__(self) -> str:

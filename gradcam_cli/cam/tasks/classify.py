@@ -1,5 +1,6 @@
 """Classifiers (and embedding and CLIP models, whose ``--target`` specs and prompts are scored as classes): the
-class score of :mod:`gradcam_cli.cam.scores`, or an explicit target's of :mod:`gradcam_cli.cam.targets`."""
+class score of :mod:`gradcam_cli.cam.scores`, an explicit target's of :mod:`gradcam_cli.cam.targets`, or none
+(:mod:`gradcam_cli.cam.untargeted`: an embedding model's rollout and attention without a target)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ...options import ExplainOptions
+from ..results import NO_TARGET_SCORE
 from ..scores import ClassScore, Score
 from ..targets import explicit_score
+from ..untargeted import NoTargetScore
 from .base import ScoreRequest, TaskAdapter, check_class_score, register_task
 
 if TYPE_CHECKING:
@@ -51,11 +54,14 @@ class ClassifyTask(TaskAdapter):
         self, model: LoadedModel, score: Score, request: ScoreRequest, perturbation: dict[str, object]
     ) -> dict[str, object]:
         name = request.options.score or ("cosine" if model.text is not None else "logit")
+        name = NO_TARGET_SCORE if isinstance(score, NoTargetScore) else name
         specs = request.specs
         chosen = {"targets": " | ".join(map(str, specs)), "embedding": request.options.embedding} if specs else {}
         return {"task": self.name, "score": name, **chosen, **perturbation}
 
     def how_much(self, prediction: Prediction) -> str:
+        if prediction.score == NO_TARGET_SCORE:
+            return "needs none"
         if prediction.score is not None:
             return f"{prediction.score} {prediction.probability:.4g}"
         return f"{prediction.probability:.1%}"
