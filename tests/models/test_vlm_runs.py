@@ -72,7 +72,6 @@ def generations(monkeypatch) -> list[int]:
     return calls
 
 
-@pytest.mark.quick
 def test_skip_existing_keeps_an_answer_without_generating_it_again(llava, tmp_path, generations):
     """A second run with --skip-existing generates nothing: each image's rows (answer, tokens, maps, fingerprints)
     come back as skipped ones; an image whose map is gone is answered again, and its row is new."""
@@ -183,6 +182,7 @@ def test_panel_and_heatmap_of_an_answer(llava, tmp_path):
     assert Image.open(out / "a_panel.png").size[0] > 96
 
 
+@pytest.mark.quick
 def test_engine_ray_is_refused_in_one_line(llava, tmp_path):
     inputs = photos(tmp_path / "in")
     result = run(inputs, "-m", llava, "--prompt", PROMPT, "--engine", "ray", "-o", tmp_path / "out")
