@@ -74,7 +74,7 @@ def main() -> int:
     for name, explainer, inputs in cases:
         module = explainer.model.module
         targets, _ = explainer.compute_targets(inputs)
-        detect = explainer.task.value == "detect"
+        detect = explainer.model.task == "detect"
         what = f"{targets.count - 1} detections + combined" if detect else f"{targets.count} classes"
         label = f"{name} {'x'.join(map(str, inputs.shape[-2:]))}, {what}"
 

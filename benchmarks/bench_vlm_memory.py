@@ -106,7 +106,7 @@ def llava_7b(text_layers: int, dtype: torch.dtype, device: torch.device | None) 
 def real(dtype: torch.dtype) -> None:
     from transformers import CLIPImageProcessor, LlavaProcessor
 
-    from gradcam_cli.cam.engine import settle_loaded
+    from gradcam_cli.models.modes import settle_loaded
 
     weights = sum(p.numel() for p in llava_7b(32, dtype, None).parameters())
     size = torch.tensor([], dtype=dtype).element_size()

@@ -2,10 +2,10 @@
 
 The library API (importing it loads torch; the ``gradcam`` command's ``--help`` does not)::
 
-    from gradcam_cli import Explainer, load_model
+    from gradcam_cli import Explainer, load_model, overlay
     explainer = Explainer(load_model("resnet50"), layers="layer4")
     result = explainer.explain("cat.jpg")
-    result.overlay().save("cat_gradcam.png")
+    overlay(result).save("cat_gradcam.png")
 
 Where things live: ``cam/`` (hooks, methods, maps, layers, the Explainer), ``models/`` (loading models, weights,
 labels, devices), ``io/`` (finding inputs, reading images and videos, file names, atomic writes, the manifest),
@@ -45,10 +45,11 @@ _EXPORTS = {
     "discover": "io.discovery",
     "blend": "render.colour",
     "colormap_table": "render.colour",
+    "overlay": "render.overlay",
     "BatchRunner": "pipeline.batch",
     "VideoRunner": "pipeline.video",
     "Session": "pipeline.session",
-    "Record": "pipeline.records",
+    "Record": "cam.records",
     "Evaluator": "evaluation.evaluate",
     "evaluate": "evaluation.evaluate",
     "EvalReport": "evaluation.report",

@@ -64,7 +64,7 @@ MAX_PEAK_SHIFT = 0.1
 """Default ``--max-peak-shift`` of ``gradcam diff``: the farthest a map's peak may move, as a fraction of the
 image's diagonal."""
 TASK_NAMES = ("classify", "detect", "segment")
-"""The tasks ``--task`` accepts, as :class:`gradcam_cli.models.tasks.Task` defines them."""
+"""The tasks ``--task`` accepts, each the name of its task adapter (:mod:`gradcam_cli.cam.tasks`)."""
 TOP_K = 1
 """Classes (a segmenter's largest classes) explained per image when ``--top-k`` is not given."""
 SCORE_THRESHOLD = 0.5

@@ -21,8 +21,8 @@ TEMPLATE = (
 def load_vlm(model: str, device: torch.device, precision: str = "fp32"):
     """``hf:DIR`` loaded for the ``answer`` task (its profile carries the processor and the token layout), settled on
     ``device`` as the command loads it."""
-    from gradcam_cli.cam.engine import settle_loaded
     from gradcam_cli.models.loading import load_model
+    from gradcam_cli.models.modes import settle_loaded
     from gradcam_cli.options import ModelOptions
 
     loaded = load_model(ModelOptions(model, precision=precision, task="answer"))

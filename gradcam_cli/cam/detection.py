@@ -187,10 +187,11 @@ class DetectionTargets:
 
         return probability
 
-    def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
+    def results(self, cams: Cams, sizes: Sequence[tuple[int, ...]], class_name: ClassName) -> list[ImageExplanation]:
         results = []
         for n, size in enumerate(sizes):
-            shown = self.predictions(n, size, class_name)
+            height, width = size  # an image's: detectors take images
+            shown = self.predictions(n, (height, width), class_name)
             explanations = []
             for k in range(self.count):
                 combined = k == self.count - 1

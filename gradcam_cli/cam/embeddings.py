@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from ..errors import GradcamError, UsageError, describe, suggest
 from ..io.discovery import discover
 from ..io.images import load_image, to_input_tensor
+from ..models.modes import model_state_preserved
 from ..models.tasks import describe_output
-from .engine import model_state_preserved
 
 if TYPE_CHECKING:
     from ..models.loading import LoadedModel

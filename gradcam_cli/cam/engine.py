@@ -1,4 +1,5 @@
-"""The hook engine: the one place that touches a model's hooks, modes and gradient flags.
+"""The hook engine: the one place that touches a model's hooks (its modes and gradient flags: under
+:func:`~gradcam_cli.models.modes.model_state_preserved`, for every pass).
 
 A forward hook on each target layer records its feature maps and hands the rest of the network a fresh leaf
 tensor in their place, so the backward pass starts at the class score and stops at the target layer: nothing
@@ -42,6 +43,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
+from ..models.modes import model_state_preserved
 from .attention.discovery import HF, TIMM, AttentionModel, AttentionSite
 from .logits import as_logits
 
@@ -69,12 +71,6 @@ class LayerRecord:
     handles: list[torch.utils.hooks.RemovableHandle] = field(default_factory=list)
 
 
-def settle_loaded(module: nn.Module, device: torch.device | None = None) -> None:
-    """A model the tool has just loaded for itself, once in the state every pass wants (eval, no parameter gradients,
-    on ``device``; ``None``: where it is); a model passed in is left as found (:func:`model_state_preserved`)."""
-    module.eval().requires_grad_(False).to(device)
-
-
 @dataclass
 class AttentionRecord:
     """An attention module's probabilities (N, heads, L, L) at its last call; ``consumed``: what V was multiplied by."""
@@ -82,36 +78,6 @@ class AttentionRecord:
     site: AttentionSite
     probabilities: torch.Tensor | None = None
     consumed: torch.Tensor | None = None
-
-
-@contextmanager
-def model_state_preserved(model: nn.Module) -> Iterator[None]:
-    """Put ``model`` in eval mode with frozen parameters; restore every module's mode and every flag on exit.
-
-    Only what differs is changed, in and out: a model already in eval mode with frozen parameters, as
-    :func:`~gradcam_cli.models.loading.load_model` returns it, costs one read of each flag per pass. A mode is
-    restored as ``Module.__setattr__`` would store it, without its checks (a tenth of the time). The one place that
-    saves and restores them: the dry pass, task and class-count inference and batch-norm folding's trace use it too.
-    """
-    modules = list(model.modules())
-    modes = [(module, module.training) for module in modules]
-    # every module's own parameters: model.parameters() without its de-duplication, at half the cost (a shared
-    # parameter is listed twice, with the same flag, and restored twice to it)
-    flags = [(param, param.requires_grad) for m in modules for param in m._parameters.values() if param is not None]
-    try:
-        if any(training for _, training in modes):
-            model.eval()
-        for param, requires_grad in flags:
-            if requires_grad:
-                param.requires_grad_(False)
-        yield
-    finally:
-        for module, training in modes:
-            if module.training is not training:
-                object.__setattr__(module, "training", training)
-        for param, requires_grad in flags:
-            if param.requires_grad is not requires_grad:
-                param.requires_grad_(requires_grad)
 
 
 KeptLayers = dict[str, tuple[torch.Tensor | None, torch.Tensor | None, int]]  # activations, leaf, calls per layer

@@ -2,17 +2,18 @@
 
 Classifiers, detectors and segmenters alike: what is differentiated for each comes from :mod:`gradcam_cli.cam.scores`.
 
->>> from gradcam_cli import Explainer, load_model
+>>> from gradcam_cli import Explainer, load_model, overlay
 >>> explainer = Explainer(load_model("efficientnet_lite0"))
 >>> result = explainer.explain("cat.jpg")
 >>> result.predictions[0].name, result.explanations[0].saliency.shape
 ('Egyptian cat', torch.Size([300, 451]))
->>> result.overlay().save("cat_gradcam.png")
+>>> overlay(result).save("cat_gradcam.png")
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import copy
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -24,34 +25,28 @@ from torch import nn
 
 from ..errors import UsageError
 from ..io.images import load_image, to_input_tensor, to_pixel_tensor, to_rgb
-from ..models.devices import resolve_device
 from ..models.folding import fold_batch_norms
 from ..models.labels import resolve_target
-from ..models.loading import LoadedModel, load_model
-from ..options import (
-    SCORE_NAMES,
-    TOP_K,
-    ExplainOptions,
-    ModelOptions,
-)
-from .attention.discovery import attention_for, head_settings, with_heads
-from .engine import LayerCapture, settle_loaded
-from .explainer_input import ExplainKeywords, explain_options, explained_model
-from .layers import DryPasses, LayerInfo, chosen_layers, forget_tokens, reads_tokens, resolve_layer
+from ..models.loading import LoadedModel, load_for_run
+from ..options import SCORE_NAMES, TOP_K, ExplainOptions, ModelOptions
+from .attention.discovery import AttentionModel, attention_for, head_settings, with_heads
+from .explainer_input import CallContext, Chosen, ExplainKeywords, explain_options, explained_model
+from .layers import DryPasses, LayerInfo, forget_tokens, reads_tokens, resolve_layer
 from .maps import pad_to_region
 from .masked_scores import ProgressCallback
 from .methods import METHODS, resolve_methods
 from .methods.needs import ATTENTION_NEEDS
+from .methods.registry import check_maps
 from .passes import MethodInputs, ViewPass
 from .perturbation import check_perturbation, perturbation_settings
 from .precision import autocast, check_precision, full_precision, to_float32
+from .ranks import check_ranks
 from .reshape import spatial
 from .results import ImageExplanation, Prediction
-from .scores import Cams, ClassTargets, Score, Targets
+from .scores import Cams, Classified, Score, Targets, Viewed
 from .smoothing import IDENTITY, augmentations, average_views
-from .targets import SpecTargets
 from .tasks import ScoreRequest, TaskAdapter, adapter_for
-from .untargeted import NoTargets, untargeted_methods
+from .untargeted import untargeted_methods
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -64,7 +59,8 @@ class Explainer:
     ``model``: a :class:`LoadedModel` (from :func:`load_model`) or any ``nn.Module`` (its task found from its output,
     see :mod:`gradcam_cli.models.tasks`; ``task`` overrides it). ``options``: what to explain, an
     :class:`ExplainOptions` taken whole; or its fields as the arguments and keywords below, which build the same
-    :class:`ExplainOptions` (:mod:`gradcam_cli.cam.explainer_input`; ``explain_options`` holds it either way).
+    :class:`ExplainOptions` (:mod:`gradcam_cli.cam.explainer_input`; ``options`` holds it either way). An explainer
+    is not changed once built: ``with_options`` and ``folded`` make others; what differs per call is its argument.
     ``dry_passes``: where the dry pass below is kept and found (:class:`~gradcam_cli.cam.layers.DryPasses`).
     ``layers``: dotted module names; ``None`` picks the last spatial layer. Several layers fuse into one map per
     method: the mean of the per-layer maps, each normalised to [0, 1], normalised again.
@@ -85,10 +81,9 @@ class Explainer:
     are computed in float32 either way). A method that does not serve the model's task is refused with a one-line
     UsageError. ``targets``: ``--target`` specs (strings or :class:`~gradcam_cli.targets.TargetSpec`), each explained
     in every image (:mod:`gradcam_cli.cam.targets`, docs/targets.md); ``embedding``: which output is the embedding.
-    Layers whose output is channel-last (Swin) or a token sequence (ViT) are reshaped to (N, C, h, w) first.
-    Building the explainer makes (or finds in ``dry_passes``) one dry pass at the model's input size (see
-    :func:`gradcam_cli.cam.layers.dry_pass`): it picks the default layer, refuses a layer with a single position
-    (``avgpool``) or no spatial grid (``fc``), and an input size too small for the model, each with a one-line
+    Building the explainer makes (or finds in ``dry_passes``) one dry pass at the model's input size
+    (:func:`gradcam_cli.cam.layers.dry_pass`): it picks the default layer, refuses a layer with a single position
+    (``avgpool``) or no spatial grid (``fc``) and an input size too small for the model, each with a one-line
     UsageError, before any image is processed.
     """
 
@@ -106,74 +101,68 @@ class Explainer:
         **keywords: Unpack[ExplainKeywords],
     ) -> None:
         options = explain_options(options, methods, keywords)
-        self.explain_options = options
-        """What this explainer explains, whole (:meth:`with_options` builds another from it)."""
-        model, requested, unshown = explained_model(model, task, options)
-        if device is not None:
+        self.options = options
+        """What this explainer explains, whole and as given (what they came to for the model: :attr:`chosen`)."""
+        model, unshown = explained_model(model, task, options)
+        if device is not None:  # a notebook's model; the command's is on its device from its loading on
             model.module.to(device)
         self.device = next(model.module.parameters(), torch.empty(0)).device
-        resolve_methods(list(options.methods), model.task.value, also=METHODS)  # unknown names fail before the dry
+        resolve_methods(list(options.methods), model.task, also=METHODS)  # unknown names fail before the dry pass
         names = list(options.layers)
         resolved = {name: resolve_layer(model.module, name) for name in names}
         self.dry_passes = dry_passes or DryPasses()
-        infos = self.dry_passes.get(model, self.device)
+        adapter = adapter_for(model)  # a bare module's: a classifier's until its dry pass shows its task
+        infos = self.dry_passes.get(model, self.device, adapter.tokens)
         if unshown:  # a bare module's task, from the dry pass
             model = model.with_task_shown(infos[0].output_shape if infos and not infos[0].name else None)
+            adapter = adapter_for(model)
         self.dry_passes.keep(model, self.device, infos)  # found again by with_options' explainers
-        self.model, self.task = model, model.task
-        self.adapter: TaskAdapter = adapter_for(model, requested)
+        self.model = model
+        self.adapter: TaskAdapter = adapter
         """What the model's task does (:mod:`gradcam_cli.cam.tasks`): its score, methods, rows and messages."""
-        self.tokens = reads_tokens(model)
-        """Whether 3-D layer outputs are token sequences (see :mod:`gradcam_cli.cam.reshape`)."""
+        self.tokens = reads_tokens(model, adapter.tokens)  # whether 3-D layer outputs are tokens (:mod:`.reshape`)
         if not self.tokens:
             forget_tokens(infos)
-        self._check(options)
-        self.layer_names = self._layer_names(infos, names)
-        self.layers = resolved or {name: resolve_layer(model.module, name) for name in self.layer_names}
-        self.layer_calls: dict[str, int] = {}
-        self.capture: Callable[[nn.Module, Mapping[str, nn.Module]], LayerCapture] = LayerCapture
-        """What each pass hooks the layers with: :class:`LayerCapture`, or :class:`~gradcam_cli.cam.engine.Replay`
-        (``gradcam serve`` explains another class of a kept pass without a forward pass)."""
-        self._folded: tuple[nn.Module, dict[str, nn.Module]] | None = None
-        self.aug_smooth, self.eigen_smooth = options.aug_smooth, options.eigen_smooth
-        self.score_batch_size = options.score_batch_size
-        self.progress = progress
-        self.precision = check_precision(precision)
-        self.options: tuple[ModelOptions, ExplainOptions] | None = None
-        """The options :meth:`from_options` built this explainer from (the Ray engine's actors rebuild it)."""
-
-    def _check(self, options: ExplainOptions) -> None:
-        """The methods the task takes, the score, the targets and the smoothing, checked and kept."""
-        model, adapter = self.model, self.adapter
-        taken = [name for name, method in METHODS.items() if adapter.takes(name, method.tasks, model.module)]
-        self.methods = resolve_methods(list(options.methods), adapter.methods_of, taken)
-        wanted = [name for name in self.methods if METHODS[name].needs in ATTENTION_NEEDS]
-        self.attention, self.methods, self.left_out = attention_for(model, self.methods, wanted, options.methods)
-        self.methods, self.need_target = untargeted_methods(model, options, self.methods, adapter.takes_targets)
-        self.attention = with_heads(self.attention, options.attention_heads, self.methods)
-        self.perturbation = check_perturbation(options.perturbation)
-        if options.score is not None and options.score not in SCORE_NAMES:
-            raise UsageError(f"unknown score {options.score!r}; use {', '.join(SCORE_NAMES)}")
-        self.score_name = options.score or ("cosine" if model.text is not None else "logit")
-        self.target_specs, self.embedding = options.targets, options.embedding
-        if self.target_specs and not adapter.takes_targets:
-            raise UsageError(f"--target is for classifiers and embedding models; a {adapter.noun} explains its own")
-        target = options.target_class
-        self.target = resolve_target(model, target) if isinstance(target, str) else target
-        self.top_k = TOP_K if options.top_k is None else options.top_k
-        self.request = ScoreRequest(self.device, options, self.target, self.target_specs, tuple(self.methods))
-        self.score: Score = adapter.score(model, self.request)
-        if options.aug_smooth and not adapter.aug_smooth:
+        chosen, self.attention = self._check(options, check_precision(precision))
+        self.request = ScoreRequest(self.device, options, chosen.target, options.targets, chosen.methods)
+        self.score: Score = self.adapter.score(model, self.request)
+        if options.aug_smooth and not self.adapter.aug_smooth:
             raise UsageError(
-                f"--aug-smooth is for classifiers: a {adapter.noun}'s targets in a flipped or rescaled view are "
+                f"--aug-smooth is for classifiers: a {self.adapter.noun}'s targets in a flipped or rescaled view are "
                 "other pixels and boxes; run without it"
             )
+        self.chosen = replace(chosen, layers=self._layer_names(infos, names, chosen.methods))  # what options came to
+        check_ranks(self.chosen.methods, infos, self.chosen.layers, model.input_spec, options.aug_smooth)
+        layers = resolved or {name: resolve_layer(model.module, name) for name in self.chosen.layers}
+        self.network: tuple[nn.Module, Mapping[str, nn.Module]] = (model.module, layers)
+        """The module each pass runs and its explained layers (:meth:`folded`: a copy with batch norms folded)."""
+        self.context = CallContext(progress=progress)  # what a call passes with when it is given none
+        self.model_options: ModelOptions | None = None  # from_options' (the Ray engine's actors load them again)
 
-    def _layer_names(self, infos: list[LayerInfo], names: list[str]) -> list[str]:
+    def _check(self, options: ExplainOptions, precision: str) -> tuple[Chosen, AttentionModel | None]:
+        """The options checked; what they came to (no layers chosen yet) and the attention the methods read."""
+        model, adapter = self.model, self.adapter
+        taken = [name for name, method in METHODS.items() if adapter.takes(name, method.tasks, model.module)]
+        methods = resolve_methods(list(options.methods), adapter.methods_of, taken)
+        wanted = [name for name in methods if METHODS[name].needs in ATTENTION_NEEDS]
+        attention, methods, left_out = attention_for(model, methods, wanted, options.methods)
+        methods, need_target = untargeted_methods(model, options, methods, adapter.takes_targets)
+        attention = with_heads(attention, options.attention_heads, methods)
+        check_perturbation(options.perturbation)
+        if options.score is not None and options.score not in SCORE_NAMES:
+            raise UsageError(f"unknown score {options.score!r}; use {', '.join(SCORE_NAMES)}")
+        if options.targets and not adapter.takes_targets:
+            raise UsageError(f"--target is for classifiers and embedding models; a {adapter.noun} explains its own")
+        target = options.target_class
+        target = resolve_target(model, target) if isinstance(target, str) else target
+        top_k = TOP_K if options.top_k is None else options.top_k
+        return Chosen(tuple(methods), tuple(left_out), tuple(need_target), (), target, top_k, precision), attention
+
+    def _layer_names(self, infos: list[LayerInfo], names: list[str], methods: Sequence[str]) -> tuple[str, ...]:
         """The layers explained: ``names``, else the default layer; none where no method reads a layer."""
-        if not names and not any(METHODS[method].uses_layer for method in self.methods):
-            return []
-        return chosen_layers(self.model, infos, names, self.tokens, self.adapter.ranked)
+        if not names and not any(METHODS[method].uses_layer for method in methods):
+            return ()
+        return tuple(self.adapter.chosen_layers(self.model, infos, names, self.tokens))
 
     @classmethod
     def from_options(
@@ -183,18 +172,21 @@ class Explainer:
         *,
         progress: ProgressCallback | None = None,
         dry_passes: DryPasses | None = None,
+        device: str | None = None,
     ) -> Explainer:
-        """An explainer as the command line builds it: the model loaded (and moved to its device) from
-        :class:`ModelOptions`, or a model already loaded, explained as :class:`ExplainOptions` says."""
+        """An explainer as the command line builds it: the model loaded from :class:`ModelOptions`, once on its
+        device (:func:`~gradcam_cli.models.loading.load_for_run`; ``device``: on this one instead, as the Ray
+        engine's driver loads it on its CPU), or a model already loaded, explained as :class:`ExplainOptions` says."""
         options = options or ExplainOptions()
         if not isinstance(model, ModelOptions):
             return cls(model, options, progress=progress, dry_passes=dry_passes)
-        loaded = load_model(model)
-        settle_loaded(loaded.module)
-        device = resolve_device(model.device)
-        explainer = cls(loaded, options, device=device, precision=model.precision, progress=progress)
-        explainer.options = (model, options)
-        return explainer
+        loaded = load_for_run(model if device is None else replace(model, device=device))
+        return cls(loaded, options, precision=model.precision, progress=progress)._copy(model_options=model)
+
+    def _copy(self, **fields: Any) -> Explainer:
+        twin = copy.copy(self)  # this one left as it is, the copy with ``fields`` in place of its own
+        vars(twin).update(fields)
+        return twin
 
     def with_options(
         self, module: nn.Module | None = None, progress: ProgressCallback | None = None, **changes: Any
@@ -202,51 +194,54 @@ class Explainer:
         """An explainer like this one with some of its options replaced (``methods=(...)``), ``module`` in place of
         its model's module and ``progress`` in place of its masked passes' progress callback; its layers stay
         those chosen here."""
-        options = replace(self.explain_options, layers=tuple(self.layer_names), **changes)
+        options = replace(self.options, layers=self.chosen.layers, **changes)
+        progress = progress or self.context.progress
         if module is None:  # the same model: its dry pass is kept
-            return Explainer(self.model, options, progress=progress or self.progress, dry_passes=self.dry_passes)
-        return Explainer(replace(self.model, module=module), options, progress=progress or self.progress)
+            return Explainer(self.model, options, progress=progress, dry_passes=self.dry_passes)
+        return Explainer(replace(self.model, module=module), options, progress=progress)
 
     @property
     def settings(self) -> dict[str, object]:
         """What the task adds to a run record: the task, a classifier's score and targets or a detector's selection,
         and the black-box and attention methods' settings."""
-        settings = perturbation_settings(self.perturbation, self.methods) | head_settings(self.attention, self.methods)
+        methods = list(self.chosen.methods)
+        settings = perturbation_settings(self.options.perturbation, methods) | head_settings(self.attention, methods)
         return self.adapter.settings(self.model, self.score, self.request, settings)
 
     @property
     def layer_label(self) -> str:
         """The target layers' names joined with ``+``, as records and reports show them."""
-        return "+".join(self.layer_names)
+        return self.chosen.layer_label
 
     def prediction(self, index: int, probability: float) -> Prediction:
         """A :class:`Prediction` with the model's name for class ``index``."""
         return Prediction(index, self.model.class_name(index), probability)
 
     @contextmanager
-    def folded(self) -> Iterator[bool]:
-        """Within, explain with batch norms folded into the convolutions before them
-        (:func:`~gradcam_cli.models.folding.fold_batch_norms`, on a copy built on entry and dropped on exit): faster,
-        and the same maps to float32 rounding. Where a method reads every layer (FullGrad), or the model does not
-        trace, nothing changes. Yields whether it folded."""
-        copy = None
-        if not any(METHODS[method].reads_every_layer for method in self.methods):
-            copy = fold_batch_norms(self.model.module, self.layer_names)
+    def folded(self) -> Iterator[Explainer]:
+        """Within, an explainer like this one with batch norms folded into the convolutions before them (by
+        :func:`~gradcam_cli.models.folding.fold_batch_norms`, on a copy of the model dropped on exit): faster, the
+        same maps to float32 rounding; where a method reads every layer (FullGrad) or the model does not trace, this
+        explainer itself. This one and its model are left as they are."""
+        copied = None
+        if not any(METHODS[method].reads_every_layer for method in self.chosen.methods):
+            copied = fold_batch_norms(self.model.module, list(self.chosen.layers))
         try:
-            layers = {name: copy.get_submodule(name) for name in self.layer_names} if copy is not None else None
+            layers = {name: copied.get_submodule(name) for name in self.chosen.layers} if copied is not None else None
         except AttributeError:  # a layer the traced copy does not hold (one the forward pass never calls)
             layers = None
-        if copy is None or layers is None:
-            yield False
+        if copied is None or layers is None:
+            yield self
             return
-        self._folded = (copy, layers)
-        try:
-            yield True
-        finally:
-            self._folded = None
+        yield self._copy(network=(copied, layers))
 
     def compute(
-        self, inputs: torch.Tensor, target: int | None = None, top_k: int | None = None, seed: int | None = None
+        self,
+        inputs: torch.Tensor,
+        target: int | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        context: CallContext | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, Cams]:
         """Forward and backward passes for a batch of equally sized inputs of a classifier.
 
@@ -255,42 +250,51 @@ class Explainer:
         ``aug_smooth``: the average of the views' maps at the input's size). ``target`` fixes the class for every
         sample; otherwise each sample's own top ``top_k`` classes are explained. Without either, the explainer's
         own ``target`` and ``top_k`` apply. ``seed``: of RISE's masks and randomcam's noise for this call (default:
-        ``perturbation.seed``). Detectors and segmenters: :meth:`compute_targets`.
+        ``perturbation.seed``). ``context``: what this call passes with (:class:`CallContext`; default: the
+        explainer's ``progress``, plain captures). Detectors and segmenters: :meth:`compute_targets`.
         """
-        targets, cams = self.compute_targets(inputs, target, top_k, seed)
-        if not isinstance(targets, ClassTargets):
-            raise UsageError(f"compute() is for classifiers; explain a {self.task.noun} with compute_targets()")
-        return targets.probabilities, targets.targets, cams
+        targets, cams = self.compute_targets(inputs, target, top_k, seed, context)
+        if not isinstance(targets, Classified):
+            raise UsageError(f"compute() is for classifiers; explain a {self.adapter.noun} with compute_targets()")
+        probabilities, chosen = targets.classes()
+        return probabilities, chosen, cams
 
     def compute_targets(
-        self, inputs: torch.Tensor, target: int | None = None, top_k: int | None = None, seed: int | None = None
+        self,
+        inputs: torch.Tensor,
+        target: int | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        context: CallContext | None = None,
     ) -> tuple[Targets, Cams]:
         """:meth:`compute` for every task: the targets chosen (:class:`~gradcam_cli.cam.scores.Targets`, whose
         ``results`` make the images' explanations) and the coarse maps, ``cams[method][k][l]``."""
         if target is None and top_k is None:
-            target = self.target
-        top_k = top_k or self.top_k
+            target = self.chosen.target
+        top_k = top_k or self.chosen.top_k
+        context = context or self.context
         inputs = inputs.to(self.device)
-        targets, cams = self._compute_view(inputs, target, top_k, seed=seed)
-        if not self.aug_smooth or not isinstance(targets, ClassTargets | SpecTargets | NoTargets):
+        targets, cams = self._compute_view(inputs, context, target, top_k, seed=seed)
+        if not self.options.aug_smooth or not isinstance(targets, Viewed):
             return targets, cams
         size = tuple(inputs.shape[-2:])
         views = [(IDENTITY, cams)]
         for view in augmentations(self.model.input_spec.fixed_size is not None)[1:]:
-            chosen = targets.targets if isinstance(targets, ClassTargets) else None
-            views.append((view, self._compute_view(view.apply(inputs), chosen=chosen, seed=seed)[1]))
+            chosen = targets.in_view()
+            views.append((view, self._compute_view(view.apply(inputs), context, chosen=chosen, seed=seed)[1]))
         smoothed = {
             method: [
                 [average_views([(view, c[method][k][i]) for view, c in views], size) for i in range(len(maps))]
                 for k, maps in enumerate(cams[method])
             ]
-            for method in self.methods
+            for method in self.chosen.methods
         }
         return targets, smoothed
 
     def _compute_view(
         self,
         inputs: torch.Tensor,
+        context: CallContext,
         target: int | None = None,
         top_k: int = 1,
         chosen: torch.Tensor | None = None,
@@ -298,20 +302,20 @@ class Explainer:
     ) -> tuple[Targets, Cams]:
         """One forward pass, one backward pass per target if a method needs gradients, then every method (with the
         extra passes some take: :mod:`gradcam_cli.cam.passes`)."""
-        size = tuple(inputs.shape[-2:])
-        module, layers = self._folded or (self.model.module, self.layers)
-        with self.adapter.pass_settings(self.score), self.capture(module, layers) as capture, ExitStack() as passes:
+        size = tuple(inputs.shape[2:])  # (H, W); (T, H, W), (L,) of inputs of another rank
+        module, layers = self.network
+        methods, names = self.chosen.methods, self.chosen.layers
+        with self.adapter.pass_settings(self.score), context.capture(module, layers) as capture, ExitStack() as passes:
             capture.watch_attention(self.attention)
-            with autocast(self.device, self.precision):
+            with autocast(self.device, self.chosen.precision):
                 output = capture.forward_output(inputs)
             output = full_precision(output)  # scores, activations and gradients in float32 from here on
-            self.layer_calls = capture.calls()
             targets = self.score.targets(output, inputs, target, top_k, chosen)
             prefix = self.model.prefix_tokens
             raw = capture.activations()
             layouts = {n: spatial(a, size, n, prefix, self.tokens) for n, a in raw.items()}
             activations = {n: to_float32(a) for n, a in layouts.items()}
-            chosen_targets = targets.targets if isinstance(targets, ClassTargets) else None
+            chosen_targets = targets.in_view() if isinstance(targets, Viewed) else None
 
             def layout(name: str, tensor: torch.Tensor) -> torch.Tensor:  # a layer's tensor as the methods take it
                 return to_float32(spatial(tensor, size, name, prefix, self.tokens))
@@ -327,12 +331,14 @@ class Explainer:
                 lambda score: {n: layout(n, g) for n, g in capture.gradients(score, retain_graph=True).items()},
                 layout,
             )
-            extras = MethodInputs(view, self.score_batch_size, self.progress, self.perturbation, seed)
-            need_gradients = any(METHODS[method].uses_gradients for method in self.methods)
-            keep_graph = any(METHODS[method].keeps_graph for method in self.methods)
-            cams: Cams = {method: [] for method in self.methods}
+            extras = MethodInputs(
+                view, self.options.score_batch_size, context.progress, self.options.perturbation, seed
+            )
+            need_gradients = any(METHODS[method].uses_gradients for method in methods)
+            keep_graph = any(METHODS[method].keeps_graph for method in methods)
+            cams: Cams = {method: [] for method in methods}
             for k in range(targets.count):
-                gradients: dict[str, torch.Tensor | None] = dict.fromkeys(self.layer_names)
+                gradients: dict[str, torch.Tensor | None] = dict.fromkeys(names)
                 if need_gradients:
                     score = targets.value(k)
                     if score is None:  # no sample has a k-th target: nothing to differentiate
@@ -340,7 +346,7 @@ class Explainer:
                     else:
                         raw_gradients = capture.gradients(score, retain_graph=keep_graph or k < targets.count - 1)
                         gradients = {n: layout(n, g) for n, g in raw_gradients.items()}
-                for name in self.methods:
+                for name in methods:
                     method = METHODS[name]
                     if method.class_agnostic and k > 0:
                         cams[name].append(cams[name][0])
@@ -355,25 +361,28 @@ class Explainer:
                                 activations[n],
                                 gradients[n],
                                 *extras.arguments(method, n, k),
-                                eigen_smooth=self.eigen_smooth,
+                                eigen_smooth=self.options.eigen_smooth,
                             )
                             .detach()
                             .float()
-                            for n in self.layer_names
+                            for n in names
                         ]
                     )
+        check_maps(cams, activations, self.chosen.layers, inputs)  # a plugin's NaN or misshapen map: the input fails
         return targets, cams
 
     def explain_batch(
         self,
         inputs: torch.Tensor,
-        sizes: Sequence[tuple[int, int]] | None = None,
+        sizes: Sequence[tuple[int, ...]] | None = None,
         target: int | None = None,
         top_k: int | None = None,
+        context: CallContext | None = None,
     ) -> list[ImageExplanation]:
-        """Explain a batch; each sample's maps are upsampled to its entry in ``sizes`` (default: input size)."""
-        targets, cams = self.compute_targets(inputs, target, top_k)
-        sizes = sizes or [(inputs.shape[-2], inputs.shape[-1])] * inputs.shape[0]
+        """Explain a batch; each sample's maps are upsampled to its entry in ``sizes`` (default: input size; (T, H, W)
+        of clips and volumes, (L,) of sequences); ``context``: what this call passes with (:class:`CallContext`)."""
+        targets, cams = self.compute_targets(inputs, target, top_k, context=context)
+        sizes = sizes or [tuple(inputs.shape[2:])] * inputs.shape[0]
         return targets.results(cams, sizes, self.model.class_name)
 
     def explain(

@@ -1,18 +1,58 @@
 """What an :class:`~gradcam_cli.cam.explainer.Explainer` is built from: its :class:`ExplainOptions`, given whole or
 as keywords (:class:`ExplainKeywords`, :func:`explain_options`: one path either way), and the model it explains, a
-:class:`LoadedModel` or a bare module (:func:`explained_model`)."""
+:class:`LoadedModel` or a bare module (:func:`explained_model`); what its options came to for that model
+(:class:`Chosen`), and what one call passes with (:class:`CallContext`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from torch import nn
 
 from ..models.loading import LoadedModel
-from ..models.tasks import Task
+from ..models.tasks import parse_task, task_facts
 from ..options import DEFAULT_METHOD, TASK_NAMES, ExplainOptions, PerturbationOptions
 from ..targets import TargetSpec
+from .engine import LayerCapture
+from .masked_scores import ProgressCallback
+
+CaptureFactory = Callable[[nn.Module, Mapping[str, nn.Module]], LayerCapture]
+"""What hooks the layers for one pass: :class:`LayerCapture` itself, or another kind of capture."""
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """What an explainer's options came to for its model, found once when it is built (the options themselves stay
+    as given: ``explainer.options``): the methods (``all`` expanded; ``left_out``: those ``all`` dropped for a model
+    they cannot read, ``need_target``: for lack of a target, :mod:`gradcam_cli.cam.untargeted`), the layers explained
+    (the default layer where none was given; none where no method reads a layer), the class explained in every image
+    (a name found as an index; ``None``: each image's top ``top_k``) and the forward pass's precision."""
+
+    methods: tuple[str, ...]
+    left_out: tuple[str, ...]
+    need_target: tuple[str, ...]
+    layers: tuple[str, ...]
+    target: int | None
+    top_k: int
+    precision: str
+
+    @property
+    def layer_label(self) -> str:
+        """The layers' names joined with ``+``, as records and reports show them."""
+        return "+".join(self.layers)
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """What one call of an explainer passes with, given to the call (an explainer is never changed): ``capture``,
+    what hooks the layers for each pass (``gradcam serve``'s replays a kept pass:
+    :class:`~gradcam_cli.serve.replay.ReplayFactory`), and ``progress``, called as ``progress(done, total)`` during
+    the masked and ablated forward passes (``gradcam serve``'s stops a request past its deadline)."""
+
+    capture: CaptureFactory = LayerCapture
+    progress: ProgressCallback | None = None
 
 
 class ExplainKeywords(TypedDict, total=False):
@@ -61,18 +101,21 @@ def explain_options(
 
 def explained_model(
     model: LoadedModel | nn.Module, task: str | None, options: ExplainOptions
-) -> tuple[LoadedModel, str | None, bool]:
-    """The model explained, the task asked for (a plugin task's name too) and whether its task is still to be found
-    from its output in the dry pass (:meth:`~gradcam_cli.models.profile.LoadedModel.with_task_shown`): a bare module
-    given no ``task`` and taken for a classifier until then (one with a detection transform is a detector)."""
+) -> tuple[LoadedModel, bool]:
+    """The model explained, its profile naming the task asked for (a plugin task's name too; a built-in task
+    replaces a built-in task only, not the adapter a profile names, a YOLO detector's or a plugin's), and whether
+    its task is still to be found from its output in the dry pass
+    (:meth:`~gradcam_cli.models.profile.LoadedModel.with_task_shown`): a bare module given no ``task`` and taken
+    for a classifier until then (one with a detection transform is a detector)."""
     bare = isinstance(model, nn.Module)
     unshown = bare and task is None
     if isinstance(model, nn.Module):
         model = LoadedModel.of_module(model)
         task = options.task_for(task)
-    requested = task if task is not None and task not in TASK_NAMES else model.task_name
-    if task is not None and task in TASK_NAMES:  # the caller's LoadedModel is left as it is: this copy says it
-        model = model.with_profile(task=Task.parse(task))
+    if task is not None and task not in TASK_NAMES:  # the caller's LoadedModel is left as it is: this copy says it
+        model = model.with_profile(task=task)
+    elif task is not None and model.task in TASK_NAMES:
+        model = model.with_profile(**task_facts(parse_task(task)))
     if bare:
         model = model.with_detector_input()
-    return model, requested, unshown and model.task is Task.CLASSIFY
+    return model, unshown and not model.profile.detector

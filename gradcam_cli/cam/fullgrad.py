@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .engine import LayerCapture, model_state_preserved
+from ..models.modes import model_state_preserved
+from .engine import LayerCapture
 from .maps import normalise, upsample
 
 

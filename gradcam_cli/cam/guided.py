@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from .engine import model_state_preserved
+from ..models.modes import model_state_preserved
 
 DISPLAY_PERCENTILE = 0.99
 """Each guided map is clipped at this quantile of its values before it is normalised (see the module docstring)."""

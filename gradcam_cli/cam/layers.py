@@ -12,15 +12,22 @@ from torch import nn
 
 from ..errors import GradcamError, ModelLoadError, UsageError, describe, suggest
 from ..io.images import InputSpec, load_image, to_input_tensor
-from ..models.tasks import NAMED_LAYERS, layer_scopes
+from ..models.modes import model_state_preserved
+from ..models.tasks import NAMED_LAYERS
 from .attention.discovery import attention_sites
-from .engine import model_state_preserved
 from .reshape import Layout, infer_layout
 
 if TYPE_CHECKING:
     from ..models.loading import LoadedModel
 
-_HEAD_POOLING = (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveMaxPool1d)
+_HEAD_POOLING = (
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveMaxPool1d,
+    nn.AdaptiveAvgPool2d,
+    nn.AdaptiveMaxPool2d,
+    nn.AdaptiveAvgPool3d,
+    nn.AdaptiveMaxPool3d,
+)
 _LAYOUT_ONLY = ("Permute",)
 """Modules that only reorder their input's axes (torchvision's ``Permute``): never chosen as the default."""
 
@@ -58,12 +65,13 @@ def resolve_layer(model: nn.Module, name: str) -> nn.Module:
         raise UsageError(f"unknown layer {name!r}.{hint}") from None
 
 
-def reads_tokens(model: LoadedModel) -> bool:
-    """Whether ``model``'s 3-D (N, L, C) outputs may be token sequences on a patch grid: only a classifier's, of a
+def reads_tokens(model: LoadedModel, possible: bool = True) -> bool:
+    """Whether ``model``'s 3-D (N, L, C) outputs may be token sequences on a patch grid: only where its task's
+    adapter says they may be (``possible``: a classifier's, :attr:`~gradcam_cli.cam.tasks.TaskAdapter.tokens`), of a
     family whose profile says it makes tokens (timm, Hugging Face), or one with an attention module or a patch
     embedding (a convolution whose stride is its kernel: torchvision's ViT, your own transformer or mixer). Elsewhere
     a 3-D output has no grid: a detector head's (N, anchors, classes)."""
-    if not model.profile.may_read_tokens:
+    if not possible:
         return False
     if model.prefix_tokens is not None or model.profile.tokens:
         return True
@@ -89,7 +97,7 @@ def inspect_layers(
     infos = {name: LayerInfo(name, type(m).__name__, None, 0, -1) for name, m in model.named_modules()}
     counter = iter(range(1 << 62))
     handles = []
-    input_size = tuple(example.shape[-2:])
+    input_size = tuple(example.shape[2:])
 
     def starter(name: str) -> Callable[[nn.Module, object], None]:
         def pre_hook(_module: nn.Module, _inputs: object) -> None:
@@ -156,8 +164,9 @@ def default_layer(model: nn.Module, infos: list[LayerInfo], scopes: Sequence[str
     return chosen.name
 
 
-def model_default_layer(model: LoadedModel, infos: list[LayerInfo]) -> str:
-    """:func:`default_layer` for a loaded model: a detector or segmenter looks in its backbone first, and some of
+def model_default_layer(model: LoadedModel, infos: list[LayerInfo], scopes: Sequence[str] = ()) -> str:
+    """:func:`default_layer` for a loaded model, looking in ``scopes`` first (its task adapter's
+    :attr:`~gradcam_cli.cam.tasks.TaskAdapter.layer_scopes`: a detector's or segmenter's backbone), and some of
     torchvision's detectors have their own (:data:`gradcam_cli.models.tasks.NAMED_LAYERS`). A model that declares
     its default layers (a YOLO detector's head inputs: ``LoadedModel.default_layers``) gets them, joined with ``+``."""
     if model.default_layers:
@@ -165,24 +174,28 @@ def model_default_layer(model: LoadedModel, infos: list[LayerInfo]) -> str:
     named = NAMED_LAYERS.get(model.name)
     if named is not None and any(info.name == named and info.is_candidate for info in infos):
         return named
-    return default_layer(model.module, infos, layer_scopes(model.task))
+    return default_layer(model.module, infos, scopes)
 
 
 def blank_input(spec: InputSpec, device: torch.device | None = None) -> torch.Tensor:
     """A zero (1, 3, H, W) input at the model's size: ``size`` x ``size`` (its sides rounded to the spec's
-    ``multiple``), or its fixed size."""
+    ``multiple``), or its fixed size; a model that takes no images, a zero input of its ``shape``."""
+    if spec.shape is not None:
+        return torch.zeros(1, *spec.shape, device=device)
     height, width = spec.resized_shape(spec.size, spec.size)
     return torch.zeros(1, 3, height, width, device=device)
 
 
-def dry_pass(model: LoadedModel, device: torch.device, example: torch.Tensor | None = None) -> list[LayerInfo]:
+def dry_pass(
+    model: LoadedModel, device: torch.device, example: torch.Tensor | None = None, tokens: bool = True
+) -> list[LayerInfo]:
     """:func:`inspect_layers` on ``example`` (default: :func:`blank_input`), a failing forward pass turned into one
     line: UsageError when ``--input-size`` is too small for the model (the usual size works), ModelLoadError
-    when the model fails at its usual size too."""
+    when the model fails at its usual size too. ``tokens``: its 3-D outputs may be tokens (:func:`reads_tokens`)."""
     if example is None:
         example = blank_input(model.input_spec, device)
     try:
-        return inspect_layers(model.module, example, model.prefix_tokens, reads_tokens(model))
+        return inspect_layers(model.module, example, model.prefix_tokens, reads_tokens(model, tokens))
     except (GradcamError, torch.cuda.OutOfMemoryError):
         raise
     except Exception as error:
@@ -197,12 +210,12 @@ class DryPasses:
     def __init__(self) -> None:
         self._kept: dict[tuple[int, str], tuple[LoadedModel, list[LayerInfo]]] = {}
 
-    def get(self, model: LoadedModel, device: torch.device) -> list[LayerInfo]:
-        """``model``'s layers from its dry pass on ``device``, made now if not yet."""
+    def get(self, model: LoadedModel, device: torch.device, tokens: bool = True) -> list[LayerInfo]:
+        """``model``'s layers from its dry pass on ``device``, made now if not yet (``tokens``: :func:`dry_pass`)."""
         key = (id(model), str(device))
         kept = self._kept.get(key)
         if kept is None or kept[0] is not model:
-            kept = (model, dry_pass(model, device))
+            kept = (model, dry_pass(model, device, tokens=tokens))
             self._kept[key] = kept
         return list(kept[1])
 
@@ -213,9 +226,9 @@ class DryPasses:
 
 
 def _forward_failure(model: LoadedModel, device: torch.device, example: torch.Tensor, error: Exception) -> GradcamError:
-    height, width = example.shape[-2:]
+    sides = "x".join(map(str, example.shape[2:]))
     spec, usual = model.input_spec, InputSpec.size
-    if spec.fixed_size is None and spec.size < usual:
+    if spec.fixed_size is None and spec.shape is None and spec.size < usual:
         try:
             inspect_layers(model.module, torch.zeros(1, 3, usual, usual, device=device), model.prefix_tokens)
         except Exception:  # the model fails at its usual size too: reported below
@@ -223,9 +236,9 @@ def _forward_failure(model: LoadedModel, device: torch.device, example: torch.Te
         else:
             return UsageError(
                 f"--input-size {spec.size} is too small for {model.name} (its forward pass fails at "
-                f"{height}x{width}); use a larger size such as {usual}"
+                f"{sides}); use a larger size such as {usual}"
             )
-    return ModelLoadError(f"{model.name} fails on a {height}x{width} input: {describe(error)}")
+    return ModelLoadError(f"{model.name} fails on a {sides} input: {describe(error)}")
 
 
 def forget_tokens(infos: list[LayerInfo]) -> None:
@@ -272,29 +285,37 @@ def _nearest_spatial_layer(model: nn.Module, infos: list[LayerInfo], info: Layer
     return None
 
 
-def layer_table(model: LoadedModel, device: torch.device, image: Path | None = None) -> tuple[list[LayerInfo], str]:
+def layer_table(
+    model: LoadedModel, device: torch.device, image: Path | None = None, tokens: bool = True, scopes: Sequence[str] = ()
+) -> tuple[list[LayerInfo], str]:
     """Every named module with its output shape for one dry pass (a blank input of the model's size, or
-    ``image``), the attention modules marked, and the default layer's name: what ``--list-layers`` prints."""
+    ``image``), the attention modules marked, and the default layer's name (``tokens`` and ``scopes``: its task
+    adapter's, :func:`dry_pass` and :func:`model_default_layer`): what ``--list-layers`` prints."""
     example = None
     if image is not None:
         example = to_input_tensor(load_image(image), model.input_spec).unsqueeze(0).to(device)
-    infos = dry_pass(model, device, example)
+    infos = dry_pass(model, device, example, tokens)
     attention = {site.name for site in attention_sites(model.module)}
     for info in infos:
         info.attention = info.name in attention
-    return [info for info in infos if info.name], model_default_layer(model, infos)
+    return [info for info in infos if info.name], model_default_layer(model, infos, scopes)
 
 
 def chosen_layers(
-    model: LoadedModel, infos: list[LayerInfo], names: list[str], tokens: bool, suggest: bool = False
+    model: LoadedModel,
+    infos: list[LayerInfo],
+    names: list[str],
+    tokens: bool,
+    scopes: Sequence[str] = (),
+    suggest: bool = False,
 ) -> list[str]:
-    """``names`` once :func:`check_layers` accepts them, or the model's default layer. With ``suggest`` (a
-    detector's task: the spatial layers just before its head are its own), a refused layer gets the default layer
-    suggested."""
+    """``names`` once :func:`check_layers` accepts them, or the model's default layer (``scopes``:
+    :func:`model_default_layer`). With ``suggest`` (a detector's task: the spatial layers just before its head are
+    its own), a refused layer gets the default layer suggested."""
     default = None
     if not names or suggest:
         try:
-            default = model_default_layer(model, infos)
+            default = model_default_layer(model, infos, scopes)
         except UsageError:
             if not names:
                 raise

@@ -1,4 +1,8 @@
-"""Turning coarse CAMs into image-sized saliency maps in [0, 1]."""
+"""Turning coarse CAMs into input-sized saliency maps in [0, 1].
+
+A map has 1, 2 or 3 spatial dimensions, as the layer it comes from: (L,) along a sequence, (H, W) over an image,
+(T, H, W) over a clip or (D, H, W) over a volume; a batch of them has the sample first. Upsampling is linear,
+bilinear or trilinear by that rank, normalisation is per sample over all of them."""
 
 from __future__ import annotations
 
@@ -15,11 +19,17 @@ CONSTANT_RTOL = 1e-5
 upsampling of a constant float32 map leaves a few ulps of noise, which min-max scaling would blow up to [0, 1]."""
 
 
+INTERPOLATION = {1: "linear", 2: "bilinear", 3: "trilinear"}
+"""How :func:`upsample` resizes maps, by their number of spatial dimensions."""
+
+
 def normalise(maps: torch.Tensor, eps: float = NORMALISE_EPS) -> torch.Tensor:
-    """Min-max normalise each map of an (N, H, W) batch to [0, 1]; a constant (or all-zero) map becomes all zeros."""
+    """Min-max normalise each map of an (N, ...) batch ((N, H, W), (N, L), (N, T, H, W)) to [0, 1] over all its
+    positions; a constant (or all-zero) map becomes all zeros."""
     flat = maps.flatten(1)
-    low = flat.min(dim=1).values.view(-1, 1, 1)
-    high = flat.max(dim=1).values.view(-1, 1, 1)
+    per_sample = (-1,) + (1,) * (maps.dim() - 1)
+    low = flat.min(dim=1).values.view(per_sample)
+    high = flat.max(dim=1).values.view(per_sample)
     span = high - low
     constant = span <= eps + CONSTANT_RTOL * torch.maximum(high.abs(), low.abs())
     scaled = (maps - low) / torch.where(constant, torch.ones_like(span), span)
@@ -27,12 +37,18 @@ def normalise(maps: torch.Tensor, eps: float = NORMALISE_EPS) -> torch.Tensor:
 
 
 def upsample(maps: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
-    """Bilinearly resize (N, h, w) maps to ``size`` = (H, W) with ``align_corners=False``.
+    """Resize (N, h, w) maps to ``size`` = (H, W) bilinearly with ``align_corners=False``; (N, l) maps to (L,)
+    linearly and (N, t, h, w) maps to (T, H, W) trilinearly, alike (:data:`INTERPOLATION`).
 
-    Feature maps and the network input both cover the whole image (no crop), so stretching the map over any
-    (H, W) lines it up with that image's pixels.
+    Feature maps and the network input both cover the whole input (no crop), so stretching the map over any
+    (H, W) lines it up with that image's pixels (and a clip's frames, a volume's slices).
     """
-    return F.interpolate(maps.unsqueeze(1).float(), size=tuple(size), mode="bilinear", align_corners=False)[:, 0]
+    size = tuple(int(side) for side in size)
+    if maps.dim() - 1 != len(size) or len(size) not in INTERPOLATION:
+        shape = "x".join(map(str, maps.shape[1:]))
+        raise ValueError(f"cannot resize {shape} maps to {'x'.join(map(str, size))}: their ranks differ")
+    mode = INTERPOLATION[len(size)]
+    return F.interpolate(maps.unsqueeze(1).float(), size=size, mode=mode, align_corners=False)[:, 0]
 
 
 Region = tuple[float, ...]
@@ -47,9 +63,9 @@ def upsample_region(maps: torch.Tensor, size: Sequence[int], region: Region = (1
 
     One bilinear resampling (``grid_sample``, ``align_corners=False``, border clamping): output pixel centre
     ``y + 0.5`` of H reads the map at ``(top + (y + 0.5) * fy / H) * h - 0.5``, as :func:`upsample` does for
-    ``top = 0, fy = 1``.
+    ``top = 0, fy = 1``. Maps of another rank than 2 have no region (only a detector's do): :func:`upsample`.
     """
-    if tuple(region) in ((1.0, 1.0), (0.0, 0.0, 1.0, 1.0)):
+    if tuple(region) in ((1.0, 1.0), (0.0, 0.0, 1.0, 1.0)) or maps.dim() != 3:
         return upsample(maps, size)
     height, width = int(size[0]), int(size[1])
     top, left, fy, fx = region if len(region) == 4 else (0.0, 0.0, *region)
@@ -65,7 +81,8 @@ def upsample_region(maps: torch.Tensor, size: Sequence[int], region: Region = (1
 
 
 def to_image_maps(cams: Sequence[torch.Tensor], size: Sequence[int], region: Region = (1.0, 1.0)) -> torch.Tensor:
-    """Upsample and normalise one (N, h, w) CAM per layer; several layers fuse as the mean of normalised maps.
+    """Upsample and normalise one (N, h, w) CAM per layer (or (N, l), (N, t, h, w): any rank :func:`upsample`
+    takes); several layers fuse as the mean of normalised maps.
 
     The fused map is normalised once more so that it, too, spans [0, 1]. ``region``: see :func:`upsample_region`.
     """
@@ -80,7 +97,7 @@ def pad_to_region(maps: torch.Tensor, region: Region = (1.0, 1.0)) -> torch.Tens
     detector's layer maps do: RISE's and occlusion's maps, which cover the input alone, then line up with the image
     as the layers' maps do."""
     top, left, fy, fx = region if len(region) == 4 else (0.0, 0.0, *region)
-    if (fy, fx) == (1.0, 1.0):
+    if (fy, fx) == (1.0, 1.0) or maps.dim() != 3:
         return maps
     height, width = maps.shape[-2:]
     padded_h, padded_w = max(height, round(height / fy)), max(width, round(width / fx))

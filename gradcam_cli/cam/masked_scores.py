@@ -63,7 +63,7 @@ class MaskedScores:
         try:
             for start in range(0, total, self.batch_size):
                 sample, channel = varying[start : start + self.batch_size].unbind(dim=1)
-                masks = scorecam_masks(activations[sample, channel], self.inputs.shape[-2:], self.region)
+                masks = scorecam_masks(activations[sample, channel], self.inputs.shape[2:], self.region)
                 with torch.no_grad():
                     output = self.forward(self.inputs[sample] * masks.unsqueeze(1).to(self.inputs.dtype))
                     scores[sample, channel] = self._probabilities(output, sample)
@@ -86,7 +86,8 @@ class MaskedScores:
             self.progress(done, total)
 
 
-def scorecam_masks(maps: torch.Tensor, size: tuple[int, int] | torch.Size, region: Region = (1.0, 1.0)) -> torch.Tensor:
+def scorecam_masks(maps: torch.Tensor, size: tuple[int, ...] | torch.Size, region: Region = (1.0, 1.0)) -> torch.Tensor:
     """Score-CAM's masks H^k: each (h, w) map bilinearly upsampled to the input ``size`` and min-max scaled to
-    [0, 1]: (B, h, w) -> (B, H, W). ``region``: the part of the maps that shows the input."""
+    [0, 1]: (B, h, w) -> (B, H, W) (a grid of another rank alike, :func:`~gradcam_cli.cam.maps.upsample`).
+    ``region``: the part of the maps that shows the input."""
     return normalise(upsample_region(maps, size, region))

@@ -59,8 +59,7 @@ from .methods.random import image_seeds
 from .methods.registry import CamMethod
 from .perturbation import MaskedPasses
 from .reshape import infer_layout
-from .scores import Rescorable, Targets
-from .yolo import YoloTargets
+from .scores import Ablatable, Rescorable, Targets
 
 LayerGradients = Callable[[torch.Tensor], dict[str, torch.Tensor]]
 """``gradients(score)``: each layer's gradient of ``score``, in the capture's graph (kept), as the methods take it."""
@@ -201,11 +200,9 @@ class MethodInputs:
         return self.targets
 
     def _ablated(self, layer: str, k: int) -> AblatedScores:
-        if isinstance(self.targets, YoloTargets):  # a YOLO detection: its anchor's score (gradcam_cli.cam.yolo)
-            score, original = self.targets.ablated(k)
-        else:
-            targets = self._class_targets()
-            score, original = targets.scored(k), targets.original(k)
+        if not isinstance(self.targets, Ablatable):
+            raise UsageError("this method explains classifiers only")
+        score, original = self.targets.ablated(k)
         layer_output, channel_dim = self.layer_outputs[layer]
         return AblatedScores(
             lambda inputs, replacement: self.capture.forward_output_replaced(inputs, layer, replacement),

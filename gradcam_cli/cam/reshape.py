@@ -1,5 +1,10 @@
 """Turning any layer's output into (N, C, h, w) feature maps: channel-first, channel-last and token sequences.
 
+Inputs of another spatial rank give maps of that rank: a clip's (N, C, T, H, W) or a volume's (N, C, D, H, W) give
+(N, C, t, h, w) at a 3-D convolution's output, a sequence's (N, C, L) gives (N, C, l) at a 1-D convolution's. Their
+layers are channel-first (N, C, ...) or channel-last (N, ..., C), read by the same rule on the last two sides (the
+strides of a clip's frames, a volume's slices and a sequence's positions are free); tokens are read on 2-D inputs only.
+
 CAM methods work on (N, C, h, w) maps. CNNs produce them directly; Swin and ConvNeXt blocks produce channel-last
 (N, h, w, C) maps; ViTs produce token sequences (N, L, C) whose first tokens (the class token, sometimes also
 distillation or register tokens) carry no position. :func:`infer_layout` recognises the layout from the tensor's
@@ -40,29 +45,49 @@ MAX_PREFIX_TOKENS = 8
 
 @dataclass(frozen=True)
 class Layout:
-    """How a layer's output lays out an h x w grid: ``nchw``, ``nhwc`` or ``tokens`` (after ``prefix`` tokens)."""
+    """How a layer's output lays out an h x w grid: ``nchw``, ``nhwc`` or ``tokens`` (after ``prefix`` tokens).
+
+    ``leading``: the grid's sides before ``height``, (t,) of a clip's maps or (d,) of a volume's (``nchw``: the
+    output is (N, C, t, h, w); ``nhwc``: (N, t, h, w, C)). A sequence's 1-D grid (``ncl``: (N, C, l); ``nlc``:
+    (N, l, C)) has ``height`` 1 and ``width`` l. :attr:`grid` is the grid whatever its rank."""
 
     kind: str
     height: int
     width: int
     prefix: int = 0
+    leading: tuple[int, ...] = ()
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        """The grid's sides, (h, w), (t, h, w) or (l,): the shape of the layer's maps."""
+        if self.kind in LINE_KINDS:
+            return (self.width,)
+        return (*self.leading, self.height, self.width)
 
     @property
     def positions(self) -> int:
-        """Number of spatial positions, h * w."""
-        return self.height * self.width
+        """Number of spatial positions, h * w (t * h * w, l)."""
+        return math.prod(self.grid)
 
     def describe(self) -> str:
         """A short human description, e.g. ``tokens 14x14 (+1 class token)``."""
         extra = f" (+{self.prefix} class token{'s' if self.prefix > 1 else ''})" if self.prefix else ""
-        return f"{self.kind} {self.height}x{self.width}{extra}"
+        return f"{self.kind} {'x'.join(map(str, self.grid))}{extra}"
 
 
-def _mismatch(grid: tuple[int, int], size: Sequence[int]) -> float | None:
-    """|log(vertical stride / horizontal stride)| of ``grid`` on an input of ``size``; None if it cannot fit."""
-    (h, w), (height, width) = grid, size
-    if not (1 <= h <= height and 1 <= w <= width):
+LINE_KINDS = ("ncl", "nlc")
+"""The layouts of a 1-D grid: channel-first (N, C, l) and channel-last (N, l, C)."""
+
+
+def _mismatch(grid: Sequence[int], size: Sequence[int]) -> float | None:
+    """|log(vertical stride / horizontal stride)| of ``grid`` on an input of ``size`` (of the last two sides: a
+    clip's frames and a volume's slices may shrink by another stride; a 1-D grid has none: 0); None if it cannot
+    fit."""
+    if len(grid) != len(size) or not all(1 <= side <= whole for side, whole in zip(grid, size, strict=True)):
         return None
+    if len(grid) < 2:
+        return 0.0
+    (h, w), (height, width) = grid[-2:], size[-2:]
     mismatch = abs(math.log((height / h) / (width / w)))
     return mismatch if mismatch <= math.log(MAX_STRIDE_RATIO) else None
 
@@ -73,10 +98,13 @@ def infer_layout(
     """The layout of a layer output of ``shape`` for an input of ``input_size`` = (H, W); None if not spatial.
 
     Any 4-D output is at least readable as channel-first (the layers of a CNN), so 4-D shapes always get a layout.
+    An input of another rank ((T, H, W), (D, H, W), (L,)): :func:`_other_rank`.
     ``prefix_tokens``: the model's own count of leading non-spatial tokens (``None``: guessed). ``tokens``: whether
     3-D outputs may be token sequences at all (only in models known to use them:
     :func:`gradcam_cli.cam.layers.reads_tokens`); without, a detector head's (N, anchors, classes) is no grid.
     """
+    if len(input_size) != 2:
+        return _other_rank(shape, input_size)
     if len(shape) == 4:
         first = _mismatch((shape[2], shape[3]), input_size)
         last = _mismatch((shape[1], shape[2]), input_size)
@@ -86,6 +114,22 @@ def infer_layout(
     if len(shape) == 3 and tokens:
         return _token_layout(shape[1], input_size, prefix_tokens)
     return None
+
+
+def _other_rank(shape: Sequence[int], input_size: Sequence[int]) -> Layout | None:
+    """The layout of an output of ``shape`` for an input whose grid ``input_size`` is not 2-D: an output with one
+    dimension per side of the input besides the sample and channel ones is channel-first unless only the
+    channel-last reading fits (or fits strictly better); any other output has no grid here."""
+    rank = len(input_size)
+    if len(shape) != rank + 2 or rank not in (1, 3):
+        return None
+    first = _mismatch(shape[2:], input_size)
+    last = _mismatch(shape[1:-1], input_size)
+    channel_last = last is not None and (first is None or last < first - 1e-9)
+    grid = tuple(shape[1:-1]) if channel_last else tuple(shape[2:])
+    if rank == 1:
+        return Layout("nlc" if channel_last else "ncl", 1, grid[0])
+    return Layout("nhwc" if channel_last else "nchw", grid[-2], grid[-1], leading=grid[:-2])
 
 
 def _token_layout(length: int, input_size: Sequence[int], known: int | None) -> Layout | None:
@@ -110,11 +154,12 @@ def _token_layout(length: int, input_size: Sequence[int], known: int | None) -> 
 
 
 def to_spatial(tensor: torch.Tensor, layout: Layout) -> torch.Tensor:
-    """Rearrange a layer output (or its gradient) laid out as ``layout`` into (N, C, h, w)."""
-    if layout.kind == "nchw":
+    """Rearrange a layer output (or its gradient) laid out as ``layout`` into (N, C, h, w) ((N, C, t, h, w),
+    (N, C, l) for grids of other ranks)."""
+    if layout.kind in ("nchw", "ncl"):
         return tensor
-    if layout.kind == "nhwc":
-        return tensor.permute(0, 3, 1, 2)
+    if layout.kind in ("nhwc", "nlc"):
+        return tensor.movedim(-1, 1)
     tokens = tensor[:, layout.prefix :, :]
     return tokens.reshape(tensor.shape[0], layout.height, layout.width, tensor.shape[2]).permute(0, 3, 1, 2)
 
@@ -132,6 +177,6 @@ def spatial(
         shape = "x".join(map(str, tensor.shape))
         raise UsageError(
             f"layer {layer!r} outputs a {shape} tensor with no spatial grid for a "
-            f"{input_size[0]}x{input_size[1]} input; choose another --layer (see --list-layers)"
+            f"{'x'.join(map(str, input_size))} input; choose another --layer (see --list-layers)"
         )
     return to_spatial(tensor, layout)

@@ -1,4 +1,5 @@
-"""What explaining gives back: predictions, one map per target and method, and the overlay of a result.
+"""What explaining gives back: predictions and one map per target and method (drawn by
+:func:`gradcam_cli.render.overlay.overlay`).
 
 A classifier's target is a class; a detector's is one detection (its class, score and box); a segmenter's a class
 with the share of the pixels predicted as it (see docs/tasks.md).
@@ -11,7 +12,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-from PIL import Image
 
 TOP_PREDICTIONS = 5
 
@@ -92,7 +92,8 @@ def rescaled(prediction: Prediction, scale_y: float, scale_x: float) -> Predicti
 
 @dataclass
 class Explanation:
-    """One saliency map: which method, which target class, the (H, W) map in [0, 1].
+    """One saliency map: which method, which target class, the (H, W) map in [0, 1] (a clip's or a volume's
+    (T, H, W), a sequence's (L,): :mod:`gradcam_cli.cam.maps`).
 
     ``rank``: a detection's number (1 = highest score), 0 for a detector's combined map (of the sum of every
     explained detection's score); ``None`` for classifiers and segmenters. ``region``: a segmenter's (H, W) bool
@@ -114,30 +115,3 @@ class ImageExplanation:
     predictions: list[Prediction]
     explanations: list[Explanation]
     pixels: torch.Tensor | None = field(default=None, repr=False)
-
-    def overlay(self, index: int = 0, alpha: float = 0.5, colormap: str = "jet") -> Image.Image:
-        """The ``index``-th explanation blended over the image, with its marks (:meth:`mark`), as a PIL image."""
-        if self.pixels is None:
-            raise ValueError("this result was computed from a tensor; no pixels to draw on")
-        explanation = self.explanations[index]
-        from ..render.colour import blend, colormap_table
-
-        table = colormap_table(colormap, explanation.saliency.device)
-        blended = blend(self.pixels, explanation.saliency, table, alpha).cpu()
-        return Image.fromarray(self.mark(blended, explanation).numpy())
-
-    def mark(self, overlay: torch.Tensor, explanation: Explanation) -> torch.Tensor:
-        """An (H, W, 3) uint8 ``overlay`` of ``explanation`` with what it explains drawn on it: a detection's box
-        with its label and score (every detection's, for the combined map), a segmenter's region outline."""
-        from ..render.boxes import draw_boxes, draw_outline, draw_points
-
-        if explanation.region is not None:
-            overlay = draw_outline(overlay, explanation.region)
-        if explanation.rank is None:
-            return overlay
-        ranked = enumerate(self.predictions, 1) if explanation.rank == 0 else [(explanation.rank, explanation.target)]
-        ranked = list(ranked)
-        marks = [(p.box, f"{p.name} {p.probability:.2f}", rank) for rank, p in ranked if p.box is not None]
-        points = [(p.keypoints, rank) for rank, p in ranked if p.keypoints]
-        overlay = draw_points(overlay, points) if points else overlay
-        return draw_boxes(overlay, marks) if marks else overlay

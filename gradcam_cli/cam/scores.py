@@ -63,7 +63,7 @@ class Targets(Protocol):
     def masked(self, k: int) -> MaskedProbability:
         """How Score-CAM reads target ``k``'s probability from the output of a masked batch."""
 
-    def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
+    def results(self, cams: Cams, sizes: Sequence[tuple[int, ...]], class_name: ClassName) -> list[ImageExplanation]:
         """Each sample's predictions and maps, upsampled to its entry of ``sizes``."""
 
 
@@ -80,6 +80,44 @@ class Rescorable(Protocol):
 
     def finer(self, k: int) -> torch.Tensor:
         """The differentiable sum over the batch of target ``k``'s Finer-CAM score (:mod:`gradcam_cli.cam.finer`)."""
+
+
+@runtime_checkable
+class Ablatable(Protocol):
+    """Targets whose score AblationCAM reads from its ablated passes (a classifier's, explicit targets, a YOLO
+    detection's at its anchor)."""
+
+    def ablated(self, k: int) -> tuple[MaskedProbability, torch.Tensor]:
+        """How target ``k``'s score is read per sample from another output, and (N,) its score in this pass."""
+
+
+@runtime_checkable
+class Viewed(Protocol):
+    """Targets that another view of the same inputs (``--aug-smooth``'s flipped and rescaled copies) explains."""
+
+    def in_view(self) -> torch.Tensor | None:
+        """What fixes the targets in another view, and in the passes that rescore this one's (the masked passes):
+        a classifier's (N, K) chosen classes; ``None``: they are chosen again (explicit targets, the same in every
+        view)."""
+
+
+@runtime_checkable
+class Classified(Protocol):
+    """A classifier's chosen classes (:meth:`~gradcam_cli.cam.explainer.Explainer.compute`'s)."""
+
+    def classes(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, classes) probabilities and (N, K) chosen classes."""
+
+
+@runtime_checkable
+class Measured(Protocol):
+    """Targets ``gradcam eval``'s deletion and insertion measure (a classifier's classes, explicit targets)."""
+
+    def measured(
+        self, score: Score, inputs: torch.Tensor, class_name: ClassName
+    ) -> tuple[Prediction, Callable[[object], torch.Tensor]]:
+        """The first sample's first target (``score`` chose these targets for ``inputs``), and how its probability
+        (or its own score: a similarity's cosine) is read from the model's output for perturbed copies."""
 
 
 class Score(Protocol):
@@ -205,12 +243,12 @@ class ChannelTargets:
         """(B,) target ``k``'s entry of another pass's (B, channels) ``values``, row j that of sample ``samples[j]``."""
         return values.gather(1, self.chosen[samples, k].unsqueeze(1)).squeeze(1)
 
-    def prediction(self, n: int, c: int, size: tuple[int, int], class_name: ClassName) -> Prediction:
+    def prediction(self, n: int, c: int, size: tuple[int, ...], class_name: ClassName) -> Prediction:
         """Sample ``n``'s prediction of channel ``c``, its image of ``size`` = (H, W) (default: the score as its
         probability)."""
         return Prediction(c, class_name(c), float(self.scores[n, c].detach()))
 
-    def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
+    def results(self, cams: Cams, sizes: Sequence[tuple[int, ...]], class_name: ClassName) -> list[ImageExplanation]:
         """Each sample's :meth:`prediction` of every channel, highest score first, and the maps of its chosen
         ones (:func:`explanations_of`)."""
         scores = self.scores.detach()
@@ -263,10 +301,33 @@ class ClassTargets(ChannelTargets):
         values = class_scores(self.logits.detach().float(), self.kind, self.head)
         return values.gather(1, self.targets[:, k : k + 1]).squeeze(1)
 
+    def ablated(self, k: int) -> tuple[MaskedProbability, torch.Tensor]:
+        return self.scored(k), self.original(k)
+
+    def in_view(self) -> torch.Tensor:
+        return self.targets
+
+    def classes(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.probabilities, self.targets
+
+    def measured(
+        self, score: Score, inputs: torch.Tensor, class_name: ClassName
+    ) -> tuple[Prediction, Callable[[object], torch.Tensor]]:
+        """The first sample's first class, its probability read as ``score`` reads it (softmax; sigmoid with
+        ``--score sigmoid``)."""
+        index = int(self.targets[0, 0])
+
+        def probability(output: object) -> torch.Tensor:
+            chosen = score.targets(output, inputs, index, 1)
+            assert isinstance(chosen, Classified)
+            return chosen.classes()[0][:, index]
+
+        return Prediction(index, class_name(index), float(self.probabilities[0, index])), probability
+
     def finer(self, k: int) -> torch.Tensor:
         return finer_scores(self.logits, self.targets[:, k]).sum()
 
-    def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
+    def results(self, cams: Cams, sizes: Sequence[tuple[int, ...]], class_name: ClassName) -> list[ImageExplanation]:
         probabilities, targets = self.probabilities, self.targets
         top_p, top_i = probabilities.topk(min(TOP_PREDICTIONS, probabilities.shape[1]), dim=1)
         results = []

@@ -101,7 +101,7 @@ class SegmentationTargets:
 
         return probability
 
-    def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
+    def results(self, cams: Cams, sizes: Sequence[tuple[int, ...]], class_name: ClassName) -> list[ImageExplanation]:
         probabilities = self.logits.detach().float().softmax(dim=1)
         pixels = self.predicted.shape[-2] * self.predicted.shape[-1]
         results = []

@@ -28,22 +28,35 @@ AUG_SCALES = (1.0, 0.75, 1.25)
 
 
 def first_component(weighted: torch.Tensor) -> torch.Tensor:
-    """(N, C, h, w) -> (N, h, w): projection of the centred positions onto their first principal direction.
+    """(N, C, h, w) -> (N, h, w): projection of the centred positions onto their first principal direction; the
+    positions of any grid alike ((N, C, l) -> (N, l), (N, C, t, h, w) -> (N, t, h, w)).
 
     Oriented so that the result correlates positively with ``weighted.sum(dim=1)`` (see the module docstring).
     """
-    n, _, h, w = weighted.shape
+    n, grid = weighted.shape[0], weighted.shape[2:]
     samples = torch.nan_to_num(weighted.float()).flatten(2).transpose(1, 2)  # (N, h*w, C)
     centred = samples - samples.mean(dim=1, keepdim=True)
     _, _, vh = torch.linalg.svd(centred, full_matrices=False)
     direction = vh[:, 0, :]  # (N, C)
     sign = torch.where(direction.sum(dim=1, keepdim=True) < 0, -1.0, 1.0)
     projection: torch.Tensor = (centred @ (direction * sign).unsqueeze(-1)).squeeze(-1)
-    return projection.view(n, h, w).to(weighted.dtype)
+    return projection.view(n, *grid).to(weighted.dtype)
+
+
+def spatial_dims(tensor: torch.Tensor) -> tuple[int, ...]:
+    """The dimensions of an (N, C, ...) tensor's grid: (2, 3) of (N, C, h, w), (2,) of (N, C, l), (2, 3, 4) of
+    (N, C, t, h, w). The Grad-CAM family's channel weights average (or sum) over every one of them."""
+    return tuple(range(2, tensor.dim()))
+
+
+def per_channel(weights: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """(N, C) channel weights shaped to broadcast over ``like``'s (N, C, ...) grid: (N, C, 1, 1) for (N, C, h, w)."""
+    return weights.view(*weights.shape, *(1,) * (like.dim() - 2))
 
 
 def combine(weighted: torch.Tensor, eigen_smooth: bool = False) -> torch.Tensor:
-    """ReLU(sum_k W_k), or ReLU(first principal component of W) with ``eigen_smooth``: (N, C, h, w) -> (N, h, w)."""
+    """ReLU(sum_k W_k), or ReLU(first principal component of W) with ``eigen_smooth``: (N, C, h, w) -> (N, h, w),
+    and (N, C, ...) -> (N, ...) for a grid of any rank."""
     cam = first_component(weighted) if eigen_smooth else weighted.sum(dim=1)
     return torch.relu(cam)
 

@@ -25,10 +25,10 @@ import torch
 from ..errors import UsageError
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel
+from ..models.modes import model_state_preserved
 from ..options import CLASS_SCORE_NAMES
 from ..targets import TargetSpec
 from .embeddings import PromptHead, reference_embedding, select_output, unit
-from .engine import model_state_preserved
 from .finer import finer_scores
 from .layers import blank_input
 from .logits import as_logits
@@ -40,6 +40,7 @@ from .scores import (
     ClassName,
     ClassScore,
     MaskedProbability,
+    Score,
     class_probabilities,
     class_scores,
     explanations_of,
@@ -269,13 +270,28 @@ class SpecTargets:
     def original(self, k: int) -> torch.Tensor:
         return self.resolved[k].score(self.output).detach().float()
 
+    def ablated(self, k: int) -> tuple[MaskedProbability, torch.Tensor]:
+        return self.scored(k), self.original(k)
+
+    def in_view(self) -> None:
+        return None
+
+    def measured(
+        self, score: Score, inputs: torch.Tensor, class_name: ClassName
+    ) -> tuple[Prediction, Callable[[object], torch.Tensor]]:
+        """The first target, its own score (a similarity's cosine; a class's shown probability: docs/targets.md)."""
+        resolved = self.resolved[0]
+        read = resolved.display or resolved.score
+        value = float(read(self.output).detach()[0])
+        return Prediction(resolved.index, resolved.name, value, score=resolved.shown), read
+
     def finer(self, k: int) -> torch.Tensor:
         finer = self.resolved[k].finer
         if finer is None:
             raise UsageError(f"Finer-CAM does not apply to {self.resolved[k].spec}")
         return finer(self.output).sum()
 
-    def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
+    def results(self, cams: Cams, sizes: Sequence[tuple[int, ...]], class_name: ClassName) -> list[ImageExplanation]:
         ranking = self.spec_score.ranking(self.output)
         values = [(r.display or r.score)(self.output).detach().float().cpu() for r in self.resolved]
         results = []

@@ -111,5 +111,9 @@ class NoTargets:
     def masked(self, k: int) -> MaskedProbability:
         raise UsageError("a map without a target has no score to mask")
 
-    def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
+    def in_view(self) -> None:
+        """None: another view's pass has no targets either (``--aug-smooth`` averages the views' maps)."""
+        return None
+
+    def results(self, cams: Cams, sizes: Sequence[tuple[int, ...]], class_name: ClassName) -> list[ImageExplanation]:
         return [ImageExplanation([], explanations_of(cams, i, 0, no_target(), size)) for i, size in enumerate(sizes)]

@@ -53,7 +53,7 @@ def yolo_score(
         raise UsageError(f"--top-k {top_k} is for classifiers and segmenters; a detector explains each detection")
     if max_detections is not None and max_detections < 1:
         raise UsageError("--max-detections must be at least 1")
-    net: Any = module  # a YoloNet (the YOLO family names its adapter: ModelProfile.task_name)
+    net: Any = module  # a YoloNet (the YOLO family names its adapter: ModelProfile.task)
     if not hasattr(net, "default_conf"):  # the yolo adapter named for another model (it is chosen, never named)
         raise UsageError(f"the yolo task explains models loaded as yolo:..., not a {type(module).__name__}")
     if threshold is None:
@@ -153,10 +153,10 @@ class YoloTargets(DetectionTargets):
         )
         return read, original.detach().float()
 
-    def results(self, cams: Cams, sizes: Sequence[tuple[int, int]], class_name: ClassName) -> list[ImageExplanation]:
+    def results(self, cams: Cams, sizes: Sequence[tuple[int, ...]], class_name: ClassName) -> list[ImageExplanation]:
         results = super().results(cams, sizes, class_name)
-        for n, (result, size) in enumerate(zip(results, sizes, strict=True)):
-            masks = self._masks(n, size)
+        for n, (result, (height, width)) in enumerate(zip(results, sizes, strict=True)):
+            masks = self._masks(n, (height, width))
             if masks is None:
                 continue
             for explanation in result.explanations:

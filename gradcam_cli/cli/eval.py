@@ -28,6 +28,7 @@ from ..options import (
 )
 from . import answers, params
 from .eval_output import tell
+from .help import PanelledEvalCommand
 from .input_size import InputSizeOpt
 from .ranking import MethodSteps, RankOptions, rank_report
 from .reporting import (
@@ -42,11 +43,11 @@ from .reporting import (
 
 if TYPE_CHECKING:
     from ..cam.explainer import Explainer
-    from ..evaluation.boxes import GroundTruthBox
     from ..evaluation.evaluate import Evaluator
     from ..evaluation.report import EvalReport, ImageScores
     from ..evaluation.rows import RowsFile
     from ..evaluation.tasks import TaskEvaluator
+    from ..io.boxes import GroundTruthBox
     from ..io.discovery import InputImage
     from ..options import ExplainOptions, ModelOptions
 
@@ -69,7 +70,7 @@ Exit codes: 0 all images evaluated; 1 some image failed; 2 usage error; 3 model/
 interrupted."""
 
 
-@app.command(help=HELP)
+@app.command(cls=PanelledEvalCommand, help=HELP)
 def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
     inputs: Annotated[list[str], typer.Argument(metavar="INPUT", hidden=True, show_default=False)],
     method: params.MethodOpt = params.MethodList([DEFAULT_METHOD]),
@@ -265,9 +266,8 @@ class EvalCommand:
             raise UsageError(f"no images found in {' '.join(self.inputs)}")
         boxes = read_boxes(options.boxes) if options.boxes is not None else None
         explainer = self._explainer()
-        if self.ranking.rank and not explainer.adapter.faithfulness:  # boxes only: what a detector is measured by
-            options = replace(options, sanity=False, road=False, stability=False)
         if self.ranking.rank:
+            options = explainer.adapter.rank_options(options)
             explainer = self._planned(explainer, images, options)
         evaluator = evaluator_for(explainer, options)
         started = time.perf_counter()
@@ -300,9 +300,9 @@ class EvalCommand:
         from ..evaluation.rows import Finished
 
         reporter, explainer = self.reporter, evaluator.explainer
-        methods = len(explainer.methods)
+        methods = len(explainer.chosen.methods)
         rows, done = self._rows(explainer, options)
-        finished = Finished(explainer.methods, done)
+        finished = Finished(explainer.chosen.methods, done)
         todo = [image for image in images if not finished.complete(str(image.path))]
 
         def record(scores: ImageScores) -> None:

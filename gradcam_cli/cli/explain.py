@@ -26,6 +26,7 @@ from ..options import (
     Shard,
 )
 from . import answers, params
+from .help import PanelledCommand
 from .input_size import InputSizeOpt
 from .lines import layer_line, layer_row, report_record
 from .params import refuse
@@ -59,7 +60,7 @@ EPILOG = (
 )
 
 
-@app.command(help=HELP, epilog=EPILOG)
+@app.command(cls=PanelledCommand, help=HELP, epilog=EPILOG)
 def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
     inputs: Annotated[list[str] | None, typer.Argument(metavar="INPUT", hidden=True, show_default=False)] = None,
     layer: params.LayerOpt = None,
@@ -322,6 +323,7 @@ class ExplainCommand:
 
     def list_layers(self) -> int:
         from ..cam.layers import layer_table
+        from ..cam.tasks import adapter_for
         from ..io.discovery import discover
         from ..models.devices import resolve_device
         from ..models.loading import load_model
@@ -330,7 +332,10 @@ class ExplainCommand:
         device = resolve_device(self.model_options.device)
         loaded = load_model(self.model_options, architecture_only=True)  # the layers need no weights
         loaded.module.to(device)
-        infos, chosen = layer_table(loaded, device, images[0].path if images else None)
+        adapter = adapter_for(loaded)
+        infos, chosen = layer_table(
+            loaded, device, images[0].path if images else None, adapter.tokens, adapter.layer_scopes
+        )
         for info in infos:
             if self.reporter.as_json:
                 self.reporter.emit(json.dumps({**layer_row(info), "default": info.name in chosen.split("+")}))
@@ -378,7 +383,7 @@ class ExplainCommand:
             bars = lambda label, total: ProgressBar(reporter, total, label)  # noqa: E731
             shown: set[str] = set()
             adapter = explainer.adapter
-            nothing = adapter.nothing_found(model, explainer.score, explainer.target)
+            nothing = adapter.nothing_found(model, explainer.score, explainer.chosen.target)
             for record in session.explain(explainer, images, videos, progress=bars):
                 reporter.record(record)
                 report_record(reporter, record, single, record.input not in shown, adapter, nothing)

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..cam.layers import LayerInfo
+    from ..cam.records import Record
     from ..cam.tasks import TaskAdapter
-    from ..pipeline.records import Record
     from .reporting import Reporter
 
 

@@ -60,6 +60,26 @@ def method_names() -> tuple[str, ...]:
     return (*METHOD_NAMES, *plugins)
 
 
+def plugin_method_names() -> tuple[str, ...]:
+    """The methods ``--method`` takes besides the package's own (:func:`method_names`): plugins' and a notebook's."""
+    return tuple(name for name in method_names() if name not in METHOD_NAMES)
+
+
+def method_help(plugins: tuple[str, ...] = ()) -> str:
+    """``--method``'s help: the package's methods, and ``plugins`` (:func:`plugin_method_names`, which ``--help``
+    reads as it is shown: :class:`~gradcam_cli.cli.help.PanelledCommand`)."""
+    others = f"; and the plugins' {', '.join(plugins)}" if plugins else ", or a plugin's"
+    return (
+        f"Method(s), comma-separated: {', '.join(METHOD_NAMES)}{others}; all: every method the model's task takes. "
+        "Costs (docs/methods.md): the gradient methods share one backward pass per target; scorecam and "
+        "ablationcam need one extra forward pass per channel of the layer (e.g. 2048 for resnet50 layer4, batched 32 "
+        "at a time), rise and occlusion one per mask or window; fullgrad and the guided methods a pass through the "
+        "whole network (pixel-level maps, classifiers only); shapleycam and finercam a second backward pass; rollout "
+        "and attention (a transformer's attention) about one forward pass, attn-grad and legrad a backward pass "
+        "through the whole network (legrad one more forward pass); all leaves them out for other models."
+    )
+
+
 def unknown_method(name: str, known: tuple[str, ...]) -> str:
     """The message for a ``--method`` name that is none of ``known``: close matches, or else every name."""
     hint = suggest(name, known) or f" Use {', '.join(known)}."
@@ -275,13 +295,7 @@ MethodOpt = Annotated[
     typer.Option(
         parser=parse_methods,
         metavar="NAME[,NAME...]",
-        help=f"Method(s), comma-separated: {', '.join(METHOD_NAMES)}, or a plugin's; all: every method the model's "
-        "task takes. Costs (docs/methods.md): the gradient methods share one backward pass per target; scorecam and "
-        "ablationcam need one extra forward pass per channel of the layer (e.g. 2048 for resnet50 layer4, batched 32 "
-        "at a time), rise and occlusion one per mask or window; fullgrad and the guided methods a pass through the "
-        "whole network (pixel-level maps, classifiers only); shapleycam and finercam a second backward pass; rollout "
-        "and attention (a transformer's attention) about one forward pass, attn-grad and legrad a backward pass "
-        "through the whole network (legrad one more forward pass); all leaves them out for other models.",
+        help=method_help(),
     ),
 ]
 RiseMasksOpt = Annotated[

@@ -20,8 +20,8 @@ from ..io.display import displayable
 
 if TYPE_CHECKING:
     from ..cam.explainer import Explainer
+    from ..cam.records import Record
     from ..cam.tasks import TaskAdapter
-    from ..pipeline.records import Record
     from ..pipeline.session import Counts
 
 
@@ -146,13 +146,13 @@ def explainer_notes(reporter: Reporter, explainer: Explainer, layers_given: bool
     chosen and why."""
     if (warning := passes_warning(explainer)) is not None:
         reporter.info(warning)
-    if explainer.left_out:
-        reporter.info(left_out_note(explainer.left_out))
-    if explainer.need_target:
+    if explainer.chosen.left_out:
+        reporter.info(left_out_note(explainer.chosen.left_out))
+    if explainer.chosen.need_target:
         from ..cam.untargeted import left_out_for_target
 
-        reporter.info(left_out_for_target(explainer.model, explainer.need_target))
-    if not layers_given and explainer.layer_names:  # RISE, occlusion alone: no layer
+        reporter.info(left_out_for_target(explainer.model, explainer.chosen.need_target))
+    if not layers_given and explainer.chosen.layers:  # RISE, occlusion alone: no layer
         reason = default_layer_reason(explainer.adapter, bool(explainer.model.default_layers))
         reporter.info(f"using layer {explainer.layer_label} ({reason})")
 
@@ -179,10 +179,10 @@ def passes_warning(explainer: Explainer) -> str | None:
     target (counted at the smallest network input, ``--input-size`` square), and which options make it less."""
     from ..cam.perturbation import occlusion_count
 
-    options, spec = explainer.perturbation, explainer.model.input_spec
+    options, spec = explainer.options.perturbation, explainer.model.input_spec
     height, width = spec.fixed_size or (spec.size, spec.size)
     counts = {"rise": options.rise_masks, "occlusion": occlusion_count(options, (height, width)) + 1}
-    chosen = {method: counts[method] for method in counts if method in explainer.methods}
+    chosen = {method: counts[method] for method in counts if method in explainer.chosen.methods}
     total = sum(chosen.values())
     if total <= LONG_PASSES:
         return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import tempfile
 import webbrowser
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -84,23 +85,18 @@ def serve(  # noqa: PLR0913  (a typer command: one parameter per option)
     if mistake is not None:
         run_reported(reporter, lambda: params.refuse(mistake))
 
-    given = {
-        "task": task,
-        "weights": weights,
-        "num_classes": num_classes,
-        "labels": labels,
-        "layer": layer,
-        "method": method,
-        "score": score,
-        "score_threshold": score_threshold,
-        "max_detections": max_detections,
-        "device": device,
-        "input_size": input_size,
-        "targets": specs,
-        "embedding": embedding,
-        "max_new_tokens": max_new_tokens,
-    }
-    run_reported(reporter, lambda: start(reporter, paths or [], model, options, drift, open_browser, given))
+    wanted = ModelOptions(model or "resnet50", weights, num_classes, labels, input_size, device, task)
+    explain = ExplainOptions(
+        tuple(layer or ()),
+        tuple(method),
+        score=score,
+        score_threshold=score_threshold,
+        max_detections=max_detections,
+        targets=tuple(specs),
+        embedding=embedding,
+        question=AnswerOptions(max_new_tokens=max_new_tokens),
+    )
+    run_reported(reporter, lambda: start(reporter, paths or [], model, (wanted, explain), options, drift, open_browser))
 
 
 def record_targets(record: dict[str, Any]) -> list[Any]:
@@ -116,70 +112,51 @@ def record_targets(record: dict[str, Any]) -> list[Any]:
 
 
 def load_service(
-    reporter: Reporter, model: str, record: dict[str, Any], given: dict[str, Any]
+    reporter: Reporter, model: ModelOptions, explain: ExplainOptions, record: dict[str, Any]
 ) -> ModelService | AnswerService:
     """The model, with the command's options, else the run record's (its layers and targets), else the defaults; a
     vision-language model's answers (:func:`load_answers`)."""
     from ..models.families import family_of
     from ..serve.model import ModelService
 
-    if family_of(model).answers:
-        return load_answers(reporter, model, given)
-    if given["max_new_tokens"] is not None:
+    if family_of(model.model).answers:
+        return load_answers(reporter, model, explain)
+    if explain.question.max_new_tokens is not None:
         raise UsageError("--max-new-tokens is for a vision-language model's answers (--model hf:DIR)")
-    kept = record.get("layers")  # the run's layer label, "a+b" for several
-    layers = given["layer"] or (kept.split("+") if isinstance(kept, str) and kept else None)
-    specs, embedding = given["targets"] or record_targets(record), given["embedding"] or record.get("embedding")
-    explain = ExplainOptions(
-        tuple(layers or ()),
-        tuple(given["method"]),
-        score=given["score"],
-        score_threshold=given["score_threshold"],
-        max_detections=given["max_detections"],
-        targets=tuple(specs),
-        embedding=embedding if isinstance(embedding, str) else None,
+    kept, embedding = record.get("layers"), record.get("embedding")  # the run's layer label, "a+b" for several
+    explain = replace(
+        explain,
+        layers=explain.layers or (tuple(kept.split("+")) if isinstance(kept, str) and kept else ()),
+        targets=explain.targets or tuple(record_targets(record)),
+        embedding=explain.embedding or (embedding if isinstance(embedding, str) else None),
     )
-    model_options = ModelOptions(
-        model,
-        given["weights"],
-        given["num_classes"],
-        given["labels"],
-        given["input_size"],
-        given["device"],
-        explain.task_for(given["task"]),
-    )
-    service = ModelService(model_options, explain)
-    if not layers:
+    service = ModelService(replace(model, task=explain.task_for(model.task)), explain)
+    if not explain.layers:
         reason = default_layer_reason(service.adapter, bool(service.model.default_layers))
         reporter.info(f"using layer {service.default_layer} ({reason})")
     return service
 
 
-def load_answers(reporter: Reporter, model: str, given: dict[str, Any]) -> AnswerService:
+def load_answers(reporter: Reporter, model: ModelOptions, explain: ExplainOptions) -> AnswerService:
     """A vision-language model, asked questions on the page (docs/serve.md); the options of classes, detections and
     targets are refused."""
     from ..serve.answers import AnswerService
 
     options = {
-        "--task": given["task"],
-        "--num-classes": given["num_classes"],
-        "--labels": given["labels"],
-        "--input-size": given["input_size"],
-        "--score-threshold": given["score_threshold"],
-        "--max-detections": given["max_detections"],
-        "--target": given["targets"] or None,
-        "--embedding": given["embedding"],
+        "--task": model.task,
+        "--num-classes": model.num_classes,
+        "--labels": model.labels,
+        "--input-size": model.input_size,
+        "--score-threshold": explain.score_threshold,
+        "--max-detections": explain.max_detections,
+        "--target": explain.targets or None,
+        "--embedding": explain.embedding,
     }
     refused = [name for name, value in options.items() if value is not None]
     if refused:
         raise UsageError(f"{refused[0]} does not apply to a vision-language model, which is asked questions")
-    explain = ExplainOptions(
-        tuple(given["layer"] or ()),
-        tuple(given["method"]),
-        question=AnswerOptions(max_new_tokens=given["max_new_tokens"]),
-    )
-    service = AnswerService(ModelOptions(model, device=given["device"]), explain)
-    if not given["layer"]:
+    service = AnswerService(ModelOptions(model.model, device=model.device), explain)
+    if not explain.layers:
         reporter.info(service.layer_note)
     return service
 
@@ -206,12 +183,13 @@ def start(
     reporter: Reporter,
     paths: list[str],
     model: str | None,
+    wanted: tuple[ModelOptions, ExplainOptions],
     options: ServeOptions,
     drift: Path | None,
     open_browser: bool,
-    given: dict[str, Any],
 ) -> int:
-    """Sort the paths out, bind, load the model, print the URL and serve until Ctrl-C (or SIGTERM, SIGHUP)."""
+    """Sort the paths out, bind, load the model (``model``, with ``wanted``'s options: what to load and how to
+    explain), print the URL and serve until Ctrl-C (or SIGTERM, SIGHUP)."""
     try:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
@@ -238,7 +216,8 @@ def start(
         if model is None and run is None:
             model = "resnet50"
         if model is not None:
-            service = load_service(reporter, model, run.record if run is not None else {}, given)
+            loaded, explain = replace(wanted[0], model=model), wanted[1]
+            service = load_service(reporter, loaded, explain, run.record if run is not None else {})
         with tempfile.TemporaryDirectory(prefix="gradcam-serve-") as work:  # uploads; removed when the server stops
             manifest = run.manifest if run is not None else None
             folder = run.folder if run is not None else None

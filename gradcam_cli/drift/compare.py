@@ -272,8 +272,9 @@ def _nothing_explained(baseline: MapRow, current: MapRow) -> str | None:
     sides = ((current, baseline, "current", "baseline"), (baseline, current, "baseline", "current"))
     for empty, other, side, other_side in sides:
         if empty.target is None and empty.grid is not None and other.target is not None:
-            task = (empty.provenance or {}).get("task")
-            nothing = {"detect": "no detection", "segment": "only the background"}.get(str(task), "no target")
+            from ..cam.tasks import nothing_of
+
+            nothing = nothing_of((empty.provenance or {}).get("task"))
             return f"{nothing} in the {side} run ({shown_class(other.target)} in the {other_side})"
     return None
 

@@ -1,10 +1,10 @@
 """How a run's maps were made: the ``provenance`` object of every row it writes, and ``--deterministic``.
 
-The object names the versions (gradcam-cli, torch, torchvision), the model and its weights (a file's sha256 too,
-computed once per file and run), the layers and methods, the task and what it differentiates (a classifier's
-``--score``; a detector's ``--score-threshold`` and ``--max-detections``; as the run record has them), which classes
-were explained, the input size, the device, dtype and precision, the options that change the maps, and whether
-PyTorch ran deterministically (and with which seed). docs/ci.md lists the fields.
+The object names the versions (gradcam-cli, torch, torchvision, and each installed plugin's distribution), the model
+and its weights (a file's sha256 too, computed once per file and run), the layers and methods, the task and what it
+differentiates (a classifier's ``--score``; a detector's ``--score-threshold`` and ``--max-detections``; as the run
+record has them), which classes were explained, the input size, the device, dtype and precision, the options that
+change the maps, and whether PyTorch ran deterministically (and with which seed). docs/ci.md lists the fields.
 """
 
 from __future__ import annotations
@@ -81,27 +81,33 @@ def run_provenance(explainer: Explainer, run: RunOptions | None = None) -> dict[
         "model": model.name,
         "weights": weights,
         "weights_sha256": sha256,
-        "layers": list(explainer.layer_names),
-        "methods": list(explainer.methods),
+        "layers": list(explainer.chosen.layers),
+        "methods": list(explainer.chosen.methods),
         **explainer.settings,  # the task and its score's settings, as the run record has them
-        "target_class": explainer.target,
-        "top_k": explainer.top_k if explainer.target is None else 1,
+        "target_class": explainer.chosen.target,
+        "top_k": explainer.chosen.top_k if explainer.chosen.target is None else 1,
         "input_size": list(spec.fixed_size) if spec.fixed_size else spec.size,
         "device": str(explainer.device),
         "dtype": str(parameter.dtype).removeprefix("torch.") if parameter is not None else None,
-        "precision": explainer.precision,
-        "aug_smooth": explainer.aug_smooth,
-        "eigen_smooth": explainer.eigen_smooth,
+        "precision": explainer.chosen.precision,
+        "aug_smooth": explainer.options.aug_smooth,
+        "eigen_smooth": explainer.options.eigen_smooth,
         "max_side": (run or RunOptions()).max_side,
         **determinism(),
     }
 
 
 def versions() -> dict[str, Any]:
-    """The provenance's versions: gradcam-cli's, torch's and torchvision's."""
+    """The provenance's versions: gradcam-cli's, torch's, torchvision's and each plugin's."""
     from .. import __version__
+    from ..registry import plugin_versions
 
-    return {"gradcam_cli": __version__, "torch": torch.__version__, "torchvision": _version("torchvision")}
+    return {
+        "gradcam_cli": __version__,
+        "torch": torch.__version__,
+        "torchvision": _version("torchvision"),
+        "plugins": plugin_versions(),
+    }
 
 
 def determinism() -> dict[str, Any]:

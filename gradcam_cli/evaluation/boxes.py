@@ -7,28 +7,16 @@ import math
 import os
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING
 
 from ..errors import UsageError, describe
+from ..io.boxes import GroundTruthBox
 from ..io.discovery import InputImage
 
 if TYPE_CHECKING:
     from . import metrics
-
-
-@dataclass(frozen=True)
-class GroundTruthBox:
-    """One object box: the image it belongs to (as written in the file), its corners, its class, where it came from."""
-
-    image: str
-    box: metrics.Box
-    label: str | None
-    source: str
-    normalised: bool = False
-    """A YOLO label's box: fractions of its image's width and height, its label the class index
-    (:mod:`gradcam_cli.evaluation.yolo_labels`), its ``image`` the image's name without suffix."""
 
 
 def read_boxes(path: str | Path) -> list[GroundTruthBox]:

@@ -15,19 +15,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..cam.engine import model_state_preserved
 from ..cam.explainer import Explainer
 from ..cam.maps import to_image_maps
 from ..cam.results import Prediction
-from ..cam.scores import Cams, ClassTargets
-from ..cam.targets import SpecTargets
+from ..cam.scores import Cams, Measured
 from ..cam.untargeted import NoTargetScore, ask_for_target
 from ..errors import UsageError
+from ..io.boxes import GroundTruthBox
 from ..io.discovery import InputImage
 from ..io.images import load_image, to_input_tensor
+from ..models.modes import model_state_preserved
 from ..options import EvalOptions
 from . import metrics
-from .boxes import GroundTruthBox, read_boxes
+from .boxes import read_boxes
 from .draws import RANDOM_METHODS, averaged, random_draws, sanity_seed
 from .images import evaluate_images, report_of, scored_safely
 from .plan import with_methods
@@ -83,21 +83,21 @@ class Evaluator:
             raise UsageError("--steps must be at least 2")
         if self.options.batch_size < 1:
             raise UsageError("--batch-size must be at least 1")
-        if len(explainer.target_specs) > 1:
+        if len(explainer.options.targets) > 1:
             raise UsageError("gradcam eval scores one target per image; give one --target")
         if isinstance(explainer.score, NoTargetScore):  # rollout, attention on an embedding model: no score to follow
             give = ask_for_target(explainer.model)
             raise UsageError(f"gradcam eval follows a target's score; {explainer.model.name} has none: give {give}")
-        if self.options.stability and explainer.target_specs:
+        if self.options.stability and explainer.options.targets:
             raise UsageError("--stability measures a class's map; run it without --target")
         self.sanity_modules: list[str] = []
         self.randomised: list[Explainer] = []
         self.redraw: Explainer | None = None
-        self.seed = explainer.perturbation.seed  # the maps' own seed (RISE's masks, randomcam's noise)
+        self.seed = explainer.options.perturbation.seed  # the maps' own seed (RISE's masks, randomcam's noise)
         self.on_method: Callable[[str], Any] | None = None
         self.on_result: Callable[[ImageScores], Any] | None = None
         self.done: Mapping[str, ImageScores] = {}
-        self._groups = pass_groups(explainer.methods)
+        self._groups = pass_groups(explainer.chosen.methods)
         self._parts: dict[tuple[int, tuple[str, ...]], Explainer] = {}
         self._once = Once()
         if self.options.sanity:
@@ -117,8 +117,8 @@ class Evaluator:
             for depth, name in enumerate(names[:stage]):
                 reinitialise(module.get_submodule(name), self.options.seed + depth)
             module.to(self.explainer.device)
-            self.randomised.append(with_methods(self.explainer, self.explainer.methods, module))
-        random = [method for method in self.explainer.methods if method in RANDOM_METHODS]
+            self.randomised.append(with_methods(self.explainer, self.explainer.chosen.methods, module))
+        random = [method for method in self.explainer.chosen.methods if method in RANDOM_METHODS]
         self.redraw = with_methods(self.explainer, random) if random else None
 
     def run(
@@ -170,7 +170,7 @@ class Evaluator:
         scores: dict[str, MethodScores] = {}
         target: Prediction | None = done.target if done is not None else None
         self._once.clear()
-        for method in methods_to_run(self.explainer.methods, done, scores, self.on_method):
+        for method in methods_to_run(self.explainer.chosen.methods, done, scores, self.on_method):
             group = self._part(self.explainer, self._groups[method])
             explained, cams, read = self._once(
                 ("explained", self._groups[method]), partial(self._explained, inputs, group)
@@ -202,8 +202,8 @@ class Evaluator:
         saliency, group = maps[method], self._groups[method]
         if self.options.stability:
             result.stability = self._stability(inputs, target.index, saliency, method)
-        if self.redraw is not None and method in self.redraw.methods:  # a random method's agreement with itself
-            random = tuple(m for m in group if m in self.redraw.methods)
+        if self.redraw is not None and method in self.redraw.chosen.methods:  # a random method's agreement with itself
+            random = tuple(m for m in group if m in self.redraw.chosen.methods)
             redrawn = self._cams(self.explainer, random, inputs, target.index, sanity_seed(self.seed, 0))
             result.sanity_redraw = metrics.spearman(saliency, to_image_maps(redrawn[method][0], input_size)[0])
         for stage, randomised in enumerate(self.randomised, 1):  # fresh masks and noise: never the trained model's
@@ -217,21 +217,10 @@ class Evaluator:
         """The target explained in one image, its maps, and how its score is read from the model's output for a
         batch of perturbed copies: a class's probability (softmax; sigmoid with ``--score sigmoid``), or a
         ``--target``'s own score (a similarity's cosine; a class's probability; docs/targets.md)."""
-        targets, cams = explainer.compute_targets(inputs, explainer.target, 1)
-        if isinstance(targets, SpecTargets):
-            resolved = targets.resolved[0]
-            read = resolved.display or resolved.score
-            value = float(read(targets.output).detach()[0])
-            return Prediction(resolved.index, resolved.name, value, score=resolved.shown), cams, read
-        assert isinstance(targets, ClassTargets)
-        index, score = int(targets.targets[0, 0]), explainer.score
-
-        def probability(output: object) -> torch.Tensor:
-            chosen = score.targets(output, inputs, index, 1)
-            assert isinstance(chosen, ClassTargets)
-            return chosen.probabilities[:, index]
-
-        return explainer.prediction(index, float(targets.probabilities[0, index])), cams, probability
+        targets, cams = explainer.compute_targets(inputs, explainer.chosen.target, 1)
+        assert isinstance(targets, Measured)
+        prediction, read = targets.measured(explainer.score, inputs, explainer.model.class_name)
+        return prediction, cams, read
 
     def _stability(self, inputs: torch.Tensor, target: int, saliency: torch.Tensor, method: str) -> list[float]:
         """The map change ||m' - m|| / ||m|| of ``method`` on ``stability_samples`` noisy copies of the (1, 3, H, W)
@@ -361,7 +350,7 @@ class Evaluator:
 
     def _class_of(self, label: str | None) -> int | None:
         categories = self.explainer.model.categories
-        if label is None or categories is None or self.explainer.target_specs:
+        if label is None or categories is None or self.explainer.options.targets:
             return None
         matches = [i for i, name in enumerate(categories) if name.lower() == label.lower()]
         return matches[0] if len(matches) == 1 else None
@@ -370,9 +359,14 @@ class Evaluator:
 def evaluator_for(explainer: Explainer, options: EvalOptions | None = None) -> Evaluator | TaskEvaluator:
     """The evaluator for the explainer's task: the whole protocol for a classifier, the boxes only for a detector
     or segmenter (:mod:`gradcam_cli.evaluation.tasks`)."""
-    if explainer.adapter.faithfulness:
+
+    def protocol() -> Evaluator | TaskEvaluator:
         return Evaluator(explainer, options)
-    return TaskEvaluator(explainer, options)
+
+    def boxes() -> Evaluator | TaskEvaluator:
+        return TaskEvaluator(explainer, options)
+
+    return explainer.adapter.evaluation(protocol, boxes)
 
 
 def evaluate(

@@ -10,9 +10,10 @@ from typing import Any
 
 from ..cam.explainer import Explainer
 from ..errors import GradcamError, UsageError, describe
+from ..io.boxes import GroundTruthBox
 from ..io.discovery import InputImage, discover
 from ..options import EvalOptions
-from .boxes import GroundTruthBox, match_boxes
+from .boxes import match_boxes
 from .report import EvalReport, ImageScores
 
 ImageEvaluation = Callable[[Path, Sequence[GroundTruthBox]], ImageScores]
@@ -72,12 +73,12 @@ def report_of(
     """The :class:`EvalReport` of ``results``."""
     return EvalReport(
         model=explainer.model.name,
-        layers=list(explainer.layer_names),
-        methods=list(explainer.methods),
+        layers=list(explainer.chosen.layers),
+        methods=list(explainer.chosen.methods),
         options=options,
         sanity_modules=list(sanity_modules),
         images=results,
         unmatched_boxes=unmatched,
-        target=explainer.target,
+        target=explainer.chosen.target,
         undetected_boxes=undetected,
     )

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..cam.engine import model_state_preserved
 from ..cam.explainer import Explainer
 from ..cam.masked_scores import ProgressCallback
+from ..models.modes import model_state_preserved
 from ..options import EvalOptions, PerturbationOptions
 from .draws import RANDOM_DRAWS, RANDOM_METHODS
 from .road import ROAD_FRACTIONS
@@ -62,7 +62,7 @@ def _timed(explainer: Explainer, methods: tuple[str, ...], inputs: torch.Tensor)
     single = with_methods(explainer, methods, progress=progress)
     started = time.perf_counter()
     try:
-        single.compute_targets(inputs, explainer.target, 1)
+        single.compute_targets(inputs, explainer.chosen.target, 1)
     except _Enough:
         return marks["setup"] + marks["spent"] / marks["share"]
     return time.perf_counter() - started
@@ -130,8 +130,8 @@ def estimate(
     )
     passes = 2 * (options.steps - 1) + 1 + (2 * len(ROAD_FRACTIONS) if options.road else 0)
     seconds = {}
-    groups, explained = pass_groups(explainer.methods), {}
-    for method in explainer.methods:
+    groups, explained = pass_groups(explainer.chosen.methods), {}
+    for method in explainer.chosen.methods:
         if on_method:
             on_method(method)
         group = groups[method]
@@ -159,7 +159,7 @@ def planned(
     explainer: Explainer, inputs: torch.Tensor, options: EvalOptions, images: int, budget: float | None
 ) -> Plan:
     """The plan of evaluating ``images`` images like ``inputs`` (and the seed re-runs) within ``budget``."""
-    reruns = rerun_images(explainer.methods, options, images)
+    reruns = rerun_images(explainer.chosen.methods, options, images)
     return choose(estimate(explainer, inputs, options), images, budget, reruns)
 
 

@@ -35,11 +35,11 @@ def run_settings(explainer: Explainer, options: EvalOptions) -> dict[str, Any]:
     measured = {key: value for key, value in asdict(options).items() if key not in ("batch_size", "plot")}
     return {
         "model": explainer.model.name,
-        "layers": list(explainer.layer_names),
-        "methods": list(explainer.methods),
-        "target": explainer.target,
+        "layers": list(explainer.chosen.layers),
+        "methods": list(explainer.chosen.methods),
+        "target": explainer.chosen.target,
         "explainer": explainer.settings,
-        "perturbation_seed": explainer.perturbation.seed,
+        "perturbation_seed": explainer.options.perturbation.seed,
         **json.loads(json.dumps(measured, default=str)),
     }
 

@@ -30,9 +30,9 @@ def seed_spread(evaluator: Evaluator | TaskEvaluator, report: EvalReport) -> Spr
     runs: list[list[ImageScores]] = [subset]
     for k in range(1, SEED_RERUNS + 1):
         shift = k * RERUN_SEED_STEP
-        perturbation = replace(explainer.perturbation, seed=explainer.perturbation.seed + shift)
+        perturbation = replace(explainer.options.perturbation, seed=explainer.options.perturbation.seed + shift)
         reseeded = Evaluator(
-            with_methods(explainer, explainer.methods, perturbation=perturbation),
+            with_methods(explainer, explainer.chosen.methods, perturbation=perturbation),
             replace(options, seed=options.seed + shift, sanity=False),
         )
         runs.append([reseeded.evaluate_image(Path(image.image)) for image in subset])

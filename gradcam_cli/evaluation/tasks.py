@@ -28,10 +28,10 @@ from ..cam.explainer import Explainer
 from ..cam.results import ImageExplanation, Prediction
 from ..cam.tasks.base import Pair
 from ..errors import UsageError
+from ..io.boxes import GroundTruthBox
 from ..io.discovery import InputImage
 from ..options import EvalOptions
 from . import metrics
-from .boxes import GroundTruthBox
 from .images import evaluate_images, report_of, scored_safely
 from .plan import with_methods
 from .report import BoxScore, EvalReport, ImageScores, MethodScores
@@ -49,7 +49,7 @@ class TaskEvaluator:
         self.on_method: Callable[[str], Any] | None = None
         self.on_result: Callable[[ImageScores], Any] | None = None
         self.done: Mapping[str, ImageScores] = {}
-        self._groups = pass_groups(explainer.methods)
+        self._groups = pass_groups(explainer.chosen.methods)
         self._parts: dict[tuple[str, ...], Explainer] = {}
         self._once = Once()
 
@@ -86,7 +86,7 @@ class TaskEvaluator:
         scores: dict[str, MethodScores] = {}
         top = done.target if done is not None else None
         self._once.clear()
-        for method in methods_to_run(self.explainer.methods, done, scores, self.on_method):
+        for method in methods_to_run(self.explainer.chosen.methods, done, scores, self.on_method):
             group = self._groups[method]
             first = not self._once
             result, pairs, undetected = self._once(("pairs", group), partial(self._paired, group, path, boxes))

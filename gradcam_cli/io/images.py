@@ -47,6 +47,10 @@ class InputSpec:
     multiple: tuple[int, int] | None = None
     """(height, width) that the network input's sides are rounded to multiples of (the nearest multiple, at least
     one): a patch model that takes any shape (a timm ViT built with ``dynamic_img_size``) needs whole patches."""
+    shape: tuple[int, ...] | None = None
+    """A model that takes no RGB image: one input's (C, ...) shape, (C, T, H, W) of a clip model, (C, D, H, W) of a
+    volume model, (C, L) of a sequence model, which its dry pass (:func:`gradcam_cli.cam.layers.blank_input`) is made
+    at; ``None``: an image, 3 x H x W as above."""
 
     def resized_shape(self, height: int, width: int) -> tuple[int, int]:
         """(H, W) of the network input for an image of ``height`` x ``width``: shorter side = size, aspect kept.

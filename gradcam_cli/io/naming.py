@@ -26,6 +26,8 @@ LOCK_NAME = ".gradcam.lock"
 MANIFEST_NAME = "manifest.jsonl"
 """A sharded run's manifest when ``--manifest`` is not given (each shard writes its own, named by
 :func:`shard_manifest_path`)."""
+COMBINED_TAIL = "boxes"
+"""How a detector's combined map is named (``<stem>_<method>_boxes``, also its video)."""
 SHARD_FILE = re.compile(r"\.gradcam-shard-(\d+)-of-(\d+)\.json")
 """The shard record of shard K of N, ``.gradcam-shard-K-of-N.json``: what ``gradcam merge`` reads."""
 TARGET_TAIL = re.compile(r"\d+-[a-z0-9+-]+")
@@ -77,9 +79,28 @@ def detection_path(
     """
     stem = image.output_stem
     if rank == 0:
-        return output_dir / stem.parent / f"{stem.name}_{slug(method)}_boxes{suffix}"
+        return output_dir / stem.parent / f"{stem.name}_{slug(method)}_{COMBINED_TAIL}{suffix}"
     name = f"{stem.name}_{slug(method)}_box{rank}_{class_index}-{slug(class_name)}{suffix}"
     return output_dir / stem.parent / name
+
+
+def output_kind(path: str) -> str:
+    """What a file a row lists is, by the name this module gave it, as the gallery links it: ``raw map``,
+    ``video``, ``panel``, ``heatmap``, ``all detections`` (a detector's combined map, :func:`detection_path`'s
+    rank 0) or ``file``."""
+    name = os.path.basename(path).lower()
+    suffix = os.path.splitext(name)[1]
+    if suffix == ".npy":
+        return "raw map"
+    if suffix in (".mp4", ".avi", ".mov", ".mkv", ".webm"):
+        return "video"
+    if "_panel." in name:
+        return "panel"
+    if "_heatmap-" in name:
+        return "heatmap"
+    if name.endswith(f"_{COMBINED_TAIL}{suffix}"):
+        return "all detections"
+    return "file"
 
 
 def heatmap_path(

@@ -15,7 +15,7 @@ import torch
 from torch import fx, nn
 from torch.nn.utils.fusion import fuse_conv_bn_weights
 
-from ..cam.engine import model_state_preserved
+from .modes import model_state_preserved
 
 
 class _KeepLeaves(fx.Tracer):

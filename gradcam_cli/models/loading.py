@@ -11,16 +11,17 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..cam.engine import model_state_preserved
 from ..errors import UsageError
 from ..io.images import InputSpec
 from ..options import TASK_NAMES, ModelOptions
+from .devices import resolve_device
 from .families import FAMILIES, Family, available_models, family_of, no_head_families
 from .families.lite0 import LITE0, LITE0_SPEC
 from .families.torchvision import imagenet_categories
 from .labels import check_label_count, read_labels
+from .modes import model_state_preserved, settle_loaded
 from .profile import LoadedModel, ModelProfile
-from .tasks import Task, detection_spec
+from .tasks import detection_spec
 
 __all__ = [
     "FAMILIES",
@@ -32,6 +33,7 @@ __all__ = [
     "check_input_size",
     "count_classes",
     "imagenet_categories",
+    "load_for_run",
     "load_model",
 ]
 
@@ -58,16 +60,15 @@ def load_model(
     ``hf:PATH`` (a folder saved with ``save_pretrained``, or a hub id), ``open_clip:ARCH`` (docs/targets.md),
     ``yolo:PATH``, ``package.module:factory`` or ``path/to/file.py:factory``, or a plugin family's (the family that
     claims the name loads it: :mod:`gradcam_cli.models.families`); ``task`` (``None``: found from the model) says
-    what it does (a plugin's task adapter by its name: ``ModelProfile.task_name``). ``weights``:
+    what it does (a plugin's task adapter by its name: ``ModelProfile.task``). ``weights``:
     ``DEFAULT``, a torchvision weights enum name (``IMAGENET1K_V1``), ``none`` (random initialisation, backbone
     included: nothing is downloaded) or the path of a state dict (``torch.save`` or safetensors). ``labels``: a text
     file, one class per line, which must name as many classes as the model has (a custom model's count is found
     with one forward pass on a blank input); a CLIP-style model's are prompts, any number. ``input_size``: ``None``
-    keeps the model's own. The model stays on the
-    CPU (``ModelOptions.device`` is applied by :meth:`Explainer.from_options`). ``architecture_only``: build the
-    model its weights describe (class count, input size, auxiliary heads) without downloading or reading them, its
-    parameters left random: all ``--list-layers`` needs (a Hugging Face hub id still needs its configuration files,
-    and a custom factory runs as usual).
+    keeps the model's own. The model stays on the CPU, as found (a run's is settled on ``ModelOptions.device`` by
+    :func:`load_for_run`). ``architecture_only``: build the model its weights describe (class count, input size,
+    auxiliary heads) without downloading or reading them, its parameters left random: all ``--list-layers`` needs
+    (a Hugging Face hub id still needs its configuration files, and a custom factory runs as usual).
     """
     if isinstance(model, str):
         path = Path(labels) if labels is not None else None
@@ -77,8 +78,8 @@ def load_model(
         raise UsageError(f"--num-classes 0 (no head: an embedding model) is for {no_head_families()} models")
     loaded = family.load(model, architecture_only)
     if model.task is not None and model.task not in TASK_NAMES:  # a plugin's task adapter, whatever the family
-        loaded = loaded.with_profile(task_name=model.task)
-    if model.input_size is not None or loaded.task is Task.DETECT:
+        loaded = loaded.with_profile(task=model.task)
+    if model.input_size is not None or loaded.profile.detector:
         loaded = loaded.with_profile(input_spec=_input_spec(family, loaded, model.input_size))
     loaded = with_whole_patches(loaded)
     if model.labels is not None:
@@ -86,10 +87,19 @@ def load_model(
     return loaded
 
 
+def load_for_run(options: ModelOptions) -> LoadedModel:
+    """:func:`load_model`, then the model settled once as every pass wants it, and where it runs: eval mode, frozen
+    parameters, on ``options.device`` (:func:`~gradcam_cli.models.devices.resolve_device`). The command line's
+    models, and ``gradcam serve``'s, are moved to their device here and nowhere else."""
+    loaded = load_model(options)
+    settle_loaded(loaded.module, resolve_device(options.device))
+    return loaded
+
+
 def _input_spec(family: Family, loaded: LoadedModel, size: int | tuple[int, int] | None) -> InputSpec:
     """The loaded model's input spec at ``--input-size size`` (``None``: its own; a torchvision-style detector's
     from its transform; ``(H, W)``: :func:`shaped_spec`)."""
-    detector = loaded.task is Task.DETECT
+    detector = loaded.profile.detector
     if isinstance(size, tuple):
         return shaped_spec(loaded, size)
     if size is not None:
@@ -139,7 +149,7 @@ def shaped_spec(loaded: LoadedModel, shape: tuple[int, int]) -> InputSpec:
     height, width = shape
     own = loaded.input_spec
     given = f"--input-size {height},{width}"
-    if loaded.task is Task.DETECT:
+    if loaded.profile.detector:
         raise UsageError(f"{given} is not for detectors ({loaded.name} sets its own shape); give --input-size N")
     if own.fixed_size is not None and not loaded.profile.any_shape:
         if own.fixed_size != shape:
@@ -164,7 +174,7 @@ def with_whole_patches(loaded: LoadedModel) -> LoadedModel:
     to multiples of its patch size (``InputSpec.multiple``), so that an image of any aspect runs; the map is still
     stretched back over the original image. Any other model as it is."""
     spec = loaded.input_spec
-    if spec.fixed_size is not None or spec.keep_aspect or loaded.task is Task.DETECT:
+    if spec.fixed_size is not None or spec.keep_aspect or loaded.profile.detector:
         return loaded
     patch = patch_size(loaded.module)
     return loaded if patch is None else loaded.with_profile(input_spec=replace(spec, multiple=patch))

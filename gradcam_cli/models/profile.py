@@ -14,11 +14,29 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from ..io.images import InputSpec
-from .tasks import Task, detection_spec, detection_transform, infer_task, task_of_shape
+from .tasks import CLASSIFY, DETECT, detection_spec, detection_transform, infer_task, task_facts, task_of_shape
 
 if TYPE_CHECKING:
-    from ..vlm.layouts import TokenLayout
     from .text_tower import TextTower
+    from .token_layouts import TokenLayout
+
+
+BARE_CLIP = (16, 112, 112)
+"""The (T, H, W) a bare module whose first convolution is 3-D is first run at (a clip's, as torchvision's video
+models take them; a volume model's alike)."""
+
+
+def bare_input(module: nn.Module) -> InputSpec:
+    """How a bare module takes its input, from its convolutions: one whose first is 3-D takes (C, T, H, W) clips or
+    volumes (:data:`BARE_CLIP`), one with 1-D convolutions only (C, L) sequences of the usual size, any other module
+    RGB images."""
+    convolutions = [m for m in module.modules() if isinstance(m, nn.Conv1d | nn.Conv2d | nn.Conv3d)]
+    first = convolutions[0] if convolutions else None
+    if isinstance(first, nn.Conv3d):
+        return InputSpec(size=BARE_CLIP[-1], shape=(first.in_channels, *BARE_CLIP))
+    if isinstance(first, nn.Conv1d) and all(isinstance(m, nn.Conv1d) for m in convolutions):
+        return InputSpec(shape=(first.in_channels, InputSpec.size))
+    return InputSpec()
 
 
 @dataclass(frozen=True)
@@ -29,7 +47,14 @@ class ModelProfile:
     """How the model wants its input: size and normalisation."""
     categories: list[str] | None = None
     """Its class names (``--labels`` replaces them; a CLIP-style model's are prompts); ``None``: none known."""
-    task: Task = Task.CLASSIFY
+    task: str = CLASSIFY
+    """The name of the task adapter that explains it (:mod:`gradcam_cli.cam.tasks`): a built-in task found from the
+    model or named by ``--task`` (``classify``, ``detect``, ``segment``), the YOLO family's ``yolo`` for its
+    detectors, or a plugin's, named by ``--task`` or by the model's family (``toy:counter``'s ``count``)."""
+    detector: bool = False
+    """Its output is detections: a torchvision-style detector (its input spec then its detection transform's), a
+    YOLO detector, instance segmenter or pose model; ``--input-size H,W`` is refused and its sides are not rounded
+    to whole patches. Always so for the ``detect`` task."""
     prefix_tokens: int | None = None
     """Leading non-spatial tokens (class, distillation, register) of the model's token sequences, as the model
     declares them (timm, Hugging Face); ``None``: found from each layer's shape (:mod:`gradcam_cli.cam.reshape`)."""
@@ -44,10 +69,6 @@ class ModelProfile:
     """Its output is an embedding, not class scores: explained with ``similar:`` targets (docs/targets.md)."""
     text: TextTower | None = None
     """A CLIP-style model's text tower, for ``text:`` targets; its ``categories`` are then prompts (``--labels``)."""
-    task_name: str | None = None
-    """The task adapter (:mod:`gradcam_cli.cam.tasks`) that explains the model, where not its :class:`Task`'s own:
-    a plugin's named by ``--task`` or by the model's family (``toy:counter``'s ``count``), or the YOLO family's
-    ``yolo`` (``--task detect`` or ``segment`` leave it); ``None``: the one of its :class:`Task`."""
     size_known: bool = True
     """The model says its own input size (``--input-size`` is then at most 4 times it); ``False`` for your own
     ``file.py:factory`` models."""
@@ -55,16 +76,14 @@ class ModelProfile:
     """It takes any height and width (``--input-size H,W``: a multiple of its patch size) though its ``input_spec``
     names a fixed size: a timm ViT built with ``dynamic_img_size``."""
     processor: Any = None
-    """A vision-language model's processor (image processor, tokenizer, chat template): ``task_name`` ``answer``."""
+    """A vision-language model's processor (image processor, tokenizer, chat template): task ``answer``."""
     layout: TokenLayout | None = None
     """A vision-language model's token layout: its default layer and where that layer's image tokens lie on the
-    photo (:mod:`gradcam_cli.vlm.layouts`)."""
+    photo (:mod:`gradcam_cli.models.token_layouts`)."""
 
-    @property
-    def may_read_tokens(self) -> bool:
-        """Whether its 3-D (N, L, C) layer outputs may be token sequences: only a classifier's (a detector head's
-        (N, anchors, classes) has no grid); :func:`gradcam_cli.cam.layers.reads_tokens` says whether they are."""
-        return self.task is Task.CLASSIFY
+    def __post_init__(self) -> None:
+        if self.task == DETECT:
+            object.__setattr__(self, "detector", True)
 
 
 @dataclass(frozen=True, init=False)
@@ -88,7 +107,7 @@ class LoadedModel:
         weights: str,
         categories: list[str] | None = None,
         input_spec: InputSpec | None = None,
-        task: Task = Task.CLASSIFY,
+        task: str = CLASSIFY,
         *,
         profile: ModelProfile | None = None,
         **facts: Any,
@@ -106,12 +125,12 @@ class LoadedModel:
     def of_module(cls, module: nn.Module) -> LoadedModel:
         """A bare module as a model: named by its class, a detector where it has a detection transform, else a
         classifier until its output says otherwise (:meth:`with_task_shown`)."""
-        task = Task.DETECT if detection_transform(module) is not None else Task.CLASSIFY
-        return cls(module, type(module).__name__, "custom", None, InputSpec(), task)
+        task = DETECT if detection_transform(module) is not None else CLASSIFY
+        return cls(module, type(module).__name__, "custom", None, bare_input(module), task)
 
     def with_detector_input(self) -> LoadedModel:
         """A bare detector with its transform's input size (any other model as it is)."""
-        if self.task is not Task.DETECT:
+        if not self.profile.detector:
             return self
         return self.with_profile(input_spec=detection_spec(self.module, None) or self.input_spec)
 
@@ -119,10 +138,10 @@ class LoadedModel:
         """A bare module's task, from the shape of its output in a dry pass (``None``: not a tensor), else from
         :func:`~gradcam_cli.models.tasks.infer_task`."""
         shown = task_of_shape(output_shape)
-        return self.with_profile(task=shown or infer_task(self.module, self.input_spec, self.name))
+        return self.with_profile(**task_facts(shown or infer_task(self.module, self.input_spec, self.name)))
 
     def with_profile(self, **changes: Any) -> LoadedModel:
-        """This model with some of its profile's facts replaced (``model.with_profile(task=Task.DETECT)``)."""
+        """This model with some of its profile's facts replaced (``model.with_profile(categories=names)``)."""
         return replace(self, profile=replace(self.profile, **changes))
 
     @property
@@ -134,12 +153,8 @@ class LoadedModel:
         return self.profile.input_spec
 
     @property
-    def task(self) -> Task:
+    def task(self) -> str:
         return self.profile.task
-
-    @property
-    def task_name(self) -> str | None:
-        return self.profile.task_name
 
     @property
     def prefix_tokens(self) -> int | None:

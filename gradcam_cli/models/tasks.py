@@ -14,16 +14,15 @@ identity, and ``--input-size`` sets the transform's shorter side (its longer-sid
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..cam.engine import model_state_preserved
 from ..errors import UsageError
 from ..io.images import InputSpec
+from .modes import model_state_preserved
 
 DETECTION_KEYS = ("boxes", "labels", "scores")
 """What each image's dict in a detector's output holds (torchvision's detection output)."""
@@ -39,48 +38,43 @@ UNIT_SPEC = InputSpec(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
 """Pixels in [0, 1], as torchvision's detectors take them (their transform normalises)."""
 
 
-class Task(str, enum.Enum):
-    """What a model does, by the name ``--task`` gives it."""
-
-    CLASSIFY = "classify"
-    DETECT = "detect"
-    SEGMENT = "segment"
-
-    @property
-    def noun(self) -> str:
-        """What such a model is called: classifier, detector, segmenter."""
-        return {"classify": "classifier", "detect": "detector", "segment": "segmenter"}[self.value]
-
-    @classmethod
-    def parse(cls, text: str | Task) -> Task:
-        """``classify``, ``detect`` or ``segment`` (any case)."""
-        value = text.value if isinstance(text, Task) else text.strip().lower()
-        try:
-            return cls(value)
-        except ValueError:
-            raise UsageError(f"unknown task {text!r}; use classify, detect or segment") from None
+CLASSIFY, DETECT, SEGMENT = "classify", "detect", "segment"
+"""The built-in tasks a model is found to do (:data:`gradcam_cli.options.TASK_NAMES`), each the name of the task
+adapter that explains it (:mod:`gradcam_cli.cam.tasks`)."""
+NOUNS = {CLASSIFY: "classifier", DETECT: "detector", SEGMENT: "segmenter"}
+"""What a model of each built-in task is called."""
 
 
-def layer_scopes(task: Task) -> tuple[str, ...]:
-    """Where the default layer is looked for first (:data:`LAYER_SCOPES` for detectors and segmenters)."""
-    return () if task is Task.CLASSIFY else LAYER_SCOPES
+def parse_task(text: str) -> str:
+    """``classify``, ``detect`` or ``segment`` (any case)."""
+    value = text.strip().lower()
+    if value not in NOUNS:
+        raise UsageError(f"unknown task {text!r}; use classify, detect or segment")
+    return value
 
 
-def torchvision_names(task: Task) -> list[str]:
-    """The torchvision model names of one task."""
+def task_facts(task: str) -> dict[str, Any]:
+    """A model's profile facts (:class:`~gradcam_cli.models.profile.ModelProfile`) for a built-in ``task`` found
+    from it or named by ``--task``: the adapter's name, and whether its output is detections (its input then shaped
+    as its detection transform shapes it)."""
+    return {"task": task, "detector": task == DETECT}
+
+
+def torchvision_names(task: str) -> list[str]:
+    """The torchvision model names of one built-in task."""
     import torchvision.models
 
     namespace = {
-        Task.CLASSIFY: torchvision.models,
-        Task.DETECT: torchvision.models.detection,
-        Task.SEGMENT: torchvision.models.segmentation,
+        CLASSIFY: torchvision.models,
+        DETECT: torchvision.models.detection,
+        SEGMENT: torchvision.models.segmentation,
     }[task]
     return list(torchvision.models.list_models(module=namespace))
 
 
-def torchvision_task(name: str) -> Task | None:
+def torchvision_task(name: str) -> str | None:
     """The task of a torchvision model name; ``None``: not one of torchvision's image models."""
-    return next((task for task in Task if name in torchvision_names(task)), None)
+    return next((task for task in NOUNS if name in torchvision_names(task)), None)
 
 
 def detection_transform(module: nn.Module) -> nn.Module | None:
@@ -110,26 +104,26 @@ def detection_spec(module: nn.Module, input_size: int | None) -> InputSpec | Non
     return InputSpec(size=size, max_side=longest, keep_aspect=True, mean=UNIT_SPEC.mean, std=UNIT_SPEC.std)
 
 
-def task_of_shape(shape: Sequence[int] | None) -> Task | None:
+def task_of_shape(shape: Sequence[int] | None) -> str | None:
     """The task a tensor output's ``shape`` shows: (N, classes) classifies, (N, classes, H, W) segments."""
     if shape is None or len(shape) not in (2, 4):
         return None
-    return Task.CLASSIFY if len(shape) == 2 else Task.SEGMENT if shape[2] * shape[3] > 1 else None
+    return CLASSIFY if len(shape) == 2 else SEGMENT if shape[2] * shape[3] > 1 else None
 
 
-def task_of_output(output: object) -> Task | None:
+def task_of_output(output: object) -> str | None:
     """The task a model's output shows (see the module docstring); ``None``: not recognised."""
     if isinstance(output, torch.Tensor):
         return task_of_shape(tuple(output.shape))
     if isinstance(output, Mapping):
         out = output.get("out")
-        return Task.SEGMENT if isinstance(out, torch.Tensor) and out.dim() == 4 else None
+        return SEGMENT if isinstance(out, torch.Tensor) and out.dim() == 4 else None
     if isinstance(output, Sequence) and output and all(_is_detection(item) for item in output):
-        return Task.DETECT
+        return DETECT
     if isinstance(output, Sequence) and output and isinstance(output[0], torch.Tensor) and output[0].dim() == 2:
-        return Task.CLASSIFY  # GoogLeNet's and Inception's named tuples
+        return CLASSIFY  # GoogLeNet's and Inception's named tuples
     logits = getattr(output, "logits", None)
-    return Task.CLASSIFY if isinstance(logits, torch.Tensor) and logits.dim() == 2 else None
+    return CLASSIFY if isinstance(logits, torch.Tensor) and logits.dim() == 2 else None
 
 
 def _is_detection(item: object) -> bool:
@@ -148,19 +142,19 @@ def describe_output(output: object) -> str:
     return f"a {type(output).__name__}"
 
 
-def infer_task(module: nn.Module, spec: InputSpec, name: str) -> Task:
+def infer_task(module: nn.Module, spec: InputSpec, name: str) -> str:
     """The task of a model that is not torchvision's, from one forward pass on a blank input in eval mode.
 
     A model whose forward pass fails is taken for a classifier, so that the dry pass reports the failure with its
     input; one whose output fits no task is a one-line :class:`UsageError` that names what it returned."""
     if detection_transform(module) is not None:
-        return Task.DETECT
+        return DETECT
     height, width = spec.fixed_size or (spec.size, spec.size)
     try:
         with model_state_preserved(module), torch.no_grad():
             output: Any = module(torch.zeros(1, 3, height, width, device=_device_of(module)))
     except Exception:  # the dry pass reports it, with the input size
-        return Task.CLASSIFY
+        return CLASSIFY
     task = task_of_output(output)
     if task is None:
         raise UsageError(

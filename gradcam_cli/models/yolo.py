@@ -34,15 +34,15 @@ from torch import nn
 
 from ..errors import ModelLoadError, UsageError, describe, suggest
 from ..io.images import OPENCV_LINEAR, InputSpec
-from .tasks import Task
+from .tasks import NOUNS
 from .weights import apply_state_dict, load_state_dict_file
 from .yolo_net import model_stride
 
 YOLO_PREFIX = "yolo:"
 YOLO_TASK = "yolo"
 """The task adapter that explains a YOLO detector, instance segmenter or pose model (:mod:`gradcam_cli.cam.tasks.yolo`),
-as its profile names it (:attr:`~gradcam_cli.models.profile.ModelProfile.task_name`)."""
-TASKS = {"detect": Task.DETECT, "segment": Task.DETECT, "pose": Task.DETECT, "classify": Task.CLASSIFY}
+as its profile names it (:attr:`~gradcam_cli.models.profile.ModelProfile.task`)."""
+TASKS = {"detect": "detect", "segment": "detect", "pose": "detect", "classify": "classify"}
 """The ultralytics tasks gradcam explains, and how it explains each (instances and poses are detections)."""
 ENVIRONMENT = {"YOLO_OFFLINE": "1", "YOLO_AUTOINSTALL": "false", "YOLO_VERBOSE": "false"}
 """What :func:`offline_ultralytics` sets before ultralytics is imported."""
@@ -54,12 +54,13 @@ DEFAULT_SIZE = 640
 @dataclass
 class YoloModel:
     """A YOLO model as :func:`load_yolo` builds it: the module to explain, its class names, its input and its task
-    (``kind``: ultralytics' own name of it, ``detect``, ``segment``, ``pose`` or ``classify``)."""
+    (``kind``: ultralytics' own name of it, ``detect``, ``segment``, ``pose`` or ``classify``; ``detector``: its
+    output is detections, as for every kind but ``classify``)."""
 
     module: nn.Module
     categories: list[str] | None
     input_spec: InputSpec
-    task: Task
+    detector: bool
     kind: str
 
 
@@ -112,10 +113,10 @@ def load_yolo(name: str, weights: str, architecture_only: bool = False, task: st
         from .yolo_net import YoloClassifier
 
         spec = InputSpec(size=size, mean=UNIT[0], std=UNIT[1])
-        return YoloModel(YoloClassifier(net), categories, spec, Task.CLASSIFY, kind)
+        return YoloModel(YoloClassifier(net), categories, spec, False, kind)
     from .yolo_net import YoloNet
 
-    return YoloModel(YoloNet(net, kind), categories, letterbox_spec(size), Task.DETECT, kind)
+    return YoloModel(YoloNet(net, kind), categories, letterbox_spec(size), True, kind)
 
 
 def _check_task(name: str, kind: str, task: str | None) -> None:
@@ -126,7 +127,7 @@ def _check_task(name: str, kind: str, task: str | None) -> None:
     fits = {"detect": ("detect",), "segment": ("detect", "segment"), "pose": ("detect",), "classify": ("classify",)}
     if task.lower() not in fits[kind]:
         raise UsageError(
-            f"--task {task} does not fit {name}, a YOLO {kind} model (explained as a {TASKS[kind].noun}); use --task "
+            f"--task {task} does not fit {name}, a YOLO {kind} model (explained as a {NOUNS[TASKS[kind]]}); use --task "
             f"{fits[kind][0]} or leave --task out"
         )
 

@@ -3,7 +3,7 @@
 
 Each image's answer is generated (or taken from ``--answer``) and explained; its maps are written as the batch
 writes an image's (the overlay, ``--save-raw``'s ``.npy``, ``--save-heatmap``'s heatmap, ``--report``'s thumbnail,
-``--panel``'s panel) and its rows are :class:`~gradcam_cli.pipeline.records.Record` s with a fingerprint per map
+``--panel``'s panel) and its rows are :class:`~gradcam_cli.cam.records.Record` s with a fingerprint per map
 and the run's provenance. With ``--skip-existing`` an image whose rows the manifest holds and whose outputs all
 exist keeps them: its answer is not generated again. An image that fails gives an error row and the run goes on.
 """
@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..cam.records import Answer, Record, answer_prediction
 from ..cam.results import Explanation
 from ..cam.tasks.answer import EMPTY_ANSWER
 from ..drift.fingerprint import map_fingerprint
@@ -29,7 +30,6 @@ from ..options import OutputOptions, RunOptions
 from ..render.colour import blend, colormap_table, heatmap_image
 from ..render.encode import save_array, save_image
 from ..vlm.answer import AnswerExplainer, AnswerExplanation
-from .records import Answer, Record, answer_prediction
 from .resume import EarlierRows, run_record
 
 RAY_ANSWERS = (

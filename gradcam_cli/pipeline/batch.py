@@ -28,7 +28,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +38,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..cam.explainer import Explainer
+from ..cam.records import Record, in_original_pixels
 from ..cam.results import Explanation, ImageExplanation
 from ..drift.fingerprint import empty_fingerprint, map_fingerprint
 from ..errors import GradcamError, describe
@@ -59,7 +60,6 @@ from .detection_resume import CombinedOutputs, resumed_detection_rows
 from .gpu import is_out_of_memory, release_cached_memory, results_to_host, stack_inputs
 from .ordering import InOrder, deferred_interrupt
 from .outputs import OutputKind, WriteJob, output_kinds
-from .records import Record, in_original_pixels
 from .resume import EarlierRows, ExistingOutputs, FoundExplanation, resumed_rows
 
 FOLD_MIN_IMAGES = 32
@@ -158,7 +158,7 @@ class BatchRunner:
             return self._record(image, "skipped", **fields)
 
         earlier, required = self.earlier.get(str(image.path)), self.earlier.required
-        if self.explainer.adapter.ranked:
+        if self.explainer.adapter.combined_tail is not None:  # a detector's: by its combined maps
             rows = resumed_detection_rows(found, earlier, row, required)
         else:
             rows = resumed_rows(found, earlier, row, self.explainer.model.class_name, required)
@@ -188,8 +188,8 @@ class BatchRunner:
                 prefetch_factor=max(2, math.ceil(self.batch_size / workers)),
             )
             samples = decoded(iter(loader))  # worker processes start here, before any writer thread exists
-        with self.explainer.folded() if len(todo) >= FOLD_MIN_IMAGES else nullcontext():
-            yield from self.explain_samples(samples, todo, inputs, on_image, interrupted)
+        with self.explainer.folded() if len(todo) >= FOLD_MIN_IMAGES else nullcontext(self.explainer) as explainer:
+            yield from self.explain_samples(samples, todo, inputs, on_image, interrupted, explainer)
 
     def explain_samples(
         self,
@@ -198,9 +198,10 @@ class BatchRunner:
         inputs: set[str],
         on_image: Callable[[], Any] | None = None,
         interrupted: Callable[[], bool] = lambda: False,
+        explainer: Explainer | None = None,
     ) -> Iterator[tuple[int, list[Record]]]:
         """(index in ``images``, rows) of each decoded sample (``sample.index`` indexes ``images``) once its files
-        are written: shape buckets, the model, the writer threads."""
+        are written: shape buckets, the model (``explainer``, else the runner's own), the writer threads."""
         limit_images = self.batch_size + 2 * self.writers
         pending: deque[_Pending] = deque()
         with ThreadPoolExecutor(max_workers=self.writers, thread_name_prefix="gradcam-writer") as pool:
@@ -208,7 +209,7 @@ class BatchRunner:
                 for batch in bucketed(samples, self.batch_size):
                     if interrupted():
                         break
-                    for item in self._process(batch, images, inputs, pool):
+                    for item in self._process(batch, images, inputs, pool, explainer or self.explainer):
                         pending.append(item)
                         # Hand back finished images; wait for the oldest while too many images or pixels are queued.
                         while pending and (
@@ -229,9 +230,9 @@ class BatchRunner:
     def existing_outputs(self) -> ExistingOutputs:
         """What ``--skip-existing`` looks for: this run's listed outputs, for its methods and targets."""
         explainer = self.explainer
-        target = explainer.prediction(explainer.target, 0.0) if explainer.target is not None else None
-        kind = CombinedOutputs if explainer.adapter.ranked else ExistingOutputs
-        return kind(self.output, self.kinds, explainer.methods, target, explainer.top_k)
+        target = explainer.prediction(explainer.chosen.target, 0.0) if explainer.chosen.target is not None else None
+        kind = ExistingOutputs if explainer.adapter.combined_tail is None else CombinedOutputs
+        return kind(self.output, self.kinds, explainer.chosen.methods, target, explainer.chosen.top_k)
 
     def _finish(self, item: _Pending, on_image: Callable[[], Any] | None) -> tuple[int, list[Record]]:
         rows, seconds = item.rows, item.seconds
@@ -248,7 +249,7 @@ class BatchRunner:
         return item.index, rows
 
     def _process(
-        self, batch: list[Sample], images: Sequence[InputImage], inputs: set[str], pool: ThreadPoolExecutor
+        self, batch: list[Sample], images: Sequence[InputImage], inputs: set[str], pool: Executor, by: Explainer
     ) -> list[_Pending]:
         ready = [(s.index, s.tensor, s.pixels) for s in batch if s.tensor is not None and s.pixels is not None]
         originals = {s.index: s.original for s in batch}
@@ -257,25 +258,25 @@ class BatchRunner:
             return [_Pending(index, image, [self._error(image, batch[0].error or f"{image.path}: unreadable")])]
         if len(batch) > self.batch_size:  # smaller batches since the GPU ran out of memory
             parts = [batch[i : i + self.batch_size] for i in range(0, len(batch), self.batch_size)]
-            return [item for part in parts for item in self._process(part, images, inputs, pool)]
+            return [item for part in parts for item in self._process(part, images, inputs, pool, by)]
         started = time.perf_counter()
         sizes = [(int(pixels.shape[0]), int(pixels.shape[1])) for _, _, pixels in ready]
         try:
             device = self.explainer.device
-            results = self._explain(stack_inputs([tensor for _, tensor, _ in ready], device), sizes)
+            results = self._explain(by, stack_inputs([tensor for _, tensor, _ in ready], device), sizes)
             results_to_host(results)
         except GradcamError:
             raise
         except Exception as error:
             if is_out_of_memory(error) and len(batch) > 1:
                 self._halve_batches(len(batch))
-                return self._process(batch, images, inputs, pool)
+                return self._process(batch, images, inputs, pool, by)
             if len(batch) == 1:
                 index = batch[0].index
                 image = images[index]
                 message = f"{image.path}: the model failed on this image ({describe(error, image.path)})"
                 return [_Pending(index, image, [self._error(image, message)])]
-            return [item for sample in batch for item in self._process([sample], images, inputs, pool)]
+            return [item for sample in batch for item in self._process([sample], images, inputs, pool, by)]
         seconds = (time.perf_counter() - started) / len(batch)
         items = []
         for (index, _, pixels), result in zip(ready, results, strict=True):
@@ -285,8 +286,7 @@ class BatchRunner:
         return items
 
     def _halve_batches(self, size: int) -> None:
-        """After running out of memory on a batch of ``size``: half as many images per batch from now on, said
-        once."""
+        """After running out of memory on a batch of ``size``: half as many images per batch from now on (said once)."""
         release_cached_memory()
         halved = max(1, size // 2)
         if self.notify is not None and not self._halved:
@@ -294,20 +294,20 @@ class BatchRunner:
         self._halved = True
         self.batch_size = min(self.batch_size, halved)
 
-    def _explain(self, inputs: torch.Tensor, sizes: list[tuple[int, int]]) -> list[ImageExplanation]:
-        """The explainer on one batch. On the CPU the batch goes in channels-last: oneDNN's convolutions run about
+    def _explain(self, by: Explainer, inputs: torch.Tensor, sizes: list[tuple[int, int]]) -> list[ImageExplanation]:
+        """``by`` on one batch. On the CPU the batch goes in channels-last: oneDNN's convolutions run about
         a fifth faster so, and the maps differ from a contiguous input's by about 1e-6. A model that cannot take
         such an input (one that calls ``.view`` on it) gets contiguous batches from then on."""
         if self._channels_last and inputs.dim() == 4:
             try:
-                return self.explainer.explain_batch(inputs.contiguous(memory_format=torch.channels_last), sizes)
+                return by.explain_batch(inputs.contiguous(memory_format=torch.channels_last), sizes)
             except GradcamError:
                 raise
             except Exception as error:
                 if is_out_of_memory(error):
                     raise
                 self._channels_last = False
-        return self.explainer.explain_batch(inputs, sizes)
+        return by.explain_batch(inputs, sizes)
 
     def _submit(
         self,
@@ -316,7 +316,7 @@ class BatchRunner:
         pixels: torch.Tensor,
         result: ImageExplanation,
         inputs: set[str],
-        pool: ThreadPoolExecutor,
+        pool: Executor,
         original: tuple[int, int] | None = None,
     ) -> _Pending:
         """Name this image's files and rows (measured in the ``original`` image's pixels: docs/batch.md, Large
@@ -353,7 +353,7 @@ class BatchRunner:
             empty = empty_fingerprint(int(pixels.shape[0]), int(pixels.shape[1]))
             rows = [
                 self._record(image, "ok", method=m, predictions=result.predictions, fingerprint=empty)
-                for m in self.explainer.methods
+                for m in self.explainer.chosen.methods
             ]
         for kind in self.kinds:
             if not kind.per_explanation:

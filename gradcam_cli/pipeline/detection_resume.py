@@ -17,16 +17,15 @@ from typing import Any
 
 import torch
 
+from ..cam.records import Record
 from ..cam.results import Explanation, Prediction
 from ..io.discovery import InputImage
-from .records import Record
+from ..io.naming import COMBINED_TAIL
 from .resume import ExistingOutputs, FoundExplanation
 
 _COMBINED = Prediction(-1, "all detections", 0.0)
 _PROBE_TARGET = Prediction(0, "x", 0.0)
 _PROBE_MARK = "_box1_0-x"
-COMBINED_TAIL = "boxes"
-"""How a :class:`FoundExplanation` of a combined map is marked."""
 
 
 @dataclass

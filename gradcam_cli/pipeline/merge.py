@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..cam.records import Record
 from ..errors import UsageError
 from ..io.atomic import remove_stale_temporaries
 from ..io.lock import FolderLock
 from ..io.manifest import latest_row_sets, read_manifest, row_key, write_manifest
 from ..io.naming import LOCK_NAME, SHARD_FILE
-from .records import Record
 from .resume import RECORD_LABELS
 from .session import Counts
 from .shards import ShardRecord

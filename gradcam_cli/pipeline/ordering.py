@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from .records import Record
+from ..cam.records import Record
 
 
 class InOrder:

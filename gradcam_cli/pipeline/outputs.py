@@ -20,6 +20,7 @@ from ..io.naming import detection_path, heatmap_path, output_path, panel_path, t
 from ..options import OutputOptions
 from ..render.colour import Blender, heatmap_image
 from ..render.encode import save_array, save_image
+from ..render.overlay import mark
 
 
 @dataclass
@@ -27,7 +28,7 @@ class WriteJob:
     """What an :class:`OutputKind` writes from: one image, its result, and (per-explanation kinds) one explanation.
 
     ``overlay`` is blended on first use, marked (a detection's box, a segmenter's region outline:
-    :meth:`ImageExplanation.mark`) and shared by the kinds that need it (the overlay file, its thumbnail).
+    :func:`~gradcam_cli.render.overlay.mark`) and shared by the kinds that need it (the overlay file, its thumbnail).
     """
 
     options: OutputOptions
@@ -42,7 +43,7 @@ class WriteJob:
     def overlay(self) -> torch.Tensor:
         if self._overlay is None:
             overlay = self.blender(self.pixels, self.saliency)
-            self._overlay = self.result.mark(overlay, self.explanation) if self.explanation is not None else overlay
+            self._overlay = mark(self.result, overlay, self.explanation) if self.explanation is not None else overlay
         return self._overlay
 
     @property

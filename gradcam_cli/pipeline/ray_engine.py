@@ -39,6 +39,7 @@ import torch
 from .. import __version__
 from ..cam.explainer import Explainer
 from ..cam.masked_scores import ProgressCallback
+from ..cam.records import Record
 from ..drift.provenance import run_provenance, use_deterministic
 from ..errors import EXIT_IMAGE_FAILED, GradcamError, ImageError, ModelLoadError, UsageError, describe
 from ..io.discovery import InputImage
@@ -46,7 +47,6 @@ from ..io.images import InputSpec
 from ..options import ExplainOptions, ModelOptions, OutputOptions, RunOptions
 from .batch import BatchRunner
 from .decode import ImageDataset, Sample, default_batch_size
-from .records import Record
 
 BATCHES_PER_CALL = 4
 """An actor gets this many model batches of images per call: enough for shape buckets to fill."""
@@ -65,9 +65,7 @@ def driver_explainer(
     driver's CPU (a cluster's head node often has no GPU). The actors build their own from the same options, on
     their own device. Without Ray installed, a :class:`UsageError` before the model loads."""
     import_ray()
-    explainer = Explainer.from_options(replace(model, device="cpu"), explain, progress=progress)
-    explainer.options = (model, explain)
-    return explainer
+    return Explainer.from_options(model, explain, progress=progress, device="cpu")
 
 
 class RayRunner(BatchRunner):
@@ -84,7 +82,7 @@ class RayRunner(BatchRunner):
         on_image: Callable[[], Any] | None,
         interrupted: Callable[[], bool],
     ) -> Iterator[tuple[int, list[Record]]]:
-        if self.explainer.options is None:
+        if self.explainer.model_options is None:
             raise UsageError("--engine ray needs an explainer built by Explainer.from_options (its actors rebuild it)")
         ray = import_ray()
         started = connect(ray, self.run_options.ray_address)
@@ -120,9 +118,8 @@ class RayRunner(BatchRunner):
 
     def _dataset(self, ray: Any, todo: list[InputImage], inputs: set[str]) -> Any:
         """The pipeline: rows of images, decoding tasks, the actor pool."""
-        options = self.explainer.options
-        assert options is not None
-        model, explain = options
+        model, explain = self.explainer.model_options, self.explainer.options
+        assert model is not None
         run = self.run_options
         actors, per_actor, per_call = actor_pool(ray.cluster_resources(), run, model.device, len(todo))
         items = [

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..cam.records import Record
 from ..cam.results import NO_TARGET_NAME, Explanation, Prediction, no_target
 from ..errors import UsageError, describe
 from ..io.atomic import write_atomic
@@ -22,8 +23,8 @@ from ..io.discovery import InputImage
 from ..io.manifest import latest_row_sets, row_key
 from ..io.naming import RUN_RECORD_NAME, TARGET_TAIL, slug
 from ..options import ImageFormat, OutputOptions
+from ..registry import plugin_versions
 from .outputs import OutputKind
-from .records import Record
 
 _PROBE_TARGET = Prediction(0, "x", 0.0)
 _PROBE_MARK = "_0-x"
@@ -242,7 +243,8 @@ def run_record(
     output: OutputOptions,
     max_side: int | None,
 ) -> dict[str, Any]:
-    """What made a run's outputs, as the run record stores it (quality only for the lossy formats)."""
+    """What made a run's outputs, as the run record stores it (quality only for the lossy formats; the installed
+    plugins' distributions and versions, which ``--skip-existing`` does not hold a resumed run to)."""
     lossy = output.image_format is not ImageFormat.PNG
     return {
         "model": model,
@@ -256,6 +258,7 @@ def run_record(
         "format": output.image_format.value,
         "quality": output.quality if lossy else None,
         "max_side": max_side,
+        "plugins": plugin_versions(),
     }
 
 

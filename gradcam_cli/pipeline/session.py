@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from ..cam.explainer import Explainer
+from ..cam.records import Record
 from ..drift.provenance import run_provenance, use_deterministic
 from ..errors import GradcamError, UsageError, describe
 from ..io.atomic import remove_stale_temporaries
@@ -48,7 +49,6 @@ from ..options import OutputOptions, RunOptions
 from ..render.colour import colormap_table
 from ..vlm.answer import AnswerExplainer
 from .batch import BatchRunner
-from .records import Record
 from .resume import EarlierRows, check_run_record, run_record, write_run_record
 from .shards import ShardRecord, inputs_digest, select_shard, stored_path
 from .video import VideoRunner
@@ -297,26 +297,22 @@ class Session:
             self.provenance = answer_provenance(explainer, self.run)
             self._started = True
             return
-        if self.output.panel and explainer.adapter.ranked:
-            raise UsageError(
-                "--panel is for classifiers and segmenters; a detector's <stem>_<method>_boxes overlay "
-                "shows all its detections at once"
-            )
+        explainer.adapter.check_outputs(self.output)
         spec = explainer.model.input_spec
         record = run_record(
             explainer.model.name,
             explainer.model.weights,
             explainer.layer_label,
             spec.fixed_size or spec.size,
-            (explainer.aug_smooth, explainer.eigen_smooth),
+            (explainer.options.aug_smooth, explainer.options.eigen_smooth),
             self.output,
             self.run.max_side,
         )
         record.update(explainer.settings)
-        if self.output.skip_existing and explainer.target_specs and self.output.manifest is None:
+        if self.output.skip_existing and explainer.options.targets and self.output.manifest is None:
             # file names carry a class, not a target
             raise UsageError("--skip-existing with --target needs --manifest: skipped images' rows come from it")
-        self._record(record | {"precision": explainer.precision})
+        self._record(record | {"precision": explainer.chosen.precision})
         self.provenance = run_provenance(explainer, self.run)
         self._started = True
 

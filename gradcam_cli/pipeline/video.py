@@ -22,18 +22,19 @@ import numpy as np
 import torch
 
 from ..cam.explainer import Explainer
+from ..cam.records import Record
 from ..cam.results import TOP_PREDICTIONS, ImageExplanation
 from ..errors import GradcamError, ImageError, UsageError, describe
 from ..io.atomic import TEMP_MARKER
 from ..io.discovery import InputImage
 from ..io.images import to_input_tensor
-from ..io.naming import thumbnail_path, video_label, video_output_path
+from ..io.naming import thumbnail_path, video_output_path
 from ..io.video import FOURCC, NO_FRAMES, UNREADABLE, capture_info, frames, opencv_name, opened_by_name
 from ..options import OutputOptions, RunOptions
 from ..render.colour import blend, colormap_table
 from ..render.gallery import save_thumbnail
+from ..render.overlay import mark
 from .decode import default_batch_size
-from .records import Record
 
 MAX_BUFFERED_FRAMES = 64
 """Frames held in memory while a batch of explained frames is computed (bounds memory for large --every)."""
@@ -85,15 +86,14 @@ class VideoRunner:
 
     def outputs(self, video: InputImage) -> list[tuple[str, Path]]:
         """(method, output path) for each video this input produces, in the order of its explanations."""
-        target = self.explainer.target
-        rows = []
-        if self.explainer.adapter.ranked:  # one video per method: the combined map, every box drawn
-            return [(m, video_output_path(self.output.output_dir, video, m, "boxes")) for m in self.explainer.methods]
-        for rank in range(1 if target is not None else self.explainer.top_k):
-            label = video_label(rank + 1, target, self.explainer.model.class_name(target) if target is not None else "")
-            for method in self.explainer.methods:
-                rows.append((method, video_output_path(self.output.output_dir, video, method, label)))
-        return rows
+        explainer = self.explainer
+        chosen = explainer.chosen
+        labels = explainer.adapter.video_labels(chosen.target, chosen.top_k, explainer.model.class_name)
+        return [
+            (method, video_output_path(self.output.output_dir, video, method, label))
+            for label in labels
+            for method in chosen.methods
+        ]
 
     def run(self, video: InputImage, on_frame: Callable[[], Any] | None = None) -> list[Record]:
         """Explain one clip; ``on_frame`` is called once per frame written (for progress bars).
@@ -131,8 +131,10 @@ class VideoRunner:
         ranked = sorted(mean.items(), key=lambda item: -item[1])[:TOP_PREDICTIONS]
         predictions = [self.explainer.prediction(index, p) for index, p in ranked]
         target = None
-        if self.explainer.target is not None:
-            target = self.explainer.prediction(self.explainer.target, mean.get(self.explainer.target, 0.0))
+        if self.explainer.chosen.target is not None:
+            target = self.explainer.prediction(
+                self.explainer.chosen.target, mean.get(self.explainer.chosen.target, 0.0)
+            )
         return [
             self._record(
                 video, "ok", method=method, target=target, predictions=predictions, outputs=[str(path)], seconds=seconds
@@ -207,12 +209,11 @@ class VideoRunner:
     ) -> None:
         """Blend one RGB frame with each of ``result``'s maps and append it to the matching output video."""
         pixels = torch.from_numpy(frame)
-        detector = self.explainer.adapter.ranked
-        shown = [e for e in result.explanations if e.rank == 0] if detector else result.explanations
-        for writer, explanation in zip(clip.writers, shown, strict=True):
+        adapter = self.explainer.adapter
+        for writer, (explanation, marked) in zip(clip.writers, adapter.frame_maps(result), strict=True):
             overlay = blend(pixels, explanation.saliency, self.table, self.output.alpha).cpu()
-            if detector:
-                overlay = result.mark(overlay, explanation)
+            if marked:
+                overlay = mark(result, overlay, explanation)
             if clip.frames == 0 and self.output.report:
                 clip.first_overlays.append(overlay)
             writer.write(np.ascontiguousarray(overlay.numpy()[:, :, ::-1]))

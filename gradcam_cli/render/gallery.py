@@ -1,6 +1,6 @@
 """The ``--report`` gallery: one self-contained static ``index.html`` for a whole run.
 
-It is built at the end of a run from its :class:`~gradcam_cli.pipeline.records.Record` rows. Images are not embedded:
+It is built at the end of a run from its :class:`~gradcam_cli.cam.records.Record` rows. Images are not embedded:
 each overlay gets a small JPEG thumbnail under ``<output_dir>/_thumbs/`` (written while the run has the overlay in
 memory) and the page links to the full-size files by relative paths, so the output folder can be moved or zipped
 as a whole. The entries travel as one embedded JSON array; a few lines of plain JavaScript show them a page at a
@@ -24,10 +24,10 @@ import torch
 
 from ..io.atomic import write_atomic
 from ..io.display import displayable, href
-from ..io.naming import INDEX_NAME, thumbnail_relative
+from ..io.naming import INDEX_NAME, output_kind, thumbnail_relative
 
 if TYPE_CHECKING:
-    from ..pipeline.records import Record
+    from ..cam.records import Record
 
 THUMB_SIDE = 192
 THUMB_QUALITY = 80
@@ -78,22 +78,6 @@ def _ensure_thumbnail(root: str, overlay: str) -> str | None:
     return thumb
 
 
-def _kind(path: str) -> str:
-    name = os.path.basename(path).lower()
-    suffix = os.path.splitext(name)[1]
-    if suffix == ".npy":
-        return "raw map"
-    if suffix in (".mp4", ".avi", ".mov", ".mkv", ".webm"):
-        return "video"
-    if "_panel." in name:
-        return "panel"
-    if "_heatmap-" in name:
-        return "heatmap"
-    if name.endswith(f"_boxes{suffix}"):
-        return "all detections"
-    return "file"
-
-
 def _prediction(prediction: Any) -> list[Any]:
     """[name, probability (null when unknown: rows rebuilt from file names), index]."""
     probability = float(prediction.probability)
@@ -135,12 +119,12 @@ def gallery_entries(records: Iterable[Record], output_dir: Path) -> list[dict[st
             "method": record.method,
             "target": _prediction(record.target) if record.target else None,
             "href": href(main, root),
-            "kind": _kind(main),
+            "kind": output_kind(main),
             "thumb": href(thumb, root) if thumb else None,
             "files": [],
         }
         for other in others:
-            kind = _kind(other)
+            kind = output_kind(other)
             link = [kind, href(other, root)]
             if kind == "panel":
                 if link not in entry["files"]:

@@ -200,7 +200,7 @@ class AnswerService(ModelThread):
             result = explainer.explain_ids(image.image, asked.prompt, asked.ids, asked.generated, [target])
             return MapAnswer(self._store(asked, explainer, result.maps[0], image), True, target.label)
 
-    def faithfulness(self, stored: StoredMap, image: DecodedImage, steps: int) -> dict[str, Any]:
+    def curves(self, stored: StoredMap, image: DecodedImage, steps: int) -> dict[str, Any]:
         """``gradcam eval --prompt``'s figures for a whole answer's map (:mod:`gradcam_cli.vlm.faithfulness`):
         deletion and insertion of the answer's per-token probability along it, in ``steps``."""
         from ..vlm.faithfulness import answer_curves

@@ -284,11 +284,11 @@ def _faithfulness(explorer: Explorer) -> Any:
                 raise HttpError(400, "ROAD is measured for a classifier's classes, not an answer")
             answers, shown = service, stored
             _, image = await blocking(lambda: explorer.images.decoded(shown.image))
-            return json_response(await answers.run(lambda: answers.faithfulness(shown, image, FAITHFULNESS_STEPS)))
+            return json_response(await answers.run(lambda: answers.curves(shown, image, FAITHFULNESS_STEPS)))
 
         path = explorer.images.source(stored.image).path
         seconds = explorer.options.request_seconds
-        return json_response(await service.run(lambda: service.faithfulness(stored, path, road, seconds)))
+        return json_response(await service.run(lambda: service.curves(stored, path, road, seconds)))
 
     return faithfulness
 

@@ -3,8 +3,9 @@
 The page gets a map once, at full precision: a PNG whose red and green channels hold the high and low byte of the
 map's value scaled to 16 bits (:func:`packed_png`; an 8-bit RGB PNG decodes in every browser exactly, where a
 16-bit one is reduced to 8 bits on a canvas), and colours and blends it itself, so that the colormap and opacity
-change without a request. Downloads are the library's own: the overlay as ``ImageExplanation.overlay`` draws it
-(boxes and outlines included), the colour-mapped heatmap, and the float32 ``.npy``.
+change without a request. Downloads are the library's own: the overlay as
+:func:`~gradcam_cli.render.overlay.overlay` draws it (boxes and outlines included), the colour-mapped heatmap, and
+the float32 ``.npy``.
 
 :class:`MapStore` keeps the maps (float32 at the image's size, with what they explain) up to a byte budget, least
 recently used dropped first.
@@ -26,6 +27,7 @@ from ..cam.results import Explanation, ImageExplanation, Prediction
 from ..io.naming import slug
 from ..render.colour import colormap_table, heatmap_image
 from ..render.encode import encode_image
+from ..render.overlay import overlay
 
 MAP_BYTES = 256 * 2**20
 """Bytes of maps kept by default (a 640 x 480 map takes 1.2 MB)."""
@@ -79,10 +81,10 @@ class StoredMap:
         return buffer.getvalue()
 
     def overlay_png(self, colormap: str, alpha: float) -> bytes:
-        """The overlay as the command writes it (:meth:`ImageExplanation.overlay`), as PNG bytes."""
+        """The overlay as the command writes it (:func:`~gradcam_cli.render.overlay.overlay`), as PNG bytes."""
         result = ImageExplanation(self.predictions, [self.explanation], self.pixels)
-        overlay = torch.from_numpy(np.asarray(result.overlay(0, alpha, colormap)).copy())
-        return encode_image(overlay, ".png")
+        drawn = torch.from_numpy(np.asarray(overlay(result, 0, alpha, colormap)).copy())
+        return encode_image(drawn, ".png")
 
     def heatmap_png(self, colormap: str) -> bytes:
         """The colour-mapped map alone, as ``--save-heatmap`` writes it, as PNG bytes."""

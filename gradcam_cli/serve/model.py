@@ -4,8 +4,9 @@
 maps from an :class:`~gradcam_cli.cam.explainer.Explainer` (one per layer and method, built on first use), the
 layer list from :func:`~gradcam_cli.cam.layers.inspect_layers` (through ``dry_pass``), class names matched as
 ``--target-class`` matches them, and faithfulness figures from ``gradcam eval``'s
-:class:`~gradcam_cli.evaluation.evaluate.Evaluator`. Each explainer's ``capture`` is a
-:class:`~gradcam_cli.serve.replay.ReplayFactory`, so that another class of an image already explained at a layer
+:class:`~gradcam_cli.evaluation.evaluate.Evaluator`. Each request's passes hook the layers with a
+:class:`~gradcam_cli.serve.replay.ReplayFactory` (its call's :class:`~gradcam_cli.cam.explainer_input.CallContext`;
+the explainers kept are never changed), so that another class of an image already explained at a layer
 costs one backward pass and no forward pass (:class:`~gradcam_cli.serve.replay.RetainedPasses` bounds what is kept).
 
 One lock (``model_lock``) serialises every pass: hooks, retained graphs and the model's mode flags are never shared
@@ -27,16 +28,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..cam.attention.discovery import reads_attention
-from ..cam.engine import settle_loaded
 from ..cam.explainer import Explainer
-from ..cam.layers import DryPasses, model_default_layer
+from ..cam.explainer_input import CallContext
+from ..cam.layers import DryPasses
 from ..cam.methods import METHODS
 from ..cam.methods.needs import ATTENTION_NEEDS
 from ..cam.targets import model_kind
 from ..errors import UsageError, suggest
-from ..models.devices import resolve_device
 from ..models.labels import resolve_target
-from ..models.loading import LoadedModel, load_model
+from ..models.loading import LoadedModel, load_for_run
 from ..options import EvalOptions, ExplainOptions, ModelOptions
 from ..targets import TargetSpec
 from .http import HttpError
@@ -116,11 +116,10 @@ class ModelService(ModelThread):
         self.options = options
         self.targets = options.targets
         if isinstance(model, ModelOptions):  # loaded here: an embedding model without a target has no explainer yet
-            device = resolve_device(model.device)
-            model = load_model(model)
-            settle_loaded(model.module, device)
+            model = load_for_run(model)
         self.kind = model_kind(model)
-        first = self.targets[:1] or ((TargetSpec("output"),) if self.kind == "embed" else ())  # output:0 of any
+        embeds = model.embeds and model.text is None  # an embedding model: output:0 of any
+        first = self.targets[:1] or ((TargetSpec("output"),) if embeds else ())
         self.dry_passes = DryPasses()
         """The model's one dry pass, which every explainer the service builds reads (:class:`DryPasses`)."""
         base = Explainer.from_options(
@@ -132,17 +131,17 @@ class ModelService(ModelThread):
         self.adapter = base.adapter
         self.device = base.device
         self.default_layer = base.layer_label
-        self.default_method = base.methods[0]
+        self.default_method = base.chosen.methods[0]
         self.model_lock = threading.Lock()
         super().__init__()
         self.passes = RetainedPasses(retained)
         self.maps = MapStore()
         self._explainers: dict[tuple[str, str, str], Explainer] = {
-            (base.layer_label, base.methods[0], str(first[0]) if first else ""): base
+            (base.layer_label, base.chosen.methods[0], str(first[0]) if first else ""): base
         }
-        infos = self.dry_passes.get(self.model, self.device)
+        infos = self.dry_passes.get(self.model, self.device, self.adapter.tokens)
         try:
-            default = model_default_layer(self.model, infos)
+            default = self.adapter.default_layer_of(self.model, infos)
         except UsageError:
             default = None
         self.layers = [
@@ -163,16 +162,13 @@ class ModelService(ModelThread):
         """What the page needs to build its controls."""
         return {
             "model": self.model.name,
-            "task": self.adapter.label,
-            "ranked": self.adapter.ranked,
-            "listed": self.adapter.listed,
+            **self.adapter.serve_facts(),
             "layers": self.layers,
             "default_layer": self.default_layer,
             "methods": self.methods,
             "default_method": self.default_method,
             "kind": self.kind,
             "targets": [str(spec) for spec in self.targets],
-            "faithfulness": self.adapter.faithfulness,
         }
 
     def explainer(self, layer: str | None, method: str | None, target: TargetSpec | None = None) -> Explainer:
@@ -238,48 +234,31 @@ class ModelService(ModelThread):
             chosen_target = str(spec) if spec is not None else index
 
             def key_of(rank: int) -> str:
-                return map_id(source.id, explainer.layer_label, explainer.methods[0], chosen_target, rank)
+                return map_id(source.id, explainer.layer_label, explainer.chosen.methods[0], chosen_target, rank)
 
             key = key_of(rank)
             stored = self.maps.get(key)
             if stored is not None:
                 return MapAnswer(stored, False, shown)
-            factory, previous = ReplayFactory(self.passes, source.id), (explainer.capture, explainer.progress)
-            deadline = Deadline(seconds)
-            explainer.capture, explainer.progress = factory, deadline
-            try:
-                batch = image.batch(self.model.input_spec)
-                result = explainer.explain_batch(batch, [image.size], target=index)[0]
-            finally:
-                explainer.capture, explainer.progress = previous
+            factory, deadline = ReplayFactory(self.passes, source.id), Deadline(seconds)
+            batch = image.batch(self.model.input_spec)
+            result = explainer.explain_batch(batch, [image.size], index, context=CallContext(factory, deadline))[0]
         result.pixels = image.pixels
         chosen = self.adapter.pick(result.explanations, rank)
         stored = StoredMap(key, source.id, source.stem, explainer.layer_label, chosen, result.predictions, image.pixels)
-        if self.adapter.ranked:  # every detection's map came with this pass: keep them all
-            for other in result.explanations:
-                if other is not chosen and other.rank is not None:
-                    self.maps.put(
-                        StoredMap(
-                            key_of(other.rank),
-                            source.id,
-                            source.stem,
-                            stored.layer,
-                            other,
-                            result.predictions,
-                            image.pixels,
-                        )
-                    )
+        for other in self.adapter.kept_maps(result, chosen):  # a detector's: one pass made every detection's map
+            kept = key_of(other.rank or 0)
+            self.maps.put(
+                StoredMap(kept, source.id, source.stem, stored.layer, other, result.predictions, image.pixels)
+            )
         self.maps.put(stored)
         return MapAnswer(stored, factory.forward or deadline.passes > 0, shown)
 
-    def faithfulness(self, stored: StoredMap, path: Path, road: bool, seconds: float | None = None) -> dict[str, Any]:
+    def curves(self, stored: StoredMap, path: Path, road: bool, seconds: float | None = None) -> dict[str, Any]:
         """``gradcam eval``'s figures for the map ``stored`` shows, by its own evaluator (what ``gradcam eval PATH
         --target-class N --layer L --method M --steps 20 [--road]`` prints): deletion and insertion AUC and curves,
         the masked image's probability, and with ``road`` the combined ROAD score. Classifiers only, as there."""
-        if not self.adapter.faithfulness:
-            raise UsageError(
-                f"deletion, insertion and ROAD are for classifiers (as in gradcam eval), not a {self.adapter.noun}"
-            )
+        self.adapter.check_curves()
         from ..evaluation.evaluate import Evaluator
 
         explanation = stored.explanation

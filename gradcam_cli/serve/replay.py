@@ -1,7 +1,8 @@
 """Explaining another class of an image without a new forward pass: the last passes, kept with their graphs.
 
 An :class:`~gradcam_cli.cam.explainer.Explainer` hooks the target layers for each pass with a
-:class:`~gradcam_cli.cam.engine.LayerCapture` (its ``capture`` attribute). :class:`ReplayCapture` is one that keeps,
+:class:`~gradcam_cli.cam.engine.LayerCapture` (the ``capture`` of a call's
+:class:`~gradcam_cli.cam.explainer_input.CallContext`). :class:`ReplayCapture` is one that keeps,
 for each image and set of layers, what the pass needs to be explained again: the model's output, the layers'
 activations and the leaves the graph starts at, and the graph itself from the layers to the output (every backward
 pass keeps it: ``retain_graph``). Explaining the same image at the same layers again, for another class or with
@@ -79,9 +80,9 @@ class RetainedPasses:
 
 
 class ReplayFactory:
-    """The ``capture`` of an explainer for one call explaining ``image``: each pass of the call (one, or one per view
-    with ``aug_smooth``) gets a :class:`ReplayCapture` keyed by the image, its layers and the pass's number.
-    ``forward`` tells afterwards whether any of them ran the model."""
+    """The ``capture`` of one call explaining ``image`` (in its :class:`~gradcam_cli.cam.explainer_input.CallContext`):
+    each pass of the call (one, or one per view with ``aug_smooth``) gets a :class:`ReplayCapture` keyed by the image,
+    its layers and the pass's number. ``forward`` tells afterwards whether any of them ran the model."""
 
     def __init__(self, passes: RetainedPasses, image: Hashable) -> None:
         self.passes, self.image = passes, image

@@ -29,8 +29,8 @@ from ..cam.maps import normalise
 from ..cam.methods import METHODS
 from ..errors import UsageError, suggest
 from ..models.profile import LoadedModel
+from ..models.tiles import Tile, place
 from ..targets import TargetSpec
-from .geometry import Tile, place
 
 TEXT_KEYS = ("input_ids", "attention_mask", "rows", "cols")
 """What the processor returns besides what the model takes with the token ids."""

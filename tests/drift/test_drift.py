@@ -43,7 +43,7 @@ SIZE = (160, 120)
 PROVENANCE_KEYS = {
     "gradcam_cli", "torch", "torchvision", "model", "weights", "weights_sha256", "layers", "methods", "task", "score",
     "target_class", "top_k", "input_size", "device", "dtype", "aug_smooth", "eigen_smooth", "max_side",
-    "deterministic", "seed", "precision",
+    "deterministic", "seed", "precision", "plugins",
 }  # fmt: skip
 
 

@@ -378,7 +378,7 @@ def test_a_layer_without_a_map_is_refused_naming_the_nearest_spatial_layer(resne
 
 def test_one_dry_pass_serves_the_default_layer_and_the_check(resnet18):
     counted = Counting(resnet18)
-    assert Explainer(counted).layer_names == ["inner.layer4"]
+    assert list(Explainer(counted).chosen.layers) == ["inner.layer4"]
     assert counted.passes == 1
     Explainer(counted, layers="inner.layer4")
     assert counted.passes == 2
@@ -469,14 +469,40 @@ def test_keywords_build_the_options_an_explainer_takes_whole(square_model):
     whole = ExplainOptions(layers=("features",), methods=("gradcam", "layercam"), target_class="green")
     by_options = Explainer(square_model, whole)
     by_keywords = Explainer(square_model, "features", ["gradcam", "layercam"], target="green")
-    assert by_keywords.explain_options == by_options.explain_options == whole
-    assert by_options.target == 1 and by_options.layer_names == ["features"]
+    assert by_keywords.options == by_options.options == whole
+    assert by_options.chosen.target == 1 and list(by_options.chosen.layers) == ["features"]
     inputs = torch.rand(2, 3, 32, 32)
     _, _, cams = by_options.compute(inputs)
     _, _, again = by_keywords.compute(inputs)
     for method in ("gradcam", "layercam"):
         torch.testing.assert_close(cams[method][0][0], again[method][0][0])
     other = by_options.with_options(methods=("hirescam",))
-    assert other.methods == ["hirescam"] and other.explain_options.target_class == "green"
+    assert list(other.chosen.methods) == ["hirescam"] and other.options.target_class == "green"
     with pytest.raises(TypeError, match="not both"):
         Explainer(square_model, whole, top_k=2)
+
+
+@pytest.mark.quick
+def test_a_call_context_belongs_to_its_call_and_the_explainer_stays_as_built(square_model):
+    from gradcam_cli.cam.explainer_input import CallContext
+
+    explainer = Explainer(square_model, "features", ["gradcam", "scorecam"], score_batch_size=2)
+    built = dict(vars(explainer))
+    captures: list[LayerCapture] = []
+    progress: list[tuple[int, int]] = []
+
+    class Counted(LayerCapture):
+        def __init__(self, model, layers):
+            super().__init__(model, layers)
+            captures.append(self)
+
+    inputs = torch.rand(1, 3, 32, 32)
+    context = CallContext(Counted, lambda done, total: progress.append((done, total)))
+    _, _, cams = explainer.compute(inputs, context=context)
+    assert len(captures) == 1 and progress and progress[-1][0] == progress[-1][1]  # this call's, every masked pass
+    seen = len(progress)
+    _, _, plain = explainer.compute(inputs)  # no context: plain captures, the explainer's own (no) progress
+    assert len(captures) == 1 and len(progress) == seen
+    assert vars(explainer).keys() == built.keys() and all(vars(explainer)[k] is v for k, v in built.items())
+    for method in ("gradcam", "scorecam"):
+        torch.testing.assert_close(cams[method][0][0], plain[method][0][0])

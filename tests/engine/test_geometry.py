@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from gradcam_cli.cam.explainer import Explainer
 from gradcam_cli.cli import app
 from gradcam_cli.io.images import InputSpec, load_image, to_input_tensor
+from gradcam_cli.render.overlay import overlay
 
 pytestmark = pytest.mark.quick
 RED = 0
@@ -66,7 +67,7 @@ def test_map_maximum_lies_inside_the_square_and_map_has_the_original_size(square
     assert tuple(saliency.shape) == (size[1], size[0])
     assert inside(argmax_xy(saliency), box)
     assert iou(hot_box(saliency), box) > 0.7  # the hot region is the square, not just a lucky maximum
-    assert result.overlay().size == size
+    assert overlay(result).size == size
 
 
 def raw_with_exif_orientation(display: Image.Image, orientation: int) -> Image.Image:

@@ -15,9 +15,10 @@ from square_model import square_image
 from gradcam_cli import cli
 from gradcam_cli.cam.explainer import Explainer
 from gradcam_cli.errors import EXIT_IMAGE_FAILED, EXIT_OK, EXIT_USAGE, UsageError
-from gradcam_cli.evaluation.boxes import GroundTruthBox, match_boxes, read_boxes
+from gradcam_cli.evaluation.boxes import match_boxes, read_boxes
 from gradcam_cli.evaluation.evaluate import Evaluator, parameterised_modules, reinitialise
 from gradcam_cli.evaluation.report import EvalOptions
+from gradcam_cli.io.boxes import GroundTruthBox
 from gradcam_cli.io.discovery import discover
 
 SQUARE_MODEL = f"{Path(__file__).resolve().parents[1] / 'square_model.py'}:build"

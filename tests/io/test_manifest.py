@@ -18,12 +18,12 @@ from PIL import Image
 from square_model import square_image
 from typer.testing import CliRunner
 
+from gradcam_cli.cam.records import Record
 from gradcam_cli.cam.results import Prediction
 from gradcam_cli.cli import app
 from gradcam_cli.errors import UsageError
 from gradcam_cli.io.atomic import TEMP_MARKER
 from gradcam_cli.io.manifest import MANIFEST_FIELDS, ManifestWriter, read_manifest
-from gradcam_cli.pipeline.records import Record
 
 pytestmark = pytest.mark.quick
 ROOT = Path(__file__).resolve().parents[2]

@@ -166,7 +166,7 @@ def test_attention_methods_agree_with_their_formulas(family: str, monkeypatch: p
     loaded = LoadedModel(module, family, "none", None, InputSpec(SIZE, (SIZE, SIZE)), prefix_tokens=prefix)
     explainer = Explainer(loaded, methods=list(METHODS))
     assert explainer.attention is not None and explainer.attention.prefix == prefix
-    assert explainer.layer_names == []  # the attention methods read no layer
+    assert list(explainer.chosen.layers) == []  # the attention methods read no layer
     _, targets, cams = explainer.compute(inputs)
     target = targets[:, 0]
     attentions, gradients, _ = _reference_attention(module, inputs, target, monkeypatch)
@@ -279,8 +279,8 @@ def test_a_cnn_is_refused_with_one_line_and_all_leaves_the_attention_methods_out
     with pytest.raises(UsageError, match="--method rollout is for transformers"):
         Explainer(cnn, methods=["rollout"])
     explainer = Explainer(cnn, methods=["all"])
-    assert explainer.left_out == ["rollout", "attn-grad", "attention", "legrad"]
-    assert not set(explainer.methods) & set(METHODS)
+    assert list(explainer.chosen.left_out) == ["rollout", "attn-grad", "attention", "legrad"]
+    assert not set(explainer.chosen.methods) & set(METHODS)
 
 
 def test_swin_is_refused_with_one_line() -> None:

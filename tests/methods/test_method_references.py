@@ -93,7 +93,7 @@ def test_quick_black_box_methods_match_their_formulas_and_need_no_layer() -> Non
         rise_masks=120, rise_grid=5, rise_probability=0.4, occlusion_window=9, occlusion_stride=6, seed=5
     )
     explainer = Explainer(net, None, ["rise", "occlusion"], perturbation=options, score_batch_size=7)
-    assert explainer.layer_names == []
+    assert list(explainer.chosen.layers) == []
     mine = {e.method: e.saliency for e in explainer.explain_batch(x, target=target)[0].explanations}
     assert pearson(mine["occlusion"], ref.occlusion(net, x, target, 9, 6)) >= REQUIRED  # a last window flush
     expected = ref.rise(net, x, target, 120, 5, 0.4, 5)

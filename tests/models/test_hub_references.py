@@ -191,7 +191,7 @@ def test_the_automatic_layer_agrees_with_autograd(case: Case) -> None:
     loaded = _loaded(case)
     assert loaded.prefix_tokens == (case.prefix if case.layout == "tokens" else loaded.prefix_tokens)
     explainer = Explainer(loaded)
-    assert explainer.layer_names == [case.layer]
+    assert list(explainer.chosen.layers) == [case.layer]
     inputs = torch.randn(1, 3, case.size, case.size, generator=torch.Generator().manual_seed(1))
     result = explainer.explain_batch(inputs)[0]
     target = result.explanations[0].target.index
@@ -235,7 +235,9 @@ def test_a_token_model_with_registers_points_at_the_planted_object() -> None:
     )
     box = (360, 80, 480, 160)  # x1, y1, x2, y2 in the 480 x 320 image: exactly patch (row 1, column 3) at 32 x 32
     explainer = Explainer(loaded, None, ["gradcam", "gradcam++", "xgradcam", "hirescam", "layercam"])
-    assert explainer.layer_names == ["blocks.0.norm1"]  # the input of the last attention: the class token reads it
+    assert list(explainer.chosen.layers) == [
+        "blocks.0.norm1"
+    ]  # the input of the last attention: the class token reads it
     result = explainer.explain(square_image(box=box), target=0)
     assert result.predictions[0].name == "red"
     x1, y1, x2, y2 = box

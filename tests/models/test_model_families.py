@@ -14,7 +14,7 @@ from gradcam_cli.io.images import InputSpec
 from gradcam_cli.models.families import FAMILIES, family_of
 from gradcam_cli.models.loading import load_model
 from gradcam_cli.models.profile import LoadedModel, ModelProfile
-from gradcam_cli.models.tasks import Task
+from gradcam_cli.models.tasks import CLASSIFY, SEGMENT
 
 pytestmark = pytest.mark.quick
 
@@ -62,9 +62,9 @@ def test_a_loaded_model_is_frozen_and_its_profile_answers_for_it(square_model: L
 
 
 def test_the_explainer_leaves_the_callers_model_as_it_was(square_model: LoadedModel) -> None:
-    segmenter = square_model.with_profile(task=Task.SEGMENT)
+    segmenter = square_model.with_profile(task=SEGMENT)
     explainer = Explainer(segmenter, "features", task="classify")
-    assert explainer.model.task is Task.CLASSIFY and segmenter.task is Task.SEGMENT
+    assert explainer.model.task == CLASSIFY and segmenter.task == SEGMENT
     probabilities, _, _ = explainer.compute(torch.rand(1, 3, 32, 32))
     assert probabilities.shape == (1, 3)
 
@@ -73,7 +73,7 @@ def test_load_model_applies_input_size_and_labels_after_the_family(tmp_path) -> 
     labels = tmp_path / "classes.txt"
     labels.write_text("".join(f"c{i}\n" for i in range(1000)), encoding="utf-8")
     loaded = load_model("resnet18", "none", labels=labels, input_size=160)
-    assert (loaded.input_spec.size, loaded.categories[:2], loaded.task) == (160, ["c0", "c1"], Task.CLASSIFY)
+    assert (loaded.input_spec.size, loaded.categories[:2], loaded.task) == (160, ["c0", "c1"], CLASSIFY)
     labels.write_text("a\nb\n", encoding="utf-8")
     with pytest.raises(UsageError, match="has 2 names but the model has 1000 classes"):
         load_model("resnet18", "none", labels=labels)

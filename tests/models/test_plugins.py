@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from importlib import metadata
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from gradcam_cli.models.families import FAMILIES, Family, family_of
 from gradcam_cli.models.families.base import chosen_task
 from gradcam_cli.models.loading import load_model
 from gradcam_cli.models.profile import LoadedModel, ModelProfile
-from gradcam_cli.models.tasks import Task
+from gradcam_cli.models.tasks import CLASSIFY
 from gradcam_cli.options import ModelOptions
 from gradcam_cli.registry import FAMILIES_GROUP, METHODS_GROUP, TASKS_GROUP
 
@@ -99,7 +100,7 @@ def test_the_toy_family_is_registered_from_its_entry_point_and_claims_its_prefix
     assert family_of("toy:tiny").name == "toy"
     assert family_of("tests/square_model.py:build").name == "custom"  # the catch-alls are asked after it
     loaded = load_model("toy:tiny", "none")
-    assert (loaded.categories, loaded.task.value, loaded.input_spec.size) == (["red", "green", "blue"], "classify", 64)
+    assert (loaded.categories, loaded.task, loaded.input_spec.size) == (["red", "green", "blue"], "classify", 64)
     with pytest.raises(UsageError, match=r"unknown toy model 'tiy'\. Did you mean: tiny\?"):
         load_model("toy:tiy", "none")
 
@@ -118,6 +119,18 @@ def test_the_command_line_explains_a_toy_model(scene: Path, tmp_path: Path) -> N
     assert saliency[y1:y2, x1:x2].mean() > 0.9 and saliency[45:, 50:].max() < 0.1  # on the red square only
     unknown = CliRunner().invoke(app, [str(scene), "--model", "toy:tiy", "--weights", "none", "--quiet"])
     assert unknown.exit_code == EXIT_USAGE and "Did you mean: tiny?" in unknown.stderr
+
+
+@pytest.mark.quick
+def test_the_run_record_and_every_rows_provenance_name_the_plugins_version(scene: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = [scene, "--model", "toy:tiny", "--weights", "none", "--method", "toy-saliency", "--output-dir", out]
+    result = CliRunner().invoke(app, [*map(str, args), "--json"])
+    assert result.exit_code == EXIT_OK, result.output
+    version = metadata.version("gradcam-example-plugin")
+    assert json.loads(result.stdout)["provenance"]["plugins"] == {"gradcam-example-plugin": version}
+    record = json.loads((out / ".gradcam-run.json").read_text(encoding="utf-8"))
+    assert record["plugins"] == {"gradcam-example-plugin": version}
 
 
 def test_gradcam_eval_measures_a_toy_model(tmp_path: Path) -> None:
@@ -157,7 +170,7 @@ class Doubling(Family):
     def load(self, options: ModelOptions, architecture_only: bool) -> LoadedModel:
         channels = int(options.model.removeprefix("double:"))
         module = torch.nn.Sequential(torch.nn.Conv2d(3, channels, 1), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten())
-        profile = ModelProfile(InputSpec(size=32), None, chosen_task(options, Task.CLASSIFY))
+        profile = ModelProfile(InputSpec(size=32), None, chosen_task(options, CLASSIFY))
         return LoadedModel(module, options.model, options.weights, profile=profile)
 
 
@@ -309,3 +322,31 @@ def test_serve_explains_the_plugin_task_with_the_plugin_method(squares: Path, tm
         )
         saliency = np.load(io.BytesIO(client.get(f"/api/maps/{blue['id']}/map.npy").content))
     assert saliency.shape == (64, 96) and inside(saliency, "blue") > 0.7 and inside(saliency, "red") < 0.05
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("command", [[], ["eval"]], ids=["gradcam", "gradcam eval"])
+def test_help_shows_its_panels_and_the_plugins_method_without_importing_torch(command: list[str]) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        f"import sys; sys.argv = ['gradcam', *{command!r}, '--help']\n"
+        "import gradcam_cli.cli as c\n"
+        "try:\n    c.main()\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules)"
+    )
+    root = str(Path(__file__).parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "False"  # nothing imported torch: the plugin's name was read from its entry point
+    titles = [line for line in lines if line and not line[0].isspace() and line.endswith(":")]
+    expected = ["Input and model:", "What to explain:", "Methods:", "Vision-language (--prompt):"]
+    expected += ["Measures:", "Ranking (--rank):"] if command else []
+    assert titles == [*expected, "Output:", "Run:"]
+    methods = " ".join(" ".join(lines[lines.index("Methods:") : lines.index("Vision-language (--prompt):")]).split())
+    assert "--method NAME[,NAME...]" in methods and "and the plugins' toy-saliency; all:" in methods
+    run = lines[lines.index("Run:") :]
+    assert any(line.lstrip().startswith("--help") for line in run)

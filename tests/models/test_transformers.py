@@ -168,7 +168,7 @@ def test_the_square_lights_up_where_it_is(build, expected_layer: str) -> None:
     # RISE is checked against its formula in test_method_references and on larger objects in test_rank)
     skipped = ("scorecam", "randomcam", "rise", "rollout", "attn-grad", "attention", "legrad")  # no attention module
     explainer = Explainer(plain(build()), None, [m for m in METHODS if m not in skipped])
-    assert explainer.layer_names == [expected_layer]
+    assert list(explainer.chosen.layers) == [expected_layer]
     x1, y1, x2, y2 = SQUARE_BOX
     for explanation in explainer.explain(square_image(), target=0).explanations:
         saliency = explanation.saliency

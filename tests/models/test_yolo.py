@@ -18,7 +18,7 @@ from PIL import Image
 from typer.testing import CliRunner
 from yolo_model import CLASSES, square_scene, tiny_config
 
-from gradcam_cli import Explainer, load_model
+from gradcam_cli import Explainer, load_model, overlay
 from gradcam_cli.cli import app
 from gradcam_cli.cli.diff import app as diff_app
 from gradcam_cli.cli.eval import app as eval_app
@@ -267,7 +267,7 @@ def test_segment_and_pose_models_run_from_their_yaml(tmp_path):
             assert all(p.area is not None for p in result.predictions)
         else:
             assert all(len(p.keypoints or []) == 17 for p in result.predictions)
-        assert result.overlay(0).size == image.size
+        assert overlay(result, 0).size == image.size
 
 
 @pytest.mark.slow
@@ -275,7 +275,7 @@ def test_a_yolo_classifier_is_explained_as_any_classifier(tmp_path):
     config = {**tiny_config(), "head": [[-1, 1, "Classify", ["nc"]]]}
     (tmp_path / "cls.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     model = load_model(ModelOptions(f"yolo:{tmp_path / 'cls.yaml'}", "none", input_size=64))
-    assert model.task.value == "classify" and model.input_spec.size == 64
+    assert model.task == "classify" and model.input_spec.size == 64
     result = Explainer(model, "model.5", top_k=2).explain(square_scene([RED, BLUE], (96, 64)))
     assert [e.saliency.shape for e in result.explanations] == [(64, 96), (64, 96)]
     assert sum(p.probability for p in result.predictions) == pytest.approx(1.0, abs=1e-4)  # softmax of the logits

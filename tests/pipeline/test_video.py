@@ -63,7 +63,7 @@ def _peak_x(frame: np.ndarray) -> float:
 
 def _run(explainer: Explainer, clip: Path, out: Path, every: int, **options) -> tuple[list, list[int]]:
     calls: list[int] = []
-    explainer.target = 0
+    explainer = explainer.with_options(target_class=0)
     output = OutputOptions(output_dir=out, alpha=1.0, colormap="gray", **options)
     runner = VideoRunner(explainer, output, RunOptions(every=every))
     records = runner.run(InputImage(clip, Path("clip")), on_frame=lambda: calls.append(1))
@@ -105,7 +105,7 @@ def test_every_n_explains_every_nth_frame_and_holds_the_map(
 
 
 def test_top_k_writes_one_video_per_rank_and_report_thumbnails(explainer: Explainer, clip: Path, tmp_path: Path):
-    explainer.top_k = 2
+    explainer = explainer.with_options(top_k=2)
     options = OutputOptions(output_dir=tmp_path, report=True)
     records = VideoRunner(explainer, options, RunOptions(every=4)).run(InputImage(clip, Path("sub/clip")))
     names = [Path(r.outputs[0]).name for r in records]
@@ -234,7 +234,7 @@ def test_each_row_of_a_clip_reports_the_whole_clips_seconds(
 
     now = [100.0]
     monkeypatch.setattr(video_module, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
-    explainer.top_k = 2
+    explainer = explainer.with_options(top_k=2)
     runner = VideoRunner(explainer, OutputOptions(output_dir=tmp_path), RunOptions(every=4))
 
     def tick() -> None:

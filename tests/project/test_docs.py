@@ -172,8 +172,9 @@ NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 @pytest.mark.slow  # trains the tiny YOLO (about 30 s on a busy machine)
 def test_the_readme_yolo_example_runs_on_what_make_yolo_example_makes(tmp_path, monkeypatch) -> None:
     """``make yolo-example`` runs tests/yolo_model.py, which makes squares.pt and wide.png offline; the README's YOLO
-    command then prints the lines shown, to training's float rounding (probabilities within 5 points, boxes within
-    3 pixels: the model is trained, on whatever CPU runs it)."""
+    command then prints the lines shown, to training's float rounding (probabilities within 10 points, boxes within
+    3 pixels: the model is trained on whatever CPU runs it, and its confidence in the blue square is 87.0% on one
+    machine, 92.7% on another with the same packages)."""
     import shlex
     import subprocess
     import sys
@@ -200,4 +201,4 @@ def test_the_readme_yolo_example_runs_on_what_make_yolo_example_makes(tmp_path, 
     assert [NUMBER.sub("N", line) for line in printed] == [NUMBER.sub("N", line) for line in shown]
     for got, expected in zip(printed, shown, strict=True):
         for a, b in zip(map(float, NUMBER.findall(got)), map(float, NUMBER.findall(expected)), strict=True):
-            assert abs(a - b) <= (5.0 if "%" in expected else 3.0), (got, expected)
+            assert abs(a - b) <= (10.0 if "%" in expected else 3.0), (got, expected)

@@ -31,9 +31,12 @@ def test_plugins_load_once_and_a_broken_one_is_one_line(monkeypatch: pytest.Monk
     loaded: list[tuple[str, object]] = []
     good = metadata.EntryPoint("good", "json:dumps", "gradcam_cli.test-things")
     monkeypatch.setattr(registry_module, "plugin_entry_points", lambda group: [good])
-    things: Registry[object] = Registry(
-        "thing", "gradcam_cli.test-things", lambda name, obj: loaded.append((name, obj))
-    )
+
+    def register(name: str, obj: object) -> None:  # a callback registers the entry object (or refuses it)
+        loaded.append((name, obj))
+        things.register(name, obj)
+
+    things: Registry[object] = Registry("thing", "gradcam_cli.test-things", register)
     things.names()
     things.names()
     assert [name for name, _ in loaded] == ["good"]
@@ -45,3 +48,22 @@ def test_plugins_load_once_and_a_broken_one_is_one_line(monkeypatch: pytest.Monk
         UsageError, match=r"^the thing plugin 'broken' \(no_such_module_anywhere:thing\) failed to load"
     ):
         others.names()
+
+
+def test_a_plugins_clash_is_one_line_naming_it_and_the_registry_stays_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plugin's entry under a name the registry holds is a UsageError naming the plugin, raised again on every later
+    look-up (the registry is not used half loaded); a notebook's second entry is still a ValueError."""
+    point = metadata.EntryPoint("alpha", "json:dumps", "gradcam_cli.test-things")
+    monkeypatch.setattr(registry_module, "plugin_entry_points", lambda group: [point])
+    things: Registry[object] = Registry(
+        "thing", "gradcam_cli.test-things", lambda name, obj: things.register(name, obj)
+    )
+    things.register("alpha", 1)
+    expected = (
+        r"^the thing plugin 'alpha' \(json:dumps\) registers a thing named 'alpha', but it is one of gradcam-cli's"
+    )
+    for _ in range(2):
+        with pytest.raises(UsageError, match=expected):
+            things.names()
+    with pytest.raises(ValueError, match="registered already"):
+        things.register("alpha", 2)

@@ -14,9 +14,9 @@ import pytest
 from headless_browser import browse
 from PIL import Image
 
+from gradcam_cli.cam.records import Record
 from gradcam_cli.cam.results import Prediction
 from gradcam_cli.io.naming import thumbnail_path
-from gradcam_cli.pipeline.records import Record
 from gradcam_cli.render.gallery import PAGE_SIZE, gallery_entries, write_gallery
 
 HANG_GUARD = 600

@@ -552,9 +552,9 @@ def test_one_dry_pass_serves_every_layer_method_target_and_faithfulness(square_m
     passes: list[str] = []
     real = layers.dry_pass
 
-    def counted(model, device, example=None):
+    def counted(model, device, example=None, tokens=True):
         passes.append(model.name)
-        return real(model, device, example)
+        return real(model, device, example, tokens)
 
     monkeypatch.setattr(layers, "dry_pass", counted)
     service = ModelService(square_model)

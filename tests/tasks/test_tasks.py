@@ -14,11 +14,13 @@ from task_models import DETECTION_CLASSES, SquareDetector, SquareSegmenter
 from gradcam_cli import Explainer, load_model
 from gradcam_cli.cam.detection import box_iou, match
 from gradcam_cli.cam.maps import upsample, upsample_region
+from gradcam_cli.cam.tasks import TASKS, nothing_of, register_task
+from gradcam_cli.cam.tasks.classify import ClassifyTask
 from gradcam_cli.errors import UsageError
 from gradcam_cli.evaluation import metrics
 from gradcam_cli.io.images import InputSpec, to_input_tensor
 from gradcam_cli.models.loading import LoadedModel
-from gradcam_cli.models.tasks import Task, detection_spec
+from gradcam_cli.models.tasks import CLASSIFY, DETECT, SEGMENT, detection_spec
 
 DETECTOR = "tests/task_models.py:build_detector"
 RED_RIGHT = ((300, 200), (250, 60, 290, 100))  # a wide image, the square by the right edge
@@ -29,12 +31,12 @@ def detector() -> LoadedModel:
     module = SquareDetector()
     spec = detection_spec(module, None)
     assert spec is not None
-    return LoadedModel(module, "square-detector", "none", DETECTION_CLASSES, spec, Task.DETECT)
+    return LoadedModel(module, "square-detector", "none", DETECTION_CLASSES, spec, DETECT)
 
 
 def segmenter() -> LoadedModel:
     classes = list(DETECTION_CLASSES)
-    return LoadedModel(SquareSegmenter(), "square-segmenter", "none", classes, InputSpec(size=64), Task.SEGMENT)
+    return LoadedModel(SquareSegmenter(), "square-segmenter", "none", classes, InputSpec(size=64), SEGMENT)
 
 
 def gradcam_of(activations: torch.Tensor, gradients: torch.Tensor) -> torch.Tensor:
@@ -47,12 +49,12 @@ def gradcam_of(activations: torch.Tensor, gradients: torch.Tensor) -> torch.Tens
 
 @pytest.mark.quick
 def test_the_task_comes_from_the_model_and_task_overrides_it():
-    assert load_model(DETECTOR, "none").task is Task.DETECT  # by its torchvision transform
-    assert load_model("tests/task_models.py:build_segmenter", "none").task is Task.SEGMENT  # by its output
-    assert load_model("tests/square_model.py:build", "none").task is Task.CLASSIFY
-    assert load_model("lraspp_mobilenet_v3_large", "none").task is Task.SEGMENT  # by torchvision's namespace
-    assert load_model("tests/task_models.py:build_segmenter", "none", task="classify").task is Task.CLASSIFY
-    assert Explainer(SquareSegmenter(), methods="gradcam").task is Task.SEGMENT  # a bare module, from its dry pass
+    assert load_model(DETECTOR, "none").task == DETECT  # by its torchvision transform
+    assert load_model("tests/task_models.py:build_segmenter", "none").task == SEGMENT  # by its output
+    assert load_model("tests/square_model.py:build", "none").task == CLASSIFY
+    assert load_model("lraspp_mobilenet_v3_large", "none").task == SEGMENT  # by torchvision's namespace
+    assert load_model("tests/task_models.py:build_segmenter", "none", task="classify").task == CLASSIFY
+    assert Explainer(SquareSegmenter(), methods="gradcam").model.task == SEGMENT  # a bare module: its dry pass
 
 
 def test_a_model_whose_task_cannot_be_recognised_is_one_clear_line():
@@ -64,8 +66,8 @@ def test_a_model_whose_task_cannot_be_recognised_is_one_clear_line():
 
 
 def test_detectors_default_to_the_backbones_last_stage():
-    assert Explainer(detector()).layer_names == ["backbone.body"]
-    assert Explainer(segmenter()).layer_names == ["backbone"]
+    assert list(Explainer(detector()).chosen.layers) == ["backbone.body"]
+    assert list(Explainer(segmenter()).chosen.layers) == ["backbone"]
 
 
 # --- detection ---------------------------------------------------------------------------------------------------
@@ -240,7 +242,7 @@ def offline(monkeypatch):
 
 def test_weights_none_downloads_nothing_not_even_the_backbone(offline):
     loaded = load_model("fasterrcnn_resnet50_fpn", "none", input_size=64)
-    assert (loaded.task, loaded.categories[1]) == (Task.DETECT, "person")
+    assert (loaded.task, loaded.categories[1]) == (DETECT, "person")
     assert (loaded.input_spec.size, loaded.input_spec.max_side) == (64, 107)
     assert loaded.module.transform.min_size == (64,) and loaded.module.transform.max_size == 107
     assert load_model("deeplabv3_resnet50", "none").input_spec.size == 520
@@ -278,11 +280,44 @@ def test_every_torchvision_detector_and_segmenter_builds_offline_and_gives_a_map
         if owner is not None and hasattr(owner, "score_thresh"):
             owner.score_thresh = 0.0
             owner.detections_per_img = 5  # and the mask and keypoint heads need not run on 100 of them
-    detector = {"score_threshold": 0.0, "max_detections": 1} if loaded.task is Task.DETECT else {}
+    detector = {"score_threshold": 0.0, "max_detections": 1} if loaded.task == DETECT else {}
     explainer = Explainer(loaded, methods="layercam", **detector)
-    assert explainer.layer_names == [layer]
+    assert list(explainer.chosen.layers) == [layer]
     result = explainer.explain(square_image((96, 72), (40, 20, 70, 50)))
     saliency = result.explanations[0].saliency
     assert saliency.shape == (72, 96) and torch.isfinite(saliency).all()
     # LayerCAM sums positive gradients times non-negative activations: empty only if no gradient reached the layer
     assert float(saliency.max()) == 1.0, "the map is empty: the score did not reach the layer"
+
+
+class _ScopedTask(ClassifyTask):
+    """A classifier's adapter that looks for the default layer in ``features.0`` first."""
+
+    name = "scoped"
+    layer_scopes = ("features.0",)
+
+
+@pytest.mark.quick
+def test_the_adapter_the_profile_names_chooses_the_default_layer(square_model):
+    """One key on the profile: the adapter's name; the adapter, not a task enum on the model, decides the layer."""
+    register_task(_ScopedTask())
+    try:
+        scoped = Explainer(square_model, methods="gradcam", task="scoped")
+        assert (scoped.model.task, type(scoped.adapter).__name__) == ("scoped", "_ScopedTask")
+        assert scoped.chosen.layers == ("features.0",)
+        assert Explainer(square_model, methods="gradcam").chosen.layers == ("features",)  # the classifier's own
+        assert square_model.task == CLASSIFY  # the caller's model is left as it is
+    finally:
+        TASKS.unregister("scoped")
+    detector, classifier = LoadedModel.of_module(SquareDetector()), LoadedModel.of_module(square_model.module)
+    assert (detector.task, detector.profile.detector, classifier.task, classifier.profile.detector) == (
+        DETECT,
+        True,
+        CLASSIFY,
+        False,
+    )
+    assert (nothing_of("detect"), nothing_of("segment"), nothing_of("classify")) == (
+        "no detection",
+        "only the background",
+        "no target",
+    )

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from ..ablation import AblatedScores
-from ..smoothing import combine
+from ..smoothing import combine, per_channel
 from .needs import ABLATED_SCORES
-from .registry import CLASSIFY, CamMethod
+from .registry import ANY_RANK, CLASSIFY, CamMethod
 
 
 def ablationcam(
@@ -28,12 +28,13 @@ def ablationcam(
     original = model.original.to(ablated.device)[:, None]
     drop = original - ablated
     weights = torch.where(original != 0, drop / torch.where(original != 0, original, torch.ones_like(original)), drop)
-    return combine(weights[:, :, None, None].to(activations.dtype) * activations, eigen_smooth)
+    return combine(per_channel(weights, activations).to(activations.dtype) * activations, eigen_smooth)
 
 
 ABLATIONCAM = CamMethod(
     "ablationcam",
     ablationcam,
+    ranks=ANY_RANK,
     uses_gradients=False,
     needs=ABLATED_SCORES,
     tasks=CLASSIFY,

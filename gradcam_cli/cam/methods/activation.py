@@ -9,8 +9,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..smoothing import combine, first_component
-from .registry import CamMethod
+from ..smoothing import combine, first_component, spatial_dims
+from .registry import ANY_RANK, CamMethod
 
 KPCA_COEF0 = 1.0
 """KPCA-CAM's sigmoid kernel k(x, y) = tanh(gamma <x, y> + coef0): its offset (scikit-learn's default)."""
@@ -94,15 +94,17 @@ def fem(
     the positions); w_k = mean_{i,j} B^k_ij, the share of the channel's positions that stand out;
     L = ReLU(sum_k w_k A^k). Class-agnostic: no gradients, one map for every target.
     """
-    mean = activations.mean(dim=(2, 3), keepdim=True)
-    spread = activations.std(dim=(2, 3), keepdim=True, correction=0)
-    weights = (activations > mean + FEM_SIGMAS * spread).to(activations.dtype).mean(dim=(2, 3), keepdim=True)
+    grid = spatial_dims(activations)
+    mean = activations.mean(dim=grid, keepdim=True)
+    spread = activations.std(dim=grid, keepdim=True, correction=0)
+    weights = (activations > mean + FEM_SIGMAS * spread).to(activations.dtype).mean(dim=grid, keepdim=True)
     return combine(weights * activations, eigen_smooth)
 
 
 EIGENCAM = CamMethod(
     "eigencam",
     eigencam,
+    ranks=ANY_RANK,
     uses_gradients=False,
     class_agnostic=True,
     formula="ReLU(first principal component of the activations)",
@@ -123,6 +125,7 @@ KPCACAM = CamMethod(
 FEM = CamMethod(
     "fem",
     fem,
+    ranks=ANY_RANK,
     uses_gradients=False,
     class_agnostic=True,
     formula="w_k = share of channel k's positions above mean_k + 2 std_k",

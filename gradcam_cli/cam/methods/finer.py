@@ -7,7 +7,7 @@ import torch
 
 from .gradient import gradcam
 from .needs import FINER_GRADIENT
-from .registry import CLASSIFY, CamMethod
+from .registry import ANY_RANK, CLASSIFY, CamMethod
 
 
 def finercam(
@@ -25,6 +25,7 @@ def finercam(
 FINERCAM = CamMethod(
     "finercam",
     finercam,
+    ranks=ANY_RANK,
     uses_gradients=False,
     needs=FINER_GRADIENT,
     tasks=CLASSIFY,

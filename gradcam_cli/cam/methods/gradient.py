@@ -1,18 +1,19 @@
 """The Grad-CAM family: methods that weigh a layer's activations A by the gradient g = dS/dA of the target's
 score, from the one backward pass per target they share (Grad-CAM, Grad-CAM++, XGrad-CAM, HiResCAM, LayerCAM,
 Eigen-Grad-CAM, Grad-CAM element-wise). Each is a pure function (N, C, h, w) -> (N, h, w), formula and paper in its
-docstring."""
+docstring, and takes a grid of any rank alike ((N, C, l), (N, C, t, h, w)): sums and means over i, j are over every
+position of the grid."""
 
 from __future__ import annotations
 
 import torch
 
-from ..smoothing import combine
-from .registry import CamMethod
+from ..smoothing import combine, spatial_dims
+from .registry import ANY_RANK, CamMethod
 
 
 def _spatial_sum(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.sum(dim=(2, 3), keepdim=True)
+    return tensor.sum(dim=spatial_dims(tensor), keepdim=True)
 
 
 def gradcam(activations: torch.Tensor, gradients: torch.Tensor, *, eigen_smooth: bool = False) -> torch.Tensor:
@@ -20,7 +21,7 @@ def gradcam(activations: torch.Tensor, gradients: torch.Tensor, *, eigen_smooth:
 
     w_k = mean_{i,j} g^k_{ij};  L = ReLU(sum_k w_k A^k).
     """
-    weights = gradients.mean(dim=(2, 3), keepdim=True)
+    weights = gradients.mean(dim=spatial_dims(gradients), keepdim=True)
     return combine(weights * activations, eigen_smooth)
 
 
@@ -106,6 +107,7 @@ def gradcam_elementwise(
 GRADCAM = CamMethod(
     "gradcam",
     gradcam,
+    ranks=ANY_RANK,
     formula="ReLU(sum_k w_k A^k), w_k = mean_ij g^k_ij",
     paper="Selvaraju et al., ICCV 2017",
     cost="one backward pass",
@@ -114,6 +116,7 @@ GRADCAM = CamMethod(
 GRADCAM_PLUS_PLUS = CamMethod(
     "gradcam++",
     gradcam_plus_plus,
+    ranks=ANY_RANK,
     formula="w_k = sum_ij alpha^k_ij ReLU(g^k_ij), alpha^k_ij = g^2 / (2 g^2 + sum_ab A^k_ab g^3)",
     paper="Chattopadhay et al., WACV 2018, Eq. 19",
     cost="one backward pass",
@@ -122,6 +125,7 @@ GRADCAM_PLUS_PLUS = CamMethod(
 XGRADCAM = CamMethod(
     "xgradcam",
     xgradcam,
+    ranks=ANY_RANK,
     formula="w_k = sum_ij (A^k_ij / sum_ab A^k_ab) g^k_ij",
     paper="Fu et al., BMVC 2020",
     cost="one backward pass",
@@ -130,6 +134,7 @@ XGRADCAM = CamMethod(
 HIRESCAM = CamMethod(
     "hirescam",
     hirescam,
+    ranks=ANY_RANK,
     formula="ReLU(sum_k g^k ⊙ A^k)",
     paper="Draelos & Carin, 2020",
     cost="one backward pass",
@@ -138,6 +143,7 @@ HIRESCAM = CamMethod(
 LAYERCAM = CamMethod(
     "layercam",
     layercam,
+    ranks=ANY_RANK,
     formula="ReLU(sum_k ReLU(g^k) ⊙ A^k)",
     paper="Jiang et al., IEEE TIP 2021",
     cost="one backward pass",
@@ -146,6 +152,7 @@ LAYERCAM = CamMethod(
 EIGENGRADCAM = CamMethod(
     "eigengradcam",
     eigengradcam,
+    ranks=ANY_RANK,
     formula="ReLU(first principal component of g ⊙ A)",
     paper="pytorch-grad-cam's EigenGradCAM, after Muhammad & Yeasin 2020",
     cost="one backward pass",
@@ -154,6 +161,7 @@ EIGENGRADCAM = CamMethod(
 GRADCAM_ELEMENTWISE = CamMethod(
     "gradcam-elementwise",
     gradcam_elementwise,
+    ranks=ANY_RANK,
     formula="ReLU(sum_k ReLU(g^k ⊙ A^k))",
     paper="pytorch-grad-cam's GradCAMElementWise, after Selvaraju et al. 2017",
     cost="one backward pass",

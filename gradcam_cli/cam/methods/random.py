@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from .needs import SEED
-from .registry import CamMethod
+from .registry import ANY_RANK, CamMethod
 
 
 def image_seeds(seed: int, inputs: torch.Tensor) -> list[int]:
@@ -32,21 +32,22 @@ def randomcam(
     """A noise baseline (after pytorch-grad-cam's ``RandomCAM``, whose noise is in the channel weights instead):
     the floor every method must beat, in ``gradcam eval --rank``.
 
-    L_ij = u_ij, u_ij ~ U(0, 1) independently at every position of the layer's (h, w) grid, drawn on the CPU
-    from a generator seeded with ``seed``: one seed per image (:func:`image_seeds`, as the explainer passes it), or
-    one for the whole batch (then every image of it gets the same noise). The same seed and shape give the same map
-    on every device; the model plays no part, so the sanity check flags it. Class-agnostic; ``eigen_smooth``
-    changes nothing.
+    L_ij = u_ij, u_ij ~ U(0, 1) independently at every position of the layer's (h, w) grid (or its grid of another
+    rank), drawn on the CPU from a generator seeded with ``seed``: one seed per image (:func:`image_seeds`, as the
+    explainer passes it), or one for the whole batch (then every image of it gets the same noise). The same seed and
+    shape give the same map on every device; the model plays no part, so the sanity check flags it. Class-agnostic;
+    ``eigen_smooth`` changes nothing.
     """
-    n, _, h, w = activations.shape
+    n, grid = activations.shape[0], activations.shape[2:]
     seeds = [seed] * n if isinstance(seed, int) else list(seed)
-    noise = torch.stack([torch.rand(h, w, generator=torch.Generator().manual_seed(s)) for s in seeds])
+    noise = torch.stack([torch.rand(grid, generator=torch.Generator().manual_seed(s)) for s in seeds])
     return noise.to(activations.device, activations.dtype)
 
 
 RANDOMCAM = CamMethod(
     "randomcam",
     randomcam,
+    ranks=ANY_RANK,
     uses_gradients=False,
     needs=SEED,
     class_agnostic=True,

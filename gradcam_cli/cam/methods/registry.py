@@ -4,19 +4,20 @@ points and a notebook through :func:`register_method`.
 
 A method's ``compute`` takes the layer's (N, C, h, w) ``activations`` and ``gradients`` (``None`` for a method that
 takes no backward pass) and, when the method has a :class:`~gradcam_cli.cam.methods.needs.Need`, the value that need
-builds (:mod:`gradcam_cli.cam.passes`), and returns the coarse (N, h, w) map. The constructor's overloads tie the
-function's signature to the need's type, so the type checker sees each registration's signature.
+builds (:mod:`gradcam_cli.cam.passes`), and returns the coarse (N, h, w) map; a method whose ``ranks`` take grids of
+other ranks is given (N, C, t, h, w) or (N, C, l) and returns (N, t, h, w) or (N, l). The constructor's overloads tie
+the function's signature to the need's type, so the type checker sees each registration's signature.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar, overload
 
 import torch
 
 from ...errors import UsageError, suggest
-from ...models.tasks import Task
+from ...models.tasks import NOUNS
 from ...options import ALL_METHODS, TASK_NAMES
 from ...registry import METHODS_GROUP, Registry
 from .needs import Need
@@ -29,6 +30,11 @@ E_contra = TypeVar("E_contra", contravariant=True)
 
 CLASSIFY: tuple[str, ...] = ("classify",)
 """The tasks of a method for classifiers only."""
+IMAGE_MAPS: tuple[int, ...] = (2,)
+"""The spatial ranks of a method defined for 2-D maps only (a method's default)."""
+ANY_RANK: tuple[int, ...] = (1, 2, 3)
+"""The spatial ranks of a method whose formula holds on any grid: (L,) sequences, (H, W) images, (T, H, W) clips and
+(D, H, W) volumes."""
 
 
 class LayerMap(Protocol):
@@ -49,11 +55,13 @@ class LayerMapWith(Protocol[E_contra]):
 
 
 class MethodRow(TypedDict, total=False):
-    """A method's row of the table in docs/methods.md: its formula, its paper and its cost (each text)."""
+    """A method's row of the table in docs/methods.md: its formula, its paper and its cost (each text), and the
+    spatial ranks of the maps its formula is defined for (its ``grids`` column; default :data:`IMAGE_MAPS`)."""
 
     formula: str
     paper: str
     cost: str
+    ranks: tuple[int, ...]
 
 
 class CamMethod(Generic[E]):
@@ -66,7 +74,10 @@ class CamMethod(Generic[E]):
     given ``None`` for the activations and gradients). ``needs_target``: false for a method that reads the model
     alone, never a target's score (rollout, the last layer's attention), so that it also explains an embedding model
     given no ``--target`` (:mod:`gradcam_cli.cam.untargeted`). ``formula``, ``paper`` and ``cost``: its row of the
-    table in docs/methods.md (:func:`gradcam_cli.cam.methods.table.methods_table`)."""
+    table in docs/methods.md (:func:`gradcam_cli.cam.methods.table.methods_table`); ``ranks``: the numbers of spatial
+    dimensions of the maps its formula is defined for (:data:`IMAGE_MAPS`, the default: 2-D only; :data:`ANY_RANK`),
+    the table's ``grids``; a layer (or, for a method that reads none, an input) of another rank is refused before any
+    work (:func:`gradcam_cli.cam.ranks.check_ranks`)."""
 
     @overload
     def __init__(
@@ -120,6 +131,7 @@ class CamMethod(Generic[E]):
         self.uses_layer = uses_layer
         self.needs_target = needs_target
         self.formula, self.paper, self.cost = row.get("formula", ""), row.get("paper", ""), row.get("cost", "")
+        self.ranks = row.get("ranks", IMAGE_MAPS)
 
     def __repr__(self) -> str:
         return f"CamMethod({self.name!r}, needs={self.needs!r})"
@@ -171,6 +183,43 @@ def register_method(method: CamMethod[Any], *, replace: bool = False) -> CamMeth
     return METHODS.register(method.name, method, replace=replace)
 
 
+class MapError(ValueError):
+    """A method returned something other than a map: NaN or infinite values, or not one map per sample with the
+    layer's spatial rank (a method that reads no layer: the input's). Not a :class:`~gradcam_cli.errors.GradcamError`:
+    it is the input's failure, so a batch goes on without it."""
+
+
+def check_maps(
+    maps: Mapping[str, Sequence[Sequence[torch.Tensor]]],
+    activations: Mapping[str, torch.Tensor],
+    layers: Sequence[str],
+    inputs: torch.Tensor,
+) -> None:
+    """Each method's coarse maps, ``maps[method][k][l]`` (target k, layer ``layers[l]``), as every method's output
+    passes once: a :class:`MapError` naming the method (and the layer) for a map that is not finite, or not of the
+    batch and spatial rank of its layer's ``activations`` (N, C, *spatial) (a method that reads no layer: of
+    ``inputs``)."""
+    for name, per_target in maps.items():
+        method = METHODS[name]
+        for computed in per_target:
+            for layer, cam in zip(layers if method.uses_layer else [None], computed, strict=False):
+                _check_map(name, layer, cam, inputs if layer is None else activations.get(layer))
+
+
+def _check_map(name: str, layer: str | None, cam: torch.Tensor, reference: torch.Tensor | None) -> None:
+    """Only the batch and the spatial rank are held: maps come at the layer's resolution, a lower one (KPCA-CAM) or
+    the input's (FullGrad, the guided methods)."""
+    where = f" at layer {layer}" if layer is not None else ""
+    if reference is not None and (cam.dim() != reference.dim() - 1 or cam.shape[0] != reference.shape[0]):
+        rank = reference.dim() - 2
+        expected = " x ".join([str(reference.shape[0]), *(["d", "h", "w"][3 - rank :] if rank <= 3 else ["..."])])
+        shape = " x ".join(map(str, cam.shape)) or "scalar"
+        raise MapError(f"--method {name} returned a {shape} tensor{where}, not a map of {expected}")
+    if not bool(torch.isfinite(cam).all()):
+        kind = "NaN" if bool(torch.isnan(cam).any()) else "infinite"
+        raise MapError(f"--method {name} returned {kind} values{where}, not a map")
+
+
 def resolve_methods(names: Sequence[str], task: str, also: Collection[str] = ()) -> list[str]:
     """``names`` checked against :data:`METHODS` and ``task`` (a one-line :class:`UsageError` for a name that is
     not a method or a method that does not serve the task); ``all`` (:data:`~gradcam_cli.options.ALL_METHODS`)
@@ -183,7 +232,7 @@ def resolve_methods(names: Sequence[str], task: str, also: Collection[str] = ())
         names = [name for name, method in METHODS.items() if task in method.tasks or name in also]
     for name in names:
         if task not in METHODS[name].tasks and name not in also:
-            kinds = " and ".join(f"{Task(kind).noun}s" for kind in METHODS[name].tasks)
+            kinds = " and ".join(f"{NOUNS[kind]}s" for kind in METHODS[name].tasks)
             taken = ", ".join(other for other, method in METHODS.items() if task in method.tasks)
-            raise UsageError(f"--method {name} is for {kinds}; a {Task(task).noun} takes {taken}")
+            raise UsageError(f"--method {name} is for {kinds}; a {NOUNS.get(task, task)} takes {taken}")
     return list(names)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from ..masked_scores import MaskedScores
-from ..smoothing import combine
+from ..smoothing import combine, per_channel
 from .needs import MASKED_SCORES
-from .registry import CamMethod
+from .registry import ANY_RANK, CamMethod
 
 
 def scorecam(
@@ -30,12 +30,13 @@ def scorecam(
     gradients.
     """
     weights = model(activations).to(activations.dtype)
-    return combine(weights[:, :, None, None] * activations, eigen_smooth)
+    return combine(per_channel(weights, activations) * activations, eigen_smooth)
 
 
 SCORECAM = CamMethod(
     "scorecam",
     scorecam,
+    ranks=ANY_RANK,
     uses_gradients=False,
     needs=MASKED_SCORES,
     formula="w_k = softmax(f(x ⊙ H^k))_c, H^k = A^k upsampled and scaled to [0, 1]",

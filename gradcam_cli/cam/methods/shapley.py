@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..smoothing import combine
+from ..smoothing import combine, spatial_dims
 from .needs import HESSIAN_PRODUCT
-from .registry import CamMethod
+from .registry import ANY_RANK, CamMethod
 
 
 def shapleycam(
@@ -21,13 +21,14 @@ def shapleycam(
     piecewise linear (ReLU, max-pooling, a linear head) and the score is a logit, H A = 0 and the map is Grad-CAM's;
     a softmax score, or GELU, SiLU and normalisations after the layer, make it differ.
     """
-    weights = (gradients - 0.5 * hessian).mean(dim=(2, 3), keepdim=True)
+    weights = (gradients - 0.5 * hessian).mean(dim=spatial_dims(gradients), keepdim=True)
     return combine(weights * activations, eigen_smooth)
 
 
 SHAPLEYCAM = CamMethod(
     "shapleycam",
     shapleycam,
+    ranks=ANY_RANK,
     needs=HESSIAN_PRODUCT,
     tasks=("classify", "segment"),
     formula="w_k = mean_ij (g - H A / 2)^k_ij, H A: the Hessian of the score times A",

@@ -12,6 +12,7 @@ from .base import (
     adapter_for,
     answering,
     label_box_pairs,
+    nothing_of,
     register_task,
     task_names,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "adapter_for",
     "answering",
     "label_box_pairs",
+    "nothing_of",
     "register_task",
     "task_names",
 ]

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from ...io.discovery import InputImage
     from ...models.loading import LoadedModel
     from ...options import AnswerOptions, ExplainOptions, ModelOptions
-    from ...pipeline.records import Record
     from ...vlm.answer import AnswerExplainer
+    from ..records import Record
 
 DEFAULT_MAX_NEW_TOKENS = 32
 """The generated answer's most tokens without ``--max-new-tokens``."""
@@ -35,11 +35,12 @@ class AnswerTask(TaskAdapter):
     noun = "vision-language model"
     answers = True
     by_name = False  # asked with --prompt, never named by --task
+    default_layer = "last stage of the backbone"
     videos = False
     faithfulness = True
     takes_targets = True
 
-    def claims(self, model: LoadedModel, requested: str | None) -> bool:
+    def claims(self, model: LoadedModel) -> bool:
         return False  # the model of a question is loaded for it (--prompt), never as a LoadedModel
 
     def takes(self, method: str, tasks: Sequence[str], module: nn.Module) -> bool:
@@ -70,8 +71,8 @@ class AnswerTask(TaskAdapter):
         from ...models.devices import resolve_device
         from ...models.families import family_of
         from ...models.loading import load_model
+        from ...models.modes import settle_loaded
         from ...vlm.answer import AnswerExplainer, Question
-        from ..engine import settle_loaded
 
         if len(explain.layers) > 1:
             raise UsageError("--prompt explains one --layer at a time")

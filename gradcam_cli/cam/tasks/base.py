@@ -12,22 +12,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ...errors import UsageError
-from ...options import CLASS_SCORE_NAMES, TASK_NAMES, ExplainOptions
+from ...io.naming import video_label
+from ...options import CLASS_SCORE_NAMES, TASK_NAMES, EvalOptions, ExplainOptions, OutputOptions
 from ...registry import TASKS_GROUP, Registry
+from ..layers import LayerInfo, chosen_layers, model_default_layer
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from ...evaluation.boxes import GroundTruthBox
+    from ...io.boxes import GroundTruthBox
     from ...models.loading import LoadedModel
     from ...targets import TargetSpec
     from ..results import Explanation, ImageExplanation, Prediction
     from ..scores import Score
+
+T = TypeVar("T")
 
 Pair = tuple[str | None, list[tuple[float, float, float, float]], list["Explanation"]]
 """``gradcam eval``'s box pairing: (label, the label's boxes, the explanations they are scored against)."""
@@ -49,8 +53,6 @@ class Explained(Protocol):
 
     model: LoadedModel
     score: Score
-    target: int | None
-    methods: list[str]
 
     def explain(self, image: Any, target: int | None = None, top_k: int | None = None) -> ImageExplanation: ...
 
@@ -58,10 +60,13 @@ class Explained(Protocol):
 class TaskAdapter:
     """One task's behaviour; subclass it and override what differs (the defaults are a classifier-like task's).
 
-    ``name``: the registry key (``--task NAME``); ``noun``: what its model is called in messages; ``ranked``: its
-    explanations are per detection (``rank`` 1, 2, ...) with a combined map (``rank`` 0), named ``_box<rank>`` and
-    ``_boxes`` (a detector's layout: its resumed rows, its video, its serve maps); ``videos``: it explains video
-    frames; ``faithfulness``: ``gradcam eval`` runs the whole perturbation protocol (else the boxes only, through
+    ``name``: the registry key (``--task NAME``, a model profile's
+    :attr:`~gradcam_cli.models.profile.ModelProfile.task`); ``noun``: what its model is called in messages;
+    ``ranked``: its explanations are per detection (``rank`` 1, 2, ...) with a combined map (``rank`` 0), named
+    ``_box<rank>`` and ``_boxes`` (:class:`~gradcam_cli.cam.tasks.detect.DetectTask` overrides the methods that
+    lay such explanations out: videos, serve's maps, and sets :attr:`combined_tail` for ``--skip-existing``; read
+    only by this class's methods); ``videos``: it explains video frames;
+    ``faithfulness``: ``gradcam eval`` runs the whole perturbation protocol (else the boxes only, through
     :meth:`box_pairs`); ``takes_targets``: ``--target`` specs apply; ``aug_smooth``: ``--aug-smooth`` applies."""
 
     name = ""
@@ -80,19 +85,33 @@ class TaskAdapter:
     answers = False
     """It answers ``--prompt`` questions (:class:`Answering`; found by :func:`answering`)."""
     methods_of = "segment"
-    default_layer = "last stage of the backbone"
-    """Which layer is explained when none is chosen, as the 'using layer' message says it."""
     """The built-in task whose method list this one takes (:attr:`CamMethod.tasks`), unless :meth:`takes` says."""
+    default_layer = "last spatial layer"
+    """Which layer is explained when none is chosen, as the 'using layer' message says it."""
+    layer_scopes: tuple[str, ...] = ()
+    """Where its model's default layer is looked for first, in turn (a detector's or segmenter's backbone:
+    :data:`gradcam_cli.models.tasks.LAYER_SCOPES`); empty: the whole model
+    (:func:`~gradcam_cli.cam.layers.default_layer`)."""
+    tokens = True
+    """Its model's 3-D (N, L, C) layer outputs may be token sequences on a patch grid, as a classifier's may
+    (:func:`~gradcam_cli.cam.layers.reads_tokens`); a detector head's (N, anchors, classes) have no grid."""
+    nothing = "no target"
+    """What ``gradcam diff`` says of a map that became empty (``no detection``, ``only the background``)."""
+    combined_tail: str | None = None
+    """Where its explanations of an image are one per detection with a map combining them (``rank`` 0), written
+    after them: that map's name tail (``boxes``: ``<stem>_<method>_boxes``), by which ``--skip-existing`` finds an
+    image done (:mod:`gradcam_cli.pipeline.detection_resume`); ``None``: each target's own files."""
+    """What ``gradcam diff`` says of a map that became empty (``no detection``, ``only the background``)."""
 
     @property
     def label(self) -> str:
         """:attr:`shown`, or the name."""
         return self.shown or self.name
 
-    def claims(self, model: LoadedModel, requested: str | None) -> bool:
-        """Whether this adapter explains ``model`` (``requested``: the adapter its profile or ``--task`` names,
-        ``None``: none): the one named, else the built-in task's adapter of the model's :class:`Task`."""
-        return requested == self.name or (requested is None and model.task.value == self.name)
+    def claims(self, model: LoadedModel) -> bool:
+        """Whether this adapter explains ``model``: the one its profile names
+        (:attr:`~gradcam_cli.models.profile.ModelProfile.task`, which ``--task`` sets)."""
+        return model.task == self.name
 
     def check_options(self, options: ExplainOptions) -> None:
         """A one-line UsageError for an option this task does not take, given at all (``None``: not given)."""
@@ -164,6 +183,59 @@ class TaskAdapter:
         first = result.explanations[0].target.index
         chosen = [e for e in result.explanations if e.target.index == first]
         return [(None, [box.box for box in boxes], chosen)], 0
+
+    def chosen_layers(self, model: LoadedModel, infos: list[LayerInfo], names: list[str], tokens: bool) -> list[str]:
+        """The layers explained: ``names`` once :func:`~gradcam_cli.cam.layers.check_layers` accepts them, else
+        the default layer (:meth:`default_layer_of`)."""
+        return chosen_layers(model, infos, names, tokens, self.layer_scopes)
+
+    def default_layer_of(self, model: LoadedModel, infos: list[LayerInfo]) -> str:
+        """The layer explained when none is chosen (:func:`~gradcam_cli.cam.layers.model_default_layer`, looking in
+        :attr:`layer_scopes` first)."""
+        return model_default_layer(model, infos, self.layer_scopes)
+
+    def check_outputs(self, output: OutputOptions) -> None:
+        """A one-line UsageError for an output option this task's maps do not make (default: none)."""
+
+    def video_labels(self, target: int | None, top_k: int, class_name: Callable[[int], str]) -> list[str]:
+        """The label of each video a clip makes per method, in order: one per explained class (``target``, else
+        the top ``top_k``)."""
+        name = class_name(target) if target is not None else ""
+        return [video_label(rank + 1, target, name) for rank in range(1 if target is not None else top_k)]
+
+    def frame_maps(self, result: ImageExplanation) -> list[tuple[Explanation, bool]]:
+        """The maps of a video frame's ``result``, one per video (:meth:`video_labels`, in each method's order), each
+        with whether what it explains is drawn on the frame (:func:`gradcam_cli.render.overlay.mark`; default: no)."""
+        return [(explanation, False) for explanation in result.explanations]
+
+    def kept_maps(self, result: ImageExplanation, shown: Explanation) -> list[Explanation]:
+        """The maps of ``result`` ``gradcam serve`` keeps beside the one ``shown`` (a detector's other detections:
+        one pass made them all)."""
+        return []
+
+    def serve_facts(self) -> dict[str, Any]:
+        """What ``gradcam serve``'s page is told of the task: its name, its maps' layout (``ranked``: per detection,
+        with the combined map), the title of its predictions and whether deletion and insertion measure it."""
+        return {"task": self.label, "ranked": self.ranked, "listed": self.listed, "faithfulness": self.faithfulness}
+
+    def check_curves(self) -> None:
+        """A one-line UsageError where deletion, insertion and ROAD do not measure this task's maps (as in
+        ``gradcam eval``: a task measured by its boxes)."""
+        if not self.faithfulness:
+            raise UsageError(
+                f"deletion, insertion and ROAD are for classifiers (as in gradcam eval), not a {self.noun}"
+            )
+
+    def evaluation(self, protocol: Callable[[], T], boxes: Callable[[], T]) -> T:
+        """``gradcam eval``'s evaluator of this task, made by ``protocol`` (deletion, insertion, sanity, ROAD,
+        stability: a classifier's) or by ``boxes`` (its maps against ground-truth boxes, paired by
+        :meth:`box_pairs`)."""
+        return protocol() if self.faithfulness else boxes()
+
+    def rank_options(self, options: EvalOptions) -> EvalOptions:
+        """The options ``gradcam eval --rank`` measures this task with: a task measured by its boxes drops the
+        sanity checks, ROAD and the stability measure."""
+        return options if self.faithfulness else replace(options, sanity=False, road=False, stability=False)
 
     def pick(self, explanations: list[Explanation], rank: int) -> Explanation:
         """The explanation ``gradcam serve`` shows for a request of ``rank`` (a ranked task's detection)."""
@@ -268,12 +340,20 @@ def task_names() -> list[str]:
     return list(dict.fromkeys([*TASK_NAMES, *(name for name, adapter in TASKS.items() if adapter.by_name)]))
 
 
-def adapter_for(model: LoadedModel, requested: str | None = None) -> TaskAdapter:
-    """The first registered adapter that claims ``model``; ``requested`` (``--task``) naming none is a UsageError
-    with close matches."""
+def adapter_for(model: LoadedModel) -> TaskAdapter:
+    """The first registered adapter that claims ``model``; a task naming none is a UsageError with close
+    matches."""
     for adapter in TASKS.values():
-        if adapter.claims(model, requested):
+        if adapter.claims(model):
             return adapter
-    if requested is not None:
-        TASKS[requested]  # an unknown name: the registry's message, with close matches
-    raise UsageError(f"no task explains {model.name} ({requested or model.task.value})")
+    TASKS[model.task]  # an unknown name: the registry's message, with close matches
+    raise UsageError(f"no task explains {model.name} ({model.task})")
+
+
+def nothing_of(task: object) -> str:
+    """What ``gradcam diff`` says of a map that became empty in a run of ``task`` (as its rows' provenance names
+    it: :attr:`TaskAdapter.label`): the adapter's :attr:`~TaskAdapter.nothing`, else ``no target``."""
+    for adapter in TASKS.values():
+        if adapter.label == task:
+            return adapter.nothing
+    return TaskAdapter.nothing

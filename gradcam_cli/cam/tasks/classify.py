@@ -28,7 +28,6 @@ class ClassifyTask(TaskAdapter):
     takes_targets = True
     aug_smooth = True
     methods_of = "classify"
-    default_layer = "last spatial layer"
 
     def check_options(self, options: ExplainOptions) -> None:
         check_class_score(options)

@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ...models.tasks import LAYER_SCOPES
 from ...options import ExplainOptions
 from ..scores import Score
 from ..segmentation import SegmentationScore
 from .base import Explained, Pair, ScoreRequest, TaskAdapter, check_class_score, label_box_pairs, register_task
 
 if TYPE_CHECKING:
-    from ...evaluation.boxes import GroundTruthBox
+    from ...io.boxes import GroundTruthBox
     from ...models.loading import LoadedModel
     from ..results import ImageExplanation, Prediction
 
@@ -25,6 +26,10 @@ class SegmentTask(TaskAdapter):
     videos = False
     listed = "Classes"
     methods_of = "segment"
+    default_layer = "last stage of the backbone"
+    layer_scopes = LAYER_SCOPES
+    tokens = False
+    nothing = "only the background"
 
     def check_options(self, options: ExplainOptions) -> None:
         check_class_score(options)

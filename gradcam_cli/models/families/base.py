@@ -14,7 +14,7 @@ from ...io.images import InputSpec
 from ...options import TASK_NAMES, ModelOptions
 from ..hub import HubModel
 from ..profile import LoadedModel, ModelProfile
-from ..tasks import Task
+from ..tasks import CLASSIFY, parse_task
 
 
 class Family:
@@ -58,10 +58,10 @@ class Family:
         return []
 
 
-def chosen_task(options: ModelOptions, own: Task) -> Task:
-    """``--task`` where it names one of :class:`Task`, else the model's own task (a plugin's task adapter explains
-    the model as what it is: :attr:`~gradcam_cli.models.profile.ModelProfile.task_name`)."""
-    return Task.parse(options.task) if options.task is not None and options.task in TASK_NAMES else own
+def chosen_task(options: ModelOptions, own: str) -> str:
+    """``--task`` where it names a built-in task, else the model's own task (a plugin's task named by ``--task``
+    replaces it after loading: :func:`~gradcam_cli.models.loading.load_model`)."""
+    return parse_task(options.task) if options.task is not None and options.task in TASK_NAMES else own
 
 
 def hub_model(built: HubModel, options: ModelOptions, tokens: bool) -> LoadedModel:
@@ -70,7 +70,7 @@ def hub_model(built: HubModel, options: ModelOptions, tokens: bool) -> LoadedMod
     profile = ModelProfile(
         built.input_spec,
         built.categories,
-        chosen_task(options, Task.CLASSIFY),
+        chosen_task(options, CLASSIFY),
         prefix_tokens=built.prefix_tokens,
         tokens=tokens,
         embeds=built.embeds,

@@ -15,7 +15,7 @@ from ...errors import ModelLoadError, UsageError, describe, path_error, suggest
 from ...io.images import InputSpec
 from ...options import TASK_NAMES, ModelOptions
 from ..profile import LoadedModel, ModelProfile
-from ..tasks import Task, infer_task
+from ..tasks import CLASSIFY, infer_task
 from ..weights import apply_state_dict, load_state_dict_file
 from .base import Family, chosen_task
 
@@ -32,7 +32,7 @@ class Custom(Family):
         name = options.model
         module = _build(name, options.weights, architecture_only)
         spec = InputSpec()
-        task = chosen_task(options, Task.CLASSIFY) if options.task in TASK_NAMES else infer_task(module, spec, name)
+        task = chosen_task(options, CLASSIFY) if options.task in TASK_NAMES else infer_task(module, spec, name)
         profile = ModelProfile(spec, None, task, size_known=False)  # a plugin's --task: load_model says it
         return LoadedModel(module, name, options.weights, profile=profile)
 

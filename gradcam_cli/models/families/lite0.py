@@ -9,7 +9,7 @@ from ...errors import ModelLoadError
 from ...io.images import InputSpec
 from ...options import ModelOptions
 from ..profile import LoadedModel, ModelProfile
-from ..tasks import Task
+from ..tasks import CLASSIFY
 from ..weights import apply_state_dict, load_state_dict_file
 from .base import Family, chosen_task
 from .torchvision import imagenet_categories
@@ -30,7 +30,7 @@ class Lite0(Family):
 
     def load(self, options: ModelOptions, architecture_only: bool) -> LoadedModel:
         module, weights = _load_lite0(options.weights, architecture_only)
-        profile = ModelProfile(LITE0_SPEC, imagenet_categories(), chosen_task(options, Task.CLASSIFY))
+        profile = ModelProfile(LITE0_SPEC, imagenet_categories(), chosen_task(options, CLASSIFY))
         return LoadedModel(module, LITE0, weights, profile=profile)
 
 

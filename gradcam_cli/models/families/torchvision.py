@@ -10,7 +10,7 @@ from ...errors import ModelLoadError, UsageError, suggest
 from ...io.images import InputSpec
 from ...options import ModelOptions
 from ..profile import LoadedModel, ModelProfile
-from ..tasks import SEGMENTATION_SIZE, Task, torchvision_names, torchvision_task
+from ..tasks import CLASSIFY, NOUNS, SEGMENT, SEGMENTATION_SIZE, task_facts, torchvision_names, torchvision_task
 from ..weights import (
     apply_state_dict,
     load_state_dict_file,
@@ -32,11 +32,11 @@ class Torchvision(Family):
         return True  # the last family asked: an unknown name is refused by load, with close matches
 
     def names(self) -> list[str]:
-        return [name for task in Task for name in torchvision_names(task)]
+        return [name for task in NOUNS for name in torchvision_names(task)]
 
     def load(self, options: ModelOptions, architecture_only: bool) -> LoadedModel:
         loaded = _load_torchvision(options.model, options.weights, options.num_classes, architecture_only)
-        return loaded.with_profile(task=chosen_task(options, loaded.task))
+        return loaded.with_profile(**task_facts(chosen_task(options, loaded.task)))
 
 
 def imagenet_categories() -> list[str]:
@@ -63,7 +63,7 @@ def _load_torchvision(name: str, weights: str, num_classes: int | None, architec
         if name in AUXILIARY:
             kwargs.setdefault("aux_logits", False)
             kwargs.setdefault("init_weights", True)
-        if task is not Task.CLASSIFY:
+        if task != CLASSIFY:
             kwargs["weights_backbone"] = None  # --weights none downloads nothing, backbone included
         module = torchvision.models.get_model(name, weights=None, **kwargs)
         if weights.lower() != "none" and not architecture_only:
@@ -100,7 +100,7 @@ def _input_spec(name: str, weights: Any) -> InputSpec:
     if name.startswith(("vit_", "maxvit_")):
         crop = getattr(transforms, "crop_size", [224])
         fixed = (crop[0], crop[0])
-    if name in torchvision_names(Task.SEGMENT):
+    if name in torchvision_names(SEGMENT):
         return InputSpec(size=SEGMENTATION_SIZE, mean=mean, std=std)
     return InputSpec(fixed_size=fixed, mean=mean, std=std)
 

@@ -15,9 +15,9 @@ import torch
 
 from ...errors import ModelLoadError, UsageError, describe
 from ...options import ModelOptions
-from ...vlm import layouts
-from ...vlm.layouts import TokenLayout
+from .. import token_layouts as layouts
 from ..profile import LoadedModel, ModelProfile
+from ..token_layouts import TokenLayout
 from .base import Family
 
 HF_PREFIX = "hf:"
@@ -113,7 +113,7 @@ class VisionLanguage(Family):
         except Exception as error:  # transformers raises many kinds for a broken folder
             raise ModelLoadError(f"cannot load {options.model}: {describe(error)}") from None
         profile = ModelProfile(
-            task_name=ANSWER_TASK,
+            task=ANSWER_TASK,
             default_layers=(layout.default_layer,),
             size_known=False,
             processor=processor,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ...io.images import InputSpec
 from ...options import ModelOptions
 from ..profile import LoadedModel, ModelProfile
-from ..tasks import Task
+from ..tasks import CLASSIFY
 from ..yolo import YOLO_PREFIX, YOLO_TASK, load_yolo, with_input_size
 from .base import Family
 
@@ -20,8 +20,8 @@ class Yolo(Family):
     def load(self, options: ModelOptions, architecture_only: bool) -> LoadedModel:
         built = load_yolo(options.model, options.weights, architecture_only, options.task)
         layers = tuple(getattr(built.module, "head_inputs", ()))
-        adapter = YOLO_TASK if built.task is Task.DETECT else None  # a YOLO classifier is explained as any other
-        profile = ModelProfile(built.input_spec, built.categories, built.task, default_layers=layers, task_name=adapter)
+        task = YOLO_TASK if built.detector else CLASSIFY  # a YOLO classifier is explained as any other
+        profile = ModelProfile(built.input_spec, built.categories, task, detector=built.detector, default_layers=layers)
         return LoadedModel(built.module, options.model, options.weights, profile=profile)
 
     def resize(self, model: LoadedModel, size: int) -> InputSpec:

@@ -19,7 +19,7 @@ from gradcam_cli.errors import UsageError, suggest
 from gradcam_cli.io.images import InputSpec
 from gradcam_cli.models.families.base import Family, chosen_task
 from gradcam_cli.models.profile import LoadedModel, ModelProfile
-from gradcam_cli.models.tasks import Task
+from gradcam_cli.models.tasks import CLASSIFY
 from gradcam_cli.options import ModelOptions
 
 CLASSES = ("red", "green", "blue")
@@ -87,8 +87,7 @@ class ToyFamily(Family):
         profile = ModelProfile(
             InputSpec(size=64, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0)),
             list(CLASSES),
-            chosen_task(options, Task.CLASSIFY),
-            task_name=COUNT_TASK if counts and options.task is None else None,  # a --task given says otherwise
+            chosen_task(options, COUNT_TASK if counts else CLASSIFY),  # a --task given says otherwise
         )
         return LoadedModel(counter() if counts else tiny(), options.model, options.weights, profile=profile)
 

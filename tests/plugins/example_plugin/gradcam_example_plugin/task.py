@@ -26,7 +26,7 @@ from gradcam_cli.errors import UsageError
 from .family import COUNT_TASK
 
 if TYPE_CHECKING:
-    from gradcam_cli.evaluation.boxes import GroundTruthBox
+    from gradcam_cli.io.boxes import GroundTruthBox
     from gradcam_cli.models.profile import LoadedModel
 
 

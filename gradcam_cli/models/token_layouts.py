@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from ..errors import UsageError
-from .geometry import Box, Tile, frame_box
+from .tiles import Box, Tile, frame_box
 
 Tiler = Callable[[Any, Any, Mapping[str, torch.Tensor], tuple[int, int], int], list[Tile]]
 """``tiles(processor, config, inputs, (height, width), tokens)``: where the layer's ``tokens`` lie on the photo."""

@@ -6,8 +6,8 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ..cam.results import Prediction, rescaled
 from ..io.manifest import MANIFEST_FIELDS
+from .results import Prediction, rescaled
 
 
 @dataclass

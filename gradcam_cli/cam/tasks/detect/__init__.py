@@ -1,24 +1,28 @@
 """torchvision's detectors: each detection's class score by the matching rule of :mod:`gradcam_cli.cam.detection`,
-explained one by one (``rank`` 1, 2, ...) and combined (``rank`` 0)."""
+explained one by one (``rank`` 1, 2, ...) and combined (``rank`` 0), and what that layout makes: the ``_box<rank>``
+and ``_boxes`` files (their resumed rows: :mod:`gradcam_cli.pipeline.detection_resume`), a video's combined map
+with every box drawn, serve's maps of every detection, ``gradcam eval``'s pairing of boxes with detections."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ...errors import UsageError
-from ...models.tasks import detection_transform
-from ...options import MAX_DETECTIONS, SCORE_THRESHOLD, ExplainOptions
-from ..detection import MATCH_IOU, DetectionScore, box_iou, no_detection
-from ..scores import Score
-from .base import Explained, Pair, ScoreRequest, TaskAdapter, check_class_score, register_task
+from ....errors import UsageError
+from ....io.naming import COMBINED_TAIL
+from ....models.tasks import LAYER_SCOPES, detection_transform
+from ....options import MAX_DETECTIONS, SCORE_THRESHOLD, ExplainOptions, OutputOptions
+from ...detection import MATCH_IOU, DetectionScore, box_iou, no_detection
+from ...layers import LayerInfo, chosen_layers
+from ...scores import Score
+from ..base import Explained, Pair, ScoreRequest, TaskAdapter, check_class_score, register_task
 
 if TYPE_CHECKING:
-    from ...evaluation.boxes import GroundTruthBox
-    from ...models.loading import LoadedModel
-    from ..results import ImageExplanation, Prediction
+    from ....io.boxes import GroundTruthBox
+    from ....models.loading import LoadedModel
+    from ...results import Explanation, ImageExplanation, Prediction
 
 
 class DetectTask(TaskAdapter):
@@ -29,6 +33,11 @@ class DetectTask(TaskAdapter):
     ranked = True
     listed = "Detections"
     methods_of = "detect"
+    default_layer = "last stage of the backbone"
+    layer_scopes = LAYER_SCOPES
+    tokens = False
+    nothing = "no detection"
+    combined_tail = COMBINED_TAIL
 
     def check_options(self, options: ExplainOptions) -> None:
         check_class_score(options)
@@ -58,6 +67,30 @@ class DetectTask(TaskAdapter):
     def nothing_found(self, model: LoadedModel, score: Score, target: int | None) -> str | None:
         chosen: Any = score  # a DetectionScore, or a YOLO model's score (both have a threshold)
         return no_detection(model, chosen, target)
+
+    def chosen_layers(self, model: LoadedModel, infos: list[LayerInfo], names: list[str], tokens: bool) -> list[str]:
+        """As any task's, and a refused layer gets the default layer suggested (the spatial layers just before a
+        detector's head are its own)."""
+        return chosen_layers(model, infos, names, tokens, self.layer_scopes, suggest=True)
+
+    def check_outputs(self, output: OutputOptions) -> None:
+        if output.panel:
+            raise UsageError(
+                "--panel is for classifiers and segmenters; a detector's <stem>_<method>_boxes overlay "
+                "shows all its detections at once"
+            )
+
+    def video_labels(self, target: int | None, top_k: int, class_name: Callable[[int], str]) -> list[str]:
+        """One video per method: the combined map, every box drawn."""
+        return [COMBINED_TAIL]
+
+    def frame_maps(self, result: ImageExplanation) -> list[tuple[Explanation, bool]]:
+        """The combined map, every detection's box, label and score drawn on it."""
+        return [(explanation, True) for explanation in result.explanations if explanation.rank == 0]
+
+    def kept_maps(self, result: ImageExplanation, shown: Explanation) -> list[Explanation]:
+        """Every other detection's map (and the combined map): one pass made them all."""
+        return [other for other in result.explanations if other is not shown and other.rank is not None]
 
     def located(self, prediction: Prediction) -> str | None:
         """``at [x1, y1, x2, y2]``; the combined map's target has no box."""
