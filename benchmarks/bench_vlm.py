@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import vlm_models  # noqa: E402
 from bench_methods import paired  # noqa: E402
+from vlm_models import load_vlm  # noqa: E402
 
 from gradcam_cli.vlm.answer import AnswerExplainer  # noqa: E402
-from gradcam_cli.vlm.loading import load_vlm  # noqa: E402
 
 FAMILIES = vlm_models.BUILDERS
 PROMPT = "what is the cat ?"
@@ -61,7 +61,7 @@ def main() -> int:
             if not ids:
                 print(f"{name}: the answer is empty (the model ended at once); nothing to time", flush=True)
                 continue
-            answer = explainer.vlm.tokenizer.decode(ids, skip_special_tokens=True)
+            answer = explainer.tokenizer.decode(ids, skip_special_tokens=True)
             cases = {
                 "answer": lambda e=explainer: e.explain(image, PROMPT),
                 "given": lambda e=explainer, a=answer: e.explain(image, PROMPT, a),

@@ -31,10 +31,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import vlm_models  # noqa: E402
 from saved_memory import KeptMemory, kept_training_style  # noqa: E402
+from vlm_models import load_vlm  # noqa: E402
 
+from gradcam_cli.models.families.vision_language import LLAVA  # noqa: E402
+from gradcam_cli.models.profile import LoadedModel, ModelProfile  # noqa: E402
 from gradcam_cli.vlm.answer import AnswerExplainer  # noqa: E402
-from gradcam_cli.vlm.families import family_of  # noqa: E402
-from gradcam_cli.vlm.loading import LoadedVlm, load_vlm  # noqa: E402
 
 PROMPT = "what is the cat ?"
 ANSWER = "a red cat"
@@ -45,7 +46,7 @@ def kept(explainer: AnswerExplainer, image: Image.Image, answer: str, per_token:
     """Bytes kept by the map's pass and by the same forward pass with every parameter requiring a gradient."""
     inputs = explainer.inputs(image, PROMPT)
     ids = explainer.encode(answer)
-    with KeptMemory(explainer.vlm.module, explainer.module) as ours:
+    with KeptMemory(explainer.model.module, explainer.module) as ours:
         explainer.gradients(inputs, ids, explainer.targets(ids, per_token))
     full = kept_training_style(explainer, inputs, ids)
     return ours.total, full.total
@@ -123,7 +124,8 @@ def real(dtype: torch.dtype) -> None:
     for layers in (1, 2):
         module = llava_7b(layers, dtype, torch.device("cpu"))
         settle_loaded(module, torch.device("cpu"))
-        vlm = LoadedVlm(module, processor, family_of("llava", "bench"), f"llava-1.5-7b shapes, {layers} layers")
+        profile = ModelProfile(task_name="answer", processor=processor, layout=LLAVA)
+        vlm = LoadedModel(module, f"llava-1.5-7b shapes, {layers} layers", "none", profile=profile)
         explainer = AnswerExplainer(vlm)
         tokens = explainer.inputs(image, PROMPT)["input_ids"].shape[1]
         ours, _ = kept(explainer, image, ANSWER, per_token=False)

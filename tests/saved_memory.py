@@ -58,7 +58,7 @@ def kept_training_style(explainer: Any, inputs: dict[str, torch.Tensor], answer:
     a gradient): the comparison for an ``AnswerExplainer``'s own pass. The parameters' flags are restored."""
     from gradcam_cli.vlm.answer import TEXT_KEYS, _Prompted
 
-    module = explainer.vlm.module
+    module = explainer.model.module
     images = {key: value for key, value in inputs.items() if key not in TEXT_KEYS}
     ids = torch.cat((inputs["input_ids"], torch.tensor([answer], device=explainer.device)), dim=1)
     flags = [parameter.requires_grad for parameter in module.parameters()]

@@ -18,6 +18,18 @@ TEMPLATE = (
 )
 
 
+def load_vlm(model: str, device: torch.device, precision: str = "fp32"):
+    """``hf:DIR`` loaded for the ``answer`` task (its profile carries the processor and the token layout), settled on
+    ``device`` as the command loads it."""
+    from gradcam_cli.models.loading import load_model
+    from gradcam_cli.models.modes import settle_loaded
+    from gradcam_cli.options import ModelOptions
+
+    loaded = load_model(ModelOptions(model, precision=precision, task="answer"))
+    settle_loaded(loaded.module, device)
+    return loaded
+
+
 def tokenizer(special: list[str]):
     """A word-level tokenizer over :data:`WORDS` and the family's ``special`` image tokens (split out of runs)."""
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -29,6 +29,8 @@ class Record:
     seconds: float = 0.0
     fingerprint: dict[str, Any] | None = None
     provenance: dict[str, Any] | None = None
+    answer: Answer | None = None
+    """A prompted image's row (docs/vlm.md): its question and answer, written after the manifest's columns."""
 
     def to_dict(self) -> dict[str, Any]:
         """The row as plain JSON-ready data, in manifest column order (predictions as {index, name, probability},
@@ -47,12 +49,24 @@ class Record:
                     prediction["box"] = list(prediction["box"])
                 if "share" in prediction:
                     prediction["share"] = round(prediction["share"], 6)
-        return {key: row[key] for key in MANIFEST_FIELDS}
+        if self.answer is None:
+            return {key: row[key] for key in MANIFEST_FIELDS}
+        row["target"] = answer_target(self.target) if self.target is not None else None
+        return {**{key: row[key] for key in MANIFEST_FIELDS}, **self.answer.to_dict()}
+
+    @property
+    def shown_predictions(self) -> list[Prediction]:
+        """What the gallery shows as the input's predictions: an answer's question and answer (with the answer's
+        probability), else :attr:`predictions`."""
+        if self.answer is None:
+            return self.predictions
+        return [self.answer.shown()]
 
     @classmethod
     def from_dict(cls, row: dict[str, Any]) -> Record:
         """A record from a manifest row (:meth:`to_dict`'s form); a null probability becomes NaN."""
-        target = _prediction(row.get("target"))
+        answer = Answer.from_row(row)
+        target = _prediction(row.get("target")) if answer is None else _answer_prediction(row.get("target"))
         predictions = [p for p in map(_prediction, row.get("predictions") or []) if p is not None]
         return cls(
             str(row["input"]),
@@ -67,7 +81,89 @@ class Record:
             float(row.get("seconds") or 0.0),
             row.get("fingerprint") if isinstance(row.get("fingerprint"), dict) else None,
             row.get("provenance") if isinstance(row.get("provenance"), dict) else None,
+            answer,
         )
+
+
+ANSWER_FIELDS = ("prompt", "answer", "generated", "tokens", "note")
+"""The columns an answer's row has after the manifest's (``tokens`` on its image's first row, ``note`` on an empty
+answer's row)."""
+
+
+@dataclass
+class Answer:
+    """A prompted image's question and answer, as its rows carry them: ``tokens`` (each token's text, id and
+    log-probability) on the image's first row only; ``note`` why nothing was mapped (an empty answer)."""
+
+    prompt: str
+    text: str
+    generated: bool
+    tokens: list[dict[str, Any]] | None = None
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"prompt": self.prompt, "answer": self.text, "generated": self.generated}
+        if self.tokens is not None:
+            row["tokens"] = self.tokens
+        if self.note is not None:
+            row["note"] = self.note
+        return row
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Answer | None:
+        """The answer of a manifest row, ``None`` when it is no answer's row."""
+        if not isinstance(row.get("prompt"), str) or "answer" not in row:
+            return None
+        tokens = row.get("tokens")
+        note = row.get("note")
+        return cls(
+            row["prompt"],
+            str(row.get("answer") or ""),
+            bool(row.get("generated")),
+            [dict(token) for token in tokens if isinstance(token, dict)] if isinstance(tokens, list) else None,
+            str(note) if isinstance(note, str) else None,
+        )
+
+    @property
+    def logprob(self) -> float | None:
+        """The answer's log-probability (the sum of its tokens'), where this row lists them."""
+        if not self.tokens:
+            return None
+        return float(sum(token["logprob"] for token in self.tokens))
+
+    def shown(self) -> Prediction:
+        """The question and its answer as one prediction, with the answer's probability."""
+        logprob = self.logprob
+        question = f"{self.prompt} \N{RIGHTWARDS ARROW} {self.text or '(empty answer)'}"
+        return Prediction(-1, question, math.exp(logprob) if logprob is not None else math.nan)
+
+
+def answer_prediction(label: str, token: int | None, logprob: float) -> Prediction:
+    """An answer map's target as a prediction: its label, the answer token it explains (``None``: the whole answer
+    or a word, a contrast), its log-probability and the probability that is (none for a contrast's positive
+    difference)."""
+    probability = math.exp(logprob) if logprob <= 0 else math.nan
+    details = {"token": token, "logprob": round(logprob, 6)}
+    return Prediction(token if token is not None else -1, label, probability, details=details)
+
+
+def answer_target(target: Prediction) -> dict[str, Any]:
+    """An answer row's ``target``: ``{name, token, logprob, probability}``."""
+    details = target.details or {}
+    probability = target.probability
+    return {
+        "name": target.name,
+        "token": details.get("token"),
+        "logprob": details.get("logprob"),
+        "probability": round(probability, 6) if math.isfinite(probability) else None,
+    }
+
+
+def _answer_prediction(value: Any) -> Prediction | None:
+    if not isinstance(value, dict) or not isinstance(value.get("logprob"), int | float):
+        return None
+    token = value.get("token")
+    return answer_prediction(str(value.get("name", "")), token if isinstance(token, int) else None, value["logprob"])
 
 
 def in_original_pixels(rows: list[Record], shown: tuple[int, int], original: tuple[int, int] | None) -> list[Record]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Protocol
 
@@ -15,7 +14,7 @@ from ..errors import EXIT_IMAGE_FAILED, EXIT_OK, UsageError
 from ..options import AnswerOptions, EvalOptions, ExplainOptions, ModelOptions, OutputOptions, RunOptions
 from .params import parse_path
 from .ranking import RankOptions
-from .reporting import Reporter, run_summary
+from .reporting import ProgressBar, Reporter, run_summary
 
 if TYPE_CHECKING:
     from ..io.discovery import InputImage
@@ -54,10 +53,10 @@ class Command(Protocol):
     run_options: RunOptions
 
 
-def _questioned(
-    inputs: list[str], question: AnswerOptions, exclude: Path | None
-) -> tuple[list[InputImage], dict[str, str]]:
-    """The images asked about and, with ``--prompts``, each one's prompt by its path."""
+def _questioned(inputs: list[str], question: AnswerOptions, exclude: Path | None) -> list[InputImage]:
+    """The prompted images: each image asked ``--prompt``, or with ``--prompts`` its own prompt."""
+    from dataclasses import replace
+
     from ..io.discovery import discover
     from ..io.prompts import read_prompts
 
@@ -67,7 +66,7 @@ def _questioned(
         images = discover(inputs, exclude=exclude)
         if not images:
             raise UsageError("no image found in the inputs")
-        return images, {}
+        return [replace(image, prompt=question.prompt) for image in images]
     if question.prompt is not None:
         raise UsageError("--prompt and --prompts: give one question for all images, or a file of them")
     if inputs:
@@ -75,51 +74,58 @@ def _questioned(
     pairs = read_prompts(question.prompts)
     images = discover([image for image, _ in pairs], exclude=exclude)
     by_path = {image.resolve(): prompt for image, prompt in pairs}
-    return images, {str(image.path): by_path[image.path.resolve()] for image in images}
+    return [replace(image, prompt=by_path[image.path.resolve()]) for image in images]
+
+
+def check_question(question: AnswerOptions, explain: ExplainOptions, output: OutputOptions, run: RunOptions) -> None:
+    """Refuse, in one line, what a run of prompted images cannot do, before its model is loaded."""
+    from ..cam.tasks import answering
+    from ..pipeline.answers import RAY_ANSWERS
+
+    if not question.asked:
+        raise UsageError(f"{question.given()[0]} is for a --prompt; add --prompt TEXT")
+    if output.manifest is not None and output.manifest.suffix.lower() != ".jsonl":
+        raise UsageError(f"--manifest {output.manifest}: with --prompt use a .jsonl file (rows carry the answer)")
+    not_here = answering().refused(explain)
+    if not_here:
+        raise UsageError(f"{not_here[0]} does not apply to a --prompt's answer (docs/vlm.md lists what does)")
+    if run.engine == "ray":
+        raise UsageError(RAY_ANSWERS)
+    if output.skip_existing and output.manifest is None and run.shard is None:
+        raise UsageError("--skip-existing with --prompt needs --manifest: a kept answer and its maps are its rows")
 
 
 def ask(command: Command) -> int:
-    """Ask the command's ``--prompt`` about every image (or each image its own, ``--prompts FILE.csv``); print each
-    answer and its maps; the exit code. The task adapter that answers (:func:`~gradcam_cli.cam.tasks.answering`)
-    does the work."""
+    """Ask the command's ``--prompt`` about every image (or each image its own, ``--prompts FILE.csv``) through the
+    session (:mod:`gradcam_cli.pipeline.answers`); print each answer and its maps; the exit code."""
     reporter, inputs, model, explain = command.reporter, command.inputs, command.model_options, command.explain_options
     output, run, question = command.output, command.run_options, explain.question
-    if not question.asked:
-        raise UsageError(f"{question.given()[0]} is for a --prompt; add --prompt TEXT")
+    check_question(question, explain, output, run)
     from ..cam.tasks import answering
-    from ..io.manifest import ManifestWriter
-    from ..pipeline.session import Counts
+    from ..pipeline.session import Session
 
-    if output.manifest is not None and output.manifest.suffix.lower() != ".jsonl":
-        raise UsageError(f"--manifest {output.manifest}: with --prompt use a .jsonl file (rows carry the answer)")
     adapter = answering()
-    not_here = adapter.refused(explain, output, run)
-    if not_here:
-        raise UsageError(f"{not_here[0]} does not apply to a --prompt's answer (docs/vlm.md lists what does)")
-    images, prompts = _questioned(inputs, question, output.output_dir)
-    answerer = adapter.answerer(model, explain)
-    if not explain.layers:
-        reporter.info(adapter.layer_note(answerer))
-    counts = Counts()
-    started = time.perf_counter()
-    with ExitStack() as stack:
-        manifest = stack.enter_context(ManifestWriter(output.manifest)) if output.manifest is not None else None
-        for result, rows in adapter.run(answerer, images, question, output, explain.targets, run.max_side, prompts):
-            for row in rows:
-                if manifest is not None:
-                    manifest.write(row)
-                if reporter.as_json:
-                    reporter.emit(json.dumps(row))
-            if result is None:
-                counts.error += 1
-                reporter.error(str(rows[0]["error"]))
+    images = _questioned(inputs, question, output.output_dir)
+    with Session(output, run, notify=reporter.info) as session:
+        answerer = adapter.answerer(model, explain)
+        if not explain.layers:
+            reporter.info(adapter.layer_note(answerer))
+        started = time.perf_counter()
+        bars = lambda label, total: ProgressBar(reporter, total, label)  # noqa: E731
+        shown: set[str] = set()
+        for record in session.explain(answerer, images, progress=bars):
+            reporter.record(record)
+            if record.status == "error":
+                reporter.error(record.error or "failed")
                 continue
-            counts.ok += 1
-            for line in adapter.lines(answerer, result, rows):
+            for line in adapter.lines(record, record.input not in shown):
                 reporter.result(line)
+            shown.add(record.input)
+    if session.gallery is not None:
+        reporter.info(f"gallery written to {session.gallery}")
     if len(images) > 1:
-        reporter.info(run_summary(counts, time.perf_counter() - started, "images"))
-    return EXIT_IMAGE_FAILED if counts.error else EXIT_OK
+        reporter.info(run_summary(session.counts, time.perf_counter() - started, "images"))
+    return EXIT_IMAGE_FAILED if session.counts.error else EXIT_OK
 
 
 class EvalCommand(Protocol):
@@ -146,7 +152,7 @@ def evaluate_answers(command: EvalCommand) -> int:
     measures = {"--boxes": options.boxes is not None, "--sanity": options.sanity, "--road": options.road}
     measures |= {"--plot": options.plot is not None, "--stability": options.stability, "--rank": command.ranking.rank}
     adapter = answering()
-    not_here = adapter.refused(explain, None, None) + [name for name, on in measures.items() if on]
+    not_here = adapter.refused(explain) + [name for name, on in measures.items() if on]
     if not_here:
         raise UsageError(f"{not_here[0]} does not apply to a --prompt's answer (docs/vlm.md: deletion and insertion)")
     images = discover(command.inputs)

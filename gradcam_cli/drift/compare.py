@@ -4,11 +4,12 @@
 >>> report.drift, report.drifting_inputs()
 (False, [])
 
-A pair drifts when its image failed on one side only, when its class changed (the target, or the image's top
-class; unless ``allow_class_change``), when one side explains a class and the other found nothing to explain (its
-row has no target: no detection, or only the background), when a map is missing on one side, when either
-correlation of the two maps falls below ``min_similarity``, or when the peak moved more than ``max_peak_shift`` of
-the image's diagonal. Rows without a partner are drift too, unless ``allow_missing``. Maps are compared as the
+A pair drifts when its image failed on one side only, when a prompted image's answer changed (two empty answers,
+nothing mapped, are no drift), when its class changed (the target, or the image's top class; unless
+``allow_class_change``), when one side explains a class and the other found nothing to explain (its row has no
+target: no detection, or only the background), when a map is missing on one side, when either correlation of the
+two maps falls below ``min_similarity``, or when the peak moved more than ``max_peak_shift`` of the image's
+diagonal. Rows without a partner are drift too, unless ``allow_missing``. Maps are compared as the
 ``.npy`` files where both rows have one, else as their fingerprints.
 """
 
@@ -64,6 +65,7 @@ class PairResult:
             "status": [baseline.status, current.status],
             "target": [_class(baseline.target), _class(current.target)],
             "top1": [_class(baseline.top), _class(current.top)],
+            **({"answer": [baseline.answer, current.answer]} if baseline.answer or current.answer else {}),
             "probability": [_round(baseline.probability), _round(current.probability)],
             "probability_change": _round(self.probability_change),
             "spearman": _round(self.spearman),
@@ -221,6 +223,10 @@ def compare_pair(pair: Pair, options: DiffOptions) -> PairResult:
         if baseline.status != current.status:
             failed = current if current.status == "error" else baseline
             result.reasons.append(f"failed in the {'current' if failed is current else 'baseline'} run")
+        return result
+    if baseline.answer != current.answer:  # a prompted image's answer changed: its maps explain another
+        result.reasons.append(f"answer {baseline.answer!r} -> {current.answer!r}")
+    elif baseline.answer == "" and baseline.target is None and current.target is None:
         return result
     if not options.allow_class_change:
         result.reasons += _class_changes(baseline, current)

@@ -31,7 +31,8 @@ PREFERRED_NAMES = ("manifest.jsonl", "manifest.csv")
 @dataclass
 class MapRow:
     """A manifest row as the diff compares it. ``target`` and ``top``: (class index, name) of the class the row
-    explains and of the image's top prediction; ``grid`` and ``size``: its decoded fingerprint; ``raw``: its
+    explains and of the image's top prediction (an answer's row: its target's label and the answer token it explains,
+    ``-1`` for none); ``grid`` and ``size``: its decoded fingerprint; ``raw``: its
     ``.npy`` map where that file exists; ``named``: its target is a ``--target`` other than a class
     (``similar:``, ``text:``, ``output:``, a contrast), which its name tells apart (its index is its place)."""
 
@@ -48,6 +49,8 @@ class MapRow:
     provenance: dict[str, Any] | None = None
     error: str | None = None
     named: bool = False
+    answer: str | None = None
+    """A prompted image's row: the answer its maps explain (``target`` is then the map's label, as ``named``)."""
 
 
 @dataclass
@@ -116,6 +119,8 @@ def read_side(path: Path, role: str) -> Side:
 def _map_row(row: dict[str, Any], manifest: Path, shown: str) -> MapRow:
     line = int(row["line"])
     target = row.get("target")
+    if isinstance(row.get("prompt"), str) and "answer" in row:  # a prompted image's row (docs/vlm.md)
+        target = _answer_target(target, shown, line)
     predictions = row.get("predictions")
     top = predictions[0] if isinstance(predictions, list) and predictions else None
     if not _is_prediction(target) or not _is_prediction(top):
@@ -140,8 +145,19 @@ def _map_row(row: dict[str, Any], manifest: Path, shown: str) -> MapRow:
         _raw_map(row.get("outputs"), manifest),
         provenance if isinstance(provenance, dict) else None,
         str(row["error"]) if row.get("error") else None,
-        _is_named(target),
+        _is_named(target) or "answer" in row,
+        str(row["answer"]) if isinstance(row.get("answer"), str) else None,
     )
+
+
+def _answer_target(target: Any, shown: str, line: int) -> dict[str, Any] | None:
+    """An answer row's ``{name, token, logprob, probability}`` target as a class-like one (its token as index)."""
+    if target is None:
+        return None
+    if not isinstance(target, dict) or not isinstance(target.get("name"), str):
+        raise UsageError(f"{shown}: line {line}: its target is not an answer's {{name, token, logprob, probability}}")
+    token = target.get("token")
+    return {**target, "index": token if isinstance(token, int) else -1}
 
 
 def _is_named(target: dict[str, Any] | None) -> bool:

@@ -69,21 +69,15 @@ def _version(package: str) -> str | None:
 
 def run_provenance(explainer: Explainer, run: RunOptions | None = None) -> dict[str, Any]:
     """The provenance of the maps ``explainer`` makes under ``run`` (its ``max_side``), as every row carries it."""
-    from .. import __version__
     from ..options import RunOptions
-    from ..registry import plugin_versions
 
     model = explainer.model
     weights = model.weights
     sha256 = file_sha256(weights) if os.path.isfile(weights) else None
     spec = model.input_spec
     parameter = next(model.module.parameters(), None)
-    deterministic = torch.are_deterministic_algorithms_enabled()
     return {
-        "gradcam_cli": __version__,
-        "torch": torch.__version__,
-        "torchvision": _version("torchvision"),
-        "plugins": plugin_versions(),
+        **versions(),
         "model": model.name,
         "weights": weights,
         "weights_sha256": sha256,
@@ -99,6 +93,24 @@ def run_provenance(explainer: Explainer, run: RunOptions | None = None) -> dict[
         "aug_smooth": explainer.options.aug_smooth,
         "eigen_smooth": explainer.options.eigen_smooth,
         "max_side": (run or RunOptions()).max_side,
-        "deterministic": deterministic,
-        "seed": torch.initial_seed() if deterministic else None,
+        **determinism(),
     }
+
+
+def versions() -> dict[str, Any]:
+    """The provenance's versions: gradcam-cli's, torch's, torchvision's and each plugin's."""
+    from .. import __version__
+    from ..registry import plugin_versions
+
+    return {
+        "gradcam_cli": __version__,
+        "torch": torch.__version__,
+        "torchvision": _version("torchvision"),
+        "plugins": plugin_versions(),
+    }
+
+
+def determinism() -> dict[str, Any]:
+    """The provenance's last fields: whether PyTorch ran deterministically, and with which seed."""
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    return {"deterministic": deterministic, "seed": torch.initial_seed() if deterministic else None}

@@ -7,6 +7,7 @@ import os
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 from ..errors import UsageError, describe
@@ -15,12 +16,30 @@ IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".
 VIDEO_SUFFIXES = frozenset({".mp4", ".avi", ".mov", ".mkv", ".webm"})
 
 
+class InputKind(Enum):
+    """What an input is, the axis beside the task (docs/internals.md, "How to add an input kind"): the session
+    gives each kind to its own runner."""
+
+    IMAGE = "image"
+    VIDEO = "video"
+    PROMPTED = "prompted image"
+
+
 @dataclass(frozen=True)
 class InputImage:
-    """An image to explain and the stem its outputs are named after, relative to the output directory."""
+    """An input to explain and the stem its outputs are named after, relative to the output directory; ``prompt``:
+    the question a vision-language model is asked about it (a prompted image)."""
 
     path: Path
     output_stem: Path
+    prompt: str | None = None
+
+    @property
+    def kind(self) -> InputKind:
+        """A prompted image, a video file (by its suffix), or an image."""
+        if self.prompt is not None:
+            return InputKind.PROMPTED
+        return InputKind.VIDEO if self.path.suffix.lower() in VIDEO_SUFFIXES else InputKind.IMAGE
 
 
 def discover(

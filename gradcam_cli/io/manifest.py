@@ -150,9 +150,10 @@ def manifest_text(data: bytes) -> str:
 
 def parse_rows(data: bytes, is_csv: bool) -> Iterator[tuple[int, dict[str, Any] | None]]:
     """(line number, row) of each row of a manifest's bytes (``.jsonl``, or ``.csv`` after its header), with the
-    values of ``MANIFEST_FIELDS`` (``None`` for a column the file lacks); the row is ``None`` where the line is not
-    a manifest row: no JSON object or CSV record of the header's length, no ``input``, no known ``status``. Every
-    reader of manifests reads them so, and leaves such lines out (a row torn by a killed run)."""
+    values of ``MANIFEST_FIELDS`` (``None`` for a column the file lacks; a JSON row keeps its other keys, such as
+    an answer's); the row is ``None`` where the line is not a manifest row: no JSON object or CSV record of the
+    header's length, no ``input``, no known ``status``. Every reader of manifests reads them so, and leaves such
+    lines out (a row torn by a killed run)."""
     text = manifest_text(data)
     rows = _csv_rows(text) if is_csv else _json_rows(text)
     for line, row in rows:
@@ -168,7 +169,11 @@ def _json_rows(text: str) -> Iterator[tuple[int, dict[str, Any] | None]]:
             row = json.loads(content)
         except ValueError:
             row = None
-        yield line, {key: row.get(key) for key in MANIFEST_FIELDS} if isinstance(row, dict) else None
+        if not isinstance(row, dict):
+            yield line, None
+            continue
+        columns = {key: row.get(key) for key in MANIFEST_FIELDS}
+        yield line, columns | {key: value for key, value in row.items() if key not in columns}  # an answer's too
 
 
 def _csv_rows(text: str) -> Iterator[tuple[int, dict[str, Any] | None]]:

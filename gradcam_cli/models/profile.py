@@ -18,6 +18,7 @@ from .tasks import CLASSIFY, DETECT, detection_spec, detection_transform, infer_
 
 if TYPE_CHECKING:
     from .text_tower import TextTower
+    from .token_layouts import TokenLayout
 
 
 BARE_CLIP = (16, 112, 112)
@@ -74,6 +75,11 @@ class ModelProfile:
     any_shape: bool = False
     """It takes any height and width (``--input-size H,W``: a multiple of its patch size) though its ``input_spec``
     names a fixed size: a timm ViT built with ``dynamic_img_size``."""
+    processor: Any = None
+    """A vision-language model's processor (image processor, tokenizer, chat template): task ``answer``."""
+    layout: TokenLayout | None = None
+    """A vision-language model's token layout: its default layer and where that layer's image tokens lie on the
+    photo (:mod:`gradcam_cli.models.token_layouts`)."""
 
     def __post_init__(self) -> None:
         if self.task == DETECT:
@@ -165,6 +171,14 @@ class LoadedModel:
     @property
     def text(self) -> TextTower | None:
         return self.profile.text
+
+    @property
+    def processor(self) -> Any:
+        return self.profile.processor
+
+    @property
+    def layout(self) -> TokenLayout | None:
+        return self.profile.layout
 
     def class_name(self, index: int) -> str:
         """Human name of class ``index`` (the index itself when the model has no names)."""

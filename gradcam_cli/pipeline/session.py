@@ -47,6 +47,7 @@ from ..io.manifest import (
 from ..io.naming import INDEX_NAME, LOCK_NAME, MANIFEST_NAME, shard_lock_name, shard_manifest_path
 from ..options import OutputOptions, RunOptions
 from ..render.colour import colormap_table
+from ..vlm.answer import AnswerExplainer
 from .batch import BatchRunner
 from .resume import EarlierRows, check_run_record, run_record, write_run_record
 from .shards import ShardRecord, inputs_digest, select_shard, stored_path
@@ -181,21 +182,20 @@ class Session:
 
     def explain(
         self,
-        explainer: Explainer,
+        explainer: Explainer | AnswerExplainer,
         images: Sequence[InputImage],
         videos: Sequence[InputImage] = (),
         progress: ProgressFactory = no_progress,
     ) -> Iterator[Record]:
         """Explain every image, then every video, yielding each record once it is written and recorded.
 
-        :meth:`start` comes first, unless it was called already. Videos are for classifiers and detectors."""
-        if videos and not explainer.adapter.videos:
-            raise UsageError(
-                f"videos are explained with classifiers and detectors only; {videos[0].path} is a video and "
-                f"{explainer.model.name} a {explainer.adapter.noun}"
-            )
-        if videos and self.run.engine == "ray":
-            raise UsageError(f"--engine ray explains images only; {videos[0].path} is a video: run videos without it")
+        :meth:`start` comes first, unless it was called already. Videos are for classifiers and detectors; prompted
+        images (:attr:`~gradcam_cli.io.discovery.InputKind.PROMPTED`) for a vision-language model's
+        :class:`~gradcam_cli.vlm.answer.AnswerExplainer`."""
+        if isinstance(explainer, AnswerExplainer):
+            yield from self._answer(explainer, images, progress)
+            return
+        self._check_videos(explainer, videos)
         self.start(explainer)
         if self.shard is not None:
             images, videos = self._select_shard(images, videos)
@@ -222,6 +222,32 @@ class Session:
                     for record in records:
                         for row in self._resumed_video(video_runner, video, record):
                             yield self._keep(row)
+
+    def _check_videos(self, explainer: Explainer, videos: Sequence[InputImage]) -> None:
+        if videos and not explainer.adapter.videos:
+            raise UsageError(
+                f"videos are explained with classifiers and detectors only; {videos[0].path} is a video and "
+                f"{explainer.model.name} a {explainer.adapter.noun}"
+            )
+        if videos and self.run.engine == "ray":
+            raise UsageError(f"--engine ray explains images only; {videos[0].path} is a video: run videos without it")
+
+    def _answer(
+        self, explainer: AnswerExplainer, images: Sequence[InputImage], progress: ProgressFactory
+    ) -> Iterator[Record]:
+        """Every prompted image's answer and maps, through the :class:`~gradcam_cli.pipeline.answers.AnswerRunner`."""
+        from .answers import RAY_ANSWERS, AnswerRunner
+
+        if self.run.engine == "ray":
+            raise UsageError(RAY_ANSWERS)
+        self.start(explainer)
+        if self.shard is not None:
+            images, _ = self._select_shard(images, ())
+        self._order += [row_key({"input": str(item.path)}) for item in images]
+        runner = AnswerRunner(explainer, self.output, self.run, self.earlier)
+        with progress("answering", len(images)) as tick:
+            for record in runner.run_images(images, on_image=tick, on_skipped=lambda: tick(skipped=True)):
+                yield self._keep(record)
 
     def _runner(self, explainer: Explainer) -> BatchRunner:
         """The local :class:`BatchRunner`, or with ``engine="ray"`` the Ray engine's."""
@@ -258,11 +284,18 @@ class Session:
             v for p, v in enumerate(videos, len(images)) if p in chosen
         ]
 
-    def start(self, explainer: Explainer) -> None:
+    def start(self, explainer: Explainer | AnswerExplainer) -> None:
         """Check the run record (what made the outputs: see :data:`~gradcam_cli.pipeline.resume.RECORD_LABELS`)
         against the folder's, with ``--skip-existing``, and write it; note the provenance every row of this run
         carries; once per session."""
         if self._started:
+            return
+        if isinstance(explainer, AnswerExplainer):
+            from .answers import answer_provenance, answer_run_record
+
+            self._record(answer_run_record(explainer, self.output, self.run))
+            self.provenance = answer_provenance(explainer, self.run)
+            self._started = True
             return
         explainer.adapter.check_outputs(self.output)
         spec = explainer.model.input_spec
@@ -276,16 +309,20 @@ class Session:
             self.run.max_side,
         )
         record.update(explainer.settings)
-        record["precision"] = explainer.chosen.precision
+        if self.output.skip_existing and explainer.options.targets and self.output.manifest is None:
+            # file names carry a class, not a target
+            raise UsageError("--skip-existing with --target needs --manifest: skipped images' rows come from it")
+        self._record(record | {"precision": explainer.chosen.precision})
+        self.provenance = run_provenance(explainer, self.run)
+        self._started = True
+
+    def _record(self, record: dict[str, Any]) -> None:
+        """Check ``record`` against the folder's with ``--skip-existing``; write it and keep it."""
         record["cwd"] = os.getcwd()  # what the manifest's relative paths start from (gradcam serve reads it)
         if self.output.skip_existing:
-            if explainer.options.targets and self.output.manifest is None:  # file names carry a class, not a target
-                raise UsageError("--skip-existing with --target needs --manifest: skipped images' rows come from it")
             check_run_record(self.output.output_dir, record)
         write_run_record(self.output.output_dir, record)
         self.record = record
-        self.provenance = run_provenance(explainer, self.run)
-        self._started = True
 
     def _rows_lost(self, runner: VideoRunner, video: InputImage, records: Sequence[Record]) -> bool:
         """Whether ``records`` is a skipped video whose rows the manifest being resumed lacks, some or all

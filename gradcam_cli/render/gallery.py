@@ -112,7 +112,7 @@ def gallery_entries(records: Iterable[Record], output_dir: Path) -> list[dict[st
         if record.status not in ("ok", "skipped") or not record.outputs:
             continue
         if not entry["predictions"]:
-            entry["predictions"] = [_prediction(p) for p in record.predictions]
+            entry["predictions"] = [_prediction(p) for p in record.shown_predictions]
         main, *others = record.outputs
         thumb = _ensure_thumbnail(root, main)
         view: dict[str, Any] = {

@@ -105,7 +105,7 @@ class AnswerService(ModelThread):
     def info(self) -> dict[str, Any]:
         """What the page needs: ``answers`` (a question box instead of classes), the layer, the methods."""
         return {
-            "model": self.answerer.vlm.name,
+            "model": self.answerer.model.name,
             "task": "answer",
             "answers": True,
             "ranked": False,
@@ -133,7 +133,7 @@ class AnswerService(ModelThread):
             if len(self._explainers) >= MAX_EXPLAINERS:
                 self._explainers.pop(next(iter(self._explainers)))
             self._explainers[key] = AnswerExplainer(
-                base.vlm, layer, (method,), base.max_new_tokens, base.seed, base.eigen_smooth
+                base.model, layer, (method,), base.max_new_tokens, base.seed, base.eigen_smooth
             )
         return self._explainers[key]
 
@@ -172,7 +172,7 @@ class AnswerService(ModelThread):
                     target = explainer.targets(ids, False)[0]
                     result = explainer.explain_ids(image.image, prompt, ids, given is None, [target], inputs)
                     asked.text, asked.tokens = result.answer, result.tokens
-                    asked.words = answer_words(explainer.vlm.tokenizer, ids)
+                    asked.words = answer_words(explainer.tokenizer, ids)
                     whole = MapAnswer(self._store(asked, explainer, result.maps[0], image), True, target.label)
                 with self._lock:
                     self._asked[key] = asked

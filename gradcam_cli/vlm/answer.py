@@ -11,7 +11,7 @@ The passes go through :class:`~gradcam_cli.cam.engine.LayerCapture`: the explain
 so the backward pass runs from the score to that layer and stops there, with no parameter gradient. The layer's
 output is flattened to its tokens (L, C) and a method sees them as one (1, C, 1, L) map, so a channel weight is
 pooled over all image tokens (every tile), and the per-token map is put back on the photo through the family's
-geometry (:mod:`gradcam_cli.vlm.families`).
+geometry (:mod:`gradcam_cli.vlm.layouts`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from ..cam.engine import LayerCapture
 from ..cam.maps import normalise
 from ..cam.methods import METHODS
 from ..errors import UsageError, suggest
+from ..models.profile import LoadedModel
+from ..models.tiles import Tile, place
 from ..targets import TargetSpec
-from .geometry import Tile, place
-from .loading import LoadedVlm
 
 TEXT_KEYS = ("input_ids", "attention_mask", "rows", "cols")
 """What the processor returns besides what the model takes with the token ids."""
@@ -112,39 +112,70 @@ class _Prompted(nn.Module):
         return logits
 
 
+@dataclass(frozen=True)
+class Question:
+    """What a run asks of every prompted image besides its prompt: ``answer`` to explain instead of the generated
+    one, a map per answer token (``per_token``), and ``--target`` specs."""
+
+    answer: str | None = None
+    per_token: bool = False
+    specs: tuple[TargetSpec, ...] = ()
+
+
 class AnswerExplainer:
     """Generates or takes an answer about a photo and explains it at ``layer`` (default: the family's) with
-    ``methods``."""
+    ``methods``; ``question``: what a run asks of each image (:class:`Question`)."""
 
     def __init__(
         self,
-        vlm: LoadedVlm,
+        model: LoadedModel,
         layer: str | None = None,
         methods: Sequence[str] = ("gradcam",),
         max_new_tokens: int = 32,
         seed: int = 0,
         eigen_smooth: bool = False,
+        question: Question | None = None,
+        precision: str = "fp32",
     ) -> None:
-        self.vlm, self.max_new_tokens, self.seed, self.eigen_smooth = vlm, max_new_tokens, seed, eigen_smooth
-        self.layer = layer or vlm.family.default_layer
-        modules = dict(vlm.module.named_modules())
+        if model.layout is None or model.processor is None:
+            raise UsageError(f"{model.name} is no vision-language model: it has no token layout or processor")
+        self.model, self.layout = model, model.layout
+        self.max_new_tokens, self.seed, self.eigen_smooth = max_new_tokens, seed, eigen_smooth
+        self.question, self.precision = question or Question(), precision
+        self.layer = layer or self.layout.default_layer
+        modules = dict(model.module.named_modules())
         if self.layer not in modules:
-            raise UsageError(f"--layer {self.layer}: no such layer in {vlm.name}.{suggest(self.layer, modules)}")
+            raise UsageError(f"--layer {self.layer}: no such layer in {model.name}.{suggest(self.layer, modules)}")
         self.module = modules[self.layer]
         usable = answer_methods()
         for method in methods:
             if method not in usable:
                 raise UsageError(f"--method {method} does not explain an answer; use one of {', '.join(usable)}")
         self.methods = tuple(methods)
-        self.device = next(vlm.module.parameters()).device
+        self.device = next(model.module.parameters()).device
+
+    @property
+    def tokenizer(self) -> Any:
+        """The processor's tokenizer."""
+        return self.model.processor.tokenizer
+
+    @property
+    def settings(self) -> dict[str, object]:
+        """What the answer task adds to a run record and to every row's provenance."""
+        return {
+            "task": "answer",
+            "max_new_tokens": self.max_new_tokens,
+            "per_token": self.question.per_token,
+            "targets": [str(spec) for spec in self.question.specs] or None,
+        }
 
     def inputs(self, image: Image.Image, prompt: str) -> dict[str, torch.Tensor]:
         """The processor's tensors for the photo and the prompt in the chat template, on the model's device."""
-        processor = self.vlm.processor
+        processor = self.model.processor
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
         text = processor.apply_chat_template(messages, add_generation_prompt=True)
         encoded = processor(images=[image], text=[text], return_tensors="pt")
-        dtype = next(self.vlm.module.parameters()).dtype
+        dtype = next(self.model.module.parameters()).dtype
         return {
             key: value.to(self.device, dtype if value.is_floating_point() else value.dtype)
             for key, value in encoded.items()
@@ -155,7 +186,7 @@ class AnswerExplainer:
         """The greedy answer's token ids (seeded; without the end-of-sequence and padding tokens; never an image
         placeholder, which the model would take for a place of image features when the answer is fed back)."""
         torch.manual_seed(self.seed)
-        module: Any = self.vlm.module
+        module: Any = self.model.module
         with torch.no_grad():
             output = module.generate(
                 **inputs,
@@ -164,14 +195,14 @@ class AnswerExplainer:
                 suppress_tokens=placeholder_ids(module.config),
             )
         new = output[0, inputs["input_ids"].shape[1] :].tolist()
-        stops = _stop_ids(module, self.vlm.tokenizer)
+        stops = _stop_ids(module, self.tokenizer)
         while new and new[-1] in stops:
             new.pop()
         return [int(token) for token in new]
 
     def encode(self, answer: str) -> list[int]:
         """A given answer's token ids (no special tokens)."""
-        ids: list[int] = self.vlm.tokenizer(answer, add_special_tokens=False)["input_ids"]
+        ids: list[int] = self.tokenizer(answer, add_special_tokens=False)["input_ids"]
         if not ids:
             raise UsageError(f"--answer {answer!r} has no tokens")
         return ids
@@ -181,7 +212,7 @@ class AnswerExplainer:
         whole = tuple(range(len(answer)))
         targets = [] if specs else [AnswerTarget("answer", ((tuple(answer), whole, 1.0),))]
         if per_token:
-            decode = self.vlm.tokenizer.decode
+            decode = self.tokenizer.decode
             targets += [
                 AnswerTarget(f"token {i}: {decode([token]).strip()}", ((tuple(answer), (i,), 1.0),), token=i)
                 for i, token in enumerate(answer)
@@ -205,7 +236,7 @@ class AnswerExplainer:
 
     def _word_tokens(self, word: str, answer: Sequence[int]) -> tuple[int, ...]:
         """The answer tokens that spell ``word`` (its first occurrence, any case), found by decoding runs."""
-        decode = self.vlm.tokenizer.decode
+        decode = self.tokenizer.decode
         wanted = word.strip().lower()
         for start in range(len(answer)):
             for end in range(start + 1, len(answer) + 1):
@@ -245,7 +276,7 @@ class AnswerExplainer:
         inputs = self.inputs(image, prompt) if inputs is None else inputs
         ids = [int(token) for token in ids]
         activations, gradients, logprobs = self.gradients(inputs, ids, targets)
-        decode = self.vlm.tokenizer.decode
+        decode = self.tokenizer.decode
         tokens = [AnswerToken(decode([t]), t, float(lp)) for t, lp in zip(ids, logprobs, strict=True)]
         text = decode(ids, skip_special_tokens=True).strip()
         result = AnswerExplanation(prompt, text, generated, tokens, self.layer)
@@ -258,22 +289,22 @@ class AnswerExplainer:
 
     def tiles(self, inputs: Mapping[str, torch.Tensor], image: Image.Image, tokens: int) -> list[Tile]:
         """Where the layer's ``tokens`` lie on the photo, in row-major order (the family's geometry)."""
-        config: Any = self.vlm.module.config
-        return self.vlm.family.tiles(self.vlm.processor, config, inputs, (image.height, image.width), tokens)
+        config: Any = self.model.module.config
+        return self.layout.tiles(self.model.processor, config, inputs, (image.height, image.width), tokens)
 
     def place(self, values: torch.Tensor, inputs: Mapping[str, torch.Tensor], image: Image.Image) -> torch.Tensor:
         """The layer's per-token ``values`` (L,), in the layer's order, on the photo: (H, W), not normalised."""
-        order = self.vlm.family.order
+        order = self.layout.order
         if order is not None:
             row_major = torch.empty_like(values)
-            row_major[order(self.vlm.module.config, inputs).to(values.device)] = values
+            row_major[order(self.model.module.config, inputs).to(values.device)] = values
             values = row_major
         tiles = self.tiles(inputs, image, values.shape[0])
         if max(tile.end for tile in tiles) != values.shape[0]:
             raise UsageError(
                 f"--layer {self.layer} outputs {values.shape[0]} tokens, not the {max(tile.end for tile in tiles)} "
-                f"of the image's token grid ({self.vlm.family.name}); choose a layer with that layout, such as "
-                f"{self.vlm.family.default_layer}"
+                f"of the image's token grid ({self.layout.name}); choose a layer with that layout, such as "
+                f"{self.layout.default_layer}"
             )
         return place(values, tiles, (image.height, image.width))
 
@@ -292,7 +323,7 @@ class AnswerExplainer:
         ids = torch.cat((prompt_ids, torch.tensor([list(answer)], device=prompt_ids.device)), dim=1)
         start = prompt_ids.shape[1]
         with torch.no_grad():
-            logits = _Prompted(self.vlm.module, images)(ids)
+            logits = _Prompted(self.model.module, images)(ids)
         chosen = logits[0, start - 1 : start - 1 + len(answer)].float().log_softmax(dim=-1)
         return float(chosen.gather(1, ids[0, start:, None]).sum())
 
@@ -309,7 +340,7 @@ class AnswerExplainer:
         activations: torch.Tensor | None = None
         logprobs: list[float] = []
         for sequence in sorted(sequences, key=lambda s: s != tuple(answer)):
-            with LayerCapture(_Prompted(self.vlm.module, images), {self.layer: self.module}) as capture:
+            with LayerCapture(_Prompted(self.model.module, images), {self.layer: self.module}) as capture:
                 ids = torch.cat((prompt, torch.tensor([sequence], device=prompt.device)), dim=1)
                 logits = capture.forward(ids)
                 start = prompt.shape[1]
@@ -339,7 +370,7 @@ class AnswerExplainer:
     def _unreached(self) -> UsageError:
         return UsageError(
             f"the answer does not depend on --layer {self.layer}'s output (the model does not read it, or reads it "
-            f"another way); choose another, such as {self.vlm.family.default_layer}"
+            f"another way); choose another, such as {self.layout.default_layer}"
         )
 
 

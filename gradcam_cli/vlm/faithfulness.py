@@ -52,7 +52,7 @@ def answer_curves(
 ) -> AnswerCurves:
     """Deletion and insertion curves of ``answer`` (token ids) about ``image`` along ``saliency`` (H, W)."""
     pixels = to_pixel_tensor(image).permute(2, 0, 1)
-    mean = getattr(explainer.vlm.processor.image_processor, "image_mean", None) or (0.5, 0.5, 0.5)
+    mean = getattr(explainer.model.processor.image_processor, "image_mean", None) or (0.5, 0.5, 0.5)
     grey = (torch.tensor([float(v) for v in mean]) * 255).round().to(torch.uint8).view(3, 1, 1).expand_as(pixels)
     blurred = TF.gaussian_blur(pixels.float(), [BLUR_KERNEL, BLUR_KERNEL], [BLUR_SIGMA, BLUR_SIGMA]).round()
     blurred = blurred.clamp(0, 255).to(torch.uint8)

@@ -14,11 +14,11 @@ pytest.importorskip("transformers")
 import torch
 import vlm_models
 from PIL import Image
+from vlm_models import load_vlm
 
 from gradcam_cli.targets import TargetSpec
 from gradcam_cli.vlm.answer import AnswerExplainer, placeholder_ids
 from gradcam_cli.vlm.faithfulness import answer_curves
-from gradcam_cli.vlm.loading import load_vlm
 
 BUILDERS = vlm_models.BUILDERS
 PROMPT = "what is the cat ?"
@@ -79,7 +79,7 @@ def test_map_equals_autograd_of_the_answer_logprob(folder):
     image = photo()
     result = explainer.explain(image, PROMPT, answer="a big cat")
     answer = [token.id for token in result.tokens]
-    leaf, logits = layer_tokens(vlm, vlm.family.default_layer, processed(vlm, image), answer)
+    leaf, logits = layer_tokens(vlm, vlm.layout.default_layer, processed(vlm, image), answer)
     start = logits.shape[1] - len(answer)
     logprob = logits[0, start - 1 : -1].log_softmax(-1).gather(1, torch.tensor(answer)[:, None]).sum()
     (gradient,) = torch.autograd.grad(logprob, leaf)
@@ -122,7 +122,7 @@ def test_generated_answer_equals_generate(folder):
     while new and new[-1] in (0, 3):
         new.pop()
     assert [token.id for token in result.tokens] == new
-    assert result.generated and result.answer == vlm.tokenizer.decode(new, skip_special_tokens=True).strip()
+    assert result.generated and result.answer == vlm.processor.tokenizer.decode(new, skip_special_tokens=True).strip()
     assert [m.target.label for m in result.maps][: len(new) + 1][0] == "answer"
     assert len(result.maps) == 1 + len(new)
 
@@ -144,7 +144,7 @@ def test_halves_land_on_their_half(local_folder):
     vlm = load_vlm(f"hf:{local_folder}", torch.device("cpu"))
     explainer = AnswerExplainer(vlm)
     first, second = photo(112, 56), photo(112, 56, left=(30, 200, 30))  # the halves on token edges
-    layer = vlm.family.default_layer
+    layer = vlm.layout.default_layer
     with torch.no_grad():
         a = layer_tokens(vlm, layer, processed(vlm, first))[0].flatten(0, -2)
         b = layer_tokens(vlm, layer, processed(vlm, second))[0].flatten(0, -2)
@@ -160,7 +160,7 @@ def test_halves_land_on_their_half(local_folder):
     assert placed[:, middle + blur :].abs().max() <= 0.02 * placed.max()  # resampling blurs the edge a little
     assert placed[:, middle - 4 : middle].min() > 0.2 * placed.max()
     left = min(tile.box[0] for tile in tiles)  # LLaVA's centre crop leaves the photo's sides out
-    assert left == (28.0 if vlm.family.name == "llava" else 0.0) and not placed[:, : int(left)].any()
+    assert left == (28.0 if vlm.layout.name == "llava" else 0.0) and not placed[:, : int(left)].any()
 
 
 def run(*args) -> object:
@@ -186,10 +186,10 @@ def test_command_line_answers_and_writes_maps(folder, tmp_path):
     suppressed = placeholder_ids(vlm.module.config)
     generated = vlm.module.generate(**inputs, max_new_tokens=3, do_sample=False, suppress_tokens=suppressed)
     generated = generated[0, inputs["input_ids"].shape[1] :]
-    text = vlm.tokenizer.decode(generated.tolist(), skip_special_tokens=True).strip()
+    text = vlm.processor.tokenizer.decode(generated.tolist(), skip_special_tokens=True).strip()
     assert f"  answer: {text}  (log p " in result.stdout
-    assert "using layer " + vlm.family.default_layer in result.stderr
-    written = sorted(path.name for path in out.iterdir())
+    assert "using layer " + vlm.layout.default_layer in result.stderr
+    written = sorted(path.name for path in out.iterdir() if not path.name.startswith("."))  # not the run record
     assert "halves_gradcam_answer.png" in written and len(written) == 1 + len(generated[generated != 3])
 
     result = run(
@@ -412,7 +412,7 @@ def test_an_empty_answer_says_so_in_its_row_and_on_the_console(tmp_path, monkeyp
     assert f"  answer: (empty)  {EMPTY_ANSWER}" in result.stdout
     (row,) = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert (row["status"], row["outputs"], row["note"], row["answer"]) == ("ok", [], EMPTY_ANSWER, "")
-    assert not out.exists() or not any(out.iterdir())
+    assert not out.exists() or not any(not path.name.startswith(".") for path in out.iterdir())  # a run record
 
 
 def evaluate(*args) -> object:

@@ -14,9 +14,9 @@ import torch
 import vlm_models
 from PIL import Image
 from saved_memory import KeptMemory, kept_training_style
+from vlm_models import load_vlm
 
 from gradcam_cli.vlm.answer import AnswerExplainer
-from gradcam_cli.vlm.loading import load_vlm
 
 PROMPT = "what is the cat ?"
 
@@ -32,14 +32,14 @@ def test_nothing_below_the_layer_is_kept_and_no_parameter_gets_a_gradient(explai
     inputs = explainer.inputs(image, PROMPT)
     answer = explainer.encode("a red cat")
     targets = explainer.targets(answer, per_token=True)
-    flags = [p.requires_grad for p in explainer.vlm.module.parameters()]
-    with KeptMemory(explainer.vlm.module, explainer.module) as kept:
+    flags = [p.requires_grad for p in explainer.model.module.parameters()]
+    with KeptMemory(explainer.model.module, explainer.module) as kept:
         _, gradients, _ = explainer.gradients(inputs, answer, targets)
     assert kept.reached and kept.total > 0
     assert kept.below == 0, f"{kept.below} bytes saved below {explainer.layer}"
     assert all(gradient.any() for _, gradient in gradients[:1])
-    assert all(p.grad is None for p in explainer.vlm.module.parameters())
-    assert [p.requires_grad for p in explainer.vlm.module.parameters()] == flags
+    assert all(p.grad is None for p in explainer.model.module.parameters())
+    assert [p.requires_grad for p in explainer.model.module.parameters()] == flags
 
     # The same forward pass as training would run it keeps more, some of it below the layer.
     full = kept_training_style(explainer, inputs, answer)

@@ -1,8 +1,9 @@
 """A vision-language model's answer (docs/vlm.md): the task of ``--prompt``. Its model is loaded by the family
-registry (:meth:`~gradcam_cli.models.families.base.Family.load_answering`) and explained by
+registry (the ``vision-language`` family, for this task: ``ModelOptions(task="answer")``) and explained by
 :class:`~gradcam_cli.vlm.answer.AnswerExplainer`; this adapter decides everything the command line asks of a
-task: the options it refuses, which methods apply, the run (maps, overlays and rows), the console's lines, what an
-empty answer says, and ``gradcam eval``'s deletion and insertion of the answer's probability."""
+task: the options it refuses, which methods apply, the console's lines of its rows (the run is the session's:
+:mod:`gradcam_cli.pipeline.answers`), what an empty answer says, and ``gradcam eval``'s deletion and insertion of
+the answer's probability."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ if TYPE_CHECKING:
 
     from ...io.discovery import InputImage
     from ...models.loading import LoadedModel
-    from ...options import AnswerOptions, ExplainOptions, ModelOptions, OutputOptions, RunOptions
-    from ...targets import TargetSpec
-    from ...vlm.answer import AnswerExplainer, AnswerExplanation
+    from ...options import AnswerOptions, ExplainOptions, ModelOptions
+    from ...vlm.answer import AnswerExplainer
+    from ..records import Record
 
 DEFAULT_MAX_NEW_TOKENS = 32
 """The generated answer's most tokens without ``--max-new-tokens``."""
@@ -50,7 +51,7 @@ class AnswerTask(TaskAdapter):
     def nothing_found(self, model: Any, score: Any, target: int | None) -> str | None:
         return EMPTY_ANSWER
 
-    def refused(self, explain: ExplainOptions, output: OutputOptions | None, run: RunOptions | None) -> list[str]:
+    def refused(self, explain: ExplainOptions) -> list[str]:
         """The options given that an answer does not take (``None`` or off: not given)."""
         values = {
             "--target-class": explain.target_class,
@@ -59,27 +60,30 @@ class AnswerTask(TaskAdapter):
             "--score-threshold": explain.score_threshold,
             "--max-detections": explain.max_detections,
             "--embedding": explain.embedding,
-            "--shard": run.shard if run is not None else None,
-        }
-        flags = {
-            "--aug-smooth": explain.aug_smooth,
-            "--save-heatmap": output is not None and output.save_heatmap,
-            "--panel": output is not None and output.panel,
-            "--skip-existing": output is not None and output.skip_existing,
-            "--engine ray": run is not None and run.engine != "local",
         }
         given = [name for name, value in values.items() if value is not None]
-        return given + [name for name, on in flags.items() if on]
+        return given + (["--aug-smooth"] if explain.aug_smooth else [])
 
     def answerer(self, model: ModelOptions, explain: ExplainOptions) -> AnswerExplainer:
         """The explainer of ``explain``'s question, its model loaded by the family registry."""
+        from dataclasses import replace
+
         from ...models.devices import resolve_device
         from ...models.families import family_of
-        from ...vlm.answer import AnswerExplainer
+        from ...models.loading import load_model
+        from ...models.modes import settle_loaded
+        from ...vlm.answer import AnswerExplainer, Question
 
         if len(explain.layers) > 1:
             raise UsageError("--prompt explains one --layer at a time")
-        vlm = family_of(model.model).load_answering(model, resolve_device(model.device))
+        family = family_of(model.model)
+        if not family.answers:
+            raise UsageError(
+                f"--prompt asks a vision-language model (hf:DIR: docs/vlm.md); {model.model} is a {family.name} model"
+            )
+        vlm = load_model(replace(model, task=self.name))
+        settle_loaded(vlm.module, resolve_device(model.device))
+        question = Question(explain.question.answer, explain.question.per_token, tuple(explain.targets))
         return AnswerExplainer(
             vlm,
             explain.layers[0] if explain.layers else None,
@@ -87,39 +91,32 @@ class AnswerTask(TaskAdapter):
             explain.question.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
             explain.perturbation.seed,
             explain.eigen_smooth,
+            question,
+            model.precision,
         )
 
     def layer_note(self, answerer: AnswerExplainer) -> str:
         """The console's note on the default layer."""
-        return f"using layer {answerer.layer} ({answerer.vlm.family.layer_description}; choose with --layer)"
+        return f"using layer {answerer.layer} ({answerer.layout.layer_description}; choose with --layer)"
 
-    def run(
-        self,
-        answerer: AnswerExplainer,
-        images: Sequence[InputImage],
-        question: AnswerOptions,
-        output: OutputOptions,
-        specs: Sequence[TargetSpec] = (),
-        max_side: int | None = None,
-        prompts: dict[str, str] | None = None,
-    ) -> Iterator[tuple[AnswerExplanation | None, list[dict[str, Any]]]]:
-        """Each image's answer (``None`` where it failed) and its rows (docs/vlm.md), its maps written; ``prompts``:
-        an image's own prompt by its path, else ``question.prompt``."""
-        from ...vlm.outputs import AnswerRun
-
-        return AnswerRun(answerer, question, output, specs, max_side, EMPTY_ANSWER, prompts).run(images)
-
-    def lines(self, answerer: AnswerExplainer, result: AnswerExplanation, rows: list[dict[str, Any]]) -> list[str]:
-        """The console's lines of one image's answer and maps."""
-        first = rows[0]
-        given = "" if result.generated else " (given)"
-        lines = [f"{first['input']}  (model {answerer.vlm.name}, layer {answerer.layer})"]
-        if not result.tokens:
-            return [*lines, f"  answer{given}: (empty)  {EMPTY_ANSWER}"]
-        lines.append(f"  answer{given}: {result.answer}  (log p {result.logprob:.3f})")
-        for explained, row in zip(result.maps, rows, strict=True):
-            label = explained.target.label
-            lines.append(f"  {explained.method} for {label} ({explained.score:.3f}) -> {row['outputs'][0]}")
+    def lines(self, record: Record, first: bool) -> list[str]:
+        """The console's lines of one row of a prompted image: before its first, the image, its model and layer and
+        its answer; then the map's target, score and file."""
+        answer = record.answer
+        lines = []
+        if first and answer is not None:
+            lines.append(f"{record.input}  (model {record.model}, layer {record.layer})")
+            given = "" if answer.generated else " (given)"
+            given += " (kept: --skip-existing)" if record.status == "skipped" else ""
+            if answer.note is not None:
+                return [*lines, f"  answer{given}: (empty)  {answer.note}"]
+            logprob = answer.logprob
+            shown = f"  (log p {logprob:.3f})" if logprob is not None else ""
+            lines.append(f"  answer{given}: {answer.text}{shown}")
+        if record.target is not None and record.outputs:
+            score = (record.target.details or {}).get("logprob")
+            shown = f" ({score:.3f})" if isinstance(score, int | float) else ""
+            lines.append(f"  {record.method} for {record.target.name}{shown} -> {record.outputs[0]}")
         return lines
 
     def evaluate(

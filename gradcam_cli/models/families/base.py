@@ -9,19 +9,12 @@ says everything the rest of the tool needs to know about it. What every family s
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
-from ...errors import UsageError
 from ...io.images import InputSpec
 from ...options import TASK_NAMES, ModelOptions
 from ..hub import HubModel
 from ..profile import LoadedModel, ModelProfile
 from ..tasks import CLASSIFY, parse_task
-
-if TYPE_CHECKING:
-    import torch
-
-    from ...vlm.loading import LoadedVlm
 
 
 class Family:
@@ -39,7 +32,8 @@ class Family:
     headless: bool = False
     """``--num-classes 0`` builds its models without a head (their pooled features an embedding)."""
     answers: bool = False
-    """Its models answer questions (:meth:`load_answering`) rather than being explained as image models."""
+    """Its models answer questions (the ``answer`` task, docs/vlm.md: loaded with ``ModelOptions(task="answer")``)
+    rather than being explained as image models."""
     counts_classes: bool = False
     """A ``--labels`` file for a model without class names is checked against the class count one forward pass
     finds (otherwise against ``--num-classes``)."""
@@ -58,13 +52,6 @@ class Family:
         """Its input spec at ``--input-size size`` (already checked against its own size)."""
         spec = model.input_spec
         return spec if size == spec.size else replace(spec, size=size)
-
-    def load_answering(self, options: ModelOptions, device: torch.device) -> LoadedVlm:
-        """A vision-language model that answers ``--prompt`` (docs/vlm.md): the ``vision-language`` family's; any
-        other refuses."""
-        raise UsageError(
-            f"--prompt asks a vision-language model (hf:DIR: docs/vlm.md); {options.model} is a {self.name} model"
-        )
 
     def names(self) -> list[str]:
         """The model names ``--list-models`` shows for it (none: it takes any name after its prefix)."""

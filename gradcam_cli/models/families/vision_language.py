@@ -1,23 +1,86 @@
 """Vision-language models (``--model hf:DIR`` whose configuration is an image-text-to-text model's): asked a
 ``--prompt``, their answer is explained (docs/vlm.md, :mod:`gradcam_cli.vlm`). The family claims such folders
-before the ``hf`` family (:attr:`claim_order` -1); without ``--prompt`` there is nothing to explain, and loading one
-as an image model says so."""
+before the ``hf`` family (:attr:`claim_order` -1) and loads them for the ``answer`` task
+(``ModelOptions(task="answer")``) into a :class:`~gradcam_cli.models.profile.LoadedModel` whose profile carries the
+processor and the family's token layout (:data:`LAYOUTS`); without ``--prompt`` there is nothing to explain, and
+loading one as an image model says so."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from pathlib import Path
+from typing import Any
 
-from ...errors import UsageError
+import torch
+
+from ...errors import ModelLoadError, UsageError, describe
 from ...options import ModelOptions
-from ...vlm.families import family_of as vlm_family
-from ...vlm.loading import vlm_model_type
-from ..profile import LoadedModel
+from .. import token_layouts as layouts
+from ..profile import LoadedModel, ModelProfile
+from ..token_layouts import TokenLayout
 from .base import Family
 
-if TYPE_CHECKING:
-    import torch
+HF_PREFIX = "hf:"
+ANSWER_TASK = "answer"
+"""The task adapter (:mod:`gradcam_cli.cam.tasks.answer`) its models are loaded for."""
 
-    from ...vlm.loading import LoadedVlm
+_PROJECTOR = "the multi-modal projector: "
+_MERGER = "the vision merger: 2 x 2 merged patch tokens as the language model receives them"
+LLAVA = TokenLayout(
+    "llava",
+    "model.multi_modal_projector",
+    _PROJECTOR + "the vision tower's patch tokens as the language model receives them",
+    layouts.llava_tiles,
+)
+LLAVA_NEXT = TokenLayout(
+    "llava-next",
+    "model.multi_modal_projector",
+    _PROJECTOR + "each frame's patch tokens (the whole photo, then its tiles) as the language model receives them",
+    layouts.llava_next_tiles,
+)
+QWEN2_VL = TokenLayout("qwen2-vl", "model.visual.merger", _MERGER, layouts.qwen2_vl_tiles)
+QWEN2_5_VL = TokenLayout(
+    "qwen2.5-vl", "model.visual.merger", _MERGER + ", in window order", layouts.qwen2_vl_tiles, layouts.qwen2_5_vl_order
+)
+IDEFICS3 = TokenLayout(
+    "idefics3",
+    "model.connector",
+    "the connector: each tile's pixel-shuffled patch tokens as the language model receives them",
+    layouts.idefics3_tiles,
+)
+LAYOUTS = {
+    "llava": LLAVA,
+    "llava_next": LLAVA_NEXT,
+    "qwen2_vl": QWEN2_VL,
+    "qwen2_5_vl": QWEN2_5_VL,
+    "idefics3": IDEFICS3,
+    "smolvlm": IDEFICS3,
+}
+"""Each supported ``model_type`` and its token layout."""
+
+
+def vlm_model_type(model: str) -> str | None:
+    """The ``model_type`` of ``hf:DIR`` when its configuration is a vision-language model's (a ``text_config`` and a
+    ``vision_config`` and no CLIP-style ``projection_dim``), else ``None``; read from ``config.json`` alone."""
+    if not model.startswith(HF_PREFIX):
+        return None
+    config_file = Path(model[len(HF_PREFIX) :]) / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or "text_config" not in config or "vision_config" not in config:
+        return None
+    if "projection_dim" in config or str(config.get("model_type", "")) in ("clip", "siglip", "siglip2"):
+        return None
+    return str(config.get("model_type", "unknown"))
+
+
+def layout_of(model_type: str, name: str) -> TokenLayout:
+    """The layout of a configuration's ``model_type``; a :class:`UsageError` naming the supported ones."""
+    if model_type in LAYOUTS:
+        return LAYOUTS[model_type]
+    raise UsageError(f"{name} is a {model_type} vision-language model; supported families: {', '.join(LAYOUTS)}")
 
 
 class VisionLanguage(Family):
@@ -29,13 +92,31 @@ class VisionLanguage(Family):
         return vlm_model_type(model) is not None
 
     def load(self, options: ModelOptions, architecture_only: bool) -> LoadedModel:
+        """``hf:DIR`` (a folder written by ``save_pretrained``, with its processor) for the ``answer`` task, on the
+        CPU; ``--precision bf16``/``fp16`` load the weights in that type (the score and maps are float32)."""
         model_type = vlm_model_type(options.model) or "unknown"
-        vlm_family(model_type, options.model)  # an unsupported family is refused first, naming the supported ones
-        raise UsageError(
-            f"{options.model} is a {model_type} vision-language model; ask it about the image with --prompt TEXT"
+        layout = layout_of(model_type, options.model)  # an unsupported family is refused first, naming the others
+        if options.task != ANSWER_TASK:
+            raise UsageError(
+                f"{options.model} is a {model_type} vision-language model; ask it about the image with --prompt TEXT"
+            )
+        try:
+            import transformers
+        except ImportError as error:
+            raise ModelLoadError(f"{options.model} needs transformers (pip install -e '.[hf]')") from error
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(options.precision, torch.float32)
+        auto: Any = transformers
+        folder = options.model[len(HF_PREFIX) :]
+        try:
+            module: Any = auto.AutoModelForImageTextToText.from_pretrained(folder, dtype=dtype)
+            processor = auto.AutoProcessor.from_pretrained(folder)
+        except Exception as error:  # transformers raises many kinds for a broken folder
+            raise ModelLoadError(f"cannot load {options.model}: {describe(error)}") from None
+        profile = ModelProfile(
+            task=ANSWER_TASK,
+            default_layers=(layout.default_layer,),
+            size_known=False,
+            processor=processor,
+            layout=layout,
         )
-
-    def load_answering(self, options: ModelOptions, device: torch.device) -> LoadedVlm:
-        from ...vlm.loading import load_vlm
-
-        return load_vlm(options.model, device, options.precision)
+        return LoadedModel(module, options.model, options.model, profile=profile)

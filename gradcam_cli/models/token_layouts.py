@@ -1,6 +1,8 @@
-"""The supported vision-language families: their default layer and their geometry (docs/vlm.md).
+"""The token layouts of the supported vision-language families: their default layer and their geometry
+(docs/vlm.md). Which ``model_type`` has which layout is the ``vision-language`` model family's data
+(:mod:`gradcam_cli.models.families.vision_language`), carried by each loaded model's profile.
 
-Each :class:`VlmFamily` names the layer whose output is the image tokens as the language model receives them, and
+Each :class:`TokenLayout` names the layer whose output is the image tokens as the language model receives them, and
 says where those tokens lie on the photo (:class:`~gradcam_cli.vlm.geometry.Tile`s) from the processor's own
 settings and what it returned for the photo:
 
@@ -30,7 +32,7 @@ from typing import Any
 import torch
 
 from ..errors import UsageError
-from .geometry import Box, Tile, frame_box
+from .tiles import Box, Tile, frame_box
 
 Tiler = Callable[[Any, Any, Mapping[str, torch.Tensor], tuple[int, int], int], list[Tile]]
 """``tiles(processor, config, inputs, (height, width), tokens)``: where the layer's ``tokens`` lie on the photo."""
@@ -40,12 +42,11 @@ row-major token each of them is."""
 
 
 @dataclass(frozen=True)
-class VlmFamily:
-    """One family: its name, the ``model_type`` values it covers, its default layer (a module name) and what that
-    layer is, and its :data:`Tiler`."""
+class TokenLayout:
+    """One family's layout: its name, its default layer (a module name) and what that layer is, its
+    :data:`Tiler` and, where the layer's tokens come in another order than the tiles', its :data:`Order`."""
 
     name: str
-    model_types: tuple[str, ...]
     default_layer: str
     layer_description: str
     tiles: Tiler
@@ -190,54 +191,3 @@ def _tile_counts(processor: Any, inputs: Mapping[str, torch.Tensor], frames: int
         return 0, 0
     side = round(len(ids) ** 0.5)
     return max(k // side for k in present) + 1, max(k % side for k in present) + 1
-
-
-LLAVA = VlmFamily(
-    "llava",
-    ("llava",),
-    "model.multi_modal_projector",
-    "the multi-modal projector: the vision tower's patch tokens as the language model receives them",
-    llava_tiles,
-)
-LLAVA_NEXT = VlmFamily(
-    "llava-next",
-    ("llava_next",),
-    "model.multi_modal_projector",
-    "the multi-modal projector: each frame's patch tokens (the whole photo, then its tiles) as the language model "
-    "receives them",
-    llava_next_tiles,
-)
-QWEN2_VL = VlmFamily(
-    "qwen2-vl",
-    ("qwen2_vl",),
-    "model.visual.merger",
-    "the vision merger: 2 x 2 merged patch tokens as the language model receives them",
-    qwen2_vl_tiles,
-)
-QWEN2_5_VL = VlmFamily(
-    "qwen2.5-vl",
-    ("qwen2_5_vl",),
-    "model.visual.merger",
-    "the vision merger: 2 x 2 merged patch tokens as the language model receives them, in window order",
-    qwen2_vl_tiles,
-    qwen2_5_vl_order,
-)
-IDEFICS3 = VlmFamily(
-    "idefics3",
-    ("idefics3", "smolvlm"),
-    "model.connector",
-    "the connector: each tile's pixel-shuffled patch tokens as the language model receives them",
-    idefics3_tiles,
-)
-FAMILIES = (LLAVA, LLAVA_NEXT, QWEN2_VL, QWEN2_5_VL, IDEFICS3)
-SUPPORTED_TYPES = tuple(model_type for family in FAMILIES for model_type in family.model_types)
-
-
-def family_of(model_type: str, name: str) -> VlmFamily:
-    """The family of a configuration's ``model_type``; a :class:`UsageError` naming the supported ones."""
-    for family in FAMILIES:
-        if model_type in family.model_types:
-            return family
-    raise UsageError(
-        f"{name} is a {model_type} vision-language model; supported families: {', '.join(SUPPORTED_TYPES)}"
-    )

@@ -1,0 +1,215 @@
+"""Prompted images (docs/vlm.md): the :class:`~gradcam_cli.pipeline.session.Session`'s runner of the input kind
+:attr:`~gradcam_cli.io.discovery.InputKind.PROMPTED`.
+
+Each image's answer is generated (or taken from ``--answer``) and explained; its maps are written as the batch
+writes an image's (the overlay, ``--save-raw``'s ``.npy``, ``--save-heatmap``'s heatmap, ``--report``'s thumbnail,
+``--panel``'s panel) and its rows are :class:`~gradcam_cli.cam.records.Record` s with a fingerprint per map
+and the run's provenance. With ``--skip-existing`` an image whose rows the manifest holds and whose outputs all
+exist keeps them: its answer is not generated again. An image that fails gives an error row and the run goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..cam.records import Answer, Record, answer_prediction
+from ..cam.results import Explanation
+from ..cam.tasks.answer import EMPTY_ANSWER
+from ..drift.fingerprint import map_fingerprint
+from ..drift.provenance import determinism, versions
+from ..errors import GradcamError, describe
+from ..io.discovery import InputImage
+from ..io.images import load_image, to_pixel_tensor
+from ..io.lock import ensure_folder
+from ..io.naming import answer_path, panel_path, thumbnail_path
+from ..options import OutputOptions, RunOptions
+from ..render.colour import blend, colormap_table, heatmap_image
+from ..render.encode import save_array, save_image
+from ..vlm.answer import AnswerExplainer, AnswerExplanation
+from .resume import EarlierRows, run_record
+
+RAY_ANSWERS = (
+    "--engine ray explains images with an image model on a Ray cluster's workers; a --prompt's answer is generated "
+    "and explained in this process: run without --engine ray"
+)
+"""Why a run of prompted images refuses ``--engine ray``."""
+
+
+class AnswerRunner:
+    """Asks each prompted image its question with ``explainer`` and writes what ``output`` asks for."""
+
+    def __init__(
+        self,
+        explainer: AnswerExplainer,
+        output: OutputOptions,
+        run: RunOptions | None = None,
+        earlier: EarlierRows | None = None,
+    ) -> None:
+        self.explainer, self.output, self.run = explainer, output, run or RunOptions()
+        self.earlier = earlier or EarlierRows()
+        self.table = colormap_table(output.colormap)
+
+    def run_images(
+        self,
+        images: Sequence[InputImage],
+        on_image: Callable[[], Any] | None = None,
+        on_skipped: Callable[[], Any] | None = None,
+    ) -> Iterator[Record]:
+        """Each image's rows, in order (an image kept by ``--skip-existing``: its earlier rows, status
+        ``skipped``)."""
+        for image in images:
+            kept = self.kept(image)
+            if kept is not None:
+                if on_skipped is not None:
+                    on_skipped()
+                yield from kept
+                continue
+            started = time.perf_counter()
+            try:
+                records = self._explain(image)
+            except GradcamError as error:
+                records = [self._record(image, "error", error=str(error))]
+            except (RuntimeError, ValueError, OSError) as error:
+                records = [self._record(image, "error", error=f"{image.path}: {describe(error, str(image.path))}")]
+            seconds = round((time.perf_counter() - started) / len(records), 4)
+            for record in records:
+                record.seconds = seconds
+            if on_image is not None:
+                on_image()
+            yield from records
+
+    def kept(self, image: InputImage) -> list[Record] | None:
+        """With ``--skip-existing``, the earlier rows of ``image`` as ``skipped`` ones, when the manifest holds them
+        for this question (and this ``--answer``) and every output this run would list exists; else ``None``."""
+        if not self.output.skip_existing:
+            return None
+        rows = [Record.from_dict(row) for row in self.earlier.get(str(image.path))]
+        if not rows or any(row.status not in ("ok", "skipped") or row.answer is None for row in rows):
+            return None
+        given = self.explainer.question.answer
+        for row in rows:
+            assert row.answer is not None
+            if row.answer.prompt != image.prompt or row.answer.generated != (given is None):
+                return None
+            if given is not None and row.answer.text != given.strip():
+                return None
+            if row.method is not None and row.target is not None:
+                wanted = [os.path.abspath(path) for _, path in self._paths(image, row.method, row.target.name)]
+                if [os.path.abspath(path) for path in row.outputs] != wanted:
+                    return None
+            if not all(Path(path).is_file() for path in row.outputs):
+                return None
+        for row in rows:
+            row.status, row.error = "skipped", None
+        return rows
+
+    def _paths(self, image: InputImage, method: str, label: str) -> list[tuple[str, Path]]:
+        """(kind, path) of each file one map's row lists: its overlay, ``.npy``, heatmap, and the image's panel."""
+        suffix = self.output.image_format.suffix_for(image.path)
+        output_dir = self.output.output_dir
+        overlay = answer_path(output_dir, image, method, label, suffix)
+        paths = [("overlay", overlay)]
+        paths += [("raw", overlay.with_suffix(".npy"))] if self.output.save_raw else []
+        if self.output.save_heatmap:
+            paths.append(("heatmap", answer_path(output_dir, image, f"heatmap-{method}", label, suffix)))
+        paths += [("panel", panel_path(output_dir, image, suffix))] if self.output.panel else []
+        return paths
+
+    def _explain(self, image: InputImage) -> list[Record]:
+        photo = load_image(image.path, self.run.max_side)
+        prompt = image.prompt or ""
+        question = self.explainer.question
+        result = self.explainer.explain(photo, prompt, question.answer, question.per_token, question.specs)
+        answer = Answer(result.prompt, result.answer, result.generated)
+        if not result.tokens:  # nothing to map: the row says so (``note``)
+            answer.tokens, answer.note = [], EMPTY_ANSWER
+            return [self._record(image, "ok", answer=answer)]
+        pixels = to_pixel_tensor(photo)
+        maps = [
+            Explanation(m.method, answer_prediction(m.target.label, m.target.token, m.score), m.saliency)
+            for m in result.maps
+        ]
+        records = []
+        for index, explained in enumerate(maps):
+            paths = self._write(image, pixels, explained)
+            row_answer = Answer(answer.prompt, answer.text, answer.generated, token_rows(result) if not index else None)
+            records.append(
+                self._record(
+                    image,
+                    "ok",
+                    method=explained.method,
+                    target=explained.target,
+                    outputs=[str(path) for path in paths],
+                    fingerprint=map_fingerprint(explained.saliency),
+                    answer=row_answer,
+                )
+            )
+        if self.output.panel:
+            from ..render.panels import save_panel
+
+            path = panel_path(self.output.output_dir, image, self.output.image_format.suffix_for(image.path))
+            o = self.output
+            save_panel(path, pixels, maps, o.colormap, o.alpha, image.path.name, o.quality)
+        return records
+
+    def _write(self, image: InputImage, pixels: Any, explained: Explanation) -> list[Path]:
+        """Write one map's files (the image's panel is written once all its maps are); their paths, as its row
+        lists them."""
+        paths = self._paths(image, explained.method, explained.target.name)
+        overlay_path = paths[0][1]
+        ensure_folder(overlay_path.parent, "--output-dir")
+        overlay = blend(pixels, explained.saliency.cpu(), self.table, self.output.alpha)
+        save_image(overlay, overlay_path, self.output.quality)
+        for kind, path in paths:
+            if kind == "raw":
+                save_array(explained.saliency, path)
+            elif kind == "heatmap":
+                save_image(heatmap_image(explained.saliency.cpu(), self.table).cpu(), path, self.output.quality)
+        if self.output.report:
+            from ..render.gallery import save_thumbnail
+
+            save_thumbnail(overlay, thumbnail_path(self.output.output_dir, overlay_path))
+        return [path for _, path in paths]
+
+    def _record(self, image: InputImage, status: str, **fields: Any) -> Record:
+        model = self.explainer.model.name
+        return Record(str(image.path), status, model, self.explainer.layer, **fields)
+
+
+def token_rows(result: AnswerExplanation) -> list[dict[str, Any]]:
+    """Each answer token's text, id and log-probability, as the image's first row lists them."""
+    return [{"text": token.text, "id": token.id, "logprob": round(token.logprob, 6)} for token in result.tokens]
+
+
+def answer_run_record(explainer: AnswerExplainer, output: OutputOptions, run: RunOptions) -> dict[str, Any]:
+    """The run record of a run of prompted images: what makes their outputs (the model, the layer, the methods'
+    look, the answer's length, which targets)."""
+    name, smoothing = explainer.model.name, (False, explainer.eigen_smooth)
+    record = run_record(name, name, explainer.layer, 0, smoothing, output, run.max_side)
+    del record["input_size"]  # the processor's
+    record.update(explainer.settings)
+    return record
+
+
+def answer_provenance(explainer: AnswerExplainer, run: RunOptions) -> dict[str, Any]:
+    """The provenance every row of a run of prompted images carries (docs/ci.md's fields that apply)."""
+    parameter = next(explainer.model.module.parameters(), None)
+    return {
+        **versions(),
+        "model": explainer.model.name,
+        "weights": explainer.model.name,
+        "weights_sha256": None,
+        "layers": [explainer.layer],
+        "methods": list(explainer.methods),
+        **explainer.settings,
+        "device": str(explainer.device),
+        "dtype": str(parameter.dtype).removeprefix("torch.") if parameter is not None else None,
+        "precision": explainer.precision,
+        "eigen_smooth": explainer.eigen_smooth,
+        "max_side": run.max_side,
+        **determinism(),
+    }

@@ -1,0 +1,191 @@
+"""A vision-language answer run through the session like every run (issue 36): ``--skip-existing`` keeps an answer
+without generating it again, ``--shard`` and ``gradcam merge``, ``gradcam diff`` of two answer runs, ``--panel``
+and ``--save-heatmap``, rows with fingerprints and provenance; ``--engine ray`` refused in one line. Tiny LLaVA
+(tests/vlm_models.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import numpy as np
+import torch
+import vlm_models
+from PIL import Image
+
+from gradcam_cli.drift.fingerprint import map_fingerprint
+from gradcam_cli.vlm.answer import AnswerExplainer
+
+PROMPT = "what is the cat ?"
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory) -> str:
+    return f"hf:{vlm_models.llava(tmp_path_factory.mktemp('llava'))}"
+
+
+def photos(folder: Path) -> Path:
+    folder.mkdir()
+    for name, left in (("a.png", (220, 30, 30)), ("b.png", (30, 200, 30)), ("c.png", (30, 30, 220))):
+        image = Image.new("RGB", (96, 48), (200, 200, 200))
+        image.paste(Image.new("RGB", (48, 48), left), (0, 0))
+        image.save(folder / name)
+    return folder
+
+
+def run(*args) -> object:
+    from typer.testing import CliRunner
+
+    from gradcam_cli.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def command(app_module: str, *args) -> object:
+    import importlib
+
+    from typer.testing import CliRunner
+
+    return CliRunner().invoke(importlib.import_module(app_module).app, [str(a) for a in args])
+
+
+def rows_of(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.fixture
+def generations(monkeypatch) -> list[int]:
+    """Counts the answers generated (one entry per call of ``AnswerExplainer.generate``)."""
+    calls: list[int] = []
+    original = AnswerExplainer.generate
+
+    def counted(self, inputs):
+        calls.append(1)
+        return original(self, inputs)
+
+    monkeypatch.setattr(AnswerExplainer, "generate", counted)
+    return calls
+
+
+def test_skip_existing_keeps_an_answer_without_generating_it_again(llava, tmp_path, generations):
+    """A second run with --skip-existing generates nothing: each image's rows (answer, tokens, maps, fingerprints)
+    come back as skipped ones; an image whose map is gone is answered again, and its row is new."""
+    inputs, out, manifest = photos(tmp_path / "in"), tmp_path / "out", tmp_path / "out" / "rows.jsonl"
+    args = (inputs, "-m", llava, "--prompt", PROMPT, "--max-new-tokens", 3, "--per-token", "-o", out)
+    first = run(*args, "--manifest", manifest, "--skip-existing")
+    assert first.exit_code == 0, first.output
+    assert len(generations) == 3
+    before = rows_of(manifest)
+    assert all(row["provenance"]["task"] == "answer" for row in before)
+    assert all((row["fingerprint"] is not None) == bool(row["outputs"]) for row in before)  # an empty answer: none
+    assert all(row["status"] == "ok" for row in before)
+
+    again = run(*args, "--manifest", manifest, "--skip-existing", "--json")
+    assert again.exit_code == 0, again.output
+    assert len(generations) == 3  # nothing generated again
+    shown = [json.loads(line) for line in again.stdout.splitlines() if line.startswith("{")]
+    assert [row["status"] for row in shown] == ["skipped"] * len(before)
+    drop = ("status", "seconds")
+    assert [{k: v for k, v in row.items() if k not in drop} for row in shown] == [
+        {k: v for k, v in row.items() if k not in drop} for row in before
+    ]
+    shown_text = run(*args, "--manifest", manifest, "--skip-existing")
+    assert "(kept: --skip-existing)" in shown_text.stdout and len(generations) == 3
+
+    Path(before[0]["outputs"][0]).unlink()  # a.png's whole-answer map is gone: a.png is answered again
+    third = run(*args, "--manifest", manifest, "--skip-existing")
+    assert third.exit_code == 0, third.output
+    assert len(generations) == 4
+    after = rows_of(manifest)
+    assert [row["input"] for row in after] == [row["input"] for row in before]  # one set per image, in order
+    maps_of_a = sum(row["input"].endswith("a.png") for row in before)
+    assert [row["status"] for row in after if row["input"].endswith("a.png")] == ["ok"] * maps_of_a
+    assert Path(before[0]["outputs"][0]).is_file()
+
+    result = run(*args, "--skip-existing")  # no manifest: nowhere to keep the answers
+    assert result.exit_code == 2 and result.stderr.startswith("error: --skip-existing with --prompt needs --manifest")
+
+
+def test_rows_carry_the_fingerprint_of_the_written_map(llava, tmp_path):
+    inputs, out = photos(tmp_path / "in"), tmp_path / "out"
+    args = ("-m", llava, "--prompt", PROMPT, "--answer", "a cat", "--save-raw", "-o", out, "--json")
+    result = run(inputs / "a.png", *args)
+    assert result.exit_code == 0, result.output
+    (row,) = [json.loads(line) for line in result.stdout.splitlines()]
+    overlay, raw = row["outputs"]
+    assert raw == overlay.replace(".png", ".npy")
+    assert row["fingerprint"] == map_fingerprint(torch.from_numpy(np.load(raw)))
+    assert row["provenance"]["layers"] == [row["layer"]] and row["provenance"]["methods"] == ["gradcam"]
+
+
+def test_shards_merge_into_one_runs_rows_and_gallery(llava, tmp_path):
+    """--shard K/N with --prompt: each shard answers its share; gradcam merge joins the rows (answers kept) in input
+    order and writes the gallery, which shows each image's question and answer."""
+    inputs, out = photos(tmp_path / "in"), tmp_path / "out"
+    args = (inputs, "-m", llava, "--prompt", PROMPT, "--answer", "a cat", "-o", out, "--report")
+    for index in range(2):
+        result = run(*args, "--shard", f"{index}/2")
+        assert result.exit_code == 0, result.output
+    merged = command("gradcam_cli.cli.merge", out)
+    assert merged.exit_code == 0, merged.output
+    rows = rows_of(out / "manifest.jsonl")
+    assert [Path(row["input"]).name for row in rows] == ["a.png", "b.png", "c.png"]
+    assert {(row["prompt"], row["answer"], row["target"]["name"]) for row in rows} == {(PROMPT, "a cat", "answer")}
+    page = (out / "index.html").read_text(encoding="utf-8")
+    data = re.search(r"(\[\{.*\}\])", page)
+    assert data is not None
+    entries = json.loads(data.group(1))
+    assert [entry["predictions"][0][0] for entry in entries] == [f"{PROMPT} \N{RIGHTWARDS ARROW} a cat"] * 3
+
+
+def test_diff_reports_a_changed_answer_beside_the_maps(llava, tmp_path):
+    """gradcam diff of two answer runs: the same answer is no drift (the maps compared by fingerprint); another
+    answer is reported as such."""
+    inputs = photos(tmp_path / "in")
+    for name, answer in (("cat", "a cat"), ("cat2", "a cat"), ("dog", "a dog")):
+        manifest = tmp_path / f"{name}.jsonl"
+        result = run(
+            inputs, "-m", llava, "--prompt", PROMPT, "--answer", answer, "-o", tmp_path / name, "--manifest", manifest
+        )
+        assert result.exit_code == 0, result.output
+    same = command("gradcam_cli.cli.diff", tmp_path / "cat.jsonl", tmp_path / "cat2.jsonl", "--json")
+    assert same.exit_code == 0, same.output
+    report = json.loads(same.stdout)
+    assert not report["drift"], report
+    changed = command("gradcam_cli.cli.diff", tmp_path / "cat.jsonl", tmp_path / "dog.jsonl")
+    assert changed.exit_code == 1, changed.output
+    assert "answer 'a cat' -> 'a dog'" in changed.stdout
+
+
+def test_panel_and_heatmap_of_an_answer(llava, tmp_path):
+    """--panel and --save-heatmap with --prompt: a heatmap per map (the map's colours alone) and one panel per
+    image, listed in its rows."""
+    from gradcam_cli.render.colour import colormap_table, heatmap_image
+
+    inputs, out = photos(tmp_path / "in"), tmp_path / "out"
+    args = ("-m", llava, "--prompt", PROMPT, "--answer", "a cat", "--per-token", "--save-raw", "--save-heatmap")
+    result = run(inputs / "a.png", *args, "--panel", "-o", out, "--json")
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(rows) == 3
+    for row in rows:
+        _, raw, heatmap, panel = row["outputs"]
+        assert Path(heatmap).name.startswith("a_heatmap-gradcam_") and panel == str(out / "a_panel.png")
+        saliency = torch.from_numpy(np.load(raw))
+        expected = heatmap_image(saliency, colormap_table("jet")).numpy()
+        assert np.array_equal(np.asarray(Image.open(heatmap).convert("RGB")), expected)
+    assert Image.open(out / "a_panel.png").size[0] > 96
+
+
+@pytest.mark.quick
+def test_engine_ray_is_refused_in_one_line(llava, tmp_path):
+    inputs = photos(tmp_path / "in")
+    result = run(inputs, "-m", llava, "--prompt", PROMPT, "--engine", "ray", "-o", tmp_path / "out")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: --engine ray explains images with an image model on a Ray cluster")
+    assert len(result.stderr.strip().splitlines()) == 1
