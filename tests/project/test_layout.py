@@ -34,9 +34,9 @@ layers below its own, never from one beside it or above it."""
 PENDING_UPWARD = {
     ("gradcam_cli.cam.tasks.answer", "vlm"),
 }
-"""Upward imports that the one pipeline for answers (issue 36) removes, and only those: the answer task still reaches
-up into ``vlm/`` for its explainer (``AnswerExplainer``, not yet the one ``Explainer``). Each entry must still occur (one that no longer does is
-deleted here)."""
+"""Upward imports that the one pipeline for answers (issue 36) removes, and only those: the answer task still
+reaches up into ``vlm/`` for its explainer (``AnswerExplainer``, not yet the one ``Explainer``). Each entry must
+still occur (one that no longer does is deleted here)."""
 TASKS = PACKAGE / "cam" / "tasks"
 ASKED_OF_ADAPTERS = re.compile(r"\.ranked|\.faithfulness|Task\.DETECT|isinstance\([^)]*Targets")
 """What a task decides, read outside its adapter: a flag of it, the old task enum, a test of a task's targets."""
