@@ -44,23 +44,10 @@ def pictures(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def hf_clip(tmp_path_factory) -> Path:
     """A tiny transformers CLIPModel saved with a character-level tokenizer and an image processor (32 px)."""
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPTokenizer
+    from attention_models import save_tiny_clip
 
-    torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("hf_clip")
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for code in range(ord("a"), ord("z") + 1):
-        vocab.setdefault(chr(code), len(vocab))
-        vocab.setdefault(chr(code) + "</w>", len(vocab))
-    (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
-    (folder / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
-    text = {"vocab_size": len(vocab), "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1}
-    text |= {"num_attention_heads": 2, "max_position_embeddings": 24, "bos_token_id": 0, "eos_token_id": 1}
-    vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2}
-    vision |= {"image_size": 32, "patch_size": 8}
-    CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=8)).save_pretrained(folder)
-    CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt")).save_pretrained(folder)
-    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(folder)
+    save_tiny_clip(folder)
     return folder
 
 
