@@ -99,7 +99,10 @@ def test_the_answer_and_each_words_map_are_the_command_lines(client, model, phot
     assert asked["map"]["target"]["name"] == "answer" and asked["map"]["name"] == "halves_gradcam_answer"
     np.testing.assert_allclose(served_map(client, asked["map"]), cli_map(rows[0]), atol=QUANTUM)
     npy = client.get(f"/api/maps/{asked['map']['id']}/map.npy")  # the download: --save-raw's array
-    np.testing.assert_allclose(np.load(io.BytesIO(npy.content)), cli_map(rows[0]), atol=1e-6)
+    # serve computes on a worker thread whose intra-op thread count may differ from the command's, so its float32
+    # sums run in another order: a few dozen float32 ulps of a map normalised to [0, 1] (3.6e-6 seen after other
+    # tests had changed the main thread's count)
+    np.testing.assert_allclose(np.load(io.BytesIO(npy.content)), cli_map(rows[0]), atol=100 * 2**-23)
 
     per_token = {row["target"]["token"]: row for row in rows[1:]}
     assert asked["words"], asked
