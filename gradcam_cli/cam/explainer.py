@@ -195,10 +195,10 @@ class Explainer:
         its model's module and ``progress`` in place of its masked passes' progress callback; its layers stay
         those chosen here."""
         options = replace(self.options, layers=self.chosen.layers, **changes)
-        progress = progress or self.context.progress
+        progress, precision = progress or self.context.progress, self.chosen.precision
         if module is None:  # the same model: its dry pass is kept
-            return Explainer(self.model, options, progress=progress, dry_passes=self.dry_passes)
-        return Explainer(replace(self.model, module=module), options, progress=progress)
+            return Explainer(self.model, options, precision=precision, progress=progress, dry_passes=self.dry_passes)
+        return Explainer(replace(self.model, module=module), options, precision=precision, progress=progress)
 
     @property
     def settings(self) -> dict[str, object]:

@@ -258,12 +258,12 @@ class EvalCommand:
         from ..io.discovery import discover
 
         options = self.options
-        if self.explain_options.question.prompt is not None or self.explain_options.question.given():
-            return answers.evaluate_answers(self)
         if self.ranking.report is not None and not self.ranking.rank:
             raise UsageError("--report is for --rank: add --rank (gradcam eval writes no page otherwise)")
         if self.ranking.budget is not None and not self.ranking.rank:
             raise UsageError("--budget is for --rank: add --rank (gradcam eval plans nothing otherwise)")
+        if self.explain_options.question.prompt is not None or self.explain_options.question.given():
+            return answers.evaluate_answers(self)
         if options.plot is not None and options.plot.suffix.lower() not in PLOT_FORMATS:
             raise UsageError(f"--plot {options.plot}: use a file ending in {', '.join(PLOT_FORMATS)}")
         images = discover(self.inputs)

@@ -90,6 +90,9 @@ class AnswerRunner:
         rows = [Record.from_dict(row) for row in self.earlier.get(str(image.path))]
         if not rows or any(row.status not in ("ok", "skipped") or row.answer is None for row in rows):
             return None
+        mapped = {row.method for row in rows if row.method is not None}
+        if mapped and mapped != set(self.explainer.methods):  # made with other --method: explained again
+            return None
         given = self.explainer.question.answer
         for row in rows:
             assert row.answer is not None
@@ -192,6 +195,7 @@ def answer_run_record(explainer: AnswerExplainer, output: OutputOptions, run: Ru
     record = run_record(name, name, explainer.layer, 0, smoothing, output, run.max_side)
     del record["input_size"]  # the processor's
     record.update(explainer.settings)
+    record["precision"] = explainer.precision  # the weights' type: a VLM is loaded in it
     return record
 
 

@@ -482,6 +482,15 @@ def test_keywords_build_the_options_an_explainer_takes_whole(square_model):
         Explainer(square_model, whole, top_k=2)
 
 
+def test_an_explainer_with_other_options_keeps_its_precision(square_model):
+    """``with_options`` (gradcam eval's per-method explainers) runs at the precision of the explainer it copies."""
+    from gradcam_cli import Explainer
+
+    bf16 = Explainer(square_model, "features", ["gradcam"], precision="bf16")
+    assert bf16.with_options(methods=("layercam",)).chosen.precision == "bf16"
+    assert bf16.with_options(module=square_model.module).chosen.precision == "bf16"
+
+
 @pytest.mark.quick
 def test_a_call_context_belongs_to_its_call_and_the_explainer_stays_as_built(square_model):
     from gradcam_cli.cam.explainer_input import CallContext

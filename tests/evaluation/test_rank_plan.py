@@ -91,10 +91,11 @@ def test_the_plan_counts_roads_imputation_and_the_seed_spread(squares: Path, clo
 
 @pytest.mark.quick
 def test_budget_needs_rank(squares: Path) -> None:
-    result = run(str(squares), "--model", SQUARE_MODEL, "--budget", "10")
-    assert result.exit_code == 2 and result.stderr.strip().splitlines() == [
-        "error: --budget is for --rank: add --rank (gradcam eval plans nothing otherwise)"
-    ]
+    for more in ((), ("--prompt", "what is it ?")):  # a question's deletion and insertion plan nothing either
+        result = run(str(squares), "--model", SQUARE_MODEL, "--budget", "10", *more)
+        assert result.exit_code == 2 and result.stderr.strip().splitlines() == [
+            "error: --budget is for --rank: add --rank (gradcam eval plans nothing otherwise)"
+        ]
 
 
 def test_a_budget_that_fits_only_the_baseline_keeps_the_cheapest_method(squares: Path, clock: list[float]) -> None:

@@ -111,6 +111,22 @@ def test_skip_existing_keeps_an_answer_without_generating_it_again(llava, tmp_pa
     assert result.exit_code == 2 and result.stderr.startswith("error: --skip-existing with --prompt needs --manifest")
 
 
+def test_skip_existing_answers_again_with_other_methods(llava, tmp_path, generations):
+    """Kept rows made with other --method are not kept: the image is answered again with this run's methods (its
+    outputs are other files); the run record names the precision the model was loaded in."""
+    inputs, out, manifest = photos(tmp_path / "in"), tmp_path / "out", tmp_path / "out" / "rows.jsonl"
+    args = (inputs, "-m", llava, "--prompt", PROMPT, "--max-new-tokens", 2, "-o", out, "--manifest", manifest)
+    first = run(*args, "--skip-existing")
+    assert first.exit_code == 0, first.output
+    assert json.loads((out / ".gradcam-run.json").read_text(encoding="utf-8"))["precision"] == "fp32"
+    mapped = {row["input"] for row in rows_of(manifest) if row["outputs"]}  # not an empty answer's (no map: kept)
+    assert mapped
+    again = run(*args, "--skip-existing", "--method", "layercam")
+    assert again.exit_code == 0, again.output
+    assert len(generations) == 3 + len(mapped)  # every image with a map answered again
+    assert {row["method"] for row in rows_of(manifest) if row["outputs"]} == {"layercam"}
+
+
 def test_rows_carry_the_fingerprint_of_the_written_map(llava, tmp_path):
     inputs, out = photos(tmp_path / "in"), tmp_path / "out"
     args = ("-m", llava, "--prompt", PROMPT, "--answer", "a cat", "--save-raw", "-o", out, "--json")
