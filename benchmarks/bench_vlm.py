@@ -30,7 +30,7 @@ import vlm_models  # noqa: E402
 from bench_methods import paired  # noqa: E402
 from vlm_models import load_vlm  # noqa: E402
 
-from gradcam_cli.vlm.answer import AnswerExplainer  # noqa: E402
+from gradcam_cli.cam.answers import AnswerExplainer  # noqa: E402
 
 FAMILIES = vlm_models.BUILDERS
 PROMPT = "what is the cat ?"

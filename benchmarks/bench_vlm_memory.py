@@ -33,9 +33,9 @@ import vlm_models  # noqa: E402
 from saved_memory import KeptMemory, kept_training_style  # noqa: E402
 from vlm_models import load_vlm  # noqa: E402
 
+from gradcam_cli.cam.answers import AnswerExplainer  # noqa: E402
 from gradcam_cli.models.families.vision_language import LLAVA  # noqa: E402
 from gradcam_cli.models.profile import LoadedModel, ModelProfile  # noqa: E402
-from gradcam_cli.vlm.answer import AnswerExplainer  # noqa: E402
 
 PROMPT = "what is the cat ?"
 ANSWER = "a red cat"

@@ -56,7 +56,7 @@ class KeptMemory:
 def kept_training_style(explainer: Any, inputs: dict[str, torch.Tensor], answer: list[int]) -> KeptMemory:
     """What the answer's teacher-forced forward pass keeps when run as training runs it (every parameter requiring
     a gradient): the comparison for an ``AnswerExplainer``'s own pass. The parameters' flags are restored."""
-    from gradcam_cli.vlm.answer import TEXT_KEYS, _Prompted
+    from gradcam_cli.cam.answers import TEXT_KEYS, _Prompted
 
     module = explainer.model.module
     images = {key: value for key, value in inputs.items() if key not in TEXT_KEYS}

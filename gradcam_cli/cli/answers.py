@@ -79,14 +79,14 @@ def _questioned(inputs: list[str], question: AnswerOptions, exclude: Path | None
 
 def check_question(question: AnswerOptions, explain: ExplainOptions, output: OutputOptions, run: RunOptions) -> None:
     """Refuse, in one line, what a run of prompted images cannot do, before its model is loaded."""
-    from ..cam.tasks import answering
+    from ..cam.tasks.answer import ANSWER
     from ..pipeline.answers import RAY_ANSWERS
 
     if not question.asked:
         raise UsageError(f"{question.given()[0]} is for a --prompt; add --prompt TEXT")
     if output.manifest is not None and output.manifest.suffix.lower() != ".jsonl":
         raise UsageError(f"--manifest {output.manifest}: with --prompt use a .jsonl file (rows carry the answer)")
-    not_here = answering().refused(explain)
+    not_here = ANSWER.refused(explain)
     if not_here:
         raise UsageError(f"{not_here[0]} does not apply to a --prompt's answer (docs/vlm.md lists what does)")
     if run.engine == "ray":
@@ -101,10 +101,9 @@ def ask(command: Command) -> int:
     reporter, inputs, model, explain = command.reporter, command.inputs, command.model_options, command.explain_options
     output, run, question = command.output, command.run_options, explain.question
     check_question(question, explain, output, run)
-    from ..cam.tasks import answering
+    from ..cam.tasks.answer import ANSWER as adapter
     from ..pipeline.session import Session
 
-    adapter = answering()
     images = _questioned(inputs, question, output.output_dir)
     with Session(output, run, notify=reporter.info) as session:
         answerer = adapter.answerer(model, explain)
@@ -146,12 +145,12 @@ def evaluate_answers(command: EvalCommand) -> int:
     question = explain.question
     if question.prompt is None:
         raise UsageError(f"{question.given()[0]} is for a --prompt; add --prompt TEXT")
-    from ..cam.tasks import answering
+    from ..cam.tasks.answer import ANSWER as adapter
+    from ..evaluation.answers import answer_rows
     from ..io.discovery import discover
 
     measures = {"--boxes": options.boxes is not None, "--sanity": options.sanity, "--road": options.road}
     measures |= {"--plot": options.plot is not None, "--stability": options.stability, "--rank": command.ranking.rank}
-    adapter = answering()
     not_here = adapter.refused(explain) + [name for name, on in measures.items() if on]
     if not_here:
         raise UsageError(f"{not_here[0]} does not apply to a --prompt's answer (docs/vlm.md: deletion and insertion)")
@@ -163,7 +162,7 @@ def evaluate_answers(command: EvalCommand) -> int:
         reporter.info(adapter.layer_note(answerer))
     started, failed = time.perf_counter(), 0
     scores: dict[str, list[tuple[float, float]]] = {}
-    for row in adapter.evaluate(answerer, images, question, options.steps):
+    for row in answer_rows(answerer, images, question, options.steps):
         if reporter.as_json:
             reporter.emit(json.dumps(row))
         if row["status"] == "error":

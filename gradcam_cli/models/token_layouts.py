@@ -3,7 +3,7 @@
 (:mod:`gradcam_cli.models.families.vision_language`), carried by each loaded model's profile.
 
 Each :class:`TokenLayout` names the layer whose output is the image tokens as the language model receives them, and
-says where those tokens lie on the photo (:class:`~gradcam_cli.vlm.geometry.Tile`s) from the processor's own
+says where those tokens lie on the photo (:class:`~gradcam_cli.models.tiles.Tile`s) from the processor's own
 settings and what it returned for the photo:
 
 - LLaVA-1.5 (``llava``): the multi-modal projector's output, a patch grid (after the vision tower's class token,

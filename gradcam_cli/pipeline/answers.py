@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..cam.answers import AnswerExplainer, AnswerExplanation
 from ..cam.records import Answer, Record, answer_prediction
 from ..cam.results import Explanation
 from ..cam.tasks.answer import EMPTY_ANSWER
@@ -29,7 +30,6 @@ from ..io.naming import answer_path, panel_path, thumbnail_path
 from ..options import OutputOptions, RunOptions
 from ..render.colour import blend, colormap_table, heatmap_image
 from ..render.encode import save_array, save_image
-from ..vlm.answer import AnswerExplainer, AnswerExplanation
 from .resume import EarlierRows, run_record
 
 RAY_ANSWERS = (
@@ -52,6 +52,14 @@ class AnswerRunner:
         self.explainer, self.output, self.run = explainer, output, run or RunOptions()
         self.earlier = earlier or EarlierRows()
         self.table = colormap_table(output.colormap)
+
+    def run_record(self) -> dict[str, Any]:
+        """The run record the session checks and writes (:func:`answer_run_record`)."""
+        return answer_run_record(self.explainer, self.output, self.run)
+
+    def provenance(self) -> dict[str, Any]:
+        """What every row of the run carries (:func:`answer_provenance`)."""
+        return answer_provenance(self.explainer, self.run)
 
     def run_images(
         self,

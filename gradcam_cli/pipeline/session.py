@@ -29,6 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
+from ..cam.answers import AnswerExplainer
 from ..cam.explainer import Explainer
 from ..cam.records import Record
 from ..drift.provenance import run_provenance, use_deterministic
@@ -47,7 +48,6 @@ from ..io.manifest import (
 from ..io.naming import INDEX_NAME, LOCK_NAME, MANIFEST_NAME, shard_lock_name, shard_manifest_path
 from ..options import OutputOptions, RunOptions
 from ..render.colour import colormap_table
-from ..vlm.answer import AnswerExplainer
 from .batch import BatchRunner
 from .resume import EarlierRows, check_run_record, run_record, write_run_record
 from .shards import ShardRecord, inputs_digest, select_shard, stored_path
@@ -191,7 +191,7 @@ class Session:
 
         :meth:`start` comes first, unless it was called already. Videos are for classifiers and detectors; prompted
         images (:attr:`~gradcam_cli.io.discovery.InputKind.PROMPTED`) for a vision-language model's
-        :class:`~gradcam_cli.vlm.answer.AnswerExplainer`."""
+        :class:`~gradcam_cli.cam.answers.AnswerExplainer`."""
         if isinstance(explainer, AnswerExplainer):
             yield from self._answer(explainer, images, progress)
             return
@@ -240,11 +240,12 @@ class Session:
 
         if self.run.engine == "ray":
             raise UsageError(RAY_ANSWERS)
-        self.start(explainer)
+        runner = AnswerRunner(explainer, self.output, self.run, self.earlier)
+        if not self._started:
+            self._begin(runner.run_record(), runner.provenance())
         if self.shard is not None:
             images, _ = self._select_shard(images, ())
         self._order += [row_key({"input": str(item.path)}) for item in images]
-        runner = AnswerRunner(explainer, self.output, self.run, self.earlier)
         with progress("answering", len(images)) as tick:
             for record in runner.run_images(images, on_image=tick, on_skipped=lambda: tick(skipped=True)):
                 yield self._keep(record)
@@ -284,18 +285,11 @@ class Session:
             v for p, v in enumerate(videos, len(images)) if p in chosen
         ]
 
-    def start(self, explainer: Explainer | AnswerExplainer) -> None:
+    def start(self, explainer: Explainer) -> None:
         """Check the run record (what made the outputs: see :data:`~gradcam_cli.pipeline.resume.RECORD_LABELS`)
         against the folder's, with ``--skip-existing``, and write it; note the provenance every row of this run
         carries; once per session."""
         if self._started:
-            return
-        if isinstance(explainer, AnswerExplainer):
-            from .answers import answer_provenance, answer_run_record
-
-            self._record(answer_run_record(explainer, self.output, self.run))
-            self.provenance = answer_provenance(explainer, self.run)
-            self._started = True
             return
         explainer.adapter.check_outputs(self.output)
         spec = explainer.model.input_spec
@@ -312,8 +306,12 @@ class Session:
         if self.output.skip_existing and explainer.options.targets and self.output.manifest is None:
             # file names carry a class, not a target
             raise UsageError("--skip-existing with --target needs --manifest: skipped images' rows come from it")
-        self._record(record | {"precision": explainer.chosen.precision})
-        self.provenance = run_provenance(explainer, self.run)
+        self._begin(record | {"precision": explainer.chosen.precision}, run_provenance(explainer, self.run))
+
+    def _begin(self, record: dict[str, Any], provenance: dict[str, Any]) -> None:
+        """Check ``record`` against the folder's, write it and note the ``provenance`` every row carries."""
+        self._record(record)
+        self.provenance = provenance
         self._started = True
 
     def _record(self, record: dict[str, Any]) -> None:

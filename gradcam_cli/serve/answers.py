@@ -1,7 +1,7 @@
 """A vision-language model in the explorer (docs/serve.md): asked a question about an image, it answers as
 ``gradcam IMAGE --prompt TEXT`` does (greedy, seeded, ``--max-new-tokens``; or explains the answer typed, as
 ``--answer``), and shows the whole answer's map, then a clicked word's: the map ``--target answer:WORD`` (or
-``--per-token``) writes, computed by the same :class:`~gradcam_cli.vlm.answer.AnswerExplainer`. The answer is kept
+``--per-token``) writes, computed by the same :class:`~gradcam_cli.cam.answers.AnswerExplainer`. The answer is kept
 (:data:`KEPT_ANSWERS`), so a word's click, or another layer or method, maps it without generating it again.
 
 Routes (besides the explorer's, :mod:`gradcam_cli.serve.app`): ``POST /api/ask`` with a JSON body ``{"image",
@@ -34,8 +34,8 @@ from .maps import MapStore, StoredMap, map_id
 from .model import MAX_EXPLAINERS, MapAnswer, ModelThread
 
 if TYPE_CHECKING:
-    from ..vlm.answer import AnswerExplainer, AnswerToken
-    from ..vlm.words import AnswerWord
+    from ..cam.answer_words import AnswerWord
+    from ..cam.answers import AnswerExplainer, AnswerToken
 
 KEPT_ANSWERS = 32
 """Answers kept (an older one's words are asked again)."""
@@ -79,11 +79,10 @@ class AnswerService(ModelThread):
     request; ``options``: the command's layer, method (the first of a list) and ``--max-new-tokens``."""
 
     def __init__(self, model: ModelOptions, options: ExplainOptions | None = None) -> None:
-        from ..cam.tasks import answering
-        from ..vlm.answer import answer_methods
+        from ..cam.answers import answer_methods
+        from ..cam.tasks.answer import ANSWER as adapter
 
         options = options or ExplainOptions()
-        adapter = answering()
         self.answerer: AnswerExplainer = adapter.answerer(model, replace(options, methods=options.methods[:1]))
         self.layer_note = adapter.layer_note(self.answerer)
         self.empty = adapter.nothing_found(None, None, None) or "the answer is empty"
@@ -122,7 +121,7 @@ class AnswerService(ModelThread):
 
     def explainer(self, layer: str | None, method: str | None) -> AnswerExplainer:
         """The explainer of ``layer`` and ``method`` (``None``: the defaults), sharing the loaded model."""
-        from ..vlm.answer import AnswerExplainer
+        from ..cam.answers import AnswerExplainer
 
         layer, method = layer or self.default_layer, method or self.default_method
         if method not in self.methods:
@@ -156,7 +155,7 @@ class AnswerService(ModelThread):
     ) -> tuple[Asked, MapAnswer | None]:
         """The answer to ``prompt`` about the image (generated once, or ``given``) and its whole map (``None``: the
         answer is empty)."""
-        from ..vlm.words import answer_words
+        from ..cam.answer_words import answer_words
 
         with self.model_lock:
             explainer = self.explainer(layer, method)
@@ -186,7 +185,7 @@ class AnswerService(ModelThread):
     ) -> MapAnswer:
         """The map of ``word`` of the kept answer (``None``: the whole answer), at ``layer`` with ``method``: kept,
         or one teacher-forced pass and one backward pass (nothing is generated)."""
-        from ..vlm.words import word_target
+        from ..cam.answer_words import word_target
 
         with self.model_lock:
             explainer = self.explainer(layer, method)
@@ -201,9 +200,9 @@ class AnswerService(ModelThread):
             return MapAnswer(self._store(asked, explainer, result.maps[0], image), True, target.label)
 
     def curves(self, stored: StoredMap, image: DecodedImage, steps: int) -> dict[str, Any]:
-        """``gradcam eval --prompt``'s figures for a whole answer's map (:mod:`gradcam_cli.vlm.faithfulness`):
+        """``gradcam eval --prompt``'s figures for a whole answer's map (:mod:`gradcam_cli.evaluation.answers`):
         deletion and insertion of the answer's per-token probability along it, in ``steps``."""
-        from ..vlm.faithfulness import answer_curves
+        from ..evaluation.answers import answer_curves
 
         with self._lock:
             answer_id = self._whole.get(stored.id)

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from gradcam_cli.vlm.words import answer_words
+from gradcam_cli.cam.answer_words import answer_words
 
 TEXT = ["the cat is sleeping. the dog is running.", "a cat sleeps, a dog runs!"] * 20
 

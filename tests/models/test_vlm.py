@@ -16,9 +16,9 @@ import vlm_models
 from PIL import Image
 from vlm_models import load_vlm
 
+from gradcam_cli.cam.answers import AnswerExplainer, placeholder_ids
+from gradcam_cli.evaluation.answers import answer_curves
 from gradcam_cli.targets import TargetSpec
-from gradcam_cli.vlm.answer import AnswerExplainer, placeholder_ids
-from gradcam_cli.vlm.faithfulness import answer_curves
 
 BUILDERS = vlm_models.BUILDERS
 PROMPT = "what is the cat ?"
@@ -382,7 +382,7 @@ def test_a_layer_of_another_layout_is_refused(tmp_path):
 
 def test_every_answer_method_gives_a_map_of_the_photo(folder):
     """Each method that reads the layer alone (the method registry's, plugins' included) maps the answer."""
-    from gradcam_cli.vlm.answer import answer_methods
+    from gradcam_cli.cam.answers import answer_methods
 
     methods = answer_methods()
     assert {"gradcam", "gradcam++", "layercam", "eigencam"} <= set(methods) and "scorecam" not in methods

@@ -16,7 +16,7 @@ from PIL import Image
 from saved_memory import KeptMemory, kept_training_style
 from vlm_models import load_vlm
 
-from gradcam_cli.vlm.answer import AnswerExplainer
+from gradcam_cli.cam.answers import AnswerExplainer
 
 PROMPT = "what is the cat ?"
 

@@ -18,8 +18,8 @@ import torch
 import vlm_models
 from PIL import Image
 
+from gradcam_cli.cam.answers import AnswerExplainer
 from gradcam_cli.drift.fingerprint import map_fingerprint
-from gradcam_cli.vlm.answer import AnswerExplainer
 
 PROMPT = "what is the cat ?"
 

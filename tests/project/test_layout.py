@@ -22,7 +22,6 @@ LAYERS = (
     ("cam",),
     ("render",),
     ("drift", "evaluation"),
-    ("vlm",),
     ("pipeline",),
     ("serve",),
     ("cli",),
@@ -31,17 +30,9 @@ LAYERS = (
 """The package's layers, lowest first (docs/internals.md, "Package layout"): each top-level module or subpackage of
 ``gradcam_cli`` (``gradcam_cli`` itself: its ``__init__``, whose exports are loaded by name) imports only from the
 layers below its own, never from one beside it or above it."""
-PENDING_UPWARD = {
-    ("gradcam_cli.cam.tasks.answer", "vlm"),
-}
-"""Upward imports that the one pipeline for answers (issue 36) removes, and only those: the answer task still
-reaches up into ``vlm/`` for its explainer (``AnswerExplainer``, not yet the one ``Explainer``). Each entry must
-still occur (one that no longer does is deleted here)."""
 TASKS = PACKAGE / "cam" / "tasks"
 ASKED_OF_ADAPTERS = re.compile(r"\.ranked|\.faithfulness|Task\.DETECT|isinstance\([^)]*Targets")
 """What a task decides, read outside its adapter: a flag of it, the old task enum, a test of a task's targets."""
-MODULE_NAMES = re.compile(r"vlm\.faithfulness")
-"""Modules named like a flag (the answer's deletion and insertion), not a read of it."""
 
 
 def _module_name(path: Path) -> str:
@@ -147,8 +138,7 @@ def test_every_module_is_in_a_layer() -> None:
 @pytest.mark.quick
 def test_imports_point_down_the_layers() -> None:
     upward = _upward(_imports())
-    assert not {key: lines for key, lines in upward.items() if key not in PENDING_UPWARD}
-    assert set(upward) >= PENDING_UPWARD, f"no longer imported upward: {PENDING_UPWARD - set(upward)}"
+    assert not upward
 
 
 def test_an_upward_import_is_caught() -> None:
@@ -175,6 +165,6 @@ def test_tasks_own_their_behaviour() -> None:
         for path in sorted(PACKAGE.rglob("*.py"))
         if TASKS not in path.parents
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-        if ASKED_OF_ADAPTERS.search(MODULE_NAMES.sub("", line))
+        if ASKED_OF_ADAPTERS.search(line)
     ]
     assert not found, found

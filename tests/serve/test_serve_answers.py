@@ -86,7 +86,7 @@ def ask(client: TestClient, **body) -> dict:
 
 
 def test_the_answer_and_each_words_map_are_the_command_lines(client, model, photo, tmp_path, monkeypatch):
-    from gradcam_cli.vlm.answer import AnswerExplainer
+    from gradcam_cli.cam.answers import AnswerExplainer
 
     rows = command_line(photo, model, tmp_path / "cli", "--max-new-tokens", "4", "--per-token")
     generate = AnswerExplainer.generate
@@ -158,7 +158,7 @@ def test_cross_site_requests_and_what_does_not_apply_are_refused(client):
 
 
 def test_an_empty_answer_says_so(client, monkeypatch):
-    from gradcam_cli.vlm.answer import AnswerExplainer
+    from gradcam_cli.cam.answers import AnswerExplainer
 
     monkeypatch.setattr(AnswerExplainer, "generate", lambda self, inputs: [])
     asked = ask(client, prompt="what is the dog ?")

@@ -4,13 +4,11 @@ that claims a model explains it)."""
 from . import answer, classify, detect, segment, yolo  # noqa: F401  (each registers its adapter)
 from .base import (
     TASKS,
-    Answering,
     Explained,
     Pair,
     ScoreRequest,
     TaskAdapter,
     adapter_for,
-    answering,
     label_box_pairs,
     nothing_of,
     register_task,
@@ -19,13 +17,11 @@ from .base import (
 
 __all__ = [
     "TASKS",
-    "Answering",
     "Explained",
     "Pair",
     "ScoreRequest",
     "TaskAdapter",
     "adapter_for",
-    "answering",
     "label_box_pairs",
     "nothing_of",
     "register_task",

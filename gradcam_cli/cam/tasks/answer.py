@@ -1,25 +1,24 @@
 """A vision-language model's answer (docs/vlm.md): the task of ``--prompt``. Its model is loaded by the family
 registry (the ``vision-language`` family, for this task: ``ModelOptions(task="answer")``) and explained by
-:class:`~gradcam_cli.vlm.answer.AnswerExplainer`; this adapter decides everything the command line asks of a
+:class:`~gradcam_cli.cam.answers.AnswerExplainer`; this adapter decides everything the command line asks of a
 task: the options it refuses, which methods apply, the console's lines of its rows (the run is the session's:
-:mod:`gradcam_cli.pipeline.answers`), what an empty answer says, and ``gradcam eval``'s deletion and insertion of
-the answer's probability."""
+:mod:`gradcam_cli.pipeline.answers`) and what an empty answer says (``gradcam eval``'s deletion and insertion of the
+answer's probability: :mod:`gradcam_cli.evaluation.answers`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ...errors import GradcamError, UsageError, describe
+from ...errors import UsageError
 from .base import TaskAdapter, register_task
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from ...io.discovery import InputImage
     from ...models.loading import LoadedModel
-    from ...options import AnswerOptions, ExplainOptions, ModelOptions
-    from ...vlm.answer import AnswerExplainer
+    from ...options import ExplainOptions, ModelOptions
+    from ..answers import AnswerExplainer
     from ..records import Record
 
 DEFAULT_MAX_NEW_TOKENS = 32
@@ -33,7 +32,6 @@ class AnswerTask(TaskAdapter):
 
     name = "answer"
     noun = "vision-language model"
-    answers = True
     by_name = False  # asked with --prompt, never named by --task
     default_layer = "last stage of the backbone"
     videos = False
@@ -44,7 +42,7 @@ class AnswerTask(TaskAdapter):
         return False  # the model of a question is loaded for it (--prompt), never as a LoadedModel
 
     def takes(self, method: str, tasks: Sequence[str], module: nn.Module) -> bool:
-        from ...vlm.answer import answer_methods
+        from ..answers import answer_methods
 
         return method in answer_methods()
 
@@ -72,7 +70,7 @@ class AnswerTask(TaskAdapter):
         from ...models.families import family_of
         from ...models.loading import load_model
         from ...models.modes import settle_loaded
-        from ...vlm.answer import AnswerExplainer, Question
+        from ..answers import AnswerExplainer, Question
 
         if len(explain.layers) > 1:
             raise UsageError("--prompt explains one --layer at a time")
@@ -119,47 +117,7 @@ class AnswerTask(TaskAdapter):
             lines.append(f"  {record.method} for {record.target.name}{shown} -> {record.outputs[0]}")
         return lines
 
-    def evaluate(
-        self,
-        answerer: AnswerExplainer,
-        images: Sequence[InputImage],
-        question: AnswerOptions,
-        steps: int,
-        prompts: dict[str, str] | None = None,
-    ) -> Iterator[dict[str, Any]]:
-        """``gradcam eval``'s rows: per image and method, the deletion and insertion curves of the answer's
-        per-token probability along its map (:mod:`gradcam_cli.vlm.faithfulness`); an image that fails gives an
-        error row."""
-        from ...io.images import load_image
-        from ...vlm.faithfulness import answer_curves
 
-        for image in images:
-            prompt = (prompts or {}).get(str(image.path), question.prompt or "")
-            try:
-                photo = load_image(image.path)
-                result = answerer.explain(photo, prompt, question.answer)
-                if not result.tokens:
-                    yield {"input": str(image.path), "status": "ok", "note": EMPTY_ANSWER, "answer": ""}
-                    continue
-                ids = [token.id for token in result.tokens]
-                for explained in result.maps:
-                    curves = answer_curves(answerer, photo, prompt, ids, explained.saliency, steps)
-                    yield {
-                        "input": str(image.path),
-                        "status": "ok",
-                        "method": explained.method,
-                        "prompt": prompt,
-                        "answer": result.answer,
-                        "deletion_auc": round(curves.deletion_auc, 6),
-                        "insertion_auc": round(curves.insertion_auc, 6),
-                        "deletion": [round(v, 6) for v in curves.deletion],
-                        "insertion": [round(v, 6) for v in curves.insertion],
-                    }
-            except GradcamError as error:
-                yield {"input": str(image.path), "status": "error", "error": str(error)}
-            except (RuntimeError, ValueError, OSError) as error:
-                message = f"{image.path}: {describe(error, str(image.path))}"
-                yield {"input": str(image.path), "status": "error", "error": message}
-
-
-register_task(AnswerTask())
+ANSWER = AnswerTask()
+"""The task of ``--prompt``: the command line, serve and ``gradcam eval`` import it from here."""
+register_task(ANSWER)

@@ -10,7 +10,7 @@ Nothing outside the adapters compares a task. How to add one: docs/internals.md 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -82,8 +82,6 @@ class TaskAdapter:
     faithfulness = False
     takes_targets = False
     aug_smooth = False
-    answers = False
-    """It answers ``--prompt`` questions (:class:`Answering`; found by :func:`answering`)."""
     methods_of = "segment"
     """The built-in task whose method list this one takes (:attr:`CamMethod.tasks`), unless :meth:`takes` says."""
     default_layer = "last spatial layer"
@@ -287,29 +285,6 @@ def label_box_pairs(
         first = explained.explanations[0].target.index
         pairs.append((label, group, [e for e in explained.explanations if e.target.index == first]))
     return pairs, undetected
-
-
-class Answering(Protocol):
-    """What the command line asks of the adapter that answers ``--prompt`` questions (a vision-language model's
-    answer: :mod:`.answer`), beside :class:`TaskAdapter`'s members."""
-
-    def refused(self, explain: ExplainOptions) -> list[str]: ...
-    def answerer(self, model: Any, explain: ExplainOptions) -> Any: ...
-    def layer_note(self, answerer: Any) -> str: ...
-    def nothing_found(self, model: Any, score: Any, target: int | None) -> str | None: ...
-    def lines(self, record: Any, first: bool) -> list[str]: ...
-    def evaluate(
-        self, answerer: Any, images: Sequence[Any], question: Any, steps: int, prompts: dict[str, str] | None = None
-    ) -> Iterator[dict[str, Any]]: ...
-
-
-def answering() -> Answering:
-    """The registered adapter that answers ``--prompt`` questions (its :attr:`~TaskAdapter.answers`)."""
-    for adapter in TASKS.values():
-        if adapter.answers:
-            chosen: Any = adapter
-            return chosen  # type: ignore[no-any-return]
-    raise UsageError("no registered task answers a --prompt")
 
 
 def check_class_score(options: ExplainOptions) -> None:

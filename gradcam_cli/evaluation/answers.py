@@ -1,4 +1,5 @@
-"""How faithful an answer's map is: deletion and insertion curves of the answer's probability (docs/vlm.md).
+"""How faithful an answer's map is: ``gradcam eval --prompt``'s deletion and insertion curves of the answer's
+probability (docs/vlm.md).
 
 As ``gradcam eval`` does for a class (docs/evaluation.md), the photo's pixels are taken away (deletion: set to the
 processor's mean colour, which it normalises to 0) or put back into a blurred copy (insertion), most salient first,
@@ -11,17 +12,22 @@ high area).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torchvision.transforms.functional as TF
 from PIL import Image
 
-from ..evaluation.metrics import auc, importance_ranks, step_counts
-from ..evaluation.report import BLUR_KERNEL, BLUR_SIGMA
-from ..io.images import to_pixel_tensor
-from .answer import AnswerExplainer
+from ..cam.answers import AnswerExplainer
+from ..cam.tasks.answer import EMPTY_ANSWER
+from ..errors import GradcamError, describe
+from ..io.discovery import InputImage
+from ..io.images import load_image, to_pixel_tensor
+from ..options import AnswerOptions
+from .metrics import auc, importance_ranks, step_counts
+from .report import BLUR_KERNEL, BLUR_SIGMA
 
 
 @dataclass(frozen=True)
@@ -66,3 +72,47 @@ def answer_curves(
     deletion = [score(torch.where(ranks < count, grey, pixels)) for count in counts]
     insertion = [score(torch.where(ranks < count, pixels, blurred)) for count in counts]
     return AnswerCurves(deletion, insertion)
+
+
+def answer_rows(
+    answerer: AnswerExplainer,
+    images: Sequence[InputImage],
+    question: AnswerOptions,
+    steps: int,
+    prompts: dict[str, str] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """``gradcam eval --prompt``'s rows: per image and method, the deletion and insertion curves of the answer's
+    per-token probability along its map (:func:`answer_curves`); an image that fails gives an error row."""
+    for image in images:
+        prompt = (prompts or {}).get(str(image.path), question.prompt or "")
+        try:
+            yield from _image_rows(answerer, image, prompt, question.answer, steps)
+        except GradcamError as error:
+            yield {"input": str(image.path), "status": "error", "error": str(error)}
+        except (RuntimeError, ValueError, OSError) as error:
+            message = f"{image.path}: {describe(error, str(image.path))}"
+            yield {"input": str(image.path), "status": "error", "error": message}
+
+
+def _image_rows(
+    answerer: AnswerExplainer, image: InputImage, prompt: str, answer: str | None, steps: int
+) -> Iterator[dict[str, Any]]:
+    photo = load_image(image.path)
+    result = answerer.explain(photo, prompt, answer)
+    if not result.tokens:
+        yield {"input": str(image.path), "status": "ok", "note": EMPTY_ANSWER, "answer": ""}
+        return
+    ids = [token.id for token in result.tokens]
+    for explained in result.maps:
+        curves = answer_curves(answerer, photo, prompt, ids, explained.saliency, steps)
+        yield {
+            "input": str(image.path),
+            "status": "ok",
+            "method": explained.method,
+            "prompt": prompt,
+            "answer": result.answer,
+            "deletion_auc": round(curves.deletion_auc, 6),
+            "insertion_auc": round(curves.insertion_auc, 6),
+            "deletion": [round(v, 6) for v in curves.deletion],
+            "insertion": [round(v, 6) for v in curves.insertion],
+        }

@@ -11,7 +11,7 @@ The passes go through :class:`~gradcam_cli.cam.engine.LayerCapture`: the explain
 so the backward pass runs from the score to that layer and stops there, with no parameter gradient. The layer's
 output is flattened to its tokens (L, C) and a method sees them as one (1, C, 1, L) map, so a channel weight is
 pooled over all image tokens (every tile), and the per-token map is put back on the photo through the family's
-geometry (:mod:`gradcam_cli.vlm.layouts`).
+geometry (:mod:`gradcam_cli.models.token_layouts`).
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ import torch
 from PIL import Image
 from torch import nn
 
-from ..cam.engine import LayerCapture
-from ..cam.maps import normalise
-from ..cam.methods import METHODS
 from ..errors import UsageError, suggest
 from ..models.profile import LoadedModel
 from ..models.tiles import Tile, place
 from ..targets import TargetSpec
+from .engine import LayerCapture
+from .layers import resolve_layer
+from .maps import normalise
+from .methods import METHODS, resolve_methods
 
 TEXT_KEYS = ("input_ids", "attention_mask", "rows", "cols")
 """What the processor returns besides what the model takes with the token ids."""
@@ -143,15 +144,12 @@ class AnswerExplainer:
         self.max_new_tokens, self.seed, self.eigen_smooth = max_new_tokens, seed, eigen_smooth
         self.question, self.precision = question or Question(), precision
         self.layer = layer or self.layout.default_layer
-        modules = dict(model.module.named_modules())
-        if self.layer not in modules:
-            raise UsageError(f"--layer {self.layer}: no such layer in {model.name}.{suggest(self.layer, modules)}")
-        self.module = modules[self.layer]
+        self.module = resolve_layer(model.module, self.layer)  # as an image's layer: close matches on a typo
         usable = answer_methods()
         for method in methods:
-            if method not in usable:
+            if method in METHODS and method not in usable:
                 raise UsageError(f"--method {method} does not explain an answer; use one of {', '.join(usable)}")
-        self.methods = tuple(methods)
+        self.methods = tuple(resolve_methods(list(methods), "answer", also=usable))  # names, ``all``: the registry's
         self.device = next(model.module.parameters()).device
 
     @property

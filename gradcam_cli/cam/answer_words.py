@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..targets import TargetSpec
-from .answer import AnswerExplainer, AnswerTarget
+from .answers import AnswerExplainer, AnswerTarget
 
 
 @dataclass(frozen=True)
