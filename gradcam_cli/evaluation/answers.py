@@ -87,8 +87,9 @@ def answer_rows(
         prompt = (prompts or {}).get(str(image.path), question.prompt or "")
         try:
             yield from _image_rows(answerer, image, prompt, question.answer, steps)
-        except GradcamError as error:
-            yield {"input": str(image.path), "status": "error", "error": str(error)}
+        except GradcamError as error:  # each failure line starts with its input's path (docs/cli.md)
+            message = str(error) if str(error).startswith(f"{image.path}:") else f"{image.path}: {error}"
+            yield {"input": str(image.path), "status": "error", "error": message}
         except (RuntimeError, ValueError, OSError) as error:
             message = f"{image.path}: {describe(error, str(image.path))}"
             yield {"input": str(image.path), "status": "error", "error": message}

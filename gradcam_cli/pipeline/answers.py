@@ -79,8 +79,8 @@ class AnswerRunner:
             started = time.perf_counter()
             try:
                 records = self._explain(image)
-            except GradcamError as error:
-                records = [self._record(image, "error", error=str(error))]
+            except GradcamError as error:  # each failure line starts with its input's path (docs/cli.md)
+                records = [self._record(image, "error", error=named(image, str(error)))]
             except (RuntimeError, ValueError, OSError) as error:
                 records = [self._record(image, "error", error=f"{image.path}: {describe(error, str(image.path))}")]
             seconds = round((time.perf_counter() - started) / len(records), 4)
@@ -189,6 +189,11 @@ class AnswerRunner:
     def _record(self, image: InputImage, status: str, **fields: Any) -> Record:
         model = self.explainer.model.name
         return Record(str(image.path), status, model, self.explainer.layer, **fields)
+
+
+def named(image: InputImage, message: str) -> str:
+    """``message`` starting with ``image``'s path, as every failure line does (docs/cli.md)."""
+    return message if message.startswith(f"{image.path}:") else f"{image.path}: {message}"
 
 
 def token_rows(result: AnswerExplanation) -> list[dict[str, Any]]:

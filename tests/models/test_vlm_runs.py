@@ -205,3 +205,16 @@ def test_engine_ray_is_refused_in_one_line(llava, tmp_path):
     assert result.exit_code == 2
     assert result.stderr.startswith("error: --engine ray explains images with an image model on a Ray cluster")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_each_failure_names_its_image(llava, tmp_path):
+    """Issue 41, item 8: a per-image failure (a word the answer does not hold) starts with the image's path
+    (docs/cli.md), and the batch goes on to the next image."""
+    folder = photos(tmp_path / "photos")
+    given = ["--model", llava, "--prompt", PROMPT, "--answer", "a cat", "--target", "answer:zebra"]
+    result = run(folder, *given, "-o", tmp_path / "out")
+    assert result.exit_code == 1
+    failures = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(failures) == 3, result.output
+    for line, name in zip(failures, ("a.png", "b.png", "c.png"), strict=True):
+        assert line.startswith(f"error: {folder / name}: answer:zebra"), line
