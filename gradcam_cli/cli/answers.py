@@ -86,6 +86,7 @@ def check_question(question: AnswerOptions, explain: ExplainOptions, output: Out
         raise UsageError(f"{question.given()[0]} is for a --prompt; add --prompt TEXT")
     if output.manifest is not None and output.manifest.suffix.lower() != ".jsonl":
         raise UsageError(f"--manifest {output.manifest}: with --prompt use a .jsonl file (rows carry the answer)")
+    ANSWER.check_question(explain)
     not_here = ANSWER.refused(explain)
     if not_here:
         raise UsageError(f"{not_here[0]} does not apply to a --prompt's answer (docs/vlm.md lists what does)")
@@ -151,6 +152,7 @@ def evaluate_answers(command: EvalCommand) -> int:
 
     measures = {"--boxes": options.boxes is not None, "--sanity": options.sanity, "--road": options.road}
     measures |= {"--plot": options.plot is not None, "--stability": options.stability, "--rank": command.ranking.rank}
+    adapter.check_question(explain)
     not_here = adapter.refused(explain) + [name for name, on in measures.items() if on]
     if not_here:
         raise UsageError(f"{not_here[0]} does not apply to a --prompt's answer (docs/vlm.md: deletion and insertion)")

@@ -218,3 +218,23 @@ def test_each_failure_names_its_image(llava, tmp_path):
     assert len(failures) == 3, result.output
     for line, name in zip(failures, ("a.png", "b.png", "c.png"), strict=True):
         assert line.startswith(f"error: {folder / name}: answer:zebra"), line
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        (["--prompt", "  "], "error: --prompt is blank"),
+        (["--prompt", PROMPT, "--answer", ""], "error: --answer is blank"),
+        (["--prompt", PROMPT, "--target", "class:cat"], "error: --target class:cat: a vision-language answer takes"),
+        (["--prompt", PROMPT, "--target", "text:hi"], "error: --target text:hi: a vision-language answer takes"),
+    ],
+)
+def test_a_question_no_image_can_be_asked_is_refused_once_at_start(tmp_path, given, said):
+    """Issue 41, item 7: a blank question or answer, or a target that is not the answer's, is a usage mistake: one
+    line and exit code 2 before any model loads (the folder named need not even exist), not exit 1 per image."""
+    folder = photos(tmp_path / "photos")
+    result = run(folder, "--model", f"hf:{tmp_path / 'no-such-model'}", *given, "-o", tmp_path / "out")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(said), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

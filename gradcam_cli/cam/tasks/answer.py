@@ -62,6 +62,19 @@ class AnswerTask(TaskAdapter):
         given = [name for name, value in values.items() if value is not None]
         return given + (["--aug-smooth"] if explain.aug_smooth else [])
 
+    def check_question(self, explain: ExplainOptions) -> None:
+        """Refuse, in one line and before the model loads, a question no image can be asked: a blank ``--prompt``
+        or ``--answer``, a ``--target`` that is not the answer's (``answer:WORD``, ``contrast:answer:A,answer:B``)."""
+        question = explain.question
+        for name, value in (("--prompt", question.prompt), ("--answer", question.answer)):
+            if value is not None and not value.strip():
+                raise UsageError(f"{name} is blank; give the text to {'ask' if name == '--prompt' else 'explain'}")
+        for spec in explain.targets:
+            if spec.kinds() != {"answer"}:
+                raise UsageError(
+                    f"--target {spec}: a vision-language answer takes answer:WORD or contrast:answer:A,answer:B"
+                )
+
     def answerer(self, model: ModelOptions, explain: ExplainOptions) -> AnswerExplainer:
         """The explainer of ``explain``'s question, its model loaded by the family registry."""
         from dataclasses import replace
