@@ -102,6 +102,8 @@ def ask(command: Command) -> int:
     reporter, inputs, model, explain = command.reporter, command.inputs, command.model_options, command.explain_options
     output, run, question = command.output, command.run_options, explain.question
     check_question(question, explain, output, run)
+    if model.input_size is not None:
+        raise UsageError("--input-size does not apply to a --prompt's answer: the model's processor sizes the image")
     from ..cam.tasks.answer import ANSWER as adapter
     from ..pipeline.session import Session
 
@@ -152,10 +154,11 @@ def evaluate_answers(command: EvalCommand) -> int:
 
     measures = {"--boxes": options.boxes is not None, "--sanity": options.sanity, "--road": options.road}
     measures |= {"--plot": options.plot is not None, "--stability": options.stability, "--rank": command.ranking.rank}
-    adapter.check_question(explain)
+    measures |= {"--target": bool(explain.targets)}  # the whole answer's map is measured
     not_here = adapter.refused(explain) + [name for name, on in measures.items() if on]
     if not_here:
         raise UsageError(f"{not_here[0]} does not apply to a --prompt's answer (docs/vlm.md: deletion and insertion)")
+    adapter.check_question(explain)
     images = discover(command.inputs)
     if not images:
         raise UsageError(f"no images found in {' '.join(command.inputs)}")

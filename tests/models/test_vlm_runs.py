@@ -238,3 +238,23 @@ def test_a_question_no_image_can_be_asked_is_refused_once_at_start(tmp_path, giv
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith(said), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    ("app_module", "given", "said"),
+    [
+        ("gradcam_cli.cli", ["--attention-heads", "max"], "error: --attention-heads does not apply to a --prompt's"),
+        ("gradcam_cli.cli", ["--input-size", "64"], "error: --input-size does not apply to a --prompt's answer"),
+        ("gradcam_cli.cli.eval", ["--target", "class:foo"], "error: --target does not apply to a --prompt's answer"),
+        ("gradcam_cli.cli.eval", ["--target", "answer:cat"], "error: --target does not apply to a --prompt's answer"),
+    ],
+)
+def test_an_option_a_question_does_not_take_is_refused(tmp_path, app_module, given, said):
+    """Issue 41, item 9: options that were silently ignored with ``--prompt`` (``--attention-heads``,
+    ``--input-size``; ``gradcam eval --prompt``'s ``--target``, which measures the whole answer's map) are refused in
+    one line, exit code 2, before the model loads."""
+    folder = photos(tmp_path / "photos")
+    result = command(app_module, folder, "--model", f"hf:{tmp_path / 'none'}", "--prompt", PROMPT, *given)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(said), result.stderr

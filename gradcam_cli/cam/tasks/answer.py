@@ -58,6 +58,7 @@ class AnswerTask(TaskAdapter):
             "--score-threshold": explain.score_threshold,
             "--max-detections": explain.max_detections,
             "--embedding": explain.embedding,
+            "--attention-heads": explain.attention_heads,
         }
         given = [name for name, value in values.items() if value is not None]
         return given + (["--aug-smooth"] if explain.aug_smooth else [])
