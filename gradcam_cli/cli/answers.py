@@ -152,8 +152,8 @@ def evaluate_answers(command: EvalCommand) -> int:
     from ..evaluation.answers import answer_rows
     from ..io.discovery import discover
 
-    measures = {"--boxes": options.boxes is not None, "--sanity": options.sanity, "--road": options.road}
-    measures |= {"--plot": options.plot is not None, "--stability": options.stability, "--rank": command.ranking.rank}
+    measures = {"--rank": command.ranking.rank, "--boxes": options.boxes is not None, "--road": options.road}
+    measures |= {"--plot": options.plot is not None, "--stability": options.stability, "--sanity": options.sanity}
     measures |= {"--target": bool(explain.targets)}  # the whole answer's map is measured
     not_here = adapter.refused(explain) + [name for name, on in measures.items() if on]
     if not_here:

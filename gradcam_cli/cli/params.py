@@ -148,7 +148,7 @@ def parse_attention_heads(text: str) -> str:
     from ..cam.attention.tokens import HEAD_FUSIONS
 
     if text not in HEAD_FUSIONS:
-        raise typer.BadParameter(f"{text!r} is not one of {', '.join(HEAD_FUSIONS)}{suggest(text, HEAD_FUSIONS)}")
+        raise typer.BadParameter(f"{text!r} is not one of {', '.join(HEAD_FUSIONS)}.{suggest(text, HEAD_FUSIONS)}")
     return text
 
 

@@ -25,7 +25,9 @@ def read_prompts(path: Path) -> list[tuple[Path, str]]:
     for number, fields in enumerate(lines, 1):
         if not fields or (number == 1 and [f.strip().lower() for f in fields] == HEADER):
             continue
-        if len(fields) != 2 or not fields[0].strip() or not fields[1].strip():
+        if len(fields) == 2 and fields[0].strip() and not fields[1].strip():
+            raise UsageError(f"--prompts {path}, line {number}: the prompt for {fields[0].strip()} is empty")
+        if len(fields) != 2 or not fields[0].strip():
             raise UsageError(f"--prompts {path}, line {number}: expected image,prompt (quote a prompt with commas)")
         image = Path(fields[0].strip())
         image = image if image.is_absolute() else path.parent / image

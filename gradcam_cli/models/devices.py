@@ -22,7 +22,7 @@ def resolve_device(choice: str = "auto") -> torch.device:
     device = torch.device(choice)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise UsageError("--device cuda was asked for, but no CUDA GPU is available; use --device cpu")
+            raise UsageError(f"--device {choice} was asked for, but no CUDA GPU is available; use --device cpu")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise UsageError(f"--device {choice}: only {torch.cuda.device_count()} CUDA device(s) present")
     if device.type == "mps" and not torch.backends.mps.is_available():

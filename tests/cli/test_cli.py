@@ -270,6 +270,11 @@ def test_cuda_without_cuda_is_a_one_line_usage_error(images, labels, tmp_path, m
     assert stderr_lines(result) == [
         "error: --device cuda was asked for, but no CUDA GPU is available; use --device cpu"
     ]
+    result = run(images / "wide.png", *square_args(labels, tmp_path / "out3", "--device", "cuda:3"))
+    assert result.exit_code == EXIT_USAGE  # the device as given (issue 41, item 17)
+    assert stderr_lines(result) == [
+        "error: --device cuda:3 was asked for, but no CUDA GPU is available; use --device cpu"
+    ]
 
 
 @pytest.mark.quick

@@ -84,6 +84,7 @@ def test_each_head_fusion_follows_its_formula_on_the_command_line(tmp_path: Path
     ("args", "message"),
     [
         (("--method", "rollout", "--attention-heads", "maxx"), "'maxx' is not one of mean, max, min"),
+        (("--method", "rollout", "--attention-heads", "mx"), "'mx' is not one of mean, max, min. Did you mean: max"),
         (
             ("--method", "attn-grad", "--attention-heads", "max"),
             "--attention-heads is for --method rollout or attention",

@@ -258,3 +258,21 @@ def test_an_option_a_question_does_not_take_is_refused(tmp_path, app_module, giv
     result = command(app_module, folder, "--model", f"hf:{tmp_path / 'none'}", "--prompt", PROMPT, *given)
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith(said), result.stderr
+
+
+@pytest.mark.quick
+def test_prompts_messages_name_what_was_given(tmp_path):
+    """Issue 41, item 17: an empty prompt in ``--prompts`` says so (not "quote a prompt with commas"), and
+    ``--prompts`` with a model that is no vision-language model names ``--prompts``, not ``--prompt``."""
+    folder = photos(tmp_path / "photos")
+    pairs = folder / "pairs.csv"
+    pairs.write_text("a.png,\n", encoding="utf-8")
+    result = run("--model", f"hf:{tmp_path / 'none'}", "--prompts", pairs)
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"error: --prompts {pairs}, line 1: the prompt for a.png is empty"
+    pairs.write_text("a.png,what is it?\n", encoding="utf-8")
+    result = run("--model", "resnet18", "--weights", "none", "--prompts", pairs, "-o", tmp_path / "out")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        "error: --prompts asks a vision-language model (hf:DIR: docs/vlm.md); resnet18 is a torchvision model"
+    )

@@ -89,9 +89,10 @@ class AnswerTask(TaskAdapter):
         if len(explain.layers) > 1:
             raise UsageError("--prompt explains one --layer at a time")
         family = family_of(model.model)
+        asked = "--prompt" if explain.question.prompts is None else "--prompts"
         if not family.answers:
             raise UsageError(
-                f"--prompt asks a vision-language model (hf:DIR: docs/vlm.md); {model.model} is a {family.name} model"
+                f"{asked} asks a vision-language model (hf:DIR: docs/vlm.md); {model.model} is a {family.name} model"
             )
         vlm = load_model(replace(model, task=self.name))
         settle_loaded(vlm.module, resolve_device(model.device))
