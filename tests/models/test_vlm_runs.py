@@ -248,6 +248,7 @@ def test_a_question_no_image_can_be_asked_is_refused_once_at_start(tmp_path, giv
         ("gradcam_cli.cli", ["--input-size", "64"], "error: --input-size does not apply to a --prompt's answer"),
         ("gradcam_cli.cli.eval", ["--target", "class:foo"], "error: --target does not apply to a --prompt's answer"),
         ("gradcam_cli.cli.eval", ["--target", "answer:cat"], "error: --target does not apply to a --prompt's answer"),
+        ("gradcam_cli.cli.eval", ["--rank"], "error: --rank does not apply to a --prompt's answer"),  # not --sanity
     ],
 )
 def test_an_option_a_question_does_not_take_is_refused(tmp_path, app_module, given, said):
