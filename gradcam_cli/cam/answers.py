@@ -145,6 +145,12 @@ class AnswerExplainer:
         self.question, self.precision = question or Question(), precision
         self.layer = layer or self.layout.default_layer
         self.module = resolve_layer(model.module, self.layer)  # as an image's layer: close matches on a typo
+        if id(self.module) in language_modules(model.module):
+            raise UsageError(
+                f"--layer {self.layer} is part of the language model: its tokens are the prompt's and the answer's, "
+                f"not the photo's; choose a layer of the vision tower or the projector, such as "
+                f"{self.layout.default_layer}"
+            )
         usable = answer_methods()
         for method in methods:
             if method in METHODS and method not in usable:
@@ -370,6 +376,18 @@ class AnswerExplainer:
             f"the answer does not depend on --layer {self.layer}'s output (the model does not read it, or reads it "
             f"another way); choose another, such as {self.layout.default_layer}"
         )
+
+
+def language_modules(module: nn.Module) -> set[int]:
+    """The ids of a vision-language model's language side: its decoder (transformers' ``get_decoder``, every module
+    in it) and its input and output embeddings (``embed_tokens``, ``lm_head``): no layer there lies on the photo."""
+    found: set[int] = set()
+    for getter in ("get_decoder", "get_input_embeddings", "get_output_embeddings"):
+        get = getattr(module, getter, None)
+        part = get() if callable(get) else None
+        if isinstance(part, nn.Module):
+            found |= {id(inner) for inner in part.modules()}
+    return found
 
 
 def placeholder_ids(config: Any) -> list[int]:

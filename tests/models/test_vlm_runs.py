@@ -277,3 +277,26 @@ def test_prompts_messages_name_what_was_given(tmp_path):
     assert result.stderr.strip() == (
         "error: --prompts asks a vision-language model (hf:DIR: docs/vlm.md); resnet18 is a torchvision model"
     )
+
+
+@pytest.mark.parametrize(
+    ("family", "layer"),
+    [
+        ("llava", "lm_head"),
+        ("llava", "model.language_model.layers.0"),
+        ("llava", "model.language_model.embed_tokens"),
+        ("idefics3", "model.text_model.layers.1"),
+        ("qwen2_vl", "model.language_model.layers.0"),
+    ],
+)
+def test_a_language_model_layer_is_refused_at_start(tmp_path, family, layer):
+    """Issue 41, item 5: a layer of the language model (its tokens are the prompt's and the answer's, not the
+    photo's) is refused in one line, exit code 2, for every family alike, instead of drawing text tokens on the
+    photo as if they were patches."""
+    folder = getattr(vlm_models, family)(tmp_path / family)
+    image = photos(tmp_path / "photos") / "a.png"
+    result = run(image, "--model", f"hf:{folder}", "--prompt", PROMPT, "--layer", layer, "-o", tmp_path / "out")
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: --layer {layer} is part of the language model")
+    assert not list((tmp_path / "out").glob("*.png"))
