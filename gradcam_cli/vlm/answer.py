@@ -278,7 +278,7 @@ class AnswerExplainer:
         activations, gradients, logprobs = self.gradients(inputs, ids, targets)
         decode = self.tokenizer.decode
         tokens = [AnswerToken(decode([t]), t, float(lp)) for t, lp in zip(ids, logprobs, strict=True)]
-        text = decode(ids, skip_special_tokens=True).strip()
+        text = decode(ids, skip_special_tokens=True).strip() or decode(ids).strip()  # special alone: shown
         result = AnswerExplanation(prompt, text, generated, tokens, self.layer)
         for target, (score, gradient) in zip(targets, gradients, strict=True):
             for method in self.methods:

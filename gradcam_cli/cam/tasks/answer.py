@@ -70,6 +70,7 @@ class AnswerTask(TaskAdapter):
 
         from ...models.devices import resolve_device
         from ...models.families import family_of
+        from ...models.families.vision_language import not_answering
         from ...models.loading import load_model
         from ...models.modes import settle_loaded
         from ...vlm.answer import AnswerExplainer, Question
@@ -78,9 +79,7 @@ class AnswerTask(TaskAdapter):
             raise UsageError("--prompt explains one --layer at a time")
         family = family_of(model.model)
         if not family.answers:
-            raise UsageError(
-                f"--prompt asks a vision-language model (hf:DIR: docs/vlm.md); {model.model} is a {family.name} model"
-            )
+            raise not_answering(model.model, family.name)
         vlm = load_model(replace(model, task=self.name))
         settle_loaded(vlm.module, resolve_device(model.device))
         question = Question(explain.question.answer, explain.question.per_token, tuple(explain.targets))
