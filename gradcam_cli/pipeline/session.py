@@ -312,7 +312,8 @@ class Session:
         if self.output.skip_existing and explainer.options.targets and self.output.manifest is None:
             # file names carry a class, not a target
             raise UsageError("--skip-existing with --target needs --manifest: skipped images' rows come from it")
-        self._record(record | {"precision": explainer.chosen.precision})
+        methods = list(explainer.chosen.methods)  # a resumed run keeps every earlier method's rows (check_run_record)
+        self._record(record | {"precision": explainer.chosen.precision, "methods": methods})
         self.provenance = run_provenance(explainer, self.run)
         self._started = True
 
