@@ -26,8 +26,8 @@ from torch import nn
 from gradcam_cli.cam.attention.discovery import AttentionModel, attention_model, attention_sites
 from gradcam_cli.cam.engine import LayerCapture
 from gradcam_cli.cam.explainer import Explainer
-from gradcam_cli.errors import UsageError
 from gradcam_cli.cam.maps import upsample
+from gradcam_cli.errors import UsageError
 from gradcam_cli.io.images import InputSpec, load_image, to_input_tensor
 from gradcam_cli.models.loading import LoadedModel, load_model
 from gradcam_cli.options import ModelOptions
