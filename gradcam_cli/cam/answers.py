@@ -28,6 +28,7 @@ from ..errors import UsageError, suggest
 from ..models.profile import LoadedModel
 from ..models.tiles import Tile, place
 from ..targets import TargetSpec
+from .answer_model import language_modules, placeholder_ids, stop_ids
 from .engine import LayerCapture
 from .layers import resolve_layer
 from .maps import normalise
@@ -199,7 +200,7 @@ class AnswerExplainer:
                 suppress_tokens=placeholder_ids(module.config),
             )
         new = output[0, inputs["input_ids"].shape[1] :].tolist()
-        stops = _stop_ids(module, self.tokenizer)
+        stops = stop_ids(module, self.tokenizer)
         while new and new[-1] in stops:
             new.pop()
         return [int(token) for token in new]
@@ -282,7 +283,7 @@ class AnswerExplainer:
         activations, gradients, logprobs = self.gradients(inputs, ids, targets)
         decode = self.tokenizer.decode
         tokens = [AnswerToken(decode([t]), t, float(lp)) for t, lp in zip(ids, logprobs, strict=True)]
-        text = decode(ids, skip_special_tokens=True).strip()
+        text = decode(ids, skip_special_tokens=True).strip() or decode(ids).strip()  # special alone: shown
         result = AnswerExplanation(prompt, text, generated, tokens, self.layer)
         for target, (score, gradient) in zip(targets, gradients, strict=True):
             for method in self.methods:
@@ -376,37 +377,3 @@ class AnswerExplainer:
             f"the answer does not depend on --layer {self.layer}'s output (the model does not read it, or reads it "
             f"another way); choose another, such as {self.layout.default_layer}"
         )
-
-
-def language_modules(module: nn.Module) -> set[int]:
-    """The ids of a vision-language model's language side: its decoder (transformers' ``get_decoder``, every module
-    in it) and its input and output embeddings (``embed_tokens``, ``lm_head``): no layer there lies on the photo."""
-    found: set[int] = set()
-    for getter in ("get_decoder", "get_input_embeddings", "get_output_embeddings"):
-        get = getattr(module, getter, None)
-        part = get() if callable(get) else None
-        if isinstance(part, nn.Module):
-            found |= {id(inner) for inner in part.modules()}
-    return found
-
-
-def placeholder_ids(config: Any) -> list[int]:
-    """The ids of the image (and video) placeholder tokens a model's configuration names."""
-    names = ("image_token_index", "image_token_id", "video_token_id")
-    return [int(value) for value in (getattr(config, name, None) for name in names) if isinstance(value, int)]
-
-
-def _stop_ids(module: Any, tokenizer: Any) -> set[int]:
-    """The ids that end a generated answer: the generation config's end-of-sequence ids, the tokenizer's, padding."""
-    ids: set[int] = set()
-    for value in (
-        getattr(module.generation_config, "eos_token_id", None),
-        getattr(module.generation_config, "pad_token_id", None),
-        tokenizer.eos_token_id,
-        tokenizer.pad_token_id,
-    ):
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list):
-            ids.update(int(v) for v in value)
-    return ids

@@ -5,7 +5,6 @@ Torch is imported only after the options are parsed, so ``--help`` and option mi
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -28,7 +27,7 @@ from ..options import (
 from . import answers, params
 from .help import PanelledCommand
 from .input_size import InputSizeOpt
-from .lines import layer_line, layer_row, report_record
+from .lines import report_record
 from .params import refuse
 from .reporting import (
     PassProgress,
@@ -322,33 +321,9 @@ class ExplainCommand:
         return EXIT_OK
 
     def list_layers(self) -> int:
-        from ..cam.layers import layer_table
-        from ..cam.tasks import adapter_for
-        from ..io.discovery import discover
-        from ..models.devices import resolve_device
-        from ..models.loading import load_model
+        from .layer_list import list_layers
 
-        images = discover(self.inputs) if self.inputs else []
-        device = resolve_device(self.model_options.device)
-        loaded = load_model(self.model_options, architecture_only=True)  # the layers need no weights
-        loaded.module.to(device)
-        adapter = adapter_for(loaded)
-        infos, chosen = layer_table(
-            loaded, device, images[0].path if images else None, adapter.tokens, adapter.layer_scopes
-        )
-        for info in infos:
-            if self.reporter.as_json:
-                self.reporter.emit(json.dumps({**layer_row(info), "default": info.name in chosen.split("+")}))
-            else:
-                self.reporter.emit(layer_line(info, chosen))
-        if not self.reporter.as_json:
-            self.reporter.emit("")
-            self.reporter.emit(
-                "* default layer   + candidate (spatial output: N,C,H,W, channel-last N,H,W,C or ViT tokens N,L,C; "
-                "more than one position)   xN: runs N times per forward (its last call is explained)   "
-                "attention: read by rollout, attn-grad, attention and legrad"
-            )
-        return EXIT_OK
+        return list_layers(self.reporter, self.model_options, self.inputs)
 
     def run(self) -> int:
         from ..cam.explainer import Explainer

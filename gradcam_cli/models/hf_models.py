@@ -55,8 +55,8 @@ def load_hf(model: str, weights: str, num_classes: int | None, architecture_only
         raise missing_extra(model, "hf") from error
     check_num_classes(model, weights, num_classes)
     own_weights = weights.upper() == "DEFAULT" and not architecture_only
-    folder = _folder(model, own_weights)
-    with _quiet_transformers():
+    folder = hf_folder(model, own_weights)
+    with quiet_transformers():
         config = _load(model, lambda: AutoConfig.from_pretrained(folder))
         kind = _kind(model, config)
         auto: Any = AutoModel if kind != "classify" else _teacher_class(config) or AutoModelForImageClassification
@@ -139,7 +139,21 @@ def _triple(values: Any) -> tuple[float, float, float]:
     return first, second, third
 
 
-def _folder(model: str, weights: bool = True) -> str:
+def config_type(model: str) -> str:
+    """The ``model_type`` of ``hf:PATH``'s configuration (its configuration files alone read, or downloaded for an
+    uncached hub id); the error loading the model would give when there is none to read: no such folder, a folder
+    without ``config.json``, a configuration transformers cannot read, a hub id neither cached nor downloadable."""
+    try:
+        from transformers import AutoConfig
+    except ImportError as error:
+        raise missing_extra(model, "hf") from error
+    folder = hf_folder(model, weights=False)
+    with quiet_transformers():
+        config = _load(model, lambda: AutoConfig.from_pretrained(folder))
+    return str(getattr(config, "model_type", "") or "unknown")
+
+
+def hf_folder(model: str, weights: bool = True) -> str:
     """The local folder of ``hf:PATH``: PATH itself, or the cached (else downloaded) snapshot of hub id PATH (its
     configuration files alone when ``weights`` are not needed)."""
     target = model.removeprefix(HF_PREFIX)
@@ -197,7 +211,7 @@ def _kind(model: str, config: Any) -> str:
 
 
 @contextmanager
-def _quiet_transformers() -> Iterator[None]:
+def quiet_transformers() -> Iterator[None]:
     """No progress bars and no warnings from transformers while loading: stderr is for the tool's own messages."""
     from transformers.utils import logging
 

@@ -273,6 +273,7 @@ def check_run_record(output_dir: Path, record: dict[str, Any]) -> None:
     ]
     if earlier.get("format") != record["format"]:  # the quality of another format is beside the point
         differences = [difference for difference in differences if difference[0] != "quality"]
+    _check_methods(output_dir, earlier.get("methods"), record.get("methods"))
     if differences:
         made = ", ".join(f"{RECORD_LABELS[k]} {_shown(old)} (this run: {_shown(new)})" for k, old, new in differences)
         if all(key in RESUMING_OPTIONS for key, _, _ in differences):  # e.g. a folder made before a default changed
@@ -281,6 +282,22 @@ def check_run_record(output_dir: Path, record: dict[str, Any]) -> None:
         else:
             advice = "choose another --output-dir or run without --skip-existing"
         raise UsageError(f"--skip-existing: the outputs in {output_dir} were made with {made}; {advice}")
+
+
+def _check_methods(output_dir: Path, earlier: Any, methods: Any) -> None:
+    """A :class:`UsageError` when an earlier run in ``output_dir`` made maps with a method this run leaves out:
+    resuming it would replace each re-explained image's rows, theirs included, in the manifest and the gallery."""
+    if not isinstance(earlier, list) or not isinstance(methods, list):
+        return  # an older run record, or a run of prompted images (answered again with this run's methods)
+    left_out = [str(method) for method in earlier if method not in methods]
+    if left_out:
+        both = ",".join([*map(str, methods), *left_out])
+        raise UsageError(
+            f"--skip-existing: the outputs in {output_dir} were made with --method {','.join(map(str, earlier))}; "
+            f"resuming with --method {','.join(map(str, methods))} would drop the rows of {', '.join(left_out)} "
+            f"from the manifest and the gallery: add --method {both}, choose another --output-dir, or run without "
+            "--skip-existing"
+        )
 
 
 def read_run_record(output_dir: Path) -> dict[str, Any]:

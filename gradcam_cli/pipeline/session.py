@@ -306,7 +306,9 @@ class Session:
         if self.output.skip_existing and explainer.options.targets and self.output.manifest is None:
             # file names carry a class, not a target
             raise UsageError("--skip-existing with --target needs --manifest: skipped images' rows come from it")
-        self._begin(record | {"precision": explainer.chosen.precision}, run_provenance(explainer, self.run))
+        methods = list(explainer.chosen.methods)  # a resumed run keeps every earlier method's rows (check_run_record)
+        record |= {"precision": explainer.chosen.precision, "methods": methods}
+        self._begin(record, run_provenance(explainer, self.run))
 
     def _begin(self, record: dict[str, Any], provenance: dict[str, Any]) -> None:
         """Check ``record`` against the folder's, write it and note the ``provenance`` every row carries."""

@@ -24,6 +24,7 @@ tests passed while ``gradcam IMG --model efficientnet_b0 --layer features.8.0`` 
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from collections.abc import Callable, Iterator
@@ -57,6 +58,12 @@ ROBUST = ("gradcam", "hirescam", "layercam")
 where a divisor comes near zero, rounding alone (folded or not, channels-last or not; a random network's gradients
 at its middle layers differ by up to ~1e-2 between such paths) moves the map, so their maps are compared only where
 the formula is well conditioned there."""
+ROUNDING_SPREAD = 4.0
+"""How much further than the float32 references' maps the command's may lie from the exact (float64) one, in
+1 - Pearson (which grows with the square of the error: 4 = twice the error). See :func:`check_rows`."""
+ROUNDING_BATCHES = (4, 1)
+"""The batch sizes of the float32 references besides the whole set at once: the command's (4, and a last one of
+1). Rounding differs with the batch (the kernels split their reductions by it)."""
 PERTURBATION, STABLE = 1e-2, 0.9999
 """Well conditioned: perturbing every activation and gradient by a relative 1e-2 (seeded noise) keeps the reference
 map at Pearson >= 0.9999 with itself. Measured over the whole sweep: 993 Grad-CAM++ and 338 XGrad-CAM maps so
@@ -154,6 +161,22 @@ def reference_maps(model: nn.Module, layer: nn.Module, inputs: torch.Tensor, tar
     return {"maps": maps, "logits": logits.detach(), "conditioned": conditioned}
 
 
+def float32_maps(model: nn.Module, layer: str, inputs: torch.Tensor, targets: list[int], batch: int) -> dict:
+    """:func:`reference_maps`' maps of ``inputs`` run in batches of ``batch``, joined."""
+    parts = [
+        reference_maps(model, model.get_submodule(layer), inputs[i : i + batch], targets[i : i + batch])["maps"]
+        for i in range(0, len(targets), batch)
+    ]
+    return {method: torch.cat([part[method] for part in parts]) for method in parts[0]}
+
+
+def exact_maps(model: nn.Module, layer: str, inputs: torch.Tensor, targets: list[int]) -> dict[str, torch.Tensor]:
+    """:func:`reference_maps`' maps computed in float64 throughout (a float64 copy of the model): the exact maps,
+    up to float64's rounding (u = 1.1e-16, nine orders of magnitude below float32's)."""
+    exact = copy.deepcopy(model).double()
+    return reference_maps(exact, exact.get_submodule(layer), inputs.double(), targets)["maps"]
+
+
 def formula_maps(a: torch.Tensor, g: torch.Tensor, size: torch.Size) -> dict[str, torch.Tensor]:
     """Each method's (N, H, W) map from activations and gradients (N, C, h, w), by its paper's formula."""
     totals = a.sum(dim=(2, 3), keepdim=True)
@@ -207,7 +230,19 @@ def run_cli(subject: Subject, layer: str, inputs: Path, out: Path, *more: str) -
 
 
 def check_rows(subject: Subject, layer: str, rows: list[dict], count: int) -> None:
-    """Every row's map against the reference, for the class the command chose."""
+    """Every row's map against the exact (float64) reference, for the class the command chose.
+
+    The tolerance follows from float32 arithmetic, not from a machine: the command computes the map in float32
+    with its own reduction orders (its thread count, channels-last batches of 4, folded batch norms), and none of
+    them is exact. How far float32 rounding moves a map depends on how well conditioned the network and the formula
+    are there (a random network's middle layers, channels that nearly cancel), so it is measured on the map
+    itself: d = the largest 1 - Pearson(float32 reference, float64 reference) over the references computed in
+    float32 with the whole set as one batch and in batches of :data:`ROUNDING_BATCHES`, the orders float32
+    accumulation takes for this network and image. The command's map must reach Pearson >= min(PEARSON_MIN, 1 -
+    ROUNDING_SPREAD d) with the exact one: a well-conditioned map (d ~ 1e-6) is held to PEARSON_MIN. timm's
+    efficientnet_b0 at ``blocks.5`` has Grad-CAM maps with d up to 2e-3 (image16: 2e-6 in one batch of 33, 1.5e-3
+    in batches of 4, as one thread computes them). Grad-CAM++ and XGrad-CAM maps that a relative 1e-2 can turn over
+    are still left out (:data:`ROBUST`)."""
     index = {path.name: i for i, path in enumerate(subject.images)}
     chosen: dict[int, int] = {}
     for row in rows:
@@ -216,6 +251,12 @@ def check_rows(subject: Subject, layer: str, rows: list[dict], count: int) -> No
     order = sorted(chosen)
     targets = [chosen[i] for i in order]
     reference = reference_maps(subject.model, subject.model.get_submodule(layer), subject.inputs[order], targets)
+    exact = exact_maps(subject.model, layer, subject.inputs[order], targets)
+    rounded = [reference["maps"]] + [
+        float32_maps(subject.model, layer, subject.inputs[order], targets, batch)
+        for batch in ROUNDING_BATCHES
+        if batch < count
+    ]
     logits = reference["logits"]
     top = logits.max(dim=1).values
     picked = logits[torch.arange(len(order)), torch.tensor(targets)]
@@ -227,12 +268,14 @@ def check_rows(subject: Subject, layer: str, rows: list[dict], count: int) -> No
             continue
         compared[row["method"]] += 1
         ours = np.load(next(p for p in row["outputs"] if p.endswith(".npy")))
-        expected = reference["maps"][row["method"]][n]
+        expected = exact[row["method"]][n]
         where = f"{subject.name} {layer} {row['method']} {Path(row['input']).name}"
         if float(expected.max() - expected.min()) < 1e-6:  # an all-zero map: nothing to correlate
             assert float(np.abs(ours).max()) < 1e-6, where
             continue
-        assert pearson(ours, expected) >= PEARSON_MIN, where
+        spread = max(1 - pearson(maps[row["method"]][n], expected) for maps in rounded)
+        threshold = min(PEARSON_MIN, 1 - ROUNDING_SPREAD * spread)
+        assert pearson(ours, expected) >= threshold, where
     assert all(compared[m] == count for m in ROBUST), compared
 
 

@@ -1,5 +1,5 @@
-"""An answer's words (gradcam_cli/vlm/words.py): tokens grouped as the decoded answer reads, for the two ways real
-tokenizers mark blanks (GPT-2's byte-level ``Ġ``, SentencePiece's ``▁``), with tokenizers trained here."""
+"""An answer's words (gradcam_cli/cam/answer_words.py): tokens grouped as the decoded answer reads, for the two
+ways real tokenizers mark blanks (GPT-2's byte-level ``Ġ``, SentencePiece's ``▁``), with tokenizers trained here."""
 
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ import vlm_models
 from PIL import Image
 from vlm_models import load_vlm
 
-from gradcam_cli.cam.answers import AnswerExplainer, placeholder_ids
+from gradcam_cli.cam.answer_model import placeholder_ids
+from gradcam_cli.cam.answers import AnswerExplainer
 from gradcam_cli.evaluation.answers import answer_curves
 from gradcam_cli.targets import TargetSpec
 
@@ -238,11 +239,12 @@ def test_the_vision_language_family_claims_such_folders_before_the_hf_family(fol
     assert family_of(f"hf:{tmp_path}").name == "hf"  # no config.json: not one
     image = tmp_path / "photo.png"
     photo().save(image)
-    for more in ([], ["--list-layers"]):
-        result = run(image, "--model", f"hf:{folder}", *more)
-        assert result.exit_code == 2 and result.stderr.endswith(
-            "vision-language model; ask it about the image with --prompt TEXT\n"
-        )
+    result = run(image, "--model", f"hf:{folder}")
+    assert result.exit_code == 2 and result.stderr.endswith(
+        "vision-language model; ask it about the image with --prompt TEXT\n"
+    )
+    result = run(image, "--model", f"hf:{folder}", "--list-layers")  # its layers need no prompt (issue 41)
+    assert result.exit_code == 0 and "* model." in result.stdout
 
 
 def test_command_line_refusals(tmp_path):
@@ -425,7 +427,7 @@ def evaluate(*args) -> object:
 
 
 def test_eval_measures_the_answers_deletion_and_insertion_on_the_command_line(tmp_path):
-    """gradcam eval --prompt: per image and method, the curves of vlm/faithfulness.py's answer_curves (the same
+    """gradcam eval --prompt: per image and method, the curves of evaluation/answers.py's answer_curves (the same
     numbers), their means; options of a class's protocol refused in one line."""
     import json
 

@@ -314,6 +314,33 @@ def test_skip_existing_refuses_outputs_made_with_other_settings(tmp_path, images
     assert json.loads((out / RUN_RECORD_NAME).read_text())["alpha"] == 0.3
 
 
+@pytest.mark.quick
+def test_resuming_with_another_method_is_refused_and_with_both_keeps_both(tmp_path, images):
+    """Issue 41, item 16: a resume with --method layercam after a --method gradcam run would replace each image's
+    rows (gradcam's with them) in the manifest and the gallery: refused in one line, exit 2, nothing changed;
+    resumed with both methods, the manifest and the gallery have both methods' rows for every image."""
+    out, manifest = tmp_path / "out", tmp_path / "out" / "rows.jsonl"
+    common = ("-o", out, "--manifest", manifest, "--report")
+    assert gradcam(tmp_path, *common, "--method", "gradcam").exit_code == 0
+    before = manifest.read_text()
+    other = gradcam(tmp_path, *common, "--method", "layercam", "--skip-existing")
+    assert other.exit_code == 2 and other.stderr == (
+        f"error: --skip-existing: the outputs in {out} were made with --method gradcam; resuming with --method "
+        "layercam would drop the rows of gradcam from the manifest and the gallery: add --method layercam,gradcam, "
+        "choose another --output-dir, or run without --skip-existing\n"
+    )
+    assert manifest.read_text() == before
+    both = gradcam(tmp_path, *common, "--method", "layercam,gradcam", "--skip-existing")
+    assert both.exit_code == 0, both.output
+    methods = {(Path(row["input"]).name, row["method"]) for row in jsonl(manifest)}
+    assert methods == {(f"{name}.png", method) for name in "abCde" for method in ("gradcam", "layercam")}
+    page = (out / "index.html").read_text()
+    entries = json.loads(re.search(r'id="gallery-data" type="application/json">(.*?)</script>', page, re.S).group(1))
+    assert len(entries) == 5 and all(len(entry["views"]) == 2 for entry in entries)
+    again = gradcam(tmp_path, *common, "--method", "gradcam,layercam", "--skip-existing")  # any order: resumes
+    assert again.exit_code == 0 and "5 skipped" in again.stderr
+
+
 def test_skip_existing_refuses_another_layer(tmp_path, images):
     out = tmp_path / "out"
     assert gradcam(tmp_path, "-o", out, "--layer", "features", "--format", "png").exit_code == 0

@@ -82,6 +82,7 @@ class AnswerTask(TaskAdapter):
 
         from ...models.devices import resolve_device
         from ...models.families import family_of
+        from ...models.families.vision_language import not_answering
         from ...models.loading import load_model
         from ...models.modes import settle_loaded
         from ..answers import AnswerExplainer, Question
@@ -91,9 +92,7 @@ class AnswerTask(TaskAdapter):
         family = family_of(model.model)
         asked = "--prompt" if explain.question.prompts is None else "--prompts"
         if not family.answers:
-            raise UsageError(
-                f"{asked} asks a vision-language model (hf:DIR: docs/vlm.md); {model.model} is a {family.name} model"
-            )
+            raise not_answering(model.model, family.name, asked)
         vlm = load_model(replace(model, task=self.name))
         settle_loaded(vlm.module, resolve_device(model.device))
         question = Question(explain.question.answer, explain.question.per_token, tuple(explain.targets))

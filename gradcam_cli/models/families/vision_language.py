@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 
-from ...errors import ModelLoadError, UsageError, describe
+from ...errors import GradcamError, ModelLoadError, UsageError, describe
 from ...options import ModelOptions
 from .. import token_layouts as layouts
+from ..hf_models import HUB_ID, config_type, hf_folder, quiet_transformers
 from ..profile import LoadedModel, ModelProfile
 from ..token_layouts import TokenLayout
 from .base import Family
@@ -57,14 +58,19 @@ LAYOUTS = {
     "smolvlm": IDEFICS3,
 }
 """Each supported ``model_type`` and its token layout."""
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+"""The files a saved processor keeps its image processor in (transformers 5, earlier versions)."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "tekken.json")
+"""The files a saved tokenizer keeps its vocabulary in, one of which a processor needs."""
 
 
 def vlm_model_type(model: str) -> str | None:
-    """The ``model_type`` of ``hf:DIR`` when its configuration is a vision-language model's (a ``text_config`` and a
-    ``vision_config`` and no CLIP-style ``projection_dim``), else ``None``; read from ``config.json`` alone."""
-    if not model.startswith(HF_PREFIX):
+    """The ``model_type`` of ``hf:DIR`` (or of a hub id in the local cache) when its configuration is a
+    vision-language model's (a ``text_config`` and a ``vision_config`` and no CLIP-style ``projection_dim``), else
+    ``None``; read from ``config.json`` alone, never downloaded."""
+    config_file = _config_file(model)
+    if config_file is None:
         return None
-    config_file = Path(model[len(HF_PREFIX) :]) / "config.json"
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -74,6 +80,53 @@ def vlm_model_type(model: str) -> str | None:
     if "projection_dim" in config or str(config.get("model_type", "")) in ("clip", "siglip", "siglip2"):
         return None
     return str(config.get("model_type", "unknown"))
+
+
+def _config_file(model: str) -> Path | None:
+    """``hf:DIR``'s ``config.json``, or a hub id's in the local cache (no look-up on the network); else ``None``."""
+    if not model.startswith(HF_PREFIX):
+        return None
+    target = model[len(HF_PREFIX) :]
+    path = Path(target).expanduser()
+    if path.is_dir():
+        return path / "config.json"
+    if path.exists() or not HUB_ID.fullmatch(target):
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    cached = try_to_load_from_cache(target, "config.json")
+    return Path(cached) if isinstance(cached, str) else None
+
+
+def not_answering(model: str, family: str, asked: str = "--prompt") -> GradcamError:
+    """Why ``asked`` (``--prompt`` or ``--prompts``) cannot ask ``model`` (of the family named ``family``): for
+    ``hf:PATH``, what loading it without ``--prompt`` would say is wrong with it (no such folder, no
+    ``config.json``...), else its model type."""
+    kind = f"a {family}"
+    if model.startswith(HF_PREFIX):
+        kind = f"a {config_type(model)}"  # raises the folder's or the hub id's own problem first
+    return UsageError(f"{asked} asks a vision-language model (hf:DIR: docs/vlm.md); {model} is {kind} model")
+
+
+def check_processor(model: str, folder: str) -> None:
+    """A :class:`ModelLoadError` in one sentence when ``folder`` lacks the processor's image processor or tokenizer
+    files (transformers would answer with its hub advice)."""
+    path = Path(folder)
+    missing = [
+        what
+        for what, names in (
+            ("image processor (processor_config.json or preprocessor_config.json)", PROCESSOR_FILES),
+            ("tokenizer files (tokenizer.json, tokenizer.model or vocab.json)", TOKENIZER_FILES),
+        )
+        if not any((path / name).is_file() for name in names)
+    ]
+    if missing:
+        raise ModelLoadError(
+            f"{model} has no {' and no '.join(missing)}; save the model's processor there too, with "
+            "processor.save_pretrained(FOLDER)"
+        )
 
 
 def layout_of(model_type: str, name: str) -> TokenLayout:
@@ -106,10 +159,12 @@ class VisionLanguage(Family):
             raise ModelLoadError(f"{options.model} needs transformers (pip install -e '.[hf]')") from error
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(options.precision, torch.float32)
         auto: Any = transformers
-        folder = options.model[len(HF_PREFIX) :]
+        folder = hf_folder(options.model)  # a hub id: its cached snapshot
+        check_processor(options.model, folder)
         try:
-            module: Any = auto.AutoModelForImageTextToText.from_pretrained(folder, dtype=dtype)
-            processor = auto.AutoProcessor.from_pretrained(folder)
+            with quiet_transformers():  # no "Loading weights" bar: the command shows its own progress
+                module: Any = auto.AutoModelForImageTextToText.from_pretrained(folder, dtype=dtype)
+                processor = auto.AutoProcessor.from_pretrained(folder)
         except Exception as error:  # transformers raises many kinds for a broken folder
             raise ModelLoadError(f"cannot load {options.model}: {describe(error)}") from None
         profile = ModelProfile(
