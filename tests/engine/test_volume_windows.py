@@ -9,8 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from cam_reference import pearson
-from torch import nn
-from volume_models import classifier, loaded, segmenter, volume
+from volume_models import classifier, grad_cam_of_window, loaded, reference_stitched, segmenter, volume
 
 from gradcam_cli import Explainer
 from gradcam_cli.cam.windows import (
@@ -27,48 +26,6 @@ PATCH = (12, 12, 12)
 SHAPE = (20, 26, 30)
 
 nnunet_windows = pytest.importorskip("nnunetv2.inference.sliding_window_prediction")
-
-
-def grad_cam_of_window(model: nn.Module, layer: nn.Module, x: torch.Tensor, c: int, mask=None) -> torch.Tensor:
-    """Grad-CAM (Selvaraju et al.) of one (1, C, d, h, w) window for class ``c``'s logits summed over the voxels
-    predicted as ``c`` (or ``mask``'s), at the layer's resolution, unnormalised; zeros where no voxel counts."""
-    kept: list[torch.Tensor] = []
-
-    def keep(_module: nn.Module, _inputs: object, output: torch.Tensor) -> torch.Tensor:
-        kept.append(output.detach().requires_grad_(True))
-        return kept[-1]
-
-    handle = layer.register_forward_hook(keep)
-    try:
-        with torch.enable_grad():
-            logits = model(x)
-            where = logits.argmax(dim=1)[0] == c if mask is None else mask
-            if not where.any():
-                return torch.zeros(kept[-1].shape[2:], dtype=torch.float64)
-            (g,) = torch.autograd.grad(logits[0, c][where].sum(), kept[-1])
-    finally:
-        handle.remove()
-    a, g = kept[-1].detach().double()[0], g.double()[0]
-    return torch.relu((g.mean(dim=(1, 2, 3), keepdim=True) * a).sum(dim=0))
-
-
-def reference_stitched(model: nn.Module, layer: nn.Module, x: torch.Tensor, c: int, patch=PATCH) -> torch.Tensor:
-    """nnU-Net's windows and Gaussian (its own functions), each window's Grad-CAM upsampled trilinearly to the
-    patch, stitched with the Gaussian, min-max normalised over the volume."""
-    steps = nnunet_windows.compute_steps_for_sliding_window(x.shape[1:], patch, 0.5)
-    g = nnunet_windows.compute_gaussian(patch, 1 / 8, 1, dtype=torch.float64, device=torch.device("cpu"))
-    total = torch.zeros(x.shape[1:], dtype=torch.float64)
-    summed = torch.zeros(x.shape[1:], dtype=torch.float64)
-    for z in steps[0]:
-        for y in steps[1]:
-            for w in steps[2]:
-                s = (slice(z, z + patch[0]), slice(y, y + patch[1]), slice(w, w + patch[2]))
-                cam = grad_cam_of_window(model, layer, x[(slice(None), *s)][None], c)
-                up = F.interpolate(cam[None, None], size=patch, mode="trilinear", align_corners=False)[0, 0]
-                summed[s] += up * g
-                total[s] += g
-    stitched = summed / total
-    return (stitched - stitched.min()) / (stitched.max() - stitched.min())
 
 
 @pytest.mark.quick
