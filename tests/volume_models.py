@@ -89,12 +89,14 @@ def grad_cam_of_window(model: nn.Module, layer: nn.Module, x: torch.Tensor, c: i
     return torch.relu((g.mean(dim=(1, 2, 3), keepdim=True) * a).sum(dim=0))
 
 
-def reference_stitched(model: nn.Module, layer: nn.Module, x: torch.Tensor, c: int, patch=(12, 12, 12)) -> torch.Tensor:
+def reference_stitched(
+    model: nn.Module, layer: nn.Module, x: torch.Tensor, c: int, patch=(12, 12, 12), step: float = 0.5
+) -> torch.Tensor:
     """nnU-Net's windows and Gaussian (its own functions), each window's Grad-CAM upsampled trilinearly to the
     patch, stitched with the Gaussian, min-max normalised over the volume."""
     from nnunetv2.inference import sliding_window_prediction as nnunet_windows
 
-    steps = nnunet_windows.compute_steps_for_sliding_window(x.shape[1:], patch, 0.5)
+    steps = nnunet_windows.compute_steps_for_sliding_window(x.shape[1:], patch, step)
     g = nnunet_windows.compute_gaussian(patch, 1 / 8, 1, dtype=torch.float64, device=torch.device("cpu"))
     total = torch.zeros(x.shape[1:], dtype=torch.float64)
     summed = torch.zeros(x.shape[1:], dtype=torch.float64)

@@ -12,6 +12,7 @@ family          ``--model``                             module
 ``torchvision`` ``resnet50``, ``fasterrcnn_resnet50_fpn`` :mod:`~gradcam_cli.models.families.torchvision`
 ``vision-language`` ``hf:DIR`` of an image-text-to-text model :mod:`~gradcam_cli.models.families.vision_language`
 ``nnunet``      ``nnunet:DIR``, an nnU-Net v2 model folder :mod:`~gradcam_cli.models.families.nnunet`
+``monai-bundle`` ``bundle:DIR``, a MONAI bundle folder  :mod:`~gradcam_cli.models.families.monai_bundle`
 =============== ======================================= =================================================
 
 Third-party packages add families through the ``gradcam_cli.families`` entry-point group: an entry point names a
@@ -29,6 +30,7 @@ from .base import Family
 from .custom import Custom
 from .hf import HuggingFace
 from .lite0 import Lite0
+from .monai_bundle import MonaiBundle
 from .nnunet import NnUNet
 from .open_clip import OpenClip
 from .timm import Timm
@@ -59,6 +61,7 @@ for _family in (
     Torchvision(),
     VisionLanguage(),
     NnUNet(),
+    MonaiBundle(),
 ):
     FAMILIES.register(_family.name, _family)
 
