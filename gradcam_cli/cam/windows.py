@@ -334,8 +334,8 @@ def _vote(
         weight = (stitcher.weights / stitcher.total[s])[None]
         if region is not None:
             weight = weight * region[s]
-        one_hot = F.one_hot(window.argmax(dim=0).to(weight.device), classes).movedim(-1, 0)
-        votes += (one_hot * weight).flatten(1).sum(dim=1).double()
+        predicted = window.argmax(dim=0).to(weight.device).flatten()
+        votes += torch.bincount(predicted, weights=weight.flatten().double(), minlength=classes)
     return votes
 
 
