@@ -6,7 +6,9 @@ The model is nnU-Net's 3-D U-Net (``PlainConvUNet`` of dynamic_network_architect
 random weights), explained at its bottleneck (``encoder.stages.4``) for one class; the volume 128 x 128 x 96 voxels
 and the patch 64^3 at step 0.5, where nnU-Net's and MONAI's windows are the same 18, 2 per batch. Each side runs in
 a child process of its own; its memory is the growth of the process's resident set during its first run over the
-state with the model and the volume built (sampled every 5 ms), its time the best of ``--repeat`` runs.
+state with the model and the volume built (sampled every 5 ms; glibc's fixed ``MALLOC_MMAP_THRESHOLD_`` maps every
+tensor of 64 kB or more on its own, so that freed tensors leave the resident set and it follows what is held), its
+time the best of ``--repeat`` runs.
 
 Usage: ``python benchmarks/bench_volume_windows.py [--shape D,H,W] [--patch N] [--repeat N] [--device cpu]``.
 """
@@ -144,7 +146,7 @@ def main() -> int:
     results = {}
     for name in ("monai", "ours"):
         command = [sys.executable, __file__, "--side", name, *sys.argv[1:]]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_MMAP_THRESHOLD_": "65536"}
         output = subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout
         results[name] = json.loads(output.strip().splitlines()[-1])
     ours, theirs = results["ours"], results["monai"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -249,9 +249,12 @@ class _Stitcher:
         for s, value in zip(batch, values, strict=True):
             into[_all_channels(s)] += value
 
-    def result(self, summed: torch.Tensor) -> torch.Tensor:
-        """The weighted mean of the windows, cut back to the volume."""
-        return (summed / self.total)[_all_channels(self.crop)]
+    def results(self, sums: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+        """Each of ``sums`` made the weighted mean of the windows in place, cut back to the volume; the summed
+        weights are dropped (the volume's maps and their normalised copies are what is held from here on)."""
+        means = [summed.div_(self.total)[_all_channels(self.crop)] for summed in sums]
+        del self.total
+        return means
 
 
 def explain_volume(
@@ -301,13 +304,13 @@ def explain_volume(
         done += len(batch)
         if progress is not None:
             progress(done, total)
-    maps = {
-        method: _fused([normalise(stitcher.result(sums[(method, layer)])) for layer in layers])
-        if classes
-        else torch.zeros((0, *volume.shape[1:]))
-        for method in explainer.chosen.methods
-    }
     shares = _shares_of(stitcher, votes)
+    means = dict(zip(sums, stitcher.results(sums.values()), strict=True))
+    del sums
+    maps = {}
+    for method in explainer.chosen.methods:
+        per_layer = [normalise(means.pop((method, layer))) for layer in layers] if classes else []
+        maps[method] = _fused(per_layer) if per_layer else torch.zeros((0, *volume.shape[1:]))
     return VolumeExplanation(classes, maps, shares, len(stitcher.slices), explainer.chosen.layers)
 
 
