@@ -151,3 +151,25 @@ def test_a_volume_smaller_than_the_patch_is_explained_padded_and_cut_back():
     padded = F.pad(x, (0, 1, 0, 0, 1, 2))  # (before, after) per axis, last axis first: 11 -> 12, 16, 9 -> 12
     reference = reference_stitched(model, model.bottleneck, padded, 1)[1:10, :, 0:11]
     assert pearson(result.maps["gradcam"][0], reference) >= 0.999
+
+
+def test_score_cam_runs_through_the_windows_as_through_the_whole_volume_pass():
+    model, x = segmenter(), volume((12, 16, 14))
+    explainer = Explainer(loaded(model, (12, 16, 14)), "bottleneck", ["scorecam"], score_batch_size=4)
+    windowed = explain_volume(explainer, x, Windows((12, 16, 14)), classes=[2])
+    plain = explainer.explain_batch(x[None], target=2)[0]  # the segmenter's masked probability, whole volume
+    torch.testing.assert_close(windowed.maps["scorecam"][0], plain.explanations[0].saliency, rtol=1e-4, atol=1e-5)
+
+
+def test_classes_predicted_inside_a_region_are_counted_inside_it():
+    model, x = segmenter(), volume(SHAPE)
+    explainer = Explainer(loaded(model, PATCH), "bottleneck", ["gradcam"])
+    everywhere = explain_volume(explainer, x, Windows(PATCH), top_k=3)
+    region = torch.zeros(SHAPE, dtype=torch.bool)
+    region[:, :, :3] = True
+    inside = explain_volume(explainer, x, Windows(PATCH), top_k=3, region=region)
+    assert float(inside.shares.sum()) == pytest.approx(float(region.float().mean()), abs=1e-5)
+    assert inside.shares.le(everywhere.shares + 1e-6).all()
+    assert inside.classes and inside.classes == [
+        c for c in inside.shares.argsort(descending=True).tolist() if c and inside.shares[c] > 0
+    ]
