@@ -222,6 +222,10 @@ class _Stitcher:
         self.shape = tuple(self.volume.shape[1:])
         self.crop = tuple(slice(before, before + side) for (before, _), side in zip(self.pads, shape, strict=True))
         self.slices = window_slices(self.shape, patch, self.windows.step)
+        self.counted: torch.Tensor | None = None  # the volume's voxels, where padding was added
+        if self.shape != shape:
+            self.counted = torch.zeros(self.shape, dtype=torch.bool, device=volume.device)
+            self.counted[self.crop] = True
         device = volume.device
         g = gaussian_weights(patch, self.windows.sigma) if self.windows.gaussian else torch.ones(patch)
         self.weights = g.to(device)
@@ -337,6 +341,8 @@ def _vote(
         weight = (stitcher.weights / stitcher.total[s])[None]
         if region is not None:
             weight = weight * region[s]
+        if stitcher.counted is not None:
+            weight = weight * stitcher.counted[s]
         predicted = window.argmax(dim=0).to(weight.device).flatten()
         votes += torch.bincount(predicted, weights=weight.flatten().double(), minlength=classes)
     return votes

@@ -148,6 +148,7 @@ def test_a_volume_smaller_than_the_patch_is_explained_padded_and_cut_back():
     explainer = Explainer(loaded(model, PATCH), "bottleneck", ["gradcam"])
     result = explain_volume(explainer, x, Windows(PATCH), classes=[1])
     assert result.maps["gradcam"].shape == (1, 9, 16, 11)
+    assert float(result.shares.sum()) == pytest.approx(1.0, abs=1e-5)  # the padding's voxels are not counted
     padded = F.pad(x, (0, 1, 0, 0, 1, 2))  # (before, after) per axis, last axis first: 11 -> 12, 16, 9 -> 12
     reference = reference_stitched(model, model.bottleneck, padded, 1)[1:10, :, 0:11]
     assert pearson(result.maps["gradcam"][0], reference) >= 0.999
