@@ -2,7 +2,8 @@
 
 That is pytorch-grad-cam's ``SemanticSegmentationTarget`` (mask = argmax == c, score = sum of logits[c] x mask), so
 the maps can be compared with its. The output is a segmenter's (N, classes, H, W) logits, or the ``out`` entry of
-the dict torchvision's segmenters return; the pixels are those of that output. Without ``--target-class``, each
+the dict torchvision's segmenters return, or a volume segmenter's (N, classes, D, H, W) logits (the voxels then count
+as its pixels); the pixels are those of that output. Without ``--target-class``, each
 image's predicted classes other than the background (class 0, torchvision's ``__background__``) are explained,
 largest area first, at most ``--top-k``. A class's ``share`` is the fraction of the output's pixels predicted as
 it and its probability their mean softmax probability of it. Score-CAM reads, for a masked input, the mean softmax
@@ -26,9 +27,10 @@ BACKGROUND = 0
 
 
 def segment_logits(output: object) -> torch.Tensor:
-    """A segmenter's (N, classes, H, W) logits: the output itself, or its ``out`` entry."""
+    """A segmenter's (N, classes, H, W) logits (a volume segmenter's (N, classes, D, H, W)): the output itself, or
+    its ``out`` entry."""
     logits = output.get("out") if isinstance(output, Mapping) else output
-    if isinstance(logits, torch.Tensor) and logits.dim() == 4:
+    if isinstance(logits, torch.Tensor) and logits.dim() in (4, 5):
         return logits
     raise UsageError(
         f"the model returned {describe_output(output)}; a segmenter returns (N, classes, H, W) scores or a dict "
@@ -103,7 +105,7 @@ class SegmentationTargets:
 
     def results(self, cams: Cams, sizes: Sequence[tuple[int, ...]], class_name: ClassName) -> list[ImageExplanation]:
         probabilities = self.logits.detach().float().softmax(dim=1)
-        pixels = self.predicted.shape[-2] * self.predicted.shape[-1]
+        pixels = self.predicted[0].numel()
         results = []
         for n, size in enumerate(sizes):
 
@@ -124,7 +126,7 @@ class SegmentationTargets:
 
 
 def region_mask(mask: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
-    """An (h, w) bool mask stretched over an image of ``size`` = (H, W): each pixel takes the value under its
-    centre (``nearest-exact``), so it lines up with the maps."""
+    """An (h, w) bool mask stretched over an image of ``size`` = (H, W) (a (d, h, w) one over a volume's (D, H, W)):
+    each pixel takes the value under its centre (``nearest-exact``), so it lines up with the maps."""
     stretched = F.interpolate(mask[None, None].float(), size=tuple(size), mode="nearest-exact")
     return stretched[0, 0].bool()

@@ -19,6 +19,7 @@ from .tasks import CLASSIFY, DETECT, detection_spec, detection_transform, infer_
 if TYPE_CHECKING:
     from .text_tower import TextTower
     from .token_layouts import TokenLayout
+    from .volume_spec import VolumeSpec
 
 
 BARE_CLIP = (16, 112, 112)
@@ -80,6 +81,10 @@ class ModelProfile:
     layout: TokenLayout | None = None
     """A vision-language model's token layout: its default layer and where that layer's image tokens lie on the
     photo (:mod:`gradcam_cli.models.token_layouts`)."""
+
+    volume: VolumeSpec | None = None
+    """A volume model's windows, intensity normalisation and training spacing (:mod:`gradcam_cli.models.volume_spec`:
+    an nnU-Net folder's, a MONAI bundle's); ``None``: not a volume model, or none known."""
 
     def __post_init__(self) -> None:
         if self.task == DETECT:

@@ -14,6 +14,7 @@ identity, and ``--input-size`` sets the transform's shorter side (its longer-sid
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -105,10 +106,11 @@ def detection_spec(module: nn.Module, input_size: int | None) -> InputSpec | Non
 
 
 def task_of_shape(shape: Sequence[int] | None) -> str | None:
-    """The task a tensor output's ``shape`` shows: (N, classes) classifies, (N, classes, H, W) segments."""
-    if shape is None or len(shape) not in (2, 4):
+    """The task a tensor output's ``shape`` shows: (N, classes) classifies, (N, classes, H, W) segments, and so
+    does a volume segmenter's (N, classes, D, H, W)."""
+    if shape is None or len(shape) not in (2, 4, 5):
         return None
-    return CLASSIFY if len(shape) == 2 else SEGMENT if shape[2] * shape[3] > 1 else None
+    return CLASSIFY if len(shape) == 2 else SEGMENT if math.prod(shape[2:]) > 1 else None
 
 
 def task_of_output(output: object) -> str | None:

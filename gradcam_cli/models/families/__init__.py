@@ -11,6 +11,8 @@ family          ``--model``                             module
 ``custom``      ``file.py:factory``, ``pkg.mod:factory`` :mod:`~gradcam_cli.models.families.custom`
 ``torchvision`` ``resnet50``, ``fasterrcnn_resnet50_fpn`` :mod:`~gradcam_cli.models.families.torchvision`
 ``vision-language`` ``hf:DIR`` of an image-text-to-text model :mod:`~gradcam_cli.models.families.vision_language`
+``nnunet``      ``nnunet:DIR``, an nnU-Net v2 model folder :mod:`~gradcam_cli.models.families.nnunet`
+``monai-bundle`` ``bundle:DIR``, a MONAI bundle folder  :mod:`~gradcam_cli.models.families.monai_bundle`
 =============== ======================================= =================================================
 
 Third-party packages add families through the ``gradcam_cli.families`` entry-point group: an entry point names a
@@ -28,6 +30,8 @@ from .base import Family
 from .custom import Custom
 from .hf import HuggingFace
 from .lite0 import Lite0
+from .monai_bundle import MonaiBundle
+from .nnunet import NnUNet
 from .open_clip import OpenClip
 from .timm import Timm
 from .torchvision import Torchvision
@@ -47,7 +51,18 @@ def _register_plugin(name: str, loaded: object) -> None:
 FAMILIES: Registry[Family] = Registry("model family", FAMILIES_GROUP, _register_plugin)
 """Every model family by name: the package's own, then plugins'."""
 
-for _family in (Yolo(), Timm(), HuggingFace(), OpenClip(), Lite0(), Custom(), Torchvision(), VisionLanguage()):
+for _family in (
+    Yolo(),
+    Timm(),
+    HuggingFace(),
+    OpenClip(),
+    Lite0(),
+    Custom(),
+    Torchvision(),
+    VisionLanguage(),
+    NnUNet(),
+    MonaiBundle(),
+):
     FAMILIES.register(_family.name, _family)
 
 
