@@ -32,7 +32,9 @@ from gradcam_cli.errors import EXIT_OK, EXIT_USAGE
 HERE = Path(__file__).parents[1]
 PLUGIN_TASKS = {"keypoints": "task_plugins.keypoints"}
 """Tasks the tests' own plugins add (registered for their cases only)."""
-LIGHT = ["--rise-masks", "16", "--occlusion-window", "16", "--occlusion-stride", "16", "--input-size", "64"]
+LIGHT = ["--rise-masks", "16", "--occlusion-window", "16", "--occlusion-stride", "16"]
+SIZED = ["--input-size", "64"]
+"""The image models' input size (a vision-language model's processor sizes the image: --input-size is refused)."""
 SIZE = (80, 64)
 """The image's (W, H): the saved maps must have its shape."""
 
@@ -152,7 +154,8 @@ def test_each_method_explains_each_task_it_applies_to_on_the_command_line(
         square_image(SIZE, (20, 16, 52, 48)).save(image)
         out = tmp_path / "out"
         build = {**EXAMPLES[task], **TRANSFORMER_EXAMPLES.get(task, {})}[example]
-        args = [str(image), *build(tmp_path, request), *LIGHT, "--method", method]
+        sized = [] if task == "answer" else SIZED
+        args = [str(image), *build(tmp_path, request), *LIGHT, *sized, "--method", method]
         args += ["-o", str(out), "--save-raw", "--manifest", str(out / "m.jsonl"), "--workers", "0"]
         result = CliRunner().invoke(app, args)
     finally:
