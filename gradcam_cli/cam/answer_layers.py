@@ -17,14 +17,10 @@ from torch import nn
 
 from ..models.profile import LoadedModel
 from .answer_model import language_modules
-from .answers import AnswerExplainer
+from .answers import PROBE_PROMPT, PROBE_SIDE, AnswerExplainer
 from .layers import LayerInfo
 from .reshape import Layout
 
-PROBE_PROMPT = "what is in the image?"
-"""The prompt of the pass that finds the layers' shapes (any prompt: the image's tokens do not depend on it)."""
-PROBE_SIDE = 224
-"""The side of the grey photo the pass sees when no image is given."""
 LEGEND = (
     "* default layer   + the image's tokens in the family's layout (what --layer explains)   xN: runs N times per "
     "forward   the language model's layers are not listed: their tokens are the prompt's and the answer's"
