@@ -38,10 +38,6 @@ TEXT_KEYS = ("input_ids", "attention_mask", "rows", "cols")
 """What the processor returns besides what the model takes with the token ids."""
 PER_TOKEN_KEYS = ("token_type_ids", "mm_token_type_ids")
 """The processor's per-token tensors besides the ids (Qwen2-VL's image-token marks): 0 for the answer's tokens."""
-PROBE_PROMPT = "what is in the image?"
-"""The prompt of a pass that only looks at the layers (any prompt: the image's tokens do not depend on it)."""
-PROBE_SIDE = 224
-"""The side of the grey photo such a pass sees."""
 
 
 def answer_methods() -> tuple[str, ...]:
@@ -196,18 +192,6 @@ class AnswerExplainer:
                 f"{option} {text!r} contains {found[0]}, {self.model.name}'s image placeholder: the image is put in "
                 f"by the chat template; leave it out"
             )
-
-    def probe(self) -> None:
-        """Refuse, in one line and before any image, a ``--layer`` no answer can be explained at: one teacher-forced
-        pass of a grey photo, :data:`PROBE_PROMPT` and a one-token answer, differentiated at the layer and placed
-        on the photo, as every image's is (a layer the answer does not depend on, one whose tokens are not the
-        family's grid)."""
-        photo = Image.new("RGB", (PROBE_SIDE, PROBE_SIDE), (128,) * 3)
-        inputs = self.inputs(photo, PROBE_PROMPT)
-        answer = self.encode(PROBE_PROMPT)[:1]
-        target = AnswerTarget("answer", ((tuple(answer), (0,), 1.0),))
-        activations, _, _ = self.gradients(inputs, answer, [target])
-        self.place(activations[:, 0], inputs, photo)
 
     def inputs(self, image: Image.Image, prompt: str) -> dict[str, torch.Tensor]:
         """The processor's tensors for the photo and the prompt in the chat template, on the model's device."""

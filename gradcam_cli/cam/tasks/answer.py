@@ -85,6 +85,7 @@ class AnswerTask(TaskAdapter):
         from ...models.families.vision_language import not_answering
         from ...models.loading import load_model
         from ...models.modes import settle_loaded
+        from ..answer_layers import check_layer
         from ..answers import AnswerExplainer, Question
 
         if len(explain.layers) > 1:
@@ -109,7 +110,7 @@ class AnswerTask(TaskAdapter):
         if explain.question.prompt is not None:  # --prompts: each image's, when it is asked
             answerer.check_text("--prompt", explain.question.prompt)
         if explain.layers:  # the default layer is the family's own
-            answerer.probe()
+            check_layer(answerer)
         return answerer
 
     def layer_note(self, answerer: AnswerExplainer) -> str:
