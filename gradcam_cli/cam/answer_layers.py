@@ -3,7 +3,7 @@ language model reads it (vision tower, projector, merger, connector), each with 
 photo and a short prompt. The language model, its embeddings and its head are left out: their tokens are the prompt's
 and the answer's, not the image's. The family's default layer is marked, and so is every layer whose output is the
 image tokens in the family's layout (:class:`~gradcam_cli.models.token_layouts.TokenLayout`), which ``--layer`` can
-explain."""
+explain. A ``--layer`` given is tried the same way at start-up (:func:`check_layer`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from torch import nn
 
 from ..models.profile import LoadedModel
 from .answer_model import language_modules
-from .answers import AnswerExplainer
+from .answers import AnswerExplainer, AnswerTarget
 from .layers import LayerInfo
 from .reshape import Layout
 
@@ -46,6 +46,19 @@ def answer_layer_table(model: LoadedModel, image: Image.Image | None = None) -> 
             tokens = math.prod(info.output_shape[:-1])
             info.layout = Layout("nlc", 1, tokens - start, prefix=start)
     return infos, explainer.layout.default_layer
+
+
+def check_layer(explainer: AnswerExplainer) -> None:
+    """Refuse, in one line and before any image, an explainer's ``--layer`` no answer can be explained at: one
+    teacher-forced pass of a grey photo, :data:`PROBE_PROMPT` and a one-token answer, differentiated at the layer and
+    placed on the photo as every image's is (a layer the answer does not depend on, one whose tokens are not the
+    family's grid)."""
+    photo = Image.new("RGB", (PROBE_SIDE, PROBE_SIDE), (128,) * 3)
+    inputs = explainer.inputs(photo, PROBE_PROMPT)
+    answer = explainer.encode(PROBE_PROMPT)[:1]
+    target = AnswerTarget("answer", ((tuple(answer), (0,), 1.0),))
+    activations, _, _ = explainer.gradients(inputs, answer, [target])
+    explainer.place(activations[:, 0], inputs, photo)
 
 
 def _shapes(module: nn.Module, inputs: Mapping[str, torch.Tensor], left_out: set[int]) -> list[LayerInfo]:

@@ -158,6 +158,13 @@ class AnswerExplainer:
                 raise UsageError(f"--method {method} does not explain an answer; use one of {', '.join(usable)}")
         self.methods = tuple(resolve_methods(list(methods), "answer", also=usable))  # names, ``all``: the registry's
         self.device = next(model.module.parameters()).device
+        if getattr(model.processor, "chat_template", None) is None:
+            raise UsageError(
+                f"{model.name} has no chat template (chat_template.jinja or the processor's chat_template): "
+                f"--prompt puts the question and the image through it; add the model's own"
+            )
+        if self.question.answer is not None:
+            self.check_text("--answer", self.question.answer)
 
     @property
     def tokenizer(self) -> Any:
@@ -174,8 +181,21 @@ class AnswerExplainer:
             "targets": [str(spec) for spec in self.question.specs] or None,
         }
 
+    def check_text(self, option: str, text: str) -> None:
+        """Refuse, in one line, a prompt or answer with the model's image placeholder token in it (``<image>``,
+        ``<|image_pad|>``): the processor would take it for a place of the photo's features."""
+        module: Any = self.model.module
+        names = self.tokenizer.convert_ids_to_tokens(placeholder_ids(module.config))
+        found = [name for name in names if isinstance(name, str) and name and name in text]
+        if found:
+            raise UsageError(
+                f"{option} {text!r} contains {found[0]}, {self.model.name}'s image placeholder: the image is put in "
+                f"by the chat template; leave it out"
+            )
+
     def inputs(self, image: Image.Image, prompt: str) -> dict[str, torch.Tensor]:
         """The processor's tensors for the photo and the prompt in the chat template, on the model's device."""
+        self.check_text("--prompt", prompt)
         processor = self.model.processor
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
         text = processor.apply_chat_template(messages, add_generation_prompt=True)

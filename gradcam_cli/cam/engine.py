@@ -239,7 +239,7 @@ class LayerCapture:
             calls += 1
             return replacement if calls == record.calls else output
 
-        handle = record.module.register_forward_hook(replace)
+        handle = record.module.register_forward_hook(replace, prepend=True)
         try:
             with torch.no_grad():
                 output: object = self.model(inputs)
@@ -302,7 +302,9 @@ class LayerCapture:
         def on_backward(_module: nn.Module, _grad_input: object, grad_output: Sequence[torch.Tensor]) -> None:
             record.gradients = grad_output[0]
 
-        record.handles.append(record.module.register_forward_hook(on_forward))
+        # First among the layer's forward hooks: hooks installed before (transformers' recorders of hidden states,
+        # installed for good on a model's first pass, ``generate``'s included) then see the leaf, not the original.
+        record.handles.append(record.module.register_forward_hook(on_forward, prepend=True))
         if not tensor_mode:
             record.handles.append(record.module.register_full_backward_hook(on_backward))
 

@@ -142,15 +142,14 @@ class EvalCommand(Protocol):
 
 
 def evaluate_answers(command: EvalCommand) -> int:
-    """``gradcam eval --prompt``: deletion and insertion of the answer's per-token probability along each method's
-    map, per image (and their means); the exit code."""
+    """``gradcam eval --prompt`` (or each image its own, ``--prompts FILE.csv``): deletion and insertion of the
+    answer's per-token probability along each method's map, per image (and their means); the exit code."""
     reporter, explain, options = command.reporter, command.explain_options, command.options
     question = explain.question
-    if question.prompt is None:
+    if not question.asked:
         raise UsageError(f"{question.given()[0]} is for a --prompt; add --prompt TEXT")
     from ..cam.tasks.answer import ANSWER as adapter
     from ..evaluation.answers import answer_rows
-    from ..io.discovery import discover
 
     measures = {"--rank": command.ranking.rank, "--boxes": options.boxes is not None, "--road": options.road}
     measures |= {"--plot": options.plot is not None, "--stability": options.stability, "--sanity": options.sanity}
@@ -159,15 +158,13 @@ def evaluate_answers(command: EvalCommand) -> int:
     if not_here:
         raise UsageError(f"{not_here[0]} does not apply to a --prompt's answer (docs/vlm.md: deletion and insertion)")
     adapter.check_question(explain)
-    images = discover(command.inputs)
-    if not images:
-        raise UsageError(f"no images found in {' '.join(command.inputs)}")
+    images = _questioned(command.inputs, question, None)
     answerer = adapter.answerer(command.model_options, explain)
     if not explain.layers:
         reporter.info(adapter.layer_note(answerer))
     started, failed = time.perf_counter(), 0
     scores: dict[str, list[tuple[float, float]]] = {}
-    for row in answer_rows(answerer, images, question, options.steps):
+    for row in answer_rows(answerer, images, question.answer, options.steps):
         if reporter.as_json:
             reporter.emit(json.dumps(row))
         if row["status"] == "error":

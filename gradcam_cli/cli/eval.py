@@ -73,7 +73,7 @@ interrupted."""
 
 @app.command(cls=PanelledEvalCommand, help=HELP)
 def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
-    inputs: Annotated[list[str], typer.Argument(metavar="INPUT", hidden=True, show_default=False)],
+    inputs: Annotated[list[str] | None, typer.Argument(metavar="INPUT", hidden=True, show_default=False)] = None,
     method: params.MethodOpt = params.MethodList([DEFAULT_METHOD]),
     model: params.ModelOpt = "resnet50",
     task: params.TaskOpt = None,
@@ -180,6 +180,8 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
     seed: params.SeedOpt = 0,
     prompt: answers.PromptOpt = None,
     answer: answers.AnswerOpt = None,
+    max_new_tokens: answers.MaxNewTokensOpt = None,
+    prompts: answers.PromptsOpt = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the whole report as one JSON object (--rank: one per row).")
     ] = False,
@@ -209,11 +211,11 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
         targets=tuple(specs),
         embedding=embedding,
         perturbation=perturbation,
-        question=AnswerOptions(prompt, answer),
+        question=AnswerOptions(prompt, answer, max_new_tokens=max_new_tokens, prompts=prompts),
     )
     command = EvalCommand(
         reporter,
-        inputs,
+        inputs or [],
         ModelOptions(model, weights, num_classes, labels, input_size, device, explain.task_for(task)),
         explain,
         EvalOptions(
@@ -262,10 +264,12 @@ class EvalCommand:
             raise UsageError("--report is for --rank: add --rank (gradcam eval writes no page otherwise)")
         if self.ranking.budget is not None and not self.ranking.rank:
             raise UsageError("--budget is for --rank: add --rank (gradcam eval plans nothing otherwise)")
-        if self.explain_options.question.prompt is not None or self.explain_options.question.given():
+        if self.explain_options.question.asked or self.explain_options.question.given():
             return answers.evaluate_answers(self)
         if options.plot is not None and options.plot.suffix.lower() not in PLOT_FORMATS:
             raise UsageError(f"--plot {options.plot}: use a file ending in {', '.join(PLOT_FORMATS)}")
+        if not self.inputs:  # optional for --prompts, which names the images
+            raise UsageError("no input given; try: gradcam eval IMAGE_OR_DIR")
         images = discover(self.inputs)
         if not images:
             raise UsageError(f"no images found in {' '.join(self.inputs)}")

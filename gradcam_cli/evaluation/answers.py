@@ -25,7 +25,6 @@ from ..cam.tasks.answer import EMPTY_ANSWER
 from ..errors import GradcamError, describe
 from ..io.discovery import InputImage
 from ..io.images import load_image, to_pixel_tensor
-from ..options import AnswerOptions
 from .metrics import auc, importance_ranks, step_counts
 from .report import BLUR_KERNEL, BLUR_SIGMA
 
@@ -75,18 +74,14 @@ def answer_curves(
 
 
 def answer_rows(
-    answerer: AnswerExplainer,
-    images: Sequence[InputImage],
-    question: AnswerOptions,
-    steps: int,
-    prompts: dict[str, str] | None = None,
+    answerer: AnswerExplainer, images: Sequence[InputImage], answer: str | None, steps: int
 ) -> Iterator[dict[str, Any]]:
-    """``gradcam eval --prompt``'s rows: per image and method, the deletion and insertion curves of the answer's
-    per-token probability along its map (:func:`answer_curves`); an image that fails gives an error row."""
+    """``gradcam eval --prompt``'s rows: per prompted image (its ``prompt``) and method, the deletion and insertion
+    curves of the answer's (``answer``, or the generated one) per-token probability along its map
+    (:func:`answer_curves`); an image that fails gives an error row."""
     for image in images:
-        prompt = (prompts or {}).get(str(image.path), question.prompt or "")
         try:
-            yield from _image_rows(answerer, image, prompt, question.answer, steps)
+            yield from _image_rows(answerer, image, image.prompt or "", answer, steps)
         except GradcamError as error:  # each failure line starts with its input's path (docs/cli.md)
             message = str(error) if str(error).startswith(f"{image.path}:") else f"{image.path}: {error}"
             yield {"input": str(image.path), "status": "error", "error": message}
@@ -101,7 +96,7 @@ def _image_rows(
     photo = load_image(image.path)
     result = answerer.explain(photo, prompt, answer)
     if not result.tokens:
-        yield {"input": str(image.path), "status": "ok", "note": EMPTY_ANSWER, "answer": ""}
+        yield {"input": str(image.path), "status": "ok", "note": EMPTY_ANSWER, "prompt": prompt, "answer": ""}
         return
     ids = [token.id for token in result.tokens]
     for explained in result.maps:

@@ -28,7 +28,7 @@ from ..cam.results import Explanation, Prediction
 from ..errors import UsageError, suggest
 from ..io.naming import answer_name
 from ..options import ExplainOptions, ModelOptions
-from .http import HttpError, blocking, guarded, int_param, json_response, text_param
+from .http import HttpError, blocking, guarded, int_param, json_response, read_body, text_param
 from .images import DecodedImage, ImageStore, Source
 from .maps import MapStore, StoredMap, map_id
 from .model import MAX_EXPLAINERS, MapAnswer, ModelThread
@@ -294,13 +294,9 @@ def answer_routes(images: ImageStore, service: AnswerService | None) -> list[Rou
 
 async def _json_body(request: Request) -> dict[str, Any]:
     """The request's JSON object (at most :data:`MAX_BODY` bytes); a 400 or 413 answer otherwise."""
-    data = bytearray()
-    async for chunk in request.stream():
-        data.extend(chunk)
-        if len(data) > MAX_BODY:
-            raise HttpError(413, f"the request is over {MAX_BODY:,} bytes")
+    data = await read_body(request, MAX_BODY, f"the request is over {MAX_BODY:,} bytes")
     try:
-        body = json.loads(bytes(data) or b"{}")
+        body = json.loads(data or b"{}")
     except ValueError:
         raise HttpError(400, "the request is not JSON") from None
     if not isinstance(body, dict):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -55,6 +56,7 @@ from .http import (
     guarded,
     int_param,
     json_response,
+    read_body,
     required_param,
     text_param,
 )
@@ -138,6 +140,7 @@ def create_app(
     ]
     app = Starlette(routes=routes, middleware=[Middleware(SameOrigin, local=is_loopback(options.host))])
     app.state.explorer = explorer
+    app.state.stopping = threading.Event()  # set by :func:`~gradcam_cli.serve.server.serve` when told to stop
     return app
 
 
@@ -206,12 +209,8 @@ def _upload(explorer: Explorer) -> Any:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise HttpError(413, f"the upload is {int(declared):,} bytes; at most {limit:,} are taken")
-        data = bytearray()
-        async for chunk in request.stream():
-            data.extend(chunk)
-            if len(data) > limit:
-                raise HttpError(413, f"the upload is over {limit:,} bytes")
-        source = await blocking(lambda: explorer.images.upload(bytes(data), text_param(request, "name")))
+        data = await read_body(request, limit, f"the upload is over {limit:,} bytes")
+        source = await blocking(lambda: explorer.images.upload(data, text_param(request, "name")))
         _, decoded = await blocking(lambda: explorer.images.decoded(source.id))
         height, width = decoded.size
         return json_response({"id": source.id, "name": source.name, "width": width, "height": height})

@@ -3,14 +3,18 @@ run off the event loop.
 
 Every failure a request can cause ends in a JSON object ``{"error": "<one line>"}`` with a 4xx status (the
 request's fault: a bad parameter, an unknown image or layer, an upload that is too large or not an image) or 500
-(the model failed on it); the server keeps serving either way.
+(the model failed on it); the server keeps serving either way. A request body still arriving when the server is
+told to stop is answered 503 at once (:func:`read_body`), so that a slow client does not hold up the shutdown.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import math
 import re
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -22,6 +26,11 @@ from ..errors import GradcamError, ImageError, describe
 from .names import content_disposition
 
 T = TypeVar("T")
+
+STOPPING_POLL = 0.1
+"""Seconds between looks at the stop flag while a request body arrives (uvicorn's own look at its exit flag)."""
+STOPPING = "the server is stopping; send the request again once it is back"
+"""The 503 answer to a request whose body was still arriving when the server was told to stop."""
 
 
 class HttpError(Exception):
@@ -142,3 +151,36 @@ def float_param(request: Request, name: str, low: float, high: float, label: str
     if not math.isfinite(value) or not low <= value <= high:
         raise HttpError(400, f"{label}: {text} is not between {low:g} and {high:g}")
     return value
+
+
+def stopping_flag(request: Request) -> threading.Event | None:
+    """The app's stop flag (``app.state.stopping``, set once the server is told to stop), if it has one."""
+    flag = getattr(request.app.state, "stopping", None)
+    return flag if isinstance(flag, threading.Event) else None
+
+
+async def read_body(request: Request, limit: int, too_large: str) -> bytes:
+    """The request's body, at most ``limit`` bytes (a 413 answer, ``too_large``, beyond); a 503 answer as soon as the
+    server is told to stop while it still arrives (uvicorn waits for every open request before it stops)."""
+    data = bytearray()
+
+    async def read() -> None:
+        async for chunk in request.stream():
+            data.extend(chunk)
+            if len(data) > limit:
+                raise HttpError(413, too_large)
+
+    stopping = stopping_flag(request)
+    reading = asyncio.ensure_future(read())
+    try:
+        while not reading.done():
+            await asyncio.wait({reading}, timeout=STOPPING_POLL)
+            if not reading.done() and stopping is not None and stopping.is_set():
+                raise HttpError(503, STOPPING)
+        reading.result()  # its 413, or the client gone
+    finally:
+        if not reading.done():
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading
+    return bytes(data)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ipaddress
 import signal
 import socket
+import threading
 from collections.abc import Callable
 from types import FrameType
 
@@ -52,11 +53,22 @@ def url_of(sock: socket.socket) -> str:
 def serve(app: ASGIApp, sock: socket.socket, on_started: Callable[[], None] | None = None) -> None:
     """Serve ``app`` on ``sock`` until interrupted; ``on_started`` runs once uvicorn accepts connections. Uvicorn
     shuts down on SIGINT and SIGTERM, then raises the signal again; SIGHUP, where it means Ctrl-C (the command
-    line's :mod:`~gradcam_cli.cli.signals`), shuts it down alike."""
+    line's :mod:`~gradcam_cli.cli.signals`), shuts it down alike. The app's ``state.stopping`` flag (a
+    :class:`threading.Event`, where it has one) is set at the first of them: a request body still arriving is
+    answered at once (:func:`~gradcam_cli.serve.http.read_body`), as uvicorn waits for every open request."""
     import uvicorn
 
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
     server = uvicorn.Server(config)
+    stopping = getattr(getattr(app, "state", None), "stopping", None)
+    if isinstance(stopping, threading.Event):
+        told = server.handle_exit
+
+        def handle_exit(sig: int, frame: FrameType | None) -> None:
+            stopping.set()
+            told(sig, frame)
+
+        server.handle_exit = handle_exit  # type: ignore[method-assign]
     if on_started is not None:
         original = server.startup
 

@@ -340,3 +340,30 @@ def test_ask_a_vision_language_model_and_click_a_word(browser, tmp_path):
         finally:
             process.kill()
             process.wait()
+
+
+def test_the_run_view_shows_a_tab_in_a_name_as_the_console_does(browser, tmp_path):
+    """Issue 41, item 17: a tab in a row's file name reads ``\\t`` in the run view (its table and its detail), as
+    the console and the gallery show it (``io/display.py``'s ``displayable``), never as blank space."""
+    from gradcam_cli.io.display import displayable
+    from gradcam_cli.serve import create_app
+
+    run = tmp_path / "out"
+    run.mkdir()
+    name = "in/tab\there\x1b.png"
+    row = {"input": name, "status": "error", "error": "not an image", "outputs": []}
+    (run / "manifest.jsonl").write_text(json.dumps(row) + "\n")
+    server = Running(create_app(None, run_dir=run, manifest=run / "manifest.jsonl", work_dir=tmp_path / "work"))
+    page = browser.new_page()
+    try:
+        page.goto(server.url)
+        page.wait_for_selector("body[data-ready='1']")
+        page.wait_for_selector("#rows-body tr")
+        shown = "in/tab\\there\\x1b.png"
+        assert displayable(name) == shown
+        assert page.locator("#rows-body tr td").nth(1).text_content() == shown
+        page.locator("#rows-body tr").first.click()
+        assert page.text_content("#row-detail h3") == shown
+    finally:
+        page.close()
+        server.stop()

@@ -85,6 +85,7 @@ class AnswerTask(TaskAdapter):
         from ...models.families.vision_language import not_answering
         from ...models.loading import load_model
         from ...models.modes import settle_loaded
+        from ..answer_layers import check_layer
         from ..answers import AnswerExplainer, Question
 
         if len(explain.layers) > 1:
@@ -96,7 +97,7 @@ class AnswerTask(TaskAdapter):
         vlm = load_model(replace(model, task=self.name))
         settle_loaded(vlm.module, resolve_device(model.device))
         question = Question(explain.question.answer, explain.question.per_token, tuple(explain.targets))
-        return AnswerExplainer(
+        answerer = AnswerExplainer(
             vlm,
             explain.layers[0] if explain.layers else None,
             explain.methods,
@@ -106,6 +107,11 @@ class AnswerTask(TaskAdapter):
             question,
             model.precision,
         )
+        if explain.question.prompt is not None:  # --prompts: each image's, when it is asked
+            answerer.check_text("--prompt", explain.question.prompt)
+        if explain.layers:  # the default layer is the family's own
+            check_layer(answerer)
+        return answerer
 
     def layer_note(self, answerer: AnswerExplainer) -> str:
         """The console's note on the default layer."""

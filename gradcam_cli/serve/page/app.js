@@ -15,6 +15,15 @@ function el(tag, text, attrs) {
   return node;
 }
 
+// A file name as the console and the gallery show it (io/display.py's displayable): control characters and line
+// separators escaped, so that a tab or a newline in a name reads \t, \n (the server already escaped bytes that
+// are not UTF-8, \xNN).
+const ESCAPES = { "\t": "\\t", "\n": "\\n", "\r": "\\r", "\u2028": "\\u2028", "\u2029": "\\u2029" };
+function shownName(name) {
+  return String(name).replace(/[\u0000-\u001f\u007f-\u009f\u2028\u2029]/g,
+    (c) => ESCAPES[c] || "\\x" + c.charCodeAt(0).toString(16).padStart(2, "0"));
+}
+
 function say(text) { $("status").textContent = text; }
 
 async function api(url, options) {
@@ -229,15 +238,15 @@ async function upload(file) {
   try {
     const body = await api("/api/upload?name=" + encodeURIComponent(file.name), { method: "POST", body: file });
     const known = [...$("inputs").options].find((o) => o.value === body.id);
-    if (known) known.textContent = body.name;
-    else { $("inputs").append(el("option", body.name, { value: body.id })); $("strip").append(thumbnail(body)); }
+    if (known) known.textContent = shownName(body.name);
+    else { $("inputs").append(el("option", shownName(body.name), { value: body.id })); $("strip").append(thumbnail(body)); }
     await chooseImage(body.id);
   } catch (error) { say("error: " + error.message); }
 }
 
 function thumbnail(image) {
-  const button = el("button", null, { type: "button", "data-id": image.id, title: image.name });
-  button.append(el("img", null, { src: `/api/images/${image.id}.png?thumb=1`, alt: image.name, loading: "lazy" }));
+  const button = el("button", null, { type: "button", "data-id": image.id, title: shownName(image.name) });
+  button.append(el("img", null, { src: `/api/images/${image.id}.png?thumb=1`, alt: shownName(image.name), loading: "lazy" }));
   button.onclick = () => chooseImage(image.id);
   return button;
 }
@@ -248,7 +257,7 @@ async function loadInputs() {
   if ($("input-q").value) q.set("q", $("input-q").value);
   const page = await api("/api/images?" + q);
   state.inputTotal = page.total;
-  setSelect($("inputs"), [["", "(choose)"], ...page.images.map((i) => [i.id, i.name])], "");
+  setSelect($("inputs"), [["", "(choose)"], ...page.images.map((i) => [i.id, shownName(i.name)])], "");
   $("strip").replaceChildren(...page.images.map(thumbnail));
   const last = Math.min(state.inputOffset + INPUTS_PAGE, page.total);
   $("inputs-label").textContent = `${page.total ? state.inputOffset + 1 : 0}-${last} of ${page.total}`;
@@ -306,7 +315,7 @@ async function loadRows() {
       const tr = el("tr", null, { "data-row": row.row });
       if (row.status === "error") tr.classList.add("failed");
       const prob = row.probability === null ? "" : (100 * row.probability).toFixed(1) + "%";
-      for (const cell of [row.row, row.input, row.status, row.error || "", row.method || "", row.target_name || "",
+      for (const cell of [row.row, shownName(row.input), row.status, row.error || "", row.method || "", row.target_name || "",
         prob, row.predicted_name || "", row.drift || ""]) tr.append(el("td", cell));
       tr.onclick = () => showRow(row);
       body.append(tr);
@@ -319,10 +328,10 @@ async function loadRows() {
 
 function showRow(row) {
   const detail = $("row-detail");
-  detail.replaceChildren(el("h3", row.input));
+  detail.replaceChildren(el("h3", shownName(row.input)));
   if (row.error) detail.append(el("p", row.error));
   row.outputs.forEach((out, k) => {
-    if (/\.(png|jpe?g|webp)$/i.test(out)) detail.append(el("img", null, { src: `/api/run/rows/${row.row}/outputs/${k}`, alt: out }));
+    if (/\.(png|jpe?g|webp)$/i.test(out)) detail.append(el("img", null, { src: `/api/run/rows/${row.row}/outputs/${k}`, alt: shownName(out) }));
   });
   if (state.info.model && row.status !== "error") {
     const live = el("button", "explain live", { type: "button" });
