@@ -13,8 +13,8 @@ from square_model import build, square_image
 
 from gradcam_cli import Explainer
 from gradcam_cli.errors import UsageError
-from gradcam_cli.evaluation.evaluate import Evaluator, evaluator_for
 from gradcam_cli.evaluation import road
+from gradcam_cli.evaluation.evaluate import Evaluator, evaluator_for
 from gradcam_cli.evaluation.road import ROAD_FRACTIONS, combined, impute, road_masks
 from gradcam_cli.io.images import InputSpec
 from gradcam_cli.models.loading import LoadedModel
@@ -155,9 +155,7 @@ def test_direct_solve_matches_the_iterative_one_and_a_dense_solve(seed: int) -> 
     images = torch.randn(4, 2, 7, 9, generator=generator)
     removed = torch.rand(4, 7, 9, generator=generator) < 0.6
     direct = road._direct(images[0], removed[0])
-    iterative = torch.where(
-        removed.unsqueeze(1), road._iterative(images, removed.float().unsqueeze(1), 1e-9), images
-    )
+    iterative = torch.where(removed.unsqueeze(1), road._iterative(images, removed.float().unsqueeze(1), 1e-9), images)
     filled = impute(images, removed, noise=0)
     torch.testing.assert_close(filled, iterative, atol=1e-5, rtol=0)
     torch.testing.assert_close(filled[0], direct)
