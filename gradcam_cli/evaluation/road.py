@@ -7,9 +7,11 @@ weighted mean of its 8 neighbours, direct ones weighing 1/6 and diagonal ones 1/
 left out), removed neighbours being unknowns too, so the removed pixels solve one sparse linear system per image
 and channel: for removed pixel i, (sum_j w_ij) x_i - sum_{j removed} w_ij x_j = sum_{j kept} w_ij x_j. Then
 Gaussian noise of standard deviation :data:`ROAD_NOISE` is added to the removed pixels. The system is symmetric
-positive definite (wherever a removed region touches a kept pixel), and is solved here in torch, on the model's
-device, by conjugate gradients with a Jacobi preconditioner, to a relative residual of :data:`ROAD_TOLERANCE`
-(the authors solve it directly with SciPy; the noise is 100 times larger than the difference).
+positive definite (wherever a removed region touches a kept pixel). On a CPU it is solved directly, as the
+authors do, by SciPy's sparse LU (one factorisation per image, shared by its channels): several times less CPU
+time than the iterative solve. On an accelerator it is solved in torch, on the model's device, by conjugate
+gradients preconditioned with a multigrid V-cycle, to a relative residual of :data:`ROAD_TOLERANCE` (the noise
+is 100 times larger than the difference from the direct solution).
 
 Measures, at removal fractions q in :data:`ROAD_FRACTIONS`: MoRF removes the fraction q of the pixels with the
 highest saliency (most relevant first; lower probability is better), LeRF the fraction q with the lowest (least
@@ -23,6 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+import scipy.sparse
+import scipy.sparse.linalg
 import torch
 import torch.nn.functional as F
 
@@ -56,16 +61,56 @@ def impute(
     module docstring); kept pixels are returned unchanged."""
     x = images.detach().float()
     unknown = removed.to(x.dtype).unsqueeze(1)
+    if x.device.type == "cpu" and not bool(removed.flatten(1).all(dim=1).any()):  # (all removed: singular)
+        filled = torch.stack([_direct(image, mask) for image, mask in zip(x, removed, strict=True)])
+    else:
+        filled = torch.where(removed.unsqueeze(1), _iterative(x, unknown, tolerance), x)
+    if noise:
+        filled = filled + unknown * noise * torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+    return filled.to(images.dtype)
+
+
+def _iterative(x: torch.Tensor, unknown: torch.Tensor, tolerance: float) -> torch.Tensor:
+    """The system's solution by preconditioned conjugate gradients, (B, C, H, W), zero off the removed pixels."""
     stencil = _fine_stencil(unknown)
     rhs = torch.zeros_like(x)
     for dy, dx in _OFFSETS:
         if (dy, dx) != (0, 0):
             rhs = rhs + _WEIGHTS[(dy, dx)] * _shift(x * (1 - unknown), dy, dx)
-    solution = _conjugate_gradients(stencil, rhs * unknown, tolerance)
-    filled = torch.where(removed.unsqueeze(1), solution, x)
-    if noise:
-        filled = filled + unknown * noise * torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
-    return filled.to(images.dtype)
+    return _conjugate_gradients(stencil, rhs * unknown, tolerance)
+
+
+def _direct(image: torch.Tensor, removed: torch.Tensor) -> torch.Tensor:
+    """The (C, H, W) ``image`` with its (H, W) ``removed`` pixels replaced by the system's exact solution (SciPy's
+    sparse LU in float64, one factorisation for all channels)."""
+    height, width = removed.shape
+    values = image.double().reshape(image.shape[0], -1).numpy().copy()
+    unknowns = np.flatnonzero(removed.reshape(-1).numpy())
+    if not unknowns.size:
+        return image.clone()
+    index = np.full(height * width, -1, dtype=np.int64)
+    index[unknowns] = np.arange(unknowns.size)
+    ys, xs = np.divmod(unknowns, width)
+    rows, cols, coefficients = [], [], []
+    diagonal = np.zeros(unknowns.size)
+    rhs = np.zeros((unknowns.size, values.shape[0]))
+    for (dy, dx), weight in _WEIGHTS.items():
+        y, x = ys + dy, xs + dx
+        inside = np.flatnonzero((y >= 0) & (y < height) & (x >= 0) & (x < width))
+        neighbours = y[inside] * width + x[inside]
+        diagonal[inside] += weight
+        removed_too = index[neighbours] >= 0
+        rows.append(inside[removed_too])
+        cols.append(index[neighbours[removed_too]])
+        coefficients.append(np.full(int(removed_too.sum()), -weight))
+        np.add.at(rhs, inside[~removed_too], weight * values[:, neighbours[~removed_too]].T)
+    every = np.arange(unknowns.size)
+    matrix = scipy.sparse.csc_matrix(
+        (np.concatenate([*coefficients, diagonal]), (np.concatenate([*rows, every]), np.concatenate([*cols, every]))),
+        shape=(unknowns.size, unknowns.size),
+    )
+    values[:, unknowns] = scipy.sparse.linalg.splu(matrix).solve(rhs).T
+    return torch.from_numpy(values).reshape(image.shape).to(image.dtype)
 
 
 def _shift(values: torch.Tensor, dy: int, dx: int) -> torch.Tensor:

@@ -13,6 +13,7 @@ from square_model import build, square_image
 
 from gradcam_cli import Explainer
 from gradcam_cli.errors import UsageError
+from gradcam_cli.evaluation import road
 from gradcam_cli.evaluation.evaluate import Evaluator, evaluator_for
 from gradcam_cli.evaluation.road import ROAD_FRACTIONS, combined, impute, road_masks
 from gradcam_cli.io.images import InputSpec
@@ -143,3 +144,37 @@ def test_cli_eval_road_table_and_json(monkeypatch, capsys, tmp_path: Path) -> No
     gradcam = data["methods"]["gradcam"]
     assert {"road", "road_morf", "road_lerf", "road_morf_curve", "road_lerf_curve"} <= set(gradcam)
     assert len(data["per_image"][0]["methods"]["gradcam"]["road_lerf_curve"]) == len(ROAD_FRACTIONS)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_direct_solve_matches_the_iterative_one_and_a_dense_solve(seed: int) -> None:
+    """The CPU's sparse LU gives what the accelerators' conjugate gradients give (within their tolerance), and what
+    a dense solve of the module docstring's system gives, on small random images and masks."""
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.randn(4, 2, 7, 9, generator=generator)
+    removed = torch.rand(4, 7, 9, generator=generator) < 0.6
+    direct = road._direct(images[0], removed[0])
+    iterative = torch.where(removed.unsqueeze(1), road._iterative(images, removed.float().unsqueeze(1), 1e-9), images)
+    filled = impute(images, removed, noise=0)
+    torch.testing.assert_close(filled, iterative, atol=1e-5, rtol=0)
+    torch.testing.assert_close(filled[0], direct)
+    # dense reference: for removed i, (sum_j w_ij) x_i - sum_{j removed} w_ij x_j = sum_{j kept} w_ij x_j
+    for b in range(4):
+        mask = removed[b]
+        cells = [(i, j) for i in range(7) for j in range(9) if mask[i, j]]
+        where = {cell: n for n, cell in enumerate(cells)}
+        a = torch.zeros(len(cells), len(cells), dtype=torch.float64)
+        rhs = torch.zeros(len(cells), 2, dtype=torch.float64)
+        for (i, j), n in where.items():
+            for (dy, dx), w in road._WEIGHTS.items():
+                y, x = i + dy, j + dx
+                if 0 <= y < 7 and 0 <= x < 9:
+                    a[n, n] += w
+                    if (y, x) in where:
+                        a[n, where[(y, x)]] -= w
+                    else:
+                        rhs[n] += w * images[b, :, y, x].double()
+        solution = torch.linalg.solve(a, rhs)
+        for (i, j), n in where.items():
+            torch.testing.assert_close(filled[b, :, i, j].double(), solution[n], atol=1e-5, rtol=0)
