@@ -14,11 +14,11 @@ $(BIN)/python:
 PLUGIN := tests/plugins/example_plugin
 
 $(STAMP): pyproject.toml $(PLUGIN)/pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[lite0,timm,hf,ray,serve,yolo,clip,test]'
+	$(BIN)/python -m pip install --quiet -e '.[lite0,timm,hf,ray,serve,yolo,clip,medical,test]'
 	$(BIN)/python -m pip install --quiet -e $(PLUGIN)
 	touch $(STAMP)
 
-install: $(STAMP) browser  ## create .venv and install the tool with every extra (lite0, timm, hf, ray, serve, yolo, clip), the test tools and the example plugin (tests/plugins)
+install: $(STAMP) browser  ## create .venv and install the tool with every extra (lite0, timm, hf, ray, serve, yolo, clip, medical), the test tools and the example plugin (tests/plugins)
 
 browser:  ## headless Chromium for the gallery's browser tests: Debian's package when root, else the tests say how
 	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then :; \
