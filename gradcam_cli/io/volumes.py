@@ -225,3 +225,19 @@ def spacing_note(volume: Volume, expected: Sequence[float] | None) -> str | None
     want = " x ".join(f"{float(v):g}" for v in expected)
     sources = volume.sources[0] if volume.sources else "scan"
     return f"{sources}: spacing {have} mm, the model expects {want} mm; not resampled"
+
+
+def write_nifti(path: Path, values: np.ndarray[Any, Any], affine: np.ndarray[Any, Any]) -> None:
+    """A map on a scan's grid as NIfTI float32 (gzipped for ``.nii.gz``) with the scan's affine, written atomically
+    (:func:`~gradcam_cli.io.atomic.write_atomic`): ``path`` only ever names the whole file."""
+    from .atomic import write_atomic
+
+    nibabel = _extra("nibabel")
+    image = nibabel.Nifti1Image(np.asarray(values, dtype=np.float32), np.asarray(affine, dtype=np.float64))
+    image.header.set_data_dtype(np.float32)
+    data = image.to_bytes()
+    if path.name.lower().endswith(".gz"):
+        import gzip
+
+        data = gzip.compress(data, mtime=0)
+    write_atomic(path, data)

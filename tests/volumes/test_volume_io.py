@@ -140,3 +140,19 @@ def test_spacing_note_not_resampled() -> None:
     note = spacing_note(volume, (1.0, 1.0, 2.0))
     assert note is not None and "\n" not in note and "spacing 2 x 2 x 2 mm" in note and "not resampled" in note
     assert volume.grid == (33, 41, 25)
+
+
+@pytest.mark.quick
+def test_map_written_as_nifti_on_the_scans_grid(tmp_path: Path) -> None:
+    from gradcam_cli.io.volumes import write_nifti
+
+    scan = read_volume([DATA / "anatomical.nii"])
+    cam = np.random.default_rng(2).random(scan.grid)
+    for name in ("map.nii", "map.nii.gz"):
+        write_nifti(tmp_path / name, cam, scan.affine)
+        back = nibabel.load(str(tmp_path / name))
+        assert back.get_data_dtype() == np.float32 and back.shape == scan.grid
+        np.testing.assert_array_equal(back.affine, scan.affine)
+        np.testing.assert_array_equal(np.asanyarray(back.dataobj), cam.astype(np.float32))
+    assert (tmp_path / "map.nii.gz").read_bytes()[:2] == b"\x1f\x8b"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["map.nii", "map.nii.gz"]  # no temporary left
