@@ -241,3 +241,10 @@ def write_nifti(path: Path, values: np.ndarray[Any, Any], affine: np.ndarray[Any
 
         data = gzip.compress(data, mtime=0)
     write_atomic(path, data)
+
+
+def peak(values: np.ndarray[Any, Any], affine: np.ndarray[Any, Any]) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """A map's highest voxel (the first in C order on ties) and its RAS position in millimetres, for a row."""
+    voxel = tuple(int(i) for i in np.unravel_index(int(np.argmax(values)), values.shape))
+    world = (np.asarray(affine, dtype=np.float64) @ np.array([*voxel, 1.0]))[:3]
+    return voxel, tuple(float(v) for v in world)

@@ -156,3 +156,13 @@ def test_map_written_as_nifti_on_the_scans_grid(tmp_path: Path) -> None:
         np.testing.assert_array_equal(np.asanyarray(back.dataobj), cam.astype(np.float32))
     assert (tmp_path / "map.nii.gz").read_bytes()[:2] == b"\x1f\x8b"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["map.nii", "map.nii.gz"]  # no temporary left
+
+
+def test_peak_in_voxels_and_millimetres() -> None:
+    from gradcam_cli.io.volumes import peak
+
+    scan = read_volume([DATA / "anatomical.nii"])
+    cam = np.zeros(scan.grid, dtype=np.float32)
+    cam[4, 7, 9] = 1.0
+    cam[5, 0, 0] = 1.0  # a tie later in C order loses
+    assert peak(cam, scan.affine) == ((4, 7, 9), (32.0 - 8.0, -40.0 + 14.0, -16.0 + 18.0))
