@@ -6,11 +6,12 @@ import glob
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 
 from ..errors import UsageError, describe
+from .volumes import VOLUME_SUFFIXES, group_channels, is_volume_path, volume_stem
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif"})
 VIDEO_SUFFIXES = frozenset({".mp4", ".avi", ".mov", ".mkv", ".webm"})
@@ -23,6 +24,7 @@ class InputKind(Enum):
     IMAGE = "image"
     VIDEO = "video"
     PROMPTED = "prompted image"
+    VOLUME = "volume"
 
 
 @dataclass(frozen=True)
@@ -33,12 +35,16 @@ class InputImage:
     path: Path
     output_stem: Path
     prompt: str | None = None
+    channels: tuple[Path, ...] = ()
 
     @property
     def kind(self) -> InputKind:
-        """A prompted image, a video file (by its suffix), or an image."""
+        """A prompted image, a scan (channel files, or a NIfTI, ``.npy`` or DICOM folder path), a video file (by
+        its suffix), or an image."""
         if self.prompt is not None:
             return InputKind.PROMPTED
+        if self.channels or self.path.is_dir() or self.path.name.lower().endswith(VOLUME_SUFFIXES):
+            return InputKind.VOLUME
         return InputKind.VIDEO if self.path.suffix.lower() in VIDEO_SUFFIXES else InputKind.IMAGE
 
 
@@ -185,7 +191,7 @@ def _disambiguate(images: list[InputImage]) -> list[InputImage]:
     """
     counts = Counter(_stem_key(image.output_stem) for image in images)
     renamed = [
-        InputImage(image.path, image.output_stem.with_name(image.path.name))
+        replace(image, output_stem=image.output_stem.with_name(image.path.name))
         if counts[_stem_key(image.output_stem)] > 1
         else image
         for image in images
@@ -199,7 +205,7 @@ def _disambiguate(images: list[InputImage]) -> list[InputImage]:
             number += 1
             stem = image.output_stem.with_name(f"{image.output_stem.name}~{number}")
         taken.add(_stem_key(stem))
-        unique.append(InputImage(image.path, stem))
+        unique.append(replace(image, output_stem=stem))
     return unique
 
 
@@ -220,3 +226,54 @@ def discover_inputs(
     if inputs and not images and not videos:
         raise UsageError(f"no images found in {' '.join(map(str, inputs))}")
     return images, discover(videos) if videos else []
+
+
+def discover_volumes(
+    inputs: Sequence[str | Path], exclude: Path | None = None, channels: Sequence[Path] = ()
+) -> list[InputImage]:
+    """Scans among ``inputs``: NIfTI and ``.npy`` files and DICOM series folders, named or found in folders
+    (recursively; a folder holding ``.dcm`` files is one scan, not searched further), in a stable order.
+
+    Files named by nnU-Net's channel rule (``CASE_0000.nii.gz``, ``CASE_0001.nii.gz``) become one input of
+    several channels (:func:`~gradcam_cli.io.volumes.group_channels`); ``channels`` (``--channels a,b``) names one
+    scan's channel files explicitly. Each input's ``channels`` lists its files in channel order; its stem is the
+    case's name (``CASE``), relative to its folder as for images."""
+    excluded = _real(exclude) if exclude is not None else None
+    found: list[tuple[Path, Path]] = []  # (path, stem relative to the outputs)
+    for raw in inputs:
+        path = Path(raw)
+        if path.is_dir() and not is_volume_path(path):
+            found.extend((s, s.relative_to(path)) for s in sorted(_walk_volumes(path, excluded), key=_sort_key))
+        elif is_volume_path(path):
+            found.append((path, Path(path.name)))
+    scans = []
+    if channels:
+        scans.append(InputImage(channels[0], Path(_case(channels[0])), channels=tuple(channels)))
+    by_path = dict(found)
+    for group in group_channels([path for path, _ in found]):
+        stem = by_path[group[0]].with_name(_case(group[0]) if len(group) > 1 else volume_stem(group[0]))
+        scans.append(InputImage(group[0], stem, channels=group if len(group) > 1 else ()))
+    return _disambiguate(scans)
+
+
+def _case(path: Path) -> str:
+    """``CASE`` of ``CASE_0000.nii.gz`` (the stem without the channel number), or the scan's stem."""
+    stem = volume_stem(path)
+    return stem[:-5] if len(stem) > 5 and stem[-5] == "_" and stem[-4:].isdigit() else stem
+
+
+def _walk_volumes(root: Path, excluded: str | None) -> Iterator[Path]:
+    """Scans under ``root`` in a stable order: NIfTI and ``.npy`` files, and folders of ``.dcm`` files."""
+    for directory, subdirs, files in os.walk(root, followlinks=False):
+        here = Path(directory)
+        if excluded is not None and _real(here) == excluded:
+            subdirs[:] = []
+            continue
+        subdirs[:] = sorted(name for name in subdirs if not name.startswith("."))
+        if here != root and any(name.lower().endswith(".dcm") for name in files):
+            subdirs[:] = []
+            yield here
+            continue
+        for name in sorted(files):
+            if not name.startswith(".") and name.lower().endswith(VOLUME_SUFFIXES):
+                yield here / name
