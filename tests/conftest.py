@@ -61,6 +61,15 @@ def square_model():
 
 
 @pytest.fixture(scope="module")
+def llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random LLaVA of tests/vlm_models.py, saved once per test module (its folder)."""
+    pytest.importorskip("transformers")
+    import vlm_models
+
+    return vlm_models.llava(tmp_path_factory.mktemp("llava"))
+
+
+@pytest.fixture(scope="module")
 def one_thread():
     """One intra-op thread while the module runs, the count restored after: for modules of many small passes, where
     on busy cores OpenMP's spin-waiting threads cost more than they bring (tests/methods/test_references.py)."""

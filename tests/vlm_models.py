@@ -66,6 +66,15 @@ def _llama(vocab: int):
     )
 
 
+def text_model(folder: Path) -> Path:
+    """A tiny text-only Llama (the language model of :func:`llava` alone, no vision tower): a model that answers no
+    question about a photo."""
+    from transformers import LlamaForCausalLM
+
+    LlamaForCausalLM(_llama(32)).save_pretrained(folder)
+    return folder
+
+
 def _save(model, processor, folder: Path) -> Path:
     model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, 3
     model.generation_config.bos_token_id = 2

@@ -35,7 +35,7 @@ def answer_layer_table(model: LoadedModel, image: Image.Image | None = None) -> 
     """The modules before the language model with their output shapes for one pass of ``image`` (a grey photo
     without one) and :data:`PROBE_PROMPT`, candidates marked by their layout; and the family's default layer."""
     explainer = AnswerExplainer(model)
-    photo = image.convert("RGB") if image is not None else Image.new("RGB", (PROBE_SIDE, PROBE_SIDE), (128,) * 3)
+    photo = image.convert("RGB") if image is not None else _grey_photo()
     inputs = explainer.inputs(photo, PROBE_PROMPT)
     module: Any = model.module
     infos = _shapes(module, inputs, language_modules(module))
@@ -53,12 +53,17 @@ def check_layer(explainer: AnswerExplainer) -> None:
     teacher-forced pass of a grey photo, :data:`PROBE_PROMPT` and a one-token answer, differentiated at the layer and
     placed on the photo as every image's is (a layer the answer does not depend on, one whose tokens are not the
     family's grid)."""
-    photo = Image.new("RGB", (PROBE_SIDE, PROBE_SIDE), (128,) * 3)
+    photo = _grey_photo()
     inputs = explainer.inputs(photo, PROBE_PROMPT)
     answer = explainer.encode(PROBE_PROMPT)[:1]
     target = AnswerTarget("answer", ((tuple(answer), (0,), 1.0),))
     activations, _, _ = explainer.gradients(inputs, answer, [target])
     explainer.place(activations[:, 0], inputs, photo)
+
+
+def _grey_photo() -> Image.Image:
+    """The photo the probe passes see when no image is given: mid grey, :data:`PROBE_SIDE` square."""
+    return Image.new("RGB", (PROBE_SIDE, PROBE_SIDE), (128,) * 3)
 
 
 def _shapes(module: nn.Module, inputs: Mapping[str, torch.Tensor], left_out: set[int]) -> list[LayerInfo]:

@@ -21,11 +21,6 @@ from PIL import Image
 from gradcam_cli.models.families.vision_language import LLAVA, QWEN2_VL
 
 
-@pytest.fixture(scope="module")
-def llava(tmp_path_factory) -> Path:
-    return vlm_models.llava(tmp_path_factory.mktemp("llava"))
-
-
 @pytest.fixture()
 def image(tmp_path) -> Path:
     path = tmp_path / "photo.png"
@@ -54,21 +49,6 @@ def cache_hub_id(cache: Path, repo: str, folder: Path) -> None:
     shutil.copytree(folder, entry / "snapshots" / commit)
 
 
-def text_model(folder: Path) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
-    LlamaForCausalLM(config).save_pretrained(folder)
-    return folder
-
-
 def test_every_problem_of_an_hf_folder_is_named_with_prompt_as_without(image, tmp_path):
     """Issue 41, item 10: a missing folder, an empty one, an unreadable config.json, a text-only model and a cached hub
     id of an image classifier each get their own cause with --prompt, the same as without (or, for a model that
@@ -77,7 +57,7 @@ def test_every_problem_of_an_hf_folder_is_named_with_prompt_as_without(image, tm
     empty.mkdir()
     broken.mkdir()
     (broken / "config.json").write_text("{not json")
-    text = text_model(tmp_path / "text")
+    text = vlm_models.text_model(tmp_path / "text")
     cache = tmp_path / "hub"
     cache_hub_id(cache, "someone/text-model", text)
     offline = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}

@@ -21,11 +21,6 @@ LAST_VISION_LAYER = "model.vision_tower.encoder.layers.1"
 records with its own hooks (``vision_feature_layer`` -1)."""
 
 
-@pytest.fixture(scope="module")
-def llava(tmp_path_factory) -> Path:
-    return vlm_models.llava(tmp_path_factory.mktemp("llava"))
-
-
 @pytest.fixture()
 def images(tmp_path) -> Path:
     folder = tmp_path / "photos"
