@@ -65,7 +65,18 @@ def canvas_sum(page: Any) -> list[int]:
 
 
 def wait_caption(page: Any, text: str) -> None:
-    page.wait_for_function("t => document.getElementById('caption').textContent.includes(t)", arg=text, timeout=60_000)
+    """Wait for the caption to say ``text``; on a timeout, fail with what the page said instead (its status line)."""
+    from playwright.sync_api import TimeoutError as PageTimeout
+
+    try:
+        page.wait_for_function(
+            "t => document.getElementById('caption').textContent.includes(t)", arg=text, timeout=60_000
+        )
+    except PageTimeout:
+        said = page.evaluate(
+            "() => [document.getElementById('caption').textContent, document.getElementById('status').textContent]"
+        )
+        raise AssertionError(f"the caption never said {text!r}: caption {said[0]!r}, status {said[1]!r}") from None
 
 
 def test_upload_click_a_class_switch_layer_and_method(browser, square_model, tmp_path):
