@@ -112,7 +112,7 @@ class Explainer:
         resolved = {name: resolve_layer(model.module, name) for name in names}
         self.dry_passes = dry_passes or DryPasses()
         adapter = adapter_for(model)  # a bare module's: a classifier's until its dry pass shows its task
-        infos = self.dry_passes.get(model, self.device, adapter.tokens)
+        infos = adapter.dry_pass(self.dry_passes, model, self.device)  # a prompted image's model: none
         if unshown:  # a bare module's task, from the dry pass
             model = model.with_task_shown(infos[0].output_shape if infos and not infos[0].name else None)
             adapter = adapter_for(model)
@@ -143,7 +143,7 @@ class Explainer:
         """The options checked; what they came to (no layers chosen yet) and the attention the methods read."""
         model, adapter = self.model, self.adapter
         taken = [name for name, method in METHODS.items() if adapter.takes(name, method.tasks, model.module)]
-        methods = resolve_methods(list(options.methods), adapter.methods_of, taken)
+        methods = resolve_methods(list(options.methods), adapter.methods_of, taken, adapter.noun)
         wanted = [name for name in methods if METHODS[name].needs in ATTENTION_NEEDS]
         attention, methods, left_out = attention_for(model, methods, wanted, options.methods)
         methods, need_target = untargeted_methods(model, options, methods, adapter.takes_targets)
