@@ -193,8 +193,8 @@ class Explainer:
     ) -> Explainer:
         """An explainer like this one with some of its options replaced (``methods=(...)``), ``module`` in place of
         its model's module and ``progress`` in place of its masked passes' progress callback; its layers stay
-        those chosen here."""
-        options = replace(self.options, layers=self.chosen.layers, **changes)
+        those chosen here unless ``layers`` is among them."""
+        options = replace(self.options, **({"layers": self.chosen.layers} | changes))
         progress, precision = progress or self.context.progress, self.chosen.precision
         if module is None:  # the same model: its dry pass is kept
             return Explainer(self.model, options, precision=precision, progress=progress, dry_passes=self.dry_passes)
