@@ -11,6 +11,7 @@ refuses, which methods and layers apply (no dry pass: the family names its layer
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
@@ -37,6 +38,8 @@ T = TypeVar("T")
 
 DEFAULT_MAX_NEW_TOKENS = 32
 """The generated answer's most tokens without ``--max-new-tokens``."""
+NO_IMAGE_BATCH = "{model} answers a prompt about an image: explain it with explain_prompt(explainer, image, prompt)"
+"""Why a vision-language model's explainer takes no image batch (:meth:`AnswerTask.pass_settings`)."""
 EMPTY_ANSWER = "the model's answer is empty (it ended at once): nothing to map; give one with --answer TEXT"
 """What an image whose generated answer is empty says (its row's ``note``, the console)."""
 
@@ -80,7 +83,7 @@ class AnswerScore(Prompter):
     ) -> Targets:
         """An answer's targets are chosen from its tokens, not from an image's output: a prompted image is explained
         with :meth:`~gradcam_cli.cam.explainer.Explainer.explain_prompt`."""
-        raise UsageError(f"{self.model.name} answers a prompt: explain an image of it with explain_prompt")
+        raise UsageError(NO_IMAGE_BATCH.format(model=self.model.name))
 
     def answer_targets(
         self, answer: Sequence[int], per_token: bool, specs: Sequence[TargetSpec] = ()
@@ -258,6 +261,12 @@ class AnswerTask(TaskAdapter):
 
     def nothing_found(self, model: Any, score: Any, target: int | None) -> str | None:
         return EMPTY_ANSWER
+
+    def pass_settings(self, score: Score) -> AbstractContextManager[None]:
+        """An image batch's pass is refused in one line: the model reads a prompt with its photo
+        (:func:`~gradcam_cli.cam.prompted.explain_prompt`)."""
+        assert isinstance(score, AnswerScore)
+        raise UsageError(NO_IMAGE_BATCH.format(model=score.model.name))
 
     def evaluation(
         self, protocol: Callable[[], T], boxes: Callable[[], T], answers: Callable[[], T] | None = None
