@@ -229,7 +229,7 @@ class AnswerTask(TaskAdapter):
 
     def dry_pass(self, passes: DryPasses, model: LoadedModel, device: torch.device) -> list[LayerInfo]:
         """None: the family names the default layer, and a ``--layer`` given is tried by one probe pass when the
-        command builds its explainer (:meth:`answerer`)."""
+        command builds its explainer (:meth:`check_built`)."""
         return []
 
     def chosen_layers(self, model: LoadedModel, infos: list[LayerInfo], names: list[str], tokens: bool) -> list[str]:
