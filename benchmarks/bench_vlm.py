@@ -2,7 +2,7 @@
 
 The tiny random models of tests/vlm_models.py (LLaVA-1.5 and NeXT, Qwen2-VL, Qwen2.5-VL, Idefics3; seeded), one
 96x48 photo, one prompt, a greedy answer of ``--tokens`` new tokens. The baseline is the model's ``generate`` with
-the explainer's settings (``AnswerExplainer.generate``); the cases, timed in alternation with it
+the explainer's settings (``Prompter.generate``, the answer task's score's); the cases, timed in alternation with it
 (``bench_methods.paired``), medians over ``--repeats`` rounds: ``answer`` (generate, then the whole answer's
 Grad-CAM map: one teacher-forced forward pass, one backward pass to the layer, placing on the photo), ``given``
 (the map of a given answer: no generation), ``per-token`` (the generated answer's map and one per token). The
@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import vlm_models  # noqa: E402
 from bench_methods import paired  # noqa: E402
-from vlm_models import load_vlm  # noqa: E402
+from vlm_models import answerer, load_vlm  # noqa: E402
 
-from gradcam_cli.cam.answers import AnswerExplainer  # noqa: E402
+from gradcam_cli.cam.prompted import explain_prompt  # noqa: E402
 
 FAMILIES = vlm_models.BUILDERS
 PROMPT = "what is the cat ?"
@@ -55,17 +55,17 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         for name in args.families.split(","):
             path = FAMILIES[name](Path(folder) / name)
-            explainer = AnswerExplainer(load_vlm(f"hf:{path}", device), max_new_tokens=args.tokens)
-            inputs = explainer.inputs(image, PROMPT)
-            ids = explainer.generate(inputs)
+            explainer = answerer(load_vlm(f"hf:{path}", device), max_new_tokens=args.tokens)
+            inputs = explainer.score.inputs(image, PROMPT)
+            ids = explainer.score.generate(inputs)
             if not ids:
                 print(f"{name}: the answer is empty (the model ended at once); nothing to time", flush=True)
                 continue
-            answer = explainer.tokenizer.decode(ids, skip_special_tokens=True)
+            answer = explainer.score.tokenizer.decode(ids, skip_special_tokens=True)
             cases = {
-                "answer": lambda e=explainer: e.explain(image, PROMPT),
-                "given": lambda e=explainer, a=answer: e.explain(image, PROMPT, a),
-                "per-token": lambda e=explainer: e.explain(image, PROMPT, per_token=True),
+                "answer": lambda e=explainer: explain_prompt(e, image, PROMPT),
+                "given": lambda e=explainer, a=answer: explain_prompt(e, image, PROMPT, a),
+                "per-token": lambda e=explainer: explain_prompt(e, image, PROMPT, per_token=True),
             }
             print(f"{name}, {len(ids)} answer tokens, {device}: time / generate alone", flush=True)
             for case, run in cases.items():

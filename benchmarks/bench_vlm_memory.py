@@ -30,10 +30,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import vlm_models  # noqa: E402
-from saved_memory import KeptMemory, kept_training_style  # noqa: E402
-from vlm_models import load_vlm  # noqa: E402
+from saved_memory import KeptMemory, kept_training_style, layer_module  # noqa: E402
+from vlm_models import answerer, load_vlm  # noqa: E402
 
-from gradcam_cli.cam.answers import AnswerExplainer  # noqa: E402
+from gradcam_cli.cam.explainer import Explainer  # noqa: E402
+from gradcam_cli.cam.prompted import answer_gradients  # noqa: E402
 from gradcam_cli.models.families.vision_language import LLAVA  # noqa: E402
 from gradcam_cli.models.profile import LoadedModel, ModelProfile  # noqa: E402
 
@@ -42,12 +43,13 @@ ANSWER = "a red cat"
 MB = 1e6
 
 
-def kept(explainer: AnswerExplainer, image: Image.Image, answer: str, per_token: bool) -> tuple[int, int]:
+def kept(explainer: Explainer, image: Image.Image, answer: str, per_token: bool) -> tuple[int, int]:
     """Bytes kept by the map's pass and by the same forward pass with every parameter requiring a gradient."""
-    inputs = explainer.inputs(image, PROMPT)
-    ids = explainer.encode(answer)
-    with KeptMemory(explainer.model.module, explainer.module) as ours:
-        explainer.gradients(inputs, ids, explainer.targets(ids, per_token))
+    score: Any = explainer.score
+    inputs = score.inputs(image, PROMPT)
+    ids = score.encode(answer)
+    with KeptMemory(explainer.model.module, layer_module(explainer)) as ours:
+        answer_gradients(explainer, inputs, ids, score.answer_targets(ids, per_token))
     full = kept_training_style(explainer, inputs, ids)
     return ours.total, full.total
 
@@ -60,7 +62,7 @@ def tiny(families: list[str]) -> None:
     with tempfile.TemporaryDirectory() as folder:
         for name in families:
             path = vlm_models.BUILDERS[name](Path(folder) / name)
-            explainer = AnswerExplainer(load_vlm(f"hf:{path}", torch.device("cpu")))
+            explainer = answerer(load_vlm(f"hf:{path}", torch.device("cpu")))
             ours, full = kept(explainer, image, ANSWER, per_token=True)
             print(f"  {name:<12} {ours / 1e3:8.1f} kB {full / 1e3:12.1f} kB {ours / full:7.3f}", flush=True)
 
@@ -124,10 +126,10 @@ def real(dtype: torch.dtype) -> None:
     for layers in (1, 2):
         module = llava_7b(layers, dtype, torch.device("cpu"))
         settle_loaded(module, torch.device("cpu"))
-        profile = ModelProfile(task_name="answer", processor=processor, layout=LLAVA)
+        profile = ModelProfile(task="answer", processor=processor, layout=LLAVA)
         vlm = LoadedModel(module, f"llava-1.5-7b shapes, {layers} layers", "none", profile=profile)
-        explainer = AnswerExplainer(vlm)
-        tokens = explainer.inputs(image, PROMPT)["input_ids"].shape[1]
+        explainer = answerer(vlm)
+        tokens = explainer.score.inputs(image, PROMPT)["input_ids"].shape[1]
         ours, _ = kept(explainer, image, ANSWER, per_token=False)
         figures.append(ours)
         print(f"  {layers} decoder layer(s), {tokens} prompt tokens: {ours / MB:8.1f} MB kept", flush=True)

@@ -53,9 +53,16 @@ class KeptMemory:
             self._handle.remove()
 
 
+def layer_module(explainer: Any) -> torch.nn.Module:
+    """An explainer's one explained layer (its network's)."""
+    _, layers = explainer.network
+    (module,) = layers.values()
+    return module
+
+
 def kept_training_style(explainer: Any, inputs: dict[str, torch.Tensor], answer: list[int]) -> KeptMemory:
     """What the answer's teacher-forced forward pass keeps when run as training runs it (every parameter requiring
-    a gradient): the comparison for an ``AnswerExplainer``'s own pass. The parameters' flags are restored."""
+    a gradient): the comparison for a vision-language explainer's own pass. The parameters' flags are restored."""
     from gradcam_cli.cam.answers import TEXT_KEYS, _Prompted
 
     module = explainer.model.module
@@ -64,7 +71,7 @@ def kept_training_style(explainer: Any, inputs: dict[str, torch.Tensor], answer:
     flags = [parameter.requires_grad for parameter in module.parameters()]
     try:
         module.requires_grad_(True)
-        with KeptMemory(module, explainer.module) as kept, torch.enable_grad():
+        with KeptMemory(module, layer_module(explainer)) as kept, torch.enable_grad():
             _Prompted(module, images)(ids)
     finally:
         for parameter, flag in zip(module.parameters(), flags, strict=True):

@@ -30,6 +30,17 @@ def load_vlm(model: str, device: torch.device, precision: str = "fp32"):
     return loaded
 
 
+def answerer(vlm, layer: str | None = None, methods=("gradcam",), max_new_tokens: int = 32):
+    """The one :class:`~gradcam_cli.cam.explainer.Explainer` of a loaded vision-language model (its score the answer
+    task's), as a library user builds it."""
+    from gradcam_cli.cam.explainer import Explainer
+    from gradcam_cli.options import AnswerOptions, ExplainOptions
+
+    layers = (layer,) if layer is not None else ()
+    question = AnswerOptions(max_new_tokens=max_new_tokens)
+    return Explainer(vlm, ExplainOptions(layers=layers, methods=tuple(methods), question=question))
+
+
 def tokenizer(special: list[str]):
     """A word-level tokenizer over :data:`WORDS` and the family's ``special`` image tokens (split out of runs)."""
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -3,7 +3,8 @@ language model reads it (vision tower, projector, merger, connector), each with 
 photo and a short prompt. The language model, its embeddings and its head are left out: their tokens are the prompt's
 and the answer's, not the image's. The family's default layer is marked, and so is every layer whose output is the
 image tokens in the family's layout (:class:`~gradcam_cli.models.token_layouts.TokenLayout`), which ``--layer`` can
-explain. A ``--layer`` given is tried the same way at start-up (:func:`check_layer`)."""
+explain. A ``--layer`` given is tried the same way at start-up
+(:meth:`~gradcam_cli.cam.tasks.answer.AnswerScore.probe`)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,10 @@ from torch import nn
 
 from ..models.profile import LoadedModel
 from .answer_model import language_modules
-from .answers import AnswerExplainer, AnswerTarget
+from .answers import PROBE_PROMPT, Prompter, grey_photo
 from .layers import LayerInfo
 from .reshape import Layout
 
-PROBE_PROMPT = "what is in the image?"
-"""The prompt of the pass that finds the layers' shapes (any prompt: the image's tokens do not depend on it)."""
-PROBE_SIDE = 224
-"""The side of the grey photo the pass sees when no image is given."""
 LEGEND = (
     "* default layer   + the image's tokens in the family's layout (what --layer explains)   xN: runs N times per "
     "forward   the language model's layers are not listed: their tokens are the prompt's and the answer's"
@@ -34,36 +31,18 @@ LEGEND = (
 def answer_layer_table(model: LoadedModel, image: Image.Image | None = None) -> tuple[list[LayerInfo], str]:
     """The modules before the language model with their output shapes for one pass of ``image`` (a grey photo
     without one) and :data:`PROBE_PROMPT`, candidates marked by their layout; and the family's default layer."""
-    explainer = AnswerExplainer(model)
-    photo = image.convert("RGB") if image is not None else _grey_photo()
-    inputs = explainer.inputs(photo, PROBE_PROMPT)
+    prompter = Prompter(model)
+    photo = image.convert("RGB") if image is not None else grey_photo()
+    inputs = prompter.inputs(photo, PROBE_PROMPT)
     module: Any = model.module
     infos = _shapes(module, inputs, language_modules(module))
     for info in infos:
-        start = _token_start(explainer, inputs, photo, info.output_shape) if info.layout is not None else None
+        start = _token_start(prompter, inputs, photo, info.output_shape) if info.layout is not None else None
         info.layout = None
         if start is not None and info.output_shape is not None:
             tokens = math.prod(info.output_shape[:-1])
             info.layout = Layout("nlc", 1, tokens - start, prefix=start)
-    return infos, explainer.layout.default_layer
-
-
-def check_layer(explainer: AnswerExplainer) -> None:
-    """Refuse, in one line and before any image, an explainer's ``--layer`` no answer can be explained at: one
-    teacher-forced pass of a grey photo, :data:`PROBE_PROMPT` and a one-token answer, differentiated at the layer and
-    placed on the photo as every image's is (a layer the answer does not depend on, one whose tokens are not the
-    family's grid)."""
-    photo = _grey_photo()
-    inputs = explainer.inputs(photo, PROBE_PROMPT)
-    answer = explainer.encode(PROBE_PROMPT)[:1]
-    target = AnswerTarget("answer", ((tuple(answer), (0,), 1.0),))
-    activations, _, _ = explainer.gradients(inputs, answer, [target])
-    explainer.place(activations[:, 0], inputs, photo)
-
-
-def _grey_photo() -> Image.Image:
-    """The photo the probe passes see when no image is given: mid grey, :data:`PROBE_SIDE` square."""
-    return Image.new("RGB", (PROBE_SIDE, PROBE_SIDE), (128,) * 3)
+    return infos, prompter.layout.default_layer
 
 
 def _shapes(module: nn.Module, inputs: Mapping[str, torch.Tensor], left_out: set[int]) -> list[LayerInfo]:
@@ -110,7 +89,7 @@ def _shapes(module: nn.Module, inputs: Mapping[str, torch.Tensor], left_out: set
 
 
 def _token_start(
-    explainer: AnswerExplainer, inputs: Mapping[str, torch.Tensor], image: Image.Image, shape: tuple[int, ...] | None
+    prompter: Prompter, inputs: Mapping[str, torch.Tensor], image: Image.Image, shape: tuple[int, ...] | None
 ) -> int | None:
     """Where the image's tokens start in an output of ``shape`` (leading tokens before: a class token), when its
     tokens are the image's in the family's layout; else ``None``."""
@@ -118,7 +97,7 @@ def _token_start(
         return None
     tokens = math.prod(shape[:-1])
     try:
-        tiles = explainer.tiles(inputs, image, tokens)
+        tiles = prompter.tiles(inputs, image, tokens)
     except Exception:  # a count the layout cannot place
         return None
     start = min(tile.start for tile in tiles) if tiles else -1

@@ -9,7 +9,8 @@ from typing import Any
 
 from ..errors import UsageError
 from ..targets import TargetSpec
-from .answers import AnswerExplainer, AnswerTarget
+from .answers import AnswerTarget
+from .tasks.answer import AnswerScore
 
 
 @dataclass(frozen=True)
@@ -40,16 +41,16 @@ def answer_words(tokenizer: Any, ids: Sequence[int]) -> list[AnswerWord]:
     return [AnswerWord(text.strip(), tuple(tokens)) for text, tokens in groups if text.strip()]
 
 
-def word_target(explainer: AnswerExplainer, ids: Sequence[int], word: AnswerWord) -> AnswerTarget:
+def word_target(score: AnswerScore, ids: Sequence[int], word: AnswerWord) -> AnswerTarget:
     """The target of ``word`` of the answer ``ids``: ``--target answer:WORD``'s where that names this occurrence
     (its first), else ``--per-token``'s for a one-token word, else the sum over its tokens (``tokens 3-4: ...``)."""
     try:
-        named = explainer.targets(ids, False, [TargetSpec("answer", word.text)])[0]
+        named = score.answer_targets(ids, False, [TargetSpec("answer", word.text)])[0]
     except UsageError:
         named = None
     if named is not None and named.terms[0][1] == word.tokens:
         return named
     if len(word.tokens) == 1:
-        return explainer.targets(ids, True)[1 + word.tokens[0]]
+        return score.answer_targets(ids, True)[1 + word.tokens[0]]
     first, last = word.tokens[0], word.tokens[-1]
     return AnswerTarget(f"tokens {first}-{last}: {word.text}", ((tuple(ids), word.tokens, 1.0),))

@@ -112,7 +112,7 @@ class Explainer:
         resolved = {name: resolve_layer(model.module, name) for name in names}
         self.dry_passes = dry_passes or DryPasses()
         adapter = adapter_for(model)  # a bare module's: a classifier's until its dry pass shows its task
-        infos = self.dry_passes.get(model, self.device, adapter.tokens)
+        infos = adapter.dry_pass(self.dry_passes, model, self.device)  # a prompted image's model: none
         if unshown:  # a bare module's task, from the dry pass
             model = model.with_task_shown(infos[0].output_shape if infos and not infos[0].name else None)
             adapter = adapter_for(model)
@@ -143,7 +143,7 @@ class Explainer:
         """The options checked; what they came to (no layers chosen yet) and the attention the methods read."""
         model, adapter = self.model, self.adapter
         taken = [name for name, method in METHODS.items() if adapter.takes(name, method.tasks, model.module)]
-        methods = resolve_methods(list(options.methods), adapter.methods_of, taken)
+        methods = resolve_methods(list(options.methods), adapter.methods_of, taken, adapter.noun)
         wanted = [name for name in methods if METHODS[name].needs in ATTENTION_NEEDS]
         attention, methods, left_out = attention_for(model, methods, wanted, options.methods)
         methods, need_target = untargeted_methods(model, options, methods, adapter.takes_targets)
@@ -193,8 +193,8 @@ class Explainer:
     ) -> Explainer:
         """An explainer like this one with some of its options replaced (``methods=(...)``), ``module`` in place of
         its model's module and ``progress`` in place of its masked passes' progress callback; its layers stay
-        those chosen here."""
-        options = replace(self.options, layers=self.chosen.layers, **changes)
+        those chosen here unless ``layers`` is among them."""
+        options = replace(self.options, **({"layers": self.chosen.layers} | changes))
         progress, precision = progress or self.context.progress, self.chosen.precision
         if module is None:  # the same model: its dry pass is kept
             return Explainer(self.model, options, precision=precision, progress=progress, dry_passes=self.dry_passes)

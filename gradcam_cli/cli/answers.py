@@ -105,13 +105,14 @@ def ask(command: Command) -> int:
     if model.input_size is not None:
         raise UsageError("--input-size does not apply to a --prompt's answer: the model's processor sizes the image")
     from ..cam.tasks.answer import ANSWER as adapter
+    from ..pipeline.answers import answer_explainer
     from ..pipeline.session import Session
 
     images = _questioned(inputs, question, output.output_dir)
     with Session(output, run, notify=reporter.info) as session:
-        answerer = adapter.answerer(model, explain)
+        answerer = answer_explainer(model, explain)
         if not explain.layers:
-            reporter.info(adapter.layer_note(answerer))
+            reporter.info(adapter.layer_note(answerer.model, answerer.layer_label))
         started = time.perf_counter()
         bars = lambda label, total: ProgressBar(reporter, total, label)  # noqa: E731
         shown: set[str] = set()
@@ -143,13 +144,16 @@ class EvalCommand(Protocol):
 
 def evaluate_answers(command: EvalCommand) -> int:
     """``gradcam eval --prompt`` (or each image its own, ``--prompts FILE.csv``): deletion and insertion of the
-    answer's per-token probability along each method's map, per image (and their means); the exit code."""
+    answer's per-token probability along each method's map, per image (and their means), measured by the answer
+    task's evaluator (:func:`~gradcam_cli.evaluation.evaluate.evaluator_for`), reported here; the exit code."""
     reporter, explain, options = command.reporter, command.explain_options, command.options
     question = explain.question
     if not question.asked:
         raise UsageError(f"{question.given()[0]} is for a --prompt; add --prompt TEXT")
     from ..cam.tasks.answer import ANSWER as adapter
-    from ..evaluation.answers import answer_rows
+    from ..evaluation.answers import AnswerEvaluator
+    from ..evaluation.evaluate import evaluator_for
+    from ..pipeline.answers import answer_explainer
 
     measures = {"--rank": command.ranking.rank, "--boxes": options.boxes is not None, "--road": options.road}
     measures |= {"--plot": options.plot is not None, "--stability": options.stability, "--sanity": options.sanity}
@@ -159,12 +163,14 @@ def evaluate_answers(command: EvalCommand) -> int:
         raise UsageError(f"{not_here[0]} does not apply to a --prompt's answer (docs/vlm.md: deletion and insertion)")
     adapter.check_question(explain)
     images = _questioned(command.inputs, question, None)
-    answerer = adapter.answerer(command.model_options, explain)
+    answerer = answer_explainer(command.model_options, explain)
     if not explain.layers:
-        reporter.info(adapter.layer_note(answerer))
+        reporter.info(adapter.layer_note(answerer.model, answerer.layer_label))
+    evaluator = evaluator_for(answerer, options)
+    assert isinstance(evaluator, AnswerEvaluator)  # the answer task's (AnswerTask.evaluation)
     started, failed = time.perf_counter(), 0
     scores: dict[str, list[tuple[float, float]]] = {}
-    for row in answer_rows(answerer, images, question.answer, options.steps):
+    for row in evaluator.rows(images):
         if reporter.as_json:
             reporter.emit(json.dumps(row))
         if row["status"] == "error":

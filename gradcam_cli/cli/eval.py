@@ -44,10 +44,9 @@ from .reporting import (
 
 if TYPE_CHECKING:
     from ..cam.explainer import Explainer
-    from ..evaluation.evaluate import Evaluator
+    from ..evaluation.evaluate import AnyEvaluator
     from ..evaluation.report import EvalReport, ImageScores
     from ..evaluation.rows import RowsFile
-    from ..evaluation.tasks import TaskEvaluator
     from ..io.boxes import GroundTruthBox
     from ..io.discovery import InputImage
     from ..options import ExplainOptions, ModelOptions
@@ -310,7 +309,7 @@ class EvalCommand:
 
     def _evaluate(
         self,
-        evaluator: Evaluator | TaskEvaluator,
+        evaluator: AnyEvaluator,
         options: EvalOptions,
         images: list[InputImage],
         boxes: list[GroundTruthBox] | None,
@@ -382,7 +381,7 @@ class EvalCommand:
 
     def _report(
         self,
-        evaluator: Evaluator | TaskEvaluator,
+        evaluator: AnyEvaluator,
         options: EvalOptions,
         images: list[InputImage],
         finished: list[ImageScores],

@@ -11,9 +11,8 @@ from .ranking import RankOptions, rank_report
 from .reporting import Reporter
 
 if TYPE_CHECKING:
-    from ..evaluation.evaluate import Evaluator
+    from ..evaluation.evaluate import AnyEvaluator
     from ..evaluation.report import EvalReport
-    from ..evaluation.tasks import TaskEvaluator
     from ..io.discovery import InputImage
     from ..options import EvalOptions
 
@@ -21,7 +20,7 @@ if TYPE_CHECKING:
 def tell(
     reporter: Reporter,
     report: EvalReport,
-    evaluator: Evaluator | TaskEvaluator,
+    evaluator: AnyEvaluator,
     images: list[InputImage],
     options: EvalOptions,
     boxes: bool,

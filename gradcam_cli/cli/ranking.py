@@ -13,10 +13,9 @@ from .reporting import ProgressBar, Reporter
 
 if TYPE_CHECKING:
     from ..cam.explainer import Explainer
-    from ..evaluation.evaluate import Evaluator
+    from ..evaluation.evaluate import AnyEvaluator, Evaluator
     from ..evaluation.rank import RankRow
     from ..evaluation.report import EvalReport
-    from ..evaluation.tasks import TaskEvaluator
     from ..io.discovery import InputImage
 
 EXAMPLES = 3
@@ -44,7 +43,7 @@ def rank_report(
     images: list[InputImage],
     folder: Path | None,
     seed: int,
-    evaluator: Evaluator | TaskEvaluator | None = None,
+    evaluator: AnyEvaluator | None = None,
     seed_images: int | None = None,
 ) -> None:
     """Print the ranking (``--json``: one object per row) and write the ``--report`` page; with the ``evaluator``

@@ -27,6 +27,7 @@ from ..io.images import load_image, to_input_tensor
 from ..models.modes import model_state_preserved
 from ..options import EvalOptions
 from . import metrics
+from .answers import AnswerEvaluator
 from .boxes import read_boxes
 from .draws import RANDOM_METHODS, averaged, random_draws, sanity_seed
 from .images import evaluate_images, report_of, scored_safely
@@ -37,6 +38,7 @@ from .shared import Once, methods_to_run, pass_groups
 from .tasks import TaskEvaluator
 
 __all__ = [
+    "AnswerEvaluator",
     "EvalOptions",
     "EvalReport",
     "Evaluator",
@@ -356,17 +358,25 @@ class Evaluator:
         return matches[0] if len(matches) == 1 else None
 
 
-def evaluator_for(explainer: Explainer, options: EvalOptions | None = None) -> Evaluator | TaskEvaluator:
-    """The evaluator for the explainer's task: the whole protocol for a classifier, the boxes only for a detector
-    or segmenter (:mod:`gradcam_cli.evaluation.tasks`)."""
+AnyEvaluator = Evaluator | TaskEvaluator | AnswerEvaluator
+"""Every task's evaluator: each runs over many images into an :class:`EvalReport`."""
 
-    def protocol() -> Evaluator | TaskEvaluator:
+
+def evaluator_for(explainer: Explainer, options: EvalOptions | None = None) -> AnyEvaluator:
+    """The evaluator for the explainer's task: the whole protocol for a classifier, the boxes only for a detector
+    or segmenter (:mod:`gradcam_cli.evaluation.tasks`), deletion and insertion of the answer for a vision-language
+    model's (:mod:`gradcam_cli.evaluation.answers`)."""
+
+    def protocol() -> AnyEvaluator:
         return Evaluator(explainer, options)
 
-    def boxes() -> Evaluator | TaskEvaluator:
+    def boxes() -> AnyEvaluator:
         return TaskEvaluator(explainer, options)
 
-    return explainer.adapter.evaluation(protocol, boxes)
+    def answers() -> AnyEvaluator:
+        return AnswerEvaluator(explainer, options)
+
+    return explainer.adapter.evaluation(protocol, boxes, answers)
 
 
 def evaluate(

@@ -16,10 +16,12 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..cam.answers import AnswerExplainer, AnswerExplanation
+from ..cam.answers import AnswerExplanation
+from ..cam.explainer import Explainer
+from ..cam.prompted import explain_prompt
 from ..cam.records import Answer, Record, answer_prediction
 from ..cam.results import Explanation
-from ..cam.tasks.answer import EMPTY_ANSWER
+from ..cam.tasks.answer import ANSWER, EMPTY_ANSWER, answer_score
 from ..drift.fingerprint import map_fingerprint
 from ..drift.provenance import determinism, versions
 from ..errors import GradcamError, describe
@@ -27,7 +29,7 @@ from ..io.discovery import InputImage
 from ..io.images import load_image, to_pixel_tensor
 from ..io.lock import ensure_folder
 from ..io.naming import answer_path, panel_path, thumbnail_path
-from ..options import OutputOptions, RunOptions
+from ..options import ExplainOptions, ModelOptions, OutputOptions, RunOptions
 from ..render.colour import blend, colormap_table, heatmap_image
 from ..render.encode import save_array, save_image
 from .resume import EarlierRows, run_record
@@ -39,17 +41,32 @@ RAY_ANSWERS = (
 """Why a run of prompted images refuses ``--engine ray``."""
 
 
+def answer_explainer(model: ModelOptions, explain: ExplainOptions) -> Explainer:
+    """The explainer of ``explain``'s question, as the command line builds it: the model refused in one line before
+    it loads where it answers no question, loaded by the family registry for the answer task
+    (:meth:`Explainer.from_options <gradcam_cli.cam.explainer.Explainer.from_options>`), then the prompt and a
+    ``--layer`` given checked once (:meth:`~gradcam_cli.cam.tasks.answer.AnswerTask.check_built`)."""
+    from dataclasses import replace
+
+    ANSWER.check_model(model, explain)
+    explainer = Explainer.from_options(replace(model, task=ANSWER.name), explain)
+    ANSWER.check_built(explainer, explain)
+    return explainer
+
+
 class AnswerRunner:
-    """Asks each prompted image its question with ``explainer`` and writes what ``output`` asks for."""
+    """Asks each prompted image its question with ``explainer`` (a vision-language model's) and writes what
+    ``output`` asks for."""
 
     def __init__(
         self,
-        explainer: AnswerExplainer,
+        explainer: Explainer,
         output: OutputOptions,
         run: RunOptions | None = None,
         earlier: EarlierRows | None = None,
     ) -> None:
         self.explainer, self.output, self.run = explainer, output, run or RunOptions()
+        self.question = answer_score(explainer).question
         self.earlier = earlier or EarlierRows()
         self.table = colormap_table(output.colormap)
 
@@ -99,9 +116,9 @@ class AnswerRunner:
         if not rows or any(row.status not in ("ok", "skipped") or row.answer is None for row in rows):
             return None
         mapped = {row.method for row in rows if row.method is not None}
-        if mapped and mapped != set(self.explainer.methods):  # made with other --method: explained again
+        if mapped and mapped != set(self.explainer.chosen.methods):  # made with other --method: explained again
             return None
-        given = self.explainer.question.answer
+        given = self.question.answer
         for row in rows:
             assert row.answer is not None
             if row.answer.prompt != image.prompt or row.answer.generated != (given is None):
@@ -132,9 +149,7 @@ class AnswerRunner:
 
     def _explain(self, image: InputImage) -> list[Record]:
         photo = load_image(image.path, self.run.max_side)
-        prompt = image.prompt or ""
-        question = self.explainer.question
-        result = self.explainer.explain(photo, prompt, question.answer, question.per_token, question.specs)
+        result = explain_prompt(self.explainer, photo, image.prompt or "", self.question.answer)
         answer = Answer(result.prompt, result.answer, result.generated)
         if not result.tokens:  # nothing to map: the row says so (``note``)
             answer.tokens, answer.note = [], EMPTY_ANSWER
@@ -188,7 +203,7 @@ class AnswerRunner:
 
     def _record(self, image: InputImage, status: str, **fields: Any) -> Record:
         model = self.explainer.model.name
-        return Record(str(image.path), status, model, self.explainer.layer, **fields)
+        return Record(str(image.path), status, model, self.explainer.layer_label, **fields)
 
 
 def named(image: InputImage, message: str) -> str:
@@ -201,18 +216,18 @@ def token_rows(result: AnswerExplanation) -> list[dict[str, Any]]:
     return [{"text": token.text, "id": token.id, "logprob": round(token.logprob, 6)} for token in result.tokens]
 
 
-def answer_run_record(explainer: AnswerExplainer, output: OutputOptions, run: RunOptions) -> dict[str, Any]:
+def answer_run_record(explainer: Explainer, output: OutputOptions, run: RunOptions) -> dict[str, Any]:
     """The run record of a run of prompted images: what makes their outputs (the model, the layer, the methods'
     look, the answer's length, which targets)."""
-    name, smoothing = explainer.model.name, (False, explainer.eigen_smooth)
-    record = run_record(name, name, explainer.layer, 0, smoothing, output, run.max_side)
+    name, smoothing = explainer.model.name, (False, explainer.options.eigen_smooth)
+    record = run_record(name, name, explainer.layer_label, 0, smoothing, output, run.max_side)
     del record["input_size"]  # the processor's
     record.update(explainer.settings)
-    record["precision"] = explainer.precision  # the weights' type: a VLM is loaded in it
+    record["precision"] = explainer.chosen.precision  # the weights' type: a VLM is loaded in it
     return record
 
 
-def answer_provenance(explainer: AnswerExplainer, run: RunOptions) -> dict[str, Any]:
+def answer_provenance(explainer: Explainer, run: RunOptions) -> dict[str, Any]:
     """The provenance every row of a run of prompted images carries (docs/ci.md's fields that apply)."""
     parameter = next(explainer.model.module.parameters(), None)
     return {
@@ -220,13 +235,13 @@ def answer_provenance(explainer: AnswerExplainer, run: RunOptions) -> dict[str, 
         "model": explainer.model.name,
         "weights": explainer.model.name,
         "weights_sha256": None,
-        "layers": [explainer.layer],
-        "methods": list(explainer.methods),
+        "layers": list(explainer.chosen.layers),
+        "methods": list(explainer.chosen.methods),
         **explainer.settings,
         "device": str(explainer.device),
         "dtype": str(parameter.dtype).removeprefix("torch.") if parameter is not None else None,
-        "precision": explainer.precision,
-        "eigen_smooth": explainer.eigen_smooth,
+        "precision": explainer.chosen.precision,
+        "eigen_smooth": explainer.options.eigen_smooth,
         "max_side": run.max_side,
         **determinism(),
     }

@@ -29,13 +29,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
-from ..cam.answers import AnswerExplainer
 from ..cam.explainer import Explainer
 from ..cam.records import Record
 from ..drift.provenance import run_provenance, use_deterministic
 from ..errors import GradcamError, UsageError, describe
 from ..io.atomic import remove_stale_temporaries
-from ..io.discovery import InputImage
+from ..io.discovery import InputImage, InputKind
 from ..io.lock import FolderLock, ensure_folder
 from ..io.manifest import (
     ManifestWriter,
@@ -182,17 +181,18 @@ class Session:
 
     def explain(
         self,
-        explainer: Explainer | AnswerExplainer,
+        explainer: Explainer,
         images: Sequence[InputImage],
         videos: Sequence[InputImage] = (),
         progress: ProgressFactory = no_progress,
     ) -> Iterator[Record]:
-        """Explain every image, then every video, yielding each record once it is written and recorded.
+        """Explain every image, then every video, yielding each record once it is written and recorded; each input
+        kind goes to its runner (:class:`~gradcam_cli.io.discovery.InputKind`).
 
         :meth:`start` comes first, unless it was called already. Videos are for classifiers and detectors; prompted
-        images (:attr:`~gradcam_cli.io.discovery.InputKind.PROMPTED`) for a vision-language model's
-        :class:`~gradcam_cli.cam.answers.AnswerExplainer`."""
-        if isinstance(explainer, AnswerExplainer):
+        images (:attr:`~gradcam_cli.io.discovery.InputKind.PROMPTED`) for a vision-language model's explainer, all
+        of them prompted."""
+        if images and images[0].kind is InputKind.PROMPTED:
             yield from self._answer(explainer, images, progress)
             return
         self._check_videos(explainer, videos)
@@ -233,7 +233,7 @@ class Session:
             raise UsageError(f"--engine ray explains images only; {videos[0].path} is a video: run videos without it")
 
     def _answer(
-        self, explainer: AnswerExplainer, images: Sequence[InputImage], progress: ProgressFactory
+        self, explainer: Explainer, images: Sequence[InputImage], progress: ProgressFactory
     ) -> Iterator[Record]:
         """Every prompted image's answer and maps, through the :class:`~gradcam_cli.pipeline.answers.AnswerRunner`."""
         from .answers import RAY_ANSWERS, AnswerRunner

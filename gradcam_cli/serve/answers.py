@@ -1,8 +1,9 @@
 """A vision-language model in the explorer (docs/serve.md): asked a question about an image, it answers as
 ``gradcam IMAGE --prompt TEXT`` does (greedy, seeded, ``--max-new-tokens``; or explains the answer typed, as
 ``--answer``), and shows the whole answer's map, then a clicked word's: the map ``--target answer:WORD`` (or
-``--per-token``) writes, computed by the same :class:`~gradcam_cli.cam.answers.AnswerExplainer`. The answer is kept
-(:data:`KEPT_ANSWERS`), so a word's click, or another layer or method, maps it without generating it again.
+``--per-token``) writes, computed by the same :class:`~gradcam_cli.cam.explainer.Explainer`
+(:mod:`gradcam_cli.cam.prompted`). The answer is kept (:data:`KEPT_ANSWERS`), so a word's click, or another layer
+or method, maps it without generating it again.
 
 Routes (besides the explorer's, :mod:`gradcam_cli.serve.app`): ``POST /api/ask`` with a JSON body ``{"image",
 "prompt", "answer" (optional), "layer", "method"}``: the answer, its tokens and words, and the whole answer's map;
@@ -25,6 +26,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..cam.results import Explanation, Prediction
+from ..cam.tasks.answer import answer_score
 from ..errors import UsageError, suggest
 from ..io.naming import answer_name
 from ..options import ExplainOptions, ModelOptions
@@ -35,7 +37,8 @@ from .model import MAX_EXPLAINERS, MapAnswer, ModelThread
 
 if TYPE_CHECKING:
     from ..cam.answer_words import AnswerWord
-    from ..cam.answers import AnswerExplainer, AnswerToken
+    from ..cam.answers import AnswerToken
+    from ..cam.explainer import Explainer
 
 KEPT_ANSWERS = 32
 """Answers kept (an older one's words are asked again)."""
@@ -81,13 +84,14 @@ class AnswerService(ModelThread):
     def __init__(self, model: ModelOptions, options: ExplainOptions | None = None) -> None:
         from ..cam.answers import answer_methods
         from ..cam.tasks.answer import ANSWER as adapter
+        from ..pipeline.answers import answer_explainer
 
         options = options or ExplainOptions()
-        self.answerer: AnswerExplainer = adapter.answerer(model, replace(options, methods=options.methods[:1]))
-        self.layer_note = adapter.layer_note(self.answerer)
+        self.answerer: Explainer = answer_explainer(model, replace(options, methods=options.methods[:1]))
+        self.layer_note = adapter.layer_note(self.answerer.model, self.answerer.layer_label)
         self.empty = adapter.nothing_found(None, None, None) or "the answer is empty"
-        self.default_layer = self.answerer.layer
-        self.default_method = self.answerer.methods[0]
+        self.default_layer = self.answerer.layer_label
+        self.default_method = self.answerer.chosen.methods[0]
         self.methods = list(answer_methods())
         self.maps = MapStore()
         self.model_lock = threading.Lock()
@@ -96,9 +100,7 @@ class AnswerService(ModelThread):
         self._asked: OrderedDict[str, Asked] = OrderedDict()
         self._whole: OrderedDict[str, str] = OrderedDict()
         """The whole answers' maps: the id of the answer each maps."""
-        self._explainers: dict[tuple[str, str], AnswerExplainer] = {
-            (self.default_layer, self.default_method): self.answerer
-        }
+        self._explainers: dict[tuple[str, str], Explainer] = {(self.default_layer, self.default_method): self.answerer}
         super().__init__()
 
     def info(self) -> dict[str, Any]:
@@ -116,13 +118,11 @@ class AnswerService(ModelThread):
             "kind": "answer",
             "targets": [],
             "faithfulness": True,
-            "max_new_tokens": self.answerer.max_new_tokens,
+            "max_new_tokens": answer_score(self.answerer).max_new_tokens,
         }
 
-    def explainer(self, layer: str | None, method: str | None) -> AnswerExplainer:
+    def explainer(self, layer: str | None, method: str | None) -> Explainer:
         """The explainer of ``layer`` and ``method`` (``None``: the defaults), sharing the loaded model."""
-        from ..cam.answers import AnswerExplainer
-
         layer, method = layer or self.default_layer, method or self.default_method
         if method not in self.methods:
             raise UsageError(f"unknown method {method!r} for an answer.{suggest(method, self.methods)}")
@@ -131,9 +131,7 @@ class AnswerService(ModelThread):
             base = self.answerer
             if len(self._explainers) >= MAX_EXPLAINERS:
                 self._explainers.pop(next(iter(self._explainers)))
-            self._explainers[key] = AnswerExplainer(
-                base.model, layer, (method,), base.max_new_tokens, base.seed, base.eigen_smooth
-            )
+            self._explainers[key] = base.with_options(layers=(layer,), methods=(method,))
         return self._explainers[key]
 
     def asked(self, answer_id: str) -> Asked:
@@ -156,22 +154,24 @@ class AnswerService(ModelThread):
         """The answer to ``prompt`` about the image (generated once, or ``given``) and its whole map (``None``: the
         answer is empty)."""
         from ..cam.answer_words import answer_words
+        from ..cam.prompted import explain_answer
 
         with self.model_lock:
             explainer = self.explainer(layer, method)
+            score = answer_score(explainer)
             key = map_id("answer", source.id, prompt, given)
             with self._lock:
                 asked = self._asked.get(key)
             if asked is None:
-                inputs = explainer.inputs(image.image, prompt)
-                ids = explainer.generate(inputs) if given is None else explainer.encode(given)
+                inputs = score.inputs(image.image, prompt)
+                ids = score.generate(inputs) if given is None else score.encode(given)
                 asked = Asked(key, source.id, source.stem, prompt, ids, given is None, "", [], [])
                 whole = None
                 if ids:
-                    target = explainer.targets(ids, False)[0]
-                    result = explainer.explain_ids(image.image, prompt, ids, given is None, [target], inputs)
+                    target = score.answer_targets(ids, False)[0]
+                    result = explain_answer(explainer, image.image, prompt, ids, given is None, [target], inputs)
                     asked.text, asked.tokens = result.answer, result.tokens
-                    asked.words = answer_words(explainer.tokenizer, ids)
+                    asked.words = answer_words(score.tokenizer, ids)
                     whole = MapAnswer(self._store(asked, explainer, result.maps[0], image), True, target.label)
                 with self._lock:
                     self._asked[key] = asked
@@ -186,17 +186,19 @@ class AnswerService(ModelThread):
         """The map of ``word`` of the kept answer (``None``: the whole answer), at ``layer`` with ``method``: kept,
         or one teacher-forced pass and one backward pass (nothing is generated)."""
         from ..cam.answer_words import word_target
+        from ..cam.prompted import explain_answer
 
         with self.model_lock:
             explainer = self.explainer(layer, method)
+            score = answer_score(explainer)
             if word is None:
-                target = explainer.targets(asked.ids, False)[0]
+                target = score.answer_targets(asked.ids, False)[0]
             else:
-                target = word_target(explainer, asked.ids, asked.words[word])
+                target = word_target(score, asked.ids, asked.words[word])
             stored = self.maps.get(_key(asked, explainer, target))
             if stored is not None:
                 return MapAnswer(stored, False, target.label)
-            result = explainer.explain_ids(image.image, asked.prompt, asked.ids, asked.generated, [target])
+            result = explain_answer(explainer, image.image, asked.prompt, asked.ids, asked.generated, [target])
             return MapAnswer(self._store(asked, explainer, result.maps[0], image), True, target.label)
 
     def curves(self, stored: StoredMap, image: DecodedImage, steps: int) -> dict[str, Any]:
@@ -212,7 +214,7 @@ class AnswerService(ModelThread):
         with self.model_lock:
             explainer = self.explainer(stored.layer, stored.explanation.method)
             saliency = stored.explanation.saliency
-            curves = answer_curves(explainer, image.image, asked.prompt, asked.ids, saliency, steps)
+            curves = answer_curves(answer_score(explainer), image.image, asked.prompt, asked.ids, saliency, steps)
         return {
             "steps": steps,
             "deletion_auc": curves.deletion_auc,
@@ -221,7 +223,7 @@ class AnswerService(ModelThread):
             "insertion": curves.insertion,
         }
 
-    def _store(self, asked: Asked, explainer: AnswerExplainer, answer_map: Any, image: DecodedImage) -> StoredMap:
+    def _store(self, asked: Asked, explainer: Explainer, answer_map: Any, image: DecodedImage) -> StoredMap:
         target, score = answer_map.target, answer_map.score
         index = target.token if target.token is not None else -1
         prediction = Prediction(index, target.label, math.exp(min(score, 0.0)), details={"logprob": score})
@@ -230,7 +232,7 @@ class AnswerService(ModelThread):
             _key(asked, explainer, target),
             asked.image,
             asked.stem,
-            explainer.layer,
+            explainer.layer_label,
             explanation,
             [],
             image.pixels,
@@ -245,8 +247,8 @@ class AnswerService(ModelThread):
         return stored
 
 
-def _key(asked: Asked, explainer: AnswerExplainer, target: Any) -> str:
-    return map_id(asked.id, explainer.layer, explainer.methods[0], target.label, target.terms)
+def _key(asked: Asked, explainer: Explainer, target: Any) -> str:
+    return map_id(asked.id, explainer.layer_label, explainer.chosen.methods[0], target.label, target.terms)
 
 
 def answer_routes(images: ImageStore, service: AnswerService | None) -> list[Route]:

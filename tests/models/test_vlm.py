@@ -14,10 +14,11 @@ pytest.importorskip("transformers")
 import torch
 import vlm_models
 from PIL import Image
-from vlm_models import load_vlm
+from vlm_models import answerer, load_vlm
 
 from gradcam_cli.cam.answer_model import placeholder_ids
-from gradcam_cli.cam.answers import AnswerExplainer
+from gradcam_cli.cam.answers import Prompter
+from gradcam_cli.cam.prompted import answer_gradients, explain_prompt, token_map
 from gradcam_cli.evaluation.answers import answer_curves
 from gradcam_cli.targets import TargetSpec
 
@@ -76,35 +77,37 @@ def layer_tokens(vlm, layer: str, inputs: dict[str, torch.Tensor], answer: list[
 
 def test_map_equals_autograd_of_the_answer_logprob(folder):
     vlm = load_vlm(f"hf:{folder}", torch.device("cpu"))
-    explainer = AnswerExplainer(vlm, methods=("gradcam",), max_new_tokens=3)
+    explainer = answerer(vlm, methods=("gradcam",), max_new_tokens=3)
     image = photo()
-    result = explainer.explain(image, PROMPT, answer="a big cat")
+    result = explain_prompt(explainer, image, PROMPT, answer="a big cat")
     answer = [token.id for token in result.tokens]
     leaf, logits = layer_tokens(vlm, vlm.layout.default_layer, processed(vlm, image), answer)
     start = logits.shape[1] - len(answer)
     logprob = logits[0, start - 1 : -1].log_softmax(-1).gather(1, torch.tensor(answer)[:, None]).sum()
     (gradient,) = torch.autograd.grad(logprob, leaf)
     acts, grads = leaf.detach().flatten(0, -2), gradient.flatten(0, -2)
-    _, [(score, ours_grad)], _ = explainer.gradients(explainer.inputs(image, PROMPT), answer, [result.maps[0].target])
+    _, [(score, ours_grad)], _ = answer_gradients(
+        explainer, explainer.score.inputs(image, PROMPT), answer, [result.maps[0].target]
+    )
     assert score == pytest.approx(float(logprob.detach()), abs=1e-4)
     assert torch.corrcoef(torch.stack((ours_grad.flatten(), grads.flatten())))[0, 1] >= 0.999
     for sign in (1, -1):  # the map is ReLU(sum_k w_k A^k): compare it where it is not all zero, either sign
         reference = torch.relu(sign * (acts * grads.mean(0)).sum(-1))
-        ours = explainer.token_map("gradcam", activations=acts, gradient=sign * ours_grad)
+        ours = token_map(explainer, "gradcam", activations=acts, gradient=sign * ours_grad)
         assert torch.allclose(ours, reference, atol=1e-6 * float(reference.abs().max() + 1))
         if reference.std() > 0:
             assert torch.corrcoef(torch.stack((ours, reference)))[0, 1] >= 0.999
-    assert torch.allclose(explainer.token_map("gradcam", acts, ours_grad), result.maps[0].values, atol=1e-6)
+    assert torch.allclose(token_map(explainer, "gradcam", acts, ours_grad), result.maps[0].values, atol=1e-6)
     assert not any(p.requires_grad or p.grad is not None for p in vlm.module.parameters())
 
 
 def test_per_token_gradients_sum_to_the_answer(folder):
     vlm = load_vlm(f"hf:{folder}", torch.device("cpu"))
-    explainer = AnswerExplainer(vlm, max_new_tokens=3)
-    inputs = explainer.inputs(photo(), PROMPT)
-    ids = explainer.encode("a cat sits")
-    targets = explainer.targets(ids, per_token=True)
-    _, gradients, logprobs = explainer.gradients(inputs, ids, targets)
+    explainer = answerer(vlm, max_new_tokens=3)
+    inputs = explainer.score.inputs(photo(), PROMPT)
+    ids = explainer.score.encode("a cat sits")
+    targets = explainer.score.answer_targets(ids, per_token=True)
+    _, gradients, logprobs = answer_gradients(explainer, inputs, ids, targets)
     whole, tokens = gradients[0], gradients[1:]
     assert len(tokens) == 3 and whole[0] == pytest.approx(sum(logprobs), abs=1e-5)
     summed = torch.stack([gradient for _, gradient in tokens]).sum(0)
@@ -114,7 +117,7 @@ def test_per_token_gradients_sum_to_the_answer(folder):
 
 def test_generated_answer_equals_generate(folder):
     vlm = load_vlm(f"hf:{folder}", torch.device("cpu"))
-    result = AnswerExplainer(vlm, max_new_tokens=4).explain(photo(), PROMPT, per_token=True)
+    result = explain_prompt(answerer(vlm, max_new_tokens=4), photo(), PROMPT, per_token=True)
     inputs = processed(vlm, photo())
     suppressed = placeholder_ids(vlm.module.config)  # an image token cannot be fed back as an answer
     assert suppressed and all(isinstance(i, int) for i in suppressed)
@@ -130,29 +133,29 @@ def test_generated_answer_equals_generate(folder):
 
 def test_word_and_contrast_targets(folder):
     vlm = load_vlm(f"hf:{folder}", torch.device("cpu"))
-    explainer = AnswerExplainer(vlm)
+    explainer = answerer(vlm)
     specs = [TargetSpec.parse("answer:cat"), TargetSpec.parse("contrast:answer:a cat,answer:a dog")]
-    result = explainer.explain(photo(), PROMPT, answer="a big cat", specs=specs)
+    result = explain_prompt(explainer, photo(), PROMPT, answer="a big cat", specs=specs)
     word, contrast = result.maps
     assert word.score == pytest.approx(result.tokens[2].logprob, abs=1e-5)
-    other = explainer.explain(photo(), PROMPT, answer="a dog")
-    cat = explainer.explain(photo(), PROMPT, answer="a cat")
+    other = explain_prompt(explainer, photo(), PROMPT, answer="a dog")
+    cat = explain_prompt(explainer, photo(), PROMPT, answer="a cat")
     assert contrast.score == pytest.approx(cat.logprob - other.logprob, abs=1e-4)
 
 
 def test_halves_land_on_their_half(local_folder):
     """Changing the photo's left half changes only the tokens the geometry puts on the left half."""
     vlm = load_vlm(f"hf:{local_folder}", torch.device("cpu"))
-    explainer = AnswerExplainer(vlm)
+    explainer = answerer(vlm)
     first, second = photo(112, 56), photo(112, 56, left=(30, 200, 30))  # the halves on token edges
     layer = vlm.layout.default_layer
     with torch.no_grad():
         a = layer_tokens(vlm, layer, processed(vlm, first))[0].flatten(0, -2)
         b = layer_tokens(vlm, layer, processed(vlm, second))[0].flatten(0, -2)
     changed = (a - b).norm(dim=-1)
-    inputs = explainer.inputs(first, PROMPT)
-    tiles = explainer.tiles(inputs, first, changed.shape[0])
-    placed = explainer.place(changed, inputs, first)
+    inputs = explainer.score.inputs(first, PROMPT)
+    tiles = explainer.score.tiles(inputs, first, changed.shape[0])
+    placed = explainer.score.place(changed, inputs, first, layer)
     middle = first.width // 2
     # bilinear sampling blends a token with its neighbour up to half a token past its centre
     blur = max(round((tile.box[2] - tile.box[0]) / tile.cols / 2) for tile in tiles)
@@ -286,10 +289,10 @@ def test_known_answer_map_peaks_on_the_region_it_depends_on(tmp_path):
     import random
 
     folder = vlm_models.trained_llava(tmp_path / "trained")
-    explainer = AnswerExplainer(load_vlm(f"hf:{folder}", torch.device("cpu")), methods=("layercam",), max_new_tokens=1)
+    explainer = answerer(load_vlm(f"hf:{folder}", torch.device("cpu")), methods=("layercam",), max_new_tokens=1)
     for seed in range(3):
         photo_ = vlm_models.known_answer_photo(random.Random(100 + seed), "red")
-        result = explainer.explain(photo_, vlm_models.KNOWN_PROMPT)
+        result = explain_prompt(explainer, photo_, vlm_models.KNOWN_PROMPT)
         assert result.answer == "red"
         saliency = result.maps[0].saliency
         quarter = saliency[:16, :16].mean()
@@ -298,8 +301,8 @@ def test_known_answer_map_peaks_on_the_region_it_depends_on(tmp_path):
         assert peak // 32 < 16 and peak % 32 < 16
         # faithfulness: deleting the map's pixels first takes the answer away faster than deleting the others first
         ids = [token.id for token in result.tokens]
-        ours = answer_curves(explainer, photo_, vlm_models.KNOWN_PROMPT, ids, saliency, steps=4)
-        inverse = answer_curves(explainer, photo_, vlm_models.KNOWN_PROMPT, ids, 1 - saliency, steps=4)
+        ours = answer_curves(explainer.score, photo_, vlm_models.KNOWN_PROMPT, ids, saliency, steps=4)
+        inverse = answer_curves(explainer.score, photo_, vlm_models.KNOWN_PROMPT, ids, 1 - saliency, steps=4)
         assert ours.deletion[0] == pytest.approx(math.exp(result.logprob), rel=1e-4)
         assert ours.deletion_auc < 0.5 * inverse.deletion_auc
         # (the blurred photo's quarter stays red: insertion is flat here, and ends at the answer's probability)
@@ -311,8 +314,8 @@ def test_bf16_weights_give_the_float32_map(folder):
     cpu = torch.device("cpu")
     maps = []
     for precision in ("fp32", "bf16"):
-        explainer = AnswerExplainer(load_vlm(f"hf:{folder}", cpu, precision), methods=("layercam",))
-        result = explainer.explain(photo(), PROMPT, answer="a big cat")
+        explainer = answerer(load_vlm(f"hf:{folder}", cpu, precision), methods=("layercam",))
+        result = explain_prompt(explainer, photo(), PROMPT, answer="a big cat")
         assert result.maps[0].values.dtype == torch.float32
         maps.append((result.logprob, result.maps[0].values))
     (full, full_map), (half, half_map) = maps
@@ -329,14 +332,16 @@ def test_bf16_weights_give_the_float32_map(folder):
 )
 def test_another_layer_is_explained_and_placed(builder, layer, tokens, tmp_path):
     vlm = load_vlm(f"hf:{builder(tmp_path / 'model')}", torch.device("cpu"))
-    explainer = AnswerExplainer(vlm, layer=layer)
+    explainer = answerer(vlm, layer=layer)
     image = photo()
-    result = explainer.explain(image, PROMPT, answer="a cat")
+    result = explain_prompt(explainer, image, PROMPT, answer="a cat")
     leaf, logits = layer_tokens(vlm, layer, processed(vlm, image), [token.id for token in result.tokens])
     assert leaf.flatten(0, -2).shape[0] == tokens == result.maps[0].values.shape[0]
     logprob = logits[0, -3:-1].log_softmax(-1).gather(1, torch.tensor([[6], [7]])).sum()
     (gradient,) = torch.autograd.grad(logprob, leaf)
-    _, [(_, ours)], _ = explainer.gradients(explainer.inputs(image, PROMPT), [6, 7], [result.maps[0].target])
+    _, [(_, ours)], _ = answer_gradients(
+        explainer, explainer.score.inputs(image, PROMPT), [6, 7], [result.maps[0].target]
+    )
     assert torch.corrcoef(torch.stack((ours.flatten(), gradient.flatten())))[0, 1] >= 0.999
     assert result.maps[0].saliency.shape == (image.height, image.width)
 
@@ -344,18 +349,18 @@ def test_another_layer_is_explained_and_placed(builder, layer, tokens, tmp_path)
 def test_a_layer_the_answer_does_not_reach_through_the_hook_is_refused(tmp_path):
     """CLIP's post-layernorm makes the pooled output, which LLaVA never reads: no gradient reaches it."""
     vlm = load_vlm(f"hf:{vlm_models.llava(tmp_path / 'llava')}", torch.device("cpu"))
-    explainer = AnswerExplainer(vlm, layer="model.vision_tower.post_layernorm")
+    explainer = answerer(vlm, layer="model.vision_tower.post_layernorm")
     with pytest.raises(Exception, match=r"does not depend on --layer model.vision_tower.post_layernorm's output"):
-        explainer.explain(photo(), PROMPT, answer="a cat")
+        explain_prompt(explainer, photo(), PROMPT, answer="a cat")
 
 
 def test_a_vision_tower_layer_read_as_recorded_hidden_states(tmp_path):
     """LLaVA reads its vision tower's last layer through transformers' recorded hidden states: the gradient at that
     layer's patch tokens is the gradient at the projector's input (taken here by a pre-hook), its class token's 0."""
     vlm = load_vlm(f"hf:{vlm_models.llava(tmp_path / 'llava')}", torch.device("cpu"))
-    explainer = AnswerExplainer(vlm, layer="model.vision_tower.encoder.layers.1")
-    inputs = explainer.inputs(photo(), PROMPT)
-    _, [(_, ours)], _ = explainer.gradients(inputs, [6, 7], explainer.targets([6, 7], False))
+    explainer = answerer(vlm, layer="model.vision_tower.encoder.layers.1")
+    inputs = explainer.score.inputs(photo(), PROMPT)
+    _, [(_, ours)], _ = answer_gradients(explainer, inputs, [6, 7], explainer.score.answer_targets([6, 7], False))
     seen = {}
 
     def pre_hook(_module, args):
@@ -377,9 +382,9 @@ def test_a_vision_tower_layer_read_as_recorded_hidden_states(tmp_path):
 
 def test_a_layer_of_another_layout_is_refused(tmp_path):
     vlm = load_vlm(f"hf:{vlm_models.qwen2_vl(tmp_path / 'qwen')}", torch.device("cpu"))
-    explainer = AnswerExplainer(vlm, layer="model.visual.blocks.0")  # patches before the 2 x 2 merge
+    explainer = answerer(vlm, layer="model.visual.blocks.0")  # patches before the 2 x 2 merge
     with pytest.raises(Exception, match=r"outputs 24 tokens, not the 6 of the image's token grid \(qwen2-vl\)"):
-        explainer.explain(photo(), PROMPT, answer="a cat")
+        explain_prompt(explainer, photo(), PROMPT, answer="a cat")
 
 
 def test_every_answer_method_gives_a_map_of_the_photo(folder):
@@ -388,9 +393,9 @@ def test_every_answer_method_gives_a_map_of_the_photo(folder):
 
     methods = answer_methods()
     assert {"gradcam", "gradcam++", "layercam", "eigencam"} <= set(methods) and "scorecam" not in methods
-    explainer = AnswerExplainer(load_vlm(f"hf:{folder}", torch.device("cpu")), methods=methods)
+    explainer = answerer(load_vlm(f"hf:{folder}", torch.device("cpu")), methods=methods)
     image = photo()
-    result = explainer.explain(image, PROMPT, answer="a cat")
+    result = explain_prompt(explainer, image, PROMPT, answer="a cat")
     assert [m.method for m in result.maps] == list(methods)
     for explained in result.maps:
         assert explained.saliency.shape == (image.height, image.width)
@@ -407,7 +412,7 @@ def test_an_empty_answer_says_so_in_its_row_and_on_the_console(tmp_path, monkeyp
     folder = vlm_models.llava(tmp_path / "llava")
     image = tmp_path / "photo.png"
     photo().save(image)
-    monkeypatch.setattr(AnswerExplainer, "generate", lambda self, inputs: [])
+    monkeypatch.setattr(Prompter, "generate", lambda self, inputs: [])
     out = tmp_path / "out"
     result = run(image, "-m", f"hf:{folder}", "--prompt", PROMPT, "-o", out, "--manifest", tmp_path / "m.jsonl")
     assert result.exit_code == 0, result.output
@@ -438,10 +443,10 @@ def test_eval_measures_the_answers_deletion_and_insertion_on_the_command_line(tm
     result = evaluate(image, "-m", model, "--prompt", PROMPT, "--answer", "a cat", "--steps", 4, "--json")
     assert result.exit_code == 0, result.output
     (row,) = [json.loads(line) for line in result.stdout.splitlines()]
-    explainer = AnswerExplainer(load_vlm(model, torch.device("cpu")))
-    explained = explainer.explain(photo(), PROMPT, "a cat")
+    explainer = answerer(load_vlm(model, torch.device("cpu")))
+    explained = explain_prompt(explainer, photo(), PROMPT, "a cat")
     ids = [token.id for token in explained.tokens]
-    curves = answer_curves(explainer, photo(), PROMPT, ids, explained.maps[0].saliency, 4)
+    curves = answer_curves(explainer.score, photo(), PROMPT, ids, explained.maps[0].saliency, 4)
     assert (row["method"], row["answer"], len(row["deletion"])) == ("gradcam", "a cat", 5)
     assert row["deletion"] == pytest.approx(curves.deletion, abs=1e-5)
     assert row["insertion_auc"] == pytest.approx(curves.insertion_auc, abs=1e-5)
@@ -480,8 +485,8 @@ def test_a_folder_with_one_prompt_and_a_csv_of_image_prompt_pairs(tmp_path):
         ("a.png", "what is the cat ?"),
         ("b.png", "what, is the dog ?"),
     ]
-    explainer = AnswerExplainer(load_vlm(model, torch.device("cpu")))
-    expected = explainer.explain(photo(left=(30, 200, 30)), "what, is the dog ?", "a dog").logprob
+    explainer = answerer(load_vlm(model, torch.device("cpu")))
+    expected = explain_prompt(explainer, photo(left=(30, 200, 30)), "what, is the dog ?", "a dog").logprob
     assert rows[1]["target"]["logprob"] == pytest.approx(expected, abs=1e-5)
 
     for text, message in (

@@ -13,10 +13,10 @@ pytest.importorskip("transformers")
 import torch
 import vlm_models
 from PIL import Image
-from saved_memory import KeptMemory, kept_training_style
-from vlm_models import load_vlm
+from saved_memory import KeptMemory, kept_training_style, layer_module
+from vlm_models import answerer, load_vlm
 
-from gradcam_cli.cam.answers import AnswerExplainer
+from gradcam_cli.cam.prompted import answer_gradients
 
 PROMPT = "what is the cat ?"
 
@@ -24,19 +24,19 @@ PROMPT = "what is the cat ?"
 @pytest.fixture(scope="module", params=list(vlm_models.BUILDERS))
 def explainer(request, tmp_path_factory):
     folder = vlm_models.BUILDERS[request.param](tmp_path_factory.mktemp(request.param))
-    return AnswerExplainer(load_vlm(f"hf:{folder}", torch.device("cpu")), max_new_tokens=4)
+    return answerer(load_vlm(f"hf:{folder}", torch.device("cpu")), max_new_tokens=4)
 
 
 def test_nothing_below_the_layer_is_kept_and_no_parameter_gets_a_gradient(explainer):
     image = Image.new("RGB", (96, 48), (200, 40, 40))
-    inputs = explainer.inputs(image, PROMPT)
-    answer = explainer.encode("a red cat")
-    targets = explainer.targets(answer, per_token=True)
+    inputs = explainer.score.inputs(image, PROMPT)
+    answer = explainer.score.encode("a red cat")
+    targets = explainer.score.answer_targets(answer, per_token=True)
     flags = [p.requires_grad for p in explainer.model.module.parameters()]
-    with KeptMemory(explainer.model.module, explainer.module) as kept:
-        _, gradients, _ = explainer.gradients(inputs, answer, targets)
+    with KeptMemory(explainer.model.module, layer_module(explainer)) as kept:
+        _, gradients, _ = answer_gradients(explainer, inputs, answer, targets)
     assert kept.reached and kept.total > 0
-    assert kept.below == 0, f"{kept.below} bytes saved below {explainer.layer}"
+    assert kept.below == 0, f"{kept.below} bytes saved below {explainer.layer_label}"
     assert all(gradient.any() for _, gradient in gradients[:1])
     assert all(p.grad is None for p in explainer.model.module.parameters())
     assert [p.requires_grad for p in explainer.model.module.parameters()] == flags

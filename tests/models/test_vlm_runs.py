@@ -18,7 +18,7 @@ import torch
 import vlm_models
 from PIL import Image
 
-from gradcam_cli.cam.answers import AnswerExplainer
+from gradcam_cli.cam.answers import Prompter
 from gradcam_cli.drift.fingerprint import map_fingerprint
 
 PROMPT = "what is the cat ?"
@@ -60,15 +60,15 @@ def rows_of(path: Path) -> list[dict]:
 
 @pytest.fixture
 def generations(monkeypatch) -> list[int]:
-    """Counts the answers generated (one entry per call of ``AnswerExplainer.generate``)."""
+    """Counts the answers generated (one entry per call of ``Prompter.generate``)."""
     calls: list[int] = []
-    original = AnswerExplainer.generate
+    original = Prompter.generate
 
     def counted(self, inputs):
         calls.append(1)
         return original(self, inputs)
 
-    monkeypatch.setattr(AnswerExplainer, "generate", counted)
+    monkeypatch.setattr(Prompter, "generate", counted)
     return calls
 
 

@@ -86,12 +86,12 @@ def ask(client: TestClient, **body) -> dict:
 
 
 def test_the_answer_and_each_words_map_are_the_command_lines(client, model, photo, tmp_path, monkeypatch):
-    from gradcam_cli.cam.answers import AnswerExplainer
+    from gradcam_cli.cam.answers import Prompter
 
     rows = command_line(photo, model, tmp_path / "cli", "--max-new-tokens", "4", "--per-token")
-    generate = AnswerExplainer.generate
+    generate = Prompter.generate
     calls: list[int] = []
-    monkeypatch.setattr(AnswerExplainer, "generate", lambda self, inputs: calls.append(1) or generate(self, inputs))
+    monkeypatch.setattr(Prompter, "generate", lambda self, inputs: calls.append(1) or generate(self, inputs))
 
     asked = ask(client)
     assert (asked["answer"], asked["generated"]) == (rows[0]["answer"], True)
@@ -158,9 +158,9 @@ def test_cross_site_requests_and_what_does_not_apply_are_refused(client):
 
 
 def test_an_empty_answer_says_so(client, monkeypatch):
-    from gradcam_cli.cam.answers import AnswerExplainer
+    from gradcam_cli.cam.answers import Prompter
 
-    monkeypatch.setattr(AnswerExplainer, "generate", lambda self, inputs: [])
+    monkeypatch.setattr(Prompter, "generate", lambda self, inputs: [])
     asked = ask(client, prompt="what is the dog ?")
     assert (asked["answer"], asked["words"], asked["map"]) == ("", [], None)
     assert "answer is empty" in asked["note"]

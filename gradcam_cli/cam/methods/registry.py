@@ -220,11 +220,12 @@ def _check_map(name: str, layer: str | None, cam: torch.Tensor, reference: torch
         raise MapError(f"--method {name} returned {kind} values{where}, not a map")
 
 
-def resolve_methods(names: Sequence[str], task: str, also: Collection[str] = ()) -> list[str]:
+def resolve_methods(names: Sequence[str], task: str, also: Collection[str] = (), noun: str | None = None) -> list[str]:
     """``names`` checked against :data:`METHODS` and ``task`` (a one-line :class:`UsageError` for a name that is
     not a method or a method that does not serve the task); ``all`` (:data:`~gradcam_cli.options.ALL_METHODS`)
     stands for every method that serves the task, in registry order. ``also``: methods that serve this model
-    although not its task (a YOLO detector's AblationCAM)."""
+    although not its task (a YOLO detector's AblationCAM, a vision-language answer's); ``noun``: what the model is
+    called in that message (default: the built-in task's noun)."""
     for name in names:
         if name not in METHODS and name != ALL_METHODS:
             raise UsageError(f"unknown method {name!r}.{suggest(name, METHODS.names())}")
@@ -233,6 +234,6 @@ def resolve_methods(names: Sequence[str], task: str, also: Collection[str] = ())
     for name in names:
         if task not in METHODS[name].tasks and name not in also:
             kinds = " and ".join(f"{NOUNS[kind]}s" for kind in METHODS[name].tasks)
-            taken = ", ".join(other for other, method in METHODS.items() if task in method.tasks)
-            raise UsageError(f"--method {name} is for {kinds}; a {NOUNS.get(task, task)} takes {taken}")
+            taken = ", ".join(other for other, method in METHODS.items() if task in method.tasks or other in also)
+            raise UsageError(f"--method {name} is for {kinds}; a {noun or NOUNS.get(task, task)} takes {taken}")
     return list(names)

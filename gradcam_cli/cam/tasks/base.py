@@ -19,7 +19,7 @@ from ...errors import UsageError
 from ...io.naming import video_label
 from ...options import CLASS_SCORE_NAMES, TASK_NAMES, EvalOptions, ExplainOptions, OutputOptions
 from ...registry import TASKS_GROUP, Registry
-from ..layers import LayerInfo, chosen_layers, model_default_layer
+from ..layers import DryPasses, LayerInfo, chosen_layers, model_default_layer
 
 if TYPE_CHECKING:
     import torch
@@ -182,6 +182,11 @@ class TaskAdapter:
         chosen = [e for e in result.explanations if e.target.index == first]
         return [(None, [box.box for box in boxes], chosen)], 0
 
+    def dry_pass(self, passes: DryPasses, model: LoadedModel, device: torch.device) -> list[LayerInfo]:
+        """The layers of ``model`` the explainer chooses from, with their output shapes: its dry pass on ``device``
+        (:class:`~gradcam_cli.cam.layers.DryPasses`, made once and kept)."""
+        return passes.get(model, device, self.tokens)
+
     def chosen_layers(self, model: LoadedModel, infos: list[LayerInfo], names: list[str], tokens: bool) -> list[str]:
         """The layers explained: ``names`` once :func:`~gradcam_cli.cam.layers.check_layers` accepts them, else
         the default layer (:meth:`default_layer_of`)."""
@@ -224,10 +229,13 @@ class TaskAdapter:
                 f"deletion, insertion and ROAD are for classifiers (as in gradcam eval), not a {self.noun}"
             )
 
-    def evaluation(self, protocol: Callable[[], T], boxes: Callable[[], T]) -> T:
+    def evaluation(
+        self, protocol: Callable[[], T], boxes: Callable[[], T], answers: Callable[[], T] | None = None
+    ) -> T:
         """``gradcam eval``'s evaluator of this task, made by ``protocol`` (deletion, insertion, sanity, ROAD,
         stability: a classifier's) or by ``boxes`` (its maps against ground-truth boxes, paired by
-        :meth:`box_pairs`)."""
+        :meth:`box_pairs`); ``answers``: a prompted image's (deletion and insertion of an answer, the answer task's
+        own)."""
         return protocol() if self.faithfulness else boxes()
 
     def rank_options(self, options: EvalOptions) -> EvalOptions:
