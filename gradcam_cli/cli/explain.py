@@ -134,6 +134,14 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
     every: Annotated[
         int, typer.Option(min=1, metavar="N", help="Videos: explain every Nth frame and hold its map in between.")
     ] = 1,
+    clip_stride: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            metavar="N",
+            help="Video models: video frames between the starts of clips (default: a clip's span, side by side).",
+        ),
+    ] = None,
     output_dir: Annotated[
         Path,
         typer.Option(
@@ -276,6 +284,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
             workers,
             max_side=max_side or None,
             every=every,
+            clip_stride=clip_stride,
             deterministic=deterministic,
             shard=shard,
             engine=engine,
@@ -339,7 +348,7 @@ class ExplainCommand:
         images, videos = discover_inputs(
             self.inputs, exclude=self.output.output_dir, warn=lambda message: reporter.info(f"warning: {message}")
         )
-        check_video_options(self.output, videos)
+        check_video_options(self.output, videos, clips=True)  # --save-raw once the model is known (a video model's)
         single = len(images) + len(videos) == 1
         with Session(self.output, self.run_options, notify=reporter.info) as session:
             passes = pass_methods(self.explain_options.methods)

@@ -132,9 +132,11 @@ def _map_row(row: dict[str, Any], manifest: Path, shown: str) -> MapRow:
         except ValueError as error:
             raise UsageError(f"{shown}: line {line}: the fingerprint is malformed ({error})") from None
     provenance = row.get("provenance")
+    clip = row.get("clip")
+    clip_index = clip.get("index") if isinstance(clip, dict) else None
     return MapRow(
         line,
-        str(row["input"]),
+        str(row["input"]) + (f"#clip{clip_index}" if isinstance(clip_index, int) else ""),  # each clip pairs alone
         str(row["status"]),
         str(row["method"]) if row.get("method") else None,
         (target["index"], str(target.get("name", ""))) if target else None,

@@ -122,6 +122,17 @@ def video_output_path(output_dir: Path, video: InputImage, method: str, label: s
     return output_dir / stem.parent / f"{stem.name}_{slug(method)}_{label}.mp4"
 
 
+def clip_curve_path(video_output: Path) -> Path:
+    """A video model's temporal importance plot beside its overlay video: ``<stem>_<method>_<label>_curve.png``."""
+    return video_output.with_name(f"{video_output.stem}_curve.png")
+
+
+def clip_raw_path(video_output: Path, clip: int) -> Path:
+    """A video model's raw map of one clip beside its overlay video: ``<stem>_<method>_<label>_clip<NNN>.npy``
+    (clips numbered from 0)."""
+    return video_output.with_name(f"{video_output.stem}_clip{clip:03d}.npy")
+
+
 def video_label(rank: int, class_index: int | None, class_name: str = "") -> str:
     """``top<rank>`` (1-based) for each frame's own classes, or ``<index>-<class slug>`` for a fixed class."""
     return f"top{rank}" if class_index is None else f"{class_index}-{slug(class_name)}"
