@@ -338,7 +338,7 @@ class ExplainCommand:
         from ..cam.explainer import Explainer
         from ..io.discovery import discover_inputs
         from ..pipeline.session import Session
-        from ..pipeline.video import check_video_options
+        from ..pipeline.video import check_video_model, check_video_options
 
         if self.explain_options.question.asked or self.explain_options.question.given():
             return answers.ask(self)
@@ -359,6 +359,7 @@ class ExplainCommand:
                 explainer = driver_explainer(self.model_options, self.explain_options, progress)
             else:
                 explainer = Explainer.from_options(self.model_options, self.explain_options, progress=progress)
+            check_video_model(explainer, self.output, self.run_options, videos)  # before any note
             session.start(explainer)
             explainer_notes(reporter, explainer, bool(self.explain_options.layers))
             model = explainer.model

@@ -1,0 +1,208 @@
+"""Video models on videos (issue 38): a video read as the model's clips (its profile's frames per clip, sampling
+rate, size and normalisation), one prediction and one T x H x W map per clip, the maps against the papers' formulas
+on the layer's activations and gradients taken with ``torch.autograd.grad``, and the outputs: the overlay video, the
+temporal importance curve, ``--save-raw``, rows with fingerprints for ``gradcam diff``, ``--skip-existing``."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from cam_reference import pearson
+from typer.testing import CliRunner
+from video_models import (
+    REFERENCES,
+    cached_weights,
+    captured,
+    centre_frames,
+    clip_input,
+    model_with,
+    read_frames,
+    resized,
+    write_video,
+)
+
+from gradcam_cli import load_model
+from gradcam_cli.cli import app
+from gradcam_cli.cli.diff import app as diff_app
+from gradcam_cli.errors import EXIT_OK, EXIT_USAGE
+from gradcam_cli.io.video import probe
+from gradcam_cli.models.clip_spec import ClipSpec, sample_offsets
+
+FRAMES, FPS, WIDTH, HEIGHT = 40, 30.0, 80, 64
+"""The test video: 40 frames at 30 fps, 80 x 64. A model sampling at 15 fps covers 32 of its frames per 16-frame
+clip."""
+SIZE = 56
+"""--input-size of the runs: the frames' shorter side at the network input (56 x 70), small to keep them fast."""
+
+
+def _square(number: int) -> np.ndarray:
+    frame = np.full((HEIGHT, WIDTH, 3), 120, np.uint8)
+    x = 4 + number
+    frame[20:40, x : x + 20] = (30, 40, 220)  # BGR red, moving right a pixel per frame
+    frame[:, :, 1] += np.uint8(number)  # each frame its own shade
+    return frame
+
+
+@pytest.fixture(scope="module")
+def video(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_video(tmp_path_factory.mktemp("video") / "walk.mp4", FRAMES, FPS, (WIDTH, HEIGHT), _square)
+
+
+@pytest.fixture
+def torch_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """TORCH_HOME in tmp_path, no download possible."""
+    home = tmp_path / "torch"
+    monkeypatch.setenv("TORCH_HOME", str(home))
+
+    def no_network(url: str, *args: object, **kwargs: object) -> None:
+        raise urllib.error.URLError("no network in this test")
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", no_network)
+    return home
+
+
+def run(*args: str | Path) -> object:
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def rows_of(manifest: Path) -> list[dict]:
+    return [json.loads(line) for line in manifest.read_text().splitlines()]
+
+
+# --- clips from the model's profile ---------------------------------------------------------------------------------
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    ("name", "frames", "rate", "fixed"),
+    [
+        ("r3d_18", 16, 15.0, None),
+        ("s3d", 128, 15.0, None),
+        ("mvit_v2_s", 16, 7.5, (224, 224)),
+        ("swin3d_t", 32, 15.0, None),
+    ],
+)
+def test_torchvision_video_models_take_clips_as_their_weights_say(name, frames, rate, fixed):
+    weights = torchvision.models.get_model_weights(name).DEFAULT
+    transforms = weights.transforms()
+    with torch.device("meta"):  # the architecture only: no memory, no weights
+        loaded = load_model(name, "none")
+    assert loaded.profile.clips == ClipSpec(frames, rate)
+    spec = loaded.input_spec
+    crop = transforms.crop_size[0]
+    assert (spec.size, spec.fixed_size, spec.shape) == (crop, fixed, (3, frames, crop, crop))
+    assert (spec.mean, spec.std) == (tuple(transforms.mean), tuple(transforms.std))
+    assert loaded.categories == list(weights.meta["categories"]) and len(loaded.categories) == 400  # Kinetics-400
+
+
+@pytest.mark.quick
+def test_clip_sampling_takes_the_centre_frame_of_each_part():
+    clip = ClipSpec(16, 15.0)
+    assert clip.step(30.0) == 2.0 and clip.span(30.0) == 32
+    assert clip.span(25.0) == 27 and clip.span(10.0) == 11  # a slower video: frames repeat
+    assert sample_offsets(16, 32) == list(range(1, 32, 2))
+    assert sample_offsets(4, 4) == [0, 1, 2, 3]
+    assert sample_offsets(4, 2) == [0, 0, 1, 1]
+    assert ClipSpec(8).span(30.0) == 8 and ClipSpec(8).describe() == "8 frames every frame"
+
+
+def test_default_weights_load_from_the_cache_and_each_clip_is_one_prediction(video, torch_home, tmp_path):
+    state = cached_weights(torch_home, "mc3_18")
+    out = tmp_path / "out"
+    result = run(
+        video, "-m", "mc3_18", "--input-size", SIZE, "--clip-stride", 8, "-o", out, "--manifest", out / "m.jsonl"
+    )
+    assert result.exit_code == EXIT_OK, result.output
+    rows = rows_of(out / "m.jsonl")
+    assert [(row["clip"]["index"], row["clip"]["start"], row["clip"]["end"]) for row in rows] == [
+        (0, 0, 32),
+        (1, 8, 40),
+    ]
+    model = model_with("mc3_18", state)
+    frames = read_frames(video)
+    spec = load_model("mc3_18").input_spec
+    for row in rows:
+        start = row["clip"]["start"]
+        x = clip_input(frames, centre_frames(start, 16, 32), SIZE, spec.mean, spec.std)
+        with torch.no_grad():
+            probabilities = model(x).softmax(dim=1)[0]
+        top = probabilities.topk(5)
+        assert [p["index"] for p in row["predictions"]] == top.indices.tolist()
+        assert [p["probability"] for p in row["predictions"]] == pytest.approx(top.values.tolist(), abs=2e-6)
+        assert row["target"]["index"] == row["predictions"][0]["index"] and row["layer"] == "layer4"
+        assert row["clip"]["seconds"] == [round(start / FPS, 4), round(row["clip"]["end"] / FPS, 4)]
+        assert sum(row["clip"]["shares"]) == pytest.approx(1.0, abs=1e-4) and len(row["clip"]["shares"]) == 32
+        assert row["clip"]["score"] == row["target"]["probability"]
+        assert row["fingerprint"]["size"] == [32, SIZE, 70] and len(row["fingerprint"]["depth"]) == 32
+
+
+# --- maps in time and space -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "layer"), [("r3d_18", "layer4"), ("mc3_18", "layer4"), ("r2plus1d_18", "layer4")])
+def test_3d_cnn_maps_through_the_command_line_match_the_papers_formulas(video, torch_home, tmp_path, name, layer):
+    state = cached_weights(torch_home, name, seed=3)
+    out = tmp_path / "out"
+    methods = list(REFERENCES)
+    args = [video, "-m", name, "--input-size", SIZE, "--method", ",".join(methods), "--save-raw", "-o", out]
+    result = run(*args, "--manifest", out / "m.jsonl")
+    assert result.exit_code == EXIT_OK, result.output
+    rows = rows_of(out / "m.jsonl")
+    model = model_with(name, state)
+    frames = read_frames(video)
+    spec = load_model(name, "none").input_spec
+    for row in rows:
+        start, end = row["clip"]["start"], row["clip"]["end"]
+        x = clip_input(frames, centre_frames(start, 16, 32), SIZE, spec.mean, spec.std)
+        a, g, top = captured(model, dict(model.named_modules())[layer], x)
+        assert row["target"]["index"] == top
+        expected = resized(REFERENCES[row["method"]](a, g), (32, SIZE, 70))[: end - start]
+        got = np.load(row["outputs"][2])
+        assert got.shape == (end - start, SIZE, 70)
+        assert pearson(got, expected) >= 0.999, (row["method"], start)
+    assert {row["method"] for row in rows} == set(methods)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("method", ["occlusion", "fullgrad", "guided-backprop"])
+def test_methods_not_defined_for_clips_are_refused_in_one_line(video, tmp_path, method):
+    result = run(video, "-m", "mc3_18", "--weights", "none", "--input-size", SIZE, "--method", method, "-o", tmp_path)
+    assert result.exit_code == EXIT_USAGE
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {method} is defined for 2-D maps only; ")
+
+
+@pytest.mark.quick
+def test_options_that_do_not_apply_are_refused(video, tmp_path):
+    result = run(video, "-m", "mc3_18", "--weights", "none", "--every", "2", "-o", tmp_path)
+    assert result.exit_code == EXIT_USAGE
+    assert (
+        result.stderr.strip() == "error: --every is for image models; mc3_18 takes clips: space them with --clip-stride"
+    )
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (
+            "--clip-stride",
+            "--clip-stride is for video models; resnet18 takes images, explained frame by frame (--every)",
+        ),
+        ("--save-raw", f"--save-raw does not apply to video inputs ({{video}}); run the videos without it"),
+    ],
+)
+def test_an_image_model_on_a_video_keeps_explaining_frame_by_frame_and_refuses_clip_options(
+    video, tmp_path, option, message
+):
+    extra = [option, "4"] if option == "--clip-stride" else [option]
+    result = run(video, "-m", "resnet18", "--weights", "none", *extra, "-o", tmp_path)
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr.strip() == "error: " + message.format(video=video)
