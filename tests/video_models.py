@@ -67,10 +67,8 @@ def clip_input(
     """The (1, 3, T, h, w) input of the frames ``numbers``: each resized whole (bilinear, its shorter side
     ``shorter``, the aspect kept) and normalised."""
     height, width = frames[0].shape[:2]
-    if height <= width:
-        size = (round(width * shorter / height), shorter)
-    else:
-        size = (shorter, round(height * shorter / width))
+    wide = height <= width
+    size = (round(width * shorter / height), shorter) if wide else (shorter, round(height * shorter / width))
     planes = []
     for number in numbers:
         pixels = np.asarray(Image.fromarray(frames[number]).resize(size, Image.Resampling.BILINEAR), np.float32)

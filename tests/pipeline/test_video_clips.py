@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 import torchvision
 from cam_reference import pearson
 from typer.testing import CliRunner
@@ -196,7 +197,7 @@ def test_options_that_do_not_apply_are_refused(video, tmp_path):
             "--clip-stride",
             "--clip-stride is for video models; resnet18 takes images, explained frame by frame (--every)",
         ),
-        ("--save-raw", f"--save-raw does not apply to video inputs ({{video}}); run the videos without it"),
+        ("--save-raw", "--save-raw does not apply to video inputs ({video}); run the videos without it"),
     ],
 )
 def test_an_image_model_on_a_video_keeps_explaining_frame_by_frame_and_refuses_clip_options(
@@ -205,4 +206,72 @@ def test_an_image_model_on_a_video_keeps_explaining_frame_by_frame_and_refuses_c
     extra = [option, "4"] if option == "--clip-stride" else [option]
     result = run(video, "-m", "resnet18", "--weights", "none", *extra, "-o", tmp_path)
     assert result.exit_code == EXIT_USAGE
-    assert result.stderr.strip() == "error: " + message.format(video=video)
+    assert result.stderr.strip().startswith("error: " + message.format(video=video))
+
+
+# --- outputs ----------------------------------------------------------------------------------------------------------
+
+
+def _grey_run(video: Path, out: Path, *extra: str | Path) -> object:
+    """An mc3_18 run (its cached weights) with alpha 1 and the grey colormap: the overlay is the map itself."""
+    args = ["-m", "mc3_18", "--input-size", SIZE, "--clip-stride", 8, "--alpha", 1, "--colormap", "gray"]
+    return run(video, *args, "--save-raw", "-o", out, "--manifest", out / "m.jsonl", *extra)
+
+
+def test_overlay_video_blends_overlapping_clips_at_the_videos_size_and_rate(video, torch_home, tmp_path):
+    cached_weights(torch_home, "mc3_18")
+    out = tmp_path / "out"
+    result = _grey_run(video, out)
+    assert result.exit_code == EXIT_OK, result.output
+    first, second = rows_of(out / "m.jsonl")
+    overlay = Path(first["outputs"][0])
+    assert overlay == out / "walk_gradcam_top1.mp4" and second["outputs"][0] == str(overlay)
+    info = probe(overlay)
+    assert (info.fps, info.width, info.height) == (FPS, WIDTH, HEIGHT)
+    shown = read_frames(overlay)
+    assert len(shown) == FRAMES
+    maps = [np.load(row["outputs"][2]) for row in (first, second)]
+    assert [m.shape for m in maps] == [(32, SIZE, 70)] * 2
+    for number in (0, 5, 12, 20, 30, 36):  # clip 0 alone, both (frames 8 to 31), clip 1 alone
+        clips = [(m, row["clip"]["start"]) for m, row in zip(maps, (first, second), strict=True)]
+        covering = [m[number - start] for m, start in clips if start <= number < start + 32]
+        mean = torch.from_numpy(np.mean(covering, axis=0))[None, None]
+        expected = F.interpolate(mean, (HEIGHT, WIDTH), mode="bilinear", align_corners=False)[0, 0]
+        assert pearson(shown[number][:, :, 1].astype(np.float64), expected) >= 0.98, number
+    curve = Path(first["outputs"][1])
+    assert curve == out / "walk_gradcam_top1_curve.png" and curve.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
+        "m.jsonl",
+        "walk_gradcam_top1.mp4",
+        "walk_gradcam_top1_clip000.npy",
+        "walk_gradcam_top1_clip001.npy",
+        "walk_gradcam_top1_curve.png",
+    ]
+
+
+def test_skip_existing_keeps_the_clip_rows_and_diff_pairs_each_clip(video, torch_home, tmp_path):
+    cached_weights(torch_home, "mc3_18")
+    out = tmp_path / "out"
+    assert _grey_run(video, out).exit_code == EXIT_OK
+    earlier = rows_of(out / "m.jsonl")
+    stamps = {path: path.stat().st_mtime_ns for path in out.glob("walk_*")}  # the overlay, plot and raw maps
+    again = _grey_run(video, out, "--skip-existing")
+    assert again.exit_code == EXIT_OK, again.output
+    rows = rows_of(out / "m.jsonl")
+    assert [row["status"] for row in rows] == ["skipped", "skipped"]
+    assert [row["clip"] for row in rows] == [row["clip"] for row in earlier]
+    assert [row["fingerprint"] for row in rows] == [row["fingerprint"] for row in earlier]
+    assert len(stamps) == 4 and all(path.stat().st_mtime_ns == stamp for path, stamp in stamps.items())
+    refused = _grey_run(video, out, "--skip-existing", "--clip-stride", "16")
+    assert refused.exit_code == EXIT_USAGE and "--clip-stride 8 (this run: 16)" in refused.stderr
+
+    same = CliRunner().invoke(diff_app, [str(out), str(out), "--json"])
+    assert same.exit_code == EXIT_OK, same.output
+    report = json.loads(same.stdout)
+    assert [pair["input"] for pair in report["pairs"]] == [f"{video}#clip0", f"{video}#clip1"]
+    cached_weights(torch_home, "mc3_18", seed=9)  # other weights: other maps
+    other = tmp_path / "other"
+    assert _grey_run(video, other).exit_code == EXIT_OK
+    drifted = json.loads(CliRunner().invoke(diff_app, [str(out), str(other), "--json"]).stdout)
+    assert [pair["input"] for pair in drifted["pairs"]] == [f"{video}#clip0", f"{video}#clip1"]
+    assert [pair["pearson"] < 0.99 for pair in drifted["pairs"]] == [True, True]  # each clip's own map compared
