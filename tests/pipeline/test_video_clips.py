@@ -28,7 +28,8 @@ from video_models import (
     write_video,
 )
 
-from gradcam_cli import load_model
+from gradcam_cli import Explainer, load_model
+from gradcam_cli.cam.reshape import Layout, infer_layout, to_spatial
 from gradcam_cli.cli import app
 from gradcam_cli.cli.diff import app as diff_app
 from gradcam_cli.errors import EXIT_OK, EXIT_USAGE
@@ -275,3 +276,44 @@ def test_skip_existing_keeps_the_clip_rows_and_diff_pairs_each_clip(video, torch
     drifted = json.loads(CliRunner().invoke(diff_app, [str(out), str(other), "--json"]).stdout)
     assert [pair["input"] for pair in drifted["pairs"]] == [f"{video}#clip0", f"{video}#clip1"]
     assert [pair["pearson"] < 0.99 for pair in drifted["pairs"]] == [True, True]  # each clip's own map compared
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "size", "layer", "grid"),
+    [("swin3d_t", 64, "norm", (16, 2, 2)), ("mvit_v2_s", None, "blocks.15.norm1", (8, 7, 7))],
+)
+def test_video_transformers_maps_at_their_default_layer_match_the_papers_formulas(name, size, layer, grid):
+    """Swin3D's channel-last (N, t, h, w, C) stage after its windows are merged back, MViT's (N, 1 + t*h*w, C)
+    tokens after its pooling (the class token dropped, the grid time slowest), before its last attention (the head
+    reads the class token only). Eigen-CAM is left out: its maps' sign follows the channel sum, which a LayerNorm
+    output (both layers are one) holds near zero at every position, so the sign is arbitrary there."""
+    loaded = load_model(name, "none", input_size=size)
+    frames, side = loaded.input_spec.shape[1], loaded.input_spec.shape[2]
+    x = torch.randn(1, 3, frames, side, side, generator=torch.Generator().manual_seed(0))
+    methods = [method for method in REFERENCES if method != "eigencam"]
+    explainer = Explainer(loaded, methods=methods)
+    assert explainer.chosen.layers == (layer,)
+    result = explainer.explain_batch(x, [(frames, side, side)])[0]
+    a, g, top = captured(loaded.module.eval(), dict(loaded.module.named_modules())[layer], x)
+    if a.dim() == 3:  # tokens: the class token, then t x h x w
+        a, g = (t[:, 1:].reshape(1, *grid, -1).movedim(-1, 1) for t in (a, g))
+    else:
+        a, g = a.movedim(-1, 1), g.movedim(-1, 1)
+    assert a.shape[2:] == grid
+    for explanation in result.explanations:
+        assert explanation.target.index == top
+        expected = resized(REFERENCES[explanation.method](a, g), (frames, side, side))
+        assert pearson(explanation.saliency, expected) >= 0.999, explanation.method
+
+
+@pytest.mark.quick
+def test_a_clips_tokens_are_read_as_a_grid_in_time_and_space():
+    clip = (16, 224, 224)
+    assert infer_layout((1, 1 + 8 * 7 * 7, 768), clip, prefix_tokens=1) == Layout("tokens", 7, 7, 1, leading=(8,))
+    assert infer_layout((1, 8 * 14 * 14, 384), clip) == Layout("tokens", 14, 14, 0, leading=(8,))  # not 2 x 28 x 28
+    assert infer_layout((1, 8 * 14 * 14, 384), clip, tokens=False) is None
+    tokens = torch.arange(2 * (1 + 2 * 3 * 4) * 5.0).view(2, 25, 5)
+    maps = to_spatial(tokens, Layout("tokens", 3, 4, 1, leading=(2,)))
+    assert maps.shape == (2, 5, 2, 3, 4)
+    assert torch.equal(maps[:, :, 1, 2, 3], tokens[:, 1 + 1 * 12 + 2 * 4 + 3])  # time slowest, then rows, columns

@@ -34,6 +34,8 @@ from .base import Family, chosen_task
 
 AUXILIARY = ("googlenet", "inception_v3")
 """Classifiers built with auxiliary heads, which gradcam leaves out."""
+CLASS_TOKEN = ("mvit_v1_b", "mvit_v2_s")
+"""Video models whose token sequences start with a class token (then a t x h x w grid: MViT)."""
 
 
 class Torchvision(Family):
@@ -92,7 +94,7 @@ def _load_torchvision(name: str, weights: str, num_classes: int | None, architec
             apply_state_dict(module, state, weights)
         classes = num_classes or len(default.meta["categories"])
         categories = list(default.meta["categories"]) if classes == len(default.meta["categories"]) else None
-        return LoadedModel(module, name, weights, profile=ModelProfile(spec, categories, task, clip=clip))
+        return LoadedModel(module, name, weights, profile=_profile(name, spec, categories, task, clip))
     members = list(weights_enum.__members__)
     if weights not in members:
         raise UsageError(
@@ -109,7 +111,14 @@ def _load_torchvision(name: str, weights: str, num_classes: int | None, architec
             raise ModelLoadError(weights_failure(name, chosen, error)) from error
     categories = list(chosen.meta["categories"])
     spec, clip = _input_spec(name, chosen)
-    return LoadedModel(module, name, chosen.name, profile=ModelProfile(spec, categories, task, clip=clip))
+    return LoadedModel(module, name, chosen.name, profile=_profile(name, spec, categories, task, clip))
+
+
+def _profile(
+    name: str, spec: InputSpec, categories: list[str] | None, task: str, clip: ClipSpec | None
+) -> ModelProfile:
+    prefix = 1 if name in CLASS_TOKEN else None
+    return ModelProfile(spec, categories, task, clip=clip, prefix_tokens=prefix)
 
 
 def _input_spec(name: str, weights: Any) -> tuple[InputSpec, ClipSpec | None]:
