@@ -338,7 +338,7 @@ class ExplainCommand:
         from ..cam.explainer import Explainer
         from ..io.discovery import discover_inputs
         from ..pipeline.session import Session
-        from ..pipeline.video import check_video_model, check_video_options
+        from ..pipeline.video import check_video_model, check_video_options, takes_clips
 
         if self.explain_options.question.asked or self.explain_options.question.given():
             return answers.ask(self)
@@ -348,7 +348,8 @@ class ExplainCommand:
         images, videos = discover_inputs(
             self.inputs, exclude=self.output.output_dir, warn=lambda message: reporter.info(f"warning: {message}")
         )
-        check_video_options(self.output, videos, clips=True)  # --save-raw once the model is known (a video model's)
+        clips = bool(videos) and self.output.save_raw and takes_clips(self.model_options.model)
+        check_video_options(self.output, videos, clips)  # before the model loads (a video model's --save-raw applies)
         single = len(images) + len(videos) == 1
         with Session(self.output, self.run_options, notify=reporter.info) as session:
             passes = pass_methods(self.explain_options.methods)

@@ -61,6 +61,14 @@ def check_video_options(output: OutputOptions, videos: Sequence[InputImage], cli
     raise UsageError(f"{options} {verb} not apply to video inputs ({names}); run the videos without {pronoun}")
 
 
+def takes_clips(model: str) -> bool:
+    """Whether the ``--model`` named takes clips, as far as its name tells before it loads (torchvision's video
+    models): the command refuses ``--save-raw`` with videos before loading any other model."""
+    from ..models.tasks import torchvision_video_names
+
+    return model in torchvision_video_names()
+
+
 def check_video_model(
     explainer: Explainer, output: OutputOptions, run: RunOptions, videos: Sequence[InputImage]
 ) -> None:
