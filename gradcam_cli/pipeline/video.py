@@ -62,11 +62,13 @@ def check_video_options(output: OutputOptions, videos: Sequence[InputImage], cli
 
 
 def takes_clips(model: str) -> bool:
-    """Whether the ``--model`` named takes clips, as far as its name tells before it loads (torchvision's video
-    models): the command refuses ``--save-raw`` with videos before loading any other model."""
+    """Whether the ``--model`` named may take clips, as far as its name tells before it loads (torchvision's video
+    models, and a Hugging Face folder or hub id, which may hold a video classifier): the command refuses
+    ``--save-raw`` with videos before loading any other model, and after loading one of these that takes images."""
+    from ..models.hub import HF_PREFIX
     from ..models.tasks import torchvision_video_names
 
-    return model in torchvision_video_names()
+    return model.startswith(HF_PREFIX) or model in torchvision_video_names()
 
 
 def check_video_model(

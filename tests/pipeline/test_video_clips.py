@@ -317,3 +317,68 @@ def test_a_clips_tokens_are_read_as_a_grid_in_time_and_space():
     maps = to_spatial(tokens, Layout("tokens", 3, 4, 1, leading=(2,)))
     assert maps.shape == (2, 5, 2, 3, 4)
     assert torch.equal(maps[:, :, 1, 2, 3], tokens[:, 1 + 1 * 12 + 2 * 4 + 3])  # time slowest, then rows, columns
+
+
+@pytest.fixture
+def videomae(tmp_path: Path) -> Path:
+    """A tiny VideoMAE classifier saved with save_pretrained: 4 frames of 32 x 32, tubelets of 2 x 8 x 8 (2 x 4 x 4
+    tokens, no class token), 3 classes."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.VideoMAEConfig(
+        image_size=32,
+        patch_size=8,
+        num_frames=4,
+        tubelet_size=2,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        id2label={0: "walk", 1: "run", 2: "sit"},
+        label2id={"walk": 0, "run": 1, "sit": 2},
+    )
+    torch.manual_seed(5)
+    folder = tmp_path / "videomae"
+    transformers.VideoMAEForVideoClassification(config).save_pretrained(folder)
+    processor = transformers.VideoMAEImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    processor.save_pretrained(folder)
+    return folder
+
+
+def test_a_hugging_face_video_transformers_tubelet_maps_match_the_papers_formulas(videomae, tmp_path):
+    square = write_video(tmp_path / "square.mp4", 8, FPS, (48, 48), lambda n: _square(n)[8:56, 8:56].copy())
+    out = tmp_path / "out"
+    methods = ["gradcam", "hirescam", "layercam", "eigengradcam"]
+    args = [square, "-m", f"hf:{videomae}", "--method", ",".join(methods), "--save-raw", "-o", out]
+    result = run(*args, "--manifest", out / "m.jsonl")
+    assert result.exit_code == EXIT_OK, result.output
+    rows = rows_of(out / "m.jsonl")
+    assert [(row["clip"]["start"], row["clip"]["end"]) for row in rows[:: len(methods)]] == [(0, 4), (4, 8)]
+    assert rows[0]["layer"] == "model.videomae.encoder.layer.1"  # the last layer: the head pools every token
+    model = transformers_model(videomae)
+    frames = read_frames(square)
+    for row in rows:
+        start = row["clip"]["start"]
+        x = clip_input(frames, list(range(start, start + 4)), 32, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+        hf = _HuggingFaceClips(model)
+        a, g, top = captured(hf, model.videomae.encoder.layer[1], x)
+        assert row["target"]["index"] == top and row["predictions"][0]["name"] in ("walk", "run", "sit")
+        a, g = (t.reshape(1, 2, 4, 4, -1).movedim(-1, 1) for t in (a, g))  # tubelets, time slowest
+        expected = resized(REFERENCES[row["method"]](a, g), (4, 32, 32))
+        assert pearson(np.load(row["outputs"][2]), expected) >= 0.999, row["method"]
+
+
+class _HuggingFaceClips(torch.nn.Module):
+    """(N, C, T, H, W) clips handed to a transformers video model as its (N, T, C, H, W) pixel_values, logits out."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=x.permute(0, 2, 1, 3, 4)).logits
+
+
+def transformers_model(folder: Path) -> torch.nn.Module:
+    import transformers
+
+    return transformers.VideoMAEForVideoClassification.from_pretrained(folder).eval()
