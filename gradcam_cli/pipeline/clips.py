@@ -131,23 +131,23 @@ class ClipRunner:
             return [self._record(video, "skipped")]
         pid = os.getpid()  # the temporary names are UTF-8, which OpenCV needs, whatever the output's name
         temporaries = [path.with_name(opencv_name(f".{path.name}{TEMP_MARKER}{pid}.mp4")) for path in paths]
-        state: _Video | None = None
+        raws: list[Path] = []  # the raw maps written so far, removed unless the video is done
+        done = False
         try:
-            state = self._explain_video(video, paths, temporaries, on_frame)
+            state = self._explain_video(video, paths, temporaries, on_frame, raws)
             if state.written == 0:
                 raise ImageError(f"{video.path}: {NO_FRAMES}")
             self._finish(state, outputs, temporaries)
-        except (ImageError, GradcamError, Exception) as error:
-            for raw in state.raws if state is not None else []:
-                raw.unlink(missing_ok=True)
-            if isinstance(error, ImageError):
-                return [self._error(video, str(error))]
-            if isinstance(error, GradcamError):
-                raise
+            done = True
+        except ImageError as error:
+            return [self._error(video, str(error))]
+        except GradcamError:
+            raise
+        except Exception as error:  # one unexplainable video (a failing writer, a full disk) must not end the run
             return [self._error(video, f"{video.path}: {describe(error, video.path)}")]
         finally:
-            for temporary in temporaries:
-                temporary.unlink(missing_ok=True)
+            for path in temporaries if done else [*temporaries, *raws]:
+                path.unlink(missing_ok=True)
         return self._rows(video, state, outputs, round(time.perf_counter() - started, 4))
 
     def _finish(self, state: _Video, outputs: Sequence[tuple[str, Path]], temporaries: Sequence[Path]) -> None:
@@ -164,7 +164,12 @@ class ClipRunner:
     # --- reading and scheduling -------------------------------------------------------------------------------------
 
     def _explain_video(
-        self, video: InputImage, outputs: list[Path], temporaries: list[Path], on_frame: Callable[[], Any] | None
+        self,
+        video: InputImage,
+        outputs: list[Path],
+        temporaries: list[Path],
+        on_frame: Callable[[], Any] | None,
+        raws: list[Path],
     ) -> _Video:
         import cv2
 
@@ -175,7 +180,7 @@ class ClipRunner:
             if not capture.isOpened():
                 raise ImageError(f"{video.path}: {UNREADABLE}")
             fps = capture_info(capture).fps
-            state = _Video(fps, self.clip.span(fps), outputs, held=[None] * len(outputs))
+            state = _Video(fps, self.clip.span(fps), outputs, held=[None] * len(outputs), raws=raws)
             stride = self.stride or state.span
             pending: list[int] = []  # clip starts waiting for a batch
             next_start = 0

@@ -33,8 +33,14 @@ from gradcam_cli.cam.reshape import Layout, infer_layout, to_spatial
 from gradcam_cli.cli import app
 from gradcam_cli.cli.diff import app as diff_app
 from gradcam_cli.errors import EXIT_OK, EXIT_USAGE
+from gradcam_cli.io.discovery import InputImage
+from gradcam_cli.io.images import InputSpec
 from gradcam_cli.io.video import probe
 from gradcam_cli.models.clip_spec import ClipSpec, sample_offsets
+from gradcam_cli.models.profile import LoadedModel
+from gradcam_cli.options import OutputOptions, RunOptions
+from gradcam_cli.pipeline.clips import ClipRunner
+from gradcam_cli.render.gallery import gallery_entries
 
 FRAMES, FPS, WIDTH, HEIGHT = 40, 30.0, 80, 64
 """The test video: 40 frames at 30 fps, 80 x 64. A model sampling at 15 fps covers 32 of its frames per 16-frame
@@ -382,3 +388,50 @@ def transformers_model(folder: Path) -> torch.nn.Module:
     import transformers
 
     return transformers.VideoMAEForVideoClassification.from_pretrained(folder).eval()
+
+
+# --- failures and the gallery, with a bare 3-D CNN (4 frames, every frame) --------------------------------------------
+
+
+def _bare_runner(out: Path, **options: object) -> ClipRunner:
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(
+        torch.nn.Conv3d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool3d(1), torch.nn.Flatten()
+    ).eval()
+    spec = InputSpec(size=16, shape=(3, 4, 16, 16))
+    model = LoadedModel(module, "bare3d", "random", ["a", "b", "c", "d"], spec)
+    assert model.profile.clips == ClipSpec(4)
+    explainer = Explainer(model, "1", ["gradcam"])
+    return ClipRunner(explainer, ClipSpec(4), OutputOptions(out, save_raw=True, **options), RunOptions())
+
+
+@pytest.mark.quick
+def test_a_video_that_fails_half_way_leaves_nothing_behind(video, tmp_path, monkeypatch):
+    runner = _bare_runner(tmp_path)
+    calls = []
+    release = ClipRunner._release
+
+    def failing(self, state, until, on_frame):
+        if state.clips and len(calls) > 20:
+            raise OSError(28, "No space left on device")
+        calls.append(until)
+        return release(self, state, until, on_frame)
+
+    monkeypatch.setattr(ClipRunner, "_release", failing)
+    records = runner.run(InputImage(video, Path("walk")))
+    assert [record.status for record in records] == ["error"]
+    assert records[0].error == f"{video}: no space left on device"
+    assert list(tmp_path.iterdir()) == []  # no raw map, overlay, plot or temporary left
+    text = tmp_path / "text.mp4"
+    text.write_text("not a video")
+    assert [r.error for r in runner.run(InputImage(text, Path("text")))] == [f"{text}: not a video OpenCV can read"]
+
+
+@pytest.mark.quick
+def test_the_gallery_shows_one_overlay_video_per_method_with_every_clips_files(video, tmp_path):
+    records = _bare_runner(tmp_path, report=True).run(InputImage(video, Path("walk")))
+    assert len(records) == FRAMES // 4 and {r.outputs[0] for r in records} == {str(tmp_path / "walk_gradcam_top1.mp4")}
+    (entry,) = gallery_entries(records, tmp_path)
+    (view,) = entry["views"]
+    assert view["kind"] == "video"
+    assert [kind for kind, _ in view["files"]] == ["importance over time"] + ["raw map"] * (FRAMES // 4)
