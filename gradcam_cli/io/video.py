@@ -14,7 +14,7 @@ import os
 import queue
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,11 +123,11 @@ READ_AHEAD = 8
 _DONE = object()
 
 
-def read_ahead(capture: Any, prepare: Callable[[np.ndarray], T], ahead: int = READ_AHEAD) -> Iterator[T]:
+def read_ahead(capture: Any, prepare: Callable[[np.ndarray], T], ahead: int = READ_AHEAD) -> Generator[T, None, None]:
     """``prepare(frame)`` of each BGR frame of an open ``cv2.VideoCapture``, decoded and prepared in a background
     thread up to ``ahead`` frames before they are asked for (OpenCV and most of ``prepare``'s NumPy and PyTorch work
-    release the GIL, so decoding overlaps the model). An error in the thread is raised here; closing the iterator
-    stops the thread before it returns."""
+    release the GIL, so decoding overlaps the model). An error in the thread is raised here; closing the generator
+    stops the thread before it returns: close it before releasing ``capture``."""
     buffer: queue.Queue[Any] = queue.Queue(maxsize=max(1, ahead))
     stop = threading.Event()
 

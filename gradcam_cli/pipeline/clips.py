@@ -24,7 +24,8 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -181,31 +182,43 @@ class ClipRunner:
                 raise ImageError(f"{video.path}: {UNREADABLE}")
             fps = capture_info(capture).fps
             state = _Video(fps, self.clip.span(fps), outputs, held=[None] * len(outputs), raws=raws)
-            stride = self.stride or state.span
-            pending: list[int] = []  # clip starts waiting for a batch
-            next_start = 0
-            for rgb, tensor in read_ahead(capture, self._preparer(state)):
-                state.waiting.append(_Frame(state.seen, rgb, tensor, [None] * len(outputs)))
-                state.seen += 1
-                if state.seen == 1:
-                    self._open_writers(state, temporaries)
-                while next_start + state.span <= state.seen:
-                    pending.append(next_start)
-                    next_start += stride
-                if len(pending) >= self.batch_size:
-                    self._explain_clips(state, pending)
-                    pending = []
-                self._release(state, min(pending[0] if pending else next_start, state.seen - state.span), on_frame)
-            if pending:
-                self._explain_clips(state, pending)
-            if state.seen and state.covered < state.seen:  # the end, which no clip covered: one clip ending on it
-                self._explain_clips(state, [max(0, state.seen - state.span)])
-            self._release(state, state.seen, on_frame)
+            with closing(read_ahead(capture, self._preparer(state))) as decoded:  # its thread ends before release
+                self._stream(state, decoded, temporaries, on_frame)
         finally:
             for writer in state.writers if state is not None else []:
                 writer.release()
             capture.release()
         return state
+
+    def _stream(
+        self,
+        state: _Video,
+        decoded: Iterator[tuple[np.ndarray, torch.Tensor]],
+        temporaries: list[Path],
+        on_frame: Callable[[], Any] | None,
+    ) -> None:
+        """Explain each clip as soon as its frames are in (a batch of them at a time), and write each frame once no
+        clip to come covers it."""
+        stride = self.stride or state.span
+        pending: list[int] = []  # clip starts waiting for a batch
+        next_start = 0
+        for rgb, tensor in decoded:
+            state.waiting.append(_Frame(state.seen, rgb, tensor, [None] * len(state.outputs)))
+            state.seen += 1
+            if state.seen == 1:
+                self._open_writers(state, temporaries)
+            while next_start + state.span <= state.seen:
+                pending.append(next_start)
+                next_start += stride
+            if len(pending) >= self.batch_size:
+                self._explain_clips(state, pending)
+                pending = []
+            self._release(state, min(pending[0] if pending else next_start, state.seen - state.span), on_frame)
+        if pending:
+            self._explain_clips(state, pending)
+        if state.seen and state.covered < state.seen:  # the end, which no clip covered: one clip ending on it
+            self._explain_clips(state, [max(0, state.seen - state.span)])
+        self._release(state, state.seen, on_frame)
 
     def _preparer(self, state: _Video) -> Callable[[np.ndarray], tuple[np.ndarray, torch.Tensor]]:
         """What the decoding thread does to each BGR frame: its RGB pixels (at the first frame's size) and its

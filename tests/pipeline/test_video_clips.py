@@ -35,7 +35,7 @@ from gradcam_cli.cli.diff import app as diff_app
 from gradcam_cli.errors import EXIT_OK, EXIT_USAGE
 from gradcam_cli.io.discovery import InputImage
 from gradcam_cli.io.images import InputSpec
-from gradcam_cli.io.video import probe
+from gradcam_cli.io.video import probe, read_ahead
 from gradcam_cli.models.clip_spec import ClipSpec, sample_offsets
 from gradcam_cli.models.profile import LoadedModel
 from gradcam_cli.options import OutputOptions, RunOptions
@@ -435,3 +435,34 @@ def test_the_gallery_shows_one_overlay_video_per_method_with_every_clips_files(v
     (view,) = entry["views"]
     assert view["kind"] == "video"
     assert [kind for kind, _ in view["files"]] == ["importance over time"] + ["raw map"] * (FRAMES // 4)
+
+
+@pytest.mark.quick
+def test_frames_are_decoded_and_prepared_in_a_background_thread_in_order(video):
+    import threading
+
+    import cv2
+
+    threads = set()
+
+    def prepare(frame: np.ndarray) -> int:
+        threads.add(threading.current_thread().name)
+        return int(frame[0, 0, 1])  # each frame its own shade of green
+
+    capture = cv2.VideoCapture(str(video))
+    shades = list(read_ahead(capture, prepare, ahead=2))
+    capture.release()
+    assert threads == {"gradcam-video-decode"}
+    assert len(shades) == FRAMES and all(abs(shade - (120 + number)) <= 3 for number, shade in enumerate(shades))
+
+    def failing(frame: np.ndarray) -> int:
+        raise ValueError("a frame it cannot take")
+
+    capture = cv2.VideoCapture(str(video))
+    with pytest.raises(ValueError, match="a frame it cannot take"):
+        list(read_ahead(capture, failing))
+    early = read_ahead(capture, prepare, ahead=1)
+    next(early)
+    early.close()  # stops the thread (it joins before close returns)
+    assert "gradcam-video-decode" not in {thread.name for thread in threading.enumerate()}
+    capture.release()
