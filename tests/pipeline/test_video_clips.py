@@ -32,6 +32,8 @@ from gradcam_cli import Explainer, load_model
 from gradcam_cli.cam.reshape import Layout, infer_layout, to_spatial
 from gradcam_cli.cli import app
 from gradcam_cli.cli.diff import app as diff_app
+from gradcam_cli.drift.compare import diff_runs
+from gradcam_cli.drift.fingerprint import map_fingerprint
 from gradcam_cli.errors import EXIT_OK, EXIT_USAGE
 from gradcam_cli.io.discovery import InputImage
 from gradcam_cli.io.images import InputSpec
@@ -466,3 +468,26 @@ def test_frames_are_decoded_and_prepared_in_a_background_thread_in_order(video):
     early.close()  # stops the thread (it joins before close returns)
     assert "gradcam-video-decode" not in {thread.name for thread in threading.enumerate()}
     capture.release()
+
+
+@pytest.mark.quick
+def test_diff_sees_a_clip_map_moving_in_time_that_its_mean_over_the_frames_hides(tmp_path):
+    early, late = torch.zeros(16, 32, 32), torch.zeros(16, 32, 32)
+    early[:4, 8:16, 8:16] = 1.0
+    late[12:, 8:16, 8:16] = 1.0  # the same place, other frames: the same mean over the frames
+
+    def manifest(name: str, saliency: torch.Tensor) -> Path:
+        target = {"index": 3, "name": "walk", "probability": 0.9}
+        clip = {"index": 0, "start": 0, "end": 16, "seconds": [0, 0.5], "shares": [], "score": 0.9}
+        row = {"input": "v.mp4", "status": "ok", "method": "gradcam", "target": target, "predictions": [target]}
+        path = tmp_path / name
+        path.write_text(json.dumps({**row, "fingerprint": map_fingerprint(saliency), "clip": clip}) + "\n")
+        return path
+
+    same = diff_runs(manifest("a.jsonl", early), manifest("b.jsonl", early))
+    assert not same.drift and same.results[0].time_pearson == 1.0
+    moved = diff_runs(manifest("a.jsonl", early), manifest("c.jsonl", late))
+    (result,) = moved.results
+    assert result.input == "v.mp4#clip0" and result.pearson == 1.0  # the grids agree
+    assert moved.drift and result.reasons == [f"over the frames: pearson {result.time_pearson:.3f} < 0.95"]
+    assert result.to_dict()["pearson_time"] == round(result.time_pearson, 6) and result.time_pearson < 0
