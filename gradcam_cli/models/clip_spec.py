@@ -39,11 +39,6 @@ class ClipSpec:
         """How many of the video's frames one clip covers: ``frames`` x :meth:`step`, at least 1."""
         return max(1, round(self.frames * self.step(fps)))
 
-    def describe(self) -> str:
-        """``16 frames at 15 fps`` (or ``, every frame``)."""
-        rate = f"at {self.rate:g} fps" if self.rate is not None else "every frame"
-        return f"{self.frames} frames {rate}"
-
 
 def sample_offsets(frames: int, span: int) -> list[int]:
     """The offset in a clip of ``span`` video frames of each of its ``frames`` samples: the frame at the centre of
