@@ -360,7 +360,7 @@ class ExplainCommand:
                 explainer = driver_explainer(self.model_options, self.explain_options, progress)
             else:
                 explainer = Explainer.from_options(self.model_options, self.explain_options, progress=progress)
-            check_video_model(explainer, self.output, self.run_options, videos)  # before any note
+            check_video_model(explainer, self.output, self.run_options, videos, images)  # before any note
             session.start(explainer)
             explainer_notes(reporter, explainer, bool(self.explain_options.layers))
             model = explainer.model

@@ -197,6 +197,7 @@ class Session:
             yield from self._answer(explainer, images, progress)
             return
         self._check_videos(explainer, videos)
+        check_video_model(explainer, self.output, self.run, videos, images)
         self.start(explainer)
         if self.shard is not None:
             images, videos = self._select_shard(images, videos)
@@ -232,7 +233,6 @@ class Session:
             )
         if videos and self.run.engine == "ray":
             raise UsageError(f"--engine ray explains images only; {videos[0].path} is a video: run videos without it")
-        check_video_model(explainer, self.output, self.run, videos)
 
     def _answer(
         self, explainer: AnswerExplainer, images: Sequence[InputImage], progress: ProgressFactory

@@ -72,15 +72,22 @@ def takes_clips(model: str) -> bool:
 
 
 def check_video_model(
-    explainer: Explainer, output: OutputOptions, run: RunOptions, videos: Sequence[InputImage]
+    explainer: Explainer,
+    output: OutputOptions,
+    run: RunOptions,
+    videos: Sequence[InputImage],
+    images: Sequence[InputImage] = (),
 ) -> None:
-    """Refuse the options the model does not take with videos: ``--save-raw`` and ``--clip-stride`` with a model
-    that takes images (explained frame by frame), ``--every`` with one that takes clips."""
+    """Refuse what the model does not take: images when it takes clips; with videos, ``--save-raw`` and
+    ``--clip-stride`` with a model that takes images (explained frame by frame), ``--every`` with one that takes
+    clips."""
+    clips = explainer.model.profile.clips is not None
+    name = explainer.model.name
+    if clips and images:
+        raise UsageError(f"{name} takes clips: give it videos; {images[0].path} is an image")
     if not videos:
         return
-    clips = explainer.model.profile.clips is not None
     check_video_options(output, videos, clips)
-    name = explainer.model.name
     if run.clip_stride is not None and not clips:
         raise UsageError(f"--clip-stride is for video models; {name} takes images, explained frame by frame (--every)")
     if run.every != 1 and clips:

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 import torchvision
 from cam_reference import pearson
+from conftest import ROOT
 from typer.testing import CliRunner
 from video_models import (
     REFERENCES,
@@ -194,9 +195,12 @@ def test_methods_not_defined_for_clips_are_refused_in_one_line(video, tmp_path, 
 def test_options_that_do_not_apply_are_refused(video, tmp_path):
     result = run(video, "-m", "mc3_18", "--weights", "none", "--every", "2", "-o", tmp_path)
     assert result.exit_code == EXIT_USAGE
-    assert (
-        result.stderr.strip() == "error: --every is for image models; mc3_18 takes clips: space them with --clip-stride"
-    )
+    message = "--every is for image models; mc3_18 takes clips: space them with --clip-stride"
+    assert result.stderr.strip() == f"error: {message}"
+    image = ROOT / "sample_images" / "chelsea.jpg"
+    result = run(video, image, "-m", "mc3_18", "--weights", "none", "-o", tmp_path)
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr.strip() == f"error: mc3_18 takes clips: give it videos; {image} is an image"
 
 
 @pytest.mark.quick
