@@ -278,7 +278,8 @@ class RunOptions:
     only that part of the inputs (docs/scale.md). ``engine``: ``local``, or ``ray`` to run on a Ray cluster
     (``ray_address``; ``None``: the ``RAY_ADDRESS`` environment variable, else a local instance) with ``actors``
     explaining actors (``None``: one per GPU, else one per two CPUs), each with ``gpus_per_worker`` GPUs
-    (``None``: 1 where the cluster has GPUs, else 0).
+    (``None``: 1 where the cluster has GPUs, else 0). ``clip_stride``: video frames between the starts of a video
+    model's clips (``None``: a clip's span, clips side by side; docs/video.md).
     """
 
     batch_size: int | None = None
@@ -286,6 +287,7 @@ class RunOptions:
     writers: int = 2
     max_side: int | None = DEFAULT_MAX_SIDE
     every: int = 1
+    clip_stride: int | None = None
     deterministic: bool = False
     shard: Shard | None = None
     engine: str = "local"

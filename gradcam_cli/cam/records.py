@@ -31,6 +31,9 @@ class Record:
     provenance: dict[str, Any] | None = None
     answer: Answer | None = None
     """A prompted image's row (docs/vlm.md): its question and answer, written after the manifest's columns."""
+    clip: ClipInfo | None = None
+    """A video model's row (docs/video.md): which clip of the video, its frames' shares of the map and its score,
+    written after the manifest's columns as ``clip``."""
 
     def to_dict(self) -> dict[str, Any]:
         """The row as plain JSON-ready data, in manifest column order (predictions as {index, name, probability},
@@ -49,10 +52,11 @@ class Record:
                     prediction["box"] = list(prediction["box"])
                 if "share" in prediction:
                     prediction["share"] = round(prediction["share"], 6)
+        clip_column = {"clip": self.clip.to_dict()} if self.clip is not None else {}
         if self.answer is None:
-            return {key: row[key] for key in MANIFEST_FIELDS}
+            return {**{key: row[key] for key in MANIFEST_FIELDS}, **clip_column}
         row["target"] = answer_target(self.target) if self.target is not None else None
-        return {**{key: row[key] for key in MANIFEST_FIELDS}, **self.answer.to_dict()}
+        return {**{key: row[key] for key in MANIFEST_FIELDS}, **self.answer.to_dict(), **clip_column}
 
     @property
     def shown_predictions(self) -> list[Prediction]:
@@ -82,6 +86,48 @@ class Record:
             row.get("fingerprint") if isinstance(row.get("fingerprint"), dict) else None,
             row.get("provenance") if isinstance(row.get("provenance"), dict) else None,
             answer,
+            ClipInfo.from_row(row),
+        )
+
+
+@dataclass
+class ClipInfo:
+    """Which clip of a video a row explains and how its map falls in time: ``index`` (0-based), its video frames
+    ``start`` to ``end`` (exclusive) and their times in seconds, ``shares`` (each of those frames' share of the
+    map, summing to 1: the temporal importance curve) and ``score`` (the probability of the class it explains)."""
+
+    index: int
+    start: int
+    end: int
+    seconds: tuple[float, float]
+    shares: list[float]
+    score: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "start": self.start,
+            "end": self.end,
+            "seconds": [round(self.seconds[0], 4), round(self.seconds[1], 4)],
+            "shares": [round(share, 6) for share in self.shares],
+            "score": round(self.score, 6) if math.isfinite(self.score) else None,
+        }
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> ClipInfo | None:
+        """The clip of a manifest row, ``None`` when it is no clip's row (or its ``clip`` is malformed)."""
+        value = row.get("clip")
+        if not isinstance(value, dict) or not all(isinstance(value.get(key), int) for key in ("index", "start", "end")):
+            return None
+        seconds, shares, score = value.get("seconds"), value.get("shares"), value.get("score")
+        times = seconds if isinstance(seconds, list) and len(seconds) == 2 else [0.0, 0.0]
+        return cls(
+            value["index"],
+            value["start"],
+            value["end"],
+            (float(times[0]), float(times[1])),
+            [float(share) for share in shares] if isinstance(shares, list) else [],
+            float(score) if isinstance(score, int | float) else math.nan,
         )
 
 

@@ -3,7 +3,8 @@
 Inputs of another spatial rank give maps of that rank: a clip's (N, C, T, H, W) or a volume's (N, C, D, H, W) give
 (N, C, t, h, w) at a 3-D convolution's output, a sequence's (N, C, L) gives (N, C, l) at a 1-D convolution's. Their
 layers are channel-first (N, C, ...) or channel-last (N, ..., C), read by the same rule on the last two sides (the
-strides of a clip's frames, a volume's slices and a sequence's positions are free); tokens are read on 2-D inputs only.
+strides of a clip's frames, a volume's slices and a sequence's positions are free); a clip's tokens (N, L, C) are read
+as prefix tokens and a t x h x w grid, time slowest (:func:`_tube_layout`).
 
 CAM methods work on (N, C, h, w) maps. CNNs produce them directly; Swin and ConvNeXt blocks produce channel-last
 (N, h, w, C) maps; ViTs produce token sequences (N, L, C) whose first tokens (the class token, sometimes also
@@ -104,6 +105,8 @@ def infer_layout(
     :func:`gradcam_cli.cam.layers.reads_tokens`); without, a detector head's (N, anchors, classes) is no grid.
     """
     if len(input_size) != 2:
+        if len(shape) == 3 and len(input_size) == 3 and tokens:
+            return _tube_layout(shape[1], input_size, prefix_tokens)
         return _other_rank(shape, input_size)
     if len(shape) == 4:
         first = _mismatch((shape[2], shape[3]), input_size)
@@ -153,6 +156,21 @@ def _token_layout(length: int, input_size: Sequence[int], known: int | None) -> 
     return Layout("tokens", h, w, prefix)
 
 
+def _tube_layout(length: int, input_size: Sequence[int], known: int | None) -> Layout | None:
+    """The grid of (N, L, C) tokens of a clip, (T, H, W): prefix tokens, then t x h x w in row-major order, time
+    slowest (VideoMAE's tubelets, MViT's patches after their pooling): the model's own prefix (or none) when
+    ``known``, else the fewest that fit; t the most frames (at most T) that leave an h x w grid fitting the frames
+    (:func:`_token_layout`), so that 8 x 14 x 14 tokens of 16 x 224 x 224 clips are not read as 2 x 28 x 28."""
+    prefixes = range(min(MAX_PREFIX_TOKENS, length - 1) + 1) if known is None else [known, *([0] if known else [])]
+    for prefix in prefixes:
+        count = length - prefix
+        for frames in range(min(int(input_size[0]), count), 0, -1):
+            plane = _token_layout(count // frames, input_size[-2:], 0) if count % frames == 0 else None
+            if plane is not None and plane.prefix == 0:
+                return Layout("tokens", plane.height, plane.width, prefix, leading=(frames,))
+    return None
+
+
 def to_spatial(tensor: torch.Tensor, layout: Layout) -> torch.Tensor:
     """Rearrange a layer output (or its gradient) laid out as ``layout`` into (N, C, h, w) ((N, C, t, h, w),
     (N, C, l) for grids of other ranks)."""
@@ -161,7 +179,7 @@ def to_spatial(tensor: torch.Tensor, layout: Layout) -> torch.Tensor:
     if layout.kind in ("nhwc", "nlc"):
         return tensor.movedim(-1, 1)
     tokens = tensor[:, layout.prefix :, :]
-    return tokens.reshape(tensor.shape[0], layout.height, layout.width, tensor.shape[2]).permute(0, 3, 1, 2)
+    return tokens.reshape(tensor.shape[0], *layout.grid, tensor.shape[2]).movedim(-1, 1)
 
 
 def spatial(

@@ -134,6 +134,14 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
     every: Annotated[
         int, typer.Option(min=1, metavar="N", help="Videos: explain every Nth frame and hold its map in between.")
     ] = 1,
+    clip_stride: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            metavar="N",
+            help="Video models: video frames between the starts of clips (default: a clip's span, side by side).",
+        ),
+    ] = None,
     output_dir: Annotated[
         Path,
         typer.Option(
@@ -276,6 +284,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
             workers,
             max_side=max_side or None,
             every=every,
+            clip_stride=clip_stride,
             deterministic=deterministic,
             shard=shard,
             engine=engine,
@@ -329,7 +338,7 @@ class ExplainCommand:
         from ..cam.explainer import Explainer
         from ..io.discovery import discover_inputs
         from ..pipeline.session import Session
-        from ..pipeline.video import check_video_options
+        from ..pipeline.video import check_video_model, check_video_options, takes_clips
 
         if self.explain_options.question.asked or self.explain_options.question.given():
             return answers.ask(self)
@@ -339,7 +348,8 @@ class ExplainCommand:
         images, videos = discover_inputs(
             self.inputs, exclude=self.output.output_dir, warn=lambda message: reporter.info(f"warning: {message}")
         )
-        check_video_options(self.output, videos)
+        clips = bool(videos) and self.output.save_raw and takes_clips(self.model_options.model)
+        check_video_options(self.output, videos, clips)  # before the model loads (a video model's --save-raw applies)
         single = len(images) + len(videos) == 1
         with Session(self.output, self.run_options, notify=reporter.info) as session:
             passes = pass_methods(self.explain_options.methods)
@@ -350,6 +360,7 @@ class ExplainCommand:
                 explainer = driver_explainer(self.model_options, self.explain_options, progress)
             else:
                 explainer = Explainer.from_options(self.model_options, self.explain_options, progress=progress)
+            check_video_model(explainer, self.output, self.run_options, videos, images)  # before any note
             session.start(explainer)
             explainer_notes(reporter, explainer, bool(self.explain_options.layers))
             model = explainer.model

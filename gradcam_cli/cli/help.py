@@ -42,6 +42,7 @@ PANELS: dict[str, tuple[str, ...]] = {
         "input_size",
         "max_side",
         "every",
+        "clip_stride",
         "list_models",
         "list_layers",
     ),

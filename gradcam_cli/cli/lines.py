@@ -57,4 +57,7 @@ def report_record(
     else:
         label = f"{target.name} ({adapter.how_much(target)})" if target else "each frame's own top class"
         line = f"{record.method} for {label} -> {record.outputs[0]}"
+    if record.clip is not None:  # a video model's row: which clip, when (docs/video.md)
+        start, end = record.clip.seconds
+        line = f"clip {record.clip.index + 1} ({start:.2f}-{end:.2f} s): {line}"
     reporter.result(f"  {line}" if single else f"{record.input}: {line}")

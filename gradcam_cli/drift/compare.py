@@ -9,8 +9,9 @@ nothing mapped, are no drift), when its class changed (the target, or the image'
 ``allow_class_change``), when one side explains a class and the other found nothing to explain (its row has no
 target: no detection, or only the background), when a map is missing on one side, when either correlation of the
 two maps falls below ``min_similarity``, or when the peak moved more than ``max_peak_shift`` of the image's
-diagonal. Rows without a partner are drift too, unless ``allow_missing``. Maps are compared as the
-``.npy`` files where both rows have one, else as their fingerprints.
+diagonal, or, for a video model's clip, when the correlation of the two maps' shares over the frames (their
+fingerprints' ``depth``) falls below ``min_similarity``. Rows without a partner are drift too, unless
+``allow_missing``. Maps are compared as the ``.npy`` files where both rows have one, else as their fingerprints.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ class PairResult:
     pearson: float | None = None
     iou: float | None = None
     peak_shift: float | None = None
+    time_pearson: float | None = None
+    """A video model's clip: the Pearson correlation of the two maps' shares over the clip's frames (their
+    fingerprints' ``depth``), which the maps' means over the frames, compared above, cannot show."""
     reasons: list[str] = field(default_factory=list)
 
     @property
@@ -73,6 +77,7 @@ class PairResult:
             "iou_top10": _round(self.iou),
             "peak_shift": _round(self.peak_shift),
             "compared": self.compared,
+            **({"pearson_time": _round(self.time_pearson)} if self.time_pearson is not None else {}),
             "drift": self.drift,
             "reasons": self.reasons,
         }
@@ -245,7 +250,19 @@ def compare_pair(pair: Pair, options: DiffOptions) -> PairResult:
             result.reasons.append(f"{name} {value:.3f} < {options.min_similarity:g}")
     if result.peak_shift > options.max_peak_shift:
         result.reasons.append(f"peak moved {result.peak_shift:.3f} of the diagonal > {options.max_peak_shift:g}")
+    result.reasons += _time_drift(result, options)
     return result
+
+
+def _time_drift(result: PairResult, options: DiffOptions) -> list[str]:
+    """A clip's pair: :attr:`PairResult.time_pearson` measured, and the reason it drifts in time, if it does."""
+    baseline, current = result.pair.baseline, result.pair.current
+    if baseline.depth is None or current.depth is None:
+        return []
+    result.time_pearson = pearson(baseline.depth, current.depth)
+    if result.time_pearson >= options.min_similarity:
+        return []
+    return [f"over the frames: pearson {result.time_pearson:.3f} < {options.min_similarity:g}"]
 
 
 def _class_changes(baseline: MapRow, current: MapRow) -> list[str]:

@@ -80,3 +80,13 @@ def decode_fingerprint(value: Any) -> tuple[torch.Tensor, tuple[int, int]]:
 
 def _is_row(row: Any) -> bool:
     return isinstance(row, str) and _ROW.fullmatch(row) is not None
+
+
+def decode_depth(value: Any) -> torch.Tensor | None:
+    """A 3-D map's fingerprint's ``depth`` row, its sixteenths of the first axis (a clip's frames) in [0, 1] as
+    float64; ``None`` for a fingerprint without one (an image's). Call :func:`decode_fingerprint` first: it checks
+    the row."""
+    depth = value.get("depth") if isinstance(value, dict) else None
+    if not isinstance(depth, str) or not _is_row(depth):
+        return None
+    return torch.tensor(list(bytes.fromhex(depth)), dtype=torch.float64) / LEVELS

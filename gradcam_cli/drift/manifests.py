@@ -19,7 +19,7 @@ from ..cam.results import NO_TARGET_SCORE
 from ..errors import UsageError, describe
 from ..io.manifest import latest_row_sets, manifest_text, parse_rows
 from ..targets import TARGET_KINDS
-from .fingerprint import decode_fingerprint
+from .fingerprint import decode_depth, decode_fingerprint
 
 NAMED_KINDS = tuple(kind for kind in TARGET_KINDS if kind not in ("class", "contrast"))
 """The ``--target`` kinds whose rows' target names begin with the kind (``similar:ref.jpg``)."""
@@ -51,6 +51,9 @@ class MapRow:
     named: bool = False
     answer: str | None = None
     """A prompted image's row: the answer its maps explain (``target`` is then the map's label, as ``named``)."""
+    depth: torch.Tensor | None = None
+    """A video model's row: its fingerprint's ``depth``, the map's mean over each sixteenth of the clip's frames
+    (its ``input`` is then the video's path and ``#clip<N>``: each clip pairs with the same clip)."""
 
 
 @dataclass
@@ -132,9 +135,11 @@ def _map_row(row: dict[str, Any], manifest: Path, shown: str) -> MapRow:
         except ValueError as error:
             raise UsageError(f"{shown}: line {line}: the fingerprint is malformed ({error})") from None
     provenance = row.get("provenance")
+    clip = row.get("clip")
+    clip_index = clip.get("index") if isinstance(clip, dict) else None
     return MapRow(
         line,
-        str(row["input"]),
+        str(row["input"]) + (f"#clip{clip_index}" if isinstance(clip_index, int) else ""),  # each clip pairs alone
         str(row["status"]),
         str(row["method"]) if row.get("method") else None,
         (target["index"], str(target.get("name", ""))) if target else None,
@@ -147,6 +152,7 @@ def _map_row(row: dict[str, Any], manifest: Path, shown: str) -> MapRow:
         str(row["error"]) if row.get("error") else None,
         _is_named(target) or "answer" in row,
         str(row["answer"]) if isinstance(row.get("answer"), str) else None,
+        decode_depth(row["fingerprint"]) if grid is not None else None,
     )
 
 

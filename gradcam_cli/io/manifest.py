@@ -213,7 +213,7 @@ def latest_row_sets(rows: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, 
     inputs first appear.
 
     A run writes an input's rows one after the other, all with one status, so a set is a stretch of rows of one
-    input; a row with another status, or whose method, target and first output already occur in the stretch,
+    input; a row with another status, or whose method, target, first output and clip already occur in the stretch,
     starts a new set (a later run of the same input).
     """
     sets: dict[str, list[dict[str, Any]]] = {}
@@ -222,10 +222,12 @@ def latest_row_sets(rows: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, 
     for row in rows:
         key = row_key(row)
         target, outputs = row.get("target"), row.get("outputs")
+        clip = row.get("clip")
         signature = (
             row.get("method"),
             target.get("index") if isinstance(target, dict) else None,
             outputs[0] if isinstance(outputs, list) and outputs else None,
+            clip.get("index") if isinstance(clip, dict) else None,  # a video model's rows: one set per clip
         )
         if not current or row_key(current[0]) != key or current[0]["status"] != row["status"] or signature in seen:
             current, seen = [], set()

@@ -87,7 +87,7 @@ def detection_path(
 def output_kind(path: str) -> str:
     """What a file a row lists is, by the name this module gave it, as the gallery links it: ``raw map``,
     ``video``, ``panel``, ``heatmap``, ``all detections`` (a detector's combined map, :func:`detection_path`'s
-    rank 0) or ``file``."""
+    rank 0), ``importance over time`` (a video model's plot, :func:`clip_curve_path`) or ``file``."""
     name = os.path.basename(path).lower()
     suffix = os.path.splitext(name)[1]
     if suffix == ".npy":
@@ -100,6 +100,8 @@ def output_kind(path: str) -> str:
         return "heatmap"
     if name.endswith(f"_{COMBINED_TAIL}{suffix}"):
         return "all detections"
+    if name.endswith(CURVE_TAIL):
+        return "importance over time"
     return "file"
 
 
@@ -120,6 +122,21 @@ def video_output_path(output_dir: Path, video: InputImage, method: str, label: s
     """``<output_dir>/<relative dir>/<stem>_<method>_<label>.mp4``; label is ``top1`` or ``<index>-<class slug>``."""
     stem = video.output_stem
     return output_dir / stem.parent / f"{stem.name}_{slug(method)}_{label}.mp4"
+
+
+CURVE_TAIL = "_curve.png"
+"""How a video model's temporal importance plot's name ends."""
+
+
+def clip_curve_path(video_output: Path) -> Path:
+    """A video model's temporal importance plot beside its overlay video: ``<stem>_<method>_<label>_curve.png``."""
+    return video_output.with_name(f"{video_output.stem}{CURVE_TAIL}")
+
+
+def clip_raw_path(video_output: Path, clip: int) -> Path:
+    """A video model's raw map of one clip beside its overlay video: ``<stem>_<method>_<label>_clip<NNN>.npy``
+    (clips numbered from 0)."""
+    return video_output.with_name(f"{video_output.stem}_clip{clip:03d}.npy")
 
 
 def video_label(rank: int, class_index: int | None, class_name: str = "") -> str:

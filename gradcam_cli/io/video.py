@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import math
 import os
+import queue
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from ..errors import ImageError
 from .discovery import VIDEO_SUFFIXES
+
+T = TypeVar("T")
 
 FOURCC = "mp4v"
 DEFAULT_FPS = 25.0
@@ -112,3 +116,50 @@ def frames(capture: Any) -> Iterator[np.ndarray]:
         if not ok:
             return
         yield frame
+
+
+READ_AHEAD = 8
+"""Frames :func:`read_ahead` decodes (and prepares) before the consumer asks for them."""
+_DONE = object()
+
+
+def read_ahead(capture: Any, prepare: Callable[[np.ndarray], T], ahead: int = READ_AHEAD) -> Generator[T, None, None]:
+    """``prepare(frame)`` of each BGR frame of an open ``cv2.VideoCapture``, decoded and prepared in a background
+    thread up to ``ahead`` frames before they are asked for (OpenCV and most of ``prepare``'s NumPy and PyTorch work
+    release the GIL, so decoding overlaps the model). An error in the thread is raised here; closing the generator
+    stops the thread before it returns: close it before releasing ``capture``."""
+    buffer: queue.Queue[Any] = queue.Queue(maxsize=max(1, ahead))
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                buffer.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work() -> None:
+        try:
+            for frame in frames(capture):
+                if not put((prepare(frame), None)):
+                    return
+        except BaseException as error:  # handed to the consumer, which raises it
+            put((None, error))
+            return
+        put((_DONE, None))
+
+    worker = threading.Thread(target=work, name="gradcam-video-decode", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item, error = buffer.get()
+            if error is not None:
+                raise error
+            if item is _DONE:
+                return
+            yield item
+    finally:
+        stop.set()
+        worker.join()

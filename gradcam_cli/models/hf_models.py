@@ -1,6 +1,7 @@
 """Hugging Face vision models, ``--model hf:PATH``: a folder written by ``save_pretrained``, or a hub id.
 
-A classifier is loaded with ``AutoModelForImageClassification``; a folder saved from a base model (its
+A classifier is loaded with ``AutoModelForImageClassification`` (a video classifier with
+``AutoModelForVideoClassification``: :mod:`gradcam_cli.models.hf_video`); a folder saved from a base model (its
 ``architectures`` name no classification head: ``ViTModel``, ``Dinov2Model``) with ``AutoModel``, as an embedding
 model (its ``pooler_output`` is the embedding, see docs/targets.md); a ``CLIPModel`` or ``SiglipModel`` as a
 CLIP-style model (:mod:`gradcam_cli.models.clip_models`). The image processor (``preprocessor_config.json``) gives the
@@ -23,6 +24,7 @@ from torch import nn
 from ..errors import ModelLoadError, UsageError, describe
 from ..io.images import IMAGENET_MEAN, IMAGENET_STD, InputSpec
 from .clip_models import HF_CLIP_TYPES, hf_clip
+from .hf_video import hf_video
 from .hub import (
     HF_PREFIX,
     HubModel,
@@ -50,7 +52,13 @@ def load_hf(model: str, weights: str, num_classes: int | None, architecture_only
     ``architecture_only``: the model its configuration describes, with random parameters; a hub id then needs only
     its configuration files (no weights are downloaded or read)."""
     try:
-        from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoModelForImageClassification
+        from transformers import (
+            AutoConfig,
+            AutoImageProcessor,
+            AutoModel,
+            AutoModelForImageClassification,
+            AutoModelForVideoClassification,
+        )
     except ImportError as error:
         raise missing_extra(model, "hf") from error
     check_num_classes(model, weights, num_classes)
@@ -60,7 +68,8 @@ def load_hf(model: str, weights: str, num_classes: int | None, architecture_only
         config = _load(model, lambda: AutoConfig.from_pretrained(folder))
         kind = _kind(model, config)
         auto: Any = AutoModel if kind != "classify" else _teacher_class(config) or AutoModelForImageClassification
-        if num_classes and kind != "classify":
+        auto = AutoModelForVideoClassification if kind == "video" else auto
+        if num_classes and kind not in ("classify", "video"):
             raise UsageError(f"--num-classes does not apply to {model}: it has no class head (it embeds images)")
         if own_weights:
             module = _load(model, lambda: auto.from_pretrained(folder))
@@ -79,7 +88,7 @@ def load_hf(model: str, weights: str, num_classes: int | None, architecture_only
         return hf_clip(module, folder, input_spec(processor, config.vision_config), weights)
     described = describe_hf(module, processor, weights)
     described.embeds = kind == "embed"
-    return described
+    return hf_video(described) if kind == "video" else described
 
 
 def describe_hf(module: nn.Module, processor: Any = None, weights: str = "DEFAULT") -> HubModel:
@@ -193,11 +202,14 @@ def _teacher_class(config: Any) -> Any:
 
 
 def _kind(model: str, config: Any) -> str:
-    """``clip`` (a CLIP or SigLIP model), ``embed`` (a vision model saved without a classification head) or
-    ``classify``; a UsageError for a model that is none of transformers' vision models."""
+    """``clip`` (a CLIP or SigLIP model), ``video`` (a video classifier), ``embed`` (a vision model saved without a
+    classification head) or ``classify``; a UsageError for a model that is none of transformers' vision models."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES as KNOWN
+    from transformers.models.auto.modeling_auto import MODEL_FOR_VIDEO_CLASSIFICATION_MAPPING_NAMES as VIDEO
 
     kind = getattr(config, "model_type", "")
+    if kind in VIDEO:  # VideoMAE, TimeSformer, ViViT: clips (docs/video.md)
+        return "video"
     architectures = [str(name) for name in getattr(config, "architectures", None) or []]
     headed = any(name.endswith(("ForImageClassification", TEACHER)) for name in architectures)
     if kind in HF_CLIP_TYPES and not headed:

@@ -20,6 +20,7 @@ from ..errors import ModelLoadError, UsageError, describe
 from ..io.images import InputSpec
 
 if TYPE_CHECKING:
+    from .clip_spec import ClipSpec
     from .text_tower import TextTower
 
 TIMM_PREFIX = "timm:"
@@ -46,6 +47,8 @@ class HubModel:
     any_shape: bool = False
     """It takes any height and width besides its fixed size
     (:attr:`~gradcam_cli.models.profile.ModelProfile.any_shape`)."""
+    clip: ClipSpec | None = None
+    """A video model's clips (:mod:`gradcam_cli.models.hf_video`)."""
 
 
 class HubUnavailable(Exception):

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from ..io.images import InputSpec
+from .clip_spec import ClipSpec, bare_clip
 from .tasks import CLASSIFY, DETECT, detection_spec, detection_transform, infer_task, task_facts, task_of_shape
 
 if TYPE_CHECKING:
@@ -85,10 +86,22 @@ class ModelProfile:
     volume: VolumeSpec | None = None
     """A volume model's windows, intensity normalisation and training spacing (:mod:`gradcam_cli.models.volume_spec`:
     an nnU-Net folder's, a MONAI bundle's); ``None``: not a volume model, or none known."""
+    clip: ClipSpec | None = None
+    """A video model's clips: frames per clip and their sampling rate (:mod:`gradcam_cli.models.clip_spec`);
+    ``None``: not a video model, or a bare 3-D CNN's (T frames of its input ``shape``, every frame)."""
 
     def __post_init__(self) -> None:
         if self.task == DETECT:
             object.__setattr__(self, "detector", True)
+
+    @property
+    def clips(self) -> ClipSpec | None:
+        """How the model takes a video: its :attr:`clip`, or a bare 3-D CNN's (an RGB (3, T, H, W) input ``shape``
+        and no volume spec: T frames, every frame); ``None``: it takes images (a video is explained frame by
+        frame) or volumes."""
+        if self.clip is not None or self.volume is not None:
+            return self.clip
+        return bare_clip(self.input_spec)
 
 
 @dataclass(frozen=True, init=False)

@@ -73,8 +73,18 @@ def torchvision_names(task: str) -> list[str]:
     return list(torchvision.models.list_models(module=namespace))
 
 
+def torchvision_video_names() -> list[str]:
+    """torchvision's video classifiers (``r3d_18``, ``s3d``, ``mvit_v2_s``, ``swin3d_t``...): they take clips."""
+    import torchvision.models
+
+    return list(torchvision.models.list_models(module=torchvision.models.video))
+
+
 def torchvision_task(name: str) -> str | None:
-    """The task of a torchvision model name; ``None``: not one of torchvision's image models."""
+    """The task of a torchvision model name (a video classifier's: ``classify``); ``None``: not one of
+    torchvision's models."""
+    if name in torchvision_video_names():
+        return CLASSIFY
     return next((task for task in NOUNS if name in torchvision_names(task)), None)
 
 

@@ -48,9 +48,10 @@ from ..io.naming import INDEX_NAME, LOCK_NAME, MANIFEST_NAME, shard_lock_name, s
 from ..options import OutputOptions, RunOptions
 from ..render.colour import colormap_table
 from .batch import BatchRunner
+from .clips import ClipRunner
 from .resume import EarlierRows, check_run_record, run_record, write_run_record
 from .shards import ShardRecord, inputs_digest, select_shard, stored_path
-from .video import VideoRunner
+from .video import VideoRunner, check_video_model, video_runner
 
 
 class Tick(Protocol):
@@ -196,6 +197,7 @@ class Session:
             yield from self._answer(explainer, images, progress)
             return
         self._check_videos(explainer, videos)
+        check_video_model(explainer, self.output, self.run, videos, images)
         self.start(explainer)
         if self.shard is not None:
             images, videos = self._select_shard(images, videos)
@@ -208,19 +210,19 @@ class Session:
         if videos:
             from ..io.video import probe
 
-            video_runner = VideoRunner(explainer, self.output, self.run)
+            runner_of_videos = video_runner(explainer, self.output, self.run)
             for video in videos:
                 try:
                     frames = probe(video.path).frames
                 except GradcamError:
                     frames = 0
                 with progress(f"{video.path.name}: frames", frames) as tick:
-                    records = video_runner.run(video, on_frame=tick)
-                    if self._rows_lost(video_runner, video, records):  # explained again, as images are
+                    records = runner_of_videos.run(video, on_frame=tick)
+                    if self._rows_lost(runner_of_videos, video, records):  # explained again, as images are
                         again = replace(self.output, skip_existing=False)
-                        records = VideoRunner(explainer, again, self.run).run(video, on_frame=tick)
+                        records = video_runner(explainer, again, self.run).run(video, on_frame=tick)
                     for record in records:
-                        for row in self._resumed_video(video_runner, video, record):
+                        for row in self._resumed_video(runner_of_videos, video, record):
                             yield self._keep(row)
 
     def _check_videos(self, explainer: Explainer, videos: Sequence[InputImage]) -> None:
@@ -308,6 +310,8 @@ class Session:
             raise UsageError("--skip-existing with --target needs --manifest: skipped images' rows come from it")
         methods = list(explainer.chosen.methods)  # a resumed run keeps every earlier method's rows (check_run_record)
         record |= {"precision": explainer.chosen.precision, "methods": methods}
+        if explainer.model.profile.clips is not None:  # a video model's clips (docs/video.md)
+            record["clip_stride"] = self.run.clip_stride
         self._begin(record, run_provenance(explainer, self.run))
 
     def _begin(self, record: dict[str, Any], provenance: dict[str, Any]) -> None:
@@ -324,7 +328,7 @@ class Session:
         write_run_record(self.output.output_dir, record)
         self.record = record
 
-    def _rows_lost(self, runner: VideoRunner, video: InputImage, records: Sequence[Record]) -> bool:
+    def _rows_lost(self, runner: VideoRunner | ClipRunner, video: InputImage, records: Sequence[Record]) -> bool:
         """Whether ``records`` is a skipped video whose rows the manifest being resumed lacks, some or all
         (:attr:`~gradcam_cli.pipeline.resume.EarlierRows.required`)."""
         if not self.earlier.required or [record.status for record in records] != ["skipped"]:
@@ -333,7 +337,7 @@ class Session:
         listed = {os.path.abspath(row["outputs"][0]) for row in earlier if row["status"] != "error" and row["outputs"]}
         return any(os.path.abspath(path) not in listed for _, path in runner.outputs(video))
 
-    def _resumed_video(self, runner: VideoRunner, video: InputImage, record: Record) -> list[Record]:
+    def _resumed_video(self, runner: VideoRunner | ClipRunner, video: InputImage, record: Record) -> list[Record]:
         """A skipped video's rows: its earlier ones from the manifest, or one per output video found."""
         if record.status != "skipped" or record.outputs:
             return [record]

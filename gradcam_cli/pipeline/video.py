@@ -6,7 +6,9 @@ each frame's detections with their boxes drawn). Frames between explained ones (
 blended over their own pixels, so motion stays smooth and the cost drops N-fold. Videos are written with the
 ``mp4v`` (MPEG-4 Part 2) codec, which OpenCV's bundled FFmpeg always has, to a temporary file that is renamed into
 place when the clip is done. ``--save-raw``, ``--save-heatmap`` and ``--panel`` are for images: a run with videos
-refuses them (:func:`check_video_options`); ``--report`` shows a clip by its first overlay frame.
+refuses them (:func:`check_video_options`); ``--report`` shows a clip by its first overlay frame. This is how a
+model that takes images explains a video; one that takes clips is explained clip by clip
+(:mod:`gradcam_cli.pipeline.clips`; :func:`video_runner` picks).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from ..options import OutputOptions, RunOptions
 from ..render.colour import blend, colormap_table
 from ..render.gallery import save_thumbnail
 from ..render.overlay import mark
+from .clips import ClipRunner
 from .decode import default_batch_size
 
 MAX_BUFFERED_FRAMES = 64
@@ -42,10 +45,12 @@ IMAGE_ONLY_OPTIONS = {"save_raw": "--save-raw", "save_heatmap": "--save-heatmap"
 """The OutputOptions fields (and their command-line names) that write files only an image has."""
 
 
-def check_video_options(output: OutputOptions, videos: Sequence[InputImage]) -> None:
+def check_video_options(output: OutputOptions, videos: Sequence[InputImage], clips: bool = False) -> None:
     """Refuse, with a UsageError, the image-only outputs (``--save-raw``, ``--save-heatmap``, ``--panel``) when the
-    inputs include videos, naming every such option given and the videos."""
-    given = [flag for name, flag in IMAGE_ONLY_OPTIONS.items() if getattr(output, name)]
+    inputs include videos, naming every such option given and the videos; ``clips``: the model takes clips (or may:
+    the command checks before loading it), whose maps ``--save-raw`` saves (docs/video.md)."""
+    allowed = {"save_raw"} if clips else set()
+    given = [flag for name, flag in IMAGE_ONLY_OPTIONS.items() if getattr(output, name) and name not in allowed]
     if not videos or not given:
         return
     options = given[0] if len(given) == 1 else f"{', '.join(given[:-1])} and {given[-1]}"
@@ -54,6 +59,48 @@ def check_video_options(output: OutputOptions, videos: Sequence[InputImage]) -> 
     if len(videos) > 3:
         names += f" and {len(videos) - 3} more"
     raise UsageError(f"{options} {verb} not apply to video inputs ({names}); run the videos without {pronoun}")
+
+
+def takes_clips(model: str) -> bool:
+    """Whether the ``--model`` named may take clips, as far as its name tells before it loads (torchvision's video
+    models, and a Hugging Face folder or hub id, which may hold a video classifier): the command refuses
+    ``--save-raw`` with videos before loading any other model, and after loading one of these that takes images."""
+    from ..models.hub import HF_PREFIX
+    from ..models.tasks import torchvision_video_names
+
+    return model.startswith(HF_PREFIX) or model in torchvision_video_names()
+
+
+def check_video_model(
+    explainer: Explainer,
+    output: OutputOptions,
+    run: RunOptions,
+    videos: Sequence[InputImage],
+    images: Sequence[InputImage] = (),
+) -> None:
+    """Refuse what the model does not take: images when it takes clips; with videos, ``--save-raw`` and
+    ``--clip-stride`` with a model that takes images (explained frame by frame), ``--every`` with one that takes
+    clips."""
+    clips = explainer.model.profile.clips is not None
+    name = explainer.model.name
+    if clips and images:
+        raise UsageError(f"{name} takes clips: give it videos; {images[0].path} is an image")
+    if not videos:
+        return
+    check_video_options(output, videos, clips)
+    if run.clip_stride is not None and not clips:
+        raise UsageError(f"--clip-stride is for video models; {name} takes images, explained frame by frame (--every)")
+    if run.every != 1 and clips:
+        raise UsageError(f"--every is for image models; {name} takes clips: space them with --clip-stride")
+
+
+def video_runner(explainer: Explainer, output: OutputOptions, run: RunOptions) -> VideoRunner | ClipRunner:
+    """The runner of videos for ``explainer``'s model: clip by clip for a model that takes clips
+    (:class:`~gradcam_cli.pipeline.clips.ClipRunner`), else frame by frame (:class:`VideoRunner`)."""
+    clip = explainer.model.profile.clips
+    if clip is None:
+        return VideoRunner(explainer, output, run)
+    return ClipRunner(explainer, clip, output, run)
 
 
 @dataclass

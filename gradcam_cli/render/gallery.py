@@ -85,7 +85,8 @@ def _prediction(prediction: Any) -> list[Any]:
 
 
 def gallery_entries(records: Iterable[Record], output_dir: Path) -> list[dict[str, Any]]:
-    """One JSON-ready entry per input, sorted by path, merging that input's rows (targets x methods).
+    """One JSON-ready entry per input, sorted by path, merging that input's rows (targets x methods; a video model's
+    clips share their overlay video's view, which links every clip's files).
 
     Skipped rows that carry outputs (a resumed run's images, explained by an earlier run) make full entries too,
     with status ``skipped``: the page marks them as from an earlier run."""
@@ -123,15 +124,19 @@ def gallery_entries(records: Iterable[Record], output_dir: Path) -> list[dict[st
             "thumb": href(thumb, root) if thumb else None,
             "files": [],
         }
+        shown = next((v for v in entry["views"] if v["href"] == view["href"]), None)
+        if shown is not None:  # a video model's later clips: one overlay video, its files gathered on one view
+            view = shown
         for other in others:
             kind = output_kind(other)
             link = [kind, href(other, root)]
             if kind == "panel":
                 if link not in entry["files"]:
                     entry["files"].append(link)
-            else:
+            elif link not in view["files"]:
                 view["files"].append(link)
-        entry["views"].append(view)
+        if shown is None:
+            entry["views"].append(view)
     return sorted(entries.values(), key=lambda entry: (entry["name"].lower(), entry["name"]))
 
 

@@ -76,5 +76,6 @@ def hub_model(built: HubModel, options: ModelOptions, tokens: bool) -> LoadedMod
         embeds=built.embeds,
         text=built.text,
         any_shape=built.any_shape,
+        clip=built.clip,
     )
     return LoadedModel(built.module, options.model, built.weights, profile=profile)

@@ -1,16 +1,28 @@
-"""torchvision's classifiers, detectors and segmenters, by name (``resnet50``, ``fasterrcnn_resnet50_fpn``): the
-family asked last, for any name no other family claims."""
+"""torchvision's classifiers, detectors and segmenters, by name (``resnet50``, ``fasterrcnn_resnet50_fpn``), and
+its video classifiers (``r3d_18``: clips, :mod:`gradcam_cli.models.clip_spec`): the family asked last, for any name
+no other family claims."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ...errors import ModelLoadError, UsageError, suggest
 from ...io.images import InputSpec
 from ...options import ModelOptions
+from ..clip_spec import ClipSpec, torchvision_clip
 from ..profile import LoadedModel, ModelProfile
-from ..tasks import CLASSIFY, NOUNS, SEGMENT, SEGMENTATION_SIZE, task_facts, torchvision_names, torchvision_task
+from ..tasks import (
+    CLASSIFY,
+    NOUNS,
+    SEGMENT,
+    SEGMENTATION_SIZE,
+    task_facts,
+    torchvision_names,
+    torchvision_task,
+    torchvision_video_names,
+)
 from ..weights import (
     apply_state_dict,
     load_state_dict_file,
@@ -22,6 +34,8 @@ from .base import Family, chosen_task
 
 AUXILIARY = ("googlenet", "inception_v3")
 """Classifiers built with auxiliary heads, which gradcam leaves out."""
+CLASS_TOKEN = ("mvit_v1_b", "mvit_v2_s")
+"""Video models whose token sequences start with a class token (then a t x h x w grid: MViT)."""
 
 
 class Torchvision(Family):
@@ -32,7 +46,14 @@ class Torchvision(Family):
         return True  # the last family asked: an unknown name is refused by load, with close matches
 
     def names(self) -> list[str]:
-        return [name for task in NOUNS for name in torchvision_names(task)]
+        return [name for task in NOUNS for name in torchvision_names(task)] + torchvision_video_names()
+
+    def resize(self, model: LoadedModel, size: int) -> InputSpec:
+        """Its input spec at ``--input-size size``; a video model's dry pass at that size too."""
+        spec = super().resize(model, size)
+        if model.profile.clip is not None and spec.shape is not None:
+            spec = replace(spec, shape=(*spec.shape[:2], size, size))
+        return spec
 
     def load(self, options: ModelOptions, architecture_only: bool) -> LoadedModel:
         loaded = _load_torchvision(options.model, options.weights, options.num_classes, architecture_only)
@@ -57,7 +78,7 @@ def _load_torchvision(name: str, weights: str, num_classes: int | None, architec
         raise UsageError(f"unknown model {name!r}.{suggest(name, names)} See --list-models.")
     weights_enum = torchvision.models.get_model_weights(name)
     default = weights_enum.DEFAULT
-    spec = _input_spec(name, default)
+    spec, clip = _input_spec(name, default)
     if weights.lower() == "none" or _looks_like_path(weights):
         kwargs: dict[str, Any] = {"num_classes": num_classes} if num_classes else {}
         if name in AUXILIARY:
@@ -73,7 +94,7 @@ def _load_torchvision(name: str, weights: str, num_classes: int | None, architec
             apply_state_dict(module, state, weights)
         classes = num_classes or len(default.meta["categories"])
         categories = list(default.meta["categories"]) if classes == len(default.meta["categories"]) else None
-        return LoadedModel(module, name, weights, profile=ModelProfile(spec, categories, task))
+        return LoadedModel(module, name, weights, profile=_profile(name, spec, categories, task, clip))
     members = list(weights_enum.__members__)
     if weights not in members:
         raise UsageError(
@@ -89,10 +110,25 @@ def _load_torchvision(name: str, weights: str, num_classes: int | None, architec
         except Exception as error:
             raise ModelLoadError(weights_failure(name, chosen, error)) from error
     categories = list(chosen.meta["categories"])
-    return LoadedModel(module, name, chosen.name, profile=ModelProfile(_input_spec(name, chosen), categories, task))
+    spec, clip = _input_spec(name, chosen)
+    return LoadedModel(module, name, chosen.name, profile=_profile(name, spec, categories, task, clip))
 
 
-def _input_spec(name: str, weights: Any) -> InputSpec:
+def _profile(
+    name: str, spec: InputSpec, categories: list[str] | None, task: str, clip: ClipSpec | None
+) -> ModelProfile:
+    prefix = 1 if name in CLASS_TOKEN else None
+    return ModelProfile(spec, categories, task, clip=clip, prefix_tokens=prefix)
+
+
+def _input_spec(name: str, weights: Any) -> tuple[InputSpec, ClipSpec | None]:
+    """The model's input spec from its weights' transform, and a video model's clips."""
+    if name in torchvision_video_names():
+        return torchvision_clip(name, weights)
+    return _image_spec(name, weights), None
+
+
+def _image_spec(name: str, weights: Any) -> InputSpec:
     transforms = weights.transforms()
     mean = tuple(getattr(transforms, "mean", InputSpec.mean))
     std = tuple(getattr(transforms, "std", InputSpec.std))

@@ -1,0 +1,349 @@
+"""Explaining a video with a video model, clip by clip: T x H x W maps over time and space (docs/video.md).
+
+A model that takes clips (its profile's :attr:`~gradcam_cli.models.profile.ModelProfile.clips`: torchvision's
+``r3d_18``, ``s3d``, ``mvit_v2_s``, ``swin3d_t``..., a bare 3-D CNN) reads a video as clips of its own ``frames``
+frames sampled at its own ``rate``: one clip covers ``span`` = frames x (video fps / rate) video frames, of which it
+takes the frame at the centre of each of ``frames`` equal parts (:func:`~gradcam_cli.models.clip_spec.sample_offsets`),
+each resized (its shorter side to the model's size, nothing cropped) and normalised as the model's weights say.
+Clips start every ``--clip-stride`` video frames (default: ``span``, side by side); one more clip, ending on the last
+frame, covers the end of a video that the others leave uncovered (a video shorter than a clip repeats its last
+frame). Frames are decoded and prepared in a background thread (:func:`~gradcam_cli.io.video.read_ahead`).
+
+Each clip is one prediction and one map per target and method, (span, h, w) at the network input's pixels (the
+layer's T' x H' x W' map resized trilinearly: linearly in time over the clip's video frames). Every video frame's
+overlay shows the mean of the maps of the clips covering it (overlapping clips blend), resized to the video's own
+size; a frame no clip covers (a stride longer than a clip) keeps the map before it. The outputs: the overlay video per
+target rank and method (as :class:`~gradcam_cli.pipeline.video.VideoRunner`'s, at the video's size and rate), its
+temporal importance plot (:func:`~gradcam_cli.render.curves.write_curve`), with ``--save-raw`` each clip's map as
+``.npy``, and one row per clip, target and method with the clip's predictions, its ``clip`` (frames, shares of the map,
+score) and its map's fingerprint.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..cam.explainer import Explainer
+from ..cam.records import ClipInfo, Record
+from ..cam.results import Explanation, Prediction
+from ..drift.fingerprint import map_fingerprint
+from ..errors import GradcamError, ImageError, describe
+from ..io.atomic import TEMP_MARKER
+from ..io.discovery import InputImage
+from ..io.images import to_input_tensor
+from ..io.naming import clip_curve_path, clip_raw_path, thumbnail_path, video_output_path
+from ..io.video import FOURCC, NO_FRAMES, UNREADABLE, capture_info, opencv_name, opened_by_name, read_ahead
+from ..models.clip_spec import ClipSpec, sample_offsets
+from ..options import OutputOptions, RunOptions
+from ..render.colour import blend, colormap_table
+from ..render.curves import write_curve
+from ..render.encode import save_array
+from ..render.gallery import save_thumbnail
+
+
+@dataclass
+class _Frame:
+    """A decoded frame waiting for its clips: its RGB pixels, its network input, and per output video the sum of
+    the maps of the clips that covered it so far (at the network input's size) and their count."""
+
+    index: int
+    rgb: np.ndarray
+    tensor: torch.Tensor
+    sums: list[torch.Tensor | None]
+    count: int = 0
+
+
+@dataclass
+class _ClipDone:
+    """One explained clip: its predictions and, per output video, its target, its :class:`ClipInfo`, its map's
+    fingerprint and its raw map's path (with ``--save-raw``)."""
+
+    predictions: list[Prediction]
+    maps: list[tuple[Prediction, ClipInfo, dict[str, Any], Path | None]]
+
+
+@dataclass
+class _Video:
+    """Running state of one video."""
+
+    fps: float
+    span: int
+    outputs: list[Path]
+    writers: list[Any] = field(default_factory=list)
+    waiting: deque[_Frame] = field(default_factory=deque)
+    clips: list[_ClipDone] = field(default_factory=list)
+    held: list[torch.Tensor | None] = field(default_factory=list)
+    first_overlays: list[torch.Tensor] = field(default_factory=list)
+    raws: list[Path] = field(default_factory=list)
+    seen: int = 0  # frames decoded
+    written: int = 0  # frames written
+    covered: int = 0  # frames covered by the clips explained so far (their ends)
+    size: tuple[int, int] | None = None  # (width, height) of the video's frames: the first frame's
+
+
+class ClipRunner:
+    """Explain videos with a model that takes clips; the same calls as :class:`~gradcam_cli.pipeline.video.VideoRunner`
+    (:meth:`outputs`, :meth:`run`)."""
+
+    def __init__(
+        self, explainer: Explainer, clip: ClipSpec, output: OutputOptions | None = None, run: RunOptions | None = None
+    ) -> None:
+        run = run or RunOptions()
+        if run.clip_stride is not None and run.clip_stride < 1:
+            raise GradcamError("--clip-stride must be at least 1")
+        self.explainer = explainer
+        self.clip = clip
+        self.output = output or OutputOptions()
+        self.stride = run.clip_stride
+        self.batch_size = run.batch_size or 1
+        self.table = colormap_table(self.output.colormap, explainer.device)
+
+    def outputs(self, video: InputImage) -> list[tuple[str, Path]]:
+        """(method, overlay video path) for each overlay video this input produces, in the order of its maps."""
+        chosen = self.explainer.chosen
+        labels = self.explainer.adapter.video_labels(chosen.target, chosen.top_k, self.explainer.model.class_name)
+        return [
+            (method, video_output_path(self.output.output_dir, video, method, label))
+            for label in labels
+            for method in chosen.methods
+        ]
+
+    def run(self, video: InputImage, on_frame: Callable[[], Any] | None = None) -> list[Record]:
+        """Explain one video; ``on_frame`` is called once per frame written. Returns one record per clip, target and
+        method, or one error record (a video that fails leaves no output behind)."""
+        started = time.perf_counter()
+        outputs = self.outputs(video)
+        paths = [path for _, path in outputs]
+        if video.path.resolve() in {path.resolve() for path in paths}:
+            return [self._error(video, f"{video.path}: refusing to overwrite input file {video.path}")]
+        expected = [*paths, *map(clip_curve_path, paths)]
+        if self.output.skip_existing and all(path.is_file() for path in expected):
+            return [self._record(video, "skipped")]
+        pid = os.getpid()  # the temporary names are UTF-8, which OpenCV needs, whatever the output's name
+        temporaries = [path.with_name(opencv_name(f".{path.name}{TEMP_MARKER}{pid}.mp4")) for path in paths]
+        raws: list[Path] = []  # the raw maps written so far, removed unless the video is done
+        done = False
+        try:
+            state = self._explain_video(video, paths, temporaries, on_frame, raws)
+            if state.written == 0:
+                raise ImageError(f"{video.path}: {NO_FRAMES}")
+            self._finish(state, outputs, temporaries)
+            done = True
+        except ImageError as error:
+            return [self._error(video, str(error))]
+        except GradcamError:
+            raise
+        except Exception as error:  # one unexplainable video (a failing writer, a full disk) must not end the run
+            return [self._error(video, f"{video.path}: {describe(error, video.path)}")]
+        finally:
+            for path in temporaries if done else [*temporaries, *raws]:
+                path.unlink(missing_ok=True)
+        return self._rows(video, state, outputs, round(time.perf_counter() - started, 4))
+
+    def _finish(self, state: _Video, outputs: Sequence[tuple[str, Path]], temporaries: Sequence[Path]) -> None:
+        """Put the overlay videos in place, write their temporal importance plots and the gallery's thumbnails."""
+        for temporary, (_, path) in zip(temporaries, outputs, strict=True):
+            os.replace(temporary, path)
+        for place, (method, path) in enumerate(outputs):
+            infos = [done.maps[place][1] for done in state.clips]
+            write_curve(infos, state.fps, f"{path.stem}: {method}", clip_curve_path(path))
+        if self.output.report:
+            for overlay, (_, path) in zip(state.first_overlays, outputs, strict=True):
+                save_thumbnail(overlay, thumbnail_path(self.output.output_dir, path))
+
+    # --- reading and scheduling -------------------------------------------------------------------------------------
+
+    def _explain_video(
+        self,
+        video: InputImage,
+        outputs: list[Path],
+        temporaries: list[Path],
+        on_frame: Callable[[], Any] | None,
+        raws: list[Path],
+    ) -> _Video:
+        import cv2
+
+        with opened_by_name(video.path) as name:
+            capture = cv2.VideoCapture(name)
+        state: _Video | None = None
+        try:
+            if not capture.isOpened():
+                raise ImageError(f"{video.path}: {UNREADABLE}")
+            fps = capture_info(capture).fps
+            state = _Video(fps, self.clip.span(fps), outputs, held=[None] * len(outputs), raws=raws)
+            with closing(read_ahead(capture, self._preparer(state))) as decoded:  # its thread ends before release
+                self._stream(state, decoded, temporaries, on_frame)
+        finally:
+            for writer in state.writers if state is not None else []:
+                writer.release()
+            capture.release()
+        return state
+
+    def _stream(
+        self,
+        state: _Video,
+        decoded: Iterator[tuple[np.ndarray, torch.Tensor]],
+        temporaries: list[Path],
+        on_frame: Callable[[], Any] | None,
+    ) -> None:
+        """Explain each clip as soon as its frames are in (a batch of them at a time), and write each frame once no
+        clip to come covers it."""
+        stride = self.stride or state.span
+        pending: list[int] = []  # clip starts waiting for a batch
+        next_start = 0
+        for rgb, tensor in decoded:
+            state.waiting.append(_Frame(state.seen, rgb, tensor, [None] * len(state.outputs)))
+            state.seen += 1
+            if state.seen == 1:
+                self._open_writers(state, temporaries)
+            while next_start + state.span <= state.seen:
+                pending.append(next_start)
+                next_start += stride
+            if len(pending) >= self.batch_size:
+                self._explain_clips(state, pending)
+                pending = []
+            self._release(state, min(pending[0] if pending else next_start, state.seen - state.span), on_frame)
+        if pending:
+            self._explain_clips(state, pending)
+        if state.seen and state.covered < state.seen:  # the end, which no clip covered: one clip ending on it
+            self._explain_clips(state, [max(0, state.seen - state.span)])
+        self._release(state, state.seen, on_frame)
+
+    def _preparer(self, state: _Video) -> Callable[[np.ndarray], tuple[np.ndarray, torch.Tensor]]:
+        """What the decoding thread does to each BGR frame: its RGB pixels (at the first frame's size) and its
+        network input."""
+        import cv2
+        from PIL import Image
+
+        spec = self.explainer.model.input_spec
+
+        def prepare(frame: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
+            if state.size is None:
+                state.size = (frame.shape[1], frame.shape[0])
+            elif (frame.shape[1], frame.shape[0]) != state.size:
+                frame = cv2.resize(frame, state.size, interpolation=cv2.INTER_AREA)
+            rgb = np.ascontiguousarray(frame[:, :, ::-1])
+            return rgb, to_input_tensor(Image.fromarray(rgb), spec)
+
+        return prepare
+
+    def _open_writers(self, state: _Video, temporaries: Sequence[Path]) -> None:
+        import cv2
+
+        assert state.size is not None
+        for temporary in temporaries:
+            temporary.parent.mkdir(parents=True, exist_ok=True)
+            writer = cv2.VideoWriter(str(temporary), cv2.VideoWriter.fourcc(*FOURCC), state.fps, state.size)
+            state.writers.append(writer)
+            if not writer.isOpened():
+                raise OSError(f"OpenCV cannot write {FOURCC} video to {temporary}")
+
+    # --- explaining ---------------------------------------------------------------------------------------------------
+
+    def _explain_clips(self, state: _Video, starts: Sequence[int]) -> None:
+        """Explain the clips starting at ``starts`` in one batch; add their maps to the frames they cover."""
+        by_index = {frame.index: frame for frame in state.waiting}
+        last = state.seen - 1
+        offsets = sample_offsets(self.clip.frames, state.span)
+        batch = torch.stack(
+            [torch.stack([by_index[min(start + o, last)].tensor for o in offsets], dim=1) for start in starts]
+        )
+        height, width = batch.shape[-2:]
+        results = self.explainer.explain_batch(batch, [(state.span, height, width)] * len(starts))
+        adapter = self.explainer.adapter
+        for start, result in zip(starts, results, strict=True):
+            end = min(start + state.span, state.seen)
+            pairs = enumerate(adapter.frame_maps(result))
+            maps = [self._clip_map(state, start, end, place, explanation) for place, (explanation, _) in pairs]
+            for frame in state.waiting:
+                frame.count += start <= frame.index < end
+            state.clips.append(_ClipDone(result.predictions, maps))
+            state.covered = max(state.covered, end)
+
+    def _clip_map(
+        self, state: _Video, start: int, end: int, output: int, explanation: Explanation
+    ) -> tuple[Prediction, ClipInfo, dict[str, Any], Path | None]:
+        """The ``output``-th map of the clip of video frames ``start`` to ``end``: added to its frames; its shares,
+        fingerprint and raw file."""
+        number = len(state.clips)
+        saliency = explanation.saliency[: end - start].detach().float().cpu()
+        for frame in state.waiting:
+            if start <= frame.index < end:
+                current = frame.sums[output]
+                part = saliency[frame.index - start]
+                frame.sums[output] = part.clone() if current is None else current + part
+        totals = saliency.flatten(1).sum(dim=1).double()
+        whole = float(totals.sum())
+        shares = (totals / whole).tolist() if whole > 0 else [0.0] * len(totals)
+        seconds = (start / state.fps, end / state.fps)
+        info = ClipInfo(number, start, end, seconds, shares, explanation.target.probability)
+        raw = None
+        if self.output.save_raw:
+            raw = clip_raw_path(state.outputs[output], number)
+            save_array(saliency, raw)
+            state.raws.append(raw)
+        return explanation.target, info, map_fingerprint(saliency), raw
+
+    # --- writing ------------------------------------------------------------------------------------------------------
+
+    def _release(self, state: _Video, until: int, on_frame: Callable[[], Any] | None) -> None:
+        """Write every waiting frame before ``until`` (no clip yet to come covers them) to each overlay video."""
+        while state.waiting and state.waiting[0].index < until:
+            frame = state.waiting.popleft()
+            pixels = torch.from_numpy(frame.rgb)
+            height, width = frame.rgb.shape[:2]
+            for output, writer in enumerate(state.writers):
+                summed = frame.sums[output]
+                coarse = summed / frame.count if summed is not None else state.held[output]
+                state.held[output] = coarse
+                if coarse is None:  # no clip yet (cannot happen: the first clip starts at the first frame)
+                    coarse = torch.zeros(frame.tensor.shape[-2:])
+                saliency = F.interpolate(coarse[None, None], (height, width), mode="bilinear", align_corners=False)
+                overlay = blend(pixels, saliency[0, 0].clamp(0, 1), self.table, self.output.alpha).cpu()
+                if state.written == 0 and self.output.report:
+                    state.first_overlays.append(overlay)
+                writer.write(np.ascontiguousarray(overlay.numpy()[:, :, ::-1]))
+            state.written += 1
+            if on_frame:
+                on_frame()
+
+    def _rows(
+        self, video: InputImage, state: _Video, outputs: Sequence[tuple[str, Path]], seconds: float
+    ) -> list[Record]:
+        """One row per clip, target and method: the clip's predictions, the map's target, its overlay video, plot
+        and raw map, its :class:`ClipInfo` and fingerprint (``seconds``: the whole video's, reading to writing)."""
+        rows = []
+        for done in state.clips:
+            for (method, path), (target, info, fingerprint, raw) in zip(outputs, done.maps, strict=True):
+                files = [str(path), str(clip_curve_path(path)), *([str(raw)] if raw is not None else [])]
+                rows.append(
+                    self._record(
+                        video,
+                        "ok",
+                        method=method,
+                        target=target,
+                        predictions=done.predictions,
+                        outputs=files,
+                        seconds=seconds,
+                        fingerprint=fingerprint,
+                        clip=info,
+                    )
+                )
+        return rows
+
+    def _record(self, video: InputImage, status: str, **fields: Any) -> Record:
+        return Record(str(video.path), status, self.explainer.model.name, self.explainer.layer_label, **fields)
+
+    def _error(self, video: InputImage, message: str) -> Record:
+        return self._record(video, "error", error=message)
