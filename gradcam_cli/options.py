@@ -38,6 +38,7 @@ METHOD_NAMES = (
     "fem",
     "randomcam",
     "rise",
+    "drise",
     "occlusion",
     "rollout",
     "attn-grad",

@@ -32,6 +32,7 @@ from torch import nn
 
 from ..errors import UsageError
 from ..models.tasks import describe_output
+from .drise import DetectionVectors, class_vectors
 from .maps import Region
 from .results import ImageExplanation, Prediction
 from .scores import Cams, ClassName, MaskedProbability, explanations_of, sum_or_none
@@ -115,18 +116,20 @@ def detector_geometry(transform: nn.Module | None, inputs: torch.Tensor) -> Geom
 @dataclass(frozen=True)
 class DetectionScore:
     """A detector's scores: each detection scoring at least ``threshold`` (at most ``max_detections`` per image,
-    highest first), then their sum. ``transform``: the detector's torchvision transform, if it has one."""
+    highest first), then their sum. ``transform``: the detector's torchvision transform, if it has one; ``classes``:
+    its class count (0: unknown), the width of D-RISE's class vectors (:mod:`gradcam_cli.cam.drise`)."""
 
     transform: nn.Module | None = None
     threshold: float = 0.5
     max_detections: int = 10
+    classes: int = 0
 
     def targets(
         self, output: object, inputs: torch.Tensor, target: int | None, top_k: int, chosen: torch.Tensor | None = None
     ) -> DetectionTargets:
         detections = detections_of(output)
         picked = picked_detections(detections, self.threshold, target, self.max_detections)
-        return DetectionTargets(detections, picked, detector_geometry(self.transform, inputs))
+        return DetectionTargets(detections, picked, detector_geometry(self.transform, inputs), self.classes)
 
 
 def picked_detections(
@@ -148,11 +151,13 @@ def picked_detections(
 @dataclass
 class DetectionTargets:
     """The chosen detections of one pass: ``picked[n]`` indexes image n's detections, highest score first. Target
-    ``k`` is each image's ``k``-th detection; the last target (``count - 1``) is the combined one."""
+    ``k`` is each image's ``k``-th detection; the last target (``count - 1``) is the combined one. ``classes``: the
+    detector's class count (0: unknown), for D-RISE's class vectors."""
 
     detections: list[Detections]
     picked: list[list[int]]
     geometry: Geometry = field(default_factory=Geometry)
+    classes: int = 0
 
     @property
     def count(self) -> int:
@@ -186,6 +191,28 @@ class DetectionTargets:
             return torch.stack(values).to(samples.device) if values else torch.zeros(0)
 
         return probability
+
+    def explained_vectors(self, n: int) -> DetectionVectors:
+        """Image n's explained detections as D-RISE compares them (:mod:`gradcam_cli.cam.drise`)."""
+        found, picked = self.detections[n], self.picked[n]
+        return self.vectors(found, torch.tensor(picked, dtype=torch.long, device=found["labels"].device))
+
+    def proposals(self, output: object) -> list[DetectionVectors]:
+        """Every detection of each image in another pass's ``output``, as D-RISE compares them."""
+        return [
+            self.vectors(found, torch.arange(found["labels"].shape[0], device=found["labels"].device))
+            for found in detections_of(output)
+        ]
+
+    def vectors(self, found: Detections, rows: torch.Tensor) -> DetectionVectors:
+        """Detections ``rows`` of ``found``: their boxes, class vectors rebuilt from their labels and scores (a
+        torchvision detector returns no others), and their ``objectness`` where the output has it."""
+        objectness = found.get("objectness")
+        return DetectionVectors(
+            found["boxes"][rows].detach().float(),
+            class_vectors(found["labels"][rows], found["scores"][rows].detach(), self.classes),
+            objectness[rows].detach() if objectness is not None else None,
+        )
 
     def results(self, cams: Cams, sizes: Sequence[tuple[int, ...]], class_name: ClassName) -> list[ImageExplanation]:
         results = []

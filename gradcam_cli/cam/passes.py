@@ -15,6 +15,8 @@ a batch while its :class:`~gradcam_cli.cam.engine.LayerCapture` is open:
 - randomcam: the seeds of its noise, one per image (:func:`~gradcam_cli.cam.methods.random.image_seeds`);
 - RISE and occlusion: a :class:`~gradcam_cli.cam.perturbation.MaskedPasses` (masked inputs, no autograd), with the
   masks' seed;
+- D-RISE: one :class:`~gradcam_cli.cam.drise.DetectionPasses` per view (masked inputs, no autograd) for every
+  target, each target given its own :class:`~gradcam_cli.cam.drise.WeightedMasks`;
 - the attention methods: the explained pass's :class:`~gradcam_cli.cam.attention.tokens.AttentionMaps`, with the
   target's gradients with respect to the probabilities for attn-grad (one more backward pass per target).
 
@@ -37,6 +39,7 @@ from ..options import PerturbationOptions
 from .ablation import AblatedScores
 from .attention.legrad import LEGRAD_LAYERS
 from .attention.tokens import AttentionMaps
+from .drise import DetectionPasses, Proposed, WeightedMasks
 from .engine import LayerCapture
 from .fullgrad import FullGradients, FullGradPass
 from .guided import GuidedPass
@@ -45,6 +48,7 @@ from .methods.needs import (
     ABLATED_SCORES,
     ATTENTION_GRADIENTS,
     ATTENTION_MAPS,
+    DETECTION_PASSES,
     FINER_GRADIENT,
     FULL_GRADIENTS,
     GUIDED_GRADIENT,
@@ -113,6 +117,7 @@ class MethodInputs:
         self._builders: dict[Need[object], Callable[[str | None, int], object]] = {
             SEED: self._seed,
             MASKED_PASSES: self._masked_passes,
+            DETECTION_PASSES: self._detection_passes,
             HESSIAN_PRODUCT: self._hessian_product,
             MASKED_SCORES: self._masked_scores,
             ABLATED_SCORES: self._ablated_scores,
@@ -144,6 +149,24 @@ class MethodInputs:
             self.capture.forward_output_unhooked,
             self.inputs,
             self.targets.masked(k),
+            self.perturbation,
+            self.batch_size,
+            self.progress,
+        )
+
+    def _detection_passes(self, layer: str | None, k: int) -> WeightedMasks:
+        """Target ``k``'s weighted masks, from the one set of passes made for every target (at the first call)."""
+        passes = self._cached(DETECTION_PASSES, 0, lambda _: self._detection_sweep())
+        assert isinstance(passes, DetectionPasses)
+        return passes.target(k)
+
+    def _detection_sweep(self) -> DetectionPasses:
+        if not isinstance(self.targets, Proposed):
+            raise UsageError("this method explains detectors only")
+        return DetectionPasses(
+            self.capture.forward_output_unhooked,
+            self.inputs,
+            self.targets,
             self.perturbation,
             self.batch_size,
             self.progress,

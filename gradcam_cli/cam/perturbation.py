@@ -61,8 +61,9 @@ def check_perturbation(options: PerturbationOptions) -> PerturbationOptions:
 
 def perturbation_settings(options: PerturbationOptions, methods: Sequence[str]) -> dict[str, object]:
     """What a run record notes of ``options`` (they change the maps, not the file names): RISE's mask count where
-    ``rise`` is among ``methods``, occlusion's window and stride where ``occlusion`` is."""
-    rise = {"rise_masks": options.rise_masks} if "rise" in methods else {}
+    ``rise`` or ``drise`` (the same masks) is among ``methods``, occlusion's window and stride where ``occlusion``
+    is."""
+    rise = {"rise_masks": options.rise_masks} if "rise" in methods or "drise" in methods else {}
     window = {"occlusion_window": options.occlusion_window, "occlusion_stride": options.occlusion_stride}
     return {**rise, **(window if "occlusion" in methods else {})}
 
@@ -121,6 +122,20 @@ def occlusion_count(options: PerturbationOptions, size: tuple[int, int]) -> int:
     """How many windows :func:`occlusion_windows` yields."""
     window, stride = options.occlusion_window, options.occlusion_stride
     return len(window_starts(size[0], window, stride)) * len(window_starts(size[1], window, stride))
+
+
+FEWER_PASSES = {
+    "rise": "a smaller --rise-masks",
+    "drise": "a smaller --rise-masks",
+    "occlusion": "a larger --occlusion-stride or --occlusion-window",
+}
+"""The options that make each black-box method's masked passes fewer."""
+
+
+def masked_pass_counts(options: PerturbationOptions, size: tuple[int, int]) -> dict[str, int]:
+    """The masked forward passes of each black-box method for one image at an input of ``size``: RISE's masks (per
+    target), D-RISE's (for every target at once), occlusion's windows and its unmasked pass (per target)."""
+    return {"rise": options.rise_masks, "drise": options.rise_masks, "occlusion": occlusion_count(options, size) + 1}
 
 
 class MaskedPasses:

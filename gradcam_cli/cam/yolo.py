@@ -29,6 +29,7 @@ from torch import nn
 
 from .ablation import ScoreReader
 from .detection import Detections, DetectionTargets, Geometry, detections_of, picked_detections
+from .drise import DetectionVectors
 from .maps import Region
 from .results import ImageExplanation, Prediction
 from .scores import Cams, ClassName, MaskedProbability, sum_or_none
@@ -140,6 +141,17 @@ class YoloTargets(DetectionTargets):
 
     def masked(self, k: int) -> MaskedProbability:
         return self._read(k, probability=True)
+
+    def vectors(self, found: Detections, rows: torch.Tensor) -> DetectionVectors:
+        """Detections ``rows`` of ``found`` as D-RISE compares them: each one's class vector the sigmoid of the raw
+        class logits at the anchor it was traced to (every class's confidence there)."""
+        objectness = found.get("objectness")
+        anchors = found["anchors"].reshape(-1)[rows]
+        return DetectionVectors(
+            found["boxes"][rows].detach().float(),
+            found["class_logits"][:, anchors].detach().float().sigmoid().T,
+            objectness[rows].detach() if objectness is not None else None,
+        )
 
     def ablated(self, k: int) -> tuple[ScoreReader, torch.Tensor]:
         """AblationCAM's reader of target ``k``'s score, and each sample's score with nothing ablated."""

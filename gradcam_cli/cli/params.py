@@ -299,12 +299,16 @@ MethodOpt = Annotated[
     ),
 ]
 RiseMasksOpt = Annotated[
-    int, typer.Option(min=1, metavar="N", help="RISE: random masks per image (7x7 cells, each kept with p 0.5).")
+    int,
+    typer.Option(min=1, metavar="N", help="RISE and D-RISE: random masks per image (7x7 cells, each kept with p 0.5)."),
 ]
 OcclusionWindowOpt = Annotated[int, typer.Option(min=1, metavar="PIXELS", help="Occlusion: the square window's side.")]
 OcclusionStrideOpt = Annotated[int, typer.Option(min=1, metavar="PIXELS", help="Occlusion: the window's step.")]
 SeedOpt = Annotated[
-    int, typer.Option(metavar="N", help="Seed of RISE's masks and randomcam's noise (and of eval's random draws).")
+    int,
+    typer.Option(
+        metavar="N", help="Seed of RISE's and D-RISE's masks and randomcam's noise (and of eval's random draws)."
+    ),
 ]
 TargetOpt = Annotated[
     str | None,

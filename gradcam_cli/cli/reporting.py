@@ -175,22 +175,22 @@ def pass_methods(names: Sequence[str]) -> list[str]:
 
 
 def passes_warning(explainer: Explainer) -> str | None:
-    """What RISE and occlusion will cost where it is more than LONG_PASSES masked forward passes per image and
+    """What RISE, D-RISE and occlusion will cost where it is more than LONG_PASSES masked forward passes per image and
     target (counted at the smallest network input, ``--input-size`` square), and which options make it less."""
-    from ..cam.perturbation import occlusion_count
+    from ..cam.perturbation import FEWER_PASSES, masked_pass_counts
 
-    options, spec = explainer.options.perturbation, explainer.model.input_spec
+    spec = explainer.model.input_spec
     height, width = spec.fixed_size or (spec.size, spec.size)
-    counts = {"rise": options.rise_masks, "occlusion": occlusion_count(options, (height, width)) + 1}
+    counts = masked_pass_counts(explainer.options.perturbation, (height, width))
     chosen = {method: counts[method] for method in counts if method in explainer.chosen.methods}
     total = sum(chosen.values())
     if total <= LONG_PASSES:
         return None
     parts = " + ".join(f"{count:,} for {method}" for method, count in chosen.items()) + ", " if len(chosen) > 1 else ""
-    cheaper = {"rise": "a smaller --rise-masks", "occlusion": "a larger --occlusion-stride or --occlusion-window"}
-    hints = " or ".join(cheaper[method] for method in chosen)
+    hints = " or ".join(dict.fromkeys(FEWER_PASSES[method] for method in chosen))
+    per = "per image" if list(chosen) == ["drise"] else "per image and target"  # D-RISE's serve every detection
     return (
-        f"warning: {total:,} masked forward passes per image and target ({parts}at {height}x{width} or more): "
+        f"warning: {total:,} masked forward passes {per} ({parts}at {height}x{width} or more): "
         f"this takes long; {hints} takes fewer"
     )
 

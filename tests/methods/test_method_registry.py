@@ -75,6 +75,7 @@ def test_the_registry_holds_the_builtin_methods_in_order_with_typed_needs() -> N
         "scorecam",
         "ablationcam",
         "rise",
+        "drise",
         "occlusion",
     }
 

@@ -123,6 +123,7 @@ def tiny_cnn() -> nn.Module:
 def test_every_method_is_registered_with_formula_and_paper() -> None:
     newer = ("gradcam-elementwise", "kpcacam", "shapleycam", "fem", "randomcam", "rise", "occlusion")
     newer += ("rollout", "attn-grad", "attention", "legrad")  # tests/methods/test_attention_methods.py
+    newer += ("drise",)  # tests/methods/test_drise.py
     own = {method.name: method for method in BUILTIN_METHODS}  # plugins' (tests/plugins) come after them in METHODS
     methods = {
         name: method for name, method in own.items() if name not in newer
@@ -323,7 +324,9 @@ def test_cli_writes_one_output_per_method(tmp_path) -> None:
     image = tmp_path / "square.png"
     square_image().save(image)
     out = tmp_path / "out"
-    cnn_methods = [name for name, method in METHODS.items() if method.needs not in ATTENTION_NEEDS]
+    cnn_methods = [  # a classifier's; drise explains detectors (tests/methods/test_drise.py)
+        name for name, method in METHODS.items() if method.needs not in ATTENTION_NEEDS and "classify" in method.tasks
+    ]
     methods = ",".join(cnn_methods)  # the attention methods: tests/methods/test_attention_methods.py
     model = f"{ROOT}/tests/square_model.py:build"
     args = [str(image), "--model", model, "-t", "0", "--method", methods, "-o", str(out), "--workers", "0", "-q"]

@@ -75,8 +75,9 @@ def test_eigen_smooth_keeps_the_square(square_model) -> None:
         "scorecam",
         "randomcam",
         "rise",
+        "drise",
         "occlusion",
-    }  # noise; no layer (test_method_references.py)
+    }  # noise; no layer (test_method_references.py); drise: detectors only (test_drise.py)
     skipped |= {"rollout", "attn-grad", "attention", "legrad"}  # for transformers (test_attention_methods.py)
     explainer = Explainer(square_model, "features", [m for m in METHODS if m not in skipped], eigen_smooth=True)
     for explanation in explainer.explain(square_image(), target=0).explanations:

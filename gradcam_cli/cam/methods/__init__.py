@@ -9,7 +9,7 @@ principal component of the W_k (see :mod:`gradcam_cli.cam.smoothing`). Methods t
 (the model run again, a pass through the whole network, a second backward pass, a seed) say so by their
 :class:`~gradcam_cli.cam.methods.needs.Need`. The modules hold the methods by kind: :mod:`.gradient` (the Grad-CAM
 family), :mod:`.activation` (no gradients), :mod:`.scorecam`, :mod:`.ablation`, :mod:`.fullgrad`, :mod:`.guided`,
-:mod:`.finer`, :mod:`.shapley`, :mod:`.random`, :mod:`.perturbation` (RISE, occlusion) and :mod:`.attention`
+:mod:`.finer`, :mod:`.shapley`, :mod:`.random`, :mod:`.perturbation` (RISE, D-RISE, occlusion) and :mod:`.attention`
 (rollout, attn-grad, attention, LeGrad: a transformer's attention). The table of methods,
 their papers and where they differ from pytorch-grad-cam is in docs/methods.md (its table made by
 :func:`.table.methods_table`).
@@ -51,7 +51,7 @@ from .gradient import (
 )
 from .guided import GUIDED_BACKPROP, GUIDED_GRADCAM, guided_backprop, guided_gradcam
 from .needs import Need
-from .perturbation import OCCLUSION, RISE, occlusion, rise
+from .perturbation import DRISE, OCCLUSION, RISE, drise, occlusion, rise
 from .random import RANDOMCAM, randomcam
 from .registry import CLASSIFY, METHODS, CamMethod, register_method, resolve_methods
 from .scorecam import SCORECAM, scorecam
@@ -77,6 +77,7 @@ BUILTIN_METHODS: tuple[CamMethod[Any], ...] = (
     FEM,
     RANDOMCAM,
     RISE,
+    DRISE,
     OCCLUSION,
     ROLLOUT,
     ATTN_GRAD,
@@ -98,6 +99,7 @@ __all__ = [
     "attention_rollout",
     "attn_grad",
     "class_attention",
+    "drise",
     "eigencam",
     "eigengradcam",
     "fem",

@@ -12,6 +12,7 @@ import torch
 
 from ..ablation import AblatedScores
 from ..attention.tokens import AttentionMaps
+from ..drise import WeightedMasks
 from ..fullgrad import FullGradients
 from ..masked_scores import MaskedScores
 from ..perturbation import MaskedPasses
@@ -63,6 +64,9 @@ SEED: Need[list[int]] = Need("seed")
 """randomcam: the seeds of its noise, one per image (:func:`~gradcam_cli.cam.methods.random.image_seeds`)."""
 MASKED_PASSES: Need[MaskedPasses] = Need("masked passes", uses_model=True, shows_progress=True)
 """RISE and occlusion: the black-box passes on masked inputs (:class:`MaskedPasses`)."""
+DETECTION_PASSES: Need[WeightedMasks] = Need("detection passes", uses_model=True, shows_progress=True)
+"""D-RISE: a target's masks weighted by how similar each masked input's detections are to it (:class:`WeightedMasks`;
+one set of passes for every detection of the batch, :class:`~gradcam_cli.cam.drise.DetectionPasses`)."""
 
 ATTENTION_MAPS: Need[AttentionMaps] = Need("attention maps", reads_every_layer=True)
 """rollout and attention: the explained pass's attention probabilities, every layer's
@@ -85,6 +89,7 @@ NEEDS: tuple[Need[object], ...] = (
     HESSIAN_PRODUCT,
     SEED,
     MASKED_PASSES,
+    DETECTION_PASSES,
     *ATTENTION_NEEDS,
 )
 """Every kind of extra input, each built by :mod:`gradcam_cli.cam.passes`."""

@@ -55,7 +55,7 @@ class DetectTask(TaskAdapter):
         options = request.options
         threshold = SCORE_THRESHOLD if options.score_threshold is None else options.score_threshold
         most = MAX_DETECTIONS if options.max_detections is None else options.max_detections
-        return DetectionScore(detection_transform(model.module), threshold, most)
+        return DetectionScore(detection_transform(model.module), threshold, most, len(model.categories or ()))
 
     def settings(
         self, model: LoadedModel, score: Score, request: ScoreRequest, perturbation: dict[str, object]
