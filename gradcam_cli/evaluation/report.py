@@ -32,6 +32,8 @@ STABILITY_SIGMA = 0.05
 255 grey levels for an ImageNet-normalised model)."""
 OUTSIDE_THRESHOLD = 0.5
 """Images with less than this share of the map's energy inside the boxes are listed as 'evidence outside'."""
+WORST_BOXES = 5
+"""Detectors: how many of a method's detections the report lists as its worst (lowest insertion minus deletion AUC)."""
 
 
 @dataclass
@@ -42,6 +44,33 @@ class BoxScore:
     target: Prediction
     hit: bool
     energy: float
+
+
+@dataclass
+class DetectionFigures:
+    """One explained detection's figures with one method (:mod:`gradcam_cli.evaluation.detections`): its score's
+    deletion and insertion curves (re-found by IoU and class in each perturbed image, 0 where it vanished), and its
+    map's pointing game and energy in its own box."""
+
+    rank: int
+    target: Prediction
+    deletion: list[float]
+    insertion: list[float]
+    hit: bool
+    energy: float
+
+    @property
+    def deletion_auc(self) -> float:
+        return metrics.auc(self.deletion)
+
+    @property
+    def insertion_auc(self) -> float:
+        return metrics.auc(self.insertion)
+
+    @property
+    def gap(self) -> float:
+        """Insertion minus deletion AUC: near 0 (or below) where the map's order hardly matters to the score."""
+        return self.insertion_auc - self.deletion_auc
 
 
 @dataclass
@@ -65,6 +94,8 @@ class MethodScores:
     sanity_redraw: float | None = None
     """With ``--sanity``, a random method only: the Spearman correlation of its map with a fresh draw (new seed) on
     the same model, the most the cascade's correlations can be (docs/evaluation.md, "Sanity check")."""
+    detections: list[DetectionFigures] = field(default_factory=list)
+    """Detectors: each explained detection's own figures (:class:`DetectionFigures`), in rank order."""
 
     @property
     def deletion_auc(self) -> float:
@@ -122,6 +153,11 @@ class EvalReport:
     def has_boxes(self) -> bool:
         return any(s.boxes for image in self.ok for s in image.methods.values())
 
+    @property
+    def has_detections(self) -> bool:
+        """Whether detections were measured one by one (detectors: :class:`DetectionFigures`)."""
+        return any(s.detections for image in self.ok for s in image.methods.values())
+
     def summary(self, method: str) -> dict[str, Any]:
         """Figures over all images for one method (means, percentages, per-class tables, the worst images); the
         images it finished on where a run was interrupted part-way through one."""
@@ -155,6 +191,9 @@ class EvalReport:
                 stability_mean=mean_or_nan([mean_or_nan(c) for c in changes]),
                 stability_max=mean_or_nan([max(c) for c in changes]),
             )
+        found = [(image, d) for image, s in scores for d in s.detections]
+        if found:
+            out["detections"] = _detections_summary(found)
         rows = [(image, box) for image, s in scores for box in s.boxes]
         if rows:
             out["pointing"] = _pointing_table([box for _, box in rows])
@@ -227,6 +266,35 @@ def _pointing_table(boxes: Sequence[BoxScore]) -> dict[str, Any]:
     return {"overall": cell(boxes), "per_class": per_class}
 
 
+def _detections_summary(found: Sequence[tuple[ImageScores, DetectionFigures]]) -> dict[str, Any]:
+    """A method's figures over every explained detection: means, mean curves, and the worst detections."""
+    figures = [d for _, d in found]
+    energies = [d.energy for d in figures if not math.isnan(d.energy)]
+    worst = sorted(found, key=lambda row: row[1].gap)[:WORST_BOXES]
+    return {
+        "count": len(figures),
+        "deletion_auc": mean_or_nan([d.deletion_auc for d in figures]),
+        "insertion_auc": mean_or_nan([d.insertion_auc for d in figures]),
+        "pointing": 100.0 * sum(d.hit for d in figures) / len(figures),
+        "energy": mean_or_nan(energies),
+        "deletion_curve": [mean_or_nan(column) for column in zip(*(d.deletion for d in figures), strict=True)],
+        "insertion_curve": [mean_or_nan(column) for column in zip(*(d.insertion for d in figures), strict=True)],
+        "worst": [{"image": image.image, **_detection_dict(d, curves=False)} for image, d in worst],
+    }
+
+
+def _detection_dict(d: DetectionFigures, curves: bool = True) -> dict[str, Any]:
+    return {
+        "rank": d.rank,
+        "explained": _prediction_dict(d.target),
+        "deletion_auc": d.deletion_auc,
+        "insertion_auc": d.insertion_auc,
+        "hit": d.hit,
+        "energy": d.energy,
+        **({"deletion_curve": d.deletion, "insertion_curve": d.insertion} if curves else {}),
+    }
+
+
 def _image_dict(image: ImageScores) -> dict[str, Any]:
     assert image.target is not None
     return {
@@ -239,6 +307,7 @@ def _image_dict(image: ImageScores) -> dict[str, Any]:
                     {"class": b.label, "explained": _prediction_dict(b.target), "hit": b.hit, "energy": b.energy}
                     for b in s.boxes
                 ],
+                **({"detections": [_detection_dict(d) for d in s.detections]} if s.detections else {}),
                 **({"sanity_spearman": s.sanity} if s.sanity else {}),
                 **({"sanity_redraw_spearman": s.sanity_redraw} if s.sanity_redraw is not None else {}),
                 "gini": s.gini,

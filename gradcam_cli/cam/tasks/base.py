@@ -80,6 +80,9 @@ class TaskAdapter:
     ranked = False
     videos = True
     faithfulness = False
+    box_faithfulness = False
+    """``gradcam eval`` measures each explained detection's own faithfulness, ``--boxes`` optional (a detector's:
+    :mod:`gradcam_cli.evaluation.detections`)."""
     takes_targets = False
     aug_smooth = False
     methods_of = "segment"
