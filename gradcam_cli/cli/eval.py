@@ -61,7 +61,9 @@ INPUT: image files, folders (searched recursively) or quoted glob patterns.
 Per method: deletion and insertion AUC (RISE; lower deletion, higher insertion is better), Average Drop and
 Increase in Confidence (Grad-CAM++). With --road: ROAD (noisy linear imputation; most and least relevant first, and
 the combined score). With --boxes: pointing game (15-pixel tolerance) and the share of the map's
-energy inside the boxes, per class, and the images whose evidence lies mostly outside the object. With --sanity:
+energy inside the boxes, per class, and the images whose evidence lies mostly outside the object. A detector:
+per explained detection, deletion and insertion of its score (re-found by IoU and class; 0 once it vanishes) and
+pointing and energy in its own box, --boxes optional. With --sanity:
 the model-parameter randomisation test. With --stability: the maps' change under small input noise. Always: the
 maps' sparseness (Gini) and complexity (entropy). With --rank: all of them, every method ranked per metric with a
 95% bootstrap confidence interval over images (add --method all to rank every method; randomcam is always added).

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..cam.detection import DetectionTargets, Detections, detections_of, matched_score
+from ..cam.detection import Detections, DetectionTargets, detections_of, matched_score
 from ..cam.explainer import Explainer
 from ..cam.maps import to_image_maps
 from ..cam.results import ImageExplanation

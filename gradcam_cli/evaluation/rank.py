@@ -12,25 +12,30 @@ best where that interval holds 0, and beats randomcam where, on every faithfulne
 lies wholly on the better side of 0.
 Methods that cannot be told apart share a group. Below :data:`MIN_IMAGES` images the intervals are marked not
 reliable; one image gives none.
+
+A detector's per-detection metrics (:data:`CLUSTERED`) rank the mean over every explained detection: an image's
+value is the mean over its detections, weighted by their count, and every bootstrap resamples images (the cluster
+bootstrap: the detections of one image, which share its pixels and its passes, stay together).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 
 from ..options import RANDOM_BASELINE
 from . import metrics
-from .report import EvalReport, ImageScores, MethodScores, mean_or_nan
+from .report import DetectionFigures, EvalReport, ImageScores, MethodScores, mean_or_nan
 
 BOOTSTRAP_RESAMPLES = 1000
 MIN_IMAGES = 10
 """Fewer images than this: the bootstrap intervals (percentile and BCa alike) under-cover; the table says so."""
-FAITHFULNESS = ("deletion_auc", "insertion_auc", "pointing")
+FAITHFULNESS = ("deletion_auc", "insertion_auc", "pointing", "box_deletion_auc", "box_insertion_auc")
 """The metrics a method must beat ``randomcam`` on (those measured)."""
 
 Value = Callable[[ImageScores, MethodScores], float | None]
@@ -50,6 +55,16 @@ def _boxes(value: Callable[[MethodScores], float]) -> Value:
     return lambda _image, s: value(s) if s.boxes else None
 
 
+def _per_detection(value: Callable[[DetectionFigures], float]) -> Value:
+    """The mean of ``value`` over the image's explained detections (NaN values left out); ``None``: none."""
+
+    def mean(_image: ImageScores, s: MethodScores) -> float | None:
+        found = [v for v in map(value, s.detections) if not math.isnan(v)]
+        return sum(found) / len(found) if found else None
+
+    return mean
+
+
 RANKED: dict[str, tuple[str, str, Value]] = {
     "deletion_auc": ("deletion AUC", "lower", lambda _i, s: s.deletion_auc if s.deletion else None),
     "insertion_auc": ("insertion AUC", "higher", lambda _i, s: s.insertion_auc if s.insertion else None),
@@ -58,6 +73,10 @@ RANKED: dict[str, tuple[str, str, Value]] = {
     "road": ("ROAD", "higher", lambda _i, s: s.road if s.road_morf else None),
     "pointing": ("pointing %", "higher", _boxes(lambda s: 100.0 * sum(b.hit for b in s.boxes) / len(s.boxes))),
     "energy": ("energy in box", "higher", _boxes(lambda s: sum(b.energy for b in s.boxes) / len(s.boxes))),
+    "box_deletion_auc": ("box deletion AUC (per detection)", "lower", _per_detection(lambda d: d.deletion_auc)),
+    "box_insertion_auc": ("box insertion AUC (per detection)", "higher", _per_detection(lambda d: d.insertion_auc)),
+    "box_pointing": ("box pointing % (own box)", "higher", _per_detection(lambda d: 100.0 * d.hit)),
+    "box_energy": ("box energy (own box)", "higher", _per_detection(lambda d: d.energy)),
     "sanity": ("sanity rho (max over the cascade)", "lower", lambda _i, s: max(s.sanity) if s.sanity else None),
     "gini": ("sparseness (Gini)", "higher", lambda _i, s: s.gini),
     "entropy": ("complexity (entropy)", "lower", lambda _i, s: s.entropy),
@@ -68,6 +87,8 @@ RANKED: dict[str, tuple[str, str, Value]] = {
     ),
 }
 """metric -> (label, which way is better, the value of one method on one image or ``None`` where not measured)."""
+CLUSTERED = ("box_deletion_auc", "box_insertion_auc", "box_pointing", "box_energy")
+"""The metrics whose unit is a detection: images weighted by their detections' count (the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -126,35 +147,49 @@ def measured_table(report: EvalReport, metric: str) -> dict[str, dict[str, float
     return columns
 
 
-def bootstrap(table: torch.Tensor, seed: int, resamples: int = BOOTSTRAP_RESAMPLES) -> torch.Tensor:
+def bootstrap(
+    table: torch.Tensor, seed: int, resamples: int = BOOTSTRAP_RESAMPLES, weights: torch.Tensor | None = None
+) -> torch.Tensor:
     """(M, n) values -> (M, 2): the percentile 95 % interval of each row's mean over ``resamples`` resamples of
-    the n columns with replacement, the same for every row (CPU generator seeded with ``seed``)."""
+    the n columns with replacement, the same for every row (CPU generator seeded with ``seed``); ``weights``: (n,)
+    each column's weight (a weighted mean: :data:`CLUSTERED`)."""
     n = table.shape[1]
     generator = torch.Generator().manual_seed(seed)
     picks = torch.randint(0, n, (resamples, n), generator=generator)
-    means = table.double()[:, picks].mean(dim=2)  # (M, resamples)
+    if weights is None:
+        means = table.double()[:, picks].mean(dim=2)  # (M, resamples)
+    else:
+        w = weights.double()[picks]  # (resamples, n)
+        means = (table.double()[:, picks] * w).sum(dim=2) / w.sum(dim=1)
     return torch.quantile(means, torch.tensor([0.025, 0.975], dtype=torch.float64), dim=1).T
 
 
 def paired_interval(
-    differences: torch.Tensor, seed: int, resamples: int = BOOTSTRAP_RESAMPLES, level: float = 0.95
+    differences: torch.Tensor,
+    seed: int,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    level: float = 0.95,
+    weights: torch.Tensor | None = None,
 ) -> tuple[float, float]:
     """The BCa bootstrap interval (Efron 1987) of the mean of the (n,) per-image ``differences``, in float64:
     the percentiles of ``resamples`` resampled means (drawn from ``seed``) shifted by the bias correction z0 and the
     jackknife acceleration a. It always holds the mean; constant differences give [d, d]; one image gives none
-    (NaN, NaN)."""
+    (NaN, NaN). ``weights``: (n,) each image's weight (:data:`CLUSTERED`: the weighted mean, its resamples and its
+    leave-one-image-out jackknife weighted alike)."""
     d = differences.double()
     n = d.numel()
-    mean = float(d.mean()) if n else math.nan
+    w = weights.double() if weights is not None else None
+    mean = (float(d.mean()) if w is None else float((w * d).sum() / w.sum())) if n else math.nan
     if n < 2:
         return math.nan, math.nan
     if bool((d == d[0]).all()):
         return mean, mean
     generator = torch.Generator().manual_seed(seed)
-    means = d[torch.randint(0, n, (resamples, n), generator=generator)].mean(dim=1)
+    picks = torch.randint(0, n, (resamples, n), generator=generator)
+    means = d[picks].mean(dim=1) if w is None else (d[picks] * w[picks]).sum(dim=1) / w[picks].sum(dim=1)
     below = (means < mean).double().mean() + 0.5 * (means == mean).double().mean()
     z0 = torch.special.ndtri(below.clamp(1.0 / (resamples + 1), resamples / (resamples + 1.0)))
-    jackknife = (d.sum() - d) / (n - 1)
+    jackknife = (d.sum() - d) / (n - 1) if w is None else ((w * d).sum() - w * d) / (w.sum() - w)
     spread = jackknife.mean() - jackknife
     denominator = 6.0 * float((spread**2).sum()) ** 1.5
     a = float((spread**3).sum()) / denominator if denominator > 0 else 0.0
@@ -202,11 +237,15 @@ def rank(
         for metric, columns in tables.items()
     }
 
+    weighting = partial(_weights, _detection_counts(report))
+
     def compare(metric: str, method: str, other: str) -> tuple[float, float, float]:
         difference = paired(tables[metric], data[metric], method, other)
         if not difference.numel():
             return math.nan, math.nan, math.nan
-        return (float(difference.mean()), *paired_interval(difference, seed, resamples))
+        weights = weighting(metric, [i for i in tables[metric][method] if i in tables[metric][other]])
+        interval = paired_interval(difference, seed, resamples, weights=weights)
+        return (_mean(difference, weights), *interval)
 
     beats: dict[str, bool | None] = dict.fromkeys(report.methods)
     if RANDOM_BASELINE in report.methods:
@@ -224,8 +263,9 @@ def rank(
         sign = 1.0 if better == "lower" else -1.0
         methods = [m for m in columns if columns[m]]
         counts = {m: len(columns[m]) for m in methods}
-        means = {m: float(data[metric][m].mean()) for m in methods}
-        intervals = _intervals([data[metric][m] for m in methods], seed, resamples)
+        weights = [weighting(metric, columns[m]) for m in methods]
+        means = {m: _mean(data[metric][m], w) for m, w in zip(methods, weights, strict=True)}
+        intervals = _intervals([data[metric][m] for m in methods], seed, resamples, weights)
         order = sorted(methods, key=lambda m: sign * means[m])
         best = order[0]
         comparisons = {m: compare(metric, m, best) for m in methods}
@@ -287,10 +327,34 @@ def paired(
     return torch.tensor([ours[i] - theirs[i] for i in ours if i in theirs], dtype=torch.float64)
 
 
-def _intervals(columns: list[torch.Tensor], seed: int, resamples: int) -> torch.Tensor:
+def _detection_counts(report: EvalReport) -> dict[str, float]:
+    """Each image's count of explained detections (the most any of its methods holds: they share the detections)."""
+    return {
+        image.image: float(max((len(s.detections) for s in image.methods.values()), default=0)) for image in report.ok
+    }
+
+
+def _weights(counts: dict[str, float], metric: str, images: Iterable[str]) -> torch.Tensor | None:
+    """Each of ``images``' weight on ``metric``: its detections' count on a :data:`CLUSTERED` one, else none."""
+    return torch.tensor([counts[i] for i in images], dtype=torch.float64) if metric in CLUSTERED else None
+
+
+def _mean(values: torch.Tensor, weights: torch.Tensor | None) -> float:
+    return float(values.mean()) if weights is None else float((weights * values).sum() / weights.sum())
+
+
+def _intervals(
+    columns: list[torch.Tensor], seed: int, resamples: int, weights: Sequence[torch.Tensor | None] = ()
+) -> torch.Tensor:
     """(M, 2): each column's percentile interval (:func:`bootstrap`), the same resamples for columns of one length
-    (every column, unless a run was interrupted part-way through an image); NaN below 2 values."""
+    (every column, unless a run was interrupted part-way through an image); NaN below 2 values. ``weights``: each
+    column's image weights (:data:`CLUSTERED`), its interval then of its weighted mean."""
     out = torch.full((len(columns), 2), math.nan, dtype=torch.float64)
+    if any(w is not None for w in weights):
+        for i, (column, w) in enumerate(zip(columns, weights, strict=True)):
+            if column.numel() > 1:  # the same draws as stacked columns: the generator depends on the length alone
+                out[i] = bootstrap(column[None], seed, resamples, w)[0]
+        return out
     for n in {column.numel() for column in columns if column.numel() > 1}:
         rows = [i for i, column in enumerate(columns) if column.numel() == n]
         out[rows] = bootstrap(torch.stack([columns[i] for i in rows]), seed, resamples)

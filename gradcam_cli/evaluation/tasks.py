@@ -95,9 +95,7 @@ class TaskEvaluator:
         for method in methods_to_run(self.explainer.chosen.methods, done, scores, self.on_method):
             group = self._groups[method]
             first = not self._once
-            result, pairs, undetected, figures = self._once(
-                ("pairs", group), partial(self._paired, group, path, boxes)
-            )
+            result, pairs, undetected, figures = self._once(("pairs", group), partial(self._paired, group, path, boxes))
             self.undetected += undetected if first else 0  # the same boxes for every group: counted once
             top = top or (result.predictions[0] if result.predictions else Prediction(-1, "nothing found", 0.0))
             scores[method] = MethodScores([], [], math.nan, detections=figures.get(method, []))
