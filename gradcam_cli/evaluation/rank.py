@@ -1,17 +1,17 @@
 """``gradcam eval --rank``: every method ranked per metric, with bootstrap intervals over images and paired
 comparisons (docs/evaluation.md, "Ranking", is the protocol; this module computes it).
 
-Per metric: each image's value for each method (:data:`RANKED`) on the images every method has a value for (an
-image a run was interrupted on counts for the methods finished on it: their comparisons are over the images both
+Per metric: each image's value for each method (:data:`RANKED`) on the images every method has a value for (an image
+a run was interrupted on counts for the methods finished on it: their comparisons are over the images both
 finished), in float64; each method's mean and the percentile 95 % interval of the mean over
-:data:`BOOTSTRAP_RESAMPLES` resamples of the images (the same resamples for every method, drawn from ``seed``;
-widened to hold the mean where the percentiles miss it). Methods with equal means share a rank. The comparisons are
-paired: the per-image difference between each method and the best one, and between each method and ``randomcam``,
-with a BCa bootstrap 95 % interval (:func:`paired_interval`, Efron 1987); a method is indistinguishable from the
-best where that interval holds 0, and beats randomcam where, on every faithfulness metric measured, its interval
-lies wholly on the better side of 0.
-Methods that cannot be told apart share a group. Below :data:`MIN_IMAGES` images the intervals are marked not
-reliable; one image gives none.
+:data:`~gradcam_cli.evaluation.intervals.BOOTSTRAP_RESAMPLES` resamples of the images (the same resamples for every
+method, drawn from ``seed``; widened to hold the mean where the percentiles miss it). Methods with equal means share
+a rank. The comparisons are paired: the per-image difference between each method and the best one, and between each
+method and ``randomcam``, with a BCa bootstrap 95 % interval
+(:func:`~gradcam_cli.evaluation.intervals.paired_interval`, Efron 1987); a method is indistinguishable from the best
+where that interval holds 0, and beats randomcam where, on every faithfulness metric measured, its interval lies
+wholly on the better side of 0. Methods that cannot be told apart share a group. Below :data:`MIN_IMAGES` images the
+intervals are marked not reliable; one image gives none.
 
 A detector's per-detection metrics (:data:`CLUSTERED`) rank the mean over every explained detection: an image's
 value is the mean over its detections, weighted by their count, and every bootstrap resamples images (the cluster
@@ -30,9 +30,16 @@ import torch
 
 from ..options import RANDOM_BASELINE
 from . import metrics
+from .intervals import (
+    BOOTSTRAP_RESAMPLES,
+    detection_counts,
+    image_weights,
+    intervals,
+    paired_interval,
+    weighted_mean,
+)
 from .report import DetectionFigures, EvalReport, ImageScores, MethodScores, mean_or_nan
 
-BOOTSTRAP_RESAMPLES = 1000
 MIN_IMAGES = 10
 """Fewer images than this: the bootstrap intervals (percentile and BCa alike) under-cover; the table says so."""
 FAITHFULNESS = ("deletion_auc", "insertion_auc", "pointing", "box_deletion_auc", "box_insertion_auc")
@@ -147,58 +154,6 @@ def measured_table(report: EvalReport, metric: str) -> dict[str, dict[str, float
     return columns
 
 
-def bootstrap(
-    table: torch.Tensor, seed: int, resamples: int = BOOTSTRAP_RESAMPLES, weights: torch.Tensor | None = None
-) -> torch.Tensor:
-    """(M, n) values -> (M, 2): the percentile 95 % interval of each row's mean over ``resamples`` resamples of
-    the n columns with replacement, the same for every row (CPU generator seeded with ``seed``); ``weights``: (n,)
-    each column's weight (a weighted mean: :data:`CLUSTERED`)."""
-    n = table.shape[1]
-    generator = torch.Generator().manual_seed(seed)
-    picks = torch.randint(0, n, (resamples, n), generator=generator)
-    if weights is None:
-        means = table.double()[:, picks].mean(dim=2)  # (M, resamples)
-    else:
-        w = weights.double()[picks]  # (resamples, n)
-        means = (table.double()[:, picks] * w).sum(dim=2) / w.sum(dim=1)
-    return torch.quantile(means, torch.tensor([0.025, 0.975], dtype=torch.float64), dim=1).T
-
-
-def paired_interval(
-    differences: torch.Tensor,
-    seed: int,
-    resamples: int = BOOTSTRAP_RESAMPLES,
-    level: float = 0.95,
-    weights: torch.Tensor | None = None,
-) -> tuple[float, float]:
-    """The BCa bootstrap interval (Efron 1987) of the mean of the (n,) per-image ``differences``, in float64:
-    the percentiles of ``resamples`` resampled means (drawn from ``seed``) shifted by the bias correction z0 and the
-    jackknife acceleration a. It always holds the mean; constant differences give [d, d]; one image gives none
-    (NaN, NaN). ``weights``: (n,) each image's weight (:data:`CLUSTERED`: the weighted mean, its resamples and its
-    leave-one-image-out jackknife weighted alike)."""
-    d = differences.double()
-    n = d.numel()
-    w = weights.double() if weights is not None else None
-    mean = (float(d.mean()) if w is None else float((w * d).sum() / w.sum())) if n else math.nan
-    if n < 2:
-        return math.nan, math.nan
-    if bool((d == d[0]).all()):
-        return mean, mean
-    generator = torch.Generator().manual_seed(seed)
-    picks = torch.randint(0, n, (resamples, n), generator=generator)
-    means = d[picks].mean(dim=1) if w is None else (d[picks] * w[picks]).sum(dim=1) / w[picks].sum(dim=1)
-    below = (means < mean).double().mean() + 0.5 * (means == mean).double().mean()
-    z0 = torch.special.ndtri(below.clamp(1.0 / (resamples + 1), resamples / (resamples + 1.0)))
-    jackknife = (d.sum() - d) / (n - 1) if w is None else ((w * d).sum() - w * d) / (w.sum() - w)
-    spread = jackknife.mean() - jackknife
-    denominator = 6.0 * float((spread**2).sum()) ** 1.5
-    a = float((spread**3).sum()) / denominator if denominator > 0 else 0.0
-    z = torch.special.ndtri(torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64))
-    adjusted = torch.special.ndtr(z0 + (z0 + z) / (1 - a * (z0 + z)))
-    low, high = torch.quantile(means, adjusted.clamp(0.0, 1.0)).tolist()
-    return min(low, mean), max(high, mean)
-
-
 def tied(a: float, b: float) -> bool:
     """Equal means, up to float64 rounding of the same sums in another order."""
     return a == b or abs(a - b) <= 1e-12 * max(1.0, abs(a), abs(b))
@@ -237,7 +192,7 @@ def rank(
         for metric, columns in tables.items()
     }
 
-    weighting = partial(_weights, _detection_counts(report))
+    weighting = partial(_weights, detection_counts(report))
 
     def compare(metric: str, method: str, other: str) -> tuple[float, float, float]:
         difference = paired(tables[metric], data[metric], method, other)
@@ -245,7 +200,7 @@ def rank(
             return math.nan, math.nan, math.nan
         weights = weighting(metric, [i for i in tables[metric][method] if i in tables[metric][other]])
         interval = paired_interval(difference, seed, resamples, weights=weights)
-        return (_mean(difference, weights), *interval)
+        return (weighted_mean(difference, weights), *interval)
 
     beats: dict[str, bool | None] = dict.fromkeys(report.methods)
     if RANDOM_BASELINE in report.methods:
@@ -264,8 +219,8 @@ def rank(
         methods = [m for m in columns if columns[m]]
         counts = {m: len(columns[m]) for m in methods}
         weights = [weighting(metric, columns[m]) for m in methods]
-        means = {m: _mean(data[metric][m], w) for m, w in zip(methods, weights, strict=True)}
-        intervals = _intervals([data[metric][m] for m in methods], seed, resamples, weights)
+        means = {m: weighted_mean(data[metric][m], w) for m, w in zip(methods, weights, strict=True)}
+        spans = intervals([data[metric][m] for m in methods], seed, resamples, weights)
         order = sorted(methods, key=lambda m: sign * means[m])
         best = order[0]
         comparisons = {m: compare(metric, m, best) for m in methods}
@@ -283,7 +238,7 @@ def rank(
                 1 for m in methods if sign * means[m] < sign * means[method] and not tied(means[m], means[method])
             )
             mean = means[method]
-            low, high = float(intervals[i, 0]), float(intervals[i, 1])
+            low, high = float(spans[i, 0]), float(spans[i, 1])
             if not math.isnan(low):
                 low, high = min(low, mean), max(high, mean)
             vs_best, vs_random = comparisons[method], against.get(method, (math.nan, math.nan, math.nan))
@@ -316,6 +271,11 @@ def rank(
     return rows
 
 
+def _weights(counts: dict[str, float], metric: str, images: Iterable[str]) -> torch.Tensor | None:
+    """Each of ``images``' weight on ``metric``: its detections' count on a :data:`CLUSTERED` one, else none."""
+    return image_weights(counts, images) if metric in CLUSTERED else None
+
+
 def paired(
     columns: dict[str, dict[str, float]], data: dict[str, torch.Tensor], method: str, other: str
 ) -> torch.Tensor:
@@ -325,40 +285,6 @@ def paired(
     if ours.keys() == theirs.keys():
         return data[method] - data[other]
     return torch.tensor([ours[i] - theirs[i] for i in ours if i in theirs], dtype=torch.float64)
-
-
-def _detection_counts(report: EvalReport) -> dict[str, float]:
-    """Each image's count of explained detections (the most any of its methods holds: they share the detections)."""
-    return {
-        image.image: float(max((len(s.detections) for s in image.methods.values()), default=0)) for image in report.ok
-    }
-
-
-def _weights(counts: dict[str, float], metric: str, images: Iterable[str]) -> torch.Tensor | None:
-    """Each of ``images``' weight on ``metric``: its detections' count on a :data:`CLUSTERED` one, else none."""
-    return torch.tensor([counts[i] for i in images], dtype=torch.float64) if metric in CLUSTERED else None
-
-
-def _mean(values: torch.Tensor, weights: torch.Tensor | None) -> float:
-    return float(values.mean()) if weights is None else float((weights * values).sum() / weights.sum())
-
-
-def _intervals(
-    columns: list[torch.Tensor], seed: int, resamples: int, weights: Sequence[torch.Tensor | None] = ()
-) -> torch.Tensor:
-    """(M, 2): each column's percentile interval (:func:`bootstrap`), the same resamples for columns of one length
-    (every column, unless a run was interrupted part-way through an image); NaN below 2 values. ``weights``: each
-    column's image weights (:data:`CLUSTERED`), its interval then of its weighted mean."""
-    out = torch.full((len(columns), 2), math.nan, dtype=torch.float64)
-    if any(w is not None for w in weights):
-        for i, (column, w) in enumerate(zip(columns, weights, strict=True)):
-            if column.numel() > 1:  # the same draws as stacked columns: the generator depends on the length alone
-                out[i] = bootstrap(column[None], seed, resamples, w)[0]
-        return out
-    for n in {column.numel() for column in columns if column.numel() > 1}:
-        rows = [i for i, column in enumerate(columns) if column.numel() == n]
-        out[rows] = bootstrap(torch.stack([columns[i] for i in rows]), seed, resamples)
-    return out
 
 
 def warnings(rows: Sequence[RankRow]) -> list[str]:
@@ -435,4 +361,9 @@ def format_ranking(rows: list[RankRow]) -> list[str]:
         "the maps change no more when the model is randomised than the check allows; not above randomcam: the "
         "paired interval against randomcam does not exclude 0 on deletion/insertion AUC or pointing)",
     ]
+    if any(row.metric in CLUSTERED for row in rows):
+        lines.append(
+            "(box metrics: the mean over every explained detection; the intervals resample images, each image "
+            "weighted by its detections' count)"
+        )
     return lines

@@ -22,8 +22,10 @@ from gradcam_cli.cam.maps import to_image_maps
 from gradcam_cli.cli.eval import app as eval_app
 from gradcam_cli.errors import EXIT_OK
 from gradcam_cli.evaluation.evaluate import evaluate
-from gradcam_cli.evaluation.rank import paired_interval, rank
+from gradcam_cli.evaluation.intervals import paired_interval
+from gradcam_cli.evaluation.rank import rank
 from gradcam_cli.evaluation.report import DetectionFigures
+from gradcam_cli.evaluation.rows import image_from_row, image_row
 from gradcam_cli.io.images import load_image, to_input_tensor
 from gradcam_cli.models.loading import LoadedModel
 from gradcam_cli.models.tasks import DETECT, detection_spec
@@ -218,3 +220,13 @@ def test_per_detection_curves_match_the_reference_on_a_random_faster_rcnn(tmp_pa
     path = tmp_path / "photo.png"
     square_image((160, 128), (40, 30, 110, 100), "green").save(path)
     check_against_reference(model, path, ["gradcam"], max_detections=2, score_threshold=0.0)
+
+
+@pytest.mark.quick
+def test_a_detections_rows_read_back_as_written(two_squares: Path) -> None:
+    """``--rank --report``'s rows file keeps each detection's figures (``--skip-existing`` resumes from them)."""
+    report = evaluate(Explainer(square_detector(), None, ["gradcam"]), [two_squares / "two.png"], EvalOptions(steps=3))
+    image = report.ok[0]
+    again = image_from_row(json.loads(json.dumps(image_row(image))))
+    assert again.methods["gradcam"].detections == image.methods["gradcam"].detections  # NaN elsewhere: not ==
+    assert len(again.methods["gradcam"].detections) == 2 and again.target == image.target
