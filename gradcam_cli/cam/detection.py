@@ -192,6 +192,17 @@ class DetectionTargets:
 
         return probability
 
+    def refound(self, n: int, output: object) -> torch.Tensor:
+        """(B, K): image n's K explained detections re-found in each of the B images of ``output`` by the matching
+        rule, their scores (0 where one vanished)."""
+        reference, picked = self.detections[n], self.picked[n]
+        found = detections_of(output)
+        rows = [
+            [matched_score(reference["boxes"][i].detach(), int(reference["labels"][i]), other) for i in picked]
+            for other in found
+        ]
+        return torch.tensor([[float(score) for score in row] for row in rows]).view(len(found), len(picked))
+
     def explained_vectors(self, n: int) -> DetectionVectors:
         """Image n's explained detections as D-RISE compares them (:mod:`gradcam_cli.cam.drise`)."""
         found, picked = self.detections[n], self.picked[n]

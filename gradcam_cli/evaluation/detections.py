@@ -5,10 +5,11 @@ For every explained detection (not the combined map) and every method:
 - **deletion and insertion** of the detection's score. The network input's pixels are perturbed in the order of that
   detection's map (at the network input's resolution, ties in row-major order), as a classifier's are
   (:class:`~gradcam_cli.evaluation.evaluate.Evaluator`): deletion replaces them, most salient first, by the input's
-  zero; insertion puts them back into the blurred input. In each perturbed image the detection is *re-found* by the
-  matching rule (:func:`~gradcam_cli.cam.detection.matched_score`: the detection of the same class whose box
-  overlaps the explained box most, with an IoU of at least :data:`~gradcam_cli.cam.detection.MATCH_IOU`) and its
-  score read; **a detection that vanishes (none matches) scores 0**. The curves' ends are the detection's own score
+  zero; insertion puts them back into the blurred input. In each perturbed image the detection is *re-found*
+  (:class:`~gradcam_cli.cam.scores.Refound`; a detector's: the matching rule,
+  :func:`~gradcam_cli.cam.detection.matched_score`, the detection of the same class whose box overlaps the explained
+  box most, with an IoU of at least :data:`~gradcam_cli.cam.detection.MATCH_IOU`) and its score read; **a detection
+  that vanishes (none matches) scores 0**. The curves' ends are the detection's own score
   (nothing perturbed) and its score in the all-zero and the blurred image (every detection's read from one pass).
 - **pointing game and energy in its own box**: the detection's map at the original image's resolution against the
   detection's box (:func:`~gradcam_cli.evaluation.metrics.pointing_hit`, ``--tolerance``;
@@ -25,11 +26,10 @@ from typing import Any
 
 import torch
 
-from ..cam.detection import Detections, DetectionTargets, detections_of, matched_score
 from ..cam.explainer import Explainer
-from ..cam.maps import to_image_maps
+from ..cam.maps import Region, to_image_maps
 from ..cam.results import ImageExplanation
-from ..cam.scores import Cams
+from ..cam.scores import Cams, Refound
 from ..models.modes import model_state_preserved
 from ..options import EvalOptions
 from . import metrics
@@ -38,34 +38,31 @@ from .report import BLUR_KERNEL, BLUR_SIGMA, DetectionFigures
 Job = tuple[Any, ...]
 """One perturbed image: ``("baseline",)`` and ``("blurred",)`` (shared by every detection), or
 ``(method, k, kind, step)``: detection ``k``'s map of ``method``, ``kind`` deletion or insertion."""
-Reference = tuple[torch.Tensor, int]
-"""An explained detection as the matching rule re-finds it: its (4,) box in the network input's pixels, its class."""
 
 
 def detection_figures(
     explainer: Explainer,
-    targets: DetectionTargets,
+    targets: Refound,
     cams: Cams,
     inputs: torch.Tensor,
     result: ImageExplanation,
     options: EvalOptions,
+    region: Region,
 ) -> dict[str, list[DetectionFigures]]:
     """Each method of ``cams`` -> the figures of each explained detection of the (1, 3, H, W) ``inputs`` (the
-    module docstring); ``targets`` and ``cams``: the explained pass's, ``result``: its explanations at the original
-    image's resolution."""
-    found, picked = targets.detections[0], targets.picked[0]
-    references: list[Reference] = [(found["boxes"][i].detach().float(), int(found["labels"][i])) for i in picked]
+    module docstring); ``targets``, ``cams`` and ``region`` (the part of the maps that shows the input): the
+    explained pass's, ``result``: its explanations at the original image's resolution."""
     size = (int(inputs.shape[-2]), int(inputs.shape[-1]))
     maps = {
-        (method, k): to_image_maps([cam[:1] for cam in cams[method][k]], size, targets.region)[0]
+        (method, k): to_image_maps([cam[:1] for cam in cams[method][k]], size, region)[0]
         for method in cams
-        for k in range(len(picked))
+        for k in range(len(result.predictions))
     }
-    scores = _curve_scores(explainer, inputs[0], maps, references, options)
+    scores = _curve_scores(explainer, targets, inputs[0], maps, options)
     steps = options.steps
     figures: dict[str, list[DetectionFigures]] = {method: [] for method in cams}
     for (method, k), _ in maps.items():
-        own = float(found["scores"][picked[k]].detach())
+        own = result.predictions[k].probability
         deletion = [scores[(method, k, "deletion", step)][0] for step in range(1, steps)]
         insertion = [scores[(method, k, "insertion", step)][0] for step in range(1, steps)]
         target = result.predictions[k]
@@ -86,9 +83,9 @@ def detection_figures(
 
 def _curve_scores(
     explainer: Explainer,
+    targets: Refound,
     image: torch.Tensor,
     maps: dict[tuple[str, int], torch.Tensor],
-    references: Sequence[Reference],
     options: EvalOptions,
 ) -> dict[Job, list[float]]:
     """Each job's re-found scores: every detection's for the shared images, the job's own detection's otherwise."""
@@ -112,24 +109,17 @@ def _curve_scores(
             return torch.where(perturbed, baseline, image)
         return torch.where(perturbed, image, blurred)
 
-    def read(job: Job, found: Detections) -> list[float]:
-        chosen = references if len(job) == 1 else [references[job[1]]]
-        return [float(matched_score(box, label, found)) for box, label in chosen]
-
     jobs: list[Job] = [("baseline",), ("blurred",)]
     jobs += [(*key, kind, step) for key in maps for kind in ("deletion", "insertion") for step in range(1, steps)]
-    return dict(zip(jobs, _forwarded(explainer, jobs, build, read, options.batch_size), strict=True))
+    return dict(zip(jobs, _forwarded(explainer, targets, jobs, build, options.batch_size), strict=True))
 
 
 def _forwarded(
-    explainer: Explainer,
-    jobs: Sequence[Job],
-    build: Callable[[Job], torch.Tensor],
-    read: Callable[[Job, Detections], list[float]],
-    batch_size: int,
+    explainer: Explainer, targets: Refound, jobs: Sequence[Job], build: Callable[[Job], torch.Tensor], batch_size: int
 ) -> Iterator[list[float]]:
     """Each job's image built and forwarded ``batch_size`` at a time (under the task's pass settings: a YOLO
-    model's confidence threshold), its detections read as they come."""
+    model's confidence threshold), its detections re-found as they come: every one for the shared images, the job's
+    own otherwise."""
     module = explainer.model.module
     with (
         model_state_preserved(module),
@@ -138,5 +128,6 @@ def _forwarded(
     ):
         for start in range(0, len(jobs), batch_size):
             chunk = jobs[start : start + batch_size]
-            found = detections_of(module(torch.stack([build(job) for job in chunk])))
-            yield from (read(job, detections) for job, detections in zip(chunk, found, strict=True))
+            scores = targets.refound(0, module(torch.stack([build(job) for job in chunk])))
+            for job, row in zip(chunk, scores.tolist(), strict=True):
+                yield row if len(job) == 1 else [row[job[1]]]

@@ -26,11 +26,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ..cam.detection import DetectionTargets
 from ..cam.explainer import Explainer
 from ..cam.results import ImageExplanation, Prediction
+from ..cam.scores import Refound
 from ..cam.tasks.base import Pair
-from ..errors import UsageError
 from ..io.boxes import GroundTruthBox
 from ..io.discovery import InputImage
 from ..io.images import load_image, to_input_tensor
@@ -71,11 +70,8 @@ class TaskEvaluator:
         method's work on an image begins, ``on_result`` with each (image, method)'s scores and each failed image;
         ``done``: the methods already finished per image, kept (as :meth:`Evaluator.run
         <gradcam_cli.evaluation.evaluate.Evaluator.run>`)."""
-        adapter = self.explainer.adapter
-        if not boxes and not adapter.box_faithfulness:
-            raise UsageError(f"gradcam eval of a {adapter.noun} needs --boxes: it measures where its maps point")
+        boxed_only = self.explainer.adapter.boxed_only(bool(boxes))  # a detector's detections: every image
         self.on_method, self.on_result, self.done = on_method, on_result, done or {}
-        boxed_only = not adapter.box_faithfulness  # a detector's detections are measured in every image
         results, unmatched = evaluate_images(
             self.explainer, images, boxes, self.evaluate_image, on_image, boxed_only, on_result
         )
@@ -123,15 +119,12 @@ class TaskEvaluator:
         if methods not in self._parts:
             self._parts[methods] = with_methods(self.explainer, methods)
         explainer = self._parts[methods]
+        picture = load_image(path)  # as explainer.explain(path), keeping the pass's targets and coarse maps
+        inputs = to_input_tensor(picture, explainer.model.input_spec).unsqueeze(0).to(explainer.device)
+        targets, cams = explainer.compute_targets(inputs)
+        result = targets.results(cams, [(picture.height, picture.width)], explainer.model.class_name)[0]
         figures: dict[str, list[DetectionFigures]] = {}
-        if explainer.adapter.box_faithfulness:
-            picture = load_image(path)
-            inputs = to_input_tensor(picture, explainer.model.input_spec).unsqueeze(0).to(explainer.device)
-            targets, cams = explainer.compute_targets(inputs)
-            result = targets.results(cams, [(picture.height, picture.width)], explainer.model.class_name)[0]
-            if isinstance(targets, DetectionTargets):
-                figures = detection_figures(explainer, targets, cams, inputs, result, self.options)
-        else:
-            result = explainer.explain(path)
+        if isinstance(targets, Refound):  # a detector's detections, each measured on its own
+            figures = detection_figures(explainer, targets, cams, inputs, result, self.options, targets.region)
         pairs, undetected = explainer.adapter.box_pairs(explainer, path, result, boxes) if boxes else ([], 0)
         return result, pairs, undetected, figures

@@ -82,7 +82,7 @@ class TaskAdapter:
     faithfulness = False
     box_faithfulness = False
     """``gradcam eval`` measures each explained detection's own faithfulness, ``--boxes`` optional (a detector's:
-    :mod:`gradcam_cli.evaluation.detections`)."""
+    :mod:`gradcam_cli.evaluation.detections`); read by :meth:`boxed_only`."""
     takes_targets = False
     aug_smooth = False
     methods_of = "segment"
@@ -173,6 +173,16 @@ class TaskAdapter:
             raise UsageError(f"--plot draws deletion and insertion curves, which a {self.noun} is not measured by")
         if road:
             raise UsageError(f"--road is for classifiers; a {self.noun}'s maps are evaluated against --boxes")
+
+    def boxed_only(self, given: bool) -> bool:
+        """Whether ``gradcam eval``'s box measures (tasks without :attr:`faithfulness`) score only the images that
+        have boxes (``given``: ``--boxes`` was given): a detector measures every image's detections, boxes or not;
+        another task without ``--boxes`` is refused in one line."""
+        if self.box_faithfulness:
+            return False
+        if not given:
+            raise UsageError(f"gradcam eval of a {self.noun} needs --boxes: it measures where its maps point")
+        return True
 
     def box_pairs(
         self, explainer: Explained, image: Any, result: ImageExplanation, boxes: Sequence[GroundTruthBox]
