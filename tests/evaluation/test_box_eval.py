@@ -58,7 +58,7 @@ def refound(model: torch.nn.Module, image: torch.Tensor, box: torch.Tensor, labe
     """The score of the detection of class ``label`` whose box overlaps ``box`` most, IoU at least 0.5, in the
     detector's output for ``image`` alone; 0 when there is none."""
     with torch.no_grad():
-        found = model([image])[0]
+        found = model(image[None])[0]
     same = found["labels"] == label
     if not bool(same.any()):
         return 0.0
@@ -98,11 +98,12 @@ def reference_pointing(saliency: torch.Tensor, box: tuple[float, ...], tolerance
 
 def check_against_reference(model: LoadedModel, path: Path, methods: list[str], **explainer: object) -> None:
     options = EvalOptions(steps=STEPS, batch_size=5)
-    report = evaluate(Explainer(model, None, methods, **explainer), [path], options)  # type: ignore[arg-type]
+    explaining = Explainer(model, None, methods, **explainer)  # type: ignore[arg-type]
+    report = evaluate(explaining, [path], options)
     assert not report.failed, report.failed
     picture = load_image(path)
     inputs = to_input_tensor(picture, model.input_spec)[None]
-    targets, cams = Explainer(model, None, methods, **explainer).compute_targets(inputs)  # type: ignore[arg-type]
+    targets, cams = explaining.compute_targets(inputs)
     found, picked = targets.detections[0], targets.picked[0]  # type: ignore[attr-defined]
     assert picked, "the test needs a detection"
     vanished = 0
@@ -112,7 +113,8 @@ def check_against_reference(model: LoadedModel, path: Path, methods: list[str], 
         for k, d in enumerate(figures):
             box, label = found["boxes"][picked[k]].detach(), int(found["labels"][picked[k]])
             saliency = to_image_maps([c[:1] for c in cams[method][k]], inputs.shape[-2:], targets.region)[0]
-            deletion, insertion = reference_curves(model.module, inputs[0], saliency, box, label, STEPS)
+            with explaining.adapter.pass_settings(explaining.score):  # a YOLO model's NMS confidence: the threshold
+                deletion, insertion = reference_curves(model.module, inputs[0], saliency, box, label, STEPS)
             assert d.deletion == pytest.approx(deletion, abs=1e-5), (method, k)
             assert d.insertion == pytest.approx(insertion, abs=1e-5), (method, k)
             assert d.target.index == label and d.target.probability == pytest.approx(deletion[0], abs=1e-5)
@@ -230,3 +232,15 @@ def test_a_detections_rows_read_back_as_written(two_squares: Path) -> None:
     again = image_from_row(json.loads(json.dumps(image_row(image))))
     assert again.methods["gradcam"].detections == image.methods["gradcam"].detections  # NaN elsewhere: not ==
     assert len(again.methods["gradcam"].detections) == 2 and again.target == image.target
+
+
+@pytest.mark.slow
+def test_per_detection_curves_match_the_reference_on_the_tiny_yolo(checkpoint: Path, tmp_path: Path) -> None:
+    pytest.importorskip("ultralytics")
+    from yolo_model import square_scene
+
+    from gradcam_cli.options import ModelOptions
+
+    path = tmp_path / "scene.png"
+    square_scene([(0, 8, 8, 32, 32), (1, 36, 30, 60, 54)]).save(path)
+    check_against_reference(load_model(ModelOptions(f"yolo:{checkpoint}")), path, ["gradcam"])
