@@ -15,8 +15,9 @@ For every explained detection (not the combined map) and every method:
   detection's box (:func:`~gradcam_cli.evaluation.metrics.pointing_hit`, ``--tolerance``;
   :func:`~gradcam_cli.evaluation.metrics.energy_inside`).
 
-Every perturbed image of an image (every method's, every detection's) goes through the detector ``--batch-size``
-at a time; each output is read as it comes and dropped (a YOLO output holds every anchor's class logits).
+The perturbed images of every method in ``cams`` (:class:`~gradcam_cli.evaluation.tasks.TaskEvaluator` gives one
+at a time) and every detection go through the detector ``--batch-size`` at a time; each output is read as it comes
+and dropped (a YOLO output holds every anchor's class logits).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def detection_figures(
     """Each method of ``cams`` -> the figures of each explained detection of the (1, 3, H, W) ``inputs`` (the
     module docstring); ``targets``, ``cams`` and ``region`` (the part of the maps that shows the input): the
     explained pass's, ``result``: its explanations at the original image's resolution."""
+    if not result.predictions:  # nothing explained: no passes
+        return {method: [] for method in cams}
     size = (int(inputs.shape[-2]), int(inputs.shape[-1]))
     maps = {
         (method, k): to_image_maps([cam[:1] for cam in cams[method][k]], size, region)[0]

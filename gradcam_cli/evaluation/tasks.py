@@ -91,10 +91,10 @@ class TaskEvaluator:
         for method in methods_to_run(self.explainer.chosen.methods, done, scores, self.on_method):
             group = self._groups[method]
             first = not self._once
-            result, pairs, undetected, figures = self._once(("pairs", group), partial(self._paired, group, path, boxes))
+            result, pairs, undetected, measure = self._once(("pairs", group), partial(self._paired, group, path, boxes))
             self.undetected += undetected if first else 0  # the same boxes for every group: counted once
             top = top or (result.predictions[0] if result.predictions else Prediction(-1, "nothing found", 0.0))
-            scores[method] = MethodScores([], [], math.nan, detections=figures.get(method, []))
+            scores[method] = MethodScores([], [], math.nan, detections=measure(method) if measure else [])
             for label, truth, explanations in pairs:
                 for explanation in (e for e in explanations if e.method == method):
                     scores[method].boxes.append(
@@ -113,9 +113,10 @@ class TaskEvaluator:
 
     def _paired(
         self, methods: tuple[str, ...], path: Path, boxes: Sequence[GroundTruthBox]
-    ) -> tuple[ImageExplanation, list[Pair], int, dict[str, list[DetectionFigures]]]:
+    ) -> tuple[ImageExplanation, list[Pair], int, Callable[[str], list[DetectionFigures]] | None]:
         """The image explained by ``methods`` (one pass), its boxes paired with their explanations, how many boxes no
-        explanation matched, and (detectors) each method's figures per explained detection."""
+        explanation matched, and (detectors) what measures a method's figures per explained detection (as its own
+        step begins: each method's curves are its own cost)."""
         if methods not in self._parts:
             self._parts[methods] = with_methods(self.explainer, methods)
         explainer = self._parts[methods]
@@ -123,8 +124,12 @@ class TaskEvaluator:
         inputs = to_input_tensor(picture, explainer.model.input_spec).unsqueeze(0).to(explainer.device)
         targets, cams = explainer.compute_targets(inputs)
         result = targets.results(cams, [(picture.height, picture.width)], explainer.model.class_name)[0]
-        figures: dict[str, list[DetectionFigures]] = {}
+        measure = None
         if isinstance(targets, Refound):  # a detector's detections, each measured on its own
-            figures = detection_figures(explainer, targets, cams, inputs, result, self.options, targets.region)
+
+            def measure(method: str, found: Refound = targets) -> list[DetectionFigures]:
+                own = {method: cams[method]}
+                return detection_figures(explainer, found, own, inputs, result, self.options, targets.region)[method]
+
         pairs, undetected = explainer.adapter.box_pairs(explainer, path, result, boxes) if boxes else ([], 0)
-        return result, pairs, undetected, figures
+        return result, pairs, undetected, measure

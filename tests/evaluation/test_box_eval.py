@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -96,7 +97,11 @@ def reference_pointing(saliency: torch.Tensor, box: tuple[float, ...], tolerance
     return distance <= tolerance, float(mass[inside].sum() / mass.sum())
 
 
-def check_against_reference(model: LoadedModel, path: Path, methods: list[str], **explainer: object) -> None:
+def check_against_reference(
+    model: LoadedModel, path: Path, methods: list[str], tolerance: float = 1e-5, **explainer: object
+) -> None:
+    """``gradcam eval``'s figures of every explained detection against the reference's, within ``tolerance`` (a
+    batched pass against one image alone: float32 rounding in a large detector)."""
     options = EvalOptions(steps=STEPS, batch_size=5)
     explaining = Explainer(model, None, methods, **explainer)  # type: ignore[arg-type]
     report = evaluate(explaining, [path], options)
@@ -115,9 +120,9 @@ def check_against_reference(model: LoadedModel, path: Path, methods: list[str], 
             saliency = to_image_maps([c[:1] for c in cams[method][k]], inputs.shape[-2:], targets.region)[0]
             with explaining.adapter.pass_settings(explaining.score):  # a YOLO model's NMS confidence: the threshold
                 deletion, insertion = reference_curves(model.module, inputs[0], saliency, box, label, STEPS)
-            assert d.deletion == pytest.approx(deletion, abs=1e-5), (method, k)
-            assert d.insertion == pytest.approx(insertion, abs=1e-5), (method, k)
-            assert d.target.index == label and d.target.probability == pytest.approx(deletion[0], abs=1e-5)
+            assert d.deletion == pytest.approx(deletion, abs=tolerance), (method, k)
+            assert d.insertion == pytest.approx(insertion, abs=tolerance), (method, k)
+            assert d.target.index == label and d.target.probability == pytest.approx(deletion[0], abs=tolerance)
             original = to_image_maps([c[:1] for c in cams[method][k]], (picture.height, picture.width), targets.region)
             assert d.target.box is not None
             hit, energy = reference_pointing(original[0], d.target.box, options.tolerance)
@@ -218,10 +223,13 @@ def _boxes(tmp_path: Path) -> Path:
 def test_per_detection_curves_match_the_reference_on_a_random_faster_rcnn(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = load_model("fasterrcnn_resnet50_fpn", "none", input_size=128)
-    model.module.eval().roi_heads.score_thresh = 0.0  # random weights: every proposal is a detection
+    detector: Any = model.module.eval()
+    detector.roi_heads.score_thresh = 0.0  # random weights: every proposal is a detection
+    detector.rpn._pre_nms_top_n = detector.rpn._post_nms_top_n = {"training": 100, "testing": 50}  # a small config
+    detector.roi_heads.detections_per_img = 10
     path = tmp_path / "photo.png"
     square_image((160, 128), (40, 30, 110, 100), "green").save(path)
-    check_against_reference(model, path, ["gradcam"], max_detections=2, score_threshold=0.0)
+    check_against_reference(model, path, ["gradcam"], 1e-4, max_detections=2, score_threshold=0.0)
 
 
 @pytest.mark.quick
