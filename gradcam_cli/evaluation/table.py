@@ -53,10 +53,10 @@ def _methods_table(report: EvalReport, summaries: dict[str, dict[str, Any]]) -> 
         lower = "deletion AUC, avg drop, ROAD MoRF, sanity rho" if roads else "deletion AUC, avg drop, sanity rho"
         lines.append(f"(lower is better: {lower}; higher is better: the others)")
     if report.has_detections:
-        lines.append(
-            "(per explained detection, its score re-found by IoU and class, 0 where it vanished: deletion and "
-            "insertion AUC, lower and higher is better; pointing and energy in its own box)"
-        )
+        lines += [
+            "(box: each explained detection's; deletion and insertion AUC of its score, re-found by IoU and class,",
+            " 0 once it vanishes: lower deletion, higher insertion is better; pointing and energy in its own box)",
+        ]
     if report.sanity_modules:
         lines.append("(sanity rho: the highest mean Spearman correlation over the randomisation cascade)")
     return lines

@@ -252,3 +252,21 @@ def test_per_detection_curves_match_the_reference_on_the_tiny_yolo(checkpoint: P
     path = tmp_path / "scene.png"
     square_scene([(0, 8, 8, 32, 32), (1, 36, 30, 60, 54)]).save(path)
     check_against_reference(load_model(ModelOptions(f"yolo:{checkpoint}")), path, ["gradcam"])
+
+
+@pytest.mark.quick
+def test_the_docs_detector_example_prints_what_docs_evaluation_md_shows(monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+    import shlex
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "docs" / "evaluation.md").read_text(encoding="utf-8")
+    section = text[text.index("### Detections") :]
+    block = section[section.index("```console\n") + len("```console\n") :]
+    command, *shown = block[: block.index("```")].rstrip("\n").splitlines()
+    monkeypatch.chdir(root)
+    result = CliRunner().invoke(eval_app, shlex.split(command)[3:])  # past "$ gradcam eval"
+    assert result.exit_code == EXIT_OK, result.output
+    printed = [*result.stderr.splitlines()[:-1], *result.stdout.splitlines()]
+    assert printed == shown[:-1]
+    assert re.fullmatch(r"evaluated 1 image\(s\), 0 failed, in .+", result.stderr.splitlines()[-1])
