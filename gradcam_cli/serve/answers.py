@@ -156,7 +156,7 @@ class Answers:
                     result = explain_answer(explainer, image.image, prompt, ids, given is None, [target], inputs)
                     asked.text, asked.tokens = result.answer, result.tokens
                     asked.words = answer_words(score.tokenizer, ids)
-                    whole = MapAnswer(self._store(asked, explainer, result.maps[0], image), True, target.label)
+                    whole = MapAnswer(self._store(asked, explainer, result.maps[0], image, True), True, target.label)
                 with self._lock:
                     self._asked[key] = asked
                     while len(self._asked) > KEPT_ANSWERS:
@@ -183,7 +183,8 @@ class Answers:
             if stored is not None:
                 return MapAnswer(stored, False, target.label)
             result = explain_answer(explainer, image.image, asked.prompt, asked.ids, asked.generated, [target])
-            return MapAnswer(self._store(asked, explainer, result.maps[0], image), True, target.label)
+            stored = self._store(asked, explainer, result.maps[0], image, word is None)
+            return MapAnswer(stored, True, target.label)
 
     def curves(self, stored: StoredMap, image: DecodedImage, road: bool, steps: int) -> dict[str, Any]:
         """``gradcam eval --prompt``'s figures for a whole answer's map (:mod:`gradcam_cli.evaluation.answers`):
@@ -209,7 +210,10 @@ class Answers:
             "insertion": curves.insertion,
         }
 
-    def _store(self, asked: Asked, explainer: Explainer, answer_map: Any, image: DecodedImage) -> StoredMap:
+    def _store(
+        self, asked: Asked, explainer: Explainer, answer_map: Any, image: DecodedImage, whole: bool
+    ) -> StoredMap:
+        """Keep ``answer_map`` (``whole``: the whole answer's, which deletion and insertion measure)."""
         target, score = answer_map.target, answer_map.score
         index = target.token if target.token is not None else -1
         prediction = Prediction(index, target.label, math.exp(min(score, 0.0)), details={"logprob": score})
@@ -225,7 +229,7 @@ class Answers:
             file_name=answer_name(asked.stem, answer_map.method, target.label),
         )
         self.service.maps.put(stored)
-        if target.label == "answer":
+        if whole:
             with self._lock:
                 self._whole[stored.id] = asked.id
                 while len(self._whole) > KEPT_SOURCES:
