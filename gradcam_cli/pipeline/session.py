@@ -63,6 +63,7 @@ class Tick(Protocol):
 
 ProgressFactory = Callable[[str, int], AbstractContextManager[Tick]]
 """``progress(label, total)`` gives a context whose value is the :class:`Tick` of that many images or frames."""
+Inputs = Sequence[InputImage]
 
 
 def no_progress(_label: str, _total: int) -> AbstractContextManager[Tick]:
@@ -187,15 +188,21 @@ class Session:
         videos: Sequence[InputImage] = (),
         progress: ProgressFactory = no_progress,
     ) -> Iterator[Record]:
-        """Explain every image, then every video, yielding each record once it is written and recorded; each input
-        kind goes to its runner (:class:`~gradcam_cli.io.discovery.InputKind`).
+        """Explain every image, then every video, yielding each record once it is written and recorded; the inputs
+        go to the run of their kind (:data:`KIND_RUNS`, by the first input's
+        :class:`~gradcam_cli.io.discovery.InputKind`).
 
         :meth:`start` comes first, unless it was called already. Videos are for classifiers and detectors; prompted
         images (:attr:`~gradcam_cli.io.discovery.InputKind.PROMPTED`) for a vision-language model's explainer, all
         of them prompted."""
-        if images and images[0].kind is InputKind.PROMPTED:
-            yield from self._answer(explainer, images, progress)
-            return
+        kind = images[0].kind if images else InputKind.IMAGE
+        yield from KIND_RUNS.get(kind, Session._images)(self, explainer, images, videos, progress)
+
+    def _images(
+        self, explainer: Explainer, images: Inputs, videos: Inputs, progress: ProgressFactory
+    ) -> Iterator[Record]:
+        """Every image through the :class:`BatchRunner` (or the Ray engine's), then every video through its
+        :class:`VideoRunner` (or :class:`ClipRunner`)."""
         self._check_videos(explainer, videos)
         check_video_model(explainer, self.output, self.run, videos, images)
         self.start(explainer)
@@ -234,10 +241,11 @@ class Session:
         if videos and self.run.engine == "ray":
             raise UsageError(f"--engine ray explains images only; {videos[0].path} is a video: run videos without it")
 
-    def _answer(
-        self, explainer: Explainer, images: Sequence[InputImage], progress: ProgressFactory
+    def _prompted(
+        self, explainer: Explainer, images: Inputs, _videos: Inputs, progress: ProgressFactory
     ) -> Iterator[Record]:
-        """Every prompted image's answer and maps, through the :class:`~gradcam_cli.pipeline.answers.AnswerRunner`."""
+        """Every prompted image's answer and maps, through the :class:`~gradcam_cli.pipeline.answers.AnswerRunner`
+        (a prompted run has no videos)."""
         from .answers import RAY_ANSWERS, AnswerRunner
 
         if self.run.engine == "ray":
@@ -360,6 +368,18 @@ class Session:
             self.records.append(record)
         self.counts.add(record)
         return record
+
+
+KindRun = Callable[[Session, Explainer, Inputs, Inputs, ProgressFactory], Iterator[Record]]
+"""A session's run of one input kind: ``(session, explainer, inputs, videos, progress)`` to the rows written."""
+
+KIND_RUNS: dict[InputKind, KindRun] = {
+    InputKind.IMAGE: Session._images,
+    InputKind.VIDEO: Session._images,
+    InputKind.PROMPTED: Session._prompted,
+}
+"""Each input kind's run (:meth:`Session.explain`); a kind without an entry is decoded as an image. A new input kind
+is one entry here and its runner (docs/internals.md, "How to add an input kind")."""
 
 
 def shard_manifest_base(output: OutputOptions) -> Path:
