@@ -300,8 +300,9 @@ class RunOptions:
 @dataclass(frozen=True)
 class EvalOptions:
     """How ``gradcam eval`` measures: curve resolution, batching, pointing tolerance, the sanity check, ROAD
-    (``road``; its noise is drawn from ``seed`` too) and stability (``stability``: ``stability_samples`` noisy copies
-    of each image)."""
+    (``road``; its noise is drawn from ``seed`` too), stability (``stability``: ``stability_samples`` noisy copies
+    of each image) and faithfulness correlation (``correlation``: ``correlation_runs`` random subsets of
+    ``correlation_subset`` pixels each, drawn from ``seed``)."""
 
     steps: int = 50
     batch_size: int = 16
@@ -314,6 +315,9 @@ class EvalOptions:
     road: bool = False
     stability: bool = False
     stability_samples: int = 3
+    correlation: bool = False
+    correlation_runs: int = 100
+    correlation_subset: int = 224
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,9 @@ class MethodScores:
     entropy: float = math.nan
     stability: list[float] = field(default_factory=list)
     """With ``--stability``: the map's relative change under each noisy copy that kept the prediction."""
+    faithfulness_correlation: float = math.nan
+    """With ``--faithfulness-correlation``: Pearson's correlation between the map's sums over random pixel subsets
+    and the score's drops when they are removed (:func:`~gradcam_cli.evaluation.metrics.faithfulness_correlation`)."""
     sanity_redraw: float | None = None
     """With ``--sanity``, a random method only: the Spearman correlation of its map with a fresh draw (new seed) on
     the same model, the most the cascade's correlations can be (docs/evaluation.md, "Sanity check")."""
@@ -148,6 +151,9 @@ class EvalReport:
                 road_morf_curve=[mean_or_nan(column) for column in zip(*(s.road_morf for _, s in scores), strict=True)],
                 road_lerf_curve=[mean_or_nan(column) for column in zip(*(s.road_lerf for _, s in scores), strict=True)],
             )
+        correlations = [s.faithfulness_correlation for _, s in scores]
+        if not all(math.isnan(c) for c in correlations):
+            out["faithfulness_correlation"] = mean_or_nan([c for c in correlations if not math.isnan(c)])
         out.update(gini=mean_or_nan([s.gini for _, s in scores]), entropy=mean_or_nan([s.entropy for _, s in scores]))
         changes = [s.stability for _, s in scores if s.stability]
         if changes:
@@ -200,6 +206,18 @@ class EvalReport:
                 if self.options.road
                 else {}
             ),
+            **(
+                {
+                    "faithfulness_correlation": {
+                        "runs": self.options.correlation_runs,
+                        "subset": self.options.correlation_subset,
+                        "baseline": "zero in normalised input space (the mean colour)",
+                        "seed": self.options.seed,
+                    }
+                }
+                if self.options.correlation
+                else {}
+            ),
             "images": len(self.images),
             "failed": [{"image": image.image, "error": image.error} for image in self.failed],
             "unmatched_boxes": self.unmatched_boxes,
@@ -241,6 +259,11 @@ def _image_dict(image: ImageScores) -> dict[str, Any]:
                 ],
                 **({"sanity_spearman": s.sanity} if s.sanity else {}),
                 **({"sanity_redraw_spearman": s.sanity_redraw} if s.sanity_redraw is not None else {}),
+                **(
+                    {"faithfulness_correlation": s.faithfulness_correlation}
+                    if not math.isnan(s.faithfulness_correlation)
+                    else {}
+                ),
                 "gini": s.gini,
                 "entropy": s.entropy,
                 **({"stability": s.stability} if s.stability else {}),
