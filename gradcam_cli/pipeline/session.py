@@ -45,7 +45,7 @@ from ..io.manifest import (
     row_key,
 )
 from ..io.naming import INDEX_NAME, LOCK_NAME, MANIFEST_NAME, shard_lock_name, shard_manifest_path
-from ..options import OutputOptions, RunOptions
+from ..options import ModelOptions, OutputOptions, RunOptions
 from ..render.colour import colormap_table
 from .batch import BatchRunner
 from .clips import ClipRunner
@@ -186,15 +186,19 @@ class Session:
         images: Sequence[InputImage],
         videos: Sequence[InputImage] = (),
         progress: ProgressFactory = no_progress,
+        scans: Sequence[InputImage] = (),
     ) -> Iterator[Record]:
-        """Explain every image, then every video, yielding each record once it is written and recorded; each input
-        kind goes to its runner (:class:`~gradcam_cli.io.discovery.InputKind`).
+        """Explain every image, then every video, then every scan, yielding each record once it is written and
+        recorded; each input kind goes to its runner (:class:`~gradcam_cli.io.discovery.InputKind`).
 
         :meth:`start` comes first, unless it was called already. Videos are for classifiers and detectors; prompted
         images (:attr:`~gradcam_cli.io.discovery.InputKind.PROMPTED`) for a vision-language model's explainer, all
-        of them prompted."""
+        of them prompted; scans (:attr:`~gradcam_cli.io.discovery.InputKind.VOLUME`) for a volume model, alone."""
         if images and images[0].kind is InputKind.PROMPTED:
             yield from self._answer(explainer, images, progress)
+            return
+        if scans:
+            yield from self._volumes(explainer, [*images, *videos], scans, progress)
             return
         self._check_videos(explainer, videos)
         check_video_model(explainer, self.output, self.run, videos, images)
@@ -250,6 +254,24 @@ class Session:
         self._order += [row_key({"input": str(item.path)}) for item in images]
         with progress("answering", len(images)) as tick:
             for record in runner.run_images(images, on_image=tick, on_skipped=lambda: tick(skipped=True)):
+                yield self._keep(record)
+
+    def _volumes(
+        self, explainer: Explainer, others: Sequence[InputImage], scans: Sequence[InputImage], progress: ProgressFactory
+    ) -> Iterator[Record]:
+        """Every scan's maps and rows, through the :class:`~gradcam_cli.pipeline.volumes.VolumeRunner`."""
+        from .volumes import VOLUME_MODELS, VolumeRunner, refused_for_volumes
+
+        if others:
+            raise UsageError(f"scans are explained alone, by {VOLUME_MODELS}; {others[0].path} is not a scan")
+        refused = refused_for_volumes(ModelOptions(), explainer.options, self.output, self.run)
+        if refused:
+            raise UsageError(f"{refused} does not apply to scans ({scans[0].path}); run the scans without it")
+        runner = VolumeRunner(explainer, self.output, self.run, self.earlier, self.notify)
+        self.start(explainer)
+        self._order += [row_key({"input": str(item.path)}) for item in scans]
+        with progress("scans", len(scans)) as tick:
+            for record in runner.run_volumes(scans, on_volume=tick, on_skipped=lambda: tick(skipped=True)):
                 yield self._keep(record)
 
     def _runner(self, explainer: Explainer) -> BatchRunner:
