@@ -79,7 +79,22 @@ def montage(
     window: Window | None = None,
 ) -> torch.Tensor:
     """The montage of ``scan`` (I, J, K) with the map ``values`` (I, J, K, in [0, 1]) through ``voxel``, as an
-    (H, W, 3) uint8 tensor."""
+    (H, W, 3) uint8 tensor: its :func:`planes` side by side, each named above."""
+    shown = planes(scan, values, affine, voxel, table, alpha, window)
+    return _side_by_side([_labelled(panel, label) for label, panel in shown])
+
+
+def planes(
+    scan: np.ndarray[Any, Any],
+    values: np.ndarray[Any, Any],
+    affine: np.ndarray[Any, Any],
+    voxel: tuple[int, ...],
+    table: torch.Tensor,
+    alpha: float = 0.5,
+    window: Window | None = None,
+) -> list[tuple[str, torch.Tensor]]:
+    """The axial, coronal and sagittal planes through ``voxel`` (the module docstring), each as its label
+    (``axial k=24``) and (H, W, 3) uint8 pixels."""
     window = window or Window.of(scan)
     affine = np.asarray(affine, dtype=np.float64)
     by_ras = plane_axes(affine)
@@ -105,8 +120,8 @@ def montage(
         heat = _resized(plane[1][None], size)[0].clamp(0, 1)
         overlay = blend(grey, heat, table, alpha)
         _cross(overlay, mark, tuple(plane[0].shape))
-        panels.append(_labelled(overlay, f"{name} {'ijk'[fixed]}={voxel[fixed]}"))
-    return _side_by_side(panels)
+        panels.append((f"{name} {'ijk'[fixed]}={voxel[fixed]}", overlay))
+    return panels
 
 
 def write_montage(path: Path, image: torch.Tensor) -> None:
