@@ -135,6 +135,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
     every: Annotated[
         int, typer.Option(min=1, metavar="N", help="Videos: explain every Nth frame and hold its map in between.")
     ] = 1,
+    window_level: params.WindowLevelOpt = None,
     clip_stride: Annotated[
         int | None,
         typer.Option(
@@ -279,6 +280,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
             report,
             manifest,
             skip_existing,
+            window_level,
         ),
         RunOptions(
             batch_size,

@@ -35,7 +35,7 @@ from ..io.naming import MONTAGE_TAIL, NIFTI_SUFFIX, slug, volume_paths
 from ..io.volumes import Volume, peak, read_volume, spacing_note, write_nifti
 from ..models.tasks import SEGMENT
 from ..models.volume_spec import VolumeSpec
-from ..options import ExplainOptions, ImageFormat, ModelOptions, OutputOptions, RunOptions
+from ..options import ExplainOptions, ImageFormat, ModelOptions, OutputOptions, RunOptions, WindowLevel
 from ..render.colour import colormap_table
 from ..render.encode import save_array
 from ..render.montage import Window, montage, write_montage
@@ -77,6 +77,8 @@ def check_volume_options(
     """Before the model loads: refuse, in one line, the options that do not apply to ``scans`` and videos beside
     them."""
     if not scans:
+        if output.window_level is not None:
+            raise UsageError("--window-level is for scans (.nii, .nii.gz, .npy, DICOM folders); none was given")
         return
     option = refused_for_volumes(model, explain, output, run)
     if option:
@@ -110,9 +112,11 @@ def volume_inputs(
     return [], [], list(scans)
 
 
-def scan_window(spec: VolumeSpec, volume: Volume) -> Window:
-    """The montage's intensity window: the range the model clips its first channel to (nnU-Net's CT percentiles,
-    a bundle's ``ScaleIntensityRange``), else the scan's 0.5th to 99.5th percentiles."""
+def scan_window(spec: VolumeSpec, volume: Volume, given: WindowLevel | None = None) -> Window:
+    """The montage's intensity window: ``--window-level``'s, else the range the model clips its first channel to
+    (nnU-Net's CT percentiles, a bundle's ``ScaleIntensityRange``), else the scan's 0.5th to 99.5th percentiles."""
+    if given is not None:
+        return Window(*given.bounds)
     first = spec.intensities[0] if spec.intensities else None
     if first is not None and first.scheme in ("ct", "range") and first.low is not None and first.high is not None:
         return Window(first.low, first.high)
@@ -191,7 +195,7 @@ class VolumeRunner:
         self, scan: InputImage, volume: Volume, result: VolumeExplanation, back: list[int], written: list[Path]
     ) -> list[Record]:
         predictions = self._predictions(result)
-        window = scan_window(self.spec, volume)
+        window = scan_window(self.spec, volume, self.output.window_level)
         rows = []
         for k, c in enumerate(result.classes):
             target = self._prediction(c, result)

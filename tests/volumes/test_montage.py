@@ -63,3 +63,22 @@ def test_superior_is_up_and_the_patients_right_on_the_left() -> None:
             assert (rows.float().mean() < panel.shape[0] / 4) == up  # superior at the top (axial: anterior)
         if left is not None:
             assert (columns.float().mean() < panel.shape[1] / 4) == left  # the patient's right on the left
+
+
+@pytest.mark.quick
+def test_the_window_is_given_or_the_models_clipping_range_or_the_scans_percentiles() -> None:
+    from gradcam_cli.io.volumes import Volume
+    from gradcam_cli.models.volume_spec import Intensity, VolumeSpec
+    from gradcam_cli.options import WindowLevel
+    from gradcam_cli.pipeline.volumes import scan_window
+
+    data = np.arange(1000, dtype=np.float32).reshape(1, 10, 10, 10)
+    scan = Volume(data, np.eye(4), ())
+    ct = VolumeSpec((4, 4, 4), (Intensity("ct", 80.0, 150.0, -900.0, 1200.0),))
+    assert scan_window(ct, scan, WindowLevel.parse("40,400")) == Window(-160.0, 240.0)
+    assert scan_window(ct, scan) == Window(-900.0, 1200.0)
+    assert scan_window(VolumeSpec((4, 4, 4)), scan) == Window(4.995, 994.005)
+    grey = Window(-160.0, 240.0).grey(torch.tensor([[-500.0, 40.0, 240.0]]))
+    assert grey[0, :, 0].tolist() == [0, 128, 255]
+    with pytest.raises(ValueError, match="LEVEL,WIDTH"):
+        WindowLevel.parse("40")

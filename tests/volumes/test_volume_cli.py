@@ -21,7 +21,7 @@ from gradcam_cli.cam.windows import Windows, explain_volume
 from gradcam_cli.cli import app
 from gradcam_cli.cli.diff import app as diff_app
 from gradcam_cli.drift.compare import diff_runs
-from gradcam_cli.errors import EXIT_OK, EXIT_USAGE
+from gradcam_cli.errors import EXIT_IMAGE_FAILED, EXIT_OK, EXIT_USAGE
 
 nibabel = pytest.importorskip("nibabel")
 pytest.importorskip("dynamic_network_architectures")
@@ -138,11 +138,15 @@ def test_a_folder_of_scans_and_npy_volumes(nnunet, scan, tmp_path: Path):
     (folder / "head.nii.gz").write_bytes(scan.read_bytes())
     np.save(folder / "sub" / "cube.npy", volume((16, 17, 18)).numpy() * 300)
     (folder / "notes.png").write_bytes(b"")  # an image in the folder: left out for a volume model
+    np.save(folder / "flat.npy", np.zeros((4, 4)))  # not a scan: its error row, the others explained
     out = tmp_path / "out"
-    result = run(folder, "--model", nnunet[0], "-o", out, "--manifest", out / "m.jsonl", "--target-class", "liver")
-    assert result.exit_code == EXIT_OK, result.output
-    found = rows(out / "m.jsonl")
-    assert [(Path(r["input"]).name, r["status"]) for r in found] == [("head.nii.gz", "ok"), ("cube.npy", "ok")]
+    result = run(
+        folder, "-m", nnunet[0], "-o", out, "--manifest", out / "m.jsonl", "-t", "liver", "--window-level", "40,400"
+    )
+    assert result.exit_code == EXIT_IMAGE_FAILED, result.output
+    found = [(Path(r["input"]).name, r["status"]) for r in rows(out / "m.jsonl")]
+    assert found == [("flat.npy", "error"), ("head.nii.gz", "ok"), ("cube.npy", "ok")]
+    assert "flat.npy: a scan has 3 axes" in result.stderr
     cube = nibabel.load(out / "sub" / "cube_gradcam_1-liver.nii.gz")
     assert cube.shape == (16, 17, 18) and np.allclose(cube.affine, np.eye(4))
 
@@ -150,7 +154,12 @@ def test_a_folder_of_scans_and_npy_volumes(nnunet, scan, tmp_path: Path):
 @pytest.mark.quick
 @pytest.mark.parametrize(
     ("option", "refused"),
-    [(["--panel"], "--panel"), (["--every", "2"], "--every"), (["--engine", "ray"], "--engine ray")],
+    [
+        (["--panel"], "--panel"),
+        (["--every", "2"], "--every"),
+        (["--engine", "ray"], "--engine ray"),
+        (["--shard", "0/2"], "--shard"),
+    ],
 )
 def test_options_that_do_not_apply_are_refused_before_the_model_loads(scan, tmp_path: Path, option, refused):
     result = run(scan, "--model", f"nnunet:{tmp_path / 'missing'}", "-o", tmp_path / "out", *option)
@@ -168,3 +177,5 @@ def test_scans_and_images_go_to_their_own_models(nnunet, scan, tmp_path: Path):
     assert result.exit_code == EXIT_USAGE and "is a scan" in result.stderr and "nnunet:DIR" in result.stderr
     result = run(photo, "--model", nnunet[0], "-o", tmp_path / "b")
     assert result.exit_code == EXIT_USAGE and "takes scans" in result.stderr
+    result = run(photo, "--window-level", "40,400", "-o", tmp_path / "c")
+    assert result.exit_code == EXIT_USAGE and result.stderr.startswith("error: --window-level is for scans")
