@@ -31,13 +31,14 @@ from ..cam.windows import VolumeExplanation, Windows, explain_volume
 from ..drift.fingerprint import map_fingerprint
 from ..errors import GradcamError, UsageError, describe
 from ..io.discovery import InputImage
-from ..io.naming import MONTAGE_TAIL, NIFTI_SUFFIX, slug, volume_paths
+from ..io.naming import MONTAGE_TAIL, NIFTI_SUFFIX, slug, thumbnail_path, volume_paths
 from ..io.volumes import Volume, peak, read_volume, spacing_note, write_nifti
 from ..models.tasks import SEGMENT
 from ..models.volume_spec import VolumeSpec
 from ..options import ExplainOptions, ImageFormat, ModelOptions, OutputOptions, RunOptions, WindowLevel
 from ..render.colour import colormap_table
 from ..render.encode import save_array
+from ..render.gallery import save_thumbnail
 from ..render.montage import Window, montage, write_montage
 from .resume import EarlierRows, FoundExplanation, OutputIndex, resumed_rows
 
@@ -49,7 +50,6 @@ def refused_for_volumes(model: ModelOptions, explain: ExplainOptions, output: Ou
     given = {
         "--save-heatmap": output.save_heatmap,
         "--panel": output.panel,
-        "--report": output.report,
         "--format": output.image_format is not ImageFormat.AUTO,
         "--every": run.every != 1,
         "--clip-stride": run.clip_stride is not None,
@@ -219,19 +219,23 @@ class VolumeRunner:
         window: Window,
         written: list[Path],
     ) -> list[str]:
-        """The map's files (NIfTI, montage, ``--save-raw``'s ``.npy``), each written atomically."""
+        """The map's files (NIfTI, montage, ``--save-raw``'s ``.npy``), each written atomically, and with
+        ``--report`` the montage's thumbnail, which the gallery shows for the NIfTI."""
         nifti, montage_path, raw = volume_paths(self.output.output_dir, scan, method, target.index, target.name)
         nifti.parent.mkdir(parents=True, exist_ok=True)
+        files = [nifti, montage_path, *([raw] if self.output.save_raw else [])]
+        written.extend(files)  # removed if the scan fails
         write_nifti(nifti, values, volume.affine)
-        written.append(nifti)
         voxel, _ = peak(values, volume.affine)
         image = montage(volume.data[0], values, volume.affine, voxel, self.table, self.output.alpha, window)
         write_montage(montage_path, image)
-        written.append(montage_path)
         if self.output.save_raw:
             save_array(torch.from_numpy(values), raw)
-            written.append(raw)
-        return [str(path) for path in written[-(3 if self.output.save_raw else 2) :]]
+        if self.output.report:
+            thumbnail = thumbnail_path(self.output.output_dir, nifti)
+            written.append(thumbnail)
+            save_thumbnail(image, thumbnail)
+        return [str(path) for path in files]
 
     def _prediction(self, c: int, result: VolumeExplanation) -> Prediction:
         share = float(result.shares[c]) if c < len(result.shares) else 0.0

@@ -140,13 +140,15 @@ def test_a_folder_of_scans_and_npy_volumes(nnunet, scan, tmp_path: Path):
     (folder / "notes.png").write_bytes(b"")  # an image in the folder: left out for a volume model
     np.save(folder / "flat.npy", np.zeros((4, 4)))  # not a scan: its error row, the others explained
     out = tmp_path / "out"
-    result = run(
-        folder, "-m", nnunet[0], "-o", out, "--manifest", out / "m.jsonl", "-t", "liver", "--window-level", "40,400"
-    )
+    options = ["-t", "liver", "--window-level", "40,400", "--report", "--manifest", out / "m.jsonl"]
+    result = run(folder, "-m", nnunet[0], "-o", out, *options)
     assert result.exit_code == EXIT_IMAGE_FAILED, result.output
     found = [(Path(r["input"]).name, r["status"]) for r in rows(out / "m.jsonl")]
     assert found == [("flat.npy", "error"), ("head.nii.gz", "ok"), ("cube.npy", "ok")]
     assert "flat.npy: a scan has 3 axes" in result.stderr
+    gallery = (out / "index.html").read_text()  # each scan shown by its montage's thumbnail, linking its NIfTI
+    assert (out / "_thumbs" / "sub" / "cube_gradcam_1-liver.nii.jpg").is_file()
+    assert "cube_gradcam_1-liver.nii.gz" in gallery
     cube = nibabel.load(out / "sub" / "cube_gradcam_1-liver.nii.gz")
     assert cube.shape == (16, 17, 18) and np.allclose(cube.affine, np.eye(4))
 
