@@ -270,9 +270,8 @@ class Session:
         runner = VolumeRunner(explainer, self.output, self.run, self.earlier, self.notify)
         self.start(explainer)
         self._order += [row_key({"input": str(item.path)}) for item in scans]
-        with progress("scans", len(scans)) as tick:
-            for record in runner.run_volumes(scans, on_volume=tick, on_skipped=lambda: tick(skipped=True)):
-                yield self._keep(record)
+        for record in runner.run_volumes(scans, progress):  # a bar of windows per scan
+            yield self._keep(record)
 
     def _runner(self, explainer: Explainer) -> BatchRunner:
         """The local :class:`BatchRunner`, or with ``engine="ray"`` the Ray engine's."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ import torch
 from ..cam.explainer import Explainer
 from ..cam.records import Record, VolumeInfo
 from ..cam.results import Prediction
-from ..cam.windows import VolumeExplanation, Windows, explain_volume
+from ..cam.windows import VolumeExplanation, Windows, explain_volume, window_slices
 from ..drift.fingerprint import map_fingerprint
 from ..errors import GradcamError, UsageError, describe
 from ..io.discovery import InputImage
@@ -43,6 +44,27 @@ from ..render.montage import Window, montage, write_montage
 from .resume import EarlierRows, FoundExplanation, OutputIndex, resumed_rows
 
 VOLUME_MODELS = "nnunet:DIR or bundle:DIR"
+Bars = Callable[[str, int], AbstractContextManager[Callable[[], Any]]]
+"""``progress(label, total)``: a context whose value is called once per window explained."""
+
+
+def _no_bars(_label: str, _total: int) -> AbstractContextManager[Callable[[], Any]]:
+    return nullcontext(lambda: None)
+
+
+class _WindowCounter:
+    """``explain_volume``'s ``progress(done, total)`` (after each window batch of each pass) as one tick per
+    window."""
+
+    def __init__(self, tick: Callable[[], Any]) -> None:
+        self.tick, self.done = tick, 0
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.done >= total:  # the next pass
+            self.done = 0
+        for _ in range(done - self.done):
+            self.tick()
+        self.done = done
 
 
 def refused_for_volumes(model: ModelOptions, explain: ExplainOptions, output: OutputOptions, run: RunOptions) -> str:
@@ -146,24 +168,14 @@ class VolumeRunner:
         self.index = OutputIndex()
         self._noted: set[str] = set()
 
-    def run_volumes(
-        self,
-        scans: Sequence[InputImage],
-        on_volume: Callable[[], Any] | None = None,
-        on_skipped: Callable[[], Any] | None = None,
-    ) -> Iterator[Record]:
+    def run_volumes(self, scans: Sequence[InputImage], progress: Bars | None = None) -> Iterator[Record]:
+        """Every scan's rows, in order; ``progress(label, total)``: a context whose value is called once per window
+        explained (``total`` windows: those of each pass over the scan)."""
         for scan in scans:
             rows = self.skipped(scan) if self.output.skip_existing else None
-            if rows is not None:
-                yield from rows
-                if tick := on_skipped or on_volume:
-                    tick()
-                continue
-            yield from self.run(scan)
-            if on_volume is not None:
-                on_volume()
+            yield from rows if rows is not None else self.run(scan, progress)
 
-    def run(self, scan: InputImage) -> list[Record]:
+    def run(self, scan: InputImage, progress: Bars | None = None) -> list[Record]:
         """One scan's rows: one per method and class explained, or one error row (a scan that cannot be read or
         that the model does not take; its files, where some were written, removed)."""
         started = time.perf_counter()
@@ -177,7 +189,11 @@ class VolumeRunner:
         chosen = self.explainer.chosen
         classes = [chosen.target] if isinstance(chosen.target, int) else None
         x = x.to(self.explainer.device)
-        result = explain_volume(self.explainer, x, self.windows, classes, chosen.top_k)
+        shape = [max(side, tile) for side, tile in zip(x.shape[1:], self.windows.patch, strict=True)]
+        total = len(window_slices(shape, self.windows.patch, self.windows.step)) * (1 if classes else 2)
+        with (progress or _no_bars)(f"{scan.path.name}: windows", total) as tick:
+            counter = _WindowCounter(tick)
+            result = explain_volume(self.explainer, x, self.windows, classes, chosen.top_k, progress=counter)
         back = [axes.index(axis) for axis in range(3)]  # the model's axes back to the scan's
         written: list[Path] = []
         try:

@@ -181,3 +181,31 @@ def test_scans_and_images_go_to_their_own_models(nnunet, scan, tmp_path: Path):
     assert result.exit_code == EXIT_USAGE and "takes scans" in result.stderr
     result = run(photo, "--window-level", "40,400", "-o", tmp_path / "c")
     assert result.exit_code == EXIT_USAGE and result.stderr.startswith("error: --window-level is for scans")
+
+
+def test_the_session_explains_scans_with_a_bar_of_windows(nnunet, scan, tmp_path: Path):
+    """The library's path (docs/internals.md): ``Session.explain(..., scans=...)``, one tick per window of each pass
+    (the classes counted first, then explained: 3 x 2 x 2 windows of 16 voxels each time)."""
+    from gradcam_cli.io.discovery import discover_inputs
+    from gradcam_cli.options import OutputOptions
+    from gradcam_cli.pipeline.session import Session
+
+    bars: list[tuple[str, int]] = []
+    ticks: list[bool] = []
+
+    class Recording:
+        def __init__(self, label: str, total: int) -> None:
+            bars.append((label, total))
+
+        def __enter__(self):
+            return lambda skipped=False: ticks.append(skipped)
+
+        def __exit__(self, *exc_info: object) -> None:
+            pass
+
+    _, _, scans = discover_inputs([scan])
+    explainer = Explainer(load_model(nnunet[0]), methods=["gradcam"])
+    with Session(OutputOptions(tmp_path / "out")) as session:
+        records = list(session.explain(explainer, [], scans=scans, progress=Recording))
+    assert [r.status for r in records] == ["ok"] and records[0].volume.windows == 12
+    assert bars == [("head.nii.gz: windows", 24)] and ticks == [False] * 24
