@@ -205,16 +205,17 @@ class VolumeRunner:
         seconds = round(time.perf_counter() - started, 4)
         for row in rows:
             row.seconds = seconds
-        return rows or [self._record(scan, "ok", predictions=self._predictions(result))]
+        return rows or [self._record(scan, "ok", predictions=self._predictions(result, volume.data[0].size))]
 
     def _write_all(
         self, scan: InputImage, volume: Volume, result: VolumeExplanation, back: list[int], written: list[Path]
     ) -> list[Record]:
-        predictions = self._predictions(result)
+        voxels = volume.data[0].size
+        predictions = self._predictions(result, voxels)
         window = scan_window(self.spec, volume, self.output.window_level)
         rows = []
         for k, c in enumerate(result.classes):
-            target = self._prediction(c, result)
+            target = self._prediction(c, result, voxels)
             for method in self.explainer.chosen.methods:
                 values = result.maps[method][k].permute(*back).detach().float().cpu()
                 outputs = self._write(scan, volume, method, target, values.numpy(), window, written)
@@ -253,14 +254,16 @@ class VolumeRunner:
             save_thumbnail(image, thumbnail)
         return [str(path) for path in files]
 
-    def _prediction(self, c: int, result: VolumeExplanation) -> Prediction:
+    def _prediction(self, c: int, result: VolumeExplanation, voxels: int) -> Prediction:
+        """Class ``c`` with its share of the scan's ``voxels`` (and their number, as ``voxels``)."""
         share = float(result.shares[c]) if c < len(result.shares) else 0.0
-        return Prediction(c, self.explainer.model.class_name(c), share, share=share)
+        details = {"voxels": round(share * voxels)}
+        return Prediction(c, self.explainer.model.class_name(c), share, share=share, details=details)
 
-    def _predictions(self, result: VolumeExplanation) -> list[Prediction]:
+    def _predictions(self, result: VolumeExplanation, voxels: int) -> list[Prediction]:
         """The classes the windows predict, most voxels first (the background too), at most five."""
         order = result.shares.argsort(descending=True, stable=True).tolist() if len(result.shares) else []
-        return [self._prediction(c, result) for c in order if result.shares[c] > 0][:5]
+        return [self._prediction(c, result, voxels) for c in order if result.shares[c] > 0][:5]
 
     def _note(self, volume: Volume, axes: tuple[int, ...]) -> None:
         """Say once that the model was trained at another spacing (the scan is not resampled)."""

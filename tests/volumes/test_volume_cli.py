@@ -91,6 +91,7 @@ def test_the_nifti_map_is_the_librarys_on_the_scans_grid(nnunet, scan, explained
         world = AFFINE @ np.array([*peak, 1.0])
         np.testing.assert_allclose(row["volume"]["peak_mm"], world[:3], atol=1e-3)
         assert row["volume"]["spacing"] == pytest.approx([0.8, 0.9, 2.5])
+        assert row["target"]["voxels"] == round(row["target"]["share"] * np.prod(SHAPE))
         assert row["fingerprint"]["size"] == list(SHAPE) and "depth" in row["fingerprint"]
         assert montage.name.endswith("_montage.png") and montage.stat().st_size > 0
 
@@ -146,6 +147,7 @@ def test_a_folder_of_scans_and_npy_volumes(nnunet, scan, tmp_path: Path):
     found = [(Path(r["input"]).name, r["status"]) for r in rows(out / "m.jsonl")]
     assert found == [("flat.npy", "error"), ("head.nii.gz", "ok"), ("cube.npy", "ok")]
     assert "flat.npy: a scan has 3 axes" in result.stderr
+    assert "% of the voxels) -> " in result.stdout
     gallery = (out / "index.html").read_text()  # each scan shown by its montage's thumbnail, linking its NIfTI
     assert (out / "_thumbs" / "sub" / "cube_gradcam_1-liver.nii.jpg").is_file()
     assert "cube_gradcam_1-liver.nii.gz" in gallery
