@@ -211,3 +211,19 @@ def test_the_session_explains_scans_with_a_bar_of_windows(nnunet, scan, tmp_path
         records = list(session.explain(explainer, [], scans=scans, progress=Recording))
     assert [r.status for r in records] == ["ok"] and records[0].volume.windows == 12
     assert bars == [("head.nii.gz: windows", 24)] and ticks == [False] * 24
+
+
+@pytest.mark.quick
+def test_diff_says_a_scans_map_moved_along_its_first_axis(tmp_path: Path):
+    from gradcam_cli.drift.fingerprint import map_fingerprint
+
+    near, far = torch.zeros(16, 8, 8), torch.zeros(16, 8, 8)
+    near[2:4], far[12:14] = 1.0, 1.0  # the same (y, z) pattern, on slices at either end
+    for name, values in (("a", near), ("b", far)):
+        row = {"input": "ct.nii.gz", "status": "ok", "error": None, "outputs": [], "method": "gradcam"}
+        row |= {"target": {"index": 1, "name": "liver", "probability": 0.3}, "predictions": []}
+        row |= {"fingerprint": map_fingerprint(values), "volume": {"grid": [16, 8, 8], "peak": [2, 0, 0]}}
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps(row) + "\n")
+    report = diff_runs(tmp_path / "a.jsonl", tmp_path / "b.jsonl")
+    assert report.drift and report.results[0].pearson == pytest.approx(1.0)
+    assert report.results[0].reasons[0].startswith("along the first voxel axis: pearson")
