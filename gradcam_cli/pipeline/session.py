@@ -187,14 +187,15 @@ class Session:
         images: Sequence[InputImage],
         videos: Sequence[InputImage] = (),
         progress: ProgressFactory = no_progress,
+        scans: Sequence[InputImage] = (),
     ) -> Iterator[Record]:
-        """Explain every image, then every video, yielding each record once it is written and recorded; the inputs
-        go to the run of their kind (:data:`KIND_RUNS`, by the first input's
-        :class:`~gradcam_cli.io.discovery.InputKind`).
-
-        :meth:`start` comes first, unless it was called already. Videos are for classifiers and detectors; prompted
-        images (:attr:`~gradcam_cli.io.discovery.InputKind.PROMPTED`) for a vision-language model's explainer, all
-        of them prompted."""
+        """Explain every image, then every video, or every scan (a volume model's, alone), yielding each record once
+        it is written and recorded: the run of the first input's :class:`~gradcam_cli.io.discovery.InputKind`
+        (:data:`KIND_RUNS`; prompted images all prompted, for a vision-language model), or :meth:`_volumes`.
+        :meth:`start` comes first, unless it was called already."""
+        if scans:
+            yield from self._volumes(explainer, [*images, *videos], scans, progress)
+            return
         kind = images[0].kind if images else InputKind.IMAGE
         yield from KIND_RUNS.get(kind, Session._images)(self, explainer, images, videos, progress)
 
@@ -203,7 +204,6 @@ class Session:
     ) -> Iterator[Record]:
         """Every image through the :class:`BatchRunner` (or the Ray engine's), then every video through its
         :class:`VideoRunner` (or :class:`ClipRunner`)."""
-        self._check_videos(explainer, videos)
         check_video_model(explainer, self.output, self.run, videos, images)
         self.start(explainer)
         if self.shard is not None:
@@ -232,15 +232,6 @@ class Session:
                         for row in self._resumed_video(runner_of_videos, video, record):
                             yield self._keep(row)
 
-    def _check_videos(self, explainer: Explainer, videos: Sequence[InputImage]) -> None:
-        if videos and not explainer.adapter.videos:
-            raise UsageError(
-                f"videos are explained with classifiers and detectors only; {videos[0].path} is a video and "
-                f"{explainer.model.name} a {explainer.adapter.noun}"
-            )
-        if videos and self.run.engine == "ray":
-            raise UsageError(f"--engine ray explains images only; {videos[0].path} is a video: run videos without it")
-
     def _prompted(
         self, explainer: Explainer, images: Inputs, _videos: Inputs, progress: ProgressFactory
     ) -> Iterator[Record]:
@@ -259,6 +250,19 @@ class Session:
         with progress("answering", len(images)) as tick:
             for record in runner.run_images(images, on_image=tick, on_skipped=lambda: tick(skipped=True)):
                 yield self._keep(record)
+
+    def _volumes(
+        self, explainer: Explainer, others: Sequence[InputImage], scans: Sequence[InputImage], progress: ProgressFactory
+    ) -> Iterator[Record]:
+        """Every scan's maps and rows, through the :class:`~gradcam_cli.pipeline.volumes.VolumeRunner`."""
+        from .volumes import VolumeRunner, check_scans
+
+        check_scans(explainer, others, scans, self.output, self.run)
+        runner = VolumeRunner(explainer, self.output, self.run, self.earlier, self.notify)
+        self.start(explainer)
+        self._order += [row_key({"input": str(item.path)}) for item in scans]
+        for record in runner.run_volumes(scans, progress):  # a bar of windows per scan
+            yield self._keep(record)
 
     def _runner(self, explainer: Explainer) -> BatchRunner:
         """The local :class:`BatchRunner`, or with ``engine="ray"`` the Ray engine's."""
