@@ -58,15 +58,13 @@ HELP = """Measure how faithful the maps are, and where the evidence lies.
 
 INPUT: image files, folders (searched recursively) or quoted glob patterns.
 
-Per method: deletion and insertion AUC (RISE; lower deletion, higher insertion is better), Average Drop and
-Increase in Confidence (Grad-CAM++). With --road: ROAD (noisy linear imputation; most and least relevant first, and
-the combined score). With --boxes: pointing game (15-pixel tolerance) and the share of the map's
-energy inside the boxes, per class, and the images whose evidence lies mostly outside the object. A detector:
-per explained detection, deletion and insertion of its score (re-found by IoU and class; 0 once it vanishes) and
-pointing and energy in its own box, --boxes optional. With --sanity:
-the model-parameter randomisation test. With --stability: the maps' change under small input noise. Always: the
-maps' sparseness (Gini) and complexity (entropy). With --rank: all of them, every method ranked per metric with a
-95% bootstrap confidence interval over images (add --method all to rank every method; randomcam is always added).
+Per method: deletion and insertion AUC (RISE), Average Drop and Increase in Confidence (Grad-CAM++), sparseness (Gini)
+and complexity (entropy). With --road: ROAD; --faithfulness-correlation: faithfulness correlation (Bhatt et al. 2020);
+--boxes: pointing game and energy in the boxes, per class, and the images whose evidence lies outside the object;
+--sanity: the randomisation test; --stability: the maps' change under input noise. A detector: per explained
+detection, deletion and insertion of its score (re-found by IoU and class; 0 once it vanishes), pointing and energy
+in its own box, --boxes optional. --rank: all of them, every method ranked per metric with 95% bootstrap intervals
+(--method all ranks every method; randomcam is always added).
 
 Exit codes: 0 all images evaluated; 1 some image failed; 2 usage error; 3 model/weights unavailable; 130
 interrupted."""
@@ -125,6 +123,10 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
             "noisy linear imputation, most and least relevant first, and the combined score.",
         ),
     ] = False,
+    correlation: Annotated[
+        bool,
+        typer.Option("--faithfulness-correlation", help="Also measure faithfulness correlation (Bhatt et al. 2020)."),
+    ] = False,
     plot: Annotated[
         Path | None,
         typer.Option(
@@ -144,7 +146,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
         bool,
         typer.Option(
             "--rank",
-            help="Measure everything (--sanity, --road, --stability) and rank the methods per metric, with 95% "
+            help="Measure everything (--sanity, --road, --stability, ...) and rank the methods per metric, with 95% "
             "bootstrap confidence intervals; marks methods that fail the sanity check or do not beat randomcam.",
         ),
     ] = False,
@@ -230,6 +232,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
             plot=plot,
             road=road or rank,
             stability=stability or (rank and not specs),  # stability measures a class's map
+            correlation=correlation or rank,
         ),
         RankOptions(rank, report_dir, skip_existing, budget),
     )

@@ -29,6 +29,7 @@ from ..options import EvalOptions
 from . import metrics
 from .answers import AnswerEvaluator
 from .boxes import read_boxes
+from .correlation import correlation_drops
 from .draws import RANDOM_METHODS, averaged, random_draws, sanity_seed
 from .images import evaluate_images, report_of, scored_safely
 from .plan import with_methods
@@ -50,7 +51,8 @@ __all__ = [
 
 Job = tuple[Any, ...]
 """One perturbed image to score: ``("baseline",)``, ``("blurred",)`` or ``(method, kind, step)`` (kinds: deletion,
-insertion, masked, and with ``--road`` road, whose step indexes :func:`_road_images`)."""
+insertion, masked, and with ``--road`` road, whose step indexes :func:`_road_images`); faithfulness correlation's
+``("subset", run)``."""
 
 
 def parameterised_modules(model: nn.Module) -> list[str]:
@@ -190,16 +192,21 @@ class Evaluator:
     def _method_scores(
         self, inputs: torch.Tensor, target: Prediction, method: str, cams: Cams, read: Callable[[object], torch.Tensor]
     ) -> MethodScores:
-        """One method's figures on one image: faithfulness (randomcam's averaged over its draws), sparseness,
-        stability, and its maps' agreement through the cascade."""
+        """One method's figures on one image: faithfulness (randomcam's averaged over its draws), faithfulness
+        correlation, sparseness, stability, and its maps' agreement through the cascade."""
         input_size = tuple(inputs.shape[-2:])
         maps = {method: to_image_maps(cams[method][0], input_size)[0]}
         if method == "randomcam":  # the floor: its figures averaged over several draws
             for d, cam in enumerate(random_draws(cams, inputs, self.seed), 1):
                 maps[f"randomcam#{d}"] = to_image_maps(cam, input_size)[0]
         scores = self._perturbation_scores(inputs[0], target, maps, read)
+        scored = partial(self._probabilities, read=read)
+        drops = partial(correlation_drops, inputs[0], target.probability, self.options, scored)
+        correlation = self._once(("correlation",), drops)  # the same subsets for every method: once per image
         for name, saliency in maps.items():
             scores[name].gini, scores[name].entropy = metrics.gini(saliency), metrics.entropy(saliency)
+            if correlation is not None:
+                scores[name].faithfulness_correlation = metrics.faithfulness_correlation(saliency, *correlation)
         result = averaged([scores[name] for name in maps]) if len(maps) > 1 else scores[method]
         saliency, group = maps[method], self._groups[method]
         if self.options.stability:

@@ -78,6 +78,11 @@ RANKED: dict[str, tuple[str, str, Value]] = {
     "average_drop": ("average drop %", "lower", _drop),
     "increase_in_confidence": ("increase in confidence %", "higher", _increase),
     "road": ("ROAD", "higher", lambda _i, s: s.road if s.road_morf else None),
+    "faithfulness_correlation": (
+        "faithfulness correlation",
+        "higher",
+        lambda _i, s: None if math.isnan(s.faithfulness_correlation) else s.faithfulness_correlation,
+    ),
     "pointing": ("pointing %", "higher", _boxes(lambda s: 100.0 * sum(b.hit for b in s.boxes) / len(s.boxes))),
     "energy": ("energy in box", "higher", _boxes(lambda s: sum(b.energy for b in s.boxes) / len(s.boxes))),
     "box_deletion_auc": ("box deletion AUC (per detection)", "lower", _per_detection(lambda d: d.deletion_auc)),
@@ -357,7 +362,8 @@ def format_ranking(rows: list[RankRow]) -> list[str]:
         "(95 % bootstrap confidence intervals over images; vs best: the mean per-image difference to the best "
         "method with its paired BCa interval; grp: methods in one group cannot be told apart (in parentheses: "
         f"fewer than {MIN_IMAGES} images, not reliable); seed sd: how much a per-image value moves with the seeds "
-        "of RISE's masks, randomcam's and ROAD's noise and stability's copies (not in the intervals); SANITY FAILED: "
+        "of RISE's masks, randomcam's and ROAD's noise, faithfulness correlation's subsets and stability's copies (not "
+        "in the intervals); SANITY FAILED: "
         "the maps change no more when the model is randomised than the check allows; not above randomcam: the "
         "paired interval against randomcam does not exclude 0 on deletion/insertion AUC or pointing)",
     ]

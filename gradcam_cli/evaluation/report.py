@@ -1,4 +1,5 @@
-"""The results of ``gradcam eval``: per-image and per-method scores, their summaries and JSON form, the curve plot.
+"""The results of ``gradcam eval``: per-image and per-method scores, their summaries and JSON form (the curve plot:
+:mod:`gradcam_cli.evaluation.plot`).
 
 The protocol that produces them is described in docs/evaluation.md and run by :mod:`gradcam_cli.evaluation.evaluate`;
 the formulas are in :mod:`gradcam_cli.evaluation.metrics`.
@@ -6,11 +7,9 @@ the formulas are in :mod:`gradcam_cli.evaluation.metrics`.
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..options import EvalOptions
@@ -91,6 +90,9 @@ class MethodScores:
     entropy: float = math.nan
     stability: list[float] = field(default_factory=list)
     """With ``--stability``: the map's relative change under each noisy copy that kept the prediction."""
+    faithfulness_correlation: float = math.nan
+    """With ``--faithfulness-correlation``: Pearson's correlation between the map's sums over random pixel subsets
+    and the score's drops when they are removed (:func:`~gradcam_cli.evaluation.metrics.faithfulness_correlation`)."""
     sanity_redraw: float | None = None
     """With ``--sanity``, a random method only: the Spearman correlation of its map with a fresh draw (new seed) on
     the same model, the most the cascade's correlations can be (docs/evaluation.md, "Sanity check")."""
@@ -184,6 +186,9 @@ class EvalReport:
                 road_morf_curve=[mean_or_nan(column) for column in zip(*(s.road_morf for _, s in scores), strict=True)],
                 road_lerf_curve=[mean_or_nan(column) for column in zip(*(s.road_lerf for _, s in scores), strict=True)],
             )
+        correlations = [s.faithfulness_correlation for _, s in scores]
+        if not all(math.isnan(c) for c in correlations):
+            out["faithfulness_correlation"] = mean_or_nan([c for c in correlations if not math.isnan(c)])
         out.update(gini=mean_or_nan([s.gini for _, s in scores]), entropy=mean_or_nan([s.entropy for _, s in scores]))
         changes = [s.stability for _, s in scores if s.stability]
         if changes:
@@ -237,6 +242,18 @@ class EvalReport:
             **(
                 {"road": {"fractions": list(road.ROAD_FRACTIONS), "noise": road.ROAD_NOISE}}
                 if self.options.road
+                else {}
+            ),
+            **(
+                {
+                    "faithfulness_correlation": {
+                        "runs": self.options.correlation_runs,
+                        "subset": self.options.correlation_subset,
+                        "baseline": "zero in normalised input space (the mean colour)",
+                        "seed": self.options.seed,
+                    }
+                }
+                if self.options.correlation
                 else {}
             ),
             "images": len(self.images),
@@ -310,6 +327,11 @@ def _image_dict(image: ImageScores) -> dict[str, Any]:
                 **({"detections": [_detection_dict(d) for d in s.detections]} if s.detections else {}),
                 **({"sanity_spearman": s.sanity} if s.sanity else {}),
                 **({"sanity_redraw_spearman": s.sanity_redraw} if s.sanity_redraw is not None else {}),
+                **(
+                    {"faithfulness_correlation": s.faithfulness_correlation}
+                    if not math.isnan(s.faithfulness_correlation)
+                    else {}
+                ),
                 "gini": s.gini,
                 "entropy": s.entropy,
                 **({"stability": s.stability} if s.stability else {}),
@@ -349,40 +371,6 @@ def _json_safe(value: Any) -> Any:
 def mean_or_nan(values: Sequence[float]) -> float:
     values = list(values)
     return sum(values) / len(values) if values else math.nan
-
-
-def write_plot(report: EvalReport, path: Path) -> None:
-    """Plot each method's mean deletion and insertion curves (Agg canvas, no pyplot) and write the file atomically.
-
-    The format follows ``path``'s suffix (``.png``, ``.pdf``, ``.svg``).
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    from ..io.atomic import write_atomic
-
-    figure = Figure(figsize=(10, 4), layout="constrained")
-    FigureCanvasAgg(figure)
-    axes = figure.subplots(1, 2, sharey=True)
-    for method in report.methods:
-        s = report.summary(method)
-        if not s.get("images"):
-            continue
-        for ax, kind in zip(axes, ("deletion", "insertion"), strict=True):
-            curve = s[f"{kind}_curve"]
-            fractions = [k / (len(curve) - 1) for k in range(len(curve))]
-            ax.plot(fractions, curve, label=f"{method} (AUC {s[f'{kind}_auc']:.3f})")
-    for ax, kind in zip(axes, ("deletion", "insertion"), strict=True):
-        ax.set_title(f"{kind.capitalize()} ({'lower' if kind == 'deletion' else 'higher'} AUC is better)")
-        ax.set_xlabel(f"fraction of pixels {'removed' if kind == 'deletion' else 'inserted'}")
-        ax.set_xlim(0, 1)
-        ax.grid(alpha=0.3)
-        ax.legend()
-    axes[0].set_ylabel("probability of the explained class")
-    figure.suptitle(f"{report.model}: mean over {len(report.ok)} image(s)")
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format=path.suffix.lower().lstrip("."))
-    write_atomic(path, buffer.getvalue())
 
 
 def in_order(images: Sequence[InputImage], scores: list[ImageScores]) -> list[ImageScores]:

@@ -39,7 +39,10 @@ def _methods_table(report: EvalReport, summaries: dict[str, dict[str, Any]]) -> 
     """The table of methods, one row each, with the notes under it."""
     curves = report.has_curves or not (report.has_boxes or report.has_detections)
     roads = curves and any("road" in s for s in summaries.values())
+    correlated = curves and any("faithfulness_correlation" in s for s in summaries.values())
     header = ["method", *(["deletion AUC", "insertion AUC", "avg drop %", "increase %"] if curves else [])]
+    header += ["faith. corr."] if correlated else []
+    header += ["sparseness", "complexity"] if curves else []
     header += ["ROAD MoRF", "ROAD LeRF", "ROAD"] if roads else []
     if report.has_detections:
         header += ["box deletion", "box insertion", "box pointing %", "box energy"]
@@ -47,10 +50,18 @@ def _methods_table(report: EvalReport, summaries: dict[str, dict[str, Any]]) -> 
         header += ["pointing %", "energy in box"]
     if report.sanity_modules:
         header += ["sanity rho"]
-    rows = [_method_row(report, method, s, curves, roads) for method, s in summaries.items() if s.get("images")]
+    rows = [
+        _method_row(report, method, s, curves, (roads, correlated))
+        for method, s in summaries.items()
+        if s.get("images")
+    ]
     lines = _table(header, rows)
     if curves:
-        lower = "deletion AUC, avg drop, ROAD MoRF, sanity rho" if roads else "deletion AUC, avg drop, sanity rho"
+        lower = (
+            "deletion AUC, avg drop, ROAD MoRF, complexity, sanity rho"
+            if roads
+            else "deletion AUC, avg drop, complexity, sanity rho"
+        )
         lines.append(f"(lower is better: {lower}; higher is better: the others)")
     if report.has_detections:
         lines += [
@@ -62,8 +73,11 @@ def _methods_table(report: EvalReport, summaries: dict[str, dict[str, Any]]) -> 
     return lines
 
 
-def _method_row(report: EvalReport, method: str, s: dict[str, Any], curves: bool, roads: bool) -> list[str]:
-    """One method's row of the table."""
+def _method_row(
+    report: EvalReport, method: str, s: dict[str, Any], curves: bool, extras: tuple[bool, bool]
+) -> list[str]:
+    """One method's row of the table; ``extras``: whether ROAD and faithfulness correlation were measured."""
+    roads, correlated = extras
     row = [method]
     if curves:
         row += [
@@ -72,6 +86,10 @@ def _method_row(report: EvalReport, method: str, s: dict[str, Any], curves: bool
             _fmt(s.get("average_drop"), "{:.1f}"),
             _fmt(s.get("increase_in_confidence"), "{:.1f}"),
         ]
+    if correlated:
+        row += [_fmt(s.get("faithfulness_correlation"))]
+    if curves:
+        row += [_fmt(s.get("gini")), _fmt(s.get("entropy"))]
     if roads:
         row += [_fmt(s.get("road_morf")), _fmt(s.get("road_lerf")), _fmt(s.get("road"))]
     if report.has_detections:

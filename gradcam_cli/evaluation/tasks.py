@@ -48,7 +48,8 @@ class TaskEvaluator:
     def __init__(self, explainer: Explainer, options: EvalOptions | None = None) -> None:
         self.explainer = explainer
         self.options = options or EvalOptions()
-        explainer.adapter.eval_checks(self.options.sanity, self.options.plot is not None, self.options.road)
+        options = self.options
+        explainer.adapter.eval_checks(options.sanity, options.plot is not None, options.road, options.correlation)
         self.undetected = 0
         self.on_method: Callable[[str], Any] | None = None
         self.on_result: Callable[[ImageScores], Any] | None = None

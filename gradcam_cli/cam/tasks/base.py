@@ -165,7 +165,7 @@ class TaskAdapter:
         """How much of a target an output line shows: ``73.1%``, then :meth:`located`."""
         return _then(f"{prediction.probability:.1%}", self.located(prediction))
 
-    def eval_checks(self, sanity: bool, plot: bool, road: bool) -> None:
+    def eval_checks(self, sanity: bool, plot: bool, road: bool, correlation: bool = False) -> None:
         """Refuse ``gradcam eval`` options the box measures do not take (tasks without :attr:`faithfulness`)."""
         if sanity:
             raise UsageError(f"--sanity is for classifiers; a {self.noun}'s maps are evaluated against --boxes")
@@ -173,6 +173,10 @@ class TaskAdapter:
             raise UsageError(f"--plot draws deletion and insertion curves, which a {self.noun} is not measured by")
         if road:
             raise UsageError(f"--road is for classifiers; a {self.noun}'s maps are evaluated against --boxes")
+        if correlation:
+            raise UsageError(
+                f"--faithfulness-correlation is for classifiers; a {self.noun}'s maps are evaluated against --boxes"
+            )
 
     def boxed_only(self, given: bool) -> bool:
         """Whether ``gradcam eval``'s box measures (tasks without :attr:`faithfulness`) score only the images that
@@ -254,7 +258,11 @@ class TaskAdapter:
     def rank_options(self, options: EvalOptions) -> EvalOptions:
         """The options ``gradcam eval --rank`` measures this task with: a task measured by its boxes drops the
         sanity checks, ROAD and the stability measure."""
-        return options if self.faithfulness else replace(options, sanity=False, road=False, stability=False)
+        return (
+            options
+            if self.faithfulness
+            else replace(options, sanity=False, road=False, stability=False, correlation=False)
+        )
 
     def pick(self, explanations: list[Explanation], rank: int) -> Explanation:
         """The explanation ``gradcam serve`` shows for a request of ``rank`` (a ranked task's detection)."""
