@@ -170,7 +170,7 @@ class TaskAdapter:
         if sanity:
             raise UsageError(f"--sanity is for classifiers; a {self.noun}'s maps are evaluated against --boxes")
         if plot:
-            raise UsageError(f"--plot draws deletion and insertion curves, which a {self.noun} is not measured by")
+            raise UsageError(f"--plot draws a classifier's deletion and insertion curves, not a {self.noun}'s")
         if road:
             raise UsageError(f"--road is for classifiers; a {self.noun}'s maps are evaluated against --boxes")
         if correlation:
