@@ -1,5 +1,4 @@
-"""The ``gradcam eval`` command: parses its options, runs :mod:`gradcam_cli.evaluation`, reports. Torch loads
-after parsing.
+"""The ``gradcam eval`` command: parses its options, runs :mod:`gradcam_cli.evaluation`, reports (torch: after parsing).
 
 :func:`gradcam_cli.cli.main` hands ``gradcam eval ...`` to this app (the main command takes positional inputs, so
 eval cannot be a typer subcommand beside it).
@@ -61,10 +60,9 @@ INPUT: image files, folders (searched recursively) or quoted glob patterns.
 Per method: deletion and insertion AUC (RISE), Average Drop and Increase in Confidence (Grad-CAM++), sparseness (Gini)
 and complexity (entropy). With --road: ROAD; --faithfulness-correlation: faithfulness correlation (Bhatt et al. 2020);
 --boxes: pointing game and energy in the boxes, per class, and the images whose evidence lies outside the object;
---sanity: the randomisation test; --stability: the maps' change under input noise. A detector: per explained
-detection, deletion and insertion of its score (re-found by IoU and class; 0 once it vanishes), pointing and energy
-in its own box, --boxes optional. --rank: all of them, every method ranked per metric with 95% bootstrap intervals
-(--method all ranks every method; randomcam is always added).
+--sanity: the randomisation test; --stability: the maps' change under input noise. A detector: each detection's
+score's deletion and insertion (re-found by IoU and class, 0 once gone), pointing and energy in its box. --rank: all
+of them, every method ranked per metric, 95% bootstrap intervals (--method all ranks every method; randomcam added).
 
 Exit codes: 0 all images evaluated; 1 some image failed; 2 usage error; 3 model/weights unavailable; 130
 interrupted."""
