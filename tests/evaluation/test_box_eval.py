@@ -185,7 +185,6 @@ def test_rank_ranks_the_per_detection_metrics_over_detections(two_squares: Path)
     assert rows[("box_deletion_auc", "gradcam")].rank == 1 and rows[("box_pointing", "gradcam")].rank == 1
 
 
-@pytest.mark.quick
 def test_gradcam_eval_on_a_detector_end_to_end(two_squares: Path, tmp_path: Path) -> None:
     labels = tmp_path / "classes.txt"
     labels.write_text("\n".join(DETECTION_CLASSES) + "\n", encoding="utf-8")
