@@ -250,7 +250,9 @@ def test_cli_eval_faithfulness_correlation_table_and_json(monkeypatch, capsys, t
 def test_detectors_refuse_faithfulness_correlation_in_one_line() -> None:
     from task_models import build_detector
 
-    message = r"^--faithfulness-correlation is for classifiers; a detector's maps are evaluated against --boxes$"
+    message = (
+        r"^--faithfulness-correlation is for classifiers; a detector's maps are evaluated per detection, in its own box$"
+    )
     with pytest.raises(UsageError, match=message):
         evaluator_for(Explainer(build_detector()), EvalOptions(correlation=True))
 

@@ -117,7 +117,7 @@ def test_detectors_refuse_road_in_one_line() -> None:
     from task_models import build_detector
 
     with pytest.raises(
-        UsageError, match=r"^--road is for classifiers; a detector's maps are evaluated against --boxes$"
+        UsageError, match=r"^--road is for classifiers; a detector's maps are evaluated per detection, in its own box$"
     ):
         evaluator_for(Explainer(build_detector()), EvalOptions(road=True))
 

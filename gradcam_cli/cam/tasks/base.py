@@ -167,16 +167,15 @@ class TaskAdapter:
 
     def eval_checks(self, sanity: bool, plot: bool, road: bool, correlation: bool = False) -> None:
         """Refuse ``gradcam eval`` options the box measures do not take (tasks without :attr:`faithfulness`)."""
+        how = "per detection, in its own box" if self.box_faithfulness else "against --boxes"
         if sanity:
-            raise UsageError(f"--sanity is for classifiers; a {self.noun}'s maps are evaluated against --boxes")
+            raise UsageError(f"--sanity is for classifiers; a {self.noun}'s maps are evaluated {how}")
         if plot:
             raise UsageError(f"--plot draws a classifier's deletion and insertion curves, not a {self.noun}'s")
         if road:
-            raise UsageError(f"--road is for classifiers; a {self.noun}'s maps are evaluated against --boxes")
+            raise UsageError(f"--road is for classifiers; a {self.noun}'s maps are evaluated {how}")
         if correlation:
-            raise UsageError(
-                f"--faithfulness-correlation is for classifiers; a {self.noun}'s maps are evaluated against --boxes"
-            )
+            raise UsageError(f"--faithfulness-correlation is for classifiers; a {self.noun}'s maps are evaluated {how}")
 
     def boxed_only(self, given: bool) -> bool:
         """Whether ``gradcam eval``'s box measures (tasks without :attr:`faithfulness`) score only the images that
