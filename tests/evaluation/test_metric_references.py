@@ -251,7 +251,8 @@ def test_detectors_refuse_faithfulness_correlation_in_one_line() -> None:
     from task_models import build_detector
 
     message = (
-        r"^--faithfulness-correlation is for classifiers; a detector's maps are evaluated per detection, in its own box$"
+        r"^--faithfulness-correlation is for classifiers; "
+        r"a detector's maps are evaluated per detection, in its own box$"
     )
     with pytest.raises(UsageError, match=message):
         evaluator_for(Explainer(build_detector()), EvalOptions(correlation=True))
