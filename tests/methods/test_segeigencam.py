@@ -96,8 +96,29 @@ def test_quick_segeigencams_sign_is_eq_13_whatever_the_svd_returns() -> None:
         projection = centred @ torch.linalg.svd(centred, full_matrices=False)[2][0]
         peak = float(projection.abs().max())
         assert float(cam[sample].max()) == pytest.approx(peak, rel=1e-4)
-    volume = segeigencam(torch.rand(1, 3, 2, 4, 4), torch.randn(1, 3, 2, 4, 4))  # any grid
-    assert volume.shape == (1, 2, 4, 4)
+
+
+def _numpy_segeigencam(activations: np.ndarray, gradients: np.ndarray) -> np.ndarray:
+    """One sample's (C, *grid) -> grid, the paper's steps in numpy float64."""
+    weighted = np.abs(gradients) * activations
+    samples = weighted.reshape(weighted.shape[0], -1).T
+    samples = samples - samples.mean(axis=0)
+    projection = samples @ np.linalg.svd(samples, full_matrices=False)[2][0]
+    projection = -projection if abs(projection.min()) > abs(projection.max()) else projection
+    return np.maximum(projection, 0).reshape(weighted.shape[1:])
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("grid", [(9,), (6, 7), (3, 5, 4)])
+def test_quick_segeigencam_is_its_formula_on_grids_of_every_rank(grid: tuple[int, ...]) -> None:
+    generator = torch.Generator().manual_seed(len(grid))
+    activations = torch.randn(2, 6, *grid, generator=generator, dtype=torch.float64)
+    gradients = torch.randn(2, 6, *grid, generator=generator, dtype=torch.float64)
+    cam = segeigencam(activations, gradients)
+    assert cam.shape == (2, *grid)
+    for n in range(2):
+        expected = _numpy_segeigencam(activations[n].numpy(), gradients[n].numpy())
+        np.testing.assert_allclose(cam[n].numpy(), expected, rtol=1e-4, atol=1e-4)  # the SVD runs in float32
 
 
 @pytest.mark.quick
