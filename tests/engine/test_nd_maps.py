@@ -355,6 +355,7 @@ def test_each_method_says_the_ranks_of_the_grids_it_takes():
         "gradcam-elementwise",
         "shapleycam",
         "fem",
+        "segeigencam",
         "randomcam",
     }
     for name, method in METHODS.items():

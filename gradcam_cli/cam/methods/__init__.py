@@ -40,6 +40,7 @@ from .gradient import (
     GRADCAM_PLUS_PLUS,
     HIRESCAM,
     LAYERCAM,
+    SEGEIGENCAM,
     XGRADCAM,
     eigengradcam,
     gradcam,
@@ -47,6 +48,7 @@ from .gradient import (
     gradcam_plus_plus,
     hirescam,
     layercam,
+    segeigencam,
     xgradcam,
 )
 from .guided import GUIDED_BACKPROP, GUIDED_GRADCAM, guided_backprop, guided_gradcam
@@ -75,6 +77,7 @@ BUILTIN_METHODS: tuple[CamMethod[Any], ...] = (
     KPCACAM,
     SHAPLEYCAM,
     FEM,
+    SEGEIGENCAM,
     RANDOMCAM,
     RISE,
     DRISE,
@@ -121,6 +124,7 @@ __all__ = [
     "resolve_methods",
     "rise",
     "scorecam",
+    "segeigencam",
     "shapleycam",
     "xgradcam",
 ]

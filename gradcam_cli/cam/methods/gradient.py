@@ -1,15 +1,15 @@
 """The Grad-CAM family: methods that weigh a layer's activations A by the gradient g = dS/dA of the target's
 score, from the one backward pass per target they share (Grad-CAM, Grad-CAM++, XGrad-CAM, HiResCAM, LayerCAM,
-Eigen-Grad-CAM, Grad-CAM element-wise). Each is a pure function (N, C, h, w) -> (N, h, w), formula and paper in its
-docstring, and takes a grid of any rank alike ((N, C, l), (N, C, t, h, w)): sums and means over i, j are over every
-position of the grid."""
+Eigen-Grad-CAM, Grad-CAM element-wise, and Seg-Eigen-CAM for segmenters). Each is a pure function (N, C, h, w) ->
+(N, h, w), formula and paper in its docstring, and takes a grid of any rank alike ((N, C, l), (N, C, t, h, w)):
+sums and means over i, j are over every position of the grid."""
 
 from __future__ import annotations
 
 import torch
 
-from ..smoothing import combine, spatial_dims
-from .registry import ANY_RANK, CamMethod
+from ..smoothing import combine, first_component, spatial_dims
+from .registry import ANY_RANK, SEGMENT, CamMethod
 
 
 def _spatial_sum(tensor: torch.Tensor) -> torch.Tensor:
@@ -104,6 +104,29 @@ def gradcam_elementwise(
     return combine(torch.relu(gradients * activations), eigen_smooth)
 
 
+def segeigencam(activations: torch.Tensor, gradients: torch.Tensor, *, eigen_smooth: bool = False) -> torch.Tensor:
+    """Seg-Eigen-CAM (Chung & Ying, "Seg-Eigen-CAM: Eigen-Value-Based Visual Explanations for Semantic Segmentation
+    Models", Applied Sciences 15(13), 7562, 2025), for segmenters: Eigen-CAM of the gradient-weighted activations.
+
+    W = |g| ⊙ A (Sec. 3.2.1, Eq. 10: the absolute gradient weighs each position, so negative gradients count too);
+    P = the first principal component of W (Eqs. 11-12: the h*w positions are samples of C features, each channel
+    centred over the positions, projected on the first right singular vector); P is negated where |min P| > |max P|
+    (Sec. 3.2.2, Eq. 13: the sign correction, so that the largest deviation is positive); L = ReLU(P).
+
+    Choices: the channels are centred before the decomposition, as pytorch-grad-cam's ``SegEigenCAM`` (1.5.7,
+    ``get_2d_projection_with_sign_correction``) and this package's Eigen-CAM do. The sign is the paper's Eq. 13,
+    not Eigen-CAM's rule here (loadings summing positive): the two differ where the component's largest deviation
+    and its loadings disagree. The score differentiated is the segmenter's region score of the explained class
+    (the class's logits summed over the pixels it wins, :mod:`gradcam_cli.cam.segmentation`), pytorch-grad-cam's
+    ``SemanticSegmentationTarget``. ``eigen_smooth`` changes nothing: the map already is a first principal component.
+    """
+    projection = first_component(gradients.abs() * activations)
+    flat = projection.flatten(1)
+    flip = flat.amin(dim=1).abs() > flat.amax(dim=1).abs()
+    sign = torch.where(flip, -1.0, 1.0).to(projection.dtype).view(-1, *(1,) * (projection.dim() - 1))
+    return torch.relu(projection * sign)
+
+
 GRADCAM = CamMethod(
     "gradcam",
     gradcam,
@@ -164,5 +187,15 @@ GRADCAM_ELEMENTWISE = CamMethod(
     ranks=ANY_RANK,
     formula="ReLU(sum_k ReLU(g^k ⊙ A^k))",
     paper="pytorch-grad-cam's GradCAMElementWise, after Selvaraju et al. 2017",
+    cost="one backward pass",
+)
+
+SEGEIGENCAM = CamMethod(
+    "segeigencam",
+    segeigencam,
+    ranks=ANY_RANK,
+    tasks=SEGMENT,
+    formula="ReLU(first principal component of abs(g) ⊙ A), negated where abs(min) > abs(max)",
+    paper="Chung & Ying, Appl. Sci. 2025",
     cost="one backward pass",
 )

@@ -30,6 +30,8 @@ E_contra = TypeVar("E_contra", contravariant=True)
 
 CLASSIFY: tuple[str, ...] = ("classify",)
 """The tasks of a method for classifiers only."""
+SEGMENT: tuple[str, ...] = ("segment",)
+"""The tasks of a method for segmenters only (Seg-Eigen-CAM)."""
 IMAGE_MAPS: tuple[int, ...] = (2,)
 """The spatial ranks of a method defined for 2-D maps only (a method's default)."""
 ANY_RANK: tuple[int, ...] = (1, 2, 3)
