@@ -17,7 +17,9 @@ from cam_reference import pearson
 from typer.testing import CliRunner
 from volume_models import reference_stitched, volume
 
-from gradcam_cli import load_model
+from gradcam_cli import Explainer, load_model
+from gradcam_cli.cam.whole_volume import explain_classified
+from gradcam_cli.cam.windows import Windows, explain_volume
 from gradcam_cli.cli import app
 from gradcam_cli.errors import EXIT_OK, EXIT_USAGE, UsageError
 from gradcam_cli.models.families import monai_net
@@ -195,3 +197,26 @@ def test_a_unet_is_explained_over_sliding_windows(scan: Path, tmp_path: Path):
     layer = network.get_submodule(UNET_BOTTLENECK)
     reference = reference_stitched(network, layer, x, 1, spec.patch, spec.step)
     assert written.shape == SHAPE and pearson(torch.from_numpy(written), reference) >= 0.999
+
+
+@pytest.mark.parametrize(
+    ("spec", "side"),
+    [
+        ("monai:SegResNet?in_channels=1&out_channels=2&init_filters=8&blocks_down=1,1&blocks_up=1,", 32),
+        pytest.param(
+            "monai:SwinUNETR?in_channels=1&out_channels=2&feature_size=12&depths=1,1,1,1", 64, marks=pytest.mark.slow
+        ),
+        ("monai:resnet10?n_input_channels=1&num_classes=2", 32),
+    ],
+)
+def test_the_other_named_networks_load_as_their_task_and_explain_a_scan(spec: str, side: int):
+    """SwinUNETR halves its input five times, and its instance norms need more than one voxel: 64^3 at least."""
+    model = load_model(spec, weights="none")
+    assert model.task == ("classify" if "resnet10" in spec else "segment")
+    x = volume((side, side, side))
+    explainer = Explainer(model, methods=["gradcam"])
+    if model.task == "classify":
+        found = explain_classified(explainer, x, (), top_k=1)
+    else:
+        found = explain_volume(explainer, x, Windows((side, side, side)), classes=[1])
+    assert found.maps["gradcam"].shape == (1, side, side, side) and torch.isfinite(found.maps["gradcam"]).all()

@@ -4,7 +4,7 @@ state dict, ``torch.load(weights_only=True)`` or safetensors).
 
 ``monai:UNet?in_channels=1&out_channels=3&channels=8,16,32&strides=2,2``: after ``?``, ``name=value`` pairs joined by
 ``&``; a value is read as JSON where it is JSON (``3``, ``0.1``, ``true``, ``[2, 2]``), a comma-separated list as a
-tuple of such values, anything else as text (``norm=batch``). ``spatial_dims`` is 3 unless given.
+tuple of such values (``1,``: one element), anything else as text (``norm=batch``). ``spatial_dims`` is 3 unless given.
 
 A profile, a JSON file named by the spec's ``profile=FILE``, else ``WEIGHTS.json`` beside the weights file
 (``model.pt``: ``model.json``), says how the network takes a scan::
