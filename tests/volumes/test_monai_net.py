@@ -220,3 +220,41 @@ def test_the_other_named_networks_load_as_their_task_and_explain_a_scan(spec: st
     else:
         found = explain_volume(explainer, x, Windows((side, side, side)), classes=[1])
     assert found.maps["gradcam"].shape == (1, side, side, side) and torch.isfinite(found.maps["gradcam"]).all()
+
+
+@pytest.mark.slow
+def test_a_bundle_classifier_explains_the_scan_resized_to_its_roi(scan: Path, tmp_path: Path):
+    name, arguments = monai_net.parse_spec(DENSENET.removeprefix("monai:"))
+    folder = tmp_path / "bundle"
+    (folder / "configs").mkdir(parents=True)
+    (folder / "models").mkdir()
+    network_def = {"_target_": name, "spatial_dims": 3} | {
+        k: list(v) if isinstance(v, tuple) else v for k, v in arguments.items()
+    }
+    scale = {"_target_": "ScaleIntensityRanged", "keys": "image", "a_min": -200, "a_max": 300, "clip": True}
+    config = {
+        "network_def": network_def,
+        "preprocessing": {"_target_": "Compose", "transforms": [{"_target_": "LoadImaged", "keys": "image"}, scale]},
+        "inferer": {"_target_": "SimpleInferer", "roi_size": [32, 32, 32]},
+    }
+    (folder / "configs" / "inference.json").write_text(json.dumps(config))
+    labels = {"0": "normal", "1": "abnormal", "2": "other"}
+    image = {"type": "image", "num_channels": 1}
+    meta = {
+        "network_data_format": {
+            "inputs": {"image": image},
+            "outputs": {"pred": {"type": "probabilities", "channel_def": labels}},
+        }
+    }
+    (folder / "configs" / "metadata.json").write_text(json.dumps(meta))
+    weights, network = saved(DENSENET, folder / "models")
+    out = tmp_path / "out"
+    result = run(
+        scan, "--model", f"bundle:{folder}", "--layer", DENSENET_LAYER, "-o", out, "--target-class", "abnormal"
+    )
+    assert result.exit_code == EXIT_OK, result.output
+    written = np.asarray(nibabel.load(out / "head_gradcam_1-abnormal.nii.gz").dataobj)
+    x = torch.from_numpy(np.asarray(nibabel.load(scan).dataobj, dtype=np.float32))
+    x = ((x.clamp(-200, 300) + 200) / 500)[None, None]
+    resized = F.interpolate(x, size=(32, 32, 32), mode="trilinear", align_corners=False)
+    assert written.shape == SHAPE and pearson(written, grad_cam(network, DENSENET_LAYER, resized, 1, SHAPE)) >= 0.999
