@@ -247,7 +247,7 @@ def test_a_bundle_classifier_explains_the_scan_resized_to_its_roi(scan: Path, tm
         }
     }
     (folder / "configs" / "metadata.json").write_text(json.dumps(meta))
-    weights, network = saved(DENSENET, folder / "models")
+    _, network = saved(DENSENET, folder / "models")
     out = tmp_path / "out"
     result = run(
         scan, "--model", f"bundle:{folder}", "--layer", DENSENET_LAYER, "-o", out, "--target-class", "abnormal"
