@@ -124,6 +124,7 @@ def test_the_profile_beside_the_weights_says_how_the_network_takes_a_scan(tmp_pa
     assert model.task == "segment" and model.categories == ["background", "liver", "tumour"]
     assert spec.patch == (16, 16, 16) and spec.step == 0.25 and spec.spacing == (1.5, 1.5, 2.0)
     assert spec.intensities[0].describe() == "range [-100, 200] -> [0, 1]"
+    assert model.profile.default_layers == (UNET_BOTTLENECK,)  # the bottleneck
     for mine, theirs in zip(model.module.state_dict().values(), network.state_dict().values(), strict=True):
         assert torch.equal(mine, theirs)
     assert load_model(DENSENET, weights="none").profile.volume.patch == ()  # a classifier: the whole volume

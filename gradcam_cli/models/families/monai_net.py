@@ -56,6 +56,9 @@ CLASSIFIERS = (
 SEGMENTERS = ("UNet", "BasicUNet", "AttentionUnet", "SegResNet", "SwinUNETR", "UNETR", "DynUNet")
 DEFAULT_PATCH = (96, 96, 96)
 """A segmenter's window where its profile names none."""
+BOTTLENECKS = {"BasicUNet": "down_4", "SwinUNETR": "encoder10", "DynUNet": "bottleneck"}
+"""A segmenter's default layer, its bottleneck (UNet's: its innermost ``submodule``; SegResNet's: its last
+``down_layers``)."""
 PROBE = (32, 32, 32)
 """The size of the dry pass that finds a whole-volume classifier's layers (its profile names no patch)."""
 
@@ -134,6 +137,18 @@ def _intensities(given: Any, channels: int) -> tuple[Intensity, ...]:
         raise UsageError(f"a MONAI network profile's intensity: {describe(error)}") from error
 
 
+def bottleneck(name: str, network: nn.Module) -> tuple[str, ...]:
+    """The segmenter's bottleneck as its default layer (:data:`BOTTLENECKS`); none for the others."""
+    names = [key for key, _ in network.named_modules()]
+    if name == "UNet":
+        inner = [key for key in names if key.endswith(".submodule")]
+        return (max(inner, key=len),) if inner else ()
+    if name == "SegResNet":
+        down = [key for key in names if key.count(".") == 1 and key.startswith("down_layers.")]
+        return (down[-1],) if down else ()
+    return (BOTTLENECKS[name],) if BOTTLENECKS.get(name) in names else ()
+
+
 class MonaiNetwork(Family):
     name = "monai"
     prefix = "monai:"
@@ -165,5 +180,7 @@ class MonaiNetwork(Family):
         labels = profile.get("labels")
         spec = InputSpec(shape=(channels, *(patch or PROBE)))
         task = chosen_task(options, own)
-        model_profile = ModelProfile(spec, [str(label) for label in labels] if labels else None, task, volume=volume)
+        names = [str(label) for label in labels] if labels else None
+        layers = bottleneck(name, network) if own == SEGMENT else ()
+        model_profile = ModelProfile(spec, names, task, volume=volume, default_layers=layers)
         return LoadedModel(network, options.model, weights, profile=model_profile)
