@@ -1,6 +1,7 @@
-"""Explaining scans with a volume model (an nnU-Net folder, a MONAI bundle): each scan read as it is stored, its maps
-made over the model's sliding windows (:func:`~gradcam_cli.cam.windows.explain_volume`) and written back on the scan's
-own grid (docs/volumes.md, "From the command line").
+"""Explaining scans with a volume model (an nnU-Net folder, a MONAI bundle, a ``monai:NAME`` network): each scan read
+as it is stored, a segmenter's maps made over its sliding windows (:func:`~gradcam_cli.cam.windows.explain_volume`),
+a classifier's on the whole volume (:func:`~gradcam_cli.cam.whole_volume.explain_classified`), and written back on
+the scan's own grid (docs/volumes.md, "From the command line").
 
 A scan (:attr:`~gradcam_cli.io.discovery.InputKind.VOLUME`) is read by :func:`~gradcam_cli.io.volumes.read_volume`
 (never resampled: a model trained at another spacing is said once, in a note), its axes put in the order the model
