@@ -1,6 +1,7 @@
-"""Explaining scans with a volume model (an nnU-Net folder, a MONAI bundle): each scan read as it is stored, its maps
-made over the model's sliding windows (:func:`~gradcam_cli.cam.windows.explain_volume`) and written back on the scan's
-own grid (docs/volumes.md, "From the command line").
+"""Explaining scans with a volume model (an nnU-Net folder, a MONAI bundle, a ``monai:NAME`` network): each scan read
+as it is stored, a segmenter's maps made over its sliding windows (:func:`~gradcam_cli.cam.windows.explain_volume`),
+a classifier's on the whole volume (:func:`~gradcam_cli.cam.whole_volume.explain_classified`), and written back on
+the scan's own grid (docs/volumes.md, "From the command line").
 
 A scan (:attr:`~gradcam_cli.io.discovery.InputKind.VOLUME`) is read by :func:`~gradcam_cli.io.volumes.read_volume`
 (never resampled: a model trained at another spacing is said once, in a note), its axes put in the order the model
@@ -28,13 +29,14 @@ import torch
 from ..cam.explainer import Explainer
 from ..cam.records import Record, VolumeInfo
 from ..cam.results import Prediction
+from ..cam.whole_volume import explain_classified
 from ..cam.windows import VolumeExplanation, Windows, explain_volume, window_slices
 from ..drift.fingerprint import map_fingerprint
 from ..errors import GradcamError, UsageError, describe
 from ..io.discovery import InputImage
 from ..io.naming import MONTAGE_TAIL, NIFTI_SUFFIX, slug, thumbnail_path, volume_paths
 from ..io.volumes import Volume, peak, read_volume, spacing_note, write_nifti
-from ..models.tasks import SEGMENT
+from ..models.tasks import CLASSIFY, SEGMENT
 from ..models.volume_spec import VolumeSpec
 from ..options import ExplainOptions, ImageFormat, ModelOptions, OutputOptions, RunOptions, WindowLevel
 from ..render.colour import colormap_table
@@ -43,9 +45,11 @@ from ..render.gallery import save_thumbnail
 from ..render.montage import Window, montage, write_montage
 from .resume import EarlierRows, FoundExplanation, OutputIndex, resumed_rows
 
-VOLUME_MODELS = "nnunet:DIR or bundle:DIR"
+VOLUME_MODELS = "nnunet:DIR, bundle:DIR or monai:NAME"
 Bars = Callable[[str, int], AbstractContextManager[Callable[[], Any]]]
 """``progress(label, total)``: a context whose value is called once per window explained."""
+Found = tuple[dict[str, torch.Tensor], list[Prediction], list[Prediction], int]
+"""A scan's maps (method: (K, D, H, W) in the model's axis order), the K targets, the predictions, the windows."""
 
 
 def _no_bars(_label: str, _total: int) -> AbstractContextManager[Callable[[], Any]]:
@@ -145,8 +149,10 @@ def volume_inputs(
     named_other = next((item for item in [*images, *videos] if item.path in given), None)
     if named_other is not None:
         raise UsageError(f"{model.name} takes scans; {named_other.path} is not one (.nii, .nii.gz, .npy, DICOM)")
-    if scans and explainer.adapter.name != SEGMENT:
-        raise UsageError(f"{model.name} is a volume {explainer.adapter.noun}: only segmenters' scans are explained")
+    if scans and explainer.adapter.name not in (SEGMENT, CLASSIFY):
+        raise UsageError(
+            f"{model.name} is a volume {explainer.adapter.noun}: only segmenters' and classifiers' scans are explained"
+        )
     return [], [], list(scans)
 
 
@@ -177,7 +183,9 @@ class VolumeRunner:
         if spec is None:
             raise UsageError(f"{explainer.model.name} takes no scans; they need {VOLUME_MODELS}")
         self.explainer, self.spec, self.output = explainer, spec, output
-        self.windows = Windows(spec.patch, spec.step, batch_size=run.batch_size or 1)
+        self.classifier = explainer.adapter.name == CLASSIFY
+        patch = spec.patch if spec.patch and not self.classifier else (1, 1, 1)  # a classifier's are not used
+        self.windows = Windows(patch, spec.step, batch_size=run.batch_size or 1)
         self.earlier = earlier or EarlierRows()
         self.notify = notify
         self.table = colormap_table(output.colormap)
@@ -205,15 +213,26 @@ class VolumeRunner:
         chosen = self.explainer.chosen
         classes = [chosen.target] if isinstance(chosen.target, int) else None
         x = x.to(self.explainer.device)
-        shape = [max(side, tile) for side, tile in zip(x.shape[1:], self.windows.patch, strict=True)]
-        total = len(window_slices(shape, self.windows.patch, self.windows.step)) * (1 if classes else 2)
-        with (progress or _no_bars)(f"{scan.path.name}: windows", total) as tick:
-            counter = _WindowCounter(tick)
-            result = explain_volume(self.explainer, x, self.windows, classes, chosen.top_k, progress=counter)
+        voxels = volume.data[0].size
+        if self.classifier:
+            self._note_resize(tuple(x.shape[1:]))
+            with (progress or _no_bars)(f"{scan.path.name}: volume", 1) as tick:
+                whole = explain_classified(self.explainer, x, self.spec.patch, classes, chosen.top_k)
+                tick()
+            maps, targets, predictions, count = whole.maps, whole.targets, whole.predictions[:5], 1
+        else:
+            shape = [max(side, tile) for side, tile in zip(x.shape[1:], self.windows.patch, strict=True)]
+            total = len(window_slices(shape, self.windows.patch, self.windows.step)) * (1 if classes else 2)
+            with (progress or _no_bars)(f"{scan.path.name}: windows", total) as tick:
+                counter = _WindowCounter(tick)
+                result = explain_volume(self.explainer, x, self.windows, classes, chosen.top_k, progress=counter)
+            maps, count = result.maps, result.windows
+            targets = [self._prediction(c, result, voxels) for c in result.classes]
+            predictions = self._predictions(result, voxels)
         back = [axes.index(axis) for axis in range(3)]  # the model's axes back to the scan's
         written: list[Path] = []
         try:
-            rows = self._write_all(scan, volume, result, back, written)
+            rows = self._write_all(scan, volume, (maps, targets, predictions, count), back, written)
         except OSError as error:
             for path in written:
                 path.unlink(missing_ok=True)
@@ -221,22 +240,20 @@ class VolumeRunner:
         seconds = round(time.perf_counter() - started, 4)
         for row in rows:
             row.seconds = seconds
-        return rows or [self._record(scan, "ok", predictions=self._predictions(result, volume.data[0].size))]
+        return rows or [self._record(scan, "ok", predictions=predictions)]
 
     def _write_all(
-        self, scan: InputImage, volume: Volume, result: VolumeExplanation, back: list[int], written: list[Path]
+        self, scan: InputImage, volume: Volume, found: Found, back: list[int], written: list[Path]
     ) -> list[Record]:
-        voxels = volume.data[0].size
-        predictions = self._predictions(result, voxels)
+        maps, targets, predictions, count = found
         window = scan_window(self.spec, volume, self.output.window_level)
         rows = []
-        for k, c in enumerate(result.classes):
-            target = self._prediction(c, result, voxels)
+        for k, target in enumerate(targets):
             for method in self.explainer.chosen.methods:
-                values = result.maps[method][k].permute(*back).detach().float().cpu()
+                values = maps[method][k].permute(*back).detach().float().cpu()
                 outputs = self._write(scan, volume, method, target, values.numpy(), window, written)
                 voxel, mm = peak(values.numpy(), volume.affine)
-                info = VolumeInfo(volume.grid, volume.spacing, voxel, mm, result.windows)
+                info = VolumeInfo(volume.grid, volume.spacing, voxel, mm, count)
                 fields = {"target": target, "predictions": predictions, "volume": info}
                 rows.append(self._record(scan, "ok", method=method, outputs=outputs, **fields))
                 rows[-1].fingerprint = map_fingerprint(values)
@@ -280,6 +297,15 @@ class VolumeRunner:
         """The classes the windows predict, most voxels first (the background too), at most five."""
         order = result.shares.argsort(descending=True, stable=True).tolist() if len(result.shares) else []
         return [self._prediction(c, result, voxels) for c in order if result.shares[c] > 0][:5]
+
+    def _note_resize(self, grid: tuple[int, ...]) -> None:
+        """Say once that a classifier takes the scan resized to its profile's size (its maps are put back)."""
+        size = self.spec.patch
+        if self.notify is None or not size or tuple(size) == grid or "resize" in self._noted:
+            return
+        self._noted.add("resize")
+        shown = "x".join(map(str, grid)), "x".join(map(str, size))
+        self.notify(f"note: {self.explainer.model.name} takes scans resized from {shown[0]} to {shown[1]} voxels")
 
     def _note(self, volume: Volume, axes: tuple[int, ...]) -> None:
         """Say once that the model was trained at another spacing (the scan is not resampled)."""

@@ -30,6 +30,7 @@ pytestmark = pytest.mark.quick
         ("efficientnet_lite0", "lite0"),
         ("tests/square_model.py:build", "custom"),
         ("my_package.nets:build", "custom"),
+        ("monai:UNet?in_channels=1&out_channels=3", "monai"),  # before module:factory specs
         ("resnet50", "torchvision"),
         ("C:model", "torchvision"),  # a Windows drive, not a module:factory spec
         ("resnet5O", "torchvision"),  # refused by torchvision's loader, with close matches

@@ -13,6 +13,7 @@ family          ``--model``                             module
 ``vision-language`` ``hf:DIR`` of an image-text-to-text model :mod:`~gradcam_cli.models.families.vision_language`
 ``nnunet``      ``nnunet:DIR``, an nnU-Net v2 model folder :mod:`~gradcam_cli.models.families.nnunet`
 ``monai-bundle`` ``bundle:DIR``, a MONAI bundle folder  :mod:`~gradcam_cli.models.families.monai_bundle`
+``monai``       ``monai:UNet?in_channels=1&...``        :mod:`~gradcam_cli.models.families.monai_net`
 =============== ======================================= =================================================
 
 Third-party packages add families through the ``gradcam_cli.families`` entry-point group: an entry point names a
@@ -31,6 +32,7 @@ from .custom import Custom
 from .hf import HuggingFace
 from .lite0 import Lite0
 from .monai_bundle import MonaiBundle
+from .monai_net import MonaiNetwork
 from .nnunet import NnUNet
 from .open_clip import OpenClip
 from .timm import Timm
@@ -62,6 +64,7 @@ for _family in (
     VisionLanguage(),
     NnUNet(),
     MonaiBundle(),
+    MonaiNetwork(),
 ):
     FAMILIES.register(_family.name, _family)
 
