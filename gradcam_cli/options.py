@@ -280,7 +280,8 @@ class RunOptions:
     (``ray_address``; ``None``: the ``RAY_ADDRESS`` environment variable, else a local instance) with ``actors``
     explaining actors (``None``: one per GPU, else one per two CPUs), each with ``gpus_per_worker`` GPUs
     (``None``: 1 where the cluster has GPUs, else 0). ``clip_stride``: video frames between the starts of a video
-    model's clips (``None``: a clip's span, clips side by side; docs/video.md).
+    model's clips (``None``: a clip's span, clips side by side; docs/video.md); ``fps``: the frame rate of a folder
+    of frames given to a video model (``None``: 25).
     """
 
     batch_size: int | None = None
@@ -289,6 +290,7 @@ class RunOptions:
     max_side: int | None = DEFAULT_MAX_SIDE
     every: int = 1
     clip_stride: int | None = None
+    fps: float | None = None
     deterministic: bool = False
     shard: Shard | None = None
     engine: str = "local"

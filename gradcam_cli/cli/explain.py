@@ -142,6 +142,14 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
             help="Video models: video frames between the starts of clips (default: a clip's span, side by side).",
         ),
     ] = None,
+    fps: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            metavar="FPS",
+            help="Video models: the frame rate of a folder of frames (default 25).",
+        ),
+    ] = None,
     output_dir: Annotated[
         Path,
         typer.Option(
@@ -285,6 +293,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
             max_side=max_side or None,
             every=every,
             clip_stride=clip_stride,
+            fps=fps,
             deterministic=deterministic,
             shard=shard,
             engine=engine,
@@ -336,7 +345,7 @@ class ExplainCommand:
 
     def run(self) -> int:
         from ..cam.explainer import Explainer
-        from ..io.discovery import discover_inputs
+        from ..io.discovery import discover_clips, discover_inputs
         from ..pipeline.session import Session
         from ..pipeline.video import check_video_model, check_video_options, takes_clips
 
@@ -350,7 +359,6 @@ class ExplainCommand:
         )
         clips = bool(videos) and self.output.save_raw and takes_clips(self.model_options.model)
         check_video_options(self.output, videos, clips)  # before the model loads (a video model's --save-raw applies)
-        single = len(images) + len(videos) == 1
         with Session(self.output, self.run_options, notify=reporter.info) as session:
             passes = pass_methods(self.explain_options.methods)
             progress = PassProgress(reporter, f"{'/'.join(passes)} passes") if passes else None
@@ -360,6 +368,9 @@ class ExplainCommand:
                 explainer = driver_explainer(self.model_options, self.explain_options, progress)
             else:
                 explainer = Explainer.from_options(self.model_options, self.explain_options, progress=progress)
+            if explainer.model.profile.clips is not None:  # its folders are folders of frames (docs/video.md)
+                images, videos = discover_clips(self.inputs, exclude=self.output.output_dir)
+            single = len(images) + len(videos) == 1
             check_video_model(explainer, self.output, self.run_options, videos, images)  # before any note
             session.start(explainer)
             explainer_notes(reporter, explainer, bool(self.explain_options.layers))
