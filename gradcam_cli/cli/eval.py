@@ -255,8 +255,9 @@ class EvalCommand:
 
     def run(self) -> int:
         from ..evaluation.boxes import read_boxes
+        from ..evaluation.clips import rank_options
         from ..evaluation.evaluate import evaluator_for
-        from ..io.discovery import discover
+        from ..io.discovery import discover, discover_videos
 
         options = self.options
         if self.ranking.report is not None and not self.ranking.rank:
@@ -274,9 +275,11 @@ class EvalCommand:
             raise UsageError(f"no images found in {' '.join(self.inputs)}")
         boxes = read_boxes(options.boxes) if options.boxes is not None else None
         explainer = self._explainer()
+        if explainer.model.profile.clips is not None:  # a video model's inputs: videos and folders of frames
+            images = discover_videos(self.inputs, explainer.model.name)
         started = time.perf_counter()
         if self.ranking.rank:
-            options = explainer.adapter.rank_options(options)
+            options = rank_options(explainer, options)
             named = ALL_METHODS not in self.explain_options.methods
             planned = plan_rank(self.reporter, self.ranking, named, explainer, images, options, boxes is None)
             if planned is not None:

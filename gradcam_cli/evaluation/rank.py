@@ -30,7 +30,7 @@ from .report import EvalReport, ImageScores, MethodScores, mean_or_nan
 BOOTSTRAP_RESAMPLES = 1000
 MIN_IMAGES = 10
 """Fewer images than this: the bootstrap intervals (percentile and BCa alike) under-cover; the table says so."""
-FAITHFULNESS = ("deletion_auc", "insertion_auc", "pointing")
+FAITHFULNESS = ("deletion_auc", "insertion_auc", "temporal_deletion_auc", "temporal_insertion_auc", "pointing")
 """The metrics a method must beat ``randomcam`` on (those measured)."""
 
 Value = Callable[[ImageScores, MethodScores], float | None]
@@ -53,6 +53,16 @@ def _boxes(value: Callable[[MethodScores], float]) -> Value:
 RANKED: dict[str, tuple[str, str, Value]] = {
     "deletion_auc": ("deletion AUC", "lower", lambda _i, s: s.deletion_auc if s.deletion else None),
     "insertion_auc": ("insertion AUC", "higher", lambda _i, s: s.insertion_auc if s.insertion else None),
+    "temporal_deletion_auc": (
+        "frames deletion AUC",
+        "lower",
+        lambda _i, s: s.temporal_deletion_auc if s.temporal_deletion else None,
+    ),
+    "temporal_insertion_auc": (
+        "frames insertion AUC",
+        "higher",
+        lambda _i, s: s.temporal_insertion_auc if s.temporal_insertion else None,
+    ),
     "average_drop": ("average drop %", "lower", _drop),
     "increase_in_confidence": ("increase in confidence %", "higher", _increase),
     "road": ("ROAD", "higher", lambda _i, s: s.road if s.road_morf else None),

@@ -33,7 +33,9 @@ def _methods_table(report: EvalReport, summaries: dict[str, dict[str, Any]]) -> 
     """The table of methods, one row each, with the notes under it."""
     curves = report.has_curves or not report.has_boxes
     roads = curves and any("road" in s for s in summaries.values())
+    frames = curves and any("temporal_deletion_auc" in s for s in summaries.values())  # a video model's clips
     header = ["method", *(["deletion AUC", "insertion AUC", "avg drop %", "increase %"] if curves else [])]
+    header += ["frames deletion AUC", "frames insertion AUC"] if frames else []
     header += ["ROAD MoRF", "ROAD LeRF", "ROAD"] if roads else []
     if report.has_boxes:
         header += ["pointing %", "energy in box"]
@@ -43,7 +45,10 @@ def _methods_table(report: EvalReport, summaries: dict[str, dict[str, Any]]) -> 
     lines = _table(header, rows)
     if curves:
         lower = "deletion AUC, avg drop, ROAD MoRF, sanity rho" if roads else "deletion AUC, avg drop, sanity rho"
+        lower = lower.replace("deletion AUC", "deletion AUCs") if frames else lower
         lines.append(f"(lower is better: {lower}; higher is better: the others)")
+    if frames:
+        lines.append("(deletion and insertion: of the clips' voxels; frames deletion and insertion: of their frames)")
     if report.sanity_modules:
         lines.append("(sanity rho: the highest mean Spearman correlation over the randomisation cascade)")
     return lines
@@ -59,6 +64,8 @@ def _method_row(report: EvalReport, method: str, s: dict[str, Any], curves: bool
             _fmt(s.get("average_drop"), "{:.1f}"),
             _fmt(s.get("increase_in_confidence"), "{:.1f}"),
         ]
+    if "temporal_deletion_auc" in s:
+        row += [_fmt(s.get("temporal_deletion_auc")), _fmt(s.get("temporal_insertion_auc"))]
     if roads:
         row += [_fmt(s.get("road_morf")), _fmt(s.get("road_lerf")), _fmt(s.get("road"))]
     if report.has_boxes:

@@ -278,6 +278,15 @@ def discover_clips(
     return images, _disambiguate(videos)
 
 
+def discover_videos(inputs: Sequence[str | Path], model: str) -> list[InputImage]:
+    """The videos among ``inputs`` for the video model named ``model`` (:func:`discover_clips`); a
+    :class:`UsageError` for an image among them."""
+    images, videos = discover_clips(inputs)
+    if images:
+        raise UsageError(f"{model} takes clips: give it videos; {images[0].path} is an image")
+    return videos
+
+
 def discover_volumes(
     inputs: Sequence[str | Path], exclude: Path | None = None, channels: Sequence[Path] = ()
 ) -> list[InputImage]:

@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+from PIL import Image
 
 from ..errors import ImageError
 from .discovery import frame_files
-from .images import load_image
+from .images import InputSpec, load_image, to_input_tensor
 from .video import DEFAULT_FPS, UNREADABLE, capture_info, opened_by_name
 
 
@@ -57,3 +59,14 @@ def opened_video(path: Path, fps: float | None = None) -> Iterator[tuple[Any, fl
         yield capture, capture_info(capture).fps
     finally:
         capture.release()
+
+
+def network_frame(frame: np.ndarray, size: tuple[int, int], spec: InputSpec) -> tuple[np.ndarray, torch.Tensor]:
+    """A decoded BGR frame's RGB pixels at ``size`` (width, height: the video's first frame's; a frame of another
+    size is resized to it) and its network input, as ``spec`` says (resized whole and normalised)."""
+    import cv2
+
+    if (frame.shape[1], frame.shape[0]) != size:
+        frame = cv2.resize(frame, size, interpolation=cv2.INTER_AREA)
+    rgb = np.ascontiguousarray(frame[:, :, ::-1])
+    return rgb, to_input_tensor(Image.fromarray(rgb), spec)

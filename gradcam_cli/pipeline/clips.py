@@ -43,8 +43,7 @@ from ..drift.fingerprint import map_fingerprint
 from ..errors import GradcamError, ImageError, describe
 from ..io.atomic import TEMP_MARKER
 from ..io.discovery import InputImage
-from ..io.frames import opened_video
-from ..io.images import to_input_tensor
+from ..io.frames import network_frame, opened_video
 from ..io.naming import clip_curve_path, clip_raw_path, thumbnail_path, video_output_path
 from ..io.video import FOURCC, NO_FRAMES, opencv_name, read_ahead
 from ..models.clip_spec import ClipSpec, sample_offsets
@@ -221,18 +220,12 @@ class ClipRunner:
     def _preparer(self, state: _Video) -> Callable[[np.ndarray], tuple[np.ndarray, torch.Tensor]]:
         """What the decoding thread does to each BGR frame: its RGB pixels (at the first frame's size) and its
         network input."""
-        import cv2
-        from PIL import Image
-
         spec = self.explainer.model.input_spec
 
         def prepare(frame: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
             if state.size is None:
                 state.size = (frame.shape[1], frame.shape[0])
-            elif (frame.shape[1], frame.shape[0]) != state.size:
-                frame = cv2.resize(frame, state.size, interpolation=cv2.INTER_AREA)
-            rgb = np.ascontiguousarray(frame[:, :, ::-1])
-            return rgb, to_input_tensor(Image.fromarray(rgb), spec)
+            return network_frame(frame, state.size, spec)
 
         return prepare
 
