@@ -379,6 +379,7 @@ def format_ranking(rows: list[RankRow]) -> list[str]:
         f"fewer than {MIN_IMAGES} images, not reliable); seed sd: how much a per-image value moves with the seeds "
         "of RISE's masks, randomcam's and ROAD's noise and stability's copies (not in the intervals); SANITY FAILED: "
         "the maps change no more when the model is randomised than the check allows; not above randomcam: the "
-        "paired interval against randomcam does not exclude 0 on deletion/insertion AUC or pointing)",
+        "paired interval against randomcam does not exclude 0 on deletion/insertion AUC (a clip's frames' too) or "
+        "pointing)",
     ]
     return lines
