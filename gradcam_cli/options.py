@@ -303,7 +303,7 @@ class RunOptions:
 class EvalOptions:
     """How ``gradcam eval`` measures: curve resolution, batching, pointing tolerance, the sanity check, ROAD
     (``road``; its noise is drawn from ``seed`` too) and stability (``stability``: ``stability_samples`` noisy copies
-    of each image)."""
+    of each image); ``fps``: the frame rate of a folder of frames given to a video model (``None``: 25)."""
 
     steps: int = 50
     batch_size: int = 16
@@ -316,6 +316,7 @@ class EvalOptions:
     road: bool = False
     stability: bool = False
     stability_samples: int = 3
+    fps: float | None = None
 
 
 @dataclass(frozen=True)

@@ -177,6 +177,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
     occlusion_window: params.OcclusionWindowOpt = 32,
     occlusion_stride: params.OcclusionStrideOpt = 16,
     seed: params.SeedOpt = 0,
+    fps: params.FpsOpt = None,
     prompt: answers.PromptOpt = None,
     answer: answers.AnswerOpt = None,
     max_new_tokens: answers.MaxNewTokensOpt = None,
@@ -193,8 +194,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
     specs, mistake = params.target_specs(target)
     if mistake is not None:
         run_reported(reporter, lambda: params.refuse(mistake))
-    baseline = RANDOM_BASELINE
-    methods = params.MethodList([*method, baseline]) if rank and baseline not in method else method
+    methods = params.MethodList([*method, RANDOM_BASELINE]) if rank and RANDOM_BASELINE not in method else method
     perturbation = PerturbationOptions(
         rise_masks, occlusion_window=occlusion_window, occlusion_stride=occlusion_stride, seed=seed
     )
@@ -228,6 +228,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
             plot=plot,
             road=road or rank,
             stability=stability or (rank and not specs),  # stability measures a class's map
+            fps=fps,
         ),
         RankOptions(rank, report_dir, skip_existing, budget),
     )
@@ -255,9 +256,9 @@ class EvalCommand:
 
     def run(self) -> int:
         from ..evaluation.boxes import read_boxes
-        from ..evaluation.clips import rank_options
+        from ..evaluation.clips import evaluated_inputs, rank_options
         from ..evaluation.evaluate import evaluator_for
-        from ..io.discovery import discover, discover_videos
+        from ..io.discovery import discover
 
         options = self.options
         if self.ranking.report is not None and not self.ranking.rank:
@@ -275,8 +276,7 @@ class EvalCommand:
             raise UsageError(f"no images found in {' '.join(self.inputs)}")
         boxes = read_boxes(options.boxes) if options.boxes is not None else None
         explainer = self._explainer()
-        if explainer.model.profile.clips is not None:  # a video model's inputs: videos and folders of frames
-            images = discover_videos(self.inputs, explainer.model.name)
+        images = evaluated_inputs(explainer, self.inputs, images, options)  # a video model's: its videos
         started = time.perf_counter()
         if self.ranking.rank:
             options = rank_options(explainer, options)

@@ -142,14 +142,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
             help="Video models: video frames between the starts of clips (default: a clip's span, side by side).",
         ),
     ] = None,
-    fps: Annotated[
-        float | None,
-        typer.Option(
-            min=0.0,
-            metavar="FPS",
-            help="Video models: the frame rate of a folder of frames (default 25).",
-        ),
-    ] = None,
+    fps: params.FpsOpt = None,
     output_dir: Annotated[
         Path,
         typer.Option(

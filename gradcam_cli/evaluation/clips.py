@@ -1,11 +1,11 @@
 """``gradcam eval`` of a video model, clip by clip (docs/evaluation.md, "Clips"): the clips a video is read as, and
 the temporal deletion and insertion curves of a clip's T x H x W map.
 
-A video (a file, or a folder of frames at :data:`~gradcam_cli.io.video.DEFAULT_FPS`) is read whole and cut into
-the clips ``gradcam`` explains it with, side by side (:func:`~gradcam_cli.models.clip_spec.clip_starts`,
-:func:`~gradcam_cli.models.clip_spec.sample_offsets`); each clip is one evaluated input, ``VIDEO#clipN``, scored by
-the protocol of an image with voxels for pixels (:class:`~gradcam_cli.evaluation.evaluate.ClipEvaluator`), and by
-its frames in time:
+A video (a file, or a folder of frames at ``--fps``, default :data:`~gradcam_cli.io.video.DEFAULT_FPS`) is read
+whole and cut into the clips ``gradcam`` explains it with, side by side
+(:func:`~gradcam_cli.models.clip_spec.clip_starts`, :func:`~gradcam_cli.models.clip_spec.sample_offsets`); each clip
+is one evaluated input, ``VIDEO#clipN``, scored by the protocol of an image with voxels for pixels
+(:class:`~gradcam_cli.evaluation.evaluate.ClipEvaluator`), and by its frames in time:
 
 - **Temporal deletion**: the clip's T frames ordered by their share of the map (its sum over the frame's pixels),
   largest first (ties: the earlier frame first), and replaced, in ``min(steps, T)`` equal steps, by the clip's mean
@@ -28,7 +28,7 @@ import torch
 
 from ..cam.explainer import Explainer
 from ..errors import GradcamError, ImageError, UsageError
-from ..io.discovery import InputImage
+from ..io.discovery import InputImage, discover_videos
 from ..io.frames import network_frame, opened_video
 from ..io.images import InputSpec
 from ..io.video import NO_FRAMES, frames
@@ -46,11 +46,28 @@ diff`` show them), and its (3, T, H, W) network input."""
 
 def refuse_for_clips(options: EvalOptions, boxes: Sequence[object] | None = None) -> None:
     """Refuse what ``gradcam eval`` does not measure on clips: ROAD (its imputation fills pixels of one image) and
-    ground-truth boxes (boxes name images)."""
+    ground-truth boxes (boxes name images); a rate that is not above 0."""
+    if options.fps is not None and not options.fps > 0:
+        raise UsageError("--fps must be above 0")
     if options.road:
         raise UsageError("--road imputes an image's pixels; a video model's clips are measured without it")
     if boxes or options.boxes is not None:
         raise UsageError("--boxes name images; a video model's clips are measured by their curves only")
+
+
+def evaluated_inputs(
+    explainer: Explainer, inputs: Sequence[str | Path], images: list[InputImage], options: EvalOptions
+) -> list[InputImage]:
+    """What ``gradcam eval`` evaluates of ``inputs``: a video model's videos and folders of frames
+    (:func:`~gradcam_cli.io.discovery.discover_videos`), else the ``images`` found; ``--fps`` refused for a model
+    that takes images."""
+    if explainer.model.profile.clips is not None:
+        return discover_videos(inputs, explainer.model.name)
+    if options.fps is not None:
+        raise UsageError(
+            f"--fps is the frame rate of a folder of frames given to a video model; {explainer.model.name} takes images"
+        )
+    return images
 
 
 def rank_options(explainer: Explainer, options: EvalOptions) -> EvalOptions:
@@ -60,10 +77,10 @@ def rank_options(explainer: Explainer, options: EvalOptions) -> EvalOptions:
     return replace(options, road=False) if explainer.model.profile.clips is not None else options
 
 
-def read_clips(path: Path, clip: ClipSpec, spec: InputSpec) -> list[Clip]:
-    """The clips of the video (or folder of frames) at ``path``, side by side, each as its model takes it; an
-    :class:`~gradcam_cli.errors.ImageError` when it cannot be read or has no frames."""
-    with opened_video(path) as (capture, fps):
+def read_clips(path: Path, clip: ClipSpec, spec: InputSpec, fps: float | None = None) -> list[Clip]:
+    """The clips of the video (or folder of frames, at ``fps``) at ``path``, side by side, each as its model takes
+    it; an :class:`~gradcam_cli.errors.ImageError` when it cannot be read or has no frames."""
+    with opened_video(path, fps) as (capture, fps):
         tensors = []
         size: tuple[int, int] | None = None
         for frame in frames(capture):
@@ -83,18 +100,19 @@ def read_clips(path: Path, clip: ClipSpec, spec: InputSpec) -> list[Clip]:
 def evaluate_clips(
     videos: Sequence[InputImage | str | Path],
     model: LoadedModel,
+    fps: float | None,
     scored: Callable[[str, torch.Tensor], ImageScores],
     on_video: Callable[[], Any] | None = None,
     on_failed: Callable[[ImageScores], Any] | None = None,
 ) -> list[ImageScores]:
-    """``scored(name, clip)`` of every clip of every video (:func:`read_clips`), in order, a clip that fails as its
-    ``error``; a video that cannot be read is one failed input, handed to ``on_failed``; ``on_video`` is called
-    once per video."""
+    """``scored(name, clip)`` of every clip of every video (:func:`read_clips`; a folder of frames at ``fps``), in
+    order, a clip that fails as its ``error``; a video that cannot be read is one failed input, handed to
+    ``on_failed``; ``on_video`` is called once per video."""
     results = []
     for video in videos:
         path = video.path if isinstance(video, InputImage) else Path(video)
         try:
-            clips = read_clips(path, model.profile.clips or ClipSpec(1), model.input_spec)
+            clips = read_clips(path, model.profile.clips or ClipSpec(1), model.input_spec, fps)
         except GradcamError as error:
             clips = []
             results.append(ImageScores(str(path), error=str(error)))
@@ -106,12 +124,15 @@ def evaluate_clips(
     return results
 
 
-def clip_named(name: str, model: LoadedModel, scored: Callable[[str, torch.Tensor], ImageScores]) -> ImageScores:
-    """``scored(name, clip)`` of the clip ``name``, ``VIDEO#clipN``, read again from its video."""
+def clip_named(
+    name: str, model: LoadedModel, fps: float | None, scored: Callable[[str, torch.Tensor], ImageScores]
+) -> ImageScores:
+    """``scored(name, clip)`` of the clip ``name``, ``VIDEO#clipN``, read again from its video (:func:`read_clips`;
+    a folder of frames at ``fps``)."""
     video = name.rpartition("#clip")[0]
     if not video:
         raise ImageError(f"{name}: not the name of a clip (VIDEO#clipN)")
-    clips = dict(read_clips(Path(video), model.profile.clips or ClipSpec(1), model.input_spec))
+    clips = dict(read_clips(Path(video), model.profile.clips or ClipSpec(1), model.input_spec, fps))
     if name not in clips:
         raise ImageError(f"{name}: no such clip ({len(clips)} in {video})")
     return scored(name, clips[name])

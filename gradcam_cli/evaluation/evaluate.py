@@ -340,11 +340,11 @@ class ClipEvaluator(Evaluator):
 
     def _inputs(self, images: Inputs, boxes: Boxes, on_image: Tick, on_result: Told) -> tuple[list[ImageScores], int]:
         refuse_for_clips(self.options, boxes)
-        return evaluate_clips(images, self.explainer.model, self._clip, on_image, on_result), 0
+        return evaluate_clips(images, self.explainer.model, self.options.fps, self._clip, on_image, on_result), 0
 
     def evaluate_image(self, path: Path, boxes: Sequence[GroundTruthBox] = ()) -> ImageScores:
         """One clip by its name, ``VIDEO#clipN`` (as the seed spread re-runs it: :mod:`.seeds`)."""
-        return scored_safely(path, lambda: clip_named(str(path), self.explainer.model, self._clip))
+        return scored_safely(path, lambda: clip_named(str(path), self.explainer.model, self.options.fps, self._clip))
 
     def _clip(self, name: str, clip: torch.Tensor) -> ImageScores:
         return self._scored(name, clip[None].to(self.explainer.device), (clip.shape[-2], clip.shape[-1]), ())

@@ -225,3 +225,22 @@ def test_gradcam_eval_measures_each_clip_of_a_video_in_time(tmp_path):
     assert refused.exit_code == EXIT_USAGE
     message = "error: --road imputes an image's pixels; a video model's clips are measured without it"
     assert refused.stderr.strip().splitlines()[-1] == message
+
+
+def test_gradcam_eval_reads_a_folder_of_frames_at_its_frame_rate(tmp_path):
+    folder = tmp_path / "walk"
+    folder.mkdir()
+    for number in range(WALK):
+        Image.fromarray(_walk(number)[:, :, ::-1]).save(folder / f"{number}.png")
+    common = ["-m", "mc3_18", "--weights", "none", "--input-size", "32", "--steps", "2", "--json"]
+    names = {}
+    for rate in ("10", None):
+        result = run(folder, *common, *(["--fps", rate] if rate else []))
+        assert result.exit_code == EXIT_OK, result.output
+        names[rate] = [row["image"] for row in json.loads(result.stdout)["per_image"]]
+    # at 10 fps a clip spans 11 of the 20 frames: two clips; at the default 25, 27 frames: one, its last frame repeated
+    assert names == {"10": [f"{folder}#clip0", f"{folder}#clip1"], None: [f"{folder}#clip0"]}
+    refused = run(folder, "-m", "resnet18", "--weights", "none", "--fps", "10")
+    assert refused.exit_code == EXIT_USAGE
+    message = "--fps is the frame rate of a folder of frames given to a video model; resnet18 takes images"
+    assert refused.stderr.strip().splitlines()[-1] == f"error: {message}"
