@@ -234,12 +234,44 @@ class OutputOptions:
     report: bool = False
     manifest: Path | None = None
     skip_existing: bool = False
+    window_level: WindowLevel | None = None
+    """A scan's montage's intensity window (docs/volumes.md); ``None``: the model's or the scan's own."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output_dir", Path(self.output_dir))
         object.__setattr__(self, "image_format", ImageFormat.parse(self.image_format))
         if self.manifest is not None:
             object.__setattr__(self, "manifest", Path(self.manifest))
+
+
+@dataclass(frozen=True)
+class WindowLevel:
+    """A scan's intensity window for its montage (``--window-level L,W``): ``level`` its centre, ``width`` its span,
+    in the scan's own units (CT: Hounsfield units; a soft-tissue window is ``40,400``)."""
+
+    level: float
+    width: float
+
+    def __post_init__(self) -> None:
+        if not self.width > 0:
+            raise ValueError(f"window width {self.width:g}: it must be above 0")
+
+    @classmethod
+    def parse(cls, text: str | WindowLevel) -> WindowLevel:
+        """``40,400`` -> ``WindowLevel(40.0, 400.0)``; a :class:`ValueError` for anything else."""
+        if isinstance(text, WindowLevel):
+            return text
+        parts = text.split(",")
+        try:
+            level, width = (float(part) for part in parts)
+        except ValueError:
+            raise ValueError(f"{text!r}: use LEVEL,WIDTH, for example 40,400 (a CT soft-tissue window)") from None
+        return cls(level, width)
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """(lowest, highest) intensity: black and white."""
+        return self.level - self.width / 2, self.level + self.width / 2
 
 
 @dataclass(frozen=True)
@@ -302,8 +334,10 @@ class RunOptions:
 @dataclass(frozen=True)
 class EvalOptions:
     """How ``gradcam eval`` measures: curve resolution, batching, pointing tolerance, the sanity check, ROAD
-    (``road``; its noise is drawn from ``seed`` too) and stability (``stability``: ``stability_samples`` noisy copies
-    of each image); ``fps``: the frame rate of a folder of frames given to a video model (``None``: 25)."""
+    (``road``; its noise is drawn from ``seed`` too), stability (``stability``: ``stability_samples`` noisy copies
+    of each image) and faithfulness correlation (``correlation``: ``correlation_runs`` random subsets of
+    ``correlation_subset`` pixels each, drawn from ``seed``); ``fps``: the frame rate of a folder of frames given to a
+    video model (``None``: 25)."""
 
     steps: int = 50
     batch_size: int = 16
@@ -316,6 +350,9 @@ class EvalOptions:
     road: bool = False
     stability: bool = False
     stability_samples: int = 3
+    correlation: bool = False
+    correlation_runs: int = 100
+    correlation_subset: int = 224
     fps: float | None = None
 
 

@@ -211,3 +211,75 @@ def save_nnunet_folder(root, seed: int = 0, folds: tuple[str, ...] = ("fold_0",)
         }
         torch.save(checkpoint, folder / fold / "checkpoint_final.pth")
     return folder, network
+
+
+BUNDLE_BOTTLENECK = "model.1.submodule.1.submodule"
+BUNDLE_CONFIG = {
+    "bundle_root": ".",
+    "num_classes": 3,
+    "network_def": {
+        "_target_": "UNet",
+        "spatial_dims": 3,
+        "in_channels": 1,
+        "out_channels": "@num_classes",
+        "channels": [4, 8, 16],
+        "strides": [2, 2],
+        "num_res_units": 0,
+    },
+    "network": "$@network_def.to('cpu')",
+    "preprocessing": {
+        "_target_": "Compose",
+        "transforms": [
+            {"_target_": "LoadImaged", "keys": "image"},
+            {"_target_": "EnsureChannelFirstd", "keys": "image"},
+            {"_target_": "Orientationd", "keys": "image", "axcodes": "RAS"},
+            {"_target_": "Spacingd", "keys": "image", "pixdim": [1.5, 1.5, 2.0]},
+            {
+                "_target_": "ScaleIntensityRanged",
+                "keys": "image",
+                "a_min": -57,
+                "a_max": 164,
+                "b_min": 0.0,
+                "b_max": 1.0,
+                "clip": True,
+            },
+        ],
+    },
+    "inferer": {"_target_": "SlidingWindowInferer", "roi_size": [16, 16, 16], "sw_batch_size": 2, "overlap": "$0.25"},
+}
+BUNDLE_METADATA = {
+    "version": "0.1.0",
+    "network_data_format": {
+        "inputs": {"image": {"type": "image", "num_channels": 1, "spatial_shape": [16, 16, 16]}},
+        "outputs": {
+            "pred": {
+                "type": "image",
+                "num_channels": 3,
+                "channel_def": {"0": "background", "1": "spleen", "2": "liver"},
+            }
+        },
+    },
+}
+
+
+def bundle_network() -> nn.Module:
+    """The tiny bundle's network: a MONAI 3-D UNet (1 channel in, 3 classes), seeded."""
+    from monai.networks.nets import UNet
+
+    torch.manual_seed(0)
+    return UNet(3, 1, 3, channels=(4, 8, 16), strides=(2, 2), num_res_units=0).eval()
+
+
+def save_bundle(root):
+    """A tiny MONAI bundle folder as the model zoo lays one out (configs/inference.json, configs/metadata.json,
+    models/model.pt); returns (folder, network)."""
+    import json
+
+    folder = root / "spleen_bundle"
+    (folder / "configs").mkdir(parents=True)
+    (folder / "models").mkdir()
+    (folder / "configs" / "inference.json").write_text(json.dumps(BUNDLE_CONFIG))
+    (folder / "configs" / "metadata.json").write_text(json.dumps(BUNDLE_METADATA))
+    net = bundle_network()
+    torch.save(net.state_dict(), folder / "models" / "model.pt")
+    return folder, net

@@ -116,20 +116,20 @@ def detector_geometry(transform: nn.Module | None, inputs: torch.Tensor) -> Geom
 @dataclass(frozen=True)
 class DetectionScore:
     """A detector's scores: each detection scoring at least ``threshold`` (at most ``max_detections`` per image,
-    highest first), then their sum. ``transform``: the detector's torchvision transform, if it has one; ``classes``:
+    highest first), then their sum. ``transform``: the detector's torchvision transform, if it has one; ``class_count``:
     its class count (0: unknown), the width of D-RISE's class vectors (:mod:`gradcam_cli.cam.drise`)."""
 
     transform: nn.Module | None = None
     threshold: float = 0.5
     max_detections: int = 10
-    classes: int = 0
+    class_count: int = 0
 
     def targets(
         self, output: object, inputs: torch.Tensor, target: int | None, top_k: int, chosen: torch.Tensor | None = None
     ) -> DetectionTargets:
         detections = detections_of(output)
         picked = picked_detections(detections, self.threshold, target, self.max_detections)
-        return DetectionTargets(detections, picked, detector_geometry(self.transform, inputs), self.classes)
+        return DetectionTargets(detections, picked, detector_geometry(self.transform, inputs), self.class_count)
 
 
 def picked_detections(
@@ -151,13 +151,13 @@ def picked_detections(
 @dataclass
 class DetectionTargets:
     """The chosen detections of one pass: ``picked[n]`` indexes image n's detections, highest score first. Target
-    ``k`` is each image's ``k``-th detection; the last target (``count - 1``) is the combined one. ``classes``: the
+    ``k`` is each image's ``k``-th detection; the last target (``count - 1``) is the combined one. ``class_count``: the
     detector's class count (0: unknown), for D-RISE's class vectors."""
 
     detections: list[Detections]
     picked: list[list[int]]
     geometry: Geometry = field(default_factory=Geometry)
-    classes: int = 0
+    class_count: int = 0
 
     @property
     def count(self) -> int:
@@ -192,6 +192,17 @@ class DetectionTargets:
 
         return probability
 
+    def refound(self, n: int, output: object) -> torch.Tensor:
+        """(B, K): image n's K explained detections re-found in each of the B images of ``output`` by the matching
+        rule, their scores (0 where one vanished)."""
+        reference, picked = self.detections[n], self.picked[n]
+        found = detections_of(output)
+        rows = [
+            [matched_score(reference["boxes"][i].detach(), int(reference["labels"][i]), other) for i in picked]
+            for other in found
+        ]
+        return torch.tensor([[float(score) for score in row] for row in rows]).view(len(found), len(picked))
+
     def explained_vectors(self, n: int) -> DetectionVectors:
         """Image n's explained detections as D-RISE compares them (:mod:`gradcam_cli.cam.drise`)."""
         found, picked = self.detections[n], self.picked[n]
@@ -210,7 +221,7 @@ class DetectionTargets:
         objectness = found.get("objectness")
         return DetectionVectors(
             found["boxes"][rows].detach().float(),
-            class_vectors(found["labels"][rows], found["scores"][rows].detach(), self.classes),
+            class_vectors(found["labels"][rows], found["scores"][rows].detach(), self.class_count),
             objectness[rows].detach() if objectness is not None else None,
         )
 

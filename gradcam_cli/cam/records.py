@@ -34,6 +34,9 @@ class Record:
     clip: ClipInfo | None = None
     """A video model's row (docs/video.md): which clip of the video, its frames' shares of the map and its score,
     written after the manifest's columns as ``clip``."""
+    volume: VolumeInfo | None = None
+    """A scan's row (docs/volumes.md): its grid, spacing and the map's peak, written after the manifest's columns
+    as ``volume``."""
 
     def to_dict(self) -> dict[str, Any]:
         """The row as plain JSON-ready data, in manifest column order (predictions as {index, name, probability},
@@ -53,6 +56,8 @@ class Record:
                 if "share" in prediction:
                     prediction["share"] = round(prediction["share"], 6)
         clip_column = {"clip": self.clip.to_dict()} if self.clip is not None else {}
+        if self.volume is not None:
+            clip_column["volume"] = self.volume.to_dict()
         if self.answer is None:
             return {**{key: row[key] for key in MANIFEST_FIELDS}, **clip_column}
         row["target"] = answer_target(self.target) if self.target is not None else None
@@ -87,6 +92,7 @@ class Record:
             row.get("provenance") if isinstance(row.get("provenance"), dict) else None,
             answer,
             ClipInfo.from_row(row),
+            VolumeInfo.from_row(row),
         )
 
 
@@ -128,6 +134,43 @@ class ClipInfo:
             (float(times[0]), float(times[1])),
             [float(share) for share in shares] if isinstance(shares, list) else [],
             float(score) if isinstance(score, int | float) else math.nan,
+        )
+
+
+@dataclass
+class VolumeInfo:
+    """Where a scan's map lies: the scan's voxel ``grid`` (I, J, K) and ``spacing`` (mm), the map's ``peak`` voxel
+    (the first in C order on ties) and its RAS position ``peak_mm``, and the ``windows`` it was stitched from."""
+
+    grid: tuple[int, ...]
+    spacing: tuple[float, ...]
+    peak: tuple[int, ...]
+    peak_mm: tuple[float, ...]
+    windows: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "grid": list(self.grid),
+            "spacing": [round(side, 6) for side in self.spacing],
+            "peak": list(self.peak),
+            "peak_mm": [round(value, 4) for value in self.peak_mm],
+            "windows": self.windows,
+        }
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> VolumeInfo | None:
+        """The volume of a manifest row, ``None`` when it is no scan's row (or its ``volume`` is malformed)."""
+        value = row.get("volume")
+        keys = ("grid", "spacing", "peak", "peak_mm")
+        if not isinstance(value, dict) or not all(isinstance(value.get(key), list) for key in keys):
+            return None
+        windows = value.get("windows")
+        return cls(
+            tuple(int(side) for side in value["grid"]),
+            tuple(float(side) for side in value["spacing"]),
+            tuple(int(side) for side in value["peak"]),
+            tuple(float(side) for side in value["peak_mm"]),
+            windows if isinstance(windows, int) else 0,
         )
 
 

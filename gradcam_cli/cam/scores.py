@@ -120,6 +120,16 @@ class Measured(Protocol):
         (or its own score: a similarity's cosine) is read from the model's output for perturbed copies."""
 
 
+@runtime_checkable
+class Refound(Protocol):
+    """Targets another pass finds again one by one (a detector's detections, by the matching rule of
+    :mod:`gradcam_cli.cam.detection`): ``gradcam eval``'s deletion and insertion per detection."""
+
+    def refound(self, n: int, output: object) -> torch.Tensor:
+        """(B, K): in each of the B images of ``output`` (the model's output for perturbed copies of sample ``n``),
+        the score of each of sample ``n``'s K explained targets found again, 0 where it is not found."""
+
+
 class Score(Protocol):
     """Reads a model's output for one task: chooses targets and scores them."""
 

@@ -1,5 +1,4 @@
-"""The ``gradcam eval`` command: parses its options, runs :mod:`gradcam_cli.evaluation`, reports. Torch loads
-after parsing.
+"""The ``gradcam eval`` command: parses its options, runs :mod:`gradcam_cli.evaluation`, reports (torch: after parsing).
 
 :func:`gradcam_cli.cli.main` hands ``gradcam eval ...`` to this app (the main command takes positional inputs, so
 eval cannot be a typer subcommand beside it).
@@ -31,7 +30,7 @@ from .eval_output import tell
 from .help import PanelledEvalCommand
 from .input_size import InputSizeOpt
 from .rank_plan import plan_rank
-from .ranking import MethodSteps, RankOptions, rank_report
+from .ranking import BudgetOpt, MethodSteps, RankOpt, RankOptions, ReportOpt, SkipExistingOpt, rank_report
 from .reporting import (
     PassProgress,
     ProgressBar,
@@ -58,13 +57,12 @@ HELP = """Measure how faithful the maps are, and where the evidence lies.
 
 INPUT: image files, folders (searched recursively) or quoted glob patterns.
 
-Per method: deletion and insertion AUC (RISE; lower deletion, higher insertion is better), Average Drop and
-Increase in Confidence (Grad-CAM++). With --road: ROAD (noisy linear imputation; most and least relevant first, and
-the combined score). With --boxes: pointing game (15-pixel tolerance) and the share of the map's
-energy inside the boxes, per class, and the images whose evidence lies mostly outside the object. With --sanity:
-the model-parameter randomisation test. With --stability: the maps' change under small input noise. Always: the
-maps' sparseness (Gini) and complexity (entropy). With --rank: all of them, every method ranked per metric with a
-95% bootstrap confidence interval over images (add --method all to rank every method; randomcam is always added).
+Per method: deletion and insertion AUC (RISE), Average Drop and Increase in Confidence (Grad-CAM++), sparseness (Gini)
+and complexity (entropy). With --road: ROAD; --faithfulness-correlation: faithfulness correlation (Bhatt et al. 2020);
+--boxes: pointing game and energy in the boxes, per class, and the images whose evidence lies outside the object;
+--sanity: the randomisation test; --stability: the maps' change under input noise. A detector: each detection's
+score's deletion and insertion (re-found by IoU and class, 0 once gone), pointing and energy in its box. --rank: all
+of them, every method ranked per metric, 95% bootstrap intervals (--method all ranks every method; randomcam added).
 
 Exit codes: 0 all images evaluated; 1 some image failed; 2 usage error; 3 model/weights unavailable; 130
 interrupted."""
@@ -123,6 +121,10 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
             "noisy linear imputation, most and least relevant first, and the combined score.",
         ),
     ] = False,
+    correlation: Annotated[
+        bool,
+        typer.Option("--faithfulness-correlation", help="Also measure faithfulness correlation (Bhatt et al. 2020)."),
+    ] = False,
     plot: Annotated[
         Path | None,
         typer.Option(
@@ -138,41 +140,10 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
             help="Also measure how much each map changes under small input noise that keeps the prediction.",
         ),
     ] = False,
-    rank: Annotated[
-        bool,
-        typer.Option(
-            "--rank",
-            help="Measure everything (--sanity, --road, --stability) and rank the methods per metric, with 95% "
-            "bootstrap confidence intervals; marks methods that fail the sanity check or do not beat randomcam.",
-        ),
-    ] = False,
-    report_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--report",
-            parser=params.parse_path,
-            metavar="DIR",
-            help="With --rank: write an HTML page (table, curves, box plots, example maps side by side) into DIR.",
-        ),
-    ] = None,
-    skip_existing: Annotated[
-        bool,
-        typer.Option(
-            "--skip-existing",
-            help="With --rank --report DIR: resume, keeping the (image, method) results already in DIR/rows.jsonl "
-            "(written as each finishes).",
-        ),
-    ] = False,
-    budget: Annotated[
-        float | None,
-        typer.Option(
-            min=0.0,
-            metavar="SECONDS",
-            help="With --rank: keep randomcam, then the methods in --method order while their estimated time fits "
-            "SECONDS for the whole run "
-            "(default for --method all on a CPU: 600).",
-        ),
-    ] = None,
+    rank: RankOpt = False,
+    report_dir: ReportOpt = None,
+    skip_existing: SkipExistingOpt = False,
+    budget: BudgetOpt = None,
     rise_masks: params.RiseMasksOpt = 4000,
     occlusion_window: params.OcclusionWindowOpt = 32,
     occlusion_stride: params.OcclusionStrideOpt = 16,
@@ -228,6 +199,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
             plot=plot,
             road=road or rank,
             stability=stability or (rank and not specs),  # stability measures a class's map
+            correlation=correlation or rank,
             fps=fps,
         ),
         RankOptions(rank, report_dir, skip_existing, budget),
@@ -256,8 +228,8 @@ class EvalCommand:
 
     def run(self) -> int:
         from ..evaluation.boxes import read_boxes
+        from ..evaluation.choose import evaluator_for
         from ..evaluation.clips import evaluated_inputs, rank_options
-        from ..evaluation.evaluate import evaluator_for
         from ..io.discovery import discover
 
         options = self.options

@@ -28,7 +28,7 @@ def tell(
 ) -> None:
     """The failures and notes (``boxes``: boxes were given), then the ranking (with the seed spread: ``evaluator``
     re-runs a few images with other seeds), the JSON or the table, and the plot."""
-    from ..evaluation.report import write_plot
+    from ..evaluation.plot import write_plot
     from ..evaluation.table import format_report
 
     for failure in report.failed:

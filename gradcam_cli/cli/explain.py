@@ -47,7 +47,8 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_mar
 HELP = """Explain what a vision model looks at with Grad-CAM overlays: a classifier's classes, a detector's
 detections, a segmenter's classes.
 
-INPUT: image files, folders (searched recursively), quoted glob patterns, or video files.
+INPUT: image files, folders (searched recursively), quoted glob patterns, video files, or scans (.nii, .nii.gz,
+.npy, DICOM folders) for a volume model.
 
 Exit codes: 0 all images explained; 1 some image failed; 2 usage error; 3 model/weights unavailable; 130
 interrupted."""
@@ -134,6 +135,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
     every: Annotated[
         int, typer.Option(min=1, metavar="N", help="Videos: explain every Nth frame and hold its map in between.")
     ] = 1,
+    window_level: params.WindowLevelOpt = None,
     clip_stride: Annotated[
         int | None,
         typer.Option(
@@ -279,6 +281,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
             report,
             manifest,
             skip_existing,
+            window_level,
         ),
         RunOptions(
             batch_size,
@@ -338,20 +341,22 @@ class ExplainCommand:
 
     def run(self) -> int:
         from ..cam.explainer import Explainer
-        from ..io.discovery import discover_clips, discover_inputs
+        from ..io.discovery import discover_inputs
         from ..pipeline.session import Session
         from ..pipeline.video import check_video_model, check_video_options, takes_clips
+        from ..pipeline.volumes import check_volume_options, model_inputs
 
         if self.explain_options.question.asked or self.explain_options.question.given():
             return answers.ask(self)
         if not self.inputs:
             raise UsageError("no input given; try: gradcam IMAGE_OR_DIR [--layer NAME], or gradcam --help")
         reporter = self.reporter
-        images, videos = discover_inputs(
+        images, videos, scans = discover_inputs(
             self.inputs, exclude=self.output.output_dir, warn=lambda message: reporter.info(f"warning: {message}")
         )
         clips = bool(videos) and self.output.save_raw and takes_clips(self.model_options.model)
         check_video_options(self.output, videos, clips)  # before the model loads (a video model's --save-raw applies)
+        check_volume_options(self.model_options, self.explain_options, self.output, self.run_options, scans, videos)
         with Session(self.output, self.run_options, notify=reporter.info) as session:
             passes = pass_methods(self.explain_options.methods)
             progress = PassProgress(reporter, f"{'/'.join(passes)} passes") if passes else None
@@ -361,10 +366,10 @@ class ExplainCommand:
                 explainer = driver_explainer(self.model_options, self.explain_options, progress)
             else:
                 explainer = Explainer.from_options(self.model_options, self.explain_options, progress=progress)
-            if explainer.model.profile.clips is not None:  # its folders are folders of frames (docs/video.md)
-                images, videos = discover_clips(self.inputs, exclude=self.output.output_dir)
-            single = len(images) + len(videos) == 1
+            found = model_inputs(explainer, self.inputs, (images, videos, scans), self.output.output_dir)
+            images, videos, scans = found
             check_video_model(explainer, self.output, self.run_options, videos, images)  # before any note
+            single = len(images) + len(videos) + len(scans) == 1
             session.start(explainer)
             explainer_notes(reporter, explainer, bool(self.explain_options.layers))
             model = explainer.model
@@ -374,13 +379,13 @@ class ExplainCommand:
             shown: set[str] = set()
             adapter = explainer.adapter
             nothing = adapter.nothing_found(model, explainer.score, explainer.chosen.target)
-            for record in session.explain(explainer, images, videos, progress=bars):
+            for record in session.explain(explainer, images, videos, progress=bars, scans=scans):
                 reporter.record(record)
                 report_record(reporter, record, single, record.input not in shown, adapter, nothing)
                 shown.add(record.input)
         if session.gallery is not None:
             reporter.info(f"gallery written to {session.gallery}")
         if not single:
-            unit = "inputs" if videos else "images"
+            unit = "inputs" if videos else "scans" if scans else "images"
             reporter.info(run_summary(session.counts, time.perf_counter() - started, unit))
         return EXIT_IMAGE_FAILED if session.counts.error else EXIT_OK

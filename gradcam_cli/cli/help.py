@@ -68,7 +68,7 @@ PANELS: dict[str, tuple[str, ...]] = {
         "attention_heads",
     ),
     ANSWERS: ("prompt", "answer", "per_token", "max_new_tokens", "prompts"),
-    MEASURES: ("steps", "boxes", "tolerance", "sanity", "sanity_layers", "road", "stability"),
+    MEASURES: ("steps", "boxes", "tolerance", "sanity", "sanity_layers", "road", "correlation", "stability"),
     RANKING: ("rank", "report_dir", "budget"),
     OUTPUT: (
         "output_dir",

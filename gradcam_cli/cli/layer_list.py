@@ -51,11 +51,12 @@ def _answer_layers(reporter: Reporter, options: ModelOptions, image: Path | None
     """A vision-language model's table: loaded for the ``answer`` task, one pass of ``image`` and a short prompt."""
     from ..cam.answer_layers import LEGEND as ANSWER_LEGEND
     from ..cam.answer_layers import answer_layer_table
+    from ..cam.tasks.answer import ANSWER
     from ..io.images import load_image
     from ..models.loading import load_model
     from ..models.modes import settle_loaded
 
-    loaded = load_model(replace(options, task="answer"))
+    loaded = load_model(replace(options, task=ANSWER.name))
     settle_loaded(loaded.module, device)
     infos, chosen = answer_layer_table(loaded, load_image(image) if image is not None else None)
     return _emit(reporter, infos, chosen, ANSWER_LEGEND)

@@ -24,6 +24,7 @@ from ..options import (
     TASK_NAMES,
     ImageFormat,
     Shard,
+    WindowLevel,
 )
 from ..registry import METHODS_GROUP, plugin_entry_points
 from ..targets import TargetSpec
@@ -138,6 +139,26 @@ def parse_shard(text: str | Shard) -> Shard:
         return Shard.parse(text)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
+
+
+def parse_window_level(text: str | WindowLevel) -> WindowLevel:
+    """``LEVEL,WIDTH``: a scan's montage's intensity window."""
+    try:
+        return WindowLevel.parse(text)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+
+
+WindowLevelOpt = Annotated[
+    WindowLevel | None,
+    typer.Option(
+        parser=parse_window_level,
+        metavar="L,W",
+        help="Scans: the montage's intensity window, level and width (default: the model's own clipping range, "
+        "else the scan's 0.5-99.5th percentiles).",
+        show_default=False,
+    ),
+]
 
 
 EMPTY_PATH = "an empty path (is a shell variable unset?)"

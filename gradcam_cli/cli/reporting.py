@@ -310,7 +310,7 @@ class ProgressBar:
                 TextColumn("{task.description}"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                *throughput_columns("frames" if self.label.endswith("frames") else "img"),
+                *throughput_columns(next((u for u in ("frames", "windows") if self.label.endswith(u)), "img")),
                 console=Console(stderr=True, soft_wrap=True),
                 transient=True,
             )

@@ -22,7 +22,6 @@ from .reporting import Reporter, default_layer_reason, run_reported
 
 if TYPE_CHECKING:
     from ..io.discovery import InputImage
-    from ..serve.answers import AnswerService
     from ..serve.model import ModelService
     from ..serve.runs import ServedPaths
 
@@ -113,9 +112,9 @@ def record_targets(record: dict[str, Any]) -> list[Any]:
 
 def load_service(
     reporter: Reporter, model: ModelOptions, explain: ExplainOptions, record: dict[str, Any]
-) -> ModelService | AnswerService:
+) -> ModelService:
     """The model, with the command's options, else the run record's (its layers and targets), else the defaults; a
-    vision-language model's answers (:func:`load_answers`)."""
+    vision-language model, asked questions (:func:`load_answers`)."""
     from ..models.families import family_of
     from ..serve.model import ModelService
 
@@ -137,10 +136,11 @@ def load_service(
     return service
 
 
-def load_answers(reporter: Reporter, model: ModelOptions, explain: ExplainOptions) -> AnswerService:
+def load_answers(reporter: Reporter, model: ModelOptions, explain: ExplainOptions) -> ModelService:
     """A vision-language model, asked questions on the page (docs/serve.md); the options of classes, detections and
     targets are refused."""
-    from ..serve.answers import AnswerService
+    from ..cam.tasks.answer import ANSWER
+    from ..serve.model import ModelService
 
     options = {
         "--task": model.task,
@@ -155,9 +155,9 @@ def load_answers(reporter: Reporter, model: ModelOptions, explain: ExplainOption
     refused = [name for name, value in options.items() if value is not None]
     if refused:
         raise UsageError(f"{refused[0]} does not apply to a vision-language model, which is asked questions")
-    service = AnswerService(ModelOptions(model.model, device=model.device), explain)
+    service = ModelService(ModelOptions(model.model, device=model.device), explain)
     if not explain.layers:
-        reporter.info(service.layer_note)
+        reporter.info(ANSWER.layer_note(service.model, service.default_layer))
     return service
 
 

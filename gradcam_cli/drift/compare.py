@@ -262,7 +262,8 @@ def _time_drift(result: PairResult, options: DiffOptions) -> list[str]:
     result.time_pearson = pearson(baseline.depth, current.depth)
     if result.time_pearson >= options.min_similarity:
         return []
-    return [f"over the frames: pearson {result.time_pearson:.3f} < {options.min_similarity:g}"]
+    along = "along the first voxel axis" if baseline.scan else "over the frames"
+    return [f"{along}: pearson {result.time_pearson:.3f} < {options.min_similarity:g}"]
 
 
 def _class_changes(baseline: MapRow, current: MapRow) -> list[str]:

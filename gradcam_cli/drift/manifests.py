@@ -54,6 +54,8 @@ class MapRow:
     depth: torch.Tensor | None = None
     """A video model's row: its fingerprint's ``depth``, the map's mean over each sixteenth of the clip's frames
     (its ``input`` is then the video's path and ``#clip<N>``: each clip pairs with the same clip)."""
+    scan: bool = False
+    """A scan's row (docs/volumes.md): its ``depth`` is along the scan's first voxel axis, not over time."""
 
 
 @dataclass
@@ -153,6 +155,7 @@ def _map_row(row: dict[str, Any], manifest: Path, shown: str) -> MapRow:
         _is_named(target) or "answer" in row,
         str(row["answer"]) if isinstance(row.get("answer"), str) else None,
         decode_depth(row["fingerprint"]) if grid is not None else None,
+        isinstance(row.get("volume"), dict),
     )
 
 

@@ -5,7 +5,7 @@ A video (a file, or a folder of frames at ``--fps``, default :data:`~gradcam_cli
 whole and cut into the clips ``gradcam`` explains it with, side by side
 (:func:`~gradcam_cli.models.clip_spec.clip_starts`, :func:`~gradcam_cli.models.clip_spec.sample_offsets`); each clip
 is one evaluated input, ``VIDEO#clipN``, scored by the protocol of an image with voxels for pixels
-(:class:`~gradcam_cli.evaluation.evaluate.ClipEvaluator`), and by its frames in time:
+(:class:`ClipEvaluator`), and by its frames in time:
 
 - **Temporal deletion**: the clip's T frames ordered by their share of the map (its sum over the frame's pixels),
   largest first (ties: the earlier frame first), and replaced, in ``min(steps, T)`` equal steps, by the clip's mean
@@ -27,7 +27,9 @@ from typing import Any
 import torch
 
 from ..cam.explainer import Explainer
+from ..cam.results import Prediction
 from ..errors import GradcamError, ImageError, UsageError
+from ..io.boxes import GroundTruthBox
 from ..io.discovery import InputImage, discover_videos
 from ..io.frames import network_frame, opened_video
 from ..io.images import InputSpec
@@ -36,8 +38,9 @@ from ..models.clip_spec import ClipSpec, clip_starts, sample_offsets
 from ..models.profile import LoadedModel
 from ..options import EvalOptions
 from . import metrics
+from .evaluate import Boxes, Evaluator, Inputs, Tick, Told
 from .images import scored_safely
-from .report import ImageScores
+from .report import ImageScores, MethodScores
 
 Clip = tuple[str, torch.Tensor]
 """One clip to evaluate: its name, ``VIDEO#clipN`` (clips numbered from 0, as ``gradcam``'s rows and ``gradcam
@@ -174,3 +177,33 @@ def measure_in_time(
     """The temporal deletion and insertion curves of one clip's map, ``score`` giving the class's probability of
     each copy of a list."""
     return temporal_curves(full, score(temporal_inputs(clip, saliency, steps)))
+
+
+class ClipEvaluator(Evaluator):
+    """The protocol on a video model's clips (docs/evaluation.md, "Clips"; :mod:`.clips`): each clip one input,
+    ``VIDEO#clipN``, scored as an image with voxels for pixels, and in time; ``on_image``: once per video."""
+
+    def _inputs(self, images: Inputs, boxes: Boxes, on_image: Tick, on_result: Told) -> tuple[list[ImageScores], int]:
+        refuse_for_clips(self.options, boxes)
+        return evaluate_clips(images, self.explainer.model, self.options.fps, self._clip, on_image, on_result), 0
+
+    def evaluate_image(self, path: Path, boxes: Sequence[GroundTruthBox] = ()) -> ImageScores:
+        """One clip by its name, ``VIDEO#clipN`` (as the seed spread re-runs it: :mod:`.seeds`)."""
+        return scored_safely(path, lambda: clip_named(str(path), self.explainer.model, self.options.fps, self._clip))
+
+    def _clip(self, name: str, clip: torch.Tensor) -> ImageScores:
+        return self._scored(name, clip[None].to(self.explainer.device), (clip.shape[-2], clip.shape[-1]), ())
+
+    def _perturbation_scores(
+        self, image: torch.Tensor, target: Prediction, maps: dict[str, torch.Tensor], read: Callable[[object], Any]
+    ) -> dict[str, MethodScores]:
+        """The voxels' curves (:meth:`Evaluator._perturbation_scores`) and the frames' (:mod:`.clips`)."""
+        scores = super()._perturbation_scores(image, target, maps, read)
+
+        def score(copies: list[torch.Tensor]) -> list[float]:
+            return list(self._probabilities([(k,) for k in range(len(copies))], lambda job: copies[job[0]], read))
+
+        for method, saliency in maps.items():
+            curves = measure_in_time(image, saliency, self.options.steps, target.probability, score)
+            scores[method].temporal_deletion, scores[method].temporal_insertion = curves
+        return scores

@@ -38,8 +38,8 @@ def random_draws(cams: Cams, inputs: torch.Tensor, seed: int, draws: int = RANDO
 
 def averaged(scores: Sequence[MethodScores]) -> MethodScores:
     """One method's figures averaged over its draws: the curves (a clip's in time too), the masked probability, ROAD,
-    Gini and entropy
-    (each AUC is linear in its curve, so the mean curve's AUC is the mean AUC)."""
+    faithfulness correlation, Gini and entropy (each AUC is linear in its curve, so the mean curve's AUC is the mean
+    AUC)."""
 
     def columns(rows: Sequence[list[float]]) -> list[float]:
         return [mean_or_nan(column) for column in zip(*rows, strict=True)]
@@ -55,4 +55,5 @@ def averaged(scores: Sequence[MethodScores]) -> MethodScores:
         temporal_insertion=columns([s.temporal_insertion for s in scores]) if first.temporal_insertion else [],
         gini=mean_or_nan([s.gini for s in scores]),
         entropy=mean_or_nan([s.entropy for s in scores]),
+        faithfulness_correlation=mean_or_nan([s.faithfulness_correlation for s in scores]),
     )

@@ -26,8 +26,8 @@ from ..models.modes import model_state_preserved
 from ..options import EvalOptions
 from . import metrics
 from .answers import AnswerEvaluator
-from .boxes import class_of, read_boxes
-from .clips import clip_named, evaluate_clips, measure_in_time, refuse_for_clips
+from .boxes import class_of
+from .correlation import correlation_drops
 from .draws import RANDOM_METHODS, averaged, random_draws, sanity_seed
 from .images import evaluate_images, report_of, scored_safely
 from .plan import with_methods
@@ -39,12 +39,9 @@ from .tasks import TaskEvaluator
 
 __all__ = [
     "AnswerEvaluator",
-    "ClipEvaluator",
     "EvalOptions",
     "EvalReport",
     "Evaluator",
-    "evaluate",
-    "evaluator_for",
     "parameterised_modules",
     "reinitialise",
 ]
@@ -55,7 +52,8 @@ Tick = Callable[[], Any] | None
 Told = Callable[[ImageScores], Any] | None
 Job = tuple[Any, ...]
 """One perturbed image to score: ``("baseline",)``, ``("blurred",)`` or ``(method, kind, step)`` (kinds: deletion,
-insertion, masked, and with ``--road`` road, whose step indexes :func:`_road_images`)."""
+insertion, masked, and with ``--road`` road, whose step indexes :func:`_road_images`); faithfulness correlation's
+``("subset", run)``."""
 
 
 class Evaluator:
@@ -174,16 +172,21 @@ class Evaluator:
     def _method_scores(
         self, inputs: torch.Tensor, target: Prediction, method: str, cams: Cams, read: Callable[[object], torch.Tensor]
     ) -> MethodScores:
-        """One method's figures on one image: faithfulness (randomcam's averaged over its draws), sparseness,
-        stability, and its maps' agreement through the cascade."""
+        """One method's figures on one image: faithfulness (randomcam's averaged over its draws), faithfulness
+        correlation, sparseness, stability, and its maps' agreement through the cascade."""
         input_size = tuple(inputs.shape[2:])  # (H, W) of an image, (T, H, W) of a clip
         maps = {method: to_image_maps(cams[method][0], input_size)[0]}
         if method == "randomcam":  # the floor: its figures averaged over several draws
             for d, cam in enumerate(random_draws(cams, inputs, self.seed), 1):
                 maps[f"randomcam#{d}"] = to_image_maps(cam, input_size)[0]
         scores = self._perturbation_scores(inputs[0], target, maps, read)
+        scored = partial(self._probabilities, read=read)
+        drops = partial(correlation_drops, inputs[0], target.probability, self.options, scored)
+        correlation = self._once(("correlation",), drops)  # the same subsets for every method: once per image
         for name, saliency in maps.items():
             scores[name].gini, scores[name].entropy = metrics.gini(saliency), metrics.entropy(saliency)
+            if correlation is not None:
+                scores[name].faithfulness_correlation = metrics.faithfulness_correlation(saliency, *correlation)
         result = averaged([scores[name] for name in maps]) if len(maps) > 1 else scores[method]
         saliency, group = maps[method], self._groups[method]
         if self.options.stability:
@@ -334,67 +337,5 @@ class Evaluator:
             )
 
 
-class ClipEvaluator(Evaluator):
-    """The protocol on a video model's clips (docs/evaluation.md, "Clips"; :mod:`.clips`): each clip one input,
-    ``VIDEO#clipN``, scored as an image with voxels for pixels, and in time; ``on_image``: once per video."""
-
-    def _inputs(self, images: Inputs, boxes: Boxes, on_image: Tick, on_result: Told) -> tuple[list[ImageScores], int]:
-        refuse_for_clips(self.options, boxes)
-        return evaluate_clips(images, self.explainer.model, self.options.fps, self._clip, on_image, on_result), 0
-
-    def evaluate_image(self, path: Path, boxes: Sequence[GroundTruthBox] = ()) -> ImageScores:
-        """One clip by its name, ``VIDEO#clipN`` (as the seed spread re-runs it: :mod:`.seeds`)."""
-        return scored_safely(path, lambda: clip_named(str(path), self.explainer.model, self.options.fps, self._clip))
-
-    def _clip(self, name: str, clip: torch.Tensor) -> ImageScores:
-        return self._scored(name, clip[None].to(self.explainer.device), (clip.shape[-2], clip.shape[-1]), ())
-
-    def _perturbation_scores(
-        self, image: torch.Tensor, target: Prediction, maps: dict[str, torch.Tensor], read: Callable[[object], Any]
-    ) -> dict[str, MethodScores]:
-        """The voxels' curves (:meth:`Evaluator._perturbation_scores`) and the frames' (:mod:`.clips`)."""
-        scores = super()._perturbation_scores(image, target, maps, read)
-
-        def score(copies: list[torch.Tensor]) -> list[float]:
-            return list(self._probabilities([(k,) for k in range(len(copies))], lambda job: copies[job[0]], read))
-
-        for method, saliency in maps.items():
-            curves = measure_in_time(image, saliency, self.options.steps, target.probability, score)
-            scores[method].temporal_deletion, scores[method].temporal_insertion = curves
-        return scores
-
-
 AnyEvaluator = Evaluator | TaskEvaluator | AnswerEvaluator
 """Every task's evaluator: each runs over many images into an :class:`EvalReport`."""
-
-
-def evaluator_for(explainer: Explainer, options: EvalOptions | None = None) -> AnyEvaluator:
-    """The evaluator for the explainer's task: the whole protocol for a classifier (per clip for a video model's:
-    :class:`ClipEvaluator`), the boxes only for a detector or segmenter (:mod:`gradcam_cli.evaluation.tasks`),
-    deletion and insertion of the answer for a vision-language model's (:mod:`gradcam_cli.evaluation.answers`)."""
-
-    def protocol() -> AnyEvaluator:
-        if explainer.model.profile.clips is not None:  # a video model's: per clip, in time too
-            return ClipEvaluator(explainer, options)
-        return Evaluator(explainer, options)
-
-    def boxes() -> AnyEvaluator:
-        return TaskEvaluator(explainer, options)
-
-    def answers() -> AnyEvaluator:
-        return AnswerEvaluator(explainer, options)
-
-    return explainer.adapter.evaluation(protocol, boxes, answers)
-
-
-def evaluate(
-    explainer: Explainer,
-    images: Sequence[InputImage | str | Path],
-    options: EvalOptions | None = None,
-    boxes: str | Path | Sequence[GroundTruthBox] | None = None,
-    on_image: Callable[[], Any] | None = None,
-) -> EvalReport:
-    """Evaluate ``explainer``'s maps on ``images`` (files, folders or globs); ``boxes``: a file, folder or list."""
-    if isinstance(boxes, str | Path):
-        boxes = read_boxes(boxes)
-    return evaluator_for(explainer, options).run(images, boxes, on_image)

@@ -11,6 +11,9 @@ References:
 - Pointing game: Zhang et al., "Top-down Neural Attention by Excitation Backprop", ECCV 2016 (15-pixel tolerance).
 - Energy-based pointing game: Wang et al., "Score-CAM", CVPR Workshops 2020.
 - Model-parameter randomisation test: Adebayo et al., "Sanity Checks for Saliency Maps", NeurIPS 2018.
+- Sparseness: Chalasani et al., "Concise Explanations of Neural Networks using Adversarial Training", ICML 2020.
+- Complexity and faithfulness correlation: Bhatt, Weller, Moura, "Evaluating and Aggregating Feature-based Model
+  Explanations", IJCAI 2020.
 """
 
 from __future__ import annotations
@@ -175,3 +178,41 @@ def relative_change(original: torch.Tensor, perturbed: torch.Tensor) -> float:
     if norm == 0.0:
         return 0.0 if change == 0.0 else 1.0
     return change / norm
+
+
+def pearson(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Pearson's correlation of two equally long 1-D series, in float64; NaN where either is constant (no
+    correlation is defined)."""
+    x, y = a.detach().double().flatten().cpu(), b.detach().double().flatten().cpu()
+    if x.numel() != y.numel() or x.numel() < 2:
+        raise ValueError("need two equally long series of at least two values")
+    x, y = x - x.mean(), y - y.mean()
+    norm = float(x.norm()) * float(y.norm())
+    return float((x * y).sum()) / norm if norm > 0.0 else math.nan
+
+
+def correlation_subsets(pixels: int, size: int, runs: int, seed: int) -> torch.Tensor:
+    """Faithfulness correlation's random subsets: (runs, size) pixel indices (row-major, into ``pixels``), each row
+    ``size`` distinct pixels drawn uniformly without replacement, from a CPU generator seeded with ``seed``."""
+    if not 0 < size <= pixels or runs < 2:
+        raise ValueError(f"need 0 < subset size <= {pixels} pixels and at least 2 runs")
+    generator = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(pixels, generator=generator)[:size] for _ in range(runs)])
+
+
+def subset_masks(subsets: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """Boolean (runs, H, W) masks of the (runs, size) row-major pixel ``subsets`` of an H x W image (a clip's
+    (runs, T, H, W) of its voxels, ``shape`` (T, H, W)): True where a pixel is removed (replaced by the baseline in
+    every channel)."""
+    masks = torch.zeros(len(subsets), math.prod(shape), dtype=torch.bool, device=subsets.device)
+    masks[torch.arange(len(subsets), device=subsets.device)[:, None], subsets] = True
+    return masks.view(-1, *shape)
+
+
+def faithfulness_correlation(saliency: torch.Tensor, subsets: torch.Tensor, drops: torch.Tensor) -> float:
+    """Faithfulness correlation (Bhatt et al., IJCAI 2020; Quantus' ``FaithfulnessCorrelation``): Pearson's
+    correlation, over the runs, between the map's sum over each run's subset of pixels and the drop in the class
+    score when those pixels are replaced by the baseline, ``drops[r] = f(x) - f(x with subsets[r] removed)``.
+    Higher is better (-1 to 1); NaN where the sums or the drops do not vary."""
+    sums = saliency.detach().double().flatten().cpu()[subsets.cpu()].sum(dim=1)
+    return pearson(sums, drops)

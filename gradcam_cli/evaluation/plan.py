@@ -229,8 +229,11 @@ def estimate(
 
 
 def draws_noise(methods: Sequence[str], options: EvalOptions) -> bool:
-    """Whether anything measured depends on a seed (a random method, ``--road`` or ``--stability``)."""
-    return options.road or options.stability or any(method in RANDOM_METHODS for method in methods)
+    """Whether anything measured depends on a seed (a random method, ``--road``, ``--faithfulness-correlation`` or
+    ``--stability``)."""
+    return (
+        options.road or options.correlation or options.stability or any(method in RANDOM_METHODS for method in methods)
+    )
 
 
 def rerun_images(methods: Sequence[str], options: EvalOptions, images: int, subset: int = SEED_SUBSET) -> int:

@@ -1,36 +1,56 @@
 """``gradcam eval --rank``: every method ranked per metric, with bootstrap intervals over images and paired
 comparisons (docs/evaluation.md, "Ranking", is the protocol; this module computes it).
 
-Per metric: each image's value for each method (:data:`RANKED`) on the images every method has a value for (an
-image a run was interrupted on counts for the methods finished on it: their comparisons are over the images both
+Per metric: each image's value for each method (:data:`RANKED`) on the images every method has a value for (an image
+a run was interrupted on counts for the methods finished on it: their comparisons are over the images both
 finished), in float64; each method's mean and the percentile 95 % interval of the mean over
-:data:`BOOTSTRAP_RESAMPLES` resamples of the images (the same resamples for every method, drawn from ``seed``;
-widened to hold the mean where the percentiles miss it). Methods with equal means share a rank. The comparisons are
-paired: the per-image difference between each method and the best one, and between each method and ``randomcam``,
-with a BCa bootstrap 95 % interval (:func:`paired_interval`, Efron 1987); a method is indistinguishable from the
-best where that interval holds 0, and beats randomcam where, on every faithfulness metric measured, its interval
-lies wholly on the better side of 0.
-Methods that cannot be told apart share a group. Below :data:`MIN_IMAGES` images the intervals are marked not
-reliable; one image gives none.
+:data:`~gradcam_cli.evaluation.intervals.BOOTSTRAP_RESAMPLES` resamples of the images (the same resamples for every
+method, drawn from ``seed``; widened to hold the mean where the percentiles miss it). Methods with equal means share
+a rank. The comparisons are paired: the per-image difference between each method and the best one, and between each
+method and ``randomcam``, with a BCa bootstrap 95 % interval
+(:func:`~gradcam_cli.evaluation.intervals.paired_interval`, Efron 1987); a method is indistinguishable from the best
+where that interval holds 0, and beats randomcam where, on every faithfulness metric measured, its interval lies
+wholly on the better side of 0. Methods that cannot be told apart share a group. Below :data:`MIN_IMAGES` images the
+intervals are marked not reliable; one image gives none.
+
+A detector's per-detection metrics (:data:`CLUSTERED`) rank the mean over every explained detection: an image's
+value is the mean over its detections, weighted by their count, and every bootstrap resamples images (the cluster
+bootstrap: the detections of one image, which share its pixels and its passes, stay together).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 
 from ..options import RANDOM_BASELINE
 from . import metrics
-from .report import EvalReport, ImageScores, MethodScores, mean_or_nan
+from .intervals import (
+    BOOTSTRAP_RESAMPLES,
+    detection_counts,
+    image_weights,
+    intervals,
+    paired_interval,
+    weighted_mean,
+)
+from .report import DetectionFigures, EvalReport, ImageScores, MethodScores, mean_or_nan
 
-BOOTSTRAP_RESAMPLES = 1000
 MIN_IMAGES = 10
 """Fewer images than this: the bootstrap intervals (percentile and BCa alike) under-cover; the table says so."""
-FAITHFULNESS = ("deletion_auc", "insertion_auc", "temporal_deletion_auc", "temporal_insertion_auc", "pointing")
+FAITHFULNESS = (
+    "deletion_auc",
+    "insertion_auc",
+    "temporal_deletion_auc",
+    "temporal_insertion_auc",
+    "pointing",
+    "box_deletion_auc",
+    "box_insertion_auc",
+)
 """The metrics a method must beat ``randomcam`` on (those measured)."""
 
 Value = Callable[[ImageScores, MethodScores], float | None]
@@ -50,6 +70,16 @@ def _boxes(value: Callable[[MethodScores], float]) -> Value:
     return lambda _image, s: value(s) if s.boxes else None
 
 
+def _per_detection(value: Callable[[DetectionFigures], float]) -> Value:
+    """The mean of ``value`` over the image's explained detections (NaN values left out); ``None``: none."""
+
+    def mean(_image: ImageScores, s: MethodScores) -> float | None:
+        found = [v for v in map(value, s.detections) if not math.isnan(v)]
+        return sum(found) / len(found) if found else None
+
+    return mean
+
+
 RANKED: dict[str, tuple[str, str, Value]] = {
     "deletion_auc": ("deletion AUC", "lower", lambda _i, s: s.deletion_auc if s.deletion else None),
     "insertion_auc": ("insertion AUC", "higher", lambda _i, s: s.insertion_auc if s.insertion else None),
@@ -66,8 +96,17 @@ RANKED: dict[str, tuple[str, str, Value]] = {
     "average_drop": ("average drop %", "lower", _drop),
     "increase_in_confidence": ("increase in confidence %", "higher", _increase),
     "road": ("ROAD", "higher", lambda _i, s: s.road if s.road_morf else None),
+    "faithfulness_correlation": (
+        "faithfulness correlation",
+        "higher",
+        lambda _i, s: None if math.isnan(s.faithfulness_correlation) else s.faithfulness_correlation,
+    ),
     "pointing": ("pointing %", "higher", _boxes(lambda s: 100.0 * sum(b.hit for b in s.boxes) / len(s.boxes))),
     "energy": ("energy in box", "higher", _boxes(lambda s: sum(b.energy for b in s.boxes) / len(s.boxes))),
+    "box_deletion_auc": ("box deletion AUC (per detection)", "lower", _per_detection(lambda d: d.deletion_auc)),
+    "box_insertion_auc": ("box insertion AUC (per detection)", "higher", _per_detection(lambda d: d.insertion_auc)),
+    "box_pointing": ("box pointing % (own box)", "higher", _per_detection(lambda d: 100.0 * d.hit)),
+    "box_energy": ("box energy (own box)", "higher", _per_detection(lambda d: d.energy)),
     "sanity": ("sanity rho (max over the cascade)", "lower", lambda _i, s: max(s.sanity) if s.sanity else None),
     "gini": ("sparseness (Gini)", "higher", lambda _i, s: s.gini),
     "entropy": ("complexity (entropy)", "lower", lambda _i, s: s.entropy),
@@ -78,6 +117,8 @@ RANKED: dict[str, tuple[str, str, Value]] = {
     ),
 }
 """metric -> (label, which way is better, the value of one method on one image or ``None`` where not measured)."""
+CLUSTERED = ("box_deletion_auc", "box_insertion_auc", "box_pointing", "box_energy")
+"""The metrics whose unit is a detection: images weighted by their detections' count (the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -136,44 +177,6 @@ def measured_table(report: EvalReport, metric: str) -> dict[str, dict[str, float
     return columns
 
 
-def bootstrap(table: torch.Tensor, seed: int, resamples: int = BOOTSTRAP_RESAMPLES) -> torch.Tensor:
-    """(M, n) values -> (M, 2): the percentile 95 % interval of each row's mean over ``resamples`` resamples of
-    the n columns with replacement, the same for every row (CPU generator seeded with ``seed``)."""
-    n = table.shape[1]
-    generator = torch.Generator().manual_seed(seed)
-    picks = torch.randint(0, n, (resamples, n), generator=generator)
-    means = table.double()[:, picks].mean(dim=2)  # (M, resamples)
-    return torch.quantile(means, torch.tensor([0.025, 0.975], dtype=torch.float64), dim=1).T
-
-
-def paired_interval(
-    differences: torch.Tensor, seed: int, resamples: int = BOOTSTRAP_RESAMPLES, level: float = 0.95
-) -> tuple[float, float]:
-    """The BCa bootstrap interval (Efron 1987) of the mean of the (n,) per-image ``differences``, in float64:
-    the percentiles of ``resamples`` resampled means (drawn from ``seed``) shifted by the bias correction z0 and the
-    jackknife acceleration a. It always holds the mean; constant differences give [d, d]; one image gives none
-    (NaN, NaN)."""
-    d = differences.double()
-    n = d.numel()
-    mean = float(d.mean()) if n else math.nan
-    if n < 2:
-        return math.nan, math.nan
-    if bool((d == d[0]).all()):
-        return mean, mean
-    generator = torch.Generator().manual_seed(seed)
-    means = d[torch.randint(0, n, (resamples, n), generator=generator)].mean(dim=1)
-    below = (means < mean).double().mean() + 0.5 * (means == mean).double().mean()
-    z0 = torch.special.ndtri(below.clamp(1.0 / (resamples + 1), resamples / (resamples + 1.0)))
-    jackknife = (d.sum() - d) / (n - 1)
-    spread = jackknife.mean() - jackknife
-    denominator = 6.0 * float((spread**2).sum()) ** 1.5
-    a = float((spread**3).sum()) / denominator if denominator > 0 else 0.0
-    z = torch.special.ndtri(torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64))
-    adjusted = torch.special.ndtr(z0 + (z0 + z) / (1 - a * (z0 + z)))
-    low, high = torch.quantile(means, adjusted.clamp(0.0, 1.0)).tolist()
-    return min(low, mean), max(high, mean)
-
-
 def tied(a: float, b: float) -> bool:
     """Equal means, up to float64 rounding of the same sums in another order."""
     return a == b or abs(a - b) <= 1e-12 * max(1.0, abs(a), abs(b))
@@ -212,11 +215,15 @@ def rank(
         for metric, columns in tables.items()
     }
 
+    weighting = partial(_weights, detection_counts(report))
+
     def compare(metric: str, method: str, other: str) -> tuple[float, float, float]:
         difference = paired(tables[metric], data[metric], method, other)
         if not difference.numel():
             return math.nan, math.nan, math.nan
-        return (float(difference.mean()), *paired_interval(difference, seed, resamples))
+        weights = weighting(metric, [i for i in tables[metric][method] if i in tables[metric][other]])
+        interval = paired_interval(difference, seed, resamples, weights=weights)
+        return (weighted_mean(difference, weights), *interval)
 
     beats: dict[str, bool | None] = dict.fromkeys(report.methods)
     if RANDOM_BASELINE in report.methods:
@@ -234,8 +241,9 @@ def rank(
         sign = 1.0 if better == "lower" else -1.0
         methods = [m for m in columns if columns[m]]
         counts = {m: len(columns[m]) for m in methods}
-        means = {m: float(data[metric][m].mean()) for m in methods}
-        intervals = _intervals([data[metric][m] for m in methods], seed, resamples)
+        weights = [weighting(metric, columns[m]) for m in methods]
+        means = {m: weighted_mean(data[metric][m], w) for m, w in zip(methods, weights, strict=True)}
+        spans = intervals([data[metric][m] for m in methods], seed, resamples, weights)
         order = sorted(methods, key=lambda m: sign * means[m])
         best = order[0]
         comparisons = {m: compare(metric, m, best) for m in methods}
@@ -253,7 +261,7 @@ def rank(
                 1 for m in methods if sign * means[m] < sign * means[method] and not tied(means[m], means[method])
             )
             mean = means[method]
-            low, high = float(intervals[i, 0]), float(intervals[i, 1])
+            low, high = float(spans[i, 0]), float(spans[i, 1])
             if not math.isnan(low):
                 low, high = min(low, mean), max(high, mean)
             vs_best, vs_random = comparisons[method], against.get(method, (math.nan, math.nan, math.nan))
@@ -286,6 +294,11 @@ def rank(
     return rows
 
 
+def _weights(counts: dict[str, float], metric: str, images: Iterable[str]) -> torch.Tensor | None:
+    """Each of ``images``' weight on ``metric``: its detections' count on a :data:`CLUSTERED` one, else none."""
+    return image_weights(counts, images) if metric in CLUSTERED else None
+
+
 def paired(
     columns: dict[str, dict[str, float]], data: dict[str, torch.Tensor], method: str, other: str
 ) -> torch.Tensor:
@@ -295,16 +308,6 @@ def paired(
     if ours.keys() == theirs.keys():
         return data[method] - data[other]
     return torch.tensor([ours[i] - theirs[i] for i in ours if i in theirs], dtype=torch.float64)
-
-
-def _intervals(columns: list[torch.Tensor], seed: int, resamples: int) -> torch.Tensor:
-    """(M, 2): each column's percentile interval (:func:`bootstrap`), the same resamples for columns of one length
-    (every column, unless a run was interrupted part-way through an image); NaN below 2 values."""
-    out = torch.full((len(columns), 2), math.nan, dtype=torch.float64)
-    for n in {column.numel() for column in columns if column.numel() > 1}:
-        rows = [i for i, column in enumerate(columns) if column.numel() == n]
-        out[rows] = bootstrap(torch.stack([columns[i] for i in rows]), seed, resamples)
-    return out
 
 
 def warnings(rows: Sequence[RankRow]) -> list[str]:
@@ -377,9 +380,15 @@ def format_ranking(rows: list[RankRow]) -> list[str]:
         "(95 % bootstrap confidence intervals over images; vs best: the mean per-image difference to the best "
         "method with its paired BCa interval; grp: methods in one group cannot be told apart (in parentheses: "
         f"fewer than {MIN_IMAGES} images, not reliable); seed sd: how much a per-image value moves with the seeds "
-        "of RISE's masks, randomcam's and ROAD's noise and stability's copies (not in the intervals); SANITY FAILED: "
+        "of RISE's masks, randomcam's and ROAD's noise, faithfulness correlation's subsets and stability's copies (not "
+        "in the intervals); SANITY FAILED: "
         "the maps change no more when the model is randomised than the check allows; not above randomcam: the "
         "paired interval against randomcam does not exclude 0 on deletion/insertion AUC (a clip's frames' too) or "
         "pointing)",
     ]
+    if any(row.metric in CLUSTERED for row in rows):
+        lines.append(
+            "(box metrics: the mean over every explained detection; the intervals resample images, each image "
+            "weighted by its detections' count)"
+        )
     return lines

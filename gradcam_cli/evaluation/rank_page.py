@@ -16,8 +16,9 @@ from pathlib import Path
 from ..cam.results import ImageExplanation
 from ..io.atomic import write_atomic
 from ..io.display import displayable
+from .plot import write_plot
 from .rank import RANKED, RankRow, format_interval, group_cell, marks, seed_cell, values, warnings
-from .report import EvalReport, write_plot
+from .report import EvalReport
 
 STYLE = (
     "body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:1em 0}"

@@ -1,4 +1,5 @@
-"""The results of ``gradcam eval``: per-image and per-method scores, their summaries and JSON form, the curve plot.
+"""The results of ``gradcam eval``: per-image and per-method scores, their summaries and JSON form (the curve plot:
+:mod:`gradcam_cli.evaluation.plot`).
 
 The protocol that produces them is described in docs/evaluation.md and run by :mod:`gradcam_cli.evaluation.evaluate`;
 the formulas are in :mod:`gradcam_cli.evaluation.metrics`.
@@ -6,11 +7,9 @@ the formulas are in :mod:`gradcam_cli.evaluation.metrics`.
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..options import EvalOptions
@@ -32,6 +31,8 @@ STABILITY_SIGMA = 0.05
 255 grey levels for an ImageNet-normalised model)."""
 OUTSIDE_THRESHOLD = 0.5
 """Images with less than this share of the map's energy inside the boxes are listed as 'evidence outside'."""
+WORST_BOXES = 5
+"""Detectors: how many of a method's detections the report lists as its worst (lowest insertion minus deletion AUC)."""
 
 
 @dataclass
@@ -42,6 +43,33 @@ class BoxScore:
     target: Prediction
     hit: bool
     energy: float
+
+
+@dataclass
+class DetectionFigures:
+    """One explained detection's figures with one method (:mod:`gradcam_cli.evaluation.detections`): its score's
+    deletion and insertion curves (re-found by IoU and class in each perturbed image, 0 where it vanished), and its
+    map's pointing game and energy in its own box."""
+
+    rank: int
+    target: Prediction
+    deletion: list[float]
+    insertion: list[float]
+    hit: bool
+    energy: float
+
+    @property
+    def deletion_auc(self) -> float:
+        return metrics.auc(self.deletion)
+
+    @property
+    def insertion_auc(self) -> float:
+        return metrics.auc(self.insertion)
+
+    @property
+    def gap(self) -> float:
+        """Insertion minus deletion AUC: near 0 (or below) where the map's order hardly matters to the score."""
+        return self.insertion_auc - self.deletion_auc
 
 
 @dataclass
@@ -62,6 +90,9 @@ class MethodScores:
     entropy: float = math.nan
     stability: list[float] = field(default_factory=list)
     """With ``--stability``: the map's relative change under each noisy copy that kept the prediction."""
+    faithfulness_correlation: float = math.nan
+    """With ``--faithfulness-correlation``: Pearson's correlation between the map's sums over random pixel subsets
+    and the score's drops when they are removed (:func:`~gradcam_cli.evaluation.metrics.faithfulness_correlation`)."""
     sanity_redraw: float | None = None
     """With ``--sanity``, a random method only: the Spearman correlation of its map with a fresh draw (new seed) on
     the same model, the most the cascade's correlations can be (docs/evaluation.md, "Sanity check")."""
@@ -69,6 +100,8 @@ class MethodScores:
     """A video model's clip: the probability as its frames are replaced by its mean frame, most important first
     (``temporal_insertion``: put back into the clip of mean frames; :mod:`gradcam_cli.evaluation.clips`)."""
     temporal_insertion: list[float] = field(default_factory=list)
+    detections: list[DetectionFigures] = field(default_factory=list)
+    """Detectors: each explained detection's own figures (:class:`DetectionFigures`), in rank order."""
 
     @property
     def deletion_auc(self) -> float:
@@ -134,6 +167,11 @@ class EvalReport:
     def has_boxes(self) -> bool:
         return any(s.boxes for image in self.ok for s in image.methods.values())
 
+    @property
+    def has_detections(self) -> bool:
+        """Whether detections were measured one by one (detectors: :class:`DetectionFigures`)."""
+        return any(s.detections for image in self.ok for s in image.methods.values())
+
     def summary(self, method: str) -> dict[str, Any]:
         """Figures over all images for one method (means, percentages, per-class tables, the worst images); the
         images it finished on where a run was interrupted part-way through one."""
@@ -165,6 +203,9 @@ class EvalReport:
                 road_morf_curve=[mean_or_nan(column) for column in zip(*(s.road_morf for _, s in scores), strict=True)],
                 road_lerf_curve=[mean_or_nan(column) for column in zip(*(s.road_lerf for _, s in scores), strict=True)],
             )
+        correlations = [s.faithfulness_correlation for _, s in scores]
+        if not all(math.isnan(c) for c in correlations):
+            out["faithfulness_correlation"] = mean_or_nan([c for c in correlations if not math.isnan(c)])
         out.update(gini=mean_or_nan([s.gini for _, s in scores]), entropy=mean_or_nan([s.entropy for _, s in scores]))
         changes = [s.stability for _, s in scores if s.stability]
         if changes:
@@ -172,6 +213,9 @@ class EvalReport:
                 stability_mean=mean_or_nan([mean_or_nan(c) for c in changes]),
                 stability_max=mean_or_nan([max(c) for c in changes]),
             )
+        found = [(image, d) for image, s in scores for d in s.detections]
+        if found:
+            out["detections"] = _detections_summary(found)
         rows = [(image, box) for image, s in scores for box in s.boxes]
         if rows:
             out["pointing"] = _pointing_table([box for _, box in rows])
@@ -217,6 +261,18 @@ class EvalReport:
                 if self.options.road
                 else {}
             ),
+            **(
+                {
+                    "faithfulness_correlation": {
+                        "runs": self.options.correlation_runs,
+                        "subset": self.options.correlation_subset,
+                        "baseline": "zero in normalised input space (the mean colour)",
+                        "seed": self.options.seed,
+                    }
+                }
+                if self.options.correlation
+                else {}
+            ),
             "images": len(self.images),
             "failed": [{"image": image.image, "error": image.error} for image in self.failed],
             "unmatched_boxes": self.unmatched_boxes,
@@ -244,6 +300,35 @@ def _pointing_table(boxes: Sequence[BoxScore]) -> dict[str, Any]:
     return {"overall": cell(boxes), "per_class": per_class}
 
 
+def _detections_summary(found: Sequence[tuple[ImageScores, DetectionFigures]]) -> dict[str, Any]:
+    """A method's figures over every explained detection: means, mean curves, and the worst detections."""
+    figures = [d for _, d in found]
+    energies = [d.energy for d in figures if not math.isnan(d.energy)]
+    worst = sorted(found, key=lambda row: row[1].gap)[:WORST_BOXES]
+    return {
+        "count": len(figures),
+        "deletion_auc": mean_or_nan([d.deletion_auc for d in figures]),
+        "insertion_auc": mean_or_nan([d.insertion_auc for d in figures]),
+        "pointing": 100.0 * sum(d.hit for d in figures) / len(figures),
+        "energy": mean_or_nan(energies),
+        "deletion_curve": [mean_or_nan(column) for column in zip(*(d.deletion for d in figures), strict=True)],
+        "insertion_curve": [mean_or_nan(column) for column in zip(*(d.insertion for d in figures), strict=True)],
+        "worst": [{"image": image.image, **_detection_dict(d, curves=False)} for image, d in worst],
+    }
+
+
+def _detection_dict(d: DetectionFigures, curves: bool = True) -> dict[str, Any]:
+    return {
+        "rank": d.rank,
+        "explained": _prediction_dict(d.target),
+        "deletion_auc": d.deletion_auc,
+        "insertion_auc": d.insertion_auc,
+        "hit": d.hit,
+        "energy": d.energy,
+        **({"deletion_curve": d.deletion, "insertion_curve": d.insertion} if curves else {}),
+    }
+
+
 def _image_dict(image: ImageScores) -> dict[str, Any]:
     assert image.target is not None
     return {
@@ -256,8 +341,14 @@ def _image_dict(image: ImageScores) -> dict[str, Any]:
                     {"class": b.label, "explained": _prediction_dict(b.target), "hit": b.hit, "energy": b.energy}
                     for b in s.boxes
                 ],
+                **({"detections": [_detection_dict(d) for d in s.detections]} if s.detections else {}),
                 **({"sanity_spearman": s.sanity} if s.sanity else {}),
                 **({"sanity_redraw_spearman": s.sanity_redraw} if s.sanity_redraw is not None else {}),
+                **(
+                    {"faithfulness_correlation": s.faithfulness_correlation}
+                    if not math.isnan(s.faithfulness_correlation)
+                    else {}
+                ),
                 "gini": s.gini,
                 "entropy": s.entropy,
                 **({"stability": s.stability} if s.stability else {}),
@@ -269,13 +360,8 @@ def _image_dict(image: ImageScores) -> dict[str, Any]:
 
 def _curves_dict(s: MethodScores) -> dict[str, Any]:
     measured = {"road": s.road, "road_morf_curve": s.road_morf, "road_lerf_curve": s.road_lerf} if s.road_morf else {}
-    if s.temporal_deletion:
-        measured |= {
-            "temporal_deletion_auc": s.temporal_deletion_auc,
-            "temporal_insertion_auc": s.temporal_insertion_auc,
-            "temporal_deletion_curve": s.temporal_deletion,
-            "temporal_insertion_curve": s.temporal_insertion,
-        }
+    for name, curve in (("temporal_deletion", s.temporal_deletion), ("temporal_insertion", s.temporal_insertion)):
+        measured |= {f"{name}_auc": metrics.auc(curve), f"{name}_curve": curve} if curve else {}  # a clip's frames
     return {
         "deletion_auc": s.deletion_auc,
         "insertion_auc": s.insertion_auc,
@@ -304,40 +390,6 @@ def _json_safe(value: Any) -> Any:
 def mean_or_nan(values: Sequence[float]) -> float:
     values = list(values)
     return sum(values) / len(values) if values else math.nan
-
-
-def write_plot(report: EvalReport, path: Path) -> None:
-    """Plot each method's mean deletion and insertion curves (Agg canvas, no pyplot) and write the file atomically.
-
-    The format follows ``path``'s suffix (``.png``, ``.pdf``, ``.svg``).
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    from ..io.atomic import write_atomic
-
-    figure = Figure(figsize=(10, 4), layout="constrained")
-    FigureCanvasAgg(figure)
-    axes = figure.subplots(1, 2, sharey=True)
-    for method in report.methods:
-        s = report.summary(method)
-        if not s.get("images"):
-            continue
-        for ax, kind in zip(axes, ("deletion", "insertion"), strict=True):
-            curve = s[f"{kind}_curve"]
-            fractions = [k / (len(curve) - 1) for k in range(len(curve))]
-            ax.plot(fractions, curve, label=f"{method} (AUC {s[f'{kind}_auc']:.3f})")
-    for ax, kind in zip(axes, ("deletion", "insertion"), strict=True):
-        ax.set_title(f"{kind.capitalize()} ({'lower' if kind == 'deletion' else 'higher'} AUC is better)")
-        ax.set_xlabel(f"fraction of pixels {'removed' if kind == 'deletion' else 'inserted'}")
-        ax.set_xlim(0, 1)
-        ax.grid(alpha=0.3)
-        ax.legend()
-    axes[0].set_ylabel("probability of the explained class")
-    figure.suptitle(f"{report.model}: mean over {len(report.ok)} image(s)")
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format=path.suffix.lower().lstrip("."))
-    write_atomic(path, buffer.getvalue())
 
 
 def in_order(images: Sequence[InputImage], scores: list[ImageScores]) -> list[ImageScores]:

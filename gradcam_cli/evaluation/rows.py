@@ -6,11 +6,12 @@ row (:func:`image_row`, the fields of :class:`~gradcam_cli.evaluation.report.Ima
 one image (``methods`` holds that one method; ``target`` is the image's explained target, the same in each of its
 rows), or a failed image (``error`` set, no methods). The unit of a row is everything measured for one method on one
 image: its curves, masked probability, ROAD, Gini and entropy (randomcam's averaged over its draws), its stability
-copies, its sanity cascade and redraw, its boxes. Rows of one image are merged when the file is read (a file written
-before rows were per method, one line per image with all its methods, reads the same way). A line is written whole
-with one ``write`` to a file opened for appending and flushed to disk before the next method starts; a last line cut
-short by a crash is ignored when the file is read. The seed spread's re-runs (:mod:`.seeds`) are rows too, marked
-``"seed_run": k`` (the k-th other seed), read apart from the main pass's (:func:`read_seed_rows`).
+copies, its sanity cascade and redraw, its boxes, a detector's detections. Rows of one image are merged when the
+file is read (a file written before rows were per method, one line per image with all its methods, reads the same
+way). A line is written whole with one ``write`` to a file opened for appending and flushed to disk before the next
+method starts; a last line cut short by a crash is ignored when the file is read. The seed spread's re-runs
+(:mod:`.seeds`) are rows too, marked ``"seed_run": k`` (the k-th other seed), read apart from the main pass's
+(:func:`read_seed_rows`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..cam.explainer import Explainer
 from ..cam.results import Prediction
 from ..errors import UsageError
 from ..options import EvalOptions
-from .report import BoxScore, ImageScores, MethodScores
+from .report import BoxScore, DetectionFigures, ImageScores, MethodScores
 
 ROWS_NAME = "rows.jsonl"
 SEED_RUN = "seed_run"
@@ -64,7 +65,10 @@ def image_from_row(row: dict[str, Any]) -> ImageScores:
     methods = {}
     for name, scores in row["methods"].items():
         boxes = [BoxScore(b["label"], prediction(b["target"]), b["hit"], b["energy"]) for b in scores["boxes"]]  # type: ignore[arg-type]
-        methods[name] = MethodScores(**{**scores, "boxes": boxes})
+        detections = [
+            DetectionFigures(**{**d, "target": prediction(d["target"])}) for d in scores.get("detections", [])
+        ]
+        methods[name] = MethodScores(**{**scores, "boxes": boxes, "detections": detections})
     return ImageScores(row["image"], prediction(row["target"]), methods, row["error"])
 
 

@@ -1,9 +1,11 @@
-"""``gradcam eval`` for detectors, segmenters and every task without a class probability: where their maps point,
-against ground-truth boxes.
+"""``gradcam eval`` for detectors, segmenters and every task without a class probability: each explained
+detection's own faithfulness, and where their maps point against ground-truth boxes.
 
-The perturbation curves and the sanity check measure a classifier's probability for one class; a detector's
-"probability" is a detection, which may vanish or move as pixels are removed, so for detectors and segmenters
-``gradcam eval`` measures the boxes only (``--boxes`` is required; ``--sanity`` and ``--plot`` are refused):
+The classifier's protocol (curves of one class's probability, the sanity check, ROAD) does not apply as it is:
+``--sanity``, ``--road`` and ``--plot`` are refused. A detector's explained detections are each measured on their
+own (:mod:`gradcam_cli.evaluation.detections`: deletion and insertion of the detection's score, re-found by IoU and
+class in each perturbed image, pointing game and energy in its own box), with or without ``--boxes``; a segmenter
+is measured against ``--boxes`` only (required).
 
 How a task pairs boxes with its explanations is its adapter's (:meth:`~gradcam_cli.cam.tasks.TaskAdapter.box_pairs`):
 
@@ -26,15 +28,17 @@ from typing import Any
 
 from ..cam.explainer import Explainer
 from ..cam.results import ImageExplanation, Prediction
+from ..cam.scores import Refound
 from ..cam.tasks.base import Pair
-from ..errors import UsageError
 from ..io.boxes import GroundTruthBox
 from ..io.discovery import InputImage
+from ..io.images import load_image, to_input_tensor
 from ..options import EvalOptions
 from . import metrics
+from .detections import detection_figures
 from .images import evaluate_images, report_of, scored_safely
 from .plan import with_methods
-from .report import BoxScore, EvalReport, ImageScores, MethodScores
+from .report import BoxScore, DetectionFigures, EvalReport, ImageScores, MethodScores
 from .shared import Once, methods_to_run, pass_groups
 
 
@@ -44,7 +48,8 @@ class TaskEvaluator:
     def __init__(self, explainer: Explainer, options: EvalOptions | None = None) -> None:
         self.explainer = explainer
         self.options = options or EvalOptions()
-        explainer.adapter.eval_checks(self.options.sanity, self.options.plot is not None, self.options.road)
+        options = self.options
+        explainer.adapter.eval_checks(options.sanity, options.plot is not None, options.road, options.correlation)
         self.undetected = 0
         self.on_method: Callable[[str], Any] | None = None
         self.on_result: Callable[[ImageScores], Any] | None = None
@@ -66,12 +71,10 @@ class TaskEvaluator:
         method's work on an image begins, ``on_result`` with each (image, method)'s scores and each failed image;
         ``done``: the methods already finished per image, kept (as :meth:`Evaluator.run
         <gradcam_cli.evaluation.evaluate.Evaluator.run>`)."""
-        kind = self.explainer.adapter.noun
-        if not boxes:
-            raise UsageError(f"gradcam eval of a {kind} needs --boxes: it measures where its maps point")
+        boxed_only = self.explainer.adapter.boxed_only(bool(boxes))  # a detector's detections: every image
         self.on_method, self.on_result, self.done = on_method, on_result, done or {}
         results, unmatched = evaluate_images(
-            self.explainer, images, boxes, self.evaluate_image, on_image, True, on_result
+            self.explainer, images, boxes, self.evaluate_image, on_image, boxed_only, on_result
         )
         return report_of(self.explainer, self.options, results, unmatched, undetected=self.undetected)
 
@@ -89,10 +92,10 @@ class TaskEvaluator:
         for method in methods_to_run(self.explainer.chosen.methods, done, scores, self.on_method):
             group = self._groups[method]
             first = not self._once
-            result, pairs, undetected = self._once(("pairs", group), partial(self._paired, group, path, boxes))
+            result, pairs, undetected, measure = self._once(("pairs", group), partial(self._paired, group, path, boxes))
             self.undetected += undetected if first else 0  # the same boxes for every group: counted once
             top = top or (result.predictions[0] if result.predictions else Prediction(-1, "nothing found", 0.0))
-            scores[method] = MethodScores([], [], math.nan)
+            scores[method] = MethodScores([], [], math.nan, detections=measure(method) if measure else [])
             for label, truth, explanations in pairs:
                 for explanation in (e for e in explanations if e.method == method):
                     scores[method].boxes.append(
@@ -111,12 +114,23 @@ class TaskEvaluator:
 
     def _paired(
         self, methods: tuple[str, ...], path: Path, boxes: Sequence[GroundTruthBox]
-    ) -> tuple[ImageExplanation, list[Pair], int]:
-        """The image explained by ``methods`` (one pass), its boxes paired with their explanations, and how many
-        boxes no explanation matched."""
+    ) -> tuple[ImageExplanation, list[Pair], int, Callable[[str], list[DetectionFigures]] | None]:
+        """The image explained by ``methods`` (one pass), its boxes paired with their explanations, how many boxes no
+        explanation matched, and (detectors) what measures a method's figures per explained detection (as its own
+        step begins: each method's curves are its own cost)."""
         if methods not in self._parts:
             self._parts[methods] = with_methods(self.explainer, methods)
         explainer = self._parts[methods]
-        result = explainer.explain(path)
-        pairs, undetected = explainer.adapter.box_pairs(explainer, path, result, boxes)
-        return result, pairs, undetected
+        picture = load_image(path)  # as explainer.explain(path), keeping the pass's targets and coarse maps
+        inputs = to_input_tensor(picture, explainer.model.input_spec).unsqueeze(0).to(explainer.device)
+        targets, cams = explainer.compute_targets(inputs)
+        result = targets.results(cams, [(picture.height, picture.width)], explainer.model.class_name)[0]
+        measure = None
+        if isinstance(targets, Refound):  # a detector's detections, each measured on its own
+
+            def measure(method: str, found: Refound = targets) -> list[DetectionFigures]:
+                own = {method: cams[method]}
+                return detection_figures(explainer, found, own, inputs, result, self.options, targets.region)[method]
+
+        pairs, undetected = explainer.adapter.box_pairs(explainer, path, result, boxes) if boxes else ([], 0)
+        return result, pairs, undetected, measure

@@ -222,15 +222,27 @@ def discover_inputs(
     inputs: Sequence[str | Path],
     exclude: Path | None = None,
     warn: Callable[[str], None] | None = None,
-) -> tuple[list[InputImage], list[InputImage]]:
-    """``(images, videos)``: video files named on the command line (by suffix) apart, everything else through
-    :func:`discover`. Folders and patterns yield images only. A usage error when nothing is found."""
+) -> tuple[list[InputImage], list[InputImage], list[InputImage]]:
+    """``(images, videos, scans)``: video files named on the command line (by suffix) apart; scans named (a NIfTI
+    or ``.npy`` file, a folder of ``.dcm`` files) and those under the folders named (:func:`discover_volumes`);
+    everything else through :func:`discover`. Folders yield images and scans, patterns images only. A usage error
+    when nothing is found."""
     videos = [raw for raw in inputs if Path(raw).suffix.lower() in VIDEO_SUFFIXES and Path(raw).is_file()]
-    others = [raw for raw in inputs if raw not in videos]
+    scans = [raw for raw in inputs if raw not in videos and _is_scan(Path(raw))]
+    others = [raw for raw in inputs if raw not in videos and raw not in scans]
     images = discover(others, exclude=exclude, warn=warn) if others else []
-    if inputs and not images and not videos:
+    folders = [raw for raw in others if Path(raw).is_dir()]
+    volumes = discover_volumes([*scans, *folders], exclude) if scans or folders else []
+    if inputs and not images and not videos and not volumes:
         raise UsageError(f"no images found in {' '.join(map(str, inputs))}")
-    return images, discover(videos) if videos else []
+    return images, discover(videos) if videos else [], volumes
+
+
+def _is_scan(path: Path) -> bool:
+    try:
+        return path.exists() and is_volume_path(path)
+    except OSError:  # an unreadable folder: discover() warns about it
+        return False
 
 
 def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
@@ -262,7 +274,7 @@ def discover_clips(
     excluded = _real(exclude) if exclude is not None else None
     folders = [raw for raw in inputs if Path(raw).is_dir()]
     others = [raw for raw in inputs if raw not in folders]
-    images, videos = discover_inputs(others, exclude) if others else ([], [])
+    images, videos, _ = discover_inputs(others, exclude) if others else ([], [], [])  # scans: not a video model's
     for raw in folders:
         root = Path(raw)
         top = Path(os.path.abspath(root)).name or "frames"

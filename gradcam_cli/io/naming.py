@@ -87,7 +87,8 @@ def detection_path(
 def output_kind(path: str) -> str:
     """What a file a row lists is, by the name this module gave it, as the gallery links it: ``raw map``,
     ``video``, ``panel``, ``heatmap``, ``all detections`` (a detector's combined map, :func:`detection_path`'s
-    rank 0), ``importance over time`` (a video model's plot, :func:`clip_curve_path`) or ``file``."""
+    rank 0), ``importance over time`` (a video model's plot, :func:`clip_curve_path`), ``NIfTI map`` and
+    ``montage`` (a scan's, :func:`volume_paths`) or ``file``."""
     name = os.path.basename(path).lower()
     suffix = os.path.splitext(name)[1]
     if suffix == ".npy":
@@ -102,6 +103,10 @@ def output_kind(path: str) -> str:
         return "all detections"
     if name.endswith(CURVE_TAIL):
         return "importance over time"
+    if name.endswith((".nii", ".nii.gz")):
+        return "NIfTI map"
+    if name.endswith(MONTAGE_TAIL):
+        return "montage"
     return "file"
 
 
@@ -137,6 +142,22 @@ def clip_raw_path(video_output: Path, clip: int) -> Path:
     """A video model's raw map of one clip beside its overlay video: ``<stem>_<method>_<label>_clip<NNN>.npy``
     (clips numbered from 0)."""
     return video_output.with_name(f"{video_output.stem}_clip{clip:03d}.npy")
+
+
+NIFTI_SUFFIX = ".nii.gz"
+"""A scan's map: ``<stem>_<method>_<class index>-<class slug>.nii.gz``."""
+MONTAGE_TAIL = "_montage.png"
+"""How a scan's montage of three planes is named: its map's name ending in this instead of ``.nii.gz``."""
+
+
+def volume_paths(
+    output_dir: Path, scan: InputImage, method: str, class_index: int, class_name: str
+) -> tuple[Path, Path, Path]:
+    """A scan's outputs for one method and class: its map as NIfTI, its montage and (``--save-raw``) its ``.npy``,
+    ``<stem>_<method>_<class index>-<class slug>.nii.gz``, ``..._montage.png``, ``....npy``."""
+    nifti = output_path(output_dir, scan, method, class_index, class_name, NIFTI_SUFFIX)
+    stem = nifti.name[: -len(NIFTI_SUFFIX)]
+    return nifti, nifti.with_name(stem + MONTAGE_TAIL), nifti.with_name(stem + ".npy")
 
 
 def video_label(rank: int, class_index: int | None, class_name: str = "") -> str:

@@ -91,7 +91,7 @@ class ModelProfile:
     ``None``: not a video model, or a bare 3-D CNN's (T frames of its input ``shape``, every frame)."""
 
     def __post_init__(self) -> None:
-        if self.task == DETECT:
+        if task_facts(self.task)["detector"]:  # the task's own facts (models/tasks.py), as with_task_shown sets them
             object.__setattr__(self, "detector", True)
 
     @property

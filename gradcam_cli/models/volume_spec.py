@@ -88,7 +88,8 @@ class VolumeSpec:
     """A volume model's input: ``patch`` (D, H, W) windows, ``step`` between them as a fraction of the patch, one
     :class:`Intensity` per channel (``channel_names``: what each is, ``CT``, ``T1``), the ``spacing`` (mm, in the
     model's axis order) it was trained at, ``transpose``: the axis order it takes the scan's axes in (nnU-Net's
-    ``transpose_forward``); ``source``: where these facts were read."""
+    ``transpose_forward``); ``source``: where these facts were read; ``itk``: it reads scans as SimpleITK arrays
+    (nnU-Net's ``SimpleITKIO``), a NIfTI's axes reversed (:meth:`axes`)."""
 
     patch: tuple[int, ...]
     intensities: tuple[Intensity, ...] = (Intensity(),)
@@ -97,6 +98,14 @@ class VolumeSpec:
     step: float = 0.5
     transpose: tuple[int, ...] | None = None
     source: str = ""
+    itk: bool = False
+
+    def axes(self, nifti: bool) -> tuple[int, ...]:
+        """The scan's voxel axes (as read: a NIfTI's nibabel order) in the order the network takes them: reversed
+        for a NIfTI where the model reads SimpleITK arrays (``itk``: SimpleITK's array order is nibabel's reversed;
+        a DICOM series is read in that order already, (slice, row, column)), then ``transpose``."""
+        order = (2, 1, 0) if self.itk and nifti else (0, 1, 2)
+        return tuple(order[axis] for axis in self.transpose) if self.transpose else order
 
     @property
     def channels(self) -> int:

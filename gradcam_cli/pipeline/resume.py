@@ -191,6 +191,7 @@ def resumed_rows(
                 "predictions": before.predictions,
                 "fingerprint": before.fingerprint,
                 "provenance": before.provenance,
+                "volume": before.volume,
             }
             matched.append((place, skipped(method=before.method, target=before.target, **fields)))
             continue

@@ -63,6 +63,7 @@ class Tick(Protocol):
 
 ProgressFactory = Callable[[str, int], AbstractContextManager[Tick]]
 """``progress(label, total)`` gives a context whose value is the :class:`Tick` of that many images or frames."""
+Inputs = Sequence[InputImage]
 
 
 def no_progress(_label: str, _total: int) -> AbstractContextManager[Tick]:
@@ -186,17 +187,23 @@ class Session:
         images: Sequence[InputImage],
         videos: Sequence[InputImage] = (),
         progress: ProgressFactory = no_progress,
+        scans: Sequence[InputImage] = (),
     ) -> Iterator[Record]:
-        """Explain every image, then every video, yielding each record once it is written and recorded; each input
-        kind goes to its runner (:class:`~gradcam_cli.io.discovery.InputKind`).
-
-        :meth:`start` comes first, unless it was called already. Videos are for classifiers and detectors; prompted
-        images (:attr:`~gradcam_cli.io.discovery.InputKind.PROMPTED`) for a vision-language model's explainer, all
-        of them prompted."""
-        if images and images[0].kind is InputKind.PROMPTED:
-            yield from self._answer(explainer, images, progress)
+        """Explain every image, then every video, or every scan (a volume model's, alone), yielding each record once
+        it is written and recorded: the run of the first input's :class:`~gradcam_cli.io.discovery.InputKind`
+        (:data:`KIND_RUNS`; prompted images all prompted, for a vision-language model), or :meth:`_volumes`.
+        :meth:`start` comes first, unless it was called already."""
+        if scans:
+            yield from self._volumes(explainer, [*images, *videos], scans, progress)
             return
-        self._check_videos(explainer, videos)
+        kind = images[0].kind if images else InputKind.IMAGE
+        yield from KIND_RUNS.get(kind, Session._images)(self, explainer, images, videos, progress)
+
+    def _images(
+        self, explainer: Explainer, images: Inputs, videos: Inputs, progress: ProgressFactory
+    ) -> Iterator[Record]:
+        """Every image through the :class:`BatchRunner` (or the Ray engine's), then every video through its
+        :class:`VideoRunner` (or :class:`ClipRunner`)."""
         check_video_model(explainer, self.output, self.run, videos, images)
         self.start(explainer)
         if self.shard is not None:
@@ -226,19 +233,11 @@ class Session:
                         for row in self._resumed_video(runner_of_videos, video, record):
                             yield self._keep(row)
 
-    def _check_videos(self, explainer: Explainer, videos: Sequence[InputImage]) -> None:
-        if videos and not explainer.adapter.videos:
-            raise UsageError(
-                f"videos are explained with classifiers and detectors only; {videos[0].path} is a video and "
-                f"{explainer.model.name} a {explainer.adapter.noun}"
-            )
-        if videos and self.run.engine == "ray":
-            raise UsageError(f"--engine ray explains images only; {videos[0].path} is a video: run videos without it")
-
-    def _answer(
-        self, explainer: Explainer, images: Sequence[InputImage], progress: ProgressFactory
+    def _prompted(
+        self, explainer: Explainer, images: Inputs, _videos: Inputs, progress: ProgressFactory
     ) -> Iterator[Record]:
-        """Every prompted image's answer and maps, through the :class:`~gradcam_cli.pipeline.answers.AnswerRunner`."""
+        """Every prompted image's answer and maps, through the :class:`~gradcam_cli.pipeline.answers.AnswerRunner`
+        (a prompted run has no videos)."""
         from .answers import RAY_ANSWERS, AnswerRunner
 
         if self.run.engine == "ray":
@@ -252,6 +251,19 @@ class Session:
         with progress("answering", len(images)) as tick:
             for record in runner.run_images(images, on_image=tick, on_skipped=lambda: tick(skipped=True)):
                 yield self._keep(record)
+
+    def _volumes(
+        self, explainer: Explainer, others: Sequence[InputImage], scans: Sequence[InputImage], progress: ProgressFactory
+    ) -> Iterator[Record]:
+        """Every scan's maps and rows, through the :class:`~gradcam_cli.pipeline.volumes.VolumeRunner`."""
+        from .volumes import VolumeRunner, check_scans
+
+        check_scans(explainer, others, scans, self.output, self.run)
+        runner = VolumeRunner(explainer, self.output, self.run, self.earlier, self.notify)
+        self.start(explainer)
+        self._order += [row_key({"input": str(item.path)}) for item in scans]
+        for record in runner.run_volumes(scans, progress):  # a bar of windows per scan
+            yield self._keep(record)
 
     def _runner(self, explainer: Explainer) -> BatchRunner:
         """The local :class:`BatchRunner`, or with ``engine="ray"`` the Ray engine's."""
@@ -361,6 +373,18 @@ class Session:
             self.records.append(record)
         self.counts.add(record)
         return record
+
+
+KindRun = Callable[[Session, Explainer, Inputs, Inputs, ProgressFactory], Iterator[Record]]
+"""A session's run of one input kind: ``(session, explainer, inputs, videos, progress)`` to the rows written."""
+
+KIND_RUNS: dict[InputKind, KindRun] = {
+    InputKind.IMAGE: Session._images,
+    InputKind.VIDEO: Session._images,
+    InputKind.PROMPTED: Session._prompted,
+}
+"""Each input kind's run (:meth:`Session.explain`); a kind without an entry is decoded as an image. A new input kind
+is one entry here and its runner (docs/internals.md, "How to add an input kind")."""
 
 
 def shard_manifest_base(output: OutputOptions) -> Path:

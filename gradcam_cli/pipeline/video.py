@@ -78,12 +78,20 @@ def check_video_model(
     videos: Sequence[InputImage],
     images: Sequence[InputImage] = (),
 ) -> None:
-    """Refuse what the model does not take: images when it takes clips; ``--fps`` without a folder of frames read
-    as a video; with videos, ``--save-raw`` and
+    """Refuse what the model does not take: videos unless its task explains them (classifiers, detectors), videos
+    with ``--engine ray``, images when it takes clips; ``--fps`` without a folder of frames read as a video; with
+    videos, ``--save-raw`` and
     ``--clip-stride`` with a model that takes images (explained frame by frame), ``--every`` with one that takes
     clips."""
     clips = explainer.model.profile.clips is not None
     name = explainer.model.name
+    if videos and not explainer.adapter.videos:
+        raise UsageError(
+            f"videos are explained with classifiers and detectors only; {videos[0].path} is a video and "
+            f"{name} a {explainer.adapter.noun}"
+        )
+    if videos and run.engine == "ray":
+        raise UsageError(f"--engine ray explains images only; {videos[0].path} is a video: run videos without it")
     if clips and images:
         raise UsageError(f"{name} takes clips: give it videos; {images[0].path} is an image")
     if run.fps is not None and not any(video.frames for video in videos):

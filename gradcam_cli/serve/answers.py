@@ -2,8 +2,10 @@
 ``gradcam IMAGE --prompt TEXT`` does (greedy, seeded, ``--max-new-tokens``; or explains the answer typed, as
 ``--answer``), and shows the whole answer's map, then a clicked word's: the map ``--target answer:WORD`` (or
 ``--per-token``) writes, computed by the same :class:`~gradcam_cli.cam.explainer.Explainer`
-(:mod:`gradcam_cli.cam.prompted`). The answer is kept (:data:`KEPT_ANSWERS`), so a word's click, or another layer
-or method, maps it without generating it again.
+(:mod:`gradcam_cli.cam.prompted`). The model is served by the one :class:`~gradcam_cli.serve.model.ModelService`,
+as every model is (its thread, its lock, its explainers per layer and method, its maps); :class:`Answers` is what
+the service keeps besides for a model asked questions: the answers (:data:`KEPT_ANSWERS`), so that a word's click,
+or another layer or method, maps one without generating it again.
 
 Routes (besides the explorer's, :mod:`gradcam_cli.serve.app`): ``POST /api/ask`` with a JSON body ``{"image",
 "prompt", "answer" (optional), "layer", "method"}``: the answer, its tokens and words, and the whole answer's map;
@@ -18,27 +20,29 @@ import json
 import math
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from ..cam.results import Explanation, Prediction
-from ..cam.tasks.answer import answer_score
-from ..errors import UsageError, suggest
+from ..cam.tasks.answer import AnswerScore, answer_score
+from ..errors import UsageError
 from ..io.naming import answer_name
-from ..options import ExplainOptions, ModelOptions
 from .http import HttpError, blocking, guarded, int_param, json_response, read_body, text_param
 from .images import DecodedImage, ImageStore, Source
-from .maps import MapStore, StoredMap, map_id
-from .model import MAX_EXPLAINERS, MapAnswer, ModelThread
+from .maps import MapAnswer, MapStore, StoredMap, map_id
 
 if TYPE_CHECKING:
     from ..cam.answer_words import AnswerWord
     from ..cam.answers import AnswerToken
     from ..cam.explainer import Explainer
+    from ..targets import TargetSpec
+
+T = TypeVar("T")
 
 KEPT_ANSWERS = 32
 """Answers kept (an older one's words are asked again)."""
@@ -77,62 +81,42 @@ class Asked:
         }
 
 
-class AnswerService(ModelThread):
-    """A vision-language model loaded once (by the family registry, as ``--prompt`` loads it), answering on
-    request; ``options``: the command's layer, method (the first of a list) and ``--max-new-tokens``."""
+class Served(Protocol):
+    """What :class:`Answers` uses of the one service (:class:`~gradcam_cli.serve.model.ModelService`): its lock,
+    its maps, its explainers (one per layer and method, built on first use) and its thread."""
 
-    def __init__(self, model: ModelOptions, options: ExplainOptions | None = None) -> None:
-        from ..cam.answers import answer_methods
-        from ..cam.tasks.answer import ANSWER as adapter
-        from ..pipeline.answers import answer_explainer
+    model_lock: threading.Lock
+    maps: MapStore
 
-        options = options or ExplainOptions()
-        self.answerer: Explainer = answer_explainer(model, replace(options, methods=options.methods[:1]))
-        self.layer_note = adapter.layer_note(self.answerer.model, self.answerer.layer_label)
-        self.empty = adapter.nothing_found(None, None, None) or "the answer is empty"
-        self.default_layer = self.answerer.layer_label
-        self.default_method = self.answerer.chosen.methods[0]
-        self.methods = list(answer_methods())
-        self.maps = MapStore()
-        self.model_lock = threading.Lock()
+    def explainer(self, layer: str | None, method: str | None, target: TargetSpec | None = None) -> Explainer: ...
+
+    async def run(self, work: Callable[[], T]) -> T: ...
+
+
+class Answers:
+    """The answers the service of a vision-language model keeps (:data:`KEPT_ANSWERS`), each asked and mapped with
+    the service's explainers under its lock (``explainer``: its first, which says how long an answer grows)."""
+
+    def __init__(self, service: Served, explainer: Explainer) -> None:
+        self.service = service
+        self.empty = explainer.adapter.nothing_found(explainer.model, explainer.score, None) or "the answer is empty"
+        self.max_new_tokens = answer_score(explainer).max_new_tokens
         self._lock = threading.Lock()
-        """Guards the kept answers (never held during a pass, unlike :attr:`model_lock`)."""
+        """Guards the kept answers (never held during a pass, unlike the service's ``model_lock``)."""
         self._asked: OrderedDict[str, Asked] = OrderedDict()
         self._whole: OrderedDict[str, str] = OrderedDict()
         """The whole answers' maps: the id of the answer each maps."""
-        self._explainers: dict[tuple[str, str], Explainer] = {(self.default_layer, self.default_method): self.answerer}
-        super().__init__()
 
-    def info(self) -> dict[str, Any]:
-        """What the page needs: ``answers`` (a question box instead of classes), the layer, the methods."""
-        return {
-            "model": self.answerer.model.name,
-            "task": "answer",
-            "answers": True,
-            "ranked": False,
-            "listed": "",
-            "layers": [{"name": self.default_layer, "kind": "", "shape": [], "default": True}],
-            "default_layer": self.default_layer,
-            "methods": self.methods,
-            "default_method": self.default_method,
-            "kind": "answer",
-            "targets": [],
-            "faithfulness": True,
-            "max_new_tokens": answer_score(self.answerer).max_new_tokens,
-        }
+    @classmethod
+    def of(cls, service: Served, explainer: Explainer) -> Answers | None:
+        """The answers of ``explainer``'s model where it is asked questions (its task's score is the answer's:
+        :class:`~gradcam_cli.cam.tasks.answer.AnswerScore`); ``None``: an image model's."""
+        return cls(service, explainer) if isinstance(explainer.score, AnswerScore) else None
 
-    def explainer(self, layer: str | None, method: str | None) -> Explainer:
-        """The explainer of ``layer`` and ``method`` (``None``: the defaults), sharing the loaded model."""
-        layer, method = layer or self.default_layer, method or self.default_method
-        if method not in self.methods:
-            raise UsageError(f"unknown method {method!r} for an answer.{suggest(method, self.methods)}")
-        key = (layer, method)
-        if key not in self._explainers:
-            base = self.answerer
-            if len(self._explainers) >= MAX_EXPLAINERS:
-                self._explainers.pop(next(iter(self._explainers)))
-            self._explainers[key] = base.with_options(layers=(layer,), methods=(method,))
-        return self._explainers[key]
+    def facts(self) -> dict[str, Any]:
+        """What the page is told besides the model's: a question box instead of classes, and the answer's most
+        tokens."""
+        return {"answers": True, "kind": "answer", "max_new_tokens": self.max_new_tokens}
 
     def asked(self, answer_id: str) -> Asked:
         """A kept answer; 404 once it is forgotten."""
@@ -156,8 +140,8 @@ class AnswerService(ModelThread):
         from ..cam.answer_words import answer_words
         from ..cam.prompted import explain_answer
 
-        with self.model_lock:
-            explainer = self.explainer(layer, method)
+        with self.service.model_lock:
+            explainer = self.service.explainer(layer, method)
             score = answer_score(explainer)
             key = map_id("answer", source.id, prompt, given)
             with self._lock:
@@ -172,7 +156,7 @@ class AnswerService(ModelThread):
                     result = explain_answer(explainer, image.image, prompt, ids, given is None, [target], inputs)
                     asked.text, asked.tokens = result.answer, result.tokens
                     asked.words = answer_words(score.tokenizer, ids)
-                    whole = MapAnswer(self._store(asked, explainer, result.maps[0], image), True, target.label)
+                    whole = MapAnswer(self._store(asked, explainer, result.maps[0], image, True), True, target.label)
                 with self._lock:
                     self._asked[key] = asked
                     while len(self._asked) > KEPT_ANSWERS:
@@ -188,31 +172,34 @@ class AnswerService(ModelThread):
         from ..cam.answer_words import word_target
         from ..cam.prompted import explain_answer
 
-        with self.model_lock:
-            explainer = self.explainer(layer, method)
+        with self.service.model_lock:
+            explainer = self.service.explainer(layer, method)
             score = answer_score(explainer)
             if word is None:
                 target = score.answer_targets(asked.ids, False)[0]
             else:
                 target = word_target(score, asked.ids, asked.words[word])
-            stored = self.maps.get(_key(asked, explainer, target))
+            stored = self.service.maps.get(_key(asked, explainer, target))
             if stored is not None:
                 return MapAnswer(stored, False, target.label)
             result = explain_answer(explainer, image.image, asked.prompt, asked.ids, asked.generated, [target])
-            return MapAnswer(self._store(asked, explainer, result.maps[0], image), True, target.label)
+            stored = self._store(asked, explainer, result.maps[0], image, word is None)
+            return MapAnswer(stored, True, target.label)
 
-    def curves(self, stored: StoredMap, image: DecodedImage, steps: int) -> dict[str, Any]:
+    def curves(self, stored: StoredMap, image: DecodedImage, road: bool, steps: int) -> dict[str, Any]:
         """``gradcam eval --prompt``'s figures for a whole answer's map (:mod:`gradcam_cli.evaluation.answers`):
-        deletion and insertion of the answer's per-token probability along it, in ``steps``."""
+        deletion and insertion of the answer's per-token probability along it, in ``steps`` (``road``: refused)."""
         from ..evaluation.answers import answer_curves
 
+        if road:
+            raise HttpError(400, "ROAD is measured for a classifier's classes, not an answer")
         with self._lock:
             answer_id = self._whole.get(stored.id)
         if answer_id is None:
             raise UsageError("deletion and insertion are measured for the whole answer's map, as gradcam eval does")
         asked = self.asked(answer_id)
-        with self.model_lock:
-            explainer = self.explainer(stored.layer, stored.explanation.method)
+        with self.service.model_lock:
+            explainer = self.service.explainer(stored.layer, stored.explanation.method)
             saliency = stored.explanation.saliency
             curves = answer_curves(answer_score(explainer), image.image, asked.prompt, asked.ids, saliency, steps)
         return {
@@ -223,7 +210,10 @@ class AnswerService(ModelThread):
             "insertion": curves.insertion,
         }
 
-    def _store(self, asked: Asked, explainer: Explainer, answer_map: Any, image: DecodedImage) -> StoredMap:
+    def _store(
+        self, asked: Asked, explainer: Explainer, answer_map: Any, image: DecodedImage, whole: bool
+    ) -> StoredMap:
+        """Keep ``answer_map`` (``whole``: the whole answer's, which deletion and insertion measure)."""
         target, score = answer_map.target, answer_map.score
         index = target.token if target.token is not None else -1
         prediction = Prediction(index, target.label, math.exp(min(score, 0.0)), details={"logprob": score})
@@ -238,8 +228,8 @@ class AnswerService(ModelThread):
             image.pixels,
             file_name=answer_name(asked.stem, answer_map.method, target.label),
         )
-        self.maps.put(stored)
-        if target.label == "answer":
+        self.service.maps.put(stored)
+        if whole:
             with self._lock:
                 self._whole[stored.id] = asked.id
                 while len(self._whole) > KEPT_SOURCES:
@@ -251,17 +241,17 @@ def _key(asked: Asked, explainer: Explainer, target: Any) -> str:
     return map_id(asked.id, explainer.layer_label, explainer.chosen.methods[0], target.label, target.terms)
 
 
-def answer_routes(images: ImageStore, service: AnswerService | None) -> list[Route]:
-    """The routes of :mod:`this module <gradcam_cli.serve.answers>`; without a vision-language model, each says
-    that it needs one."""
+def answer_routes(images: ImageStore, answers: Answers | None) -> list[Route]:
+    """The routes of :mod:`this module <gradcam_cli.serve.answers>`, for the service's ``answers``; without a
+    vision-language model (``None``), each says that it needs one."""
 
-    def needs() -> AnswerService:
-        if service is None:
+    def needs() -> Answers:
+        if answers is None:
             raise HttpError(409, "questions are for a vision-language model (gradcam serve --model hf:DIR)")
-        return service
+        return answers
 
     async def ask(request: Request) -> Response:
-        answers = needs()
+        asking = needs()
         body = await _json_body(request)
         image_id, prompt, given = body.get("image"), body.get("prompt"), body.get("answer") or None
         if not isinstance(image_id, str) or not image_id:
@@ -273,19 +263,19 @@ def answer_routes(images: ImageStore, service: AnswerService | None) -> list[Rou
                 raise HttpError(400, f"{name}: text of at most {MAX_QUESTION} characters")
         layer, method = _name(body, "layer"), _name(body, "method")
         source, decoded = await blocking(lambda: images.decoded(image_id))
-        asked, whole = await answers.run(lambda: answers.ask(source, decoded, prompt, given, layer, method))
-        note = None if asked.ids else answers.empty
+        asked, whole = await asking.service.run(lambda: asking.ask(source, decoded, prompt, given, layer, method))
+        note = None if asked.ids else asking.empty
         return json_response({**asked.to_dict(), "map": whole.to_dict() if whole else None, "note": note})
 
     async def word_map(request: Request) -> Response:
-        answers = needs()
-        asked = answers.asked(request.path_params["id"])
+        asking = needs()
+        asked = asking.asked(request.path_params["id"])
         if not asked.words:
-            raise HttpError(409, answers.empty)
+            raise HttpError(409, asking.empty)
         word = None if text_param(request, "word") is None else int_param(request, "word", 0, 0, len(asked.words) - 1)
         layer, method = text_param(request, "layer"), text_param(request, "method")
         _, decoded = await blocking(lambda: images.decoded(asked.image))
-        answer = await answers.run(lambda: answers.map(asked, decoded, word, layer, method))
+        answer = await asking.service.run(lambda: asking.map(asked, decoded, word, layer, method))
         return json_response(answer.to_dict())
 
     return [

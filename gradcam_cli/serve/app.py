@@ -45,7 +45,7 @@ from ..options import ServeOptions
 from ..pipeline.resume import read_run_record
 from ..render.colour import colormap_table
 from ..targets import TargetSpec
-from .answers import AnswerService, answer_routes
+from .answers import answer_routes
 from .files import contained, row_output
 from .http import (
     HttpError,
@@ -61,7 +61,7 @@ from .http import (
     text_param,
 )
 from .images import ImageStore, decode
-from .model import FAITHFULNESS_STEPS, ModelService
+from .model import ModelService
 from .origin import SameOrigin
 from .runindex import RowFilter, RunIndex
 from .runs import run_base
@@ -75,7 +75,8 @@ STATIC = {"app.js": "text/javascript", "style.css": "text/css"}
 
 @dataclass
 class Explorer:
-    """What the app serves: the model (or none), the images, the run (or none) and its folder."""
+    """What the app serves: the model (or none; a vision-language model asked questions too), the images, the run
+    (or none) and its folder."""
 
     options: ServeOptions
     images: ImageStore
@@ -85,12 +86,10 @@ class Explorer:
     record: dict[str, Any] = field(default_factory=dict)
     base: Path = field(default_factory=Path.cwd)
     """The folder the run's relative paths start from (:func:`~gradcam_cli.serve.runs.run_base`)."""
-    answers: AnswerService | None = None
-    """A vision-language model, asked questions (then :attr:`service` is ``None``)."""
 
 
 def create_app(
-    service: ModelService | AnswerService | None = None,
+    service: ModelService | None = None,
     inputs: Sequence[InputImage] = (),
     run_dir: Path | None = None,
     manifest: Path | None = None,
@@ -98,8 +97,8 @@ def create_app(
     drift: Path | None = None,
     work_dir: Path | None = None,
 ) -> Starlette:
-    """The explorer's ASGI app: ``service`` explains (none: a run view only; an :class:`AnswerService`: a
-    vision-language model, asked questions), ``inputs`` are the served images, ``run_dir``/``manifest`` a finished
+    """The explorer's ASGI app: ``service`` explains (none: a run view only; a vision-language model's is asked
+    questions: :mod:`gradcam_cli.serve.answers`), ``inputs`` are the served images, ``run_dir``/``manifest`` a finished
     run (its index is built now), ``drift`` a ``gradcam diff --json`` result. Uploads and a fallback index live in
     ``work_dir`` (default: a new temporary folder)."""
     options = options or ServeOptions()
@@ -115,11 +114,9 @@ def create_app(
     uploads = work / "uploads"
     uploads.mkdir(parents=True, exist_ok=True)
     images = ImageStore(inputs, uploads, options, row_input)
-    answers = service if isinstance(service, AnswerService) else None
-    model = service if isinstance(service, ModelService) else None
-    if model is not None:
-        images.forgotten.append(model.passes.drop)
-    explorer = Explorer(options, images, model, run, run_dir.resolve() if run_dir else None, record, base, answers)
+    if service is not None:
+        images.forgotten.append(service.passes.drop)
+    explorer = Explorer(options, images, service, run, run_dir.resolve() if run_dir else None, record, base)
     routes = [
         Route("/", _page(explorer)),
         Route("/static/{name}", _static),
@@ -133,7 +130,7 @@ def create_app(
         Route("/api/maps/{id}/heatmap.png", guarded(_map_file(explorer, "heatmap"))),
         Route("/api/maps/{id}/map.npy", guarded(_map_file(explorer, "npy"))),
         Route("/api/maps/{id}/faithfulness", guarded(_faithfulness(explorer))),
-        *answer_routes(images, answers),
+        *answer_routes(images, service.answers if service is not None else None),
         Route("/api/run/rows", guarded(_rows(explorer))),
         Route("/api/run/rows/{row:int}/outputs/{k:int}", guarded(_row_file(explorer))),
         Route("/files/{path:path}", guarded(_file(explorer))),
@@ -161,8 +158,6 @@ async def _static(request: Request) -> Response:
 
 
 def _needs_model(explorer: Explorer) -> ModelService:
-    if explorer.answers is not None:
-        raise HttpError(409, "this vision-language model answers questions: ask one about the image (POST /api/ask)")
     if explorer.service is None:
         raise HttpError(409, "no model is loaded; start gradcam serve with --model to explain images")
     return explorer.service
@@ -174,8 +169,7 @@ def _info(explorer: Explorer) -> Any:
         if explorer.run is not None:
             facets = await blocking(explorer.run.facets)
             run = {**facets, "manifest": str(explorer.run.manifest), "record": explorer.record}
-        served = explorer.service or explorer.answers
-        model = served.info() if served is not None else None
+        model = explorer.service.info() if explorer.service is not None else None
         options = explorer.options
         colormap = str(explorer.record.get("colormap") or options.colormap)
         alpha = explorer.record.get("alpha")
@@ -233,6 +227,7 @@ def _image_png(explorer: Explorer) -> Any:
 def _map(explorer: Explorer) -> Any:
     async def compute(request: Request) -> Response:
         service = _needs_model(explorer)
+        service.check_images()
         image_id = required_param(request, "image")
         layer, method = text_param(request, "layer"), text_param(request, "method")
         target, rank = text_param(request, "target"), int_param(request, "rank", 0, 0, 1000)
@@ -251,7 +246,7 @@ def _map(explorer: Explorer) -> Any:
 
 def _map_file(explorer: Explorer, kind: str) -> Any:
     async def map_file(request: Request) -> Response:
-        stored = (explorer.answers or _needs_model(explorer)).maps.get(request.path_params["id"])
+        stored = _needs_model(explorer).maps.get(request.path_params["id"])
         if stored is None:
             raise HttpError(404, "this map is no longer kept; ask for it again")
         if kind == "png":
@@ -273,21 +268,14 @@ def _map_file(explorer: Explorer, kind: str) -> Any:
 
 def _faithfulness(explorer: Explorer) -> Any:
     async def faithfulness(request: Request) -> Response:
-        service = explorer.answers or _needs_model(explorer)
+        service = _needs_model(explorer)
         stored = service.maps.get(request.path_params["id"])
         if stored is None:
             raise HttpError(404, "this map is no longer kept; ask for it again")
         road = text_param(request, "road") in ("1", "true", "yes")
-        if isinstance(service, AnswerService):
-            if road:
-                raise HttpError(400, "ROAD is measured for a classifier's classes, not an answer")
-            answers, shown = service, stored
-            _, image = await blocking(lambda: explorer.images.decoded(shown.image))
-            return json_response(await answers.run(lambda: answers.curves(shown, image, FAITHFULNESS_STEPS)))
-
-        path = explorer.images.source(stored.image).path
+        source, image = await blocking(lambda: explorer.images.decoded(stored.image))
         seconds = explorer.options.request_seconds
-        return json_response(await service.run(lambda: service.curves(stored, path, road, seconds)))
+        return json_response(await service.run(lambda: service.curves(stored, source, image, road, seconds)))
 
     return faithfulness
 

@@ -19,6 +19,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -89,6 +90,44 @@ class StoredMap:
     def heatmap_png(self, colormap: str) -> bytes:
         """The colour-mapped map alone, as ``--save-heatmap`` writes it, as PNG bytes."""
         return encode_image(heatmap_image(self.explanation.saliency, colormap_table(colormap)), ".png")
+
+
+@dataclass
+class MapAnswer:
+    """A computed map with what the page shows beside it; ``forward``: whether this request ran the model."""
+
+    stored: StoredMap
+    forward: bool
+    spec: str | None = None
+    """The ``--target`` spec the map explains (as the page typed it, or the default's); ``None``: a class."""
+
+    def to_dict(self) -> dict[str, Any]:
+        e = self.stored.explanation
+        height, width = e.saliency.shape[-2:]
+        return {
+            "id": self.stored.id,
+            "image": self.stored.image,
+            "layer": self.stored.layer,
+            "method": e.method,
+            "target": prediction_dict(e.target),
+            "spec": self.spec,
+            "rank": e.rank,
+            "width": int(width),
+            "height": int(height),
+            "name": self.stored.name,
+            "predictions": [prediction_dict(p) for p in self.stored.predictions],
+            "forward": self.forward,
+        }
+
+
+def prediction_dict(p: Any) -> dict[str, Any]:
+    """A :class:`~gradcam_cli.cam.results.Prediction` as the manifest writes it."""
+    out: dict[str, Any] = {"index": p.index, "name": p.name, "probability": p.probability}
+    if p.box is not None:
+        out["box"] = [float(v) for v in p.box]
+    if p.share is not None:
+        out["share"] = p.share
+    return {**out, **(p.details or {})}
 
 
 def packed_png(saliency: torch.Tensor) -> bytes:

@@ -8,6 +8,8 @@ layer list from :func:`~gradcam_cli.cam.layers.inspect_layers` (through ``dry_pa
 :class:`~gradcam_cli.serve.replay.ReplayFactory` (its call's :class:`~gradcam_cli.cam.explainer_input.CallContext`;
 the explainers kept are never changed), so that another class of an image already explained at a layer
 costs one backward pass and no forward pass (:class:`~gradcam_cli.serve.replay.RetainedPasses` bounds what is kept).
+Every model is served by this one class, a vision-language model too: asked questions about an image instead, with
+the same explainers, lock, thread and maps (:class:`~gradcam_cli.serve.answers.Answers` keeps its answers).
 
 One lock (``model_lock``) serialises every pass: hooks, retained graphs and the model's mode flags are never shared
 by two requests at once, and a request that fails leaves the model as the engine restores it. The app runs the
@@ -23,25 +25,27 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ..cam.attention.discovery import reads_attention
 from ..cam.explainer import Explainer
 from ..cam.explainer_input import CallContext
-from ..cam.layers import DryPasses
+from ..cam.layers import DryPasses, LayerInfo
 from ..cam.methods import METHODS
 from ..cam.methods.needs import ATTENTION_NEEDS
 from ..cam.targets import model_kind
 from ..errors import UsageError, suggest
+from ..models.families import family_of
 from ..models.labels import resolve_target
 from ..models.loading import LoadedModel, load_for_run
 from ..options import EvalOptions, ExplainOptions, ModelOptions
 from ..targets import TargetSpec
+from .answers import Answers
 from .http import HttpError
 from .images import DecodedImage, Source
-from .maps import MapStore, StoredMap, map_id
+from .maps import MapAnswer, MapStore, StoredMap, map_id, prediction_dict
 from .replay import RETAINED_PASSES, ReplayFactory, RetainedPasses
 
 T = TypeVar("T")
@@ -51,63 +55,11 @@ MAX_EXPLAINERS = 16
 """Explainers kept (one per layer, method and target; each holds only names, settings and a target's reference)."""
 
 
-@dataclass
-class MapAnswer:
-    """A computed map with what the page shows beside it; ``forward``: whether this request ran the model."""
-
-    stored: StoredMap
-    forward: bool
-    spec: str | None = None
-    """The ``--target`` spec the map explains (as the page typed it, or the default's); ``None``: a class."""
-
-    def to_dict(self) -> dict[str, Any]:
-        e = self.stored.explanation
-        height, width = e.saliency.shape[-2:]
-        return {
-            "id": self.stored.id,
-            "image": self.stored.image,
-            "layer": self.stored.layer,
-            "method": e.method,
-            "target": prediction_dict(e.target),
-            "spec": self.spec,
-            "rank": e.rank,
-            "width": int(width),
-            "height": int(height),
-            "name": self.stored.name,
-            "predictions": [prediction_dict(p) for p in self.stored.predictions],
-            "forward": self.forward,
-        }
-
-
-def prediction_dict(p: Any) -> dict[str, Any]:
-    """A :class:`~gradcam_cli.cam.results.Prediction` as the manifest writes it."""
-    out: dict[str, Any] = {"index": p.index, "name": p.name, "probability": p.probability}
-    if p.box is not None:
-        out["box"] = [float(v) for v in p.box]
-    if p.share is not None:
-        out["share"] = p.share
-    return {**out, **(p.details or {})}
-
-
-class ModelThread:
-    """The thread a served model's passes run on (the module's docstring says why one): :meth:`run` awaits work on
-    it, :meth:`close` lets it end."""
-
-    def __init__(self) -> None:
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="gradcam-model")
-
-    async def run(self, work: Callable[[], T]) -> T:
-        """Await ``work`` (which uses the model) on the service's own thread."""
-        return await asyncio.wrap_future(self._thread.submit(work))
-
-    def close(self) -> None:
-        """Let the service's thread end (once its work in hand is done); the command calls it when it stops."""
-        self._thread.shutdown(wait=False, cancel_futures=True)
-
-
-class ModelService(ModelThread):
+class ModelService:
     """One loaded model, explained on request; ``options`` are the run's (or the command's) explain options: their
-    ``targets`` are the page's default targets (the first is explained when a request names none)."""
+    ``targets`` are the page's default targets (the first is explained when a request names none). A
+    vision-language model (its family :attr:`~gradcam_cli.models.families.base.Family.answers`) is loaded as
+    ``--prompt`` loads it, and asked questions instead (:attr:`answers`)."""
 
     def __init__(
         self, model: LoadedModel | ModelOptions, options: ExplainOptions | None = None, retained: int = RETAINED_PASSES
@@ -116,7 +68,7 @@ class ModelService(ModelThread):
         self.options = options
         self.targets = options.targets
         if isinstance(model, ModelOptions):  # loaded here: an embedding model without a target has no explainer yet
-            model = load_for_run(model)
+            model = _load(model, options)
         self.kind = model_kind(model)
         embeds = model.embeds and model.text is None  # an embedding model: output:0 of any
         first = self.targets[:1] or ((TargetSpec("output"),) if embeds else ())
@@ -133,30 +85,47 @@ class ModelService(ModelThread):
         self.default_layer = base.layer_label
         self.default_method = base.chosen.methods[0]
         self.model_lock = threading.Lock()
-        super().__init__()
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="gradcam-model")
         self.passes = RetainedPasses(retained)
         self.maps = MapStore()
         self._explainers: dict[tuple[str, str, str], Explainer] = {
             (base.layer_label, base.chosen.methods[0], str(first[0]) if first else ""): base
         }
-        infos = self.dry_passes.get(self.model, self.device, self.adapter.tokens)
-        try:
-            default = self.adapter.default_layer_of(self.model, infos)
-        except UsageError:
-            default = None
-        self.layers = [
-            {"name": i.name, "kind": i.kind, "shape": list(i.output_shape or ()), "default": i.name == default}
-            for i in infos
-            if i.is_candidate
-        ]
+        self.layers = self._layers(self.adapter.dry_pass(self.dry_passes, self.model, self.device))
         attends = reads_attention(self.model)  # the attention methods only for a model they can read
         self.methods = [
             name
             for name, m in METHODS.items()
             if self.adapter.takes(name, m.tasks, self.model.module) and (attends or m.needs not in ATTENTION_NEEDS)
         ]
+        self.answers = Answers.of(self, base)
+        """A vision-language model's answers (:mod:`gradcam_cli.serve.answers`); ``None``: an image model's."""
         for spec in self.targets[1:]:  # every default target checked now (and its explainer kept), as a run's
             self.explainer(None, None, spec)
+
+    def _layers(self, infos: list[LayerInfo]) -> list[dict[str, Any]]:
+        """The layers the page offers: the dry pass's candidates, the model's default marked; without a dry pass (a
+        vision-language model's: its family names the layer), the explained layer alone."""
+        if not infos:
+            return [{"name": self.default_layer, "kind": "", "shape": [], "default": True}]
+        try:
+            default = self.adapter.default_layer_of(self.model, infos)
+        except UsageError:
+            default = None
+        return [
+            {"name": i.name, "kind": i.kind, "shape": list(i.output_shape or ()), "default": i.name == default}
+            for i in infos
+            if i.is_candidate
+        ]
+
+    async def run(self, work: Callable[[], T]) -> T:
+        """Await ``work`` (which uses the model) on the service's own thread (the module's docstring says why
+        one)."""
+        return await asyncio.wrap_future(self._thread.submit(work))
+
+    def close(self) -> None:
+        """Let the service's thread end (once its work in hand is done); the command calls it when it stops."""
+        self._thread.shutdown(wait=False, cancel_futures=True)
 
     def info(self) -> dict[str, Any]:
         """What the page needs to build its controls."""
@@ -169,7 +138,15 @@ class ModelService(ModelThread):
             "default_method": self.default_method,
             "kind": self.kind,
             "targets": [str(spec) for spec in self.targets],
+            **(self.answers.facts() if self.answers is not None else {}),
         }
+
+    def check_images(self) -> None:
+        """A 409 answer for a model asked questions instead of explaining images (``POST /api/ask``)."""
+        if self.answers is not None:
+            raise HttpError(
+                409, "this vision-language model answers questions: ask one about the image (POST /api/ask)"
+            )
 
     def explainer(self, layer: str | None, method: str | None, target: TargetSpec | None = None) -> Explainer:
         """The explainer for ``layer`` (names joined by ``+``), ``method`` and ``target`` (``None``: classes); a bad
@@ -217,6 +194,7 @@ class ModelService(ModelThread):
         default target, else the top class) or of detection ``rank`` (0: every detection's combined map), at
         ``layer`` with ``method``; ``shown``: the target as the page names it (default: the spec itself);
         ``seconds``: how long the passes of a method that runs many (Score-CAM, RISE, ...) may take."""
+        self.check_images()
         spec = (
             target if isinstance(target, TargetSpec) else self.targets[0] if target is None and self.targets else None
         )
@@ -254,11 +232,22 @@ class ModelService(ModelThread):
         self.maps.put(stored)
         return MapAnswer(stored, factory.forward or deadline.passes > 0, shown)
 
-    def curves(self, stored: StoredMap, path: Path, road: bool, seconds: float | None = None) -> dict[str, Any]:
-        """``gradcam eval``'s figures for the map ``stored`` shows, by its own evaluator (what ``gradcam eval PATH
-        --target-class N --layer L --method M --steps 20 [--road]`` prints): deletion and insertion AUC and curves,
-        the masked image's probability, and with ``road`` the combined ROAD score. Classifiers only, as there."""
+    def curves(
+        self, stored: StoredMap, source: Source, image: DecodedImage, road: bool, seconds: float | None = None
+    ) -> dict[str, Any]:
+        """``gradcam eval``'s figures for the map ``stored`` shows, of the image ``source`` (``image``, decoded):
+        a class's by its own evaluator, a whole answer's as ``gradcam eval --prompt`` measures it
+        (:meth:`Answers.curves <gradcam_cli.serve.answers.Answers.curves>`); a task measured by its boxes is
+        refused, as there."""
         self.adapter.check_curves()
+        if self.answers is not None:
+            return self.answers.curves(stored, image, road, FAITHFULNESS_STEPS)
+        return self._class_curves(stored, source.path, road, seconds)
+
+    def _class_curves(self, stored: StoredMap, path: Path, road: bool, seconds: float | None = None) -> dict[str, Any]:
+        """``gradcam eval``'s figures for a class's map ``stored`` by its own evaluator (what ``gradcam eval PATH
+        --target-class N --layer L --method M --steps 20 [--road]`` prints): deletion and insertion AUC and curves,
+        the masked image's probability, and with ``road`` the combined ROAD score."""
         from ..evaluation.evaluate import Evaluator
 
         explanation = stored.explanation
@@ -290,6 +279,17 @@ class ModelService(ModelThread):
         if road:
             out["road"] = figures.road
         return out
+
+
+def _load(model: ModelOptions, options: ExplainOptions) -> LoadedModel:
+    """``model`` loaded as the command loads it: a vision-language model as ``--prompt`` does (for the answer task,
+    a ``--layer`` given tried by one probe pass: :func:`~gradcam_cli.pipeline.answers.answer_explainer`), any other
+    once on its device."""
+    if family_of(model.model).answers:
+        from ..pipeline.answers import answer_explainer
+
+        return answer_explainer(model, options).model
+    return load_for_run(model)
 
 
 class Deadline:

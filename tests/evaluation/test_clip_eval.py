@@ -19,8 +19,8 @@ from video_models import REFERENCES, captured, resized, write_video
 from gradcam_cli import Explainer
 from gradcam_cli.cli.eval import app
 from gradcam_cli.errors import EXIT_OK, EXIT_USAGE
-from gradcam_cli.evaluation.clips import measure_in_time, rank_options
-from gradcam_cli.evaluation.evaluate import ClipEvaluator, evaluator_for
+from gradcam_cli.evaluation.choose import evaluator_for
+from gradcam_cli.evaluation.clips import ClipEvaluator, measure_in_time, rank_options
 from gradcam_cli.evaluation.metrics import auc
 from gradcam_cli.evaluation.rank import rank
 from gradcam_cli.evaluation.seeds import seed_spread

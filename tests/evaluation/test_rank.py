@@ -24,8 +24,9 @@ from gradcam_cli.cam.results import Prediction
 from gradcam_cli.cli.eval import app
 from gradcam_cli.evaluation import metrics
 from gradcam_cli.evaluation.evaluate import Evaluator
+from gradcam_cli.evaluation.intervals import bootstrap, paired_interval
 from gradcam_cli.evaluation.plan import SEED_RERUNS
-from gradcam_cli.evaluation.rank import MIN_IMAGES, bootstrap, format_ranking, paired_interval, rank
+from gradcam_cli.evaluation.rank import MIN_IMAGES, format_ranking, rank
 from gradcam_cli.evaluation.report import SANITY_MIN_REPEAT, EvalReport, ImageScores, MethodScores
 from gradcam_cli.options import EvalOptions, PerturbationOptions
 

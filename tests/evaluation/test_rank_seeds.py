@@ -39,6 +39,7 @@ def test_rank_reports_each_methods_seed_spread(tmp_path: Path) -> None:
         assert spread[("randomcam", metric)] > 0.0, metric
     assert spread[("gradcam", "road")] > 0.0  # ROAD's imputation noise moves even a deterministic map's score
     assert spread[("gradcam", "stability")] > 0.0  # other noisy copies
+    assert spread[("gradcam", "faithfulness_correlation")] > 0.0  # other random pixel subsets
     assert spread[("gradcam", "sanity")] is None  # the cascade is not re-run
     images = [
         ImageScores(f"{i}.png", Prediction(0, "red", 0.9), {m: MethodScores([v, v], [v, v], 0.0) for m in methods})

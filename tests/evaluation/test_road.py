@@ -14,7 +14,8 @@ from square_model import build, square_image
 from gradcam_cli import Explainer
 from gradcam_cli.errors import UsageError
 from gradcam_cli.evaluation import road
-from gradcam_cli.evaluation.evaluate import Evaluator, evaluator_for
+from gradcam_cli.evaluation.choose import evaluator_for
+from gradcam_cli.evaluation.evaluate import Evaluator
 from gradcam_cli.evaluation.road import ROAD_FRACTIONS, combined, impute, road_masks
 from gradcam_cli.io.images import InputSpec
 from gradcam_cli.models.loading import LoadedModel
@@ -117,7 +118,7 @@ def test_detectors_refuse_road_in_one_line() -> None:
     from task_models import build_detector
 
     with pytest.raises(
-        UsageError, match=r"^--road is for classifiers; a detector's maps are evaluated against --boxes$"
+        UsageError, match=r"^--road is for classifiers; a detector's maps are evaluated per detection, in its own box$"
     ):
         evaluator_for(Explainer(build_detector()), EvalOptions(road=True))
 

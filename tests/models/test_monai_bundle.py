@@ -5,12 +5,12 @@ and overlap against the autograd reference."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from cam_reference import pearson
-from volume_models import reference_stitched
+from volume_models import BUNDLE_BOTTLENECK as BOTTLENECK
+from volume_models import BUNDLE_CONFIG as CONFIG
+from volume_models import reference_stitched, save_bundle
 
 from gradcam_cli import Explainer, load_model
 from gradcam_cli.cam.windows import Windows, explain_volume
@@ -18,71 +18,12 @@ from gradcam_cli.errors import UsageError
 from gradcam_cli.models.families import family_of
 from gradcam_cli.models.volume_spec import Intensity
 
-monai_nets = pytest.importorskip("monai.networks.nets")
-BOTTLENECK = "model.1.submodule.1.submodule"
-CONFIG = {
-    "bundle_root": ".",
-    "num_classes": 3,
-    "network_def": {
-        "_target_": "UNet",
-        "spatial_dims": 3,
-        "in_channels": 1,
-        "out_channels": "@num_classes",
-        "channels": [4, 8, 16],
-        "strides": [2, 2],
-        "num_res_units": 0,
-    },
-    "network": "$@network_def.to('cpu')",
-    "preprocessing": {
-        "_target_": "Compose",
-        "transforms": [
-            {"_target_": "LoadImaged", "keys": "image"},
-            {"_target_": "EnsureChannelFirstd", "keys": "image"},
-            {"_target_": "Orientationd", "keys": "image", "axcodes": "RAS"},
-            {"_target_": "Spacingd", "keys": "image", "pixdim": [1.5, 1.5, 2.0]},
-            {
-                "_target_": "ScaleIntensityRanged",
-                "keys": "image",
-                "a_min": -57,
-                "a_max": 164,
-                "b_min": 0.0,
-                "b_max": 1.0,
-                "clip": True,
-            },
-        ],
-    },
-    "inferer": {"_target_": "SlidingWindowInferer", "roi_size": [16, 16, 16], "sw_batch_size": 2, "overlap": "$0.25"},
-}
-METADATA = {
-    "version": "0.1.0",
-    "network_data_format": {
-        "inputs": {"image": {"type": "image", "num_channels": 1, "spatial_shape": [16, 16, 16]}},
-        "outputs": {
-            "pred": {
-                "type": "image",
-                "num_channels": 3,
-                "channel_def": {"0": "background", "1": "spleen", "2": "liver"},
-            }
-        },
-    },
-}
-
-
-def network() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return monai_nets.UNet(3, 1, 3, channels=(4, 8, 16), strides=(2, 2), num_res_units=0).eval()
+pytest.importorskip("monai.networks.nets")
 
 
 @pytest.fixture
 def bundle(tmp_path):
-    folder = tmp_path / "spleen_bundle"
-    (folder / "configs").mkdir(parents=True)
-    (folder / "models").mkdir()
-    (folder / "configs" / "inference.json").write_text(json.dumps(CONFIG))
-    (folder / "configs" / "metadata.json").write_text(json.dumps(METADATA))
-    net = network()
-    torch.save(net.state_dict(), folder / "models" / "model.pt")
-    return folder, net
+    return save_bundle(tmp_path)
 
 
 @pytest.mark.quick

@@ -31,7 +31,7 @@ LAYERS = (
 ``gradcam_cli`` (``gradcam_cli`` itself: its ``__init__``, whose exports are loaded by name) imports only from the
 layers below its own, never from one beside it or above it."""
 TASKS = PACKAGE / "cam" / "tasks"
-ASKED_OF_ADAPTERS = re.compile(r"\.ranked|\.faithfulness|Task\.DETECT|isinstance\([^)]*Targets")
+ASKED_OF_ADAPTERS = re.compile(r"\.ranked|\.faithfulness\b|Task\.DETECT|isinstance\([^)]*Targets")
 """What a task decides, read outside its adapter: a flag of it, the old task enum, a test of a task's targets."""
 
 

@@ -1,6 +1,7 @@
-"""``gradcam serve`` with a vision-language model (gradcam_cli/serve/answers.py): a question about an image is
-answered as ``gradcam --prompt`` answers it, and the whole answer's and each word's map are the maps the command
-line writes (``--save-raw``), compared through the page's 16-bit PNG. A tiny random LLaVA (tests/vlm_models.py)."""
+"""``gradcam serve`` with a vision-language model (the one ModelService, its answers: gradcam_cli/serve/answers.py):
+a question about an image is answered as ``gradcam --prompt`` answers it, and the whole answer's and each word's map
+are the maps the command line writes (``--save-raw``), compared through the page's 16-bit PNG. A tiny random LLaVA
+(tests/vlm_models.py)."""
 
 from __future__ import annotations
 
@@ -42,10 +43,9 @@ def photo(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def client(model, photo, tmp_path_factory):
-    from gradcam_cli.serve import create_app
-    from gradcam_cli.serve.answers import AnswerService
+    from gradcam_cli.serve import ModelService, create_app
 
-    service = AnswerService(ModelOptions(model), ExplainOptions(question=AnswerOptions(max_new_tokens=4)))
+    service = ModelService(ModelOptions(model), ExplainOptions(question=AnswerOptions(max_new_tokens=4)))
     app = create_app(service, discover([photo]), work_dir=tmp_path_factory.mktemp("work"))
     with TestClient(app, base_url=LOCAL) as test_client:
         yield test_client

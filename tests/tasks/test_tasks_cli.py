@@ -305,10 +305,13 @@ def test_gradcam_eval_scores_a_detectors_maps_against_ground_truth_boxes(inputs,
     refused = run_eval(*base, "--sanity")
     assert refused.exit_code == EXIT_USAGE
     assert refused.stderr.splitlines()[-1].startswith("error: --sanity is for classifiers; a detector's maps")
-    unboxed = run_eval(inputs, "-m", DETECTOR)
+    unboxed = run_eval(inputs, "-m", DETECTOR, "--steps", "4", "--json")  # each detection measured on its own
+    assert unboxed.exit_code == EXIT_OK, unboxed.output
+    assert json.loads(unboxed.stdout)["methods"]["gradcam"]["detections"]["count"] == 3
+    segmented = run_eval(inputs, "-m", SEGMENTER)
     assert (
-        unboxed.stderr.splitlines()[-1]
-        == "error: gradcam eval of a detector needs --boxes: it measures where its maps point"
+        segmented.stderr.splitlines()[-1]
+        == "error: gradcam eval of a segmenter needs --boxes: it measures where its maps point"
     )
 
 

@@ -166,3 +166,25 @@ def test_peak_in_voxels_and_millimetres() -> None:
     cam[4, 7, 9] = 1.0
     cam[5, 0, 0] = 1.0  # a tie later in C order loses
     assert peak(cam, scan.affine) == ((4, 7, 9), (32.0 - 8.0, -40.0 + 14.0, -16.0 + 18.0))
+
+
+@pytest.mark.quick
+def test_simpleitk_arrays_are_a_dicom_series_as_read_and_a_niftis_axes_reversed(tmp_path: Path) -> None:
+    """What ``VolumeSpec.axes`` relies on for nnU-Net models, which read scans through SimpleITK: its array of a
+    DICOM series is the series as read here, (slice, row, column); of a NIfTI, nibabel's axes reversed."""
+    sitk = pytest.importorskip("SimpleITK")
+    from gradcam_cli.models.volume_spec import VolumeSpec
+
+    pixels = np.random.default_rng(1).integers(0, 3000, size=(5, 4, 6)).astype(np.uint16)
+    _write_series(tmp_path / "ct", pixels, np.array([-10.0, 20.0, 30.0]), step=2.5)
+    reader = sitk.ImageSeriesReader()
+    reader.SetFileNames(reader.GetGDCMSeriesFileNames(str(tmp_path / "ct")))
+    series = read_volume([tmp_path / "ct"]).data[0]
+    itk = VolumeSpec((4, 4, 4), itk=True)
+    assert itk.axes(nifti=False) == (0, 1, 2)
+    np.testing.assert_array_equal(sitk.GetArrayFromImage(reader.Execute()).astype(np.float32), series)
+    head = read_volume([DATA / "anatomical.nii"]).data[0]
+    assert itk.axes(nifti=True) == (2, 1, 0) and VolumeSpec((4, 4, 4)).axes(nifti=True) == (0, 1, 2)
+    through_itk = sitk.GetArrayFromImage(sitk.ReadImage(str(DATA / "anatomical.nii"))).astype(np.float32)
+    np.testing.assert_array_equal(through_itk, head.transpose(itk.axes(nifti=True)))
+    assert VolumeSpec((4, 4, 4), itk=True, transpose=(1, 0, 2)).axes(nifti=True) == (1, 2, 0)

@@ -216,6 +216,7 @@ class AnswerTask(TaskAdapter):
     takes_targets = True
     tokens = False
     methods_of = "answer"
+    listed = ""  # gradcam serve's page shows a question box and the answer's words, no predictions
 
     def takes(self, method: str, tasks: Sequence[str], module: nn.Module) -> bool:
         return method in answer_methods()

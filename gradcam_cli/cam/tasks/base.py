@@ -80,6 +80,9 @@ class TaskAdapter:
     ranked = False
     videos = True
     faithfulness = False
+    box_faithfulness = False
+    """``gradcam eval`` measures each explained detection's own faithfulness, ``--boxes`` optional (a detector's:
+    :mod:`gradcam_cli.evaluation.detections`); read by :meth:`boxed_only`."""
     takes_targets = False
     aug_smooth = False
     methods_of = "segment"
@@ -162,14 +165,27 @@ class TaskAdapter:
         """How much of a target an output line shows: ``73.1%``, then :meth:`located`."""
         return _then(f"{prediction.probability:.1%}", self.located(prediction))
 
-    def eval_checks(self, sanity: bool, plot: bool, road: bool) -> None:
+    def eval_checks(self, sanity: bool, plot: bool, road: bool, correlation: bool = False) -> None:
         """Refuse ``gradcam eval`` options the box measures do not take (tasks without :attr:`faithfulness`)."""
+        how = "per detection, in its own box" if self.box_faithfulness else "against --boxes"
         if sanity:
-            raise UsageError(f"--sanity is for classifiers; a {self.noun}'s maps are evaluated against --boxes")
+            raise UsageError(f"--sanity is for classifiers; a {self.noun}'s maps are evaluated {how}")
         if plot:
-            raise UsageError(f"--plot draws deletion and insertion curves, which a {self.noun} is not measured by")
+            raise UsageError(f"--plot draws a classifier's deletion and insertion curves, not a {self.noun}'s")
         if road:
-            raise UsageError(f"--road is for classifiers; a {self.noun}'s maps are evaluated against --boxes")
+            raise UsageError(f"--road is for classifiers; a {self.noun}'s maps are evaluated {how}")
+        if correlation:
+            raise UsageError(f"--faithfulness-correlation is for classifiers; a {self.noun}'s maps are evaluated {how}")
+
+    def boxed_only(self, given: bool) -> bool:
+        """Whether ``gradcam eval``'s box measures (tasks without :attr:`faithfulness`) score only the images that
+        have boxes (``given``: ``--boxes`` was given): a detector measures every image's detections, boxes or not;
+        another task without ``--boxes`` is refused in one line."""
+        if self.box_faithfulness:
+            return False
+        if not given:
+            raise UsageError(f"gradcam eval of a {self.noun} needs --boxes: it measures where its maps point")
+        return True
 
     def box_pairs(
         self, explainer: Explained, image: Any, result: ImageExplanation, boxes: Sequence[GroundTruthBox]
@@ -241,7 +257,11 @@ class TaskAdapter:
     def rank_options(self, options: EvalOptions) -> EvalOptions:
         """The options ``gradcam eval --rank`` measures this task with: a task measured by its boxes drops the
         sanity checks, ROAD and the stability measure."""
-        return options if self.faithfulness else replace(options, sanity=False, road=False, stability=False)
+        return (
+            options
+            if self.faithfulness
+            else replace(options, sanity=False, road=False, stability=False, correlation=False)
+        )
 
     def pick(self, explanations: list[Explanation], rank: int) -> Explanation:
         """The explanation ``gradcam serve`` shows for a request of ``rank`` (a ranked task's detection)."""

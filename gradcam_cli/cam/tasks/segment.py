@@ -43,11 +43,14 @@ class SegmentTask(TaskAdapter):
         return "no class other than the background"
 
     def located(self, prediction: Prediction) -> str | None:
-        return f"on {prediction.share:.1%} of the pixels" if prediction.share is not None else None
+        return f"on {prediction.share:.1%} of the {_units(prediction)}" if prediction.share is not None else None
 
     def how_much(self, prediction: Prediction) -> str:
-        """The class's share of the pixels (``12.3% of the pixels``): what a segmenter's target is measured by."""
-        return f"{prediction.share:.1%} of the pixels" if prediction.share is not None else super().how_much(prediction)
+        """The class's share of the pixels (``12.3% of the pixels``; a scan's: ``of the voxels``): what a
+        segmenter's target is measured by."""
+        if prediction.share is None:
+            return super().how_much(prediction)
+        return f"{prediction.share:.1%} of the {_units(prediction)}"
 
     def box_pairs(
         self, explainer: Explained, image: Any, result: ImageExplanation, boxes: Sequence[GroundTruthBox]
@@ -58,3 +61,9 @@ class SegmentTask(TaskAdapter):
 
 
 register_task(SegmentTask())
+
+
+def _units(prediction: Prediction) -> str:
+    """What a segmenter's class's share is a share of: a scan's ``voxels`` (its prediction's details count them),
+    else ``pixels``."""
+    return "voxels" if "voxels" in (prediction.details or {}) else "pixels"

@@ -85,6 +85,7 @@ class NnUNet(Family):
             tuple(float(s) for s in configuration.get("spacing", ())) or None,
             transpose=tuple(plans.get("transpose_forward", ())) or None,
             source=f"nnU-Net plans {folder / 'plans.json'} ({name})",
+            itk=not str(dataset.get("overwrite_image_reader_writer", "")).startswith("Nibabel"),
         )
         stages = getattr(getattr(network, "encoder", None), "stages", None)
         bottleneck = (f"encoder.stages.{len(stages) - 1}",) if isinstance(stages, nn.Sequential) else ()

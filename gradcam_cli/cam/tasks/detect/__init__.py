@@ -31,6 +31,7 @@ class DetectTask(TaskAdapter):
     name = "detect"
     noun = "detector"
     ranked = True
+    box_faithfulness = True
     listed = "Detections"
     methods_of = "detect"
     default_layer = "last stage of the backbone"

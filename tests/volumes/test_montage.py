@@ -1,0 +1,84 @@
+"""The montage of three planes (render/montage.py): the same anatomy is drawn the same whatever the order and the
+direction of the scan's voxel axes (the affine says where each voxel is), superior up and the patient's right on the
+left, the peak marked."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gradcam_cli.render.colour import colormap_table
+from gradcam_cli.render.montage import LABEL_HEIGHT, Window, montage, plane_axes, planes
+
+SHAPE = (6, 8, 10)
+
+
+def scene() -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, int, int]]:
+    """A RAS-ordered scan (x right, y anterior, z superior; 2 x 3 x 4 mm voxels), a map and its peak voxel."""
+    generator = np.random.default_rng(0)
+    scan = generator.normal(size=SHAPE).astype(np.float32)
+    values = generator.uniform(size=SHAPE).astype(np.float32) * 0.5
+    peak = (1, 5, 7)
+    values[peak] = 1.0
+    affine = np.diag([2.0, 3.0, 4.0, 1.0])
+    affine[:3, 3] = (-5.0, 7.0, 11.0)
+    return scan, values, affine, peak
+
+
+def drawn(scan, values, affine, voxel) -> torch.Tensor:
+    """The montage below its labels (which name the voxel's indices, not the same in each storage)."""
+    return montage(scan, values, affine, voxel, colormap_table("jet"), 0.5, Window(-2.0, 2.0))[LABEL_HEIGHT:]
+
+
+@pytest.mark.quick
+def test_the_planes_do_not_depend_on_the_voxel_axes_order_or_direction() -> None:
+    scan, values, affine, peak = scene()
+    expected = drawn(scan, values, affine, peak)
+    # the x axis stored the other way round (as LPS-ordered files store it): same anatomy
+    flipped = affine.copy()
+    flipped[:3, 0] *= -1
+    flipped[:3, 3] = affine[:3, :3] @ np.array([SHAPE[0] - 1, 0, 0]) + affine[:3, 3]
+    voxel = (SHAPE[0] - 1 - peak[0], peak[1], peak[2])
+    torch.testing.assert_close(drawn(scan[::-1], values[::-1], flipped, voxel), expected)
+    # the axes stored as (z, y, x), as a DICOM series is read: same anatomy
+    reversed_affine = affine[:, [2, 1, 0, 3]]
+    turned = drawn(scan.transpose(2, 1, 0), values.transpose(2, 1, 0), reversed_affine, peak[::-1])
+    torch.testing.assert_close(turned, expected)
+    assert plane_axes(reversed_affine) == (2, 1, 0) and plane_axes(affine) == (0, 1, 2)
+
+
+@pytest.mark.quick
+def test_superior_is_up_and_the_patients_right_on_the_left() -> None:
+    scan = np.zeros(SHAPE, dtype=np.float32)
+    scan[-1, :, -1] = 2.0  # the right (+x), superior (+z) edge: white; the cross at its inferior, posterior end
+    values = np.zeros(SHAPE, dtype=np.float32)
+    shown = planes(scan, values, np.diag([2.0, 3.0, 4.0, 1.0]), (SHAPE[0] - 1, 0, 0), colormap_table("jet"))
+    (axial, first), (coronal, second), (sagittal, third) = shown
+    assert (axial, coronal, sagittal) == ("axial k=0", "coronal j=0", "sagittal i=5")
+    for panel, up, left in ((first, False, True), (second, True, True), (third, True, None)):
+        grey = panel.float().mean(dim=2)
+        rows, columns = torch.nonzero(grey > grey.median() + 20, as_tuple=True)  # the white edge and the cross
+        if up is not None:
+            assert (rows.float().mean() < panel.shape[0] / 4) == up  # superior at the top (axial: anterior)
+        if left is not None:
+            assert (columns.float().mean() < panel.shape[1] / 4) == left  # the patient's right on the left
+
+
+@pytest.mark.quick
+def test_the_window_is_given_or_the_models_clipping_range_or_the_scans_percentiles() -> None:
+    from gradcam_cli.io.volumes import Volume
+    from gradcam_cli.models.volume_spec import Intensity, VolumeSpec
+    from gradcam_cli.options import WindowLevel
+    from gradcam_cli.pipeline.volumes import scan_window
+
+    data = np.arange(1000, dtype=np.float32).reshape(1, 10, 10, 10)
+    scan = Volume(data, np.eye(4), ())
+    ct = VolumeSpec((4, 4, 4), (Intensity("ct", 80.0, 150.0, -900.0, 1200.0),))
+    assert scan_window(ct, scan, WindowLevel.parse("40,400")) == Window(-160.0, 240.0)
+    assert scan_window(ct, scan) == Window(-900.0, 1200.0)
+    assert scan_window(VolumeSpec((4, 4, 4)), scan) == Window(4.995, 994.005)
+    grey = Window(-160.0, 240.0).grey(torch.tensor([[-500.0, 40.0, 240.0]]))
+    assert grey[0, :, 0].tolist() == [0, 128, 255]
+    with pytest.raises(ValueError, match="LEVEL,WIDTH"):
+        WindowLevel.parse("40")
