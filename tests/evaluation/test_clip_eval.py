@@ -21,7 +21,8 @@ from gradcam_cli.cli.eval import app
 from gradcam_cli.errors import EXIT_OK, EXIT_USAGE
 from gradcam_cli.evaluation.choose import evaluator_for
 from gradcam_cli.evaluation.clips import ClipEvaluator, measure_in_time, rank_options
-from gradcam_cli.evaluation.metrics import auc
+from gradcam_cli.evaluation.correlation import correlation_drops
+from gradcam_cli.evaluation.metrics import auc, faithfulness_correlation
 from gradcam_cli.evaluation.rank import rank
 from gradcam_cli.evaluation.seeds import seed_spread
 from gradcam_cli.io.images import InputSpec
@@ -69,6 +70,36 @@ def test_temporal_curves_follow_the_formula(steps):
     got = measure_in_time(clip, saliency, steps, score(clip), lambda copies: [score(c) for c in copies])
     assert got[0] == pytest.approx(expected[0], abs=1e-6) and got[1] == pytest.approx(expected[1], abs=1e-6)
     assert len(got[0]) == min(steps, 8) + 1
+
+
+@pytest.mark.quick
+def test_faithfulness_correlation_of_a_clip_removes_random_voxels():
+    """A clip's subsets are of its T x H x W voxels: with a linear score, each run's drop is the sum of its removed
+    voxels' weights over the channels, computed here voxel by voxel, and a map of those weights correlates 1."""
+    generator = torch.Generator().manual_seed(1)
+    clip = torch.rand(3, 4, 5, 6, generator=generator)
+    weights = torch.rand(3, 4, 5, 6, generator=generator)
+
+    def score(copy: torch.Tensor) -> float:
+        return float((copy * weights).sum())
+
+    def scores(jobs, build):
+        return (score(build(job)) for job in jobs)
+
+    options = EvalOptions(correlation=True, correlation_runs=12, correlation_subset=9, seed=5)
+    measured = correlation_drops(clip, score(clip), options, scores)
+    assert measured is not None
+    subsets, drops = measured
+    assert subsets.shape == (12, 9) and int(subsets.max()) < 4 * 5 * 6
+    for run, subset in enumerate(subsets.tolist()):
+        expected = 0.0
+        for voxel in subset:
+            t, rest = divmod(voxel, 5 * 6)
+            y, x = divmod(rest, 6)
+            expected += float((clip[:, t, y, x] * weights[:, t, y, x]).sum())
+        assert float(drops[run]) == pytest.approx(expected, rel=1e-5)
+    faithful = (clip * weights).sum(0)
+    assert faithfulness_correlation(faithful, subsets, drops) == pytest.approx(1.0, abs=1e-9)
 
 
 @pytest.mark.quick
