@@ -180,8 +180,8 @@ def measure_in_time(
 
 
 class ClipEvaluator(Evaluator):
-    """The protocol on a video model's clips (docs/evaluation.md, "Clips"; :mod:`.clips`): each clip one input,
-    ``VIDEO#clipN``, scored as an image with voxels for pixels, and in time; ``on_image``: once per video."""
+    """The protocol on a video model's clips (docs/evaluation.md, "Clips"; the module docstring): each clip one
+    input, ``VIDEO#clipN``, scored as an image with voxels for pixels, and in time; ``on_image``: once per video."""
 
     def _inputs(self, images: Inputs, boxes: Boxes, on_image: Tick, on_result: Told) -> tuple[list[ImageScores], int]:
         refuse_for_clips(self.options, boxes)
@@ -197,7 +197,7 @@ class ClipEvaluator(Evaluator):
     def _perturbation_scores(
         self, image: torch.Tensor, target: Prediction, maps: dict[str, torch.Tensor], read: Callable[[object], Any]
     ) -> dict[str, MethodScores]:
-        """The voxels' curves (:meth:`Evaluator._perturbation_scores`) and the frames' (:mod:`.clips`)."""
+        """The voxels' curves (:meth:`Evaluator._perturbation_scores`) and the frames' (:func:`measure_in_time`)."""
         scores = super()._perturbation_scores(image, target, maps, read)
 
         def score(copies: list[torch.Tensor]) -> list[float]:
