@@ -51,7 +51,7 @@ _EXPORTS = {
     "Session": "pipeline.session",
     "Record": "cam.records",
     "Evaluator": "evaluation.evaluate",
-    "evaluate": "evaluation.evaluate",
+    "evaluate": "evaluation.choose",
     "EvalReport": "evaluation.report",
     "ModelOptions": "options",
     "ExplainOptions": "options",

@@ -313,7 +313,8 @@ class RunOptions:
     (``ray_address``; ``None``: the ``RAY_ADDRESS`` environment variable, else a local instance) with ``actors``
     explaining actors (``None``: one per GPU, else one per two CPUs), each with ``gpus_per_worker`` GPUs
     (``None``: 1 where the cluster has GPUs, else 0). ``clip_stride``: video frames between the starts of a video
-    model's clips (``None``: a clip's span, clips side by side; docs/video.md).
+    model's clips (``None``: a clip's span, clips side by side; docs/video.md); ``fps``: the frame rate of a folder
+    of frames given to a video model (``None``: 25).
     """
 
     batch_size: int | None = None
@@ -322,6 +323,7 @@ class RunOptions:
     max_side: int | None = DEFAULT_MAX_SIDE
     every: int = 1
     clip_stride: int | None = None
+    fps: float | None = None
     deterministic: bool = False
     shard: Shard | None = None
     engine: str = "local"
@@ -335,7 +337,8 @@ class EvalOptions:
     """How ``gradcam eval`` measures: curve resolution, batching, pointing tolerance, the sanity check, ROAD
     (``road``; its noise is drawn from ``seed`` too), stability (``stability``: ``stability_samples`` noisy copies
     of each image) and faithfulness correlation (``correlation``: ``correlation_runs`` random subsets of
-    ``correlation_subset`` pixels each, drawn from ``seed``)."""
+    ``correlation_subset`` pixels each, drawn from ``seed``); ``fps``: the frame rate of a folder of frames given to a
+    video model (``None``: 25)."""
 
     steps: int = 50
     batch_size: int = 16
@@ -351,6 +354,7 @@ class EvalOptions:
     correlation: bool = False
     correlation_runs: int = 100
     correlation_subset: int = 224
+    fps: float | None = None
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from .eval_output import tell
 from .help import PanelledEvalCommand
 from .input_size import InputSizeOpt
 from .rank_plan import plan_rank
-from .ranking import MethodSteps, RankOptions, rank_report
+from .ranking import BudgetOpt, MethodSteps, RankOpt, RankOptions, ReportOpt, SkipExistingOpt, rank_report
 from .reporting import (
     PassProgress,
     ProgressBar,
@@ -140,45 +140,15 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
             help="Also measure how much each map changes under small input noise that keeps the prediction.",
         ),
     ] = False,
-    rank: Annotated[
-        bool,
-        typer.Option(
-            "--rank",
-            help="Measure everything (--sanity, --road, --stability, ...) and rank the methods per metric, with 95% "
-            "bootstrap confidence intervals; marks methods that fail the sanity check or do not beat randomcam.",
-        ),
-    ] = False,
-    report_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--report",
-            parser=params.parse_path,
-            metavar="DIR",
-            help="With --rank: write an HTML page (table, curves, box plots, example maps side by side) into DIR.",
-        ),
-    ] = None,
-    skip_existing: Annotated[
-        bool,
-        typer.Option(
-            "--skip-existing",
-            help="With --rank --report DIR: resume, keeping the (image, method) results already in DIR/rows.jsonl "
-            "(written as each finishes).",
-        ),
-    ] = False,
-    budget: Annotated[
-        float | None,
-        typer.Option(
-            min=0.0,
-            metavar="SECONDS",
-            help="With --rank: keep randomcam, then the methods in --method order while their estimated time fits "
-            "SECONDS for the whole run "
-            "(default for --method all on a CPU: 600).",
-        ),
-    ] = None,
+    rank: RankOpt = False,
+    report_dir: ReportOpt = None,
+    skip_existing: SkipExistingOpt = False,
+    budget: BudgetOpt = None,
     rise_masks: params.RiseMasksOpt = 4000,
     occlusion_window: params.OcclusionWindowOpt = 32,
     occlusion_stride: params.OcclusionStrideOpt = 16,
     seed: params.SeedOpt = 0,
+    fps: params.FpsOpt = None,
     prompt: answers.PromptOpt = None,
     answer: answers.AnswerOpt = None,
     max_new_tokens: answers.MaxNewTokensOpt = None,
@@ -195,8 +165,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
     specs, mistake = params.target_specs(target)
     if mistake is not None:
         run_reported(reporter, lambda: params.refuse(mistake))
-    baseline = RANDOM_BASELINE
-    methods = params.MethodList([*method, baseline]) if rank and baseline not in method else method
+    methods = params.MethodList([*method, RANDOM_BASELINE]) if rank and RANDOM_BASELINE not in method else method
     perturbation = PerturbationOptions(
         rise_masks, occlusion_window=occlusion_window, occlusion_stride=occlusion_stride, seed=seed
     )
@@ -231,6 +200,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
             road=road or rank,
             stability=stability or (rank and not specs),  # stability measures a class's map
             correlation=correlation or rank,
+            fps=fps,
         ),
         RankOptions(rank, report_dir, skip_existing, budget),
     )
@@ -258,7 +228,8 @@ class EvalCommand:
 
     def run(self) -> int:
         from ..evaluation.boxes import read_boxes
-        from ..evaluation.evaluate import evaluator_for
+        from ..evaluation.choose import evaluator_for
+        from ..evaluation.clips import evaluated_inputs, rank_options
         from ..io.discovery import discover
 
         options = self.options
@@ -277,9 +248,10 @@ class EvalCommand:
             raise UsageError(f"no images found in {' '.join(self.inputs)}")
         boxes = read_boxes(options.boxes) if options.boxes is not None else None
         explainer = self._explainer()
+        images = evaluated_inputs(explainer, self.inputs, images, options)  # a video model's: its videos
         started = time.perf_counter()
         if self.ranking.rank:
-            options = explainer.adapter.rank_options(options)
+            options = rank_options(explainer, options)
             named = ALL_METHODS not in self.explain_options.methods
             planned = plan_rank(self.reporter, self.ranking, named, explainer, images, options, boxes is None)
             if planned is not None:

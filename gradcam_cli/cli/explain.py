@@ -144,6 +144,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
             help="Video models: video frames between the starts of clips (default: a clip's span, side by side).",
         ),
     ] = None,
+    fps: params.FpsOpt = None,
     output_dir: Annotated[
         Path,
         typer.Option(
@@ -288,6 +289,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
             max_side=max_side or None,
             every=every,
             clip_stride=clip_stride,
+            fps=fps,
             deterministic=deterministic,
             shard=shard,
             engine=engine,
@@ -342,7 +344,7 @@ class ExplainCommand:
         from ..io.discovery import discover_inputs
         from ..pipeline.session import Session
         from ..pipeline.video import check_video_model, check_video_options, takes_clips
-        from ..pipeline.volumes import check_volume_options, volume_inputs
+        from ..pipeline.volumes import check_volume_options, model_inputs
 
         if self.explain_options.question.asked or self.explain_options.question.given():
             return answers.ask(self)
@@ -364,9 +366,8 @@ class ExplainCommand:
                 explainer = driver_explainer(self.model_options, self.explain_options, progress)
             else:
                 explainer = Explainer.from_options(self.model_options, self.explain_options, progress=progress)
-            images, videos, scans = volume_inputs(explainer, self.inputs, images, videos, scans)
-            if not (images or videos or scans):
-                raise UsageError(f"no images found in {' '.join(self.inputs)}")
+            found = model_inputs(explainer, self.inputs, (images, videos, scans), self.output.output_dir)
+            images, videos, scans = found
             check_video_model(explainer, self.output, self.run_options, videos, images)  # before any note
             single = len(images) + len(videos) + len(scans) == 1
             session.start(explainer)

@@ -43,6 +43,7 @@ PANELS: dict[str, tuple[str, ...]] = {
         "max_side",
         "every",
         "clip_stride",
+        "fps",
         "list_models",
         "list_layers",
     ),

@@ -325,6 +325,10 @@ RiseMasksOpt = Annotated[
 ]
 OcclusionWindowOpt = Annotated[int, typer.Option(min=1, metavar="PIXELS", help="Occlusion: the square window's side.")]
 OcclusionStrideOpt = Annotated[int, typer.Option(min=1, metavar="PIXELS", help="Occlusion: the window's step.")]
+FpsOpt = Annotated[
+    float | None,
+    typer.Option(min=0.0, metavar="FPS", help="Video models: the frame rate of a folder of frames (default 25)."),
+]
 SeedOpt = Annotated[
     int,
     typer.Option(

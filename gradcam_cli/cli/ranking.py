@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
+
+import typer
 
 from ..errors import UsageError, describe
+from . import params
 from .reporting import ProgressBar, Reporter
 
 if TYPE_CHECKING:
@@ -17,6 +20,43 @@ if TYPE_CHECKING:
     from ..evaluation.rank import RankRow
     from ..evaluation.report import EvalReport
     from ..io.discovery import InputImage
+
+RankOpt = Annotated[
+    bool,
+    typer.Option(
+        "--rank",
+        help="Measure everything (--sanity, --road, --stability, ...) and rank the methods per metric, with 95% "
+        "bootstrap confidence intervals; marks methods that fail the sanity check or do not beat randomcam.",
+    ),
+]
+ReportOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--report",
+        parser=params.parse_path,
+        metavar="DIR",
+        help="With --rank: write an HTML page (table, curves, box plots, example maps side by side) into DIR.",
+    ),
+]
+SkipExistingOpt = Annotated[
+    bool,
+    typer.Option(
+        "--skip-existing",
+        help="With --rank --report DIR: resume, keeping the (image, method) results already in DIR/rows.jsonl "
+        "(written as each finishes).",
+    ),
+]
+BudgetOpt = Annotated[
+    float | None,
+    typer.Option(
+        min=0.0,
+        metavar="SECONDS",
+        help="With --rank: keep randomcam, then the methods in --method order while their estimated time fits "
+        "SECONDS for the whole run "
+        "(default for --method all on a CPU: 600).",
+    ),
+]
+"""``gradcam eval``'s options of ``--rank`` (parsed by :mod:`gradcam_cli.cli.eval`)."""
 
 EXAMPLES = 3
 """Images shown on the ``--report`` page with every method's map side by side."""
@@ -74,6 +114,7 @@ def rank_report(
 
     failed = {image.image for image in report.failed}
     shown = [image for image in images if str(image.path) not in failed][:EXAMPLES]
+    shown = shown if explainer.model.profile.clips is None else []  # a video model's clips: no example maps
     examples = [(image.path.name, explainer.explain(image.path)) for image in shown]  # its --target(-class)
     try:
         page = write_rank_report(folder, report, rows, examples)

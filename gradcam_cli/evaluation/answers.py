@@ -82,7 +82,7 @@ def answer_curves(
 
 class AnswerEvaluator:
     """``gradcam eval``'s evaluator of a vision-language model's answers (the answer task's,
-    :func:`~gradcam_cli.evaluation.evaluate.evaluator_for`): per prompted image (its ``prompt``) and method, the
+    :func:`~gradcam_cli.evaluation.choose.evaluator_for`): per prompted image (its ``prompt``) and method, the
     deletion and insertion curves of the answer's (``--answer``, or the generated one) per-token probability along
     its map (:func:`answer_curves`, in ``options.steps``)."""
 

@@ -168,3 +168,12 @@ def _path_ends_with(path: PurePath, tail: PurePath) -> bool:
     if tail.is_absolute():
         return path == tail
     return len(tail.parts) <= len(path.parts) and path.parts[-len(tail.parts) :] == tail.parts
+
+
+def class_of(label: str | None, categories: Sequence[str] | None, targeted: bool = False) -> int | None:
+    """The class a box's ``label`` names (one of ``categories``, any case; exactly one match), or ``None``: no label,
+    no class names, no single match, or ``targeted`` (a ``--target`` fixes what is explained)."""
+    if label is None or categories is None or targeted:
+        return None
+    matches = [i for i, name in enumerate(categories) if name.lower() == label.lower()]
+    return matches[0] if len(matches) == 1 else None

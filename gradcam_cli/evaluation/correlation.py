@@ -5,6 +5,7 @@ method on an image, so :class:`~gradcam_cli.evaluation.evaluate.Evaluator` measu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,15 +22,16 @@ def correlation_drops(
     image: torch.Tensor, probability: float, options: EvalOptions, scores: Scores
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The random pixel subsets of the (3, H, W) ``image`` (``correlation_runs`` of ``correlation_subset`` pixels,
-    or all where fewer, drawn from ``options.seed``) and the drop from ``probability`` in the target's score with
-    each subset replaced by the deletion baseline (zero) in every channel; ``None`` without ``correlation``."""
+    or all where fewer, drawn from ``options.seed``; a (3, T, H, W) clip's: of its voxels) and the drop from
+    ``probability`` in the target's score with each subset replaced by the deletion baseline (zero) in every
+    channel; ``None`` without ``correlation``."""
     if not options.correlation:
         return None
-    height, width = image.shape[-2:]
-    pixels = height * width
+    shape = tuple(image.shape[1:])  # (H, W), or a clip's (T, H, W)
+    pixels = math.prod(shape)
     size = min(options.correlation_subset, pixels)
     subsets = metrics.correlation_subsets(pixels, size, options.correlation_runs, options.seed)
-    removed = metrics.subset_masks(subsets, (height, width)).to(image.device)
+    removed = metrics.subset_masks(subsets, shape).to(image.device)
 
     def build(job: tuple[Any, ...]) -> torch.Tensor:
         return torch.where(removed[job[1]], 0.0, image)

@@ -26,9 +26,9 @@ def sanity_seed(seed: int, stage: int) -> int:
 
 
 def random_draws(cams: Cams, inputs: torch.Tensor, seed: int, draws: int = RANDOM_DRAWS) -> list[list[torch.Tensor]]:
-    """``randomcam``'s maps (one (1, h, w) per layer, its first target's grid) for draws 1..draws-1 of the (1, 3, H, W)
-    ``inputs`` (draw 0 is the explainer's own, from ``seed``)."""
-    shapes = [cam.shape[-2:] for cam in cams["randomcam"][0]]
+    """``randomcam``'s maps (one (1, h, w) per layer, its first target's grid; (1, t, h, w) of a clip) for draws
+    1..draws-1 of the (1, 3, H, W) (or (1, 3, T, H, W)) ``inputs`` (draw 0 is the explainer's own, from ``seed``)."""
+    shapes = [cam.shape[1:] for cam in cams["randomcam"][0]]
     out = []
     for draw in range(1, draws):
         seeds = image_seeds(seed + draw * DRAW_SEED_STEP, inputs)
@@ -37,8 +37,9 @@ def random_draws(cams: Cams, inputs: torch.Tensor, seed: int, draws: int = RANDO
 
 
 def averaged(scores: Sequence[MethodScores]) -> MethodScores:
-    """One method's figures averaged over its draws: the curves, the masked probability, ROAD, faithfulness
-    correlation, Gini and entropy (each AUC is linear in its curve, so the mean curve's AUC is the mean AUC)."""
+    """One method's figures averaged over its draws: the curves (a clip's in time too), the masked probability, ROAD,
+    faithfulness correlation, Gini and entropy (each AUC is linear in its curve, so the mean curve's AUC is the mean
+    AUC)."""
 
     def columns(rows: Sequence[list[float]]) -> list[float]:
         return [mean_or_nan(column) for column in zip(*rows, strict=True)]
@@ -50,6 +51,8 @@ def averaged(scores: Sequence[MethodScores]) -> MethodScores:
         masked_probability=mean_or_nan([s.masked_probability for s in scores]),
         road_morf=columns([s.road_morf for s in scores]) if first.road_morf else [],
         road_lerf=columns([s.road_lerf for s in scores]) if first.road_lerf else [],
+        temporal_deletion=columns([s.temporal_deletion for s in scores]) if first.temporal_deletion else [],
+        temporal_insertion=columns([s.temporal_insertion for s in scores]) if first.temporal_insertion else [],
         gini=mean_or_nan([s.gini for s in scores]),
         entropy=mean_or_nan([s.entropy for s in scores]),
         faithfulness_correlation=mean_or_nan([s.faithfulness_correlation for s in scores]),

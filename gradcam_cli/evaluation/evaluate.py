@@ -6,14 +6,12 @@ sanity cascade and its threshold) is described in docs/evaluation.md; this modul
 the scores, their JSON form and the curve plot are in :mod:`gradcam_cli.evaluation.report`.
 """
 
-import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from ..cam.explainer import Explainer
 from ..cam.maps import to_image_maps
@@ -28,13 +26,14 @@ from ..models.modes import model_state_preserved
 from ..options import EvalOptions
 from . import metrics
 from .answers import AnswerEvaluator
-from .boxes import read_boxes
+from .boxes import class_of
 from .correlation import correlation_drops
 from .draws import RANDOM_METHODS, averaged, random_draws, sanity_seed
 from .images import evaluate_images, report_of, scored_safely
 from .plan import with_methods
 from .report import BLUR_KERNEL, BLUR_SIGMA, STABILITY_SIGMA, BoxScore, EvalReport, ImageScores, MethodScores
 from .road import ROAD_FRACTIONS, impute, road_masks
+from .sanity import parameterised_modules, randomised_stages, reinitialise
 from .shared import Once, methods_to_run, pass_groups
 from .tasks import TaskEvaluator
 
@@ -43,38 +42,18 @@ __all__ = [
     "EvalOptions",
     "EvalReport",
     "Evaluator",
-    "evaluate",
-    "evaluator_for",
     "parameterised_modules",
     "reinitialise",
 ]
 
+Inputs = Sequence[InputImage | str | Path]
+Boxes = Sequence[GroundTruthBox] | None
+Tick = Callable[[], Any] | None
+Told = Callable[[ImageScores], Any] | None
 Job = tuple[Any, ...]
 """One perturbed image to score: ``("baseline",)``, ``("blurred",)`` or ``(method, kind, step)`` (kinds: deletion,
 insertion, masked, and with ``--road`` road, whose step indexes :func:`_road_images`); faithfulness correlation's
 ``("subset", run)``."""
-
-
-def parameterised_modules(model: nn.Module) -> list[str]:
-    """Names of the modules that own parameters, in registration order (for most models, the forward order)."""
-    return [name for name, module in model.named_modules() if name and any(True for _ in module.parameters(False))]
-
-
-def reinitialise(module: nn.Module, seed: int) -> None:
-    """Re-initialise ``module``'s own parameters reproducibly: ``reset_parameters()`` where it exists (BatchNorm
-    also forgets its running statistics), otherwise N(0, 0.02^2) weights and zero 1-D parameters."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        reset = getattr(module, "reset_parameters", None)
-        if callable(reset):
-            reset()
-            return
-        with torch.no_grad():
-            for param in module.parameters(recurse=False):
-                if param.dim() > 1:
-                    param.normal_(0.0, 0.02)
-                else:
-                    param.zero_()
 
 
 class Evaluator:
@@ -109,28 +88,20 @@ class Evaluator:
 
     def _build_randomised(self) -> None:
         """One explainer per cascade stage: stage k has the top k parameterised modules re-initialised."""
-        if self.options.sanity_layers < 1:
-            raise UsageError("--sanity-layers must be at least 1")
-        loaded = self.explainer.model
-        names = parameterised_modules(loaded.module)[::-1][: self.options.sanity_layers]
-        if not names:
-            raise UsageError("--sanity: the model has no parameters to re-initialise")
-        self.sanity_modules = names
-        for stage in range(1, len(names) + 1):
-            module = copy.deepcopy(loaded.module).cpu()
-            for depth, name in enumerate(names[:stage]):
-                reinitialise(module.get_submodule(name), self.options.seed + depth)
-            module.to(self.explainer.device)
+        self.sanity_modules, stages = randomised_stages(
+            self.explainer.model.module, self.options, self.explainer.device
+        )
+        for module in stages:
             self.randomised.append(with_methods(self.explainer, self.explainer.chosen.methods, module))
         random = [method for method in self.explainer.chosen.methods if method in RANDOM_METHODS]
         self.redraw = with_methods(self.explainer, random) if random else None
 
     def run(
         self,
-        images: Sequence[InputImage | str | Path],
-        boxes: Sequence[GroundTruthBox] | None = None,
-        on_image: Callable[[], Any] | None = None,
-        on_result: Callable[[ImageScores], Any] | None = None,
+        images: Inputs,
+        boxes: Boxes = None,
+        on_image: Tick = None,
+        on_result: Told = None,
         on_method: Callable[[str], Any] | None = None,
         done: Mapping[str, ImageScores] | None = None,
     ) -> EvalReport:
@@ -139,10 +110,12 @@ class Evaluator:
         ready, and with each failed image (``gradcam eval --rank``'s rows file, :mod:`.rows`). ``done``: image path
         -> the methods already finished on it (``--skip-existing``), kept, not computed again."""
         self.on_method, self.on_result, self.done = on_method, on_result, done or {}
-        results, unmatched = evaluate_images(
-            self.explainer, images, boxes, self.evaluate_image, on_image, False, on_result
-        )
+        results, unmatched = self._inputs(images, boxes, on_image, on_result)
         return report_of(self.explainer, self.options, results, unmatched, self.sanity_modules)
+
+    def _inputs(self, images: Inputs, boxes: Boxes, on_image: Tick, on_result: Told) -> tuple[list[ImageScores], int]:
+        """Each input's figures (:meth:`run`), and how many boxes name no input."""
+        return evaluate_images(self.explainer, images, boxes, self.evaluate_image, on_image, False, on_result)
 
     def evaluate_image(self, path: Path, boxes: Sequence[GroundTruthBox] = ()) -> ImageScores:
         """All figures for one image; a failure to read or run it is returned as ``error``, not raised."""
@@ -170,7 +143,14 @@ class Evaluator:
         (:mod:`.shared`) are explained once for all of them, as the first of them begins."""
         picture = load_image(path)
         inputs = to_input_tensor(picture, self.explainer.model.input_spec).unsqueeze(0).to(self.explainer.device)
-        done = self.done.get(str(path))
+        return self._scored(str(path), inputs, (picture.height, picture.width), boxes)
+
+    def _scored(
+        self, name: str, inputs: torch.Tensor, size: tuple[int, int], boxes: Sequence[GroundTruthBox]
+    ) -> ImageScores:
+        """:meth:`_evaluate` of the (1, 3, ...) network input of the image (or clip) ``name``, ``size`` its
+        (height, width)."""
+        done = self.done.get(name)
         scores: dict[str, MethodScores] = {}
         target: Prediction | None = done.target if done is not None else None
         self._once.clear()
@@ -182,19 +162,19 @@ class Evaluator:
             target = target or explained
             scores[method] = self._method_scores(inputs, target, method, cams, read)
             if boxes:
-                self._score_boxes(method, scores[method], inputs, (picture.height, picture.width), boxes, target, cams)
+                self._score_boxes(method, scores[method], inputs, size, boxes, target, cams)
             if self.on_result is not None:
-                self.on_result(ImageScores(str(path), target, {method: scores[method]}))
+                self.on_result(ImageScores(name, target, {method: scores[method]}))
         self._once.clear()
         assert target is not None
-        return ImageScores(str(path), target, scores)
+        return ImageScores(name, target, scores)
 
     def _method_scores(
         self, inputs: torch.Tensor, target: Prediction, method: str, cams: Cams, read: Callable[[object], torch.Tensor]
     ) -> MethodScores:
         """One method's figures on one image: faithfulness (randomcam's averaged over its draws), faithfulness
         correlation, sparseness, stability, and its maps' agreement through the cascade."""
-        input_size = tuple(inputs.shape[-2:])
+        input_size = tuple(inputs.shape[2:])  # (H, W) of an image, (T, H, W) of a clip
         maps = {method: to_image_maps(cams[method][0], input_size)[0]}
         if method == "randomcam":  # the floor: its figures averaged over several draws
             for d, cam in enumerate(random_draws(cams, inputs, self.seed), 1):
@@ -243,7 +223,7 @@ class Evaluator:
             ("stability", self._groups[method]), partial(group.compute, noisy, target, 1)
         )
         kept = (probabilities.argmax(dim=1) == target).nonzero().flatten().tolist()
-        noisy_maps = to_image_maps(cams[method][0], tuple(inputs.shape[-2:]))
+        noisy_maps = to_image_maps(cams[method][0], tuple(inputs.shape[2:]))
         return [metrics.relative_change(saliency, noisy_maps[i]) for i in kept]
 
     def _perturbation_scores(
@@ -257,8 +237,7 @@ class Evaluator:
         import torchvision.transforms.functional as TF
 
         steps = self.options.steps
-        height, width = image.shape[-2:]
-        counts = metrics.step_counts(height * width, steps)
+        counts = metrics.step_counts(image[0].numel(), steps)  # the pixels of an image, the voxels of a clip
         baseline = torch.zeros_like(image)
         blurred: torch.Tensor = TF.gaussian_blur(image, [BLUR_KERNEL, BLUR_KERNEL], [BLUR_SIGMA, BLUR_SIGMA])
         ranks = {method: metrics.importance_ranks(saliency) for method, saliency in maps.items()}
@@ -340,7 +319,7 @@ class Evaluator:
         for label in labels:
             group = [box.box for box in boxes if box.label == label]
             explained, group_cams = target, cams
-            class_index = self._class_of(label)
+            class_index = class_of(label, self.explainer.model.categories, bool(self.explainer.options.targets))
             if class_index is not None and class_index != target.index:
                 part = self._part(self.explainer, self._groups[method])
                 probabilities, _, group_cams = self._once(
@@ -357,43 +336,6 @@ class Evaluator:
                 )
             )
 
-    def _class_of(self, label: str | None) -> int | None:
-        categories = self.explainer.model.categories
-        if label is None or categories is None or self.explainer.options.targets:
-            return None
-        matches = [i for i, name in enumerate(categories) if name.lower() == label.lower()]
-        return matches[0] if len(matches) == 1 else None
-
 
 AnyEvaluator = Evaluator | TaskEvaluator | AnswerEvaluator
 """Every task's evaluator: each runs over many images into an :class:`EvalReport`."""
-
-
-def evaluator_for(explainer: Explainer, options: EvalOptions | None = None) -> AnyEvaluator:
-    """The evaluator for the explainer's task: the whole protocol for a classifier, the boxes only for a detector
-    or segmenter (:mod:`gradcam_cli.evaluation.tasks`), deletion and insertion of the answer for a vision-language
-    model's (:mod:`gradcam_cli.evaluation.answers`)."""
-
-    def protocol() -> AnyEvaluator:
-        return Evaluator(explainer, options)
-
-    def boxes() -> AnyEvaluator:
-        return TaskEvaluator(explainer, options)
-
-    def answers() -> AnyEvaluator:
-        return AnswerEvaluator(explainer, options)
-
-    return explainer.adapter.evaluation(protocol, boxes, answers)
-
-
-def evaluate(
-    explainer: Explainer,
-    images: Sequence[InputImage | str | Path],
-    options: EvalOptions | None = None,
-    boxes: str | Path | Sequence[GroundTruthBox] | None = None,
-    on_image: Callable[[], Any] | None = None,
-) -> EvalReport:
-    """Evaluate ``explainer``'s maps on ``images`` (files, folders or globs); ``boxes``: a file, folder or list."""
-    if isinstance(boxes, str | Path):
-        boxes = read_boxes(boxes)
-    return evaluator_for(explainer, options).run(images, boxes, on_image)

@@ -201,12 +201,12 @@ def correlation_subsets(pixels: int, size: int, runs: int, seed: int) -> torch.T
 
 
 def subset_masks(subsets: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-    """Boolean (runs, H, W) masks of the (runs, size) row-major pixel ``subsets`` of an H x W image: True where a
-    pixel is removed (replaced by the baseline in every channel)."""
-    height, width = shape
-    masks = torch.zeros(len(subsets), height * width, dtype=torch.bool, device=subsets.device)
+    """Boolean (runs, H, W) masks of the (runs, size) row-major pixel ``subsets`` of an H x W image (a clip's
+    (runs, T, H, W) of its voxels, ``shape`` (T, H, W)): True where a pixel is removed (replaced by the baseline in
+    every channel)."""
+    masks = torch.zeros(len(subsets), math.prod(shape), dtype=torch.bool, device=subsets.device)
     masks[torch.arange(len(subsets), device=subsets.device)[:, None], subsets] = True
-    return masks.view(-1, height, width)
+    return masks.view(-1, *shape)
 
 
 def faithfulness_correlation(saliency: torch.Tensor, subsets: torch.Tensor, drops: torch.Tensor) -> float:

@@ -42,7 +42,15 @@ from .report import DetectionFigures, EvalReport, ImageScores, MethodScores, mea
 
 MIN_IMAGES = 10
 """Fewer images than this: the bootstrap intervals (percentile and BCa alike) under-cover; the table says so."""
-FAITHFULNESS = ("deletion_auc", "insertion_auc", "pointing", "box_deletion_auc", "box_insertion_auc")
+FAITHFULNESS = (
+    "deletion_auc",
+    "insertion_auc",
+    "temporal_deletion_auc",
+    "temporal_insertion_auc",
+    "pointing",
+    "box_deletion_auc",
+    "box_insertion_auc",
+)
 """The metrics a method must beat ``randomcam`` on (those measured)."""
 
 Value = Callable[[ImageScores, MethodScores], float | None]
@@ -75,6 +83,16 @@ def _per_detection(value: Callable[[DetectionFigures], float]) -> Value:
 RANKED: dict[str, tuple[str, str, Value]] = {
     "deletion_auc": ("deletion AUC", "lower", lambda _i, s: s.deletion_auc if s.deletion else None),
     "insertion_auc": ("insertion AUC", "higher", lambda _i, s: s.insertion_auc if s.insertion else None),
+    "temporal_deletion_auc": (
+        "frames deletion AUC",
+        "lower",
+        lambda _i, s: s.temporal_deletion_auc if s.temporal_deletion else None,
+    ),
+    "temporal_insertion_auc": (
+        "frames insertion AUC",
+        "higher",
+        lambda _i, s: s.temporal_insertion_auc if s.temporal_insertion else None,
+    ),
     "average_drop": ("average drop %", "lower", _drop),
     "increase_in_confidence": ("increase in confidence %", "higher", _increase),
     "road": ("ROAD", "higher", lambda _i, s: s.road if s.road_morf else None),
@@ -365,7 +383,8 @@ def format_ranking(rows: list[RankRow]) -> list[str]:
         "of RISE's masks, randomcam's and ROAD's noise, faithfulness correlation's subsets and stability's copies (not "
         "in the intervals); SANITY FAILED: "
         "the maps change no more when the model is randomised than the check allows; not above randomcam: the "
-        "paired interval against randomcam does not exclude 0 on deletion/insertion AUC or pointing)",
+        "paired interval against randomcam does not exclude 0 on deletion/insertion AUC (a clip's frames' too) or "
+        "pointing)",
     ]
     if any(row.metric in CLUSTERED for row in rows):
         lines.append(

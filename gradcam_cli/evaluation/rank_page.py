@@ -73,7 +73,7 @@ def _page(
         "randomness (not in the intervals). <span class='bad'>sanity failed</span>: the "
         "maps change no more when the model is randomised than the check allows; "
         "<span class='bad'>not above randomcam</span>: the paired interval against randomcam does not exclude 0 on "
-        "deletion/insertion AUC or pointing.</p>",
+        "deletion/insertion AUC (a clip's frames' too) or pointing.</p>",
         *(f"<p class='warning bad'>warning: {e(line)}</p>" for line in warnings(rows)),
     ]
     for metric in dict.fromkeys(row.metric for row in rows):

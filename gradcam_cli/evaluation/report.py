@@ -96,6 +96,10 @@ class MethodScores:
     sanity_redraw: float | None = None
     """With ``--sanity``, a random method only: the Spearman correlation of its map with a fresh draw (new seed) on
     the same model, the most the cascade's correlations can be (docs/evaluation.md, "Sanity check")."""
+    temporal_deletion: list[float] = field(default_factory=list)
+    """A video model's clip: the probability as its frames are replaced by its mean frame, most important first
+    (``temporal_insertion``: put back into the clip of mean frames; :mod:`gradcam_cli.evaluation.clips`)."""
+    temporal_insertion: list[float] = field(default_factory=list)
     detections: list[DetectionFigures] = field(default_factory=list)
     """Detectors: each explained detection's own figures (:class:`DetectionFigures`), in rank order."""
 
@@ -106,6 +110,14 @@ class MethodScores:
     @property
     def insertion_auc(self) -> float:
         return metrics.auc(self.insertion)
+
+    @property
+    def temporal_deletion_auc(self) -> float:
+        return metrics.auc(self.temporal_deletion)
+
+    @property
+    def temporal_insertion_auc(self) -> float:
+        return metrics.auc(self.temporal_insertion)
 
     @property
     def road(self) -> float:
@@ -177,6 +189,11 @@ class EvalReport:
                 increase_in_confidence=metrics.increase_in_confidence(full, masked),
                 deletion_curve=[mean_or_nan(column) for column in zip(*(s.deletion for _, s in scores), strict=True)],
                 insertion_curve=[mean_or_nan(column) for column in zip(*(s.insertion for _, s in scores), strict=True)],
+            )
+        if all(s.temporal_deletion for _, s in scores):
+            out.update(
+                temporal_deletion_auc=mean_or_nan([s.temporal_deletion_auc for _, s in scores]),
+                temporal_insertion_auc=mean_or_nan([s.temporal_insertion_auc for _, s in scores]),
             )
         if all(s.road_morf for _, s in scores):
             out.update(
@@ -343,6 +360,8 @@ def _image_dict(image: ImageScores) -> dict[str, Any]:
 
 def _curves_dict(s: MethodScores) -> dict[str, Any]:
     measured = {"road": s.road, "road_morf_curve": s.road_morf, "road_lerf_curve": s.road_lerf} if s.road_morf else {}
+    for name, curve in (("temporal_deletion", s.temporal_deletion), ("temporal_insertion", s.temporal_insertion)):
+        measured |= {f"{name}_auc": metrics.auc(curve), f"{name}_curve": curve} if curve else {}  # a clip's frames
     return {
         "deletion_auc": s.deletion_auc,
         "insertion_auc": s.insertion_auc,

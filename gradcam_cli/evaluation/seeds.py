@@ -44,7 +44,7 @@ def seed_spread(
     for k in range(1, SEED_RERUNS + 1):
         shift = k * RERUN_SEED_STEP
         perturbation = replace(explainer.options.perturbation, seed=explainer.options.perturbation.seed + shift)
-        reseeded = Evaluator(
+        reseeded = type(evaluator)(  # a video model's clip evaluator re-runs its clips
             with_methods(explainer, explainer.chosen.methods, perturbation=perturbation),
             replace(options, seed=options.seed + shift, sanity=False),
         )

@@ -39,8 +39,10 @@ def _methods_table(report: EvalReport, summaries: dict[str, dict[str, Any]]) -> 
     """The table of methods, one row each, with the notes under it."""
     curves = report.has_curves or not (report.has_boxes or report.has_detections)
     roads = curves and any("road" in s for s in summaries.values())
+    frames = curves and any("temporal_deletion_auc" in s for s in summaries.values())  # a video model's clips
     correlated = curves and any("faithfulness_correlation" in s for s in summaries.values())
     header = ["method", *(["deletion AUC", "insertion AUC", "avg drop %", "increase %"] if curves else [])]
+    header += ["frames deletion AUC", "frames insertion AUC"] if frames else []
     header += ["faith. corr."] if correlated else []
     header += ["sparseness", "complexity"] if curves else []
     header += ["ROAD MoRF", "ROAD LeRF", "ROAD"] if roads else []
@@ -62,7 +64,10 @@ def _methods_table(report: EvalReport, summaries: dict[str, dict[str, Any]]) -> 
             if roads
             else "deletion AUC, avg drop, complexity, sanity rho"
         )
+        lower = lower.replace("deletion AUC", "deletion AUCs") if frames else lower
         lines.append(f"(lower is better: {lower}; higher is better: the others)")
+    if frames:
+        lines.append("(deletion and insertion: of the clips' voxels; frames deletion and insertion: of their frames)")
     if report.has_detections:
         lines += [
             "(box: each explained detection's; deletion and insertion AUC of its score, re-found by IoU and class,",
@@ -86,6 +91,8 @@ def _method_row(
             _fmt(s.get("average_drop"), "{:.1f}"),
             _fmt(s.get("increase_in_confidence"), "{:.1f}"),
         ]
+    if "temporal_deletion_auc" in s:
+        row += [_fmt(s.get("temporal_deletion_auc")), _fmt(s.get("temporal_insertion_auc"))]
     if correlated:
         row += [_fmt(s.get("faithfulness_correlation"))]
     if curves:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -36,13 +37,17 @@ class InputImage:
     output_stem: Path
     prompt: str | None = None
     channels: tuple[Path, ...] = ()
+    frames: bool = False
+    """A folder of frame images, read as one video by a video model (:func:`discover_clips`)."""
 
     @property
     def kind(self) -> InputKind:
-        """A prompted image, a scan (channel files, or a NIfTI, ``.npy`` or DICOM folder path), a video file (by
-        its suffix), or an image."""
+        """A prompted image, a video (a file, by its suffix, or a folder of frames), a scan (channel files, or a
+        NIfTI, ``.npy`` or DICOM folder path), or an image."""
         if self.prompt is not None:
             return InputKind.PROMPTED
+        if self.frames:
+            return InputKind.VIDEO
         if self.channels or self.path.is_dir() or self.path.name.lower().endswith(VOLUME_SUFFIXES):
             return InputKind.VOLUME
         return InputKind.VIDEO if self.path.suffix.lower() in VIDEO_SUFFIXES else InputKind.IMAGE
@@ -238,6 +243,60 @@ def _is_scan(path: Path) -> bool:
         return path.exists() and is_volume_path(path)
     except OSError:  # an unreadable folder: discover() warns about it
         return False
+
+
+def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    """A name's sort key in natural order, ignoring case: its runs of digits compare as numbers (``frame2.png``
+    before ``frame10.png``), the rest as text."""
+    parts = re.split(r"(\d+)", name.casefold())
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in parts if part)
+
+
+def frame_files(folder: Path) -> list[Path]:
+    """The frame images of a folder of frames: its files with an image suffix (any case, hidden ones left out; not
+    its subfolders'), in natural order of their names (:func:`natural_key`)."""
+    try:
+        names = [entry.name for entry in os.scandir(folder) if entry.is_file()]
+    except OSError:
+        return []
+    chosen = [n for n in names if not n.startswith(".") and os.path.splitext(n)[1].lower() in IMAGE_SUFFIXES]
+    return [folder / name for name in sorted(chosen, key=lambda name: (natural_key(name), name))]
+
+
+def discover_clips(
+    inputs: Sequence[str | Path], exclude: Path | None = None
+) -> tuple[list[InputImage], list[InputImage]]:
+    """``(images, videos)`` for a model that takes clips (docs/video.md, "A folder of frames"): video files, and in
+    each folder named (searched recursively, hidden folders and ``exclude`` left out) every folder that directly
+    holds images, as one video of those frames (:func:`frame_files`; its stem: its path from the named folder's
+    parent, ``frames`` or ``clips/walk``); anything else as :func:`discover_inputs` finds it (images, refused by a
+    video model)."""
+    excluded = _real(exclude) if exclude is not None else None
+    folders = [raw for raw in inputs if Path(raw).is_dir()]
+    others = [raw for raw in inputs if raw not in folders]
+    images, videos, _ = discover_inputs(others, exclude) if others else ([], [], [])  # scans: not a video model's
+    for raw in folders:
+        root = Path(raw)
+        top = Path(os.path.abspath(root)).name or "frames"
+        for directory, subdirs, _ in os.walk(root, followlinks=False):
+            here = Path(directory)
+            subdirs[:] = sorted((name for name in subdirs if not name.startswith(".")), key=natural_key)
+            if excluded is not None and _real(here) == excluded:
+                subdirs[:] = []
+            elif frame_files(here):
+                videos.append(InputImage(here, Path(top) / here.relative_to(root), frames=True))
+    if inputs and not images and not videos:
+        raise UsageError(f"no videos or folders of frames found in {' '.join(map(str, inputs))}")
+    return images, _disambiguate(videos)
+
+
+def discover_videos(inputs: Sequence[str | Path], model: str) -> list[InputImage]:
+    """The videos among ``inputs`` for the video model named ``model`` (:func:`discover_clips`); a
+    :class:`UsageError` for an image among them."""
+    images, videos = discover_clips(inputs)
+    if images:
+        raise UsageError(f"{model} takes clips: give it videos; {images[0].path} is an image")
+    return videos
 
 
 def discover_volumes(

@@ -47,6 +47,15 @@ def sample_offsets(frames: int, span: int) -> list[int]:
     return [min(span - 1, math.floor((i + 0.5) * span / frames)) for i in range(frames)]
 
 
+def clip_starts(total: int, span: int, stride: int) -> list[int]:
+    """The first video frame of each clip of a video of ``total`` frames: every ``stride`` frames while a whole
+    ``span`` fits, then one clip ending on the last frame where those leave the end uncovered (a video shorter than
+    a clip: one clip from its first frame); what :class:`~gradcam_cli.pipeline.clips.ClipRunner` explains."""
+    starts = list(range(0, total - span + 1, stride)) if total >= span else []
+    covered = starts[-1] + span if starts else 0
+    return [*starts, max(0, total - span)] if covered < total else starts
+
+
 def bare_clip(spec: InputSpec) -> ClipSpec | None:
     """The clips of a model whose input ``shape`` is (3, T, H, W) and that says nothing more (a bare 3-D CNN): T
     frames, every frame; ``None`` for any other shape."""

@@ -7,7 +7,9 @@ takes the frame at the centre of each of ``frames`` equal parts (:func:`~gradcam
 each resized (its shorter side to the model's size, nothing cropped) and normalised as the model's weights say.
 Clips start every ``--clip-stride`` video frames (default: ``span``, side by side); one more clip, ending on the last
 frame, covers the end of a video that the others leave uncovered (a video shorter than a clip repeats its last
-frame). Frames are decoded and prepared in a background thread (:func:`~gradcam_cli.io.video.read_ahead`).
+frame). Frames are decoded and prepared in a background thread (:func:`~gradcam_cli.io.video.read_ahead`). A
+folder of frames is a video too (:class:`~gradcam_cli.io.video.FrameFolder`: its images in natural order, at
+``--fps``).
 
 Each clip is one prediction and one map per target and method, (span, h, w) at the network input's pixels (the
 layer's T' x H' x W' map resized trilinearly: linearly in time over the clip's video frames). Every video frame's
@@ -41,9 +43,9 @@ from ..drift.fingerprint import map_fingerprint
 from ..errors import GradcamError, ImageError, describe
 from ..io.atomic import TEMP_MARKER
 from ..io.discovery import InputImage
-from ..io.images import to_input_tensor
+from ..io.frames import network_frame, opened_video
 from ..io.naming import clip_curve_path, clip_raw_path, thumbnail_path, video_output_path
-from ..io.video import FOURCC, NO_FRAMES, UNREADABLE, capture_info, opencv_name, opened_by_name, read_ahead
+from ..io.video import FOURCC, NO_FRAMES, opencv_name, read_ahead
 from ..models.clip_spec import ClipSpec, sample_offsets
 from ..options import OutputOptions, RunOptions
 from ..render.colour import blend, colormap_table
@@ -102,10 +104,13 @@ class ClipRunner:
         run = run or RunOptions()
         if run.clip_stride is not None and run.clip_stride < 1:
             raise GradcamError("--clip-stride must be at least 1")
+        if run.fps is not None and not run.fps > 0:
+            raise GradcamError("--fps must be above 0")
         self.explainer = explainer
         self.clip = clip
         self.output = output or OutputOptions()
         self.stride = run.clip_stride
+        self.fps = run.fps
         self.batch_size = run.batch_size or 1
         self.table = colormap_table(self.output.colormap, explainer.device)
 
@@ -172,22 +177,14 @@ class ClipRunner:
         on_frame: Callable[[], Any] | None,
         raws: list[Path],
     ) -> _Video:
-        import cv2
-
-        with opened_by_name(video.path) as name:
-            capture = cv2.VideoCapture(name)
-        state: _Video | None = None
-        try:
-            if not capture.isOpened():
-                raise ImageError(f"{video.path}: {UNREADABLE}")
-            fps = capture_info(capture).fps
+        with opened_video(video.path, self.fps) as (capture, fps):
             state = _Video(fps, self.clip.span(fps), outputs, held=[None] * len(outputs), raws=raws)
-            with closing(read_ahead(capture, self._preparer(state))) as decoded:  # its thread ends before release
-                self._stream(state, decoded, temporaries, on_frame)
-        finally:
-            for writer in state.writers if state is not None else []:
-                writer.release()
-            capture.release()
+            try:
+                with closing(read_ahead(capture, self._preparer(state))) as decoded:  # its thread ends before release
+                    self._stream(state, decoded, temporaries, on_frame)
+            finally:
+                for writer in state.writers:
+                    writer.release()
         return state
 
     def _stream(
@@ -223,18 +220,12 @@ class ClipRunner:
     def _preparer(self, state: _Video) -> Callable[[np.ndarray], tuple[np.ndarray, torch.Tensor]]:
         """What the decoding thread does to each BGR frame: its RGB pixels (at the first frame's size) and its
         network input."""
-        import cv2
-        from PIL import Image
-
         spec = self.explainer.model.input_spec
 
         def prepare(frame: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
             if state.size is None:
                 state.size = (frame.shape[1], frame.shape[0])
-            elif (frame.shape[1], frame.shape[0]) != state.size:
-                frame = cv2.resize(frame, state.size, interpolation=cv2.INTER_AREA)
-            rgb = np.ascontiguousarray(frame[:, :, ::-1])
-            return rgb, to_input_tensor(Image.fromarray(rgb), spec)
+            return network_frame(frame, state.size, spec)
 
         return prepare
 

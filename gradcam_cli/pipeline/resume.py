@@ -230,6 +230,7 @@ RECORD_LABELS = {
     "per_token": "--per-token",
     "max_new_tokens": "--max-new-tokens",
     "clip_stride": "--clip-stride",
+    "fps": "--fps",
 }
 """The run record's keys (what changes the content of an output without changing its name), as messages say them."""
 RESUMING_OPTIONS = {"format": "--format", "quality": "--quality", "colormap": "--colormap", "alpha": "--alpha"}

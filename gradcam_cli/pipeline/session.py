@@ -215,12 +215,13 @@ class Session:
                 for record in runner.run(images, on_image=tick, on_skipped=lambda: tick(skipped=True)):
                     yield self._keep(record)
         if videos:
+            from ..io.discovery import frame_files
             from ..io.video import probe
 
             runner_of_videos = video_runner(explainer, self.output, self.run)
             for video in videos:
                 try:
-                    frames = probe(video.path).frames
+                    frames = len(frame_files(video.path)) if video.frames else probe(video.path).frames
                 except GradcamError:
                     frames = 0
                 with progress(f"{video.path.name}: frames", frames) as tick:
@@ -323,7 +324,7 @@ class Session:
         methods = list(explainer.chosen.methods)  # a resumed run keeps every earlier method's rows (check_run_record)
         record |= {"precision": explainer.chosen.precision, "methods": methods}
         if explainer.model.profile.clips is not None:  # a video model's clips (docs/video.md)
-            record["clip_stride"] = self.run.clip_stride
+            record |= {"clip_stride": self.run.clip_stride, "fps": self.run.fps}
         self._begin(record, run_provenance(explainer, self.run))
 
     def _begin(self, record: dict[str, Any], provenance: dict[str, Any]) -> None:

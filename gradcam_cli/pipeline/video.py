@@ -79,7 +79,8 @@ def check_video_model(
     images: Sequence[InputImage] = (),
 ) -> None:
     """Refuse what the model does not take: videos unless its task explains them (classifiers, detectors), videos
-    with ``--engine ray``, images when it takes clips; with videos, ``--save-raw`` and
+    with ``--engine ray``, images when it takes clips; ``--fps`` without a folder of frames read as a video; with
+    videos, ``--save-raw`` and
     ``--clip-stride`` with a model that takes images (explained frame by frame), ``--every`` with one that takes
     clips."""
     clips = explainer.model.profile.clips is not None
@@ -93,6 +94,10 @@ def check_video_model(
         raise UsageError(f"--engine ray explains images only; {videos[0].path} is a video: run videos without it")
     if clips and images:
         raise UsageError(f"{name} takes clips: give it videos; {images[0].path} is an image")
+    if run.fps is not None and not any(video.frames for video in videos):
+        raise UsageError(
+            "--fps is the frame rate of a folder of frames given to a video model; none is among the inputs"
+        )
     if not videos:
         return
     check_video_options(output, videos, clips)

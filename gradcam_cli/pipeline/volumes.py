@@ -33,7 +33,7 @@ from ..cam.whole_volume import explain_classified
 from ..cam.windows import VolumeExplanation, Windows, explain_volume, window_slices
 from ..drift.fingerprint import map_fingerprint
 from ..errors import GradcamError, UsageError, describe
-from ..io.discovery import InputImage
+from ..io.discovery import InputImage, discover_clips
 from ..io.naming import MONTAGE_TAIL, NIFTI_SUFFIX, slug, thumbnail_path, volume_paths
 from ..io.volumes import Volume, peak, read_volume, spacing_note, write_nifti
 from ..models.tasks import CLASSIFY, SEGMENT
@@ -154,6 +154,24 @@ def volume_inputs(
             f"{model.name} is a volume {explainer.adapter.noun}: only segmenters' and classifiers' scans are explained"
         )
     return [], [], list(scans)
+
+
+def model_inputs(
+    explainer: Explainer,
+    named: Sequence[str],
+    found: tuple[Sequence[InputImage], Sequence[InputImage], Sequence[InputImage]],
+    exclude: Path | None = None,
+) -> tuple[list[InputImage], list[InputImage], list[InputImage]]:
+    """(images, videos, scans) the loaded model takes of the inputs ``named``, ``found`` as
+    :func:`~gradcam_cli.io.discovery.discover_inputs` found them before it loaded: :func:`volume_inputs`'s, and a
+    video model's folders as folders of frames (:func:`~gradcam_cli.io.discovery.discover_clips`, ``exclude`` left
+    out); a usage error when none is left."""
+    images, videos, scans = volume_inputs(explainer, named, *found)
+    if explainer.model.profile.clips is not None:  # its folders are folders of frames (docs/video.md)
+        images, videos = discover_clips(named, exclude=exclude)
+    if not (images or videos or scans):
+        raise UsageError(f"no images found in {' '.join(named)}")
+    return images, videos, scans
 
 
 def scan_window(spec: VolumeSpec, volume: Volume, given: WindowLevel | None = None) -> Window:

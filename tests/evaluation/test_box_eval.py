@@ -22,7 +22,7 @@ from gradcam_cli import EvalOptions, Explainer, load_model
 from gradcam_cli.cam.maps import to_image_maps
 from gradcam_cli.cli.eval import app as eval_app
 from gradcam_cli.errors import EXIT_OK
-from gradcam_cli.evaluation.evaluate import evaluate
+from gradcam_cli.evaluation.choose import evaluate
 from gradcam_cli.evaluation.intervals import paired_interval
 from gradcam_cli.evaluation.rank import rank
 from gradcam_cli.evaluation.report import DetectionFigures

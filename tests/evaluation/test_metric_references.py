@@ -24,7 +24,8 @@ from torch import nn
 from gradcam_cli.cam.explainer import Explainer
 from gradcam_cli.errors import UsageError
 from gradcam_cli.evaluation import metrics
-from gradcam_cli.evaluation.evaluate import Evaluator, evaluator_for
+from gradcam_cli.evaluation.choose import evaluator_for
+from gradcam_cli.evaluation.evaluate import Evaluator
 from gradcam_cli.evaluation.rank import rank
 from gradcam_cli.io.images import load_image, to_input_tensor
 from gradcam_cli.options import EvalOptions

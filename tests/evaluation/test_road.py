@@ -14,7 +14,8 @@ from square_model import build, square_image
 from gradcam_cli import Explainer
 from gradcam_cli.errors import UsageError
 from gradcam_cli.evaluation import road
-from gradcam_cli.evaluation.evaluate import Evaluator, evaluator_for
+from gradcam_cli.evaluation.choose import evaluator_for
+from gradcam_cli.evaluation.evaluate import Evaluator
 from gradcam_cli.evaluation.road import ROAD_FRACTIONS, combined, impute, road_masks
 from gradcam_cli.io.images import InputSpec
 from gradcam_cli.models.loading import LoadedModel

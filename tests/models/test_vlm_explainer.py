@@ -23,7 +23,7 @@ from gradcam_cli.cam.prompted import explain_prompt
 from gradcam_cli.cam.tasks.answer import ANSWER, AnswerScore
 from gradcam_cli.errors import EXIT_IMAGE_FAILED, UsageError
 from gradcam_cli.evaluation.answers import AnswerEvaluator, answer_curves
-from gradcam_cli.evaluation.evaluate import evaluator_for
+from gradcam_cli.evaluation.choose import evaluator_for
 from gradcam_cli.io.discovery import InputImage
 from gradcam_cli.options import EvalOptions
 
