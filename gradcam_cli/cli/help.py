@@ -76,6 +76,7 @@ PANELS: dict[str, tuple[str, ...]] = {
         "quality",
         "alpha",
         "colormap",
+        "window_level",
         "save_raw",
         "save_heatmap",
         "panel",
