@@ -71,15 +71,10 @@ def test_eigen_smooth_sweep(name: str, layer: str, method: str) -> None:
 
 
 def test_eigen_smooth_keeps_the_square(square_model) -> None:
-    skipped = {
-        "scorecam",
-        "randomcam",
-        "rise",
-        "drise",
-        "occlusion",
-    }  # noise; no layer (test_method_references.py); drise: detectors only (test_drise.py)
+    skipped = {"scorecam", "randomcam", "rise", "occlusion"}  # noise; no layer (test_method_references.py)
     skipped |= {"rollout", "attn-grad", "attention", "legrad"}  # for transformers (test_attention_methods.py)
-    explainer = Explainer(square_model, "features", [m for m in METHODS if m not in skipped], eigen_smooth=True)
+    served = [m for m in METHODS if "classify" in METHODS[m].tasks]  # drise: detectors; segeigencam: segmenters
+    explainer = Explainer(square_model, "features", [m for m in served if m not in skipped], eigen_smooth=True)
     for explanation in explainer.explain(square_image(), target=0).explanations:
         row, col = divmod(int(explanation.saliency.argmax()), explanation.saliency.shape[1])
         x1, y1, x2, y2 = SQUARE_BOX
