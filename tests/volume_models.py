@@ -4,6 +4,8 @@ reference: a forward hook and ``torch.autograd.grad`` per window, nnU-Net's own 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -161,11 +163,26 @@ def nnunet_plans(patch: tuple[int, int, int] = (16, 16, 16)) -> dict:
 
 
 def nnunet_network(plans: dict, configuration: str = "3d_fullres", seed: int = 0) -> nn.Module:
-    """The plans' network built by nnU-Net's own ``get_network_from_plans``, seeded, its own initialisation."""
-    from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
+    """The plans' network built by nnU-Net's own ``get_network_from_plans``, seeded, its own initialisation; where
+    nnunetv2 is not installed (``make install`` leaves it out), as that function builds it: the plans' class from
+    dynamic-network-architectures with its imported arguments, He-initialised by the network's own ``initialize``
+    (the weights then differ, the architecture does not: the tests that compare builds skip without nnunetv2)."""
+    import pydoc
 
     torch.manual_seed(seed)
     architecture = plans["configurations"][configuration]["architecture"]
+    try:
+        from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
+    except ImportError:
+        kwargs = dict(architecture["arch_kwargs"])
+        for key in architecture["_kw_requires_import"]:
+            if kwargs[key] is not None:
+                kwargs[key] = pydoc.locate(kwargs[key])
+        network_class: Any = pydoc.locate(architecture["network_class_name"])
+        network = network_class(input_channels=1, num_classes=len(NNUNET_LABELS), deep_supervision=False, **kwargs)
+        if hasattr(network, "initialize"):
+            network.apply(network.initialize)
+        return network.eval()
     return get_network_from_plans(
         architecture["network_class_name"],
         architecture["arch_kwargs"],
