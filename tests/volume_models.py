@@ -4,8 +4,10 @@ reference: a forward hook and ``torch.autograd.grad`` per window, nnU-Net's own 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -300,3 +302,17 @@ def save_bundle(root):
     net = bundle_network()
     torch.save(net.state_dict(), folder / "models" / "model.pt")
     return folder, net
+
+
+CT_SHAPE = (18, 22, 26)
+CT_AFFINE = np.array([[-0.8, 0.0, 0.0, 10.0], [0.0, 0.9, 0.0, -20.0], [0.0, 0.0, 2.5, 5.0], [0.0, 0.0, 0.0, 1.0]])
+"""The command-line tests' scan: its grid, anisotropic and x-flipped."""
+
+
+def save_ct_scan(path: Path) -> Path:
+    """A CT-like NIfTI at ``path`` (HU around 50, a bright and a dark blob) on :data:`CT_AFFINE`'s grid."""
+    import nibabel
+
+    values = volume(CT_SHAPE)[0].numpy() * 300 + 50
+    nibabel.save(nibabel.Nifti1Image(values.astype(np.float32), CT_AFFINE), path)
+    return path

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from cam_reference import pearson
 from typer.testing import CliRunner
-from volume_models import reference_stitched, volume
+from volume_models import CT_AFFINE, CT_SHAPE, reference_stitched, save_ct_scan, volume
 
 from gradcam_cli import Explainer, load_model
 from gradcam_cli.cam.whole_volume import explain_classified
@@ -26,8 +26,7 @@ from gradcam_cli.models.families import monai_net
 
 monai = pytest.importorskip("monai")
 nibabel = pytest.importorskip("nibabel")
-SHAPE = (18, 22, 26)
-AFFINE = np.array([[-0.8, 0.0, 0.0, 10.0], [0.0, 0.9, 0.0, -20.0], [0.0, 0.0, 2.5, 5.0], [0.0, 0.0, 0.0, 1.0]])
+SHAPE, AFFINE = CT_SHAPE, CT_AFFINE
 DENSENET = "monai:DenseNet121?in_channels=1&out_channels=3&init_features=4&growth_rate=4&block_config=2,2,2,2"
 DENSENET_LAYER = "features.transition2.conv"
 RESNET = "monai:ResNet?block=basic&layers=1,1,1,1&block_inplanes=4,8,8,8&n_input_channels=1&num_classes=3"
@@ -45,10 +44,7 @@ def rows(manifest: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def scan(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("scans") / "head.nii.gz"
-    values = volume(SHAPE)[0].numpy() * 300 + 50
-    nibabel.save(nibabel.Nifti1Image(values.astype(np.float32), AFFINE), path)
-    return path
+    return save_ct_scan(tmp_path_factory.mktemp("scans") / "head.nii.gz")
 
 
 def saved(spec: str, folder: Path, profile: dict | None = None, seed: int = 0) -> tuple[Path, torch.nn.Module]:

@@ -14,7 +14,16 @@ import pytest
 import torch
 from cam_reference import pearson
 from typer.testing import CliRunner
-from volume_models import BUNDLE_BOTTLENECK, reference_stitched, save_bundle, save_nnunet_folder, volume
+from volume_models import (
+    BUNDLE_BOTTLENECK,
+    CT_AFFINE,
+    CT_SHAPE,
+    reference_stitched,
+    save_bundle,
+    save_ct_scan,
+    save_nnunet_folder,
+    volume,
+)
 
 from gradcam_cli import Explainer, load_model
 from gradcam_cli.cam.windows import Windows, explain_volume
@@ -25,8 +34,7 @@ from gradcam_cli.errors import EXIT_IMAGE_FAILED, EXIT_OK, EXIT_USAGE
 
 nibabel = pytest.importorskip("nibabel")
 pytest.importorskip("dynamic_network_architectures")
-SHAPE = (18, 22, 26)
-AFFINE = np.array([[-0.8, 0.0, 0.0, 10.0], [0.0, 0.9, 0.0, -20.0], [0.0, 0.0, 2.5, 5.0], [0.0, 0.0, 0.0, 1.0]])
+SHAPE, AFFINE = CT_SHAPE, CT_AFFINE
 
 
 def run(*args: str | Path):
@@ -39,11 +47,7 @@ def rows(manifest: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def scan(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A CT-like NIfTI (HU around 50, a bright and a dark blob) on an anisotropic, x-flipped grid."""
-    path = tmp_path_factory.mktemp("scans") / "head.nii.gz"
-    values = volume(SHAPE)[0].numpy() * 300 + 50
-    nibabel.save(nibabel.Nifti1Image(values.astype(np.float32), AFFINE), path)
-    return path
+    return save_ct_scan(tmp_path_factory.mktemp("scans") / "head.nii.gz")
 
 
 @pytest.fixture(scope="module")
