@@ -178,6 +178,21 @@ def thumbnail_relative(output: str, root: str) -> str:
     return f"{THUMB_DIR}/{posixpath.splitext(relative)[0]}.jpg"
 
 
+SLICES_TAIL = "_slices.jpg"
+"""How the gallery's strip of a scan map's axial slices is named: its thumbnail's name ending in this."""
+
+
+def slices_path(output_dir: Path, output: Path | str) -> Path:
+    """Where the gallery's strip of axial slices of a scan's map (:func:`~gradcam_cli.render.montage.axial_strip`)
+    goes: beside its thumbnail, ``_thumbs/<map's name>_slices.jpg``."""
+    return output_dir / slices_relative(str(output), os.path.abspath(output_dir))
+
+
+def slices_relative(output: str, root: str) -> str:
+    """:func:`slices_path` relative to the absolute output directory ``root``, with forward slashes."""
+    return thumbnail_relative(output, root).removesuffix(".jpg") + SLICES_TAIL
+
+
 def relative_posix(path: str, root: str) -> str | None:
     """``path`` relative to the absolute directory ``root``, with forward slashes; None if there is no such path.
 

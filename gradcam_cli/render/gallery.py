@@ -24,7 +24,7 @@ import torch
 
 from ..io.atomic import write_atomic
 from ..io.display import displayable, href
-from ..io.naming import INDEX_NAME, output_kind, thumbnail_relative
+from ..io.naming import INDEX_NAME, output_kind, slices_relative, thumbnail_relative
 
 if TYPE_CHECKING:
     from ..cam.records import Record
@@ -86,7 +86,8 @@ def _prediction(prediction: Any) -> list[Any]:
 
 def gallery_entries(records: Iterable[Record], output_dir: Path) -> list[dict[str, Any]]:
     """One JSON-ready entry per input, sorted by path, merging that input's rows (targets x methods; a video model's
-    clips share their overlay video's view, which links every clip's files).
+    clips share their overlay video's view, which links every clip's files and names its importance plot as
+    ``curve``; a scan's map's view names its strip of slices as ``slices``).
 
     Skipped rows that carry outputs (a resumed run's images, explained by an earlier run) make full entries too,
     with status ``skipped``: the page marks them as from an earlier run."""
@@ -124,20 +125,46 @@ def gallery_entries(records: Iterable[Record], output_dir: Path) -> list[dict[st
             "thumb": href(thumb, root) if thumb else None,
             "files": [],
         }
+        _moving(view, main, root)
         shown = next((v for v in entry["views"] if v["href"] == view["href"]), None)
         if shown is not None:  # a video model's later clips: one overlay video, its files gathered on one view
             view = shown
-        for other in others:
-            kind = output_kind(other)
-            link = [kind, href(other, root)]
-            if kind == "panel":
-                if link not in entry["files"]:
-                    entry["files"].append(link)
-            elif link not in view["files"]:
-                view["files"].append(link)
+        _link(entry, view, others, root)
         if shown is None:
             entry["views"].append(view)
     return sorted(entries.values(), key=lambda entry: (entry["name"].lower(), entry["name"]))
+
+
+def _link(entry: dict[str, Any], view: dict[str, Any], others: list[str], root: str) -> None:
+    """A row's other files: an image's panel once on its entry, the rest on the view (each once); a video model's
+    importance plot also as the view's ``curve``."""
+    for other in others:
+        kind = output_kind(other)
+        link = [kind, href(other, root)]
+        if kind == "panel":
+            if link not in entry["files"]:
+                entry["files"].append(link)
+        elif link not in view["files"]:
+            view["files"].append(link)
+        if kind == "importance over time":
+            view["curve"] = link[1]
+
+
+def _moving(view: dict[str, Any], main: str, root: str) -> None:
+    """A scan's map gets ``slices``, its strip of axial slices (:func:`~gradcam_cli.render.montage.axial_strip`,
+    which the run wrote with ``--report``) and their number, which the card's slider moves through."""
+    if view["kind"] != "NIfTI map":
+        return
+    strip = os.path.join(root, slices_relative(main, root))
+    try:
+        from PIL import Image
+
+        with Image.open(strip) as image:  # the header only
+            width, height = image.size
+    except (OSError, ValueError):
+        return
+    if width > 0 and height >= width:
+        view["slices"] = {"src": href(strip, root), "count": height // width}
 
 
 def write_gallery(

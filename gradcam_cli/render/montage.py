@@ -30,6 +30,10 @@ MAX_SIDE = 512
 MIN_WIDTH = 112
 """A panel's width at least (its label's), the plane centred in it."""
 LABEL_HEIGHT = 16
+STRIP_SIDE = 192
+"""Each slice of :func:`axial_strip` is fitted into a square this many pixels wide (the gallery's thumbnail side)."""
+STRIP_SLICES = 64
+"""At most this many slices in :func:`axial_strip` (evenly spaced through the scan)."""
 PLANES = (("axial", 2, 1, 0), ("coronal", 1, 2, 0), ("sagittal", 0, 2, 1))
 """Each plane: its name, the RAS axis across it (S, A, R), the RAS axis shown upwards, and the one across the
 columns (shown decreasing to the right: the patient's right, or anterior, on the left)."""
@@ -97,31 +101,84 @@ def planes(
     (``axial k=24``) and (H, W, 3) uint8 pixels."""
     window = window or Window.of(scan)
     affine = np.asarray(affine, dtype=np.float64)
+    panels = []
+    for plane in PLANES:
+        label, overlay, (mark, shape) = _plane(scan, values, affine, voxel, plane, table, alpha, window)
+        _cross(overlay, mark, shape)
+        panels.append((label, overlay))
+    return panels
+
+
+def _plane(
+    scan: np.ndarray[Any, Any],
+    values: np.ndarray[Any, Any],
+    affine: np.ndarray[Any, Any],
+    voxel: tuple[int, ...],
+    plane: tuple[str, int, int, int],
+    table: torch.Tensor,
+    alpha: float,
+    window: Window,
+) -> tuple[str, torch.Tensor, tuple[tuple[int, int], tuple[int, ...]]]:
+    """One of :data:`PLANES` through ``voxel``: its label, its pixels, and where the voxel lies in it (its row and
+    column, and the plane's shape in voxels)."""
+    name, across, up, side = plane
     by_ras = plane_axes(affine)
     spacing = np.linalg.norm(affine[:3, :3], axis=0)
     sides_mm = [float(scan.shape[axis] * spacing[axis]) for axis in range(3)]
     longest = max(sides_mm) or 1.0
     per_mm = min(max(1.0 / (float(spacing.min()) or 1.0), MIN_SIDE / longest), MAX_SIDE / longest)
-    panels = []
-    for name, across, up, side in PLANES:
-        fixed, rows, columns = by_ras[across], by_ras[up], by_ras[side]
-        index: list[Any] = [slice(None)] * 3
-        index[fixed] = voxel[fixed]
-        plane = [torch.from_numpy(np.array(a[tuple(index)], dtype=np.float32)) for a in (scan, values)]
-        if [axis for axis in range(3) if axis != fixed] != [rows, columns]:
-            plane = [p.T for p in plane]
-        # superior (axial: anterior) up: flip rows whose coordinate grows downwards; right (sagittal: anterior) on
-        # the left: flip columns whose coordinate grows to the right
-        flips = ([0] if affine[up, rows] > 0 else []) + ([1] if affine[side, columns] > 0 else [])
-        plane = [p.flip(flips) if flips else p for p in plane]
-        mark = _marked(voxel[rows], voxel[columns], tuple(plane[0].shape), flips)
-        size = (max(1, round(sides_mm[rows] * per_mm)), max(1, round(sides_mm[columns] * per_mm)))
-        grey = _resized(window.grey(plane[0]).permute(2, 0, 1).float(), size).round().to(torch.uint8).permute(1, 2, 0)
-        heat = _resized(plane[1][None], size)[0].clamp(0, 1)
-        overlay = blend(grey, heat, table, alpha)
-        _cross(overlay, mark, tuple(plane[0].shape))
-        panels.append((f"{name} {'ijk'[fixed]}={voxel[fixed]}", overlay))
-    return panels
+    fixed, rows, columns = by_ras[across], by_ras[up], by_ras[side]
+    index: list[Any] = [slice(None)] * 3
+    index[fixed] = voxel[fixed]
+    shown = [torch.from_numpy(np.array(a[tuple(index)], dtype=np.float32)) for a in (scan, values)]
+    if [axis for axis in range(3) if axis != fixed] != [rows, columns]:
+        shown = [p.T for p in shown]
+    # superior (axial: anterior) up: flip rows whose coordinate grows downwards; right (sagittal: anterior) on
+    # the left: flip columns whose coordinate grows to the right
+    flips = ([0] if affine[up, rows] > 0 else []) + ([1] if affine[side, columns] > 0 else [])
+    shown = [p.flip(flips) if flips else p for p in shown]
+    size = (max(1, round(sides_mm[rows] * per_mm)), max(1, round(sides_mm[columns] * per_mm)))
+    grey = _resized(window.grey(shown[0]).permute(2, 0, 1).float(), size).round().to(torch.uint8).permute(1, 2, 0)
+    heat = _resized(shown[1][None], size)[0].clamp(0, 1)
+    overlay = blend(grey, heat, table, alpha)
+    shape = tuple(shown[0].shape)
+    return f"{name} {'ijk'[fixed]}={voxel[fixed]}", overlay, (_marked(voxel[rows], voxel[columns], shape, flips), shape)
+
+
+def axial_strip(
+    scan: np.ndarray[Any, Any],
+    values: np.ndarray[Any, Any],
+    affine: np.ndarray[Any, Any],
+    table: torch.Tensor,
+    alpha: float = 0.5,
+    window: Window | None = None,
+    side: int = STRIP_SIDE,
+    most: int = STRIP_SLICES,
+) -> torch.Tensor:
+    """The gallery's slice slider: axial slices of the map over the scan (at most ``most``, evenly spaced, from
+    inferior to superior, all of them when there are fewer), each fitted into a ``side`` x ``side`` black square,
+    stacked from top to bottom as one (n * side, side, 3) uint8 image."""
+    window = window or Window.of(scan)
+    affine = np.asarray(affine, dtype=np.float64)
+    axis = plane_axes(affine)[2]
+    depth = scan.shape[axis]
+    chosen = sorted({round(float(k)) for k in np.linspace(0, depth - 1, min(depth, most))})
+    if affine[2, axis] < 0:  # the voxel axis runs downwards: inferior is its last slice
+        chosen.reverse()
+    frames = []
+    for k in chosen:
+        voxel = [0, 0, 0]
+        voxel[axis] = k
+        _, pixels, _ = _plane(scan, values, affine, tuple(voxel), PLANES[0], table, alpha, window)
+        height, width = pixels.shape[:2]
+        scale = side / max(height, width)
+        size = (max(1, round(height * scale)), max(1, round(width * scale)))
+        fitted = F.interpolate(pixels.permute(2, 0, 1)[None].float(), size=size, mode="bilinear", align_corners=False)
+        square = torch.zeros(3, side, side)
+        top, left = (side - size[0]) // 2, (side - size[1]) // 2
+        square[:, top : top + size[0], left : left + size[1]] = fitted[0]
+        frames.append(square.round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0))
+    return torch.cat(frames)
 
 
 def write_montage(path: Path, image: torch.Tensor) -> None:

@@ -16,6 +16,8 @@ Routes (every answer JSON or a file; every failure ``{"error": "<one line>"}`` w
   (:mod:`gradcam_cli.serve.answers`).
 - ``GET /api/run/rows``: a page of the run's rows (filters, sort); ``GET /api/run/rows/<n>/outputs/<k>``: a row's
   file; ``GET /files/<path>``: a file inside the run folder.
+- ``GET /api/run/rows/<n>/frames``: a clip row's overlay video's frame count and rate; ``.../frames/<f>.jpg``: its
+  frame ``f`` (:mod:`gradcam_cli.serve.frames`).
 
 Safety: files are served only from inside the run folder (after resolving symbolic links) and the given inputs;
 every request but the page itself must come from the page's own origin (another site's ``Sec-Fetch-Site`` or
@@ -47,6 +49,7 @@ from ..render.colour import colormap_table
 from ..targets import TargetSpec
 from .answers import answer_routes
 from .files import contained, row_output
+from .frames import frame_jpeg, video_facts, video_output
 from .http import (
     HttpError,
     blocking,
@@ -133,6 +136,8 @@ def create_app(
         *answer_routes(images, service.answers if service is not None else None),
         Route("/api/run/rows", guarded(_rows(explorer))),
         Route("/api/run/rows/{row:int}/outputs/{k:int}", guarded(_row_file(explorer))),
+        Route("/api/run/rows/{row:int}/frames", guarded(_frames(explorer))),
+        Route("/api/run/rows/{row:int}/frames/{frame:int}.jpg", guarded(_frame(explorer))),
         Route("/files/{path:path}", guarded(_file(explorer))),
     ]
     app = Starlette(routes=routes, middleware=[Middleware(SameOrigin, local=is_loopback(options.host))])
@@ -309,18 +314,40 @@ def _rows(explorer: Explorer) -> Any:
     return rows
 
 
+async def _row_path(explorer: Explorer, number: int, k: int | None) -> Path:
+    """Row ``number``'s ``k``-th output (``None``: its overlay video) inside the run folder, else a 4xx."""
+    if explorer.run is None or explorer.run_dir is None:
+        raise HttpError(409, "no run is served")
+    run, root = explorer.run, explorer.run_dir
+    found = await blocking(lambda: run.row(number))
+    if found is None:
+        raise HttpError(404, f"no row {number}")
+    outputs = found["outputs"]
+    return row_output(root, explorer.base, run.manifest, outputs, video_output(outputs) if k is None else k)
+
+
 def _row_file(explorer: Explorer) -> Any:
     async def row_file(request: Request) -> Response:
-        if explorer.run is None or explorer.run_dir is None:
-            raise HttpError(409, "no run is served")
-        run, root = explorer.run, explorer.run_dir
-        found = await blocking(lambda: run.row(request.path_params["row"]))
-        if found is None:
-            raise HttpError(404, f"no row {request.path_params['row']}")
-        path = row_output(root, explorer.base, run.manifest, found["outputs"], request.path_params["k"])
-        return _file_response(path)
+        return _file_response(await _row_path(explorer, request.path_params["row"], request.path_params["k"]))
 
     return row_file
+
+
+def _frames(explorer: Explorer) -> Any:
+    async def frames(request: Request) -> Response:
+        path = await _row_path(explorer, request.path_params["row"], None)
+        return json_response(await blocking(lambda: video_facts(path)))
+
+    return frames
+
+
+def _frame(explorer: Explorer) -> Any:
+    async def frame(request: Request) -> Response:
+        path = await _row_path(explorer, request.path_params["row"], None)
+        data = await blocking(lambda: frame_jpeg(path, request.path_params["frame"]))
+        return bytes_response(data, "image/jpeg", cache=False)
+
+    return frame
 
 
 def _file(explorer: Explorer) -> Any:

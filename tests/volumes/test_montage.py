@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gradcam_cli.render.colour import colormap_table
-from gradcam_cli.render.montage import LABEL_HEIGHT, Window, montage, plane_axes, planes
+from gradcam_cli.render.montage import LABEL_HEIGHT, Window, axial_strip, montage, plane_axes, planes
 
 SHAPE = (6, 8, 10)
 
@@ -82,3 +82,26 @@ def test_the_window_is_given_or_the_models_clipping_range_or_the_scans_percentil
     assert grey[0, :, 0].tolist() == [0, 128, 255]
     with pytest.raises(ValueError, match="LEVEL,WIDTH"):
         WindowLevel.parse("40")
+
+
+@pytest.mark.quick
+def test_the_galleries_strip_holds_each_axial_slice_inferior_first_whatever_the_storage() -> None:
+    """One square per axial slice, from inferior to superior: a map hot on slice k only colours the strip's k-th
+    square; stored upside down (z decreasing), the strip is the same."""
+    scan = np.zeros(SHAPE, dtype=np.float32)
+    values = np.zeros(SHAPE, dtype=np.float32)
+    values[:, :, 3] = 1.0
+    affine = np.diag([2.0, 3.0, 4.0, 1.0])
+    strip = axial_strip(scan, values, affine, colormap_table("jet"), 0.5, Window(-1.0, 1.0), side=32)
+    assert strip.shape == (SHAPE[2] * 32, 32, 3)
+    squares = strip.reshape(SHAPE[2], 32, 32, 3).float()
+    red = (squares[..., 0] - squares[..., 2]).flatten(1).amax(dim=1)  # jet: the map's 1 red, its 0 blue
+    assert torch.nonzero(red > 50).flatten().tolist() == [3]
+    upside_down = affine.copy()
+    upside_down[2, 2] = -4.0
+    again = axial_strip(
+        scan[:, :, ::-1], values[:, :, ::-1], upside_down, colormap_table("jet"), 0.5, Window(-1.0, 1.0), side=32
+    )
+    torch.testing.assert_close(again, strip)
+    fewer = axial_strip(scan, values, affine, colormap_table("jet"), 0.5, Window(-1.0, 1.0), side=16, most=4)
+    assert fewer.shape == (4 * 16, 16, 3)

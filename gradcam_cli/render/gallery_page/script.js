@@ -21,22 +21,70 @@
   }
   function pct(p) { return p === null ? "" : (100 * p).toFixed(1) + "% "; }
 
+  // A video model's overlay video, playing (muted, in a loop) beside its importance over time.
+  function clip(view, alt) {
+    const box = el("div", {class: "clip"});
+    const video = el("video", {class: "thumb", src: view.href, controls: "", loop: "", playsinline: "",
+      preload: "metadata", "aria-label": alt});
+    video.muted = true;
+    if (view.thumb) video.setAttribute("poster", view.thumb);
+    box.append(video);
+    if (view.curve) {
+      const link = el("a", {href: view.curve});
+      link.append(el("img", {class: "curve", src: view.curve, loading: "lazy", decoding: "async",
+        alt: "importance over time"}));
+      box.append(link);
+    }
+    return box;
+  }
+
+  // A scan's map: its strip of axial slices (one square each, inferior first) seen through a square window that a
+  // slider moves, from the middle slice.
+  function slices(view, alt) {
+    const box = el("div", {class: "slices"});
+    const count = view.slices.count;
+    const frame = el("a", {class: "thumb window", href: view.href});
+    const strip = el("img", {class: "strip", src: view.slices.src, loading: "lazy", decoding: "async", alt: alt});
+    frame.append(strip);
+    const range = el("input", {type: "range", min: "0", max: String(count - 1), step: "1",
+      value: String(Math.floor((count - 1) / 2)), "aria-label": "axial slice"});
+    const label = el("span", {class: "p"});
+    function move() {
+      const i = Number(range.value);
+      strip.style.transform = "translateY(" + (-100 * i / count) + "%)";
+      label.textContent = "axial slice " + (i + 1) + " of " + count;
+      box.dataset.slice = String(i);
+    }
+    range.addEventListener("input", move);
+    move();
+    box.append(frame, range, label);
+    return box;
+  }
+
   function card(entry) {
     const node = el("article", {class: "card " + entry.status, "data-status": entry.status});
+    if (entry.views.some(v => v.kind === "video")) node.classList.add("wide");  // the video beside its curve
     const head = el("h2");
     head.append(el("a", {href: entry.src}, entry.name));
     node.append(head);
     const views = el("div", {class: "views"});
     for (const view of entry.views) {
       const figure = el("figure");
-      const link = el("a", {href: view.href});
-      if (view.thumb) {
-        link.append(el("img", {class: "thumb", src: view.thumb, loading: "lazy", decoding: "async",
-          alt: (view.method || "") + " " + (view.target ? view.target[0] : "")}));
+      const alt = (view.method || "") + " " + (view.target ? view.target[0] : "");
+      if (view.kind === "video") {
+        figure.classList.add("wide");
+        figure.append(clip(view, alt));
+      } else if (view.slices) {
+        figure.append(slices(view, alt));
       } else {
-        link.append(el("span", {class: "thumb none"}, view.kind === "video" ? "▶ video" : "open"));
+        const link = el("a", {href: view.href});
+        if (view.thumb) {
+          link.append(el("img", {class: "thumb", src: view.thumb, loading: "lazy", decoding: "async", alt: alt}));
+        } else {
+          link.append(el("span", {class: "thumb none"}, "open"));
+        }
+        figure.append(link);
       }
-      figure.append(link);
       const caption = el("figcaption");
       caption.append(document.createTextNode((view.method || "") + " · "));
       if (view.target) {

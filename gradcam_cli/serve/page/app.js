@@ -326,10 +326,37 @@ async function loadRows() {
   } catch (error) { say("error: " + error.message); }
 }
 
+// A clip row's overlay video, a frame at a time (decoded on the server): a slider over its frames.
+const VIDEO = /\.(mp4|avi|mov|mkv|webm)$/i;
+function scrubber(row) {
+  const box = el("div", null, { id: "scrubber" });
+  const img = el("img", null, { id: "frame-view", alt: "overlay frame" });
+  const range = el("input", null, { id: "frame-scrub", type: "range", min: "0", max: "0", step: "1", value: "0",
+    "aria-label": "frame" });
+  const label = el("span", "", { id: "frame-label" });
+  box.append(el("div", null, {}), img);
+  box.firstChild.append(el("label", "Frame "), range, label);
+  let fps = 0, total = 0;
+  const show = () => {
+    const f = Number(range.value);
+    label.textContent = `${f + 1} of ${total}` + (fps ? ` (${(f / fps).toFixed(2)} s)` : "");
+    img.src = `/api/run/rows/${row.row}/frames/${f}.jpg`;
+    img.dataset.frame = String(f);
+  };
+  range.oninput = show;
+  api(`/api/run/rows/${row.row}/frames`).then((facts) => {
+    fps = facts.fps; total = facts.frames;
+    range.max = String(Math.max(0, total - 1));
+    show();
+  }).catch((error) => say("error: " + error.message));
+  return box;
+}
+
 function showRow(row) {
   const detail = $("row-detail");
   detail.replaceChildren(el("h3", shownName(row.input)));
   if (row.error) detail.append(el("p", row.error));
+  if (row.status !== "error" && row.outputs.some((out) => VIDEO.test(out))) detail.append(scrubber(row));
   row.outputs.forEach((out, k) => {
     if (/\.(png|jpe?g|webp)$/i.test(out)) detail.append(el("img", null, { src: `/api/run/rows/${row.row}/outputs/${k}`, alt: shownName(out) }));
   });
