@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from urllib.parse import unquote
 
 import numpy as np
 import pytest
@@ -255,3 +256,58 @@ def test_the_gallery_of_an_attention_run_shows_each_methods_map(tmp_path: Path) 
         hrefs = [view["href"] for view in entry["views"]]
         assert sorted(href.split("_")[1] for href in hrefs) == ["attn-grad", "rollout"]
         assert all((out / href).is_file() for href in hrefs)
+
+
+def _clip_and_scan_run(out: Path) -> list[Record]:
+    """A run with a video model's two clip rows and a scan's row, their names needing escapes; the scan's strip of
+    five axial slices written where the run writes it."""
+    from clip_outputs import clip_records
+
+    from gradcam_cli.io.naming import slices_path
+
+    stem = 'w<b>"&#1'
+    records = clip_records(out, stem)
+    nifti = out / "scans" / "head_gradcam_1-liver.nii.gz"
+    montage = nifti.with_name("head_gradcam_1-liver_montage.png")
+    montage.parent.mkdir(parents=True)
+    for path in (nifti, montage):
+        path.write_bytes(b"")
+    strip = slices_path(out, nifti)
+    strip.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.zeros((5 * 16, 16, 3), np.uint8)).save(strip)
+    liver = Prediction(1, "liver", 0.1)
+    records.append(Record("scans/head.nii.gz", "ok", "m", "net", "gradcam", liver, [liver], [str(nifti), str(montage)]))
+    return records
+
+
+@pytest.mark.quick
+def test_a_clips_card_plays_its_video_beside_its_curve_and_a_scans_card_slides_through_its_slices(tmp_path):
+    out = tmp_path / "out"
+    page = write_gallery(_clip_and_scan_run(out), out).read_text()
+    clip, scan = sorted(_data(page), key=lambda entry: entry["name"].startswith("scans"))
+    (video,) = clip["views"]  # the two clips share their overlay video's view
+    assert video["kind"] == "video" and video["href"] == "w%3Cb%3E%22%26%231_gradcam_top1.mp4"
+    assert video["curve"] == "w%3Cb%3E%22%26%231_gradcam_top1_curve.png"
+    (volume,) = scan["views"]
+    assert volume["slices"] == {"src": "_thumbs/scans/head_gradcam_1-liver.nii_slices.jpg", "count": 5}
+    for link in (video["href"], video["curve"], volume["href"], volume["slices"]["src"]):
+        assert ".." not in link and ":" not in link and not link.startswith("/")
+        assert (out / unquote(link)).resolve().is_relative_to(out.resolve()) and (out / unquote(link)).is_file()
+    assert 'w<b>"' not in page and "w\\u003cb>" in page  # the name only inside the JSON, its "<" escaped
+    for made in ('el("video"', "muted = true", 'loop: ""', 'controls: ""', 'type: "range"'):
+        assert made in page
+
+
+@pytest.mark.slow
+def test_the_clip_and_scan_cards_in_headless_chromium(tmp_path: Path, chromium: str) -> None:
+    out = tmp_path / "out"
+    index = write_gallery(_clip_and_scan_run(out), out)
+    dom = browse(chromium, tmp_path, index.as_uri(), "--dump-dom")
+    assert _shown(dom) == (2, 2)
+    video = re.search(r"<video [^>]*>", dom)
+    assert video and all(f'{name}=""' in video.group(0) for name in ("controls", "muted", "loop", "playsinline"))
+    assert 'src="w%3Cb%3E%22%26%231_gradcam_top1.mp4"' in video.group(0)
+    assert re.search(r'<img class="curve" src="w%3Cb%3E%22%26%231_gradcam_top1_curve.png"', dom)
+    assert re.search(r'<input type="range" min="0" max="4" step="1" value="2" aria-label="axial slice">', dom)
+    assert 'data-slice="2"' in dom and "translateY(-40%)" in dom and "axial slice 3 of 5" in dom
+    assert "<b>" not in dom.split("<main", 1)[1]  # the name shown as text

@@ -564,3 +564,45 @@ def test_one_dry_pass_serves_every_layer_method_target_and_faithfulness(square_m
             made = test_client.get(f"/api/map?image={image_id}{query}").json()
         assert test_client.get(f"/api/maps/{made['id']}/faithfulness").status_code == 200
     assert passes == ["colour-detector"]  # made once, when the service started
+
+
+@pytest.mark.quick
+def test_a_clip_rows_frames_are_served_from_its_overlay_video_inside_the_run_only(tmp_path):
+    """``/api/run/rows/<n>/frames``: the overlay video's frame count and rate; ``.../frames/<f>.jpg``: its frame
+    f (the colour written there); a frame it lacks, a row without a video, and a video outside the run folder
+    (by an absolute path, by ``..``, by a symbolic link): 404; another site's request: 403."""
+    from clip_outputs import FPS, FRAMES, clip_records, frame_colour, write_manifest, write_video
+
+    from gradcam_cli.cam.records import Record
+
+    run = tmp_path / "out"
+    rows = clip_records(run)
+    outside = write_video(tmp_path / "elsewhere" / "secret.mp4")
+    (run / "link.mp4").symlink_to(outside)
+    for video in (str(outside), str(run / ".." / "elsewhere" / "secret.mp4"), str(run / "link.mp4")):
+        rows.append(Record("other.mp4", "ok", "m", "layer4", "gradcam", outputs=[video]))
+    rows.append(Record("still.png", "ok", "m", "layer4", "gradcam", outputs=[rows[0].outputs[1]]))
+    manifest = write_manifest(run / "manifest.jsonl", rows)
+    with TestClient(
+        create_app(None, run_dir=run, manifest=manifest, work_dir=tmp_path / "work"), base_url=LOCAL
+    ) as test_client:
+        facts = test_client.get("/api/run/rows/1/frames")
+        assert facts.status_code == 200
+        assert facts.json() == {"frames": FRAMES, "fps": FPS, "width": 48, "height": 32}
+        for index in (0, 3, FRAMES - 1):
+            answer = test_client.get(f"/api/run/rows/0/frames/{index}.jpg")
+            assert answer.status_code == 200 and answer.headers["content-type"] == "image/jpeg"
+            pixels = np.asarray(Image.open(io.BytesIO(answer.content)).convert("RGB"), dtype=np.float64)
+            assert pixels.shape == (32, 48, 3)
+            assert np.abs(pixels.mean(axis=(0, 1)) - frame_colour(index)).max() < 12, index
+        assert test_client.get(f"/api/run/rows/0/frames/{FRAMES}.jpg").status_code == 404
+        for row in (2, 3, 4):  # the video outside the run folder is never decoded
+            for url in (f"/api/run/rows/{row}/frames", f"/api/run/rows/{row}/frames/0.jpg"):
+                answer = test_client.get(url)
+                assert answer.status_code == 404 and answer.json()["error"] == "no such file in the served folder"
+        assert test_client.get("/api/run/rows/5/frames").json()["error"] == "this row has no overlay video"
+        assert test_client.get("/api/run/rows/9/frames/0.jpg").status_code == 404
+        assert test_client.get("/api/run/rows/0/frames/-1.jpg").status_code == 404  # no route
+        other_site = test_client.get("/api/run/rows/0/frames/0.jpg", headers={"Sec-Fetch-Site": "cross-site"})
+        assert other_site.status_code == 403
+        assert test_client.get("/api/run/rows/0/frames", headers={"Origin": "http://evil.test"}).status_code == 403

@@ -24,9 +24,9 @@
   // A video model's overlay video, playing (muted, in a loop) beside its importance over time.
   function clip(view, alt) {
     const box = el("div", {class: "clip"});
-    const video = el("video", {class: "thumb", src: view.href, controls: "", loop: "", playsinline: "",
+    const video = el("video", {class: "thumb", src: view.href, controls: "", muted: "", loop: "", playsinline: "",
       preload: "metadata", "aria-label": alt});
-    video.muted = true;
+    video.muted = true;  // the attribute sets the default only
     if (view.thumb) video.setAttribute("poster", view.thumb);
     box.append(video);
     if (view.curve) {
