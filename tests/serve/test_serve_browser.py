@@ -378,3 +378,42 @@ def test_the_run_view_shows_a_tab_in_a_name_as_the_console_does(browser, tmp_pat
     finally:
         page.close()
         server.stop()
+
+
+FRAME_COLOUR = """([r, g, b]) => { const img = document.getElementById('frame-view');
+    if (!img || !img.complete || !img.naturalWidth) return false;
+    const c = document.createElement('canvas'); c.width = img.naturalWidth; c.height = img.naturalHeight;
+    const ctx = c.getContext('2d'); ctx.drawImage(img, 0, 0);
+    const d = ctx.getImageData(0, 0, c.width, c.height).data; const s = [0, 0, 0];
+    for (let i = 0; i < d.length; i += 4) { s[0] += d[i]; s[1] += d[i + 1]; s[2] += d[i + 2]; }
+    const n = d.length / 4;
+    return Math.abs(s[0] / n - r) < 12 && Math.abs(s[1] / n - g) < 12 && Math.abs(s[2] / n - b) < 12; }"""
+"""Whether the scrubber's frame is loaded and shows the colour (each channel's mean within 12 of it)."""
+
+
+def test_the_frame_scrubber_of_a_clip_row_shows_the_frame_it_is_moved_to(browser, tmp_path):
+    from clip_outputs import FRAMES, clip_records, frame_colour, write_manifest
+
+    from gradcam_cli.serve import create_app
+
+    run = tmp_path / "out"
+    manifest = write_manifest(run / "manifest.jsonl", clip_records(run))
+    server = Running(create_app(None, run_dir=run, manifest=manifest, work_dir=tmp_path / "work"))
+    page = browser.new_page()
+    try:
+        page.goto(server.url)
+        page.wait_for_selector("body[data-ready='1']")
+        page.locator("#rows-body tr").first.click()
+        page.wait_for_function(
+            "n => document.getElementById('frame-scrub').max === String(n - 1)", arg=FRAMES, timeout=60_000
+        )
+        page.wait_for_function(FRAME_COLOUR, arg=list(frame_colour(0)), timeout=60_000)
+        assert page.text_content("#frame-label") == f"1 of {FRAMES} (0.00 s)"
+        page.fill("#frame-scrub", "4")  # a range input: the value set, and an input event
+        page.wait_for_function(FRAME_COLOUR, arg=list(frame_colour(4)), timeout=60_000)
+        assert page.text_content("#frame-label") == f"5 of {FRAMES} (0.40 s)"
+        assert page.get_attribute("#frame-view", "data-frame") == "4"
+        assert page.text_content("#status") == ""
+    finally:
+        page.close()
+        server.stop()
