@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from cam_reference import pearson
+from PIL import Image
 from typer.testing import CliRunner
 from volume_models import (
     BUNDLE_BOTTLENECK,
@@ -155,6 +156,10 @@ def test_a_folder_of_scans_and_npy_volumes(nnunet, scan, tmp_path: Path):
     gallery = (out / "index.html").read_text()  # each scan shown by its montage's thumbnail, linking its NIfTI
     assert (out / "_thumbs" / "sub" / "cube_gradcam_1-liver.nii.jpg").is_file()
     assert "cube_gradcam_1-liver.nii.gz" in gallery
+    strip = out / "_thumbs" / "sub" / "cube_gradcam_1-liver.nii_slices.jpg"  # the card's slider: a square per slice
+    with Image.open(strip) as image:
+        assert image.size == (192, 18 * 192)  # all 18 axial slices of the cube (its third axis runs along S)
+    assert '"slices":{"src":"_thumbs/sub/cube_gradcam_1-liver.nii_slices.jpg","count":18}' in gallery
     cube = nibabel.load(out / "sub" / "cube_gradcam_1-liver.nii.gz")
     assert cube.shape == (16, 17, 18) and np.allclose(cube.affine, np.eye(4))
 
