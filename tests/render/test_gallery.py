@@ -308,6 +308,7 @@ def test_the_clip_and_scan_cards_in_headless_chromium(tmp_path: Path, chromium: 
     assert video and all(f'{name}=""' in video.group(0) for name in ("controls", "muted", "loop", "playsinline"))
     assert 'src="w%3Cb%3E%22%26%231_gradcam_top1.mp4"' in video.group(0)
     assert re.search(r'<img class="curve" src="w%3Cb%3E%22%26%231_gradcam_top1_curve.png"', dom)
+    assert re.search(r'<a class="open" href="w%3Cb%3E%22%26%231_gradcam_top1.mp4">video</a>', dom)
     assert re.search(r'<input type="range" min="0" max="4" step="1" value="2" aria-label="axial slice">', dom)
     assert 'data-slice="2"' in dom and "translateY(-40%)" in dom and "axial slice 3 of 5" in dom
     assert "<b>" not in dom.split("<main", 1)[1]  # the name shown as text

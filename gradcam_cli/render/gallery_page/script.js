@@ -28,7 +28,7 @@
       preload: "metadata", "aria-label": alt});
     video.muted = true;  // the attribute sets the default only
     if (view.thumb) video.setAttribute("poster", view.thumb);
-    box.append(video);
+    box.append(video, el("a", {class: "open", href: view.href}, "video"));
     if (view.curve) {
       const link = el("a", {href: view.curve});
       link.append(el("img", {class: "curve", src: view.curve, loading: "lazy", decoding: "async",
