@@ -451,6 +451,7 @@ def test_the_gallery_shows_one_overlay_video_per_method_with_every_clips_files(v
     (view,) = entry["views"]
     assert view["kind"] == "video"
     assert [kind for kind, _ in view["files"]] == ["importance over time"] + ["raw map"] * (FRAMES // 4)
+    assert view["curve"] == "walk_gradcam_top1_curve.png" and (tmp_path / view["curve"]).is_file()  # beside the video
 
 
 @pytest.mark.quick
