@@ -161,6 +161,34 @@ WindowLevelOpt = Annotated[
 ]
 
 
+
+class ChannelFiles(tuple[Path, ...]):
+    """The ``--channels`` value: one scan's channel files, in channel order."""
+
+
+def parse_channels(text: str | ChannelFiles) -> ChannelFiles:
+    """``t1.nii.gz,t2.nii.gz`` -> the two paths; an empty name or a file named twice is refused."""
+    if isinstance(text, ChannelFiles):
+        return text
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise typer.BadParameter(f"{text!r}: an empty file name; use a.nii.gz,b.nii.gz (one file per channel)")
+    if len(set(names)) != len(names):
+        raise typer.BadParameter(f"{text!r}: a file named twice; name each channel's file once")
+    return ChannelFiles(Path(name) for name in names)
+
+
+ChannelsOpt = Annotated[
+    ChannelFiles | None,
+    typer.Option(
+        parser=parse_channels,
+        metavar="A,B,...",
+        help="Scans: one scan's channel files (modalities on one grid, e.g. t1.nii.gz,t2.nii.gz), in the order the "
+        "model takes them; its outputs are named after the first (without a _0000 channel number).",
+        show_default=False,
+    ),
+]
+
 EMPTY_PATH = "an empty path (is a shell variable unset?)"
 
 

@@ -174,6 +174,19 @@ def model_inputs(
     return images, videos, scans
 
 
+def check_channels(explainer: Explainer, channels: Sequence[Path], counted: int) -> None:
+    """``--channels``' files hold ``counted`` channels: a usage error naming both counts where the model takes
+    another number."""
+    spec = explainer.model.profile.volume
+    if channels and spec is not None and counted != spec.channels:
+        names = f" ({', '.join(spec.channel_names)})" if spec.channel_names else ""
+        files = ", ".join(path.name for path in channels)
+        raise UsageError(
+            f"--channels gives {counted} channel(s) ({files}); {explainer.model.name} takes {spec.channels} channel(s)"
+            f"{names}"
+        )
+
+
 def scan_window(spec: VolumeSpec, volume: Volume, given: WindowLevel | None = None) -> Window:
     """The montage's intensity window: ``--window-level``'s, else the range the model clips its first channel to
     (nnU-Net's CT percentiles, a bundle's ``ScaleIntensityRange``), else the scan's 0.5th to 99.5th percentiles."""
