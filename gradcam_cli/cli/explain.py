@@ -245,6 +245,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
     if version:
         run_reported(reporter, lambda: _print_version(reporter))
     specs, mistake = params.target_specs(target)
+    specs, region, mistake = params.region_of(specs) if mistake is None else (specs, None, mistake)
     if mistake is not None:
         run_reported(reporter, lambda: params.refuse(mistake))
     explain = ExplainOptions(
@@ -264,6 +265,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
         ),
         AnswerOptions(prompt, answer, per_token, max_new_tokens, prompts),
         attention_heads=attention_heads,
+        region=region,
     )
     command = ExplainCommand(
         reporter,
@@ -347,9 +349,9 @@ class ExplainCommand:
     def run(self) -> int:
         from ..cam.explainer import Explainer
         from ..io.discovery import discover_inputs
+        from ..io.volumes import channel_files
         from ..pipeline.session import Session
         from ..pipeline.video import check_video_model, check_video_options, takes_clips
-        from ..io.volumes import channel_files
         from ..pipeline.volumes import check_channels, check_volume_options, model_inputs
 
         if self.explain_options.question.asked or self.explain_options.question.given():

@@ -161,7 +161,6 @@ WindowLevelOpt = Annotated[
 ]
 
 
-
 class ChannelFiles(tuple[Path, ...]):
     """The ``--channels`` value: one scan's channel files, in channel order."""
 
@@ -291,7 +290,8 @@ TargetsOpt = Annotated[
         "--target",
         metavar="KIND:VALUE",
         help="What to explain (repeatable, one map each): class:NAME|INDEX, similar:IMAGE_OR_FOLDER, "
-        'text:"a photo of a dog", contrast:A,B, output:I[:neg] (docs/targets.md).',
+        'text:"a photo of a dog", contrast:A,B, output:I[:neg] (docs/targets.md); a segmenter\'s scans: '
+        "region:MASK.nii.gz (docs/volumes.md).",
         show_default=False,
     ),
 ]
@@ -406,6 +406,20 @@ def target_specs(texts: list[str] | None) -> tuple[list[TargetSpec], str | None]
         return [TargetSpec.parse(text) for text in texts or ()], None
     except ValueError as error:
         return [], f"--target {error}"
+
+
+def region_of(specs: list[TargetSpec]) -> tuple[list[TargetSpec], Path | None, str | None]:
+    """``specs`` without their ``region:MASK`` (docs/volumes.md), the mask's path (``None``: not given), and the
+    one-line message where the region cannot be taken: given twice, or beside another ``--target``."""
+    regions = [spec for spec in specs if spec.kind == "region"]
+    others = [spec for spec in specs if spec.kind != "region"]
+    if not regions:
+        return specs, None, None
+    if len(regions) > 1:
+        return others, None, "--target region: takes one mask; give it once"
+    if others:
+        return others, None, f"--target region: is scored for a class (--target-class), not for --target {others[0]}"
+    return [], Path(regions[0].value), None
 
 
 def refuse(message: str) -> int:
