@@ -163,6 +163,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
 ) -> None:
     reporter = Reporter(quiet, verbose, as_json)
     specs, mistake = params.target_specs(target)
+    specs, region, mistake = params.region_of(specs) if mistake is None else (specs, None, mistake)
     if mistake is not None:
         run_reported(reporter, lambda: params.refuse(mistake))
     methods = params.MethodList([*method, RANDOM_BASELINE]) if rank and RANDOM_BASELINE not in method else method
@@ -182,6 +183,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
         embedding=embedding,
         perturbation=perturbation,
         question=AnswerOptions(prompt, answer, max_new_tokens=max_new_tokens, prompts=prompts),
+        region=region,
     )
     command = EvalCommand(
         reporter,
@@ -230,7 +232,7 @@ class EvalCommand:
         from ..evaluation.boxes import read_boxes
         from ..evaluation.choose import evaluator_for
         from ..evaluation.clips import evaluated_inputs, rank_options
-        from ..io.discovery import discover
+        from ..io.discovery import discover, discover_volumes
 
         options = self.options
         if self.ranking.report is not None and not self.ranking.rank:
@@ -244,11 +246,17 @@ class EvalCommand:
         if not self.inputs:  # optional for --prompts, which names the images
             raise UsageError("no input given; try: gradcam eval IMAGE_OR_DIR")
         images = discover(self.inputs)
-        if not images:
+        scans = discover_volumes([raw for raw in self.inputs if Path(raw).exists()])
+        if not images and not scans:
             raise UsageError(f"no images found in {' '.join(self.inputs)}")
         boxes = read_boxes(options.boxes) if options.boxes is not None else None
         explainer = self._explainer()
-        images = evaluated_inputs(explainer, self.inputs, images, options)  # a video model's: its videos
+        if explainer.model.profile.volume is not None:  # a volume model's: its scans (docs/volumes.md)
+            images = self._scans(explainer, scans)
+        elif self.explain_options.region is not None:
+            raise UsageError(f"--target region: is for a volume segmenter's scans; {explainer.model.name} takes images")
+        else:
+            images = evaluated_inputs(explainer, self.inputs, images, options)  # a video model's: its videos
         started = time.perf_counter()
         if self.ranking.rank:
             options = rank_options(explainer, options)
@@ -270,6 +278,14 @@ class EvalCommand:
             f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {duration(elapsed)}{said}"
         )
         return EXIT_IMAGE_FAILED if report.failed else EXIT_OK
+
+    def _scans(self, explainer: Explainer, scans: list[InputImage]) -> list[InputImage]:
+        """A volume model's scans; ``--rank`` refused on them, and a run without any."""
+        if self.ranking.rank:
+            raise UsageError("--rank is not measured on scans; run gradcam eval on them without it")
+        if not scans:
+            raise UsageError(f"{explainer.model.name} takes scans; none found in {' '.join(self.inputs)}")
+        return scans
 
     def _explainer(self) -> Explainer:
         """The explainer, with its masked passes' progress shown, and the notes on its layer and its passes."""
