@@ -25,7 +25,7 @@ from ..options import (
     ModelOptions,
     PerturbationOptions,
 )
-from . import answers, params
+from . import answers, params, scan_options
 from .eval_output import tell
 from .help import PanelledEvalCommand
 from .input_size import InputSizeOpt
@@ -163,7 +163,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
 ) -> None:
     reporter = Reporter(quiet, verbose, as_json)
     specs, mistake = params.target_specs(target)
-    specs, region, mistake = params.region_of(specs) if mistake is None else (specs, None, mistake)
+    specs, region, mistake = scan_options.region_of(specs) if mistake is None else (specs, None, mistake)
     if mistake is not None:
         run_reported(reporter, lambda: params.refuse(mistake))
     methods = params.MethodList([*method, RANDOM_BASELINE]) if rank and RANDOM_BASELINE not in method else method

@@ -24,7 +24,7 @@ from ..options import (
     RunOptions,
     Shard,
 )
-from . import answers, params
+from . import answers, params, scan_options
 from .help import PanelledCommand
 from .input_size import InputSizeOpt
 from .lines import report_record
@@ -136,7 +136,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
         int, typer.Option(min=1, metavar="N", help="Videos: explain every Nth frame and hold its map in between.")
     ] = 1,
     window_level: params.WindowLevelOpt = None,
-    channels: params.ChannelsOpt = None,
+    channels: scan_options.ChannelsOpt = None,
     clip_stride: Annotated[
         int | None,
         typer.Option(
@@ -245,7 +245,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
     if version:
         run_reported(reporter, lambda: _print_version(reporter))
     specs, mistake = params.target_specs(target)
-    specs, region, mistake = params.region_of(specs) if mistake is None else (specs, None, mistake)
+    specs, region, mistake = scan_options.region_of(specs) if mistake is None else (specs, None, mistake)
     if mistake is not None:
         run_reported(reporter, lambda: params.refuse(mistake))
     explain = ExplainOptions(
@@ -331,8 +331,7 @@ class ExplainCommand:
     ) -> None:
         self.reporter, self.inputs = reporter, inputs
         self.model_options, self.explain_options, self.output, self.run_options = model, explain, output, run
-        self.channels = channels
-        """``--channels``: one scan's channel files; ``None``: not given."""
+        self.channels = channels  # --channels: one scan's channel files; None: not given
 
     def list_models(self) -> int:
         from ..models.loading import available_models
@@ -361,12 +360,8 @@ class ExplainCommand:
             raise UsageError("no input given; try: gradcam IMAGE_OR_DIR [--layer NAME], or gradcam --help")
         counted = channel_files(channels) if channels else 0  # their grids, before the model loads
         reporter = self.reporter
-        images, videos, scans = discover_inputs(
-            self.inputs,
-            exclude=self.output.output_dir,
-            warn=lambda message: reporter.info(f"warning: {message}"),
-            channels=channels,
-        )
+        warn = lambda message: reporter.info(f"warning: {message}")  # noqa: E731
+        images, videos, scans = discover_inputs(self.inputs, self.output.output_dir, warn, channels)
         clips = bool(videos) and self.output.save_raw and takes_clips(self.model_options.model)
         check_video_options(self.output, videos, clips)  # before the model loads (a video model's --save-raw applies)
         check_volume_options(self.model_options, self.explain_options, self.output, self.run_options, scans, videos)
