@@ -149,6 +149,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
     occlusion_stride: params.OcclusionStrideOpt = 16,
     seed: params.SeedOpt = 0,
     fps: params.FpsOpt = None,
+    channels: scan_options.ChannelsOpt = None,
     prompt: answers.PromptOpt = None,
     answer: answers.AnswerOpt = None,
     max_new_tokens: answers.MaxNewTokensOpt = None,
@@ -205,6 +206,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
             fps=fps,
         ),
         RankOptions(rank, report_dir, skip_existing, budget),
+        tuple(channels) if channels is not None else None,
     )
     run_reported(reporter, command.run)
 
@@ -220,10 +222,12 @@ class EvalCommand:
         explain: ExplainOptions,
         options: EvalOptions,
         ranking: RankOptions | None = None,
+        channels: tuple[Path, ...] | None = None,
     ) -> None:
         self.reporter, self.inputs = reporter, inputs
         self.model_options, self.explain_options, self.options = model, explain, options
         self.ranking = ranking or RankOptions()
+        self.channels = channels  # --channels: one scan's channel files; None: not given
         self.plan_seconds: dict[str, float] = {}  # --rank's estimate per method and image
         self.plan_total = 0.0  # --rank's estimate of the whole run, timing and seed spread included
         self.sampled: list[ImageScores] = []  # the plan's real evaluation of the first image, kept
@@ -233,6 +237,8 @@ class EvalCommand:
         from ..evaluation.choose import evaluator_for
         from ..evaluation.clips import evaluated_inputs, rank_options
         from ..io.discovery import discover, discover_volumes
+        from ..io.volumes import channel_files
+        from ..pipeline.volumes import check_channels
 
         options = self.options
         if self.ranking.report is not None and not self.ranking.rank:
@@ -243,18 +249,22 @@ class EvalCommand:
             return answers.evaluate_answers(self)
         if options.plot is not None and options.plot.suffix.lower() not in PLOT_FORMATS:
             raise UsageError(f"--plot {options.plot}: use a file ending in {', '.join(PLOT_FORMATS)}")
-        if not self.inputs:  # optional for --prompts, which names the images
+        channels = self.channels or ()
+        if not self.inputs and not channels:  # optional for --prompts, which names the images
             raise UsageError("no input given; try: gradcam eval IMAGE_OR_DIR")
-        images = discover(self.inputs)
-        scans = discover_volumes([raw for raw in self.inputs if Path(raw).exists()])
+        counted = channel_files(channels) if channels else 0  # their grids, before the model loads
+        images = discover(self.inputs) if self.inputs else []
+        scans = discover_volumes([raw for raw in self.inputs if Path(raw).exists()], channels=channels)
         if not images and not scans:
             raise UsageError(f"no images found in {' '.join(self.inputs)}")
         boxes = read_boxes(options.boxes) if options.boxes is not None else None
         explainer = self._explainer()
         if explainer.model.profile.volume is not None:  # a volume model's: its scans (docs/volumes.md)
             images = self._scans(explainer, scans)
-        elif self.explain_options.region is not None:
-            raise UsageError(f"--target region: is for a volume segmenter's scans; {explainer.model.name} takes images")
+            check_channels(explainer, channels, counted)
+        elif self.explain_options.region is not None or channels:
+            option = "--channels" if channels else "--target region:"
+            raise UsageError(f"{option} is for a volume model's scans; {explainer.model.name} takes images")
         else:
             images = evaluated_inputs(explainer, self.inputs, images, options)  # a video model's: its videos
         started = time.perf_counter()

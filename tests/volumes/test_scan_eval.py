@@ -155,3 +155,23 @@ def test_what_gradcam_eval_does_not_measure_on_scans_is_refused(unet, tmp_path: 
     assert result.exit_code == EXIT_USAGE and result.stderr.strip().endswith(
         "takes scans; none found in " + str(tmp_path / "photo.png")
     )
+
+
+def test_gradcam_eval_takes_a_scans_channel_files(unet, tmp_path: Path):
+    monai = pytest.importorskip("monai")
+    weights, scan = unet
+    second = tmp_path / "second.npy"
+    np.save(second, np.load(scan) * 0.5)
+    result = run("--channels", f"{scan},{second}", "-m", UNET, "--weights", weights)
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: --channels gives 2 channel(s) (scan.npy, second.npy); {UNET} takes 1 channel(s)"
+    )
+    torch.manual_seed(0)
+    network = monai.networks.nets.UNet(3, 2, 3, channels=(4, 8), strides=(2,), num_res_units=0)
+    torch.save(network.state_dict(), tmp_path / "unet2.pt")
+    (tmp_path / "unet2.json").write_text(json.dumps({"patch": [16, 16, 16]}))
+    two = UNET.replace("in_channels=1", "in_channels=2")
+    result = run("--channels", f"{scan},{second}", "-m", two, "--weights", tmp_path / "unet2.pt", "-t", "1", "--json")
+    assert result.exit_code == EXIT_OK, result.output
+    assert [image["image"] for image in json.loads(result.stdout)["per_image"]] == [str(scan)]
