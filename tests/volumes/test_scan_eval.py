@@ -100,6 +100,27 @@ def test_one_window_over_the_volume_gives_the_networks_own_softmax():
 
 
 @pytest.mark.quick
+def test_a_region_masks_score_is_the_mean_probability_inside_it(tmp_path: Path):
+    torch.manual_seed(1)
+    network = TinySegmenter(classes=2).eval()
+    x, _ = blobs(1, torch.Generator().manual_seed(5))
+    mask = np.zeros((SIDE, SIDE, SIDE), dtype=np.float32)
+    mask[2:7, 3:12, 5:9] = 1.0
+    np.save(tmp_path / "scan.npy", x[0].numpy())
+    np.save(tmp_path / "mask.npy", mask)
+    explainer = Explainer(as_scan_model(network), methods=["gradcam"], target=1, region=tmp_path / "mask.npy")
+    (image,) = evaluator_for(explainer, EvalOptions(steps=4)).run([tmp_path / "scan.npy"]).images
+    inside = torch.from_numpy(mask) > 0
+    with torch.no_grad():  # one window covers the scan: its own softmax, averaged over the mask
+        expected = [float(network(v[None]).softmax(dim=1)[0, 1][inside].mean()) for v in (x[0], torch.zeros_like(x[0]))]
+    assert image.error is None and image.target is not None and image.target.index == 1
+    assert image.target.probability == pytest.approx(expected[0], abs=1e-5)
+    curve = image.methods["gradcam"].deletion
+    assert len(curve) == 5 and curve[0] == pytest.approx(expected[0], abs=1e-5)
+    assert curve[-1] == pytest.approx(expected[1], abs=1e-5)  # every voxel deleted: the zero scan
+
+
+@pytest.mark.quick
 def test_the_insertion_start_is_a_3d_gaussian_blur():
     volume = torch.zeros(1, 15, 15, 15)
     volume[0, 7, 7, 7] = 1.0
