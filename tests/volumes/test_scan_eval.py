@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
-from volume_models import TinySegmenter
+from volume_models import TinySegmenter, classifier
 
 from gradcam_cli import Explainer
 from gradcam_cli.cam.windows import Windows
@@ -118,6 +118,27 @@ def test_a_region_masks_score_is_the_mean_probability_inside_it(tmp_path: Path):
     curve = image.methods["gradcam"].deletion
     assert len(curve) == 5 and curve[0] == pytest.approx(expected[0], abs=1e-5)
     assert curve[-1] == pytest.approx(expected[1], abs=1e-5)  # every voxel deleted: the zero scan
+
+
+def test_a_classifiers_scan_is_scored_by_its_probability_at_the_size_it_takes(tmp_path: Path):
+    network = classifier(seed=2)
+    x = torch.randn(1, 12, 14, 10, generator=torch.Generator().manual_seed(4))
+    np.save(tmp_path / "scan.npy", x.numpy())
+    spec, shape = VolumeSpec((SIDE, SIDE, SIDE)), InputSpec(shape=(1, SIDE, SIDE, SIDE))
+    model = LoadedModel(network, "cube", "random", ["a", "b", "c", "d"], shape, task="classify", volume=spec)
+    (image,) = (
+        evaluator_for(Explainer(model, methods=["gradcam"]), EvalOptions(steps=3)).run([tmp_path / "scan.npy"]).images
+    )
+    with torch.no_grad():
+        resized = F.interpolate(x[None], size=(SIDE,) * 3, mode="trilinear", align_corners=False)
+        probabilities = network(resized).softmax(dim=1)[0]
+    assert image.error is None and image.target is not None
+    assert image.target.index == int(probabilities.argmax())
+    assert image.target.probability == pytest.approx(float(probabilities.max()), abs=1e-5)
+    curve = image.methods["gradcam"].deletion
+    with torch.no_grad():
+        zero = float(network(torch.zeros(1, 1, SIDE, SIDE, SIDE)).softmax(dim=1)[0, image.target.index])
+    assert len(curve) == 4 and curve[-1] == pytest.approx(zero, abs=1e-5)
 
 
 @pytest.mark.quick
