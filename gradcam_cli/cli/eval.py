@@ -55,7 +55,8 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_mar
 PLOT_FORMATS = (".png", ".pdf", ".svg")
 HELP = """Measure how faithful the maps are, and where the evidence lies.
 
-INPUT: image files, folders (searched recursively) or quoted glob patterns.
+INPUT: image files, folders (searched recursively) or quoted glob patterns; scans (.nii, .nii.gz, .npy, DICOM
+folders) for a volume model.
 
 Per method: deletion and insertion AUC (RISE), Average Drop and Increase in Confidence (Grad-CAM++), sparseness (Gini)
 and complexity (entropy). With --road: ROAD; --faithfulness-correlation: faithfulness correlation (Bhatt et al. 2020);
