@@ -213,6 +213,9 @@ class ExplainOptions:
     attention_heads: str | None = None
     """How rollout and the ``attention`` method fuse a layer's heads: ``mean``, ``max`` or ``min``
     (``--attention-heads``); ``None``: not given, the mean."""
+    region: Path | None = None
+    """A segmenter's region mask on the scans' grid (``--target region:MASK.nii.gz``, docs/volumes.md): each class's
+    score sums its logits over the mask's voxels; ``None``: not given, over the voxels predicted as the class."""
 
     def task_for(self, task: str | None) -> str | None:
         """``--task`` as given, else ``classify`` where ``--target`` specs or ``--embedding`` say the model is

@@ -2,7 +2,8 @@
 
 ``class:NAME|INDEX`` (``--target-class`` is its alias), ``similar:IMAGE_OR_FOLDER``, ``text:PROMPT``,
 ``contrast:A,B`` (A and B two targets; a part without a kind is a class, or a prompt for a CLIP-style model) and
-``output:I[:pos|neg]``; ``answer:WORD`` for a vision-language model's answer (docs/vlm.md). docs/targets.md
+``output:I[:pos|neg]``; ``answer:WORD`` for a vision-language model's answer (docs/vlm.md); ``region:MASK`` for a
+segmenter's scan (docs/volumes.md). docs/targets.md
 describes each and when to use which; :mod:`gradcam_cli.cam.targets` turns a spec into the score a method
 differentiates.
 """
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 
 from .errors import suggest
 
-TARGET_KINDS = ("class", "similar", "text", "contrast", "output", "answer")
+TARGET_KINDS = ("class", "similar", "text", "contrast", "output", "answer", "region")
 """The kinds of ``--target KIND:VALUE``."""
 OUTPUT_SIGNS = {"pos": 1, "positive": 1, "+": 1, "neg": -1, "negative": -1, "-": -1}
 """The signs ``output:I:SIGN`` takes: the output's positive (the default) or negative evidence."""
@@ -25,6 +26,7 @@ _EXAMPLES = {
     "contrast": "contrast:A,B",
     "output": "output:I or output:I:neg",
     "answer": "answer:WORD",
+    "region": "region:MASK.nii.gz",
 }
 _PART_START = re.compile(r",\s*(?=(?:class|similar|text|output|answer):)", re.IGNORECASE)
 
@@ -110,7 +112,7 @@ def _contrast_parts(text: str, rest: str) -> tuple[str, str]:
 
 def _contrast_part(text: str, part: str) -> TargetSpec:
     head = part.partition(":")[0].strip().lower()
-    if head == "contrast":
+    if head in ("contrast", "region"):
         raise ValueError(
             f"{text!r}: a contrast's parts are targets of another kind (class:, text:, similar:, output:, answer:)"
         )

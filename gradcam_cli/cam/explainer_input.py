@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypedDict
 
 from torch import nn
@@ -72,6 +73,7 @@ class ExplainKeywords(TypedDict, total=False):
     embedding: str | None
     perturbation: PerturbationOptions | None
     attention_heads: str | None
+    region: Path | str | None
 
 
 def explain_options(
@@ -90,6 +92,8 @@ def explain_options(
         given["target_class"] = given.pop("target")
     if "targets" in given:
         given["targets"] = tuple(TargetSpec.parse(spec) for spec in given["targets"])
+    if given.get("region") is not None:
+        given["region"] = Path(given["region"])
     if given.get("perturbation", 0) is None:
         given.pop("perturbation")
     return ExplainOptions(

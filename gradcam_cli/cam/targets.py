@@ -138,6 +138,8 @@ class TargetScore:
             return self._output(spec, k)
         if spec.kind == "answer":
             raise UsageError(f"{spec}: answer: targets are for a vision-language model asked a --prompt (docs/vlm.md)")
+        if spec.kind == "region":
+            raise UsageError(f"{spec}: region: targets are for a volume segmenter's scans (docs/volumes.md)")
         return self._class(spec)
 
     def _class(self, spec: TargetSpec) -> Resolved:

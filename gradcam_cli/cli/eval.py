@@ -25,7 +25,7 @@ from ..options import (
     ModelOptions,
     PerturbationOptions,
 )
-from . import answers, params
+from . import answers, params, scan_options
 from .eval_output import tell
 from .help import PanelledEvalCommand
 from .input_size import InputSizeOpt
@@ -55,7 +55,8 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_mar
 PLOT_FORMATS = (".png", ".pdf", ".svg")
 HELP = """Measure how faithful the maps are, and where the evidence lies.
 
-INPUT: image files, folders (searched recursively) or quoted glob patterns.
+INPUT: image files, folders (searched recursively) or quoted glob patterns; scans (.nii, .nii.gz, .npy, DICOM
+folders) for a volume model.
 
 Per method: deletion and insertion AUC (RISE), Average Drop and Increase in Confidence (Grad-CAM++), sparseness (Gini)
 and complexity (entropy). With --road: ROAD; --faithfulness-correlation: faithfulness correlation (Bhatt et al. 2020);
@@ -149,6 +150,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
     occlusion_stride: params.OcclusionStrideOpt = 16,
     seed: params.SeedOpt = 0,
     fps: params.FpsOpt = None,
+    channels: scan_options.ChannelsOpt = None,
     prompt: answers.PromptOpt = None,
     answer: answers.AnswerOpt = None,
     max_new_tokens: answers.MaxNewTokensOpt = None,
@@ -163,6 +165,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
 ) -> None:
     reporter = Reporter(quiet, verbose, as_json)
     specs, mistake = params.target_specs(target)
+    specs, region, mistake = scan_options.region_of(specs) if mistake is None else (specs, None, mistake)
     if mistake is not None:
         run_reported(reporter, lambda: params.refuse(mistake))
     methods = params.MethodList([*method, RANDOM_BASELINE]) if rank and RANDOM_BASELINE not in method else method
@@ -182,6 +185,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
         embedding=embedding,
         perturbation=perturbation,
         question=AnswerOptions(prompt, answer, max_new_tokens=max_new_tokens, prompts=prompts),
+        region=region,
     )
     command = EvalCommand(
         reporter,
@@ -203,6 +207,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
             fps=fps,
         ),
         RankOptions(rank, report_dir, skip_existing, budget),
+        tuple(channels) if channels is not None else None,
     )
     run_reported(reporter, command.run)
 
@@ -218,10 +223,12 @@ class EvalCommand:
         explain: ExplainOptions,
         options: EvalOptions,
         ranking: RankOptions | None = None,
+        channels: tuple[Path, ...] | None = None,
     ) -> None:
         self.reporter, self.inputs = reporter, inputs
         self.model_options, self.explain_options, self.options = model, explain, options
         self.ranking = ranking or RankOptions()
+        self.channels = channels  # --channels: one scan's channel files; None: not given
         self.plan_seconds: dict[str, float] = {}  # --rank's estimate per method and image
         self.plan_total = 0.0  # --rank's estimate of the whole run, timing and seed spread included
         self.sampled: list[ImageScores] = []  # the plan's real evaluation of the first image, kept
@@ -230,7 +237,9 @@ class EvalCommand:
         from ..evaluation.boxes import read_boxes
         from ..evaluation.choose import evaluator_for
         from ..evaluation.clips import evaluated_inputs, rank_options
-        from ..io.discovery import discover
+        from ..io.discovery import discover, discover_volumes
+        from ..io.volumes import channel_files
+        from ..pipeline.volumes import check_channels
 
         options = self.options
         if self.ranking.report is not None and not self.ranking.rank:
@@ -241,14 +250,24 @@ class EvalCommand:
             return answers.evaluate_answers(self)
         if options.plot is not None and options.plot.suffix.lower() not in PLOT_FORMATS:
             raise UsageError(f"--plot {options.plot}: use a file ending in {', '.join(PLOT_FORMATS)}")
-        if not self.inputs:  # optional for --prompts, which names the images
+        channels = self.channels or ()
+        if not self.inputs and not channels:  # optional for --prompts, which names the images
             raise UsageError("no input given; try: gradcam eval IMAGE_OR_DIR")
-        images = discover(self.inputs)
-        if not images:
+        counted = channel_files(channels) if channels else 0  # their grids, before the model loads
+        images = discover(self.inputs) if self.inputs else []
+        scans = discover_volumes([raw for raw in self.inputs if Path(raw).exists()], channels=channels)
+        if not images and not scans:
             raise UsageError(f"no images found in {' '.join(self.inputs)}")
         boxes = read_boxes(options.boxes) if options.boxes is not None else None
         explainer = self._explainer()
-        images = evaluated_inputs(explainer, self.inputs, images, options)  # a video model's: its videos
+        if explainer.model.profile.volume is not None:  # a volume model's: its scans (docs/volumes.md)
+            images = self._scans(explainer, scans)
+            check_channels(explainer, channels, counted)
+        elif self.explain_options.region is not None or channels:
+            option = "--channels" if channels else "--target region:"
+            raise UsageError(f"{option} is for a volume model's scans; {explainer.model.name} takes images")
+        else:
+            images = evaluated_inputs(explainer, self.inputs, images, options)  # a video model's: its videos
         started = time.perf_counter()
         if self.ranking.rank:
             options = rank_options(explainer, options)
@@ -270,6 +289,14 @@ class EvalCommand:
             f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {duration(elapsed)}{said}"
         )
         return EXIT_IMAGE_FAILED if report.failed else EXIT_OK
+
+    def _scans(self, explainer: Explainer, scans: list[InputImage]) -> list[InputImage]:
+        """A volume model's scans; ``--rank`` refused on them, and a run without any."""
+        if self.ranking.rank:
+            raise UsageError("--rank is not measured on scans; run gradcam eval on them without it")
+        if not scans:
+            raise UsageError(f"{explainer.model.name} takes scans; none found in {' '.join(self.inputs)}")
+        return scans
 
     def _explainer(self) -> Explainer:
         """The explainer, with its masked passes' progress shown, and the notes on its layer and its passes."""

@@ -24,7 +24,7 @@ from ..options import (
     RunOptions,
     Shard,
 )
-from . import answers, params
+from . import answers, params, scan_options
 from .help import PanelledCommand
 from .input_size import InputSizeOpt
 from .lines import report_record
@@ -136,6 +136,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
         int, typer.Option(min=1, metavar="N", help="Videos: explain every Nth frame and hold its map in between.")
     ] = 1,
     window_level: params.WindowLevelOpt = None,
+    channels: scan_options.ChannelsOpt = None,
     clip_stride: Annotated[
         int | None,
         typer.Option(
@@ -244,6 +245,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
     if version:
         run_reported(reporter, lambda: _print_version(reporter))
     specs, mistake = params.target_specs(target)
+    specs, region, mistake = scan_options.region_of(specs) if mistake is None else (specs, None, mistake)
     if mistake is not None:
         run_reported(reporter, lambda: params.refuse(mistake))
     explain = ExplainOptions(
@@ -263,6 +265,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
         ),
         AnswerOptions(prompt, answer, per_token, max_new_tokens, prompts),
         attention_heads=attention_heads,
+        region=region,
     )
     command = ExplainCommand(
         reporter,
@@ -297,6 +300,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
             actors=actors,
             gpus_per_worker=gpus_per_worker,
         ),
+        channels=tuple(channels) if channels is not None else None,
     )
     if list_models:
         run_reported(reporter, command.list_models)
@@ -323,9 +327,11 @@ class ExplainCommand:
         explain: ExplainOptions,
         output: OutputOptions,
         run: RunOptions,
+        channels: tuple[Path, ...] | None = None,
     ) -> None:
         self.reporter, self.inputs = reporter, inputs
         self.model_options, self.explain_options, self.output, self.run_options = model, explain, output, run
+        self.channels = channels  # --channels: one scan's channel files; None: not given
 
     def list_models(self) -> int:
         from ..models.loading import available_models
@@ -342,18 +348,20 @@ class ExplainCommand:
     def run(self) -> int:
         from ..cam.explainer import Explainer
         from ..io.discovery import discover_inputs
+        from ..io.volumes import channel_files
         from ..pipeline.session import Session
         from ..pipeline.video import check_video_model, check_video_options, takes_clips
-        from ..pipeline.volumes import check_volume_options, model_inputs
+        from ..pipeline.volumes import check_channels, check_volume_options, model_inputs
 
         if self.explain_options.question.asked or self.explain_options.question.given():
             return answers.ask(self)
-        if not self.inputs:
+        channels = self.channels or ()
+        if not self.inputs and not channels:
             raise UsageError("no input given; try: gradcam IMAGE_OR_DIR [--layer NAME], or gradcam --help")
+        counted = channel_files(channels) if channels else 0  # their grids, before the model loads
         reporter = self.reporter
-        images, videos, scans = discover_inputs(
-            self.inputs, exclude=self.output.output_dir, warn=lambda message: reporter.info(f"warning: {message}")
-        )
+        warn = lambda message: reporter.info(f"warning: {message}")  # noqa: E731
+        images, videos, scans = discover_inputs(self.inputs, self.output.output_dir, warn, channels)
         clips = bool(videos) and self.output.save_raw and takes_clips(self.model_options.model)
         check_video_options(self.output, videos, clips)  # before the model loads (a video model's --save-raw applies)
         check_volume_options(self.model_options, self.explain_options, self.output, self.run_options, scans, videos)
@@ -366,8 +374,9 @@ class ExplainCommand:
                 explainer = driver_explainer(self.model_options, self.explain_options, progress)
             else:
                 explainer = Explainer.from_options(self.model_options, self.explain_options, progress=progress)
-            found = model_inputs(explainer, self.inputs, (images, videos, scans), self.output.output_dir)
-            images, videos, scans = found
+            named = [*self.inputs, *map(str, channels)]
+            images, videos, scans = model_inputs(explainer, named, (images, videos, scans), self.output.output_dir)
+            check_channels(explainer, channels, counted)
             check_video_model(explainer, self.output, self.run_options, videos, images)  # before any note
             single = len(images) + len(videos) + len(scans) == 1
             session.start(explainer)

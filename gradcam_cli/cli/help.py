@@ -44,6 +44,7 @@ PANELS: dict[str, tuple[str, ...]] = {
         "every",
         "clip_stride",
         "fps",
+        "channels",
         "list_models",
         "list_layers",
     ),

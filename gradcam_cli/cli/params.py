@@ -263,7 +263,8 @@ TargetsOpt = Annotated[
         "--target",
         metavar="KIND:VALUE",
         help="What to explain (repeatable, one map each): class:NAME|INDEX, similar:IMAGE_OR_FOLDER, "
-        'text:"a photo of a dog", contrast:A,B, output:I[:neg] (docs/targets.md).',
+        'text:"a photo of a dog", contrast:A,B, output:I[:neg] (docs/targets.md); a segmenter\'s scans: '
+        "region:MASK.nii.gz (docs/volumes.md).",
         show_default=False,
     ),
 ]

@@ -21,7 +21,7 @@ from ..io.manifest import latest_row_sets, manifest_text, parse_rows
 from ..targets import TARGET_KINDS
 from .fingerprint import decode_depth, decode_fingerprint
 
-NAMED_KINDS = tuple(kind for kind in TARGET_KINDS if kind not in ("class", "contrast"))
+NAMED_KINDS = tuple(kind for kind in TARGET_KINDS if kind not in ("class", "contrast", "region"))
 """The ``--target`` kinds whose rows' target names begin with the kind (``similar:ref.jpg``)."""
 MANIFEST_SUFFIXES = (".jsonl", ".csv")
 PREFERRED_NAMES = ("manifest.jsonl", "manifest.csv")

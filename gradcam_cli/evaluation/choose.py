@@ -2,7 +2,8 @@
 protocol for a classifier (:class:`~gradcam_cli.evaluation.evaluate.Evaluator`; per clip for a video model's:
 :class:`~gradcam_cli.evaluation.clips.ClipEvaluator`), the boxes for a detector or segmenter
 (:class:`~gradcam_cli.evaluation.tasks.TaskEvaluator`), the answer's deletion and insertion for a vision-language
-model (:class:`~gradcam_cli.evaluation.answers.AnswerEvaluator`)."""
+model (:class:`~gradcam_cli.evaluation.answers.AnswerEvaluator`), voxel deletion and insertion for a volume model's
+scans (:class:`~gradcam_cli.evaluation.scans.ScanEvaluator`)."""
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -17,13 +18,17 @@ from .boxes import read_boxes
 from .clips import ClipEvaluator
 from .evaluate import AnyEvaluator, Evaluator
 from .report import EvalReport
+from .scans import ScanEvaluator
 from .tasks import TaskEvaluator
 
 __all__ = ["AnyEvaluator", "evaluate", "evaluator_for"]
 
 
 def evaluator_for(explainer: Explainer, options: EvalOptions | None = None) -> AnyEvaluator:
-    """The evaluator for the explainer's task (the module docstring), chosen by its adapter."""
+    """The evaluator for the explainer's task (the module docstring), chosen by its adapter; a volume model's
+    scans' (segmenters' and classifiers')."""
+    if explainer.model.profile.volume is not None:
+        return ScanEvaluator(explainer, options)
 
     def protocol() -> AnyEvaluator:
         if explainer.model.profile.clips is not None:  # a video model's: per clip, in time too

@@ -34,6 +34,7 @@ from .plan import with_methods
 from .report import BLUR_KERNEL, BLUR_SIGMA, STABILITY_SIGMA, BoxScore, EvalReport, ImageScores, MethodScores
 from .road import ROAD_FRACTIONS, impute, road_masks
 from .sanity import parameterised_modules, randomised_stages, reinitialise
+from .scans import ScanEvaluator
 from .shared import Once, methods_to_run, pass_groups
 from .tasks import TaskEvaluator
 
@@ -337,5 +338,5 @@ class Evaluator:
             )
 
 
-AnyEvaluator = Evaluator | TaskEvaluator | AnswerEvaluator
+AnyEvaluator = Evaluator | TaskEvaluator | AnswerEvaluator | ScanEvaluator
 """Every task's evaluator: each runs over many images into an :class:`EvalReport`."""

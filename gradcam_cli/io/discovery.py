@@ -222,17 +222,18 @@ def discover_inputs(
     inputs: Sequence[str | Path],
     exclude: Path | None = None,
     warn: Callable[[str], None] | None = None,
+    channels: Sequence[Path] = (),
 ) -> tuple[list[InputImage], list[InputImage], list[InputImage]]:
     """``(images, videos, scans)``: video files named on the command line (by suffix) apart; scans named (a NIfTI
-    or ``.npy`` file, a folder of ``.dcm`` files) and those under the folders named (:func:`discover_volumes`);
-    everything else through :func:`discover`. Folders yield images and scans, patterns images only. A usage error
-    when nothing is found."""
+    or ``.npy`` file, a folder of ``.dcm`` files) and those under the folders named (:func:`discover_volumes`;
+    ``channels``: one scan's channel files, ``--channels``, first); everything else through :func:`discover`.
+    Folders yield images and scans, patterns images only. A usage error when nothing is found."""
     videos = [raw for raw in inputs if Path(raw).suffix.lower() in VIDEO_SUFFIXES and Path(raw).is_file()]
     scans = [raw for raw in inputs if raw not in videos and _is_scan(Path(raw))]
     others = [raw for raw in inputs if raw not in videos and raw not in scans]
     images = discover(others, exclude=exclude, warn=warn) if others else []
     folders = [raw for raw in others if Path(raw).is_dir()]
-    volumes = discover_volumes([*scans, *folders], exclude) if scans or folders else []
+    volumes = discover_volumes([*scans, *folders], exclude, channels) if scans or folders or channels else []
     if inputs and not images and not videos and not volumes:
         raise UsageError(f"no images found in {' '.join(map(str, inputs))}")
     return images, discover(videos) if videos else [], volumes
@@ -317,6 +318,8 @@ def discover_volumes(
             found.extend((s, s.relative_to(path)) for s in sorted(_walk_volumes(path, excluded), key=_sort_key))
         elif is_volume_path(path):
             found.append((path, Path(path.name)))
+    named = {os.path.abspath(path) for path in channels}
+    found = [(path, stem) for path, stem in found if os.path.abspath(path) not in named]  # the channels' scan once
     scans = []
     if channels:
         scans.append(InputImage(channels[0], Path(_case(channels[0])), channels=tuple(channels)))

@@ -122,6 +122,78 @@ def read_volume(paths: Sequence[Path]) -> Volume:
     return Volume(data, first_affine, tuple(Path(p) for p in paths))
 
 
+def channel_files(paths: Sequence[Path], option: str = "--channels") -> int:
+    """How many channels the scan of the channel files ``paths`` (``--channels a.nii.gz,b.nii.gz``) has, read from
+    their headers alone (a NIfTI's header, a ``.npy``'s, a DICOM series counts one): a usage error in one line,
+    beginning with ``option``, for a file that is not a scan or does not exist, or one that is not on the first
+    file's grid (shape and affine)."""
+    first: tuple[Path, tuple[int, ...], np.ndarray[Any, Any]] | None = None
+    channels = 0
+    for path in paths:
+        if not path.exists():
+            raise UsageError(f"{option}: {path} does not exist")
+        if not is_volume_path(path):
+            raise UsageError(f"{option}: {path} is not a scan (.nii, .nii.gz, .npy or a DICOM folder)")
+        grid, affine = _header(path)
+        channels += grid[0]
+        if first is None:
+            first = (path, grid[1:], affine)
+        elif grid[1:] != first[1] or not np.allclose(affine, first[2], atol=1e-4):
+            shapes = "x".join(map(str, grid[1:])), "x".join(map(str, first[1]))
+            differs = f"{shapes[0]} vs {shapes[1]}" if grid[1:] != first[1] else "another affine"
+            raise UsageError(
+                f"{option}: {path} is not on the grid of {first[0]} ({differs}); resample it first (gradcam never "
+                "resamples a scan)"
+            )
+    return channels
+
+
+def read_region(path: Path, scan: Volume) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    """The region mask at ``path`` (``--target region:MASK``) for ``scan``: its non-zero voxels, (I, J, K) bool; a
+    usage error in one line where it is not one channel on the scan's grid (shape and affine) or has no voxel."""
+    mask = read_volume([path])
+    if mask.channels != 1 or mask.grid != scan.grid or not np.allclose(mask.affine, scan.affine, atol=1e-4):
+        shapes = _shape(mask.data), _shape(scan.data)
+        differs = f"{shapes[0]} vs {shapes[1]}" if mask.data.shape[1:] != scan.data.shape[1:] else "another affine"
+        differs = f"{mask.channels} channels" if mask.channels != 1 else differs
+        source = scan.sources[0] if scan.sources else "the scan"
+        raise UsageError(f"region mask {path} is not on the grid of {source} ({differs}); give a mask of the scan")
+    region: np.ndarray[Any, np.dtype[np.bool_]] = np.asarray(mask.data[0] != 0)
+    if not region.any():
+        raise UsageError(f"region mask {path} has no voxel (every voxel is 0)")
+    return region
+
+
+def _header(path: Path) -> tuple[tuple[int, ...], np.ndarray[Any, Any]]:
+    """A scan file's (C, I, J, K) and affine from its header (a DICOM folder: read whole)."""
+    name = path.name.lower()
+    affine: np.ndarray[Any, Any] = np.eye(4)
+    if path.is_dir() or not name.endswith((".nii", ".nii.gz", ".npy")):
+        data, affine = _read_one(path)
+        return tuple(int(side) for side in data.shape), affine
+    if name.endswith(".npy"):
+        try:
+            shape = np.load(path, mmap_mode="r", allow_pickle=False).shape
+        except (OSError, ValueError) as error:
+            raise UsageError(f"{path}: cannot read as a .npy volume ({error})") from None
+    else:
+        nibabel = _extra("nibabel")
+        try:
+            image = nibabel.load(str(path))
+        except Exception as error:  # nibabel raises many kinds for a damaged file
+            raise UsageError(f"{path}: cannot read as NIfTI ({type(error).__name__}: {error})") from None
+        shape, affine = tuple(image.shape), np.asarray(image.affine, dtype=np.float64)
+        if len(shape) == 5 and shape[3] == 1:  # time as the 4th axis, vector components as the 5th: _read_nifti's
+            shape = (*shape[:3], shape[4])
+    if len(shape) == 3:
+        return (1, *map(int, shape)), affine
+    if len(shape) != 4:
+        raise UsageError(f"{path}: a scan has 3 axes (or 4 with channels), not {len(shape)} ({shape})")
+    channels_first = name.endswith(".npy")
+    c, *grid = shape if channels_first else (shape[3], *shape[:3])
+    return (int(c), *map(int, grid)), affine
+
+
 def _shape(data: np.ndarray[Any, Any]) -> str:
     return "x".join(map(str, data.shape[1:]))
 

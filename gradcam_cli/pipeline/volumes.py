@@ -35,7 +35,7 @@ from ..drift.fingerprint import map_fingerprint
 from ..errors import GradcamError, UsageError, describe
 from ..io.discovery import InputImage, discover_clips
 from ..io.naming import MONTAGE_TAIL, NIFTI_SUFFIX, slices_path, slug, thumbnail_path, volume_paths
-from ..io.volumes import Volume, peak, read_volume, spacing_note, write_nifti
+from ..io.volumes import Volume, channel_files, peak, read_region, read_volume, spacing_note, write_nifti
 from ..models.tasks import CLASSIFY, SEGMENT
 from ..models.volume_spec import VolumeSpec
 from ..options import ExplainOptions, ImageFormat, ModelOptions, OutputOptions, RunOptions, WindowLevel
@@ -119,9 +119,12 @@ def check_volume_options(
     """Before the model loads: refuse, in one line, the options that do not apply to ``scans`` and videos beside
     them."""
     if not scans:
-        if output.window_level is not None:
-            raise UsageError("--window-level is for scans (.nii, .nii.gz, .npy, DICOM folders); none was given")
+        for option, value in (("--window-level", output.window_level), ("--target region:", explain.region)):
+            if value is not None:
+                raise UsageError(f"{option} is for scans (.nii, .nii.gz, .npy, DICOM folders); none was given")
         return
+    if explain.region is not None:
+        channel_files([explain.region], "--target region")  # a scan file, before the model loads
     option = refused_for_volumes(model, explain, output, run)
     if option:
         raise UsageError(f"{option} does not apply to scans ({scans[0].path}); run the scans without it")
@@ -174,6 +177,19 @@ def model_inputs(
     return images, videos, scans
 
 
+def check_channels(explainer: Explainer, channels: Sequence[Path], counted: int) -> None:
+    """``--channels``' files hold ``counted`` channels: a usage error naming both counts where the model takes
+    another number."""
+    spec = explainer.model.profile.volume
+    if channels and spec is not None and counted != spec.channels:
+        names = f" ({', '.join(spec.channel_names)})" if spec.channel_names else ""
+        files = ", ".join(path.name for path in channels)
+        raise UsageError(
+            f"--channels gives {counted} channel(s) ({files}); {explainer.model.name} takes {spec.channels} channel(s)"
+            f"{names}"
+        )
+
+
 def scan_window(spec: VolumeSpec, volume: Volume, given: WindowLevel | None = None) -> Window:
     """The montage's intensity window: ``--window-level``'s, else the range the model clips its first channel to
     (nnU-Net's CT percentiles, a bundle's ``ScaleIntensityRange``), else the scan's 0.5th to 99.5th percentiles."""
@@ -202,6 +218,9 @@ class VolumeRunner:
             raise UsageError(f"{explainer.model.name} takes no scans; they need {VOLUME_MODELS}")
         self.explainer, self.spec, self.output = explainer, spec, output
         self.classifier = explainer.adapter.name == CLASSIFY
+        self.region = explainer.options.region
+        if self.region is not None and self.classifier:
+            raise UsageError(f"--target region: is for segmenters; {explainer.model.name} classifies scans")
         patch = spec.patch if spec.patch and not self.classifier else (1, 1, 1)  # a classifier's are not used
         self.windows = Windows(patch, spec.step, batch_size=run.batch_size or 1)
         self.earlier = earlier or EarlierRows()
@@ -225,6 +244,7 @@ class VolumeRunner:
             volume = read_volume(scan.channels or (scan.path,))
             axes = self.spec.axes(scan.path.name.lower().endswith((".nii", ".nii.gz")))
             x = self.spec.normalise(torch.from_numpy(volume.data).permute(0, *(a + 1 for a in axes)))
+            region = None if self.region is None else torch.from_numpy(read_region(self.region, volume)).permute(axes)
         except GradcamError as error:
             return [self._record(scan, "error", error=str(error))]
         self._note(volume, axes)
@@ -243,7 +263,7 @@ class VolumeRunner:
             total = len(window_slices(shape, self.windows.patch, self.windows.step)) * (1 if classes else 2)
             with (progress or _no_bars)(f"{scan.path.name}: windows", total) as tick:
                 counter = _WindowCounter(tick)
-                result = explain_volume(self.explainer, x, self.windows, classes, chosen.top_k, progress=counter)
+                result = explain_volume(self.explainer, x, self.windows, classes, chosen.top_k, region, counter)
             maps, count = result.maps, result.windows
             targets = [self._prediction(c, result, voxels) for c in result.classes]
             predictions = self._predictions(result, voxels)

@@ -93,6 +93,7 @@ def inside(point: tuple[int, int], box: tuple[int, int, int, int]) -> bool:
         ("contrast:text:a dog, with a ball,text:a cat", "contrast:text:a dog, with a ball,text:a cat", {"text"}),
         ("output:2:neg", "output:2:neg", {"output"}),
         ("output:0", "output:0", {"output"}),
+        ("Region:masks/liver.nii.gz", "region:masks/liver.nii.gz", {"region"}),
     ],
 )
 def test_grammar(text, shown, kinds):
@@ -113,6 +114,8 @@ def test_grammar(text, shown, kinds):
         ("output:x", "output's index"),
         ("output:1:sideways", "pos or neg"),
         ("contrast:contrast:a,b", "another kind"),
+        ("contrast:region:m.nii.gz,class:1", "another kind"),
+        ("region:", "region:MASK.nii.gz"),
     ],
 )
 def test_grammar_errors(text, message):
