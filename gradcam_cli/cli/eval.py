@@ -60,7 +60,8 @@ INPUT: image files, folders (searched recursively) or quoted glob patterns.
 Per method: deletion and insertion AUC (RISE), Average Drop and Increase in Confidence (Grad-CAM++), sparseness (Gini)
 and complexity (entropy). With --road: ROAD; --faithfulness-correlation: faithfulness correlation (Bhatt et al. 2020);
 --boxes: pointing game and energy in the boxes, per class, and the images whose evidence lies outside the object;
---sanity: the randomisation test; --stability: the maps' change under input noise. A detector: each detection's
+--sanity: the randomisation test; --stability: the maps' change under input noise; --arcc, --random-logit, --mprt:
+ARCC, the random-logit test, sMPRT and eMPRT (costly: off unless asked, also with --rank). A detector: each detection's
 score's deletion and insertion (re-found by IoU and class, 0 once gone), pointing and energy in its box. --rank: all
 of them, every method ranked per metric, 95% bootstrap intervals (--method all ranks every method; randomcam added).
 
@@ -125,6 +126,26 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
         bool,
         typer.Option("--faithfulness-correlation", help="Also measure faithfulness correlation (Bhatt et al. 2020)."),
     ] = False,
+    arcc: Annotated[
+        bool,
+        typer.Option("--arcc", help="Also measure ARCC (RefineCAM, ICPR 2026): coherency, complexity and ROAD in one."),
+    ] = False,
+    random_logit: Annotated[
+        bool,
+        typer.Option(
+            "--random-logit", help="Also run the random-logit test (Sixt et al. 2020): SSIM with a random class's map."
+        ),
+    ] = False,
+    mprt: Annotated[
+        bool,
+        typer.Option(
+            "--mprt",
+            help="Also run sMPRT and eMPRT (Hedstrom et al. 2023) against a fully randomised copy of the model.",
+        ),
+    ] = False,
+    mprt_samples: Annotated[
+        int, typer.Option(min=1, metavar="N", help="With --mprt: sMPRT's noisy copies of each image.")
+    ] = 50,
     plot: Annotated[
         Path | None,
         typer.Option(
@@ -200,6 +221,10 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
             road=road or rank,
             stability=stability or (rank and not specs),  # stability measures a class's map
             correlation=correlation or rank,
+            arcc=arcc,
+            random_logit=random_logit,
+            mprt=mprt,
+            mprt_samples=mprt_samples,
             fps=fps,
         ),
         RankOptions(rank, report_dir, skip_existing, budget),
@@ -363,8 +388,7 @@ class EvalCommand:
         run: EvalReport | None = None,
     ) -> EvalReport:
         """The report of the ``finished`` images (those of ``run`` and those resumed), in the inputs' order."""
-        from ..evaluation.images import report_of
-        from ..evaluation.report import in_order
+        from ..evaluation.images import in_order, report_of
 
         ordered = in_order(images, finished)
         if run is not None:
