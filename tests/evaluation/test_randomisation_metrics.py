@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 from pathlib import Path
 
@@ -64,6 +65,8 @@ def histogram_entropy_loop(a: np.ndarray, bins: int = 100) -> float:
     (the last bin closed)."""
     values = [float(v) for v in a.flatten()]
     low, high = min(values), max(values)
+    if high == low:
+        return 0.0  # one bin holds every value
     counts = [0] * bins
     for v in values:
         counts[min(int((v - low) / (high - low) * bins), bins - 1)] += 1
@@ -275,15 +278,15 @@ def small_squares(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_eval_random_logit_and_mprt_match_grad_cam_by_hand(square_model, small_squares: Path) -> None:
+def test_eval_random_logit_and_mprt_match_grad_cam_by_hand(small_square_model, small_squares: Path) -> None:
     """``gradcam eval``'s random logit, sMPRT and eMPRT of Grad-CAM on the colour-square model against Grad-CAM by
     hand on the images, the other class and the fully randomised copy, and the loops; the model is left exactly as
     it was (parameters, modes, gradient flags, no hooks)."""
-    samples, seed = 4, 3
-    module = square_model.module
+    samples, seed = 4, 4  # seed 4: the randomised model's Grad-CAM is not all zero on these images
+    module = small_square_model.module
     before = ({k: v.clone() for k, v in module.state_dict().items()}, snapshot(module), hook_counts(module))
     options = EvalOptions(steps=2, random_logit=True, mprt=True, mprt_samples=samples, seed=seed)
-    report = Evaluator(Explainer(square_model, "features", methods="gradcam"), options).run([small_squares])
+    report = Evaluator(Explainer(small_square_model, "features", methods="gradcam"), options).run([small_squares])
     assert not report.failed and len(report.ok) == 2
     after = module.state_dict()
     assert all(torch.equal(before[0][k], after[k]) for k in after)
@@ -292,7 +295,7 @@ def test_eval_random_logit_and_mprt_match_grad_cam_by_hand(square_model, small_s
     noise = fully_randomised(model, seed, "cpu")
     for image in report.ok:
         figures = image.methods["gradcam"].extra
-        x = to_input_tensor(load_image(image.image), square_model.input_spec)[None]
+        x = to_input_tensor(load_image(image.image), small_square_model.input_spec)[None]
         target = image.target.index
         saliency = gradcam(model, model.features, x, target).numpy()
         other = gradcam(model, model.features, x, other_class(target, 3, seed + target)).numpy()
@@ -306,6 +309,7 @@ def test_eval_random_logit_and_mprt_match_grad_cam_by_hand(square_model, small_s
         copies = noisy_copies(x[0], samples, seed)
         trained = [gradcam(model, model.features, c[None], target).numpy() for c in copies]
         randoms = [gradcam(noise, noise.features, c[None], target).numpy() for c in copies]
+        assert all(r.max() > r.min() for r in randoms)  # a map to rank, not a constant one
         assert figures["smprt"] == pytest.approx(smooth_mprt_loop(trained, randoms), abs=2e-3)
     summary = report.summary("gradcam")
     assert {"random_logit", "smprt", "emprt"} <= summary.keys()
@@ -318,14 +322,14 @@ def test_eval_random_logit_and_mprt_match_grad_cam_by_hand(square_model, small_s
 
 
 @pytest.mark.quick
-def test_the_randomisation_metrics_are_refused_where_they_do_not_apply(square_model) -> None:
+def test_the_randomisation_metrics_are_refused_where_they_do_not_apply(small_square_model) -> None:
     from task_models import build_detector
 
     with pytest.raises(UsageError, match=r"^--mprt is for classifiers; a detector's maps are evaluated per detection"):
         evaluator_for(Explainer(build_detector()), EvalOptions(mprt=True))
     with pytest.raises(UsageError, match=r"^--random-logit is for classifiers"):
         evaluator_for(Explainer(build_detector()), EvalOptions(random_logit=True))
-    explainer = Explainer(square_model, "features", methods="gradcam", targets=("class:1",))
+    explainer = Explainer(small_square_model, "features", methods="gradcam", targets=("class:1",))
     with pytest.raises(UsageError, match=r"^--random-logit compares a class's map with another class's"):
         Evaluator(explainer, EvalOptions(random_logit=True))
 
@@ -345,7 +349,7 @@ def test_cli_eval_arcc_random_logit_and_mprt(monkeypatch, capsys, tmp_path: Path
         assert exited.value.code == 0, err
         if not extra:
             header = next(line for line in out.splitlines() if line.startswith("method"))
-            assert "ARCC  random logit  sMPRT  eMPRT" in header and "ROAD" in header  # ARCC measures ROAD
+            assert re.search(r"ARCC +random logit +sMPRT +eMPRT", header) and "ROAD" in header  # ARCC measures ROAD
             assert "random logit, sMPRT; higher is better" in out
     data = json.loads(out)["methods"]["gradcam"]
     assert 0.0 <= data["arcc"] <= 1.0 and -1.0 <= data["random_logit"] <= 1.0 and -1.0 <= data["smprt"] <= 1.0
