@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ..options import POINTING_TOLERANCE
 
@@ -231,7 +232,7 @@ ENTROPY_BINS = 100
 
 
 def ssim(a: torch.Tensor, b: torch.Tensor, window: int = SSIM_WINDOW) -> float:
-    """Structural similarity of two equally shaped maps of any rank, as scikit-image's ``structural_similarity``
+    """Structural similarity of two equally shaped maps (1 to 3 axes), as scikit-image's ``structural_similarity``
     computes it: means, (sample) variances and covariance over every ``window``-wide window wholly inside the map (a
     uniform filter along each axis), ``C1 = (0.01 R)^2``, ``C2 = (0.03 R)^2`` with ``R`` the range of both maps'
     values together, and the mean over the windows of
@@ -239,17 +240,17 @@ def ssim(a: torch.Tensor, b: torch.Tensor, window: int = SSIM_WINDOW) -> float:
     equal constant ones)."""
     if a.shape != b.shape:
         raise ValueError(f"maps differ in shape: {tuple(a.shape)} vs {tuple(b.shape)}")
-    if min(a.shape) < window:
-        raise ValueError(f"SSIM needs every side of the maps to be at least {window}: {tuple(a.shape)}")
+    if min(a.shape) < window or not 1 <= a.dim() <= 3:
+        raise ValueError(f"SSIM takes maps of 1 to 3 axes, each at least {window} long: {tuple(a.shape)}")
     x, y = a.detach().double().cpu(), b.detach().double().cpu()
     value_range = float(torch.maximum(x.max(), y.max()) - torch.minimum(x.min(), y.min()))
     if value_range == 0.0:
         return 1.0
 
-    def local_mean(t: torch.Tensor) -> torch.Tensor:
-        for dim in range(t.dim()):
-            t = t.unfold(dim, window, 1).mean(dim=-1)
-        return t
+    pool = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[x.dim()]
+
+    def local_mean(t: torch.Tensor) -> torch.Tensor:  # the mean of every window wholly inside the map
+        return pool(t[None, None], window, stride=1)[0, 0]
 
     n = window ** x.dim()
     sample = n / (n - 1)

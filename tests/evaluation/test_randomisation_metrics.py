@@ -27,9 +27,11 @@ from gradcam_cli.cam.explainer import Explainer
 from gradcam_cli.errors import UsageError
 from gradcam_cli.evaluation import metrics
 from gradcam_cli.evaluation.choose import evaluator_for
+from gradcam_cli.evaluation.clips import refuse_for_clips
 from gradcam_cli.evaluation.evaluate import Evaluator
 from gradcam_cli.evaluation.extras import MPRT_NOISE, noisy_copies, other_class
 from gradcam_cli.evaluation.rank import rank
+from gradcam_cli.evaluation.rows import image_from_row, image_row
 from gradcam_cli.evaluation.sanity import fully_randomised
 from gradcam_cli.io.images import load_image, to_input_tensor
 from gradcam_cli.options import EvalOptions
@@ -132,7 +134,7 @@ def test_ssim_entropy_and_smprt_match_the_loops() -> None:
     ours = metrics.smooth_mprt(*stack)
     assert ours == pytest.approx(smooth_mprt_loop(list(stack[0].numpy()), list(stack[1].numpy())), abs=1e-12)
     assert math.isnan(metrics.efficient_mprt(torch.ones(8, 8), torch.rand(8, 8)))  # a constant map: no entropy
-    with pytest.raises(ValueError, match="at least 7"):
+    with pytest.raises(ValueError, match="each at least 7 long"):
         metrics.ssim(torch.rand(5, 9), torch.rand(5, 9))
 
 
@@ -311,6 +313,8 @@ def test_eval_random_logit_and_mprt_match_grad_cam_by_hand(small_square_model, s
         randoms = [gradcam(noise, noise.features, c[None], target).numpy() for c in copies]
         assert all(r.max() > r.min() for r in randoms)  # a map to rank, not a constant one
         assert figures["smprt"] == pytest.approx(smooth_mprt_loop(trained, randoms), abs=2e-3)
+        row = image_from_row(json.loads(json.dumps(image_row(image))))  # --rank --report's rows file
+        assert row.methods["gradcam"].extra == figures
     summary = report.summary("gradcam")
     assert {"random_logit", "smprt", "emprt"} <= summary.keys()
     assert summary["smprt"] < 0.5  # Grad-CAM follows the model: its map changes once the model is noise
@@ -329,6 +333,8 @@ def test_the_randomisation_metrics_are_refused_where_they_do_not_apply(small_squ
         evaluator_for(Explainer(build_detector()), EvalOptions(mprt=True))
     with pytest.raises(UsageError, match=r"^--random-logit is for classifiers"):
         evaluator_for(Explainer(build_detector()), EvalOptions(random_logit=True))
+    with pytest.raises(UsageError, match=r"^--arcc is measured on images; a video model's clips are measured without"):
+        refuse_for_clips(EvalOptions(arcc=True))
     explainer = Explainer(small_square_model, "features", methods="gradcam", targets=("class:1",))
     with pytest.raises(UsageError, match=r"^--random-logit compares a class's map with another class's"):
         Evaluator(explainer, EvalOptions(random_logit=True))
