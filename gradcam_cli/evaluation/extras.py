@@ -12,6 +12,7 @@ from ..cam.explainer import Explainer
 from ..cam.maps import to_image_maps
 from ..cam.results import Prediction
 from ..cam.scores import Cams
+from ..errors import UsageError
 from ..options import EvalOptions
 from . import metrics, road
 from .draws import sanity_seed
@@ -61,7 +62,7 @@ class ExtraFigures:
         self.randomised: Explainer | None = None
         if options.mprt:
             if options.mprt_samples < 1:
-                raise ValueError("mprt_samples must be at least 1")
+                raise UsageError("--mprt-samples must be at least 1")
             module = fully_randomised(explainer.model.module, options.seed, explainer.device)
             self.randomised = with_methods(explainer, explainer.chosen.methods, module)
         self._classes: int | None = None
