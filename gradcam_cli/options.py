@@ -340,8 +340,9 @@ class EvalOptions:
     """How ``gradcam eval`` measures: curve resolution, batching, pointing tolerance, the sanity check, ROAD
     (``road``; its noise is drawn from ``seed`` too), stability (``stability``: ``stability_samples`` noisy copies
     of each image) and faithfulness correlation (``correlation``: ``correlation_runs`` random subsets of
-    ``correlation_subset`` pixels each, drawn from ``seed``); ``fps``: the frame rate of a folder of frames given to a
-    video model (``None``: 25)."""
+    ``correlation_subset`` pixels each, drawn from ``seed``), ARCC (``arcc``, with ROAD), the random-logit test
+    (``random_logit``) and sMPRT/eMPRT (``mprt``: sMPRT with ``mprt_samples`` copies); ``fps``: the frame rate of a
+    folder of frames given to a video model (``None``: 25)."""
 
     steps: int = 50
     batch_size: int = 16
@@ -357,6 +358,10 @@ class EvalOptions:
     correlation: bool = False
     correlation_runs: int = 100
     correlation_subset: int = 224
+    arcc: bool = False
+    random_logit: bool = False
+    mprt: bool = False
+    mprt_samples: int = 50
     fps: float | None = None
 
 

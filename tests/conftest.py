@@ -60,6 +60,19 @@ def square_model():
     return LoadedModel(build(), "colour-detector", "none", list(CLASSES), InputSpec(mean=(0, 0, 0), std=(1, 1, 1)))
 
 
+@pytest.fixture
+def small_square_model():
+    """The colour-square model at the size of 32 x 24 images (shorter side 24, no normalisation): the light tests
+    of ARCC and the randomisation metrics."""
+    from square_model import CLASSES, build
+
+    from gradcam_cli.io.images import InputSpec
+    from gradcam_cli.models.loading import LoadedModel
+
+    spec = InputSpec(size=24, mean=(0, 0, 0), std=(1, 1, 1))
+    return LoadedModel(build(), "colour-detector", "none", list(CLASSES), spec)
+
+
 @pytest.fixture(scope="module")
 def llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny random LLaVA of tests/vlm_models.py, saved once per test module (its folder)."""

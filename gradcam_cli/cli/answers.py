@@ -159,6 +159,7 @@ def evaluate_answers(command: EvalCommand) -> int:
     measures = {"--rank": command.ranking.rank, "--boxes": options.boxes is not None, "--road": options.road}
     measures |= {"--plot": options.plot is not None, "--stability": options.stability, "--sanity": options.sanity}
     measures |= {"--faithfulness-correlation": options.correlation}
+    measures |= {"--arcc": options.arcc, "--random-logit": options.random_logit, "--mprt": options.mprt}
     measures |= {"--target": bool(explain.targets)}  # the whole answer's map is measured
     not_here = adapter.refused(explain) + [name for name, on in measures.items() if on]
     if not_here:

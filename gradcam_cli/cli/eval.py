@@ -25,7 +25,7 @@ from ..options import (
     ModelOptions,
     PerturbationOptions,
 )
-from . import answers, params, scan_options
+from . import answers, measures, params, scan_options
 from .eval_output import tell
 from .help import PanelledEvalCommand
 from .input_size import InputSizeOpt
@@ -61,7 +61,8 @@ folders) for a volume model.
 Per method: deletion and insertion AUC (RISE), Average Drop and Increase in Confidence (Grad-CAM++), sparseness (Gini)
 and complexity (entropy). With --road: ROAD; --faithfulness-correlation: faithfulness correlation (Bhatt et al. 2020);
 --boxes: pointing game and energy in the boxes, per class, and the images whose evidence lies outside the object;
---sanity: the randomisation test; --stability: the maps' change under input noise. A detector: each detection's
+--sanity: the randomisation test; --stability: the maps' change under input noise; --arcc, --random-logit, --mprt:
+ARCC, the random-logit test, sMPRT and eMPRT (costly: off unless asked, also with --rank). A detector: each detection's
 score's deletion and insertion (re-found by IoU and class, 0 once gone), pointing and energy in its box. --rank: all
 of them, every method ranked per metric, 95% bootstrap intervals (--method all ranks every method; randomcam added).
 
@@ -87,60 +88,20 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
     score: params.ScoreOpt = None,
     score_threshold: params.ScoreThresholdOpt = None,
     max_detections: params.MaxDetectionsOpt = None,
-    steps: Annotated[
-        int,
-        typer.Option(
-            min=2, metavar="N", help="Points on the deletion/insertion curves: each step perturbs 1/N of the pixels."
-        ),
-    ] = 50,
-    batch_size: Annotated[int, typer.Option(min=1, metavar="N", help="Perturbed images per forward pass.")] = 16,
-    boxes: Annotated[
-        Path | None,
-        typer.Option(
-            parser=params.parse_path,
-            metavar="PATH",
-            help="Ground truth: CSV image,x1,y1,x2,y2[,class], or a folder of Pascal VOC XML files.",
-        ),
-    ] = None,
-    tolerance: Annotated[
-        float, typer.Option(min=0.0, metavar="PIXELS", help="Pointing-game tolerance in pixels.")
-    ] = POINTING_TOLERANCE,
-    sanity: Annotated[
-        bool, typer.Option("--sanity", help="Run the model-parameter randomisation test (Adebayo et al. 2018).")
-    ] = False,
-    sanity_layers: Annotated[
-        int,
-        typer.Option(
-            min=1, metavar="N", help="With --sanity: re-initialise the top 1..N parameterised modules, cascading."
-        ),
-    ] = 3,
-    road: Annotated[
-        bool,
-        typer.Option(
-            "--road",
-            help="Also measure ROAD (Rong et al. 2022): the probability with 10, 20, ..., 90% of the pixels removed by "
-            "noisy linear imputation, most and least relevant first, and the combined score.",
-        ),
-    ] = False,
-    correlation: Annotated[
-        bool,
-        typer.Option("--faithfulness-correlation", help="Also measure faithfulness correlation (Bhatt et al. 2020)."),
-    ] = False,
-    plot: Annotated[
-        Path | None,
-        typer.Option(
-            parser=params.parse_path,
-            metavar="PATH",
-            help="Write the mean deletion/insertion curves to this .png, .pdf or .svg.",
-        ),
-    ] = None,
-    stability: Annotated[
-        bool,
-        typer.Option(
-            "--stability",
-            help="Also measure how much each map changes under small input noise that keeps the prediction.",
-        ),
-    ] = False,
+    steps: measures.StepsOpt = 50,
+    batch_size: measures.BatchSizeOpt = 16,
+    boxes: measures.BoxesOpt = None,
+    tolerance: measures.ToleranceOpt = POINTING_TOLERANCE,
+    sanity: measures.SanityOpt = False,
+    sanity_layers: measures.SanityLayersOpt = 3,
+    road: measures.RoadOpt = False,
+    correlation: measures.CorrelationOpt = False,
+    arcc: measures.ArccOpt = False,
+    random_logit: measures.RandomLogitOpt = False,
+    mprt: measures.MprtOpt = False,
+    mprt_samples: measures.MprtSamplesOpt = 50,
+    plot: measures.PlotOpt = None,
+    stability: measures.StabilityOpt = False,
     rank: RankOpt = False,
     report_dir: ReportOpt = None,
     skip_existing: SkipExistingOpt = False,
@@ -204,6 +165,10 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
             road=road or rank,
             stability=stability or (rank and not specs),  # stability measures a class's map
             correlation=correlation or rank,
+            arcc=arcc,
+            random_logit=random_logit,
+            mprt=mprt,
+            mprt_samples=mprt_samples,
             fps=fps,
         ),
         RankOptions(rank, report_dir, skip_existing, budget),
@@ -390,8 +355,7 @@ class EvalCommand:
         run: EvalReport | None = None,
     ) -> EvalReport:
         """The report of the ``finished`` images (those of ``run`` and those resumed), in the inputs' order."""
-        from ..evaluation.images import report_of
-        from ..evaluation.report import in_order
+        from ..evaluation.images import in_order, report_of
 
         ordered = in_order(images, finished)
         if run is not None:

@@ -56,6 +56,9 @@ def refuse_for_clips(options: EvalOptions, boxes: Sequence[object] | None = None
         raise UsageError("--road imputes an image's pixels; a video model's clips are measured without it")
     if boxes or options.boxes is not None:
         raise UsageError("--boxes name images; a video model's clips are measured by their curves only")
+    for flag, on in (("--arcc", options.arcc), ("--random-logit", options.random_logit), ("--mprt", options.mprt)):
+        if on:
+            raise UsageError(f"{flag} is measured on images; a video model's clips are measured without it")
 
 
 def evaluated_inputs(

@@ -7,6 +7,7 @@ the scores, their JSON form and the curve plot are in :mod:`gradcam_cli.evaluati
 """
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from .answers import AnswerEvaluator
 from .boxes import class_of
 from .correlation import correlation_drops
 from .draws import RANDOM_METHODS, averaged, random_draws, sanity_seed
+from .extras import ExtraFigures
 from .images import evaluate_images, report_of, scored_safely
 from .plan import with_methods
 from .report import BLUR_KERNEL, BLUR_SIGMA, STABILITY_SIGMA, BoxScore, EvalReport, ImageScores, MethodScores
@@ -74,6 +76,10 @@ class Evaluator:
             raise UsageError(f"gradcam eval follows a target's score; {explainer.model.name} has none: give {give}")
         if self.options.stability and explainer.options.targets:
             raise UsageError("--stability measures a class's map; run it without --target")
+        if self.options.random_logit and explainer.options.targets:
+            raise UsageError("--random-logit compares a class's map with another class's; run it without --target")
+        if self.options.arcc and not self.options.road:
+            self.options = replace(self.options, road=True)  # ARCC reads ROAD
         self.sanity_modules: list[str] = []
         self.randomised: list[Explainer] = []
         self.redraw: Explainer | None = None
@@ -84,6 +90,7 @@ class Evaluator:
         self._groups = pass_groups(explainer.chosen.methods)
         self._parts: dict[tuple[int, tuple[str, ...]], Explainer] = {}
         self._once = Once()
+        self._extras = ExtraFigures(explainer, self.options, self._cams, self._part, self._once)
         if self.options.sanity:
             self._build_randomised()
 
@@ -199,6 +206,7 @@ class Evaluator:
         for stage, randomised in enumerate(self.randomised, 1):  # fresh masks and noise: never the trained model's
             random_cams = self._cams(randomised, group, inputs, target.index, sanity_seed(self.seed, stage))
             result.sanity.append(metrics.spearman(saliency, to_image_maps(random_cams[method][0], input_size)[0]))
+        result.extra = self._extras.measure(inputs, target, (method, group), saliency, scores[method])
         return result
 
     def _explained(

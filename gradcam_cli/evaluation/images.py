@@ -82,3 +82,9 @@ def report_of(
         target=explainer.chosen.target,
         undetected_boxes=undetected,
     )
+
+
+def in_order(images: Sequence[InputImage], scores: list[ImageScores]) -> list[ImageScores]:
+    """``scores`` in the order of ``images``."""
+    place = {str(image.path): i for i, image in enumerate(images)}
+    return sorted(scores, key=lambda s: place.get(s.image, len(place)))

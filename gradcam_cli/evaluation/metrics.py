@@ -14,6 +14,11 @@ References:
 - Sparseness: Chalasani et al., "Concise Explanations of Neural Networks using Adversarial Training", ICML 2020.
 - Complexity and faithfulness correlation: Bhatt, Weller, Moura, "Evaluating and Aggregating Feature-based Model
   Explanations", IJCAI 2020.
+- Random-logit test: Sixt, Granz, Landgraf, "When Explanations Lie: Why Many Modified BP Attributions Fail", ICML 2020.
+- sMPRT and eMPRT: Hedstrom et al., "Sanity Checks Revisited: An Exploration to Repair the Model Parameter
+  Randomisation Test", XAI in Action workshop, NeurIPS 2023.
+- ARCC: the RefineCAM paper (ICPR 2026), after ADCC (Poppi et al., "Revisiting the Evaluation of Class Activation
+  Mapping for Explainability", CVPR Workshops 2021).
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ..options import POINTING_TOLERANCE
 
@@ -216,3 +223,87 @@ def faithfulness_correlation(saliency: torch.Tensor, subsets: torch.Tensor, drop
     Higher is better (-1 to 1); NaN where the sums or the drops do not vary."""
     sums = saliency.detach().double().flatten().cpu()[subsets.cpu()].sum(dim=1)
     return pearson(sums, drops)
+
+
+SSIM_WINDOW = 7
+"""SSIM's window side (scikit-image's default, Wang et al. 2004's uniform variant)."""
+ENTROPY_BINS = 100
+"""eMPRT's histogram bins (Quantus' ``discrete_entropy`` default)."""
+
+
+def ssim(a: torch.Tensor, b: torch.Tensor, window: int = SSIM_WINDOW) -> float:
+    """Structural similarity of two equally shaped maps (1 to 3 axes), as scikit-image's ``structural_similarity``
+    computes it: means, (sample) variances and covariance over every ``window``-wide window wholly inside the map (a
+    uniform filter along each axis), ``C1 = (0.01 R)^2``, ``C2 = (0.03 R)^2`` with ``R`` the range of both maps'
+    values together, and the mean over the windows of
+    ``(2 mu_a mu_b + C1)(2 s_ab + C2) / ((mu_a^2 + mu_b^2 + C1)(s_a^2 + s_b^2 + C2))``. 1 for equal maps (also two
+    equal constant ones)."""
+    if a.shape != b.shape:
+        raise ValueError(f"maps differ in shape: {tuple(a.shape)} vs {tuple(b.shape)}")
+    if min(a.shape) < window or not 1 <= a.dim() <= 3:
+        raise ValueError(f"SSIM takes maps of 1 to 3 axes, each at least {window} long: {tuple(a.shape)}")
+    x, y = a.detach().double().cpu(), b.detach().double().cpu()
+    value_range = float(torch.maximum(x.max(), y.max()) - torch.minimum(x.min(), y.min()))
+    if value_range == 0.0:
+        return 1.0
+
+    pool = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[x.dim()]
+
+    def local_mean(t: torch.Tensor) -> torch.Tensor:  # the mean of every window wholly inside the map
+        return pool(t[None, None], window, stride=1)[0, 0]
+
+    n = window ** x.dim()
+    sample = n / (n - 1)
+    mx, my = local_mean(x), local_mean(y)
+    vx = sample * (local_mean(x * x) - mx * mx)
+    vy = sample * (local_mean(y * y) - my * my)
+    vxy = sample * (local_mean(x * y) - mx * my)
+    c1, c2 = (0.01 * value_range) ** 2, (0.03 * value_range) ** 2
+    index = (2 * mx * my + c1) * (2 * vxy + c2) / ((mx * mx + my * my + c1) * (vx + vy + c2))
+    return float(index.mean())
+
+
+def discrete_entropy(saliency: torch.Tensor, bins: int = ENTROPY_BINS) -> float:
+    """eMPRT's complexity of a map (Hedstrom et al. 2023; Quantus' ``discrete_entropy``): the Shannon entropy (nats)
+    of the histogram of its values in ``bins`` equal bins over their own range, ``-sum_k p_k ln p_k``,
+    ``p_k = count_k / n``."""
+    counts, _ = np.histogram(saliency.detach().double().flatten().cpu().numpy(), bins=bins)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+def efficient_mprt(original: torch.Tensor, randomised: torch.Tensor, bins: int = ENTROPY_BINS) -> float:
+    """eMPRT (Hedstrom et al. 2023; Quantus' ``EfficientMPRT``): the relative rise in complexity,
+    ``(H(e_rand) - H(e)) / H(e)`` with ``H`` :func:`discrete_entropy`, from the trained model's map ``e`` to the
+    fully randomised model's ``e_rand``. Higher is better (a map that follows the model turns noisy when the model
+    is noise); NaN where the trained model's map has zero entropy (a constant map)."""
+    before = discrete_entropy(original, bins)
+    return (discrete_entropy(randomised, bins) - before) / before if before > 0.0 else math.nan
+
+
+def smooth_mprt(original: torch.Tensor, randomised: torch.Tensor) -> float:
+    """sMPRT (Hedstrom et al. 2023; Quantus' ``SmoothMPRT``): the Spearman correlation of the trained model's map and
+    the fully randomised model's, each the mean of its maps of N copies of the input (``original`` and
+    ``randomised``: (N, ...) stacks), N - 1 of them noisy, and taken in absolute value. Lower is better."""
+    return spearman(original.double().mean(dim=0).abs(), randomised.double().mean(dim=0).abs())
+
+
+def coherency(saliency: torch.Tensor, remapped: torch.Tensor) -> float:
+    """ADCC's and ARCC's coherency: ``(rho + 1) / 2``, ``rho`` Pearson's correlation of the map with the map of the
+    input multiplied by it (same method, same class); 1 when explaining the highlighted part alone gives the same
+    map. A constant map has no correlation: 0.5."""
+    rho = pearson(saliency, remapped)
+    return 0.5 if math.isnan(rho) else (rho + 1.0) / 2
+
+
+ARCC_FRACTIONS = (0.2, 0.4, 0.6, 0.8)
+"""The fractions of pixels removed for ARCC's ROAD (pytorch-grad-cam's ``ARCC``: percentiles 20, 40, 60, 80)."""
+
+
+def arcc(complexity: float, coherent: float, road_score: float) -> float:
+    """ARCC: the harmonic mean of coherency, ``1 - complexity`` and ROAD,
+    ``3 / (1/coherency + 1/(1 - complexity) + 1/road')``, where ``complexity`` is the map's mean (its L1 norm over
+    its pixels, maps in [0, 1]) and ``road' = clip(2 road, 0, 1)``, ``road`` ROADCombined (mean of (LeRF - MoRF) / 2)
+    over :data:`ARCC_FRACTIONS`. 0 (the harmonic mean's limit) when any of the three is 0. Higher is better."""
+    parts = (coherent, 1.0 - complexity, min(max(2.0 * road_score, 0.0), 1.0))
+    return 0.0 if min(parts) <= 0.0 else 3.0 / sum(1.0 / part for part in parts)

@@ -229,11 +229,10 @@ def estimate(
 
 
 def draws_noise(methods: Sequence[str], options: EvalOptions) -> bool:
-    """Whether anything measured depends on a seed (a random method, ``--road``, ``--faithfulness-correlation`` or
-    ``--stability``)."""
-    return (
-        options.road or options.correlation or options.stability or any(method in RANDOM_METHODS for method in methods)
-    )
+    """Whether anything measured depends on a seed (a random method, ``--road``, ``--faithfulness-correlation``,
+    ``--stability``, ``--arcc`` (its ROAD), ``--random-logit`` (its class) or ``--mprt`` (its model and noise))."""
+    seeded = (options.road, options.correlation, options.stability, options.arcc, options.random_logit, options.mprt)
+    return any(seeded) or any(method in RANDOM_METHODS for method in methods)
 
 
 def rerun_images(methods: Sequence[str], options: EvalOptions, images: int, subset: int = SEED_SUBSET) -> int:

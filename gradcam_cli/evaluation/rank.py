@@ -30,14 +30,7 @@ import torch
 
 from ..options import RANDOM_BASELINE
 from . import metrics
-from .intervals import (
-    BOOTSTRAP_RESAMPLES,
-    detection_counts,
-    image_weights,
-    intervals,
-    paired_interval,
-    weighted_mean,
-)
+from .intervals import BOOTSTRAP_RESAMPLES, detection_counts, image_weights, intervals, paired_interval, weighted_mean
 from .report import DetectionFigures, EvalReport, ImageScores, MethodScores, mean_or_nan
 
 MIN_IMAGES = 10
@@ -64,6 +57,10 @@ def _drop(image: ImageScores, s: MethodScores) -> float | None:
 def _increase(image: ImageScores, s: MethodScores) -> float | None:
     y = image.target.probability if image.target else 0.0
     return metrics.increase_in_confidence([y], [s.masked_probability]) if s.deletion else None
+
+
+def _extra(name: str) -> Value:
+    return lambda _i, s: None if math.isnan(v := s.extra.get(name, math.nan)) else v
 
 
 def _boxes(value: Callable[[MethodScores], float]) -> Value:
@@ -101,6 +98,10 @@ RANKED: dict[str, tuple[str, str, Value]] = {
         "higher",
         lambda _i, s: None if math.isnan(s.faithfulness_correlation) else s.faithfulness_correlation,
     ),
+    "arcc": ("ARCC", "higher", _extra("arcc")),
+    "random_logit": ("random logit (SSIM)", "lower", _extra("random_logit")),
+    "smprt": ("sMPRT (Spearman)", "lower", _extra("smprt")),
+    "emprt": ("eMPRT (complexity rise)", "higher", _extra("emprt")),
     "pointing": ("pointing %", "higher", _boxes(lambda s: 100.0 * sum(b.hit for b in s.boxes) / len(s.boxes))),
     "energy": ("energy in box", "higher", _boxes(lambda s: sum(b.energy for b in s.boxes) / len(s.boxes))),
     "box_deletion_auc": ("box deletion AUC (per detection)", "lower", _per_detection(lambda d: d.deletion_auc)),

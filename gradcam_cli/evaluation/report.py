@@ -17,7 +17,6 @@ from . import metrics, road
 
 if TYPE_CHECKING:
     from ..cam.results import Prediction
-    from ..io.discovery import InputImage
 
 BLUR_KERNEL = 11
 BLUR_SIGMA = 5.0
@@ -93,6 +92,9 @@ class MethodScores:
     faithfulness_correlation: float = math.nan
     """With ``--faithfulness-correlation``: Pearson's correlation between the map's sums over random pixel subsets
     and the score's drops when they are removed (:func:`~gradcam_cli.evaluation.metrics.faithfulness_correlation`)."""
+    extra: dict[str, float] = field(default_factory=dict)
+    """With ``--arcc``, ``--random-logit``, ``--mprt``: ``arcc``, ``random_logit``, ``smprt``, ``emprt`` (NaN: none
+    defined on this image; :mod:`~gradcam_cli.evaluation.extras`)."""
     sanity_redraw: float | None = None
     """With ``--sanity``, a random method only: the Spearman correlation of its map with a fresh draw (new seed) on
     the same model, the most the cascade's correlations can be (docs/evaluation.md, "Sanity check")."""
@@ -203,9 +205,10 @@ class EvalReport:
                 road_morf_curve=[mean_or_nan(column) for column in zip(*(s.road_morf for _, s in scores), strict=True)],
                 road_lerf_curve=[mean_or_nan(column) for column in zip(*(s.road_lerf for _, s in scores), strict=True)],
             )
-        correlations = [s.faithfulness_correlation for _, s in scores]
-        if not all(math.isnan(c) for c in correlations):
-            out["faithfulness_correlation"] = mean_or_nan([c for c in correlations if not math.isnan(c)])
+        figures = [{"faithfulness_correlation": s.faithfulness_correlation, **s.extra} for _, s in scores]
+        for name in dict.fromkeys(key for f in figures for key in f):  # the mean where measured (not NaN)
+            if values := [v for f in figures if not math.isnan(v := f.get(name, math.nan))]:
+                out[name] = mean_or_nan(values)
         out.update(gini=mean_or_nan([s.gini for _, s in scores]), entropy=mean_or_nan([s.entropy for _, s in scores]))
         changes = [s.stability for _, s in scores if s.stability]
         if changes:
@@ -349,6 +352,7 @@ def _image_dict(image: ImageScores) -> dict[str, Any]:
                     if not math.isnan(s.faithfulness_correlation)
                     else {}
                 ),
+                **s.extra,
                 "gini": s.gini,
                 "entropy": s.entropy,
                 **({"stability": s.stability} if s.stability else {}),
@@ -390,9 +394,3 @@ def _json_safe(value: Any) -> Any:
 def mean_or_nan(values: Sequence[float]) -> float:
     values = list(values)
     return sum(values) / len(values) if values else math.nan
-
-
-def in_order(images: Sequence[InputImage], scores: list[ImageScores]) -> list[ImageScores]:
-    """``scores`` in the order of ``images``."""
-    place = {str(image.path): i for i, image in enumerate(images)}
-    return sorted(scores, key=lambda s: place.get(s.image, len(place)))

@@ -51,3 +51,16 @@ def randomised_stages(
             reinitialise(module.get_submodule(name), options.seed + depth)
         stages.append(module.to(device))
     return names, stages
+
+
+def fully_randomised(model: nn.Module, seed: int, device: torch.device | str) -> nn.Module:
+    """A copy of ``model`` on ``device`` with every parameterised module re-initialised (module d, in registration
+    order, from ``seed + d``): a bottom-up cascade's last stage, which sMPRT and eMPRT compare with. ``model`` itself
+    is left as it is."""
+    names = parameterised_modules(model)
+    if not names:
+        raise UsageError("--mprt: the model has no parameters to re-initialise")
+    module = copy.deepcopy(model).cpu()
+    for depth, name in enumerate(names):
+        reinitialise(module.get_submodule(name), seed + depth)
+    return module.to(device)

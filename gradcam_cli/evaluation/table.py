@@ -9,6 +9,9 @@ from typing import Any
 
 from .report import EvalReport
 
+EXTRA_COLUMNS = {"arcc": "ARCC", "random_logit": "random logit", "smprt": "sMPRT", "emprt": "eMPRT"}
+"""The columns of ``--arcc``, ``--random-logit`` and ``--mprt``, by their summary key."""
+
 
 def _fmt(value: float | None, pattern: str = "{:.3f}") -> str:
     return "-" if value is None or math.isnan(value) else pattern.format(value)
@@ -44,6 +47,8 @@ def _methods_table(report: EvalReport, summaries: dict[str, dict[str, Any]]) -> 
     header = ["method", *(["deletion AUC", "insertion AUC", "avg drop %", "increase %"] if curves else [])]
     header += ["frames deletion AUC", "frames insertion AUC"] if frames else []
     header += ["faith. corr."] if correlated else []
+    further = [name for name in EXTRA_COLUMNS if curves and any(name in s for s in summaries.values())]
+    header += [EXTRA_COLUMNS[name] for name in further]
     header += ["sparseness", "complexity"] if curves else []
     header += ["ROAD MoRF", "ROAD LeRF", "ROAD"] if roads else []
     if report.has_detections:
@@ -53,7 +58,7 @@ def _methods_table(report: EvalReport, summaries: dict[str, dict[str, Any]]) -> 
     if report.sanity_modules:
         header += ["sanity rho"]
     rows = [
-        _method_row(report, method, s, curves, (roads, correlated))
+        _method_row(report, method, s, curves, (roads, correlated, further))
         for method, s in summaries.items()
         if s.get("images")
     ]
@@ -64,6 +69,7 @@ def _methods_table(report: EvalReport, summaries: dict[str, dict[str, Any]]) -> 
             if roads
             else "deletion AUC, avg drop, complexity, sanity rho"
         )
+        lower += "".join(f", {EXTRA_COLUMNS[name]}" for name in ("random_logit", "smprt") if name in further)
         lower = lower.replace("deletion AUC", "deletion AUCs") if frames else lower
         lines.append(f"(lower is better: {lower}; higher is better: the others)")
     if frames:
@@ -79,10 +85,11 @@ def _methods_table(report: EvalReport, summaries: dict[str, dict[str, Any]]) -> 
 
 
 def _method_row(
-    report: EvalReport, method: str, s: dict[str, Any], curves: bool, extras: tuple[bool, bool]
+    report: EvalReport, method: str, s: dict[str, Any], curves: bool, extras: tuple[bool, bool, list[str]]
 ) -> list[str]:
-    """One method's row of the table; ``extras``: whether ROAD and faithfulness correlation were measured."""
-    roads, correlated = extras
+    """One method's row of the table; ``extras``: whether ROAD and faithfulness correlation were measured, and the
+    :data:`EXTRA_COLUMNS` that were."""
+    roads, correlated, further = extras
     row = [method]
     if curves:
         row += [
@@ -95,6 +102,7 @@ def _method_row(
         row += [_fmt(s.get("temporal_deletion_auc")), _fmt(s.get("temporal_insertion_auc"))]
     if correlated:
         row += [_fmt(s.get("faithfulness_correlation"))]
+    row += [_fmt(s.get(name)) for name in further]
     if curves:
         row += [_fmt(s.get("gini")), _fmt(s.get("entropy"))]
     if roads:

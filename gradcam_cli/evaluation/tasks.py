@@ -49,7 +49,10 @@ class TaskEvaluator:
         self.explainer = explainer
         self.options = options or EvalOptions()
         options = self.options
-        explainer.adapter.eval_checks(options.sanity, options.plot is not None, options.road, options.correlation)
+        more = [flag for flag, on in (("--arcc", options.arcc), ("--random-logit", options.random_logit)) if on]
+        more += ["--mprt"] if options.mprt else []
+        plot = options.plot is not None
+        explainer.adapter.eval_checks(options.sanity, plot, options.road, options.correlation, *more)
         self.undetected = 0
         self.on_method: Callable[[str], Any] | None = None
         self.on_result: Callable[[ImageScores], Any] | None = None

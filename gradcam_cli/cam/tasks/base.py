@@ -165,8 +165,9 @@ class TaskAdapter:
         """How much of a target an output line shows: ``73.1%``, then :meth:`located`."""
         return _then(f"{prediction.probability:.1%}", self.located(prediction))
 
-    def eval_checks(self, sanity: bool, plot: bool, road: bool, correlation: bool = False) -> None:
-        """Refuse ``gradcam eval`` options the box measures do not take (tasks without :attr:`faithfulness`)."""
+    def eval_checks(self, sanity: bool, plot: bool, road: bool, correlation: bool = False, *more: str) -> None:
+        """Refuse ``gradcam eval`` options the box measures do not take (tasks without :attr:`faithfulness`);
+        ``more``: further classifier-only options given (``--arcc``, ...)."""
         how = "per detection, in its own box" if self.box_faithfulness else "against --boxes"
         if sanity:
             raise UsageError(f"--sanity is for classifiers; a {self.noun}'s maps are evaluated {how}")
@@ -176,6 +177,8 @@ class TaskAdapter:
             raise UsageError(f"--road is for classifiers; a {self.noun}'s maps are evaluated {how}")
         if correlation:
             raise UsageError(f"--faithfulness-correlation is for classifiers; a {self.noun}'s maps are evaluated {how}")
+        for flag in more:
+            raise UsageError(f"{flag} is for classifiers; a {self.noun}'s maps are evaluated {how}")
 
     def boxed_only(self, given: bool) -> bool:
         """Whether ``gradcam eval``'s box measures (tasks without :attr:`faithfulness`) score only the images that
