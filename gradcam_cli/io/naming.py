@@ -193,6 +193,21 @@ def slices_relative(output: str, root: str) -> str:
     return thumbnail_relative(output, root).removesuffix(".jpg") + SLICES_TAIL
 
 
+PREVIEW_SUFFIX = ".webm"
+"""How the gallery's browser-playable preview of an overlay video is named: its thumbnail's name with this suffix."""
+
+
+def preview_path(output_dir: Path, output: Path | str) -> Path:
+    """Where the gallery's WebM preview of an overlay video (:func:`~gradcam_cli.io.video.write_preview`) goes:
+    beside its thumbnail, ``_thumbs/<video's name>.webm``."""
+    return output_dir / preview_relative(str(output), os.path.abspath(output_dir))
+
+
+def preview_relative(output: str, root: str) -> str:
+    """:func:`preview_path` relative to the absolute output directory ``root``, with forward slashes."""
+    return thumbnail_relative(output, root).removesuffix(".jpg") + PREVIEW_SUFFIX
+
+
 def relative_posix(path: str, root: str) -> str | None:
     """``path`` relative to the absolute directory ``root``, with forward slashes; None if there is no such path.
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import queue
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Generator, Iterator
@@ -23,11 +24,17 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..errors import ImageError
+from .atomic import TEMP_MARKER
 from .discovery import VIDEO_SUFFIXES
 
 T = TypeVar("T")
 
 FOURCC = "mp4v"
+PREVIEW_FOURCC = "VP80"
+"""The codec of the gallery's previews (VP8 in WebM): OpenCV's bundled FFmpeg writes it and browsers play it, which
+they do not ``mp4v``."""
+PREVIEW_SIDE = 480
+"""The longest side, in pixels, of a gallery preview (a larger video is scaled down to it, a smaller one kept)."""
 DEFAULT_FPS = 25.0
 UNREADABLE = "not a video OpenCV can read"
 """Why a clip failed when OpenCV cannot open it (a text file, an empty or truncated file, an unknown codec)."""
@@ -116,6 +123,70 @@ def frames(capture: Any) -> Iterator[np.ndarray]:
         if not ok:
             return
         yield frame
+
+
+@contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Standard error (the file descriptor) sent to the null device meanwhile: OpenCV prints ``tag 'VP80' is not
+    supported with codec id 139 and format 'webm / WebM'`` with C's ``fprintf`` whatever the log levels say, though it
+    writes the WebM (FFmpeg's WebM muxer names no codec by a FOURCC). Only around opening a writer, a few
+    milliseconds."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no standard error to quiet
+        yield
+        return
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, 2)
+        finally:
+            os.close(null)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def preview_size(width: int, height: int, side: int = PREVIEW_SIDE) -> tuple[int, int]:
+    """(width, height) of a preview of a ``width`` x ``height`` video: its longest side at most ``side``, the
+    aspect kept, both even (as video encoders like them) and at least 2."""
+    scale = min(1.0, side / max(width, height, 1))
+    return tuple(max(2, round(length * scale / 2) * 2) for length in (width, height))  # type: ignore[return-value]
+
+
+def write_preview(source: Path, target: Path, side: int = PREVIEW_SIDE) -> int:
+    """Write ``target``, a VP8 WebM of the video ``source`` at its frame rate, scaled down to ``side`` pixels on its
+    longest side, atomically (a temporary file beside it, renamed when done); return its number of frames."""
+    import cv2
+
+    temporary = target.with_name(opencv_name(f".{target.name}{TEMP_MARKER}{os.getpid()}.webm"))
+    with opened_by_name(source) as name:
+        capture = cv2.VideoCapture(name)
+    writer: Any = None
+    count = 0
+    try:
+        if not capture.isOpened():
+            raise ImageError(f"{source}: {UNREADABLE}")
+        info = capture_info(capture)
+        size = preview_size(info.width, info.height, side)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with _quiet_stderr():
+            writer = cv2.VideoWriter(str(temporary), cv2.VideoWriter.fourcc(*PREVIEW_FOURCC), info.fps, size)
+        if not writer.isOpened():
+            raise OSError(f"OpenCV cannot write {PREVIEW_FOURCC} video to {temporary}")
+        for frame in frames(capture):
+            writer.write(cv2.resize(frame, size, interpolation=cv2.INTER_AREA))
+            count += 1
+        writer.release()
+        os.replace(temporary, target)
+    finally:
+        if writer is not None:
+            writer.release()
+        capture.release()
+        temporary.unlink(missing_ok=True)
+    return count
 
 
 READ_AHEAD = 8

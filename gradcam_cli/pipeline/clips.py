@@ -44,14 +44,14 @@ from ..errors import GradcamError, ImageError, describe
 from ..io.atomic import TEMP_MARKER
 from ..io.discovery import InputImage
 from ..io.frames import network_frame, opened_video
-from ..io.naming import clip_curve_path, clip_raw_path, thumbnail_path, video_output_path
+from ..io.naming import clip_curve_path, clip_raw_path, video_output_path
 from ..io.video import FOURCC, NO_FRAMES, opencv_name, read_ahead
 from ..models.clip_spec import ClipSpec, sample_offsets
 from ..options import OutputOptions, RunOptions
 from ..render.colour import blend, colormap_table
 from ..render.curves import write_curve
 from ..render.encode import save_array
-from ..render.gallery import save_thumbnail
+from ..render.gallery import save_video_card
 
 
 @dataclass
@@ -137,13 +137,13 @@ class ClipRunner:
             return [self._record(video, "skipped")]
         pid = os.getpid()  # the temporary names are UTF-8, which OpenCV needs, whatever the output's name
         temporaries = [path.with_name(opencv_name(f".{path.name}{TEMP_MARKER}{pid}.mp4")) for path in paths]
-        raws: list[Path] = []  # the raw maps written so far, removed unless the video is done
+        written: list[Path] = []  # the raw maps and gallery files written so far, removed unless the video is done
         done = False
         try:
-            state = self._explain_video(video, paths, temporaries, on_frame, raws)
+            state = self._explain_video(video, paths, temporaries, on_frame, written)
             if state.written == 0:
                 raise ImageError(f"{video.path}: {NO_FRAMES}")
-            self._finish(state, outputs, temporaries)
+            self._finish(state, outputs, temporaries, written)
             done = True
         except ImageError as error:
             return [self._error(video, str(error))]
@@ -152,12 +152,15 @@ class ClipRunner:
         except Exception as error:  # one unexplainable video (a failing writer, a full disk) must not end the run
             return [self._error(video, f"{video.path}: {describe(error, video.path)}")]
         finally:
-            for path in temporaries if done else [*temporaries, *raws]:
+            for path in temporaries if done else [*temporaries, *written]:
                 path.unlink(missing_ok=True)
         return self._rows(video, state, outputs, round(time.perf_counter() - started, 4))
 
-    def _finish(self, state: _Video, outputs: Sequence[tuple[str, Path]], temporaries: Sequence[Path]) -> None:
-        """Put the overlay videos in place, write their temporal importance plots and the gallery's thumbnails."""
+    def _finish(
+        self, state: _Video, outputs: Sequence[tuple[str, Path]], temporaries: Sequence[Path], written: list[Path]
+    ) -> None:
+        """Put the overlay videos in place, write their temporal importance plots and the gallery's files of each
+        (:func:`~gradcam_cli.render.gallery.save_video_card`, added to ``written``)."""
         for temporary, (_, path) in zip(temporaries, outputs, strict=True):
             os.replace(temporary, path)
         for place, (method, path) in enumerate(outputs):
@@ -165,7 +168,7 @@ class ClipRunner:
             write_curve(infos, state.fps, f"{path.stem}: {method}", clip_curve_path(path))
         if self.output.report:
             for overlay, (_, path) in zip(state.first_overlays, outputs, strict=True):
-                save_thumbnail(overlay, thumbnail_path(self.output.output_dir, path))
+                save_video_card(overlay, path, self.output.output_dir, written)
 
     # --- reading and scheduling -------------------------------------------------------------------------------------
 

@@ -6,7 +6,8 @@ each frame's detections with their boxes drawn). Frames between explained ones (
 blended over their own pixels, so motion stays smooth and the cost drops N-fold. Videos are written with the
 ``mp4v`` (MPEG-4 Part 2) codec, which OpenCV's bundled FFmpeg always has, to a temporary file that is renamed into
 place when the clip is done. ``--save-raw``, ``--save-heatmap`` and ``--panel`` are for images: a run with videos
-refuses them (:func:`check_video_options`); ``--report`` shows a clip by its first overlay frame. This is how a
+refuses them (:func:`check_video_options`); ``--report`` shows a clip by its first overlay frame and plays a
+small WebM preview of it (:func:`~gradcam_cli.render.gallery.save_video_card`). This is how a
 model that takes images explains a video; one that takes clips is explained clip by clip
 (:mod:`gradcam_cli.pipeline.clips`; :func:`video_runner` picks).
 """
@@ -30,11 +31,19 @@ from ..errors import GradcamError, ImageError, UsageError, describe
 from ..io.atomic import TEMP_MARKER
 from ..io.discovery import InputImage
 from ..io.images import to_input_tensor
-from ..io.naming import thumbnail_path, video_output_path
-from ..io.video import FOURCC, NO_FRAMES, UNREADABLE, capture_info, frames, opencv_name, opened_by_name
+from ..io.naming import video_output_path
+from ..io.video import (
+    FOURCC,
+    NO_FRAMES,
+    UNREADABLE,
+    capture_info,
+    frames,
+    opencv_name,
+    opened_by_name,
+)
 from ..options import OutputOptions, RunOptions
 from ..render.colour import blend, colormap_table
-from ..render.gallery import save_thumbnail
+from ..render.gallery import save_video_card
 from ..render.overlay import mark
 from .clips import ClipRunner
 from .decode import default_batch_size
@@ -168,15 +177,19 @@ class VideoRunner:
             return [self._record(video, "skipped")]
         pid = os.getpid()  # the temporary names are UTF-8, which OpenCV needs, whatever the output's name
         temporaries = [path.with_name(opencv_name(f".{path.name}{TEMP_MARKER}{pid}.mp4")) for _, path in outputs]
+        written: list[Path] = []  # the files put in place so far, removed unless the clip is done
+        done = False
         try:
             clip = self._explain_clip(video, [path for _, path in outputs], temporaries, on_frame)
             if clip.frames == 0:
                 raise ImageError(f"{video.path}: {NO_FRAMES}")
             for temporary, (_, path) in zip(temporaries, outputs, strict=True):
+                written.append(path)
                 os.replace(temporary, path)
             if self.output.report:
                 for overlay, (_, path) in zip(clip.first_overlays, outputs, strict=True):
-                    save_thumbnail(overlay, thumbnail_path(self.output.output_dir, path))
+                    save_video_card(overlay, path, self.output.output_dir, written)
+            done = True
         except ImageError as error:
             return [self._error(video, str(error))]
         except GradcamError:
@@ -184,7 +197,7 @@ class VideoRunner:
         except Exception as error:  # one unexplainable clip (a failing writer, a full disk) must not end the run
             return [self._error(video, f"{video.path}: {describe(error, video.path)}")]
         finally:
-            for temporary in temporaries:
+            for temporary in temporaries if done else [*temporaries, *written]:
                 temporary.unlink(missing_ok=True)
         seconds = round(time.perf_counter() - started, 4)  # each row: the whole clip (reading, model, writing)
         mean = {index: total / clip.explained for index, total in clip.totals.items()}

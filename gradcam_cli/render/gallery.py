@@ -24,7 +24,15 @@ import torch
 
 from ..io.atomic import write_atomic
 from ..io.display import displayable, href
-from ..io.naming import INDEX_NAME, output_kind, slices_relative, thumbnail_relative
+from ..io.naming import (
+    INDEX_NAME,
+    output_kind,
+    preview_path,
+    preview_relative,
+    slices_relative,
+    thumbnail_path,
+    thumbnail_relative,
+)
 
 if TYPE_CHECKING:
     from ..cam.records import Record
@@ -60,6 +68,20 @@ def save_thumbnail(pixels: torch.Tensor, path: Path) -> None:
     write_atomic(path, encode_thumbnail(pixels))
 
 
+def save_video_card(overlay: torch.Tensor, video: Path, output_dir: Path, written: list[Path]) -> None:
+    """The files a video's card shows of the overlay video ``video``: the thumbnail of its first frame ``overlay``
+    (the player's poster) and the browser-playable WebM preview it plays (:func:`~gradcam_cli.io.video.write_preview`),
+    each added to ``written`` (removed if the input fails) before it is written."""
+    from ..io.video import write_preview
+
+    thumbnail = thumbnail_path(output_dir, video)
+    written.append(thumbnail)
+    save_thumbnail(overlay, thumbnail)
+    preview = preview_path(output_dir, video)
+    written.append(preview)
+    write_preview(video, preview)
+
+
 def _ensure_thumbnail(root: str, overlay: str) -> str | None:
     """The overlay's thumbnail, made from the file when the run did not write one (e.g. an older run's outputs)."""
     thumb = os.path.join(root, thumbnail_relative(overlay, root))
@@ -87,7 +109,8 @@ def _prediction(prediction: Any) -> list[Any]:
 def gallery_entries(records: Iterable[Record], output_dir: Path) -> list[dict[str, Any]]:
     """One JSON-ready entry per input, sorted by path, merging that input's rows (targets x methods; a video model's
     clips share their overlay video's view, which links every clip's files and names its importance plot as
-    ``curve``; a scan's map's view names its strip of slices as ``slices``).
+    ``curve``; a video's view names its WebM preview as ``preview``; a scan's map's view names its strip of slices as
+    ``slices``).
 
     Skipped rows that carry outputs (a resumed run's images, explained by an earlier run) make full entries too,
     with status ``skipped``: the page marks them as from an earlier run."""
@@ -151,8 +174,14 @@ def _link(entry: dict[str, Any], view: dict[str, Any], others: list[str], root: 
 
 
 def _moving(view: dict[str, Any], main: str, root: str) -> None:
-    """A scan's map gets ``slices``, its strip of axial slices (:func:`~gradcam_cli.render.montage.axial_strip`,
+    """A video gets ``preview``, its WebM preview (:func:`save_video_card`) that the card plays, where the run wrote
+    one; a scan's map gets ``slices``, its strip of axial slices (:func:`~gradcam_cli.render.montage.axial_strip`,
     which the run wrote with ``--report``) and their number, which the card's slider moves through."""
+    if view["kind"] == "video":
+        preview = os.path.join(root, preview_relative(main, root))
+        if os.path.isfile(preview):
+            view["preview"] = href(preview, root)
+        return
     if view["kind"] != "NIfTI map":
         return
     strip = os.path.join(root, slices_relative(main, root))

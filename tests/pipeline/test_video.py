@@ -11,7 +11,7 @@ cv2 = pytest.importorskip("cv2")
 
 from gradcam_cli.cam.explainer import Explainer  # noqa: E402
 from gradcam_cli.io.discovery import InputImage  # noqa: E402
-from gradcam_cli.io.naming import RUN_RECORD_NAME  # noqa: E402
+from gradcam_cli.io.naming import RUN_RECORD_NAME, preview_path  # noqa: E402
 from gradcam_cli.io.video import probe  # noqa: E402
 from gradcam_cli.options import OutputOptions, RunOptions  # noqa: E402
 from gradcam_cli.pipeline.video import VideoRunner  # noqa: E402
@@ -114,8 +114,31 @@ def test_top_k_writes_one_video_per_rank_and_report_thumbnails(explainer: Explai
     assert records[0].predictions[0].name == "red"  # mean over the explained frames
     assert sorted(p.name for p in (tmp_path / "_thumbs" / "sub").iterdir()) == [
         "clip_gradcam_top1.jpg",
+        "clip_gradcam_top1.webm",
         "clip_gradcam_top2.jpg",
+        "clip_gradcam_top2.webm",
     ]
+    for record in records:  # the gallery's previews: every frame, at the clip's size (under 480 px: not scaled)
+        preview = preview_path(tmp_path, record.outputs[0])
+        assert preview.parent == tmp_path / "_thumbs" / "sub"
+        info = probe(preview)
+        assert (info.width, info.height, info.fps) == (WIDTH, HEIGHT, FPS) and len(_read(preview)) == FRAMES
+
+
+def test_a_preview_that_cannot_be_written_leaves_nothing_behind(
+    explainer: Explainer, clip: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gradcam_cli.io.video
+
+    def full_disk(source: Path, target: Path, side: int = 480) -> int:
+        target.write_bytes(b"half")  # as a writer stopped half way
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(gradcam_cli.io.video, "write_preview", full_disk)
+    out = tmp_path / "out"
+    (record,) = VideoRunner(explainer, OutputOptions(out, report=True)).run(InputImage(clip, Path("clip")))
+    assert record.status == "error" and record.error == f"{clip}: no space left on device"
+    assert [p for p in out.rglob("*") if p.is_file()] == []  # neither the overlay nor its thumbnail stays
 
 
 def test_a_clip_that_fails_midway_leaves_no_video_and_no_thumbnail(
@@ -149,7 +172,7 @@ def test_unreadable_video_is_one_error_and_leaves_nothing(explainer: Explainer, 
     assert not out.exists() or not any(out.rglob("*.mp4"))
 
 
-def test_cli_routes_videos_by_suffix(clip: Path, tmp_path: Path) -> None:
+def test_cli_routes_videos_by_suffix(clip: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """`gradcam clip.mp4 IMAGE --report`: the clip goes to the video runner, the image to the batch runner."""
     from square_model import CLI_OPTIONS, square_image
     from typer.testing import CliRunner
@@ -167,6 +190,12 @@ def test_cli_routes_videos_by_suffix(clip: Path, tmp_path: Path) -> None:
     assert len(list(out.glob("still_gradcam_*.png"))) == 1
     page = (out / "index.html").read_text()
     assert "clip_gradcam_top1.mp4" in page and "still_gradcam_" in page
+    assert '"preview":"_thumbs/clip_gradcam_top1.webm"' in page  # the WebM the card plays
+    capture = cv2.VideoCapture(str(out / "_thumbs" / "clip_gradcam_top1.webm"))
+    fourcc = int(capture.get(cv2.CAP_PROP_FOURCC)).to_bytes(4, "little").decode()
+    capture.release()
+    assert fourcc == "VP80" and len(_read(out / "_thumbs" / "clip_gradcam_top1.webm")) == FRAMES
+    assert "VP80" not in capfd.readouterr().err  # OpenCV's complaint about the tag, printed by C, is kept off
 
 
 # --- options that do not apply to videos, the seconds column, unreadable files ----------------------------------

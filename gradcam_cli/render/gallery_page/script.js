@@ -21,11 +21,12 @@
   }
   function pct(p) { return p === null ? "" : (100 * p).toFixed(1) + "% "; }
 
-  // A video model's overlay video, playing (muted, in a loop) beside its importance over time.
+  // An overlay video, playing (muted, in a loop; its WebM preview where the run wrote one, which browsers play and
+  // mp4v they mostly do not) beside a video model's importance over time; the link opens the full overlay.
   function clip(view, alt) {
     const box = el("div", {class: "clip"});
-    const video = el("video", {class: "thumb", src: view.href, controls: "", muted: "", loop: "", playsinline: "",
-      preload: "metadata", "aria-label": alt});
+    const video = el("video", {class: "thumb", src: view.preview || view.href, controls: "", muted: "", loop: "",
+      playsinline: "", preload: "metadata", "aria-label": alt});
     video.muted = true;  // the attribute sets the default only
     if (view.thumb) video.setAttribute("poster", view.thumb);
     box.append(video, el("a", {class: "open", href: view.href}, "video"));
