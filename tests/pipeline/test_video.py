@@ -316,3 +316,27 @@ def test_unreadable_videos_are_one_line_each_with_no_decoder_noise(clip: Path, t
     assert summary.startswith("done: 1 ok, 4 failed, 0 skipped")
     assert len(_read(out / "good_gradcam_top1.mp4")) == FRAMES
     assert sorted(p.name for p in out.iterdir() if p.name != RUN_RECORD_NAME) == ["good_gradcam_top1.mp4"]
+
+
+@pytest.mark.quick
+def test_a_preview_is_scaled_down_to_480_pixels_keeping_every_frame(tmp_path: Path) -> None:
+    from gradcam_cli.io.video import preview_size, write_preview
+
+    source = tmp_path / "big.mp4"
+    writer = cv2.VideoWriter(str(source), cv2.VideoWriter_fourcc(*"mp4v"), FPS, (960, 540))
+    for frame in range(5):
+        image = np.zeros((540, 960, 3), np.uint8)
+        image[:, : 192 * (frame + 1)] = (0, 200, 0)  # green grows from the left, a fifth per frame
+        writer.write(image)
+    writer.release()
+    target = tmp_path / "_thumbs" / "big.webm"
+    assert write_preview(source, target) == 5
+    info = probe(target)
+    assert (info.width, info.height, info.fps) == (480, 270, FPS)
+    frames = _read(target)
+    assert len(frames) == 5
+    for number, frame in enumerate(frames):  # the frames in order, scaled (not cropped)
+        green = (frame[135, :, 1] > 100).mean()
+        assert abs(green - (number + 1) / 5) < 0.05, number
+    assert sorted(p.name for p in target.parent.iterdir()) == ["big.webm"]  # no temporary left
+    assert preview_size(100, 300) == (100, 300) and preview_size(1001, 3001) == (160, 480)

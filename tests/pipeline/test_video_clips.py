@@ -39,7 +39,7 @@ from gradcam_cli.drift.fingerprint import map_fingerprint
 from gradcam_cli.errors import EXIT_OK, EXIT_USAGE
 from gradcam_cli.io.discovery import InputImage
 from gradcam_cli.io.images import InputSpec
-from gradcam_cli.io.video import probe, read_ahead
+from gradcam_cli.io.video import frames, probe, read_ahead
 from gradcam_cli.models.clip_spec import ClipSpec, sample_offsets
 from gradcam_cli.models.profile import LoadedModel
 from gradcam_cli.options import OutputOptions, RunOptions
@@ -445,6 +445,8 @@ def test_a_video_that_fails_half_way_leaves_nothing_behind(video, tmp_path, monk
 
 @pytest.mark.quick
 def test_the_gallery_shows_one_overlay_video_per_method_with_every_clips_files(video, tmp_path):
+    import cv2
+
     records = _bare_runner(tmp_path, report=True).run(InputImage(video, Path("walk")))
     assert len(records) == FRAMES // 4 and {r.outputs[0] for r in records} == {str(tmp_path / "walk_gradcam_top1.mp4")}
     (entry,) = gallery_entries(records, tmp_path)
@@ -452,6 +454,12 @@ def test_the_gallery_shows_one_overlay_video_per_method_with_every_clips_files(v
     assert view["kind"] == "video"
     assert [kind for kind, _ in view["files"]] == ["importance over time"] + ["raw map"] * (FRAMES // 4)
     assert view["curve"] == "walk_gradcam_top1_curve.png" and (tmp_path / view["curve"]).is_file()  # beside the video
+    assert view["preview"] == "_thumbs/walk_gradcam_top1.webm"  # the WebM the card plays: every frame, same size
+    overlay, preview = probe(tmp_path / "walk_gradcam_top1.mp4"), probe(tmp_path / view["preview"])
+    assert (preview.width, preview.height, preview.fps) == (overlay.width, overlay.height, overlay.fps)
+    capture = cv2.VideoCapture(str(tmp_path / view["preview"]))
+    assert sum(1 for _ in frames(capture)) == FRAMES
+    capture.release()
 
 
 @pytest.mark.quick

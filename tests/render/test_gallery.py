@@ -312,3 +312,41 @@ def test_the_clip_and_scan_cards_in_headless_chromium(tmp_path: Path, chromium: 
     assert re.search(r'<input type="range" min="0" max="4" step="1" value="2" aria-label="axial slice">', dom)
     assert 'data-slice="2"' in dom and "translateY(-40%)" in dom and "axial slice 3 of 5" in dom
     assert "<b>" not in dom.split("<main", 1)[1]  # the name shown as text
+
+
+@pytest.mark.slow
+def test_a_video_runs_card_plays_its_webm_preview_in_chromium(tmp_path: Path, chromium: str) -> None:
+    """gradcam VIDEO --report: Playwright drives Debian's Chromium to the card's video, which loads (its WebM: the
+    mp4v overlay it could not decode) and, played, advances."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (the [serve] extra) is not installed")
+    from clip_outputs import write_video
+    from square_model import CLI_OPTIONS
+    from typer.testing import CliRunner
+
+    from gradcam_cli.cli import app
+
+    video = write_video(tmp_path / "in" / "walk.mp4", frames=30)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, [str(video), *CLI_OPTIONS, "-o", str(out), "--report", "--workers", "0"])
+    assert result.exit_code == 0, result.output
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.goto((out / "index.html").as_uri())
+            player = page.locator("video")
+            assert player.count() == 1
+            assert player.get_attribute("src") == "_thumbs/walk_gradcam_top1.webm"
+            assert page.locator("a.open").get_attribute("href") == "walk_gradcam_top1.mp4"  # the full overlay
+            timeout = HANG_GUARD * 1000
+            shown = "const v = document.querySelector('video');"
+            # loaded, or failed (as mp4v does: MEDIA_ERR_SRC_NOT_SUPPORTED, at once)
+            page.wait_for_function(
+                f"() => {{ {shown} return v.readyState >= 2 || v.error !== null; }}", timeout=timeout
+            )
+            assert page.evaluate(f"() => {{ {shown} return v.error && v.error.code; }}") is None
+            assert page.evaluate(f"() => {{ {shown} return [v.videoWidth, v.videoHeight]; }}") == [48, 32]
+            page.evaluate(f"() => {{ {shown} return v.play(); }}")  # muted: no gesture needed
+            page.wait_for_function(f"() => {{ {shown} return v.currentTime > 0; }}", timeout=timeout)
+        finally:
+            browser.close()
