@@ -31,7 +31,7 @@ from ..models.loading import LoadedModel, load_for_run
 from ..options import SCORE_NAMES, TOP_K, ExplainOptions, ModelOptions
 from .attention.discovery import AttentionModel, attention_for, head_settings, with_heads
 from .explainer_input import CallContext, Chosen, ExplainKeywords, explain_options, explained_model
-from .layers import DryPasses, LayerInfo, forget_tokens, reads_tokens, resolve_layer
+from .layers import DryPasses, LayerInfo, forget_tokens, reads_tokens, resolve_layer, stage_layers
 from .maps import pad_to_region
 from .masked_scores import ProgressCallback
 from .methods import METHODS, resolve_methods
@@ -62,8 +62,9 @@ class Explainer:
     :class:`ExplainOptions` (:mod:`gradcam_cli.cam.explainer_input`; ``options`` holds it either way). An explainer
     is not changed once built: ``with_options`` and ``folded`` make others; what differs per call is its argument.
     ``dry_passes``: where the dry pass below is kept and found (:class:`~gradcam_cli.cam.layers.DryPasses`).
-    ``layers``: dotted module names; ``None`` picks the last spatial layer. Several layers fuse into one map per
-    method: the mean of the per-layer maps, each normalised to [0, 1], normalised again.
+    ``layers``: dotted module names; ``None`` picks the last spatial layer (RefineCAM alone: the model's last
+    stages ending there, or at the one layer given). Several layers fuse into one map per method: the mean of the
+    per-layer maps, each normalised to [0, 1], normalised again (RefineCAM: their product).
     ``methods``: names from ``METHODS``, or ``all`` (every method that serves the model's task); they share one
     forward pass and one backward pass per target. Methods that read no layer (RISE, occlusion) need none: with only
     them, no layer is chosen, and a model without spatial layers is explained too. ``perturbation``: their settings
@@ -133,7 +134,7 @@ class Explainer:
             )
         self.chosen = replace(chosen, layers=self._layer_names(infos, names, chosen.methods))  # what options came to
         check_ranks(self.chosen.methods, infos, self.chosen.layers, model.input_spec, options.aug_smooth)
-        layers = resolved or {name: resolve_layer(model.module, name) for name in self.chosen.layers}
+        layers = {name: resolved.get(name) or resolve_layer(model.module, name) for name in self.chosen.layers}
         self.network: tuple[nn.Module, Mapping[str, nn.Module]] = (model.module, layers)
         """The module each pass runs and its explained layers (:meth:`folded`: a copy with batch norms folded)."""
         self.context = CallContext(progress=progress)  # what a call passes with when it is given none
@@ -159,10 +160,17 @@ class Explainer:
         return Chosen(tuple(methods), tuple(left_out), tuple(need_target), (), target, top_k, precision), attention
 
     def _layer_names(self, infos: list[LayerInfo], names: list[str], methods: Sequence[str]) -> tuple[str, ...]:
-        """The layers explained: ``names``, else the default layer; none where no method reads a layer."""
+        """The layers explained: ``names``, else the default layer; none where no method reads a layer. Where one
+        layer comes of it and every method reading layers reads the model's last stages (RefineCAM alone: its
+        :attr:`~gradcam_cli.cam.methods.registry.CamMethod.stages`), those stages ending at it
+        (:func:`~gradcam_cli.cam.layers.stage_layers`)."""
         if not names and not any(METHODS[method].uses_layer for method in methods):
             return ()
-        return tuple(self.adapter.chosen_layers(self.model, infos, names, self.tokens))
+        chosen = self.adapter.chosen_layers(self.model, infos, names, self.tokens)
+        stages = {METHODS[method].stages for method in methods if METHODS[method].uses_layer}
+        if len(chosen) == 1 and len(stages) == 1 and (count := stages.pop()) > 1:
+            return tuple(stage_layers(self.model.module, infos, chosen[0], count))
+        return tuple(chosen)
 
     @classmethod
     def from_options(

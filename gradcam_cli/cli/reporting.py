@@ -143,7 +143,7 @@ def default_layer_reason(adapter: TaskAdapter, declared: bool = False) -> str:
 def explainer_notes(reporter: Reporter, explainer: Explainer, layers_given: bool) -> None:
     """What ``gradcam`` and ``gradcam eval`` say once the explainer is built: RISE or occlusion settings that take
     long, the methods left out for this model (or for lack of a target), and (``layers_given`` false) the layer
-    chosen and why."""
+    chosen and why; the stages RefineCAM reads where it alone chose them (one layer given, or none)."""
     if (warning := passes_warning(explainer)) is not None:
         reporter.info(warning)
     if explainer.chosen.left_out:
@@ -152,7 +152,15 @@ def explainer_notes(reporter: Reporter, explainer: Explainer, layers_given: bool
         from ..cam.untargeted import left_out_for_target
 
         reporter.info(left_out_for_target(explainer.model, explainer.chosen.need_target))
-    if not layers_given and explainer.chosen.layers:  # RISE, occlusion alone: no layer
+    if len(explainer.chosen.layers) > max(1, len(explainer.options.layers)) and not explainer.model.default_layers:
+        from ..cam.methods import METHODS
+
+        staged = ", ".join(m for m in explainer.chosen.methods if METHODS[m].stages > 1)
+        reporter.info(
+            f"using layers {explainer.layer_label} (the model's last stages, as {staged} reads them; "
+            "choose with --layer, given more than once)"
+        )
+    elif not layers_given and explainer.chosen.layers:  # RISE, occlusion alone: no layer
         reason = default_layer_reason(explainer.adapter, bool(explainer.model.default_layers))
         reporter.info(f"using layer {explainer.layer_label} ({reason})")
 
