@@ -34,9 +34,8 @@ from .explainer_input import CallContext, Chosen, ExplainKeywords, explain_optio
 from .layers import DryPasses, LayerInfo, forget_tokens, reads_tokens, resolve_layer, stage_layers
 from .maps import pad_to_region
 from .masked_scores import ProgressCallback
-from .methods import METHODS, resolve_methods
 from .methods.needs import ATTENTION_NEEDS
-from .methods.registry import check_maps
+from .methods.registry import METHODS, check_maps, resolve_methods, stages_of
 from .passes import MethodInputs, ViewPass
 from .perturbation import check_perturbation, perturbation_settings
 from .precision import autocast, check_precision, full_precision, to_float32
@@ -62,9 +61,8 @@ class Explainer:
     :class:`ExplainOptions` (:mod:`gradcam_cli.cam.explainer_input`; ``options`` holds it either way). An explainer
     is not changed once built: ``with_options`` and ``folded`` make others; what differs per call is its argument.
     ``dry_passes``: where the dry pass below is kept and found (:class:`~gradcam_cli.cam.layers.DryPasses`).
-    ``layers``: dotted module names; ``None`` picks the last spatial layer (RefineCAM alone: the model's last
-    stages ending there, or at the one layer given). Several layers fuse into one map per method: the mean of the
-    per-layer maps, each normalised to [0, 1], normalised again (RefineCAM: their product).
+    ``layers``: dotted module names; ``None`` picks the last spatial layer (RefineCAM alone: :meth:`_layer_names`).
+    Several layers fuse into one map per method: the mean (RefineCAM: product) of the normalised maps, normalised.
     ``methods``: names from ``METHODS``, or ``all`` (every method that serves the model's task); they share one
     forward pass and one backward pass per target. Methods that read no layer (RISE, occlusion) need none: with only
     them, no layer is chosen, and a model without spatial layers is explained too. ``perturbation``: their settings
@@ -160,17 +158,11 @@ class Explainer:
         return Chosen(tuple(methods), tuple(left_out), tuple(need_target), (), target, top_k, precision), attention
 
     def _layer_names(self, infos: list[LayerInfo], names: list[str], methods: Sequence[str]) -> tuple[str, ...]:
-        """The layers explained: ``names``, else the default layer; none where no method reads a layer. Where one
-        layer comes of it and every method reading layers reads the model's last stages (RefineCAM alone: its
-        :attr:`~gradcam_cli.cam.methods.registry.CamMethod.stages`), those stages ending at it
-        (:func:`~gradcam_cli.cam.layers.stage_layers`)."""
+        """``names``, else the default layer (RefineCAM: :func:`stage_layers`); none where no method reads a layer."""
         if not names and not any(METHODS[method].uses_layer for method in methods):
             return ()
         chosen = self.adapter.chosen_layers(self.model, infos, names, self.tokens)
-        stages = {METHODS[method].stages for method in methods if METHODS[method].uses_layer}
-        if len(chosen) == 1 and len(stages) == 1 and (count := stages.pop()) > 1:
-            return tuple(stage_layers(self.model.module, infos, chosen[0], count))
-        return tuple(chosen)
+        return stage_layers(self.model.module, infos, chosen, stages_of(methods))
 
     @classmethod
     def from_options(

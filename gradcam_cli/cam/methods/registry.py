@@ -233,6 +233,13 @@ def _check_map(name: str, layer: str | None, cam: torch.Tensor, reference: torch
         raise MapError(f"--method {name} returned {kind} values{where}, not a map")
 
 
+def stages_of(methods: Collection[str]) -> int:
+    """How many of the model's last stages ``methods`` read from one layer: the :attr:`CamMethod.stages` of those
+    reading layers where they all say the same (RefineCAM's 4 where it is alone), else 1 (that layer alone)."""
+    stages = {METHODS[name].stages for name in methods if METHODS[name].uses_layer}
+    return stages.pop() if len(stages) == 1 else 1
+
+
 def resolve_methods(names: Sequence[str], task: str, also: Collection[str] = (), noun: str | None = None) -> list[str]:
     """``names`` checked against :data:`METHODS` and ``task`` (a one-line :class:`UsageError` for a name that is
     not a method or a method that does not serve the task); ``all`` (:data:`~gradcam_cli.options.ALL_METHODS`)
