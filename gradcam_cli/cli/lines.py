@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..cam.explainer import Explainer
     from ..cam.layers import LayerInfo
     from ..cam.records import Record
     from ..cam.tasks import TaskAdapter
@@ -62,25 +61,3 @@ def report_record(
         start, end = record.clip.seconds
         line = f"clip {record.clip.index + 1} ({start:.2f}-{end:.2f} s): {line}"
     reporter.result(f"  {line}" if single else f"{record.input}: {line}")
-
-
-def default_layer_reason(adapter: TaskAdapter, declared: bool = False) -> str:
-    """Why the default layer was chosen, as the 'using layer' message says it (``declared``: the model's own, a YOLO
-    detector's head inputs)."""
-    kind = "the feature maps entering the head" if declared else adapter.default_layer
-    return f"{kind}; choose with --layer"
-
-
-def layers_note(explainer: Explainer, layers_given: bool) -> str | None:
-    """What ``gradcam`` and ``gradcam eval`` say of the layers chosen: the model's last stages, where RefineCAM read
-    them from one layer given or none (:meth:`~gradcam_cli.cam.explainer.Explainer`); else, ``layers_given`` false,
-    the default layer and why; else (and where no method reads a layer: RISE, occlusion alone) nothing."""
-    chosen, label = explainer.chosen.layers, explainer.layer_label
-    if len(chosen) > max(1, len(explainer.options.layers)) and not explainer.model.default_layers:
-        from ..cam.methods import METHODS
-
-        staged = ", ".join(name for name in explainer.chosen.methods if METHODS[name].stages > 1)
-        return f"using layers {label} (the model's last stages, as {staged} reads them; give --layer more than once)"
-    if layers_given or not chosen:
-        return None
-    return f"using layer {label} ({default_layer_reason(explainer.adapter, bool(explainer.model.default_layers))})"

@@ -17,7 +17,7 @@ import typer
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, GradcamError, describe, path_error
 from ..io.display import displayable
-from .lines import layers_note
+from .layer_notes import layers_note
 
 if TYPE_CHECKING:
     from ..cam.explainer import Explainer
@@ -136,7 +136,7 @@ def run_reported(reporter: Reporter, run: Callable[[], int]) -> None:
 def explainer_notes(reporter: Reporter, explainer: Explainer, layers_given: bool) -> None:
     """What ``gradcam`` and ``gradcam eval`` say once the explainer is built: RISE or occlusion settings that take
     long, the methods left out for this model (or for lack of a target), and the layers chosen and why
-    (:func:`~gradcam_cli.cli.lines.layers_note`)."""
+    (:func:`~gradcam_cli.cli.layer_notes.layers_note`)."""
     if (warning := passes_warning(explainer)) is not None:
         reporter.info(warning)
     if explainer.chosen.left_out:

@@ -18,7 +18,7 @@ from ..errors import EXIT_OK, UsageError, describe
 from ..options import DEFAULT_METHOD, AnswerOptions, ExplainOptions, ModelOptions, ServeOptions
 from . import answers, params
 from .input_size import InputSizeOpt
-from .lines import default_layer_reason
+from .layer_notes import default_layer_reason
 from .reporting import Reporter, run_reported
 
 if TYPE_CHECKING:
