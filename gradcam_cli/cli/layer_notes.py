@@ -17,16 +17,25 @@ def default_layer_reason(adapter: TaskAdapter, declared: bool = False) -> str:
     return f"{kind}; choose with --layer"
 
 
-def layers_note(explainer: Explainer, layers_given: bool) -> str | None:
+def layers_notes(explainer: Explainer, layers_given: bool) -> list[str]:
     """What ``gradcam`` and ``gradcam eval`` say of the layers chosen: the model's last stages, where RefineCAM read
     them from one layer given or none (:meth:`~gradcam_cli.cam.explainer.Explainer`); else, ``layers_given`` false,
-    the default layer and why; else (and where no method reads a layer: RISE, occlusion alone) nothing."""
-    chosen, label = explainer.chosen.layers, explainer.layer_label
-    if len(chosen) > max(1, len(explainer.options.layers)) and not explainer.model.default_layers:
-        from ..cam.methods import METHODS
+    the default layer and why (nothing where no method reads a layer: RISE, occlusion alone); and where RefineCAM
+    reads one layer, shared with the other methods, that it does."""
+    from ..cam.methods import METHODS
 
-        staged = ", ".join(name for name in explainer.chosen.methods if METHODS[name].stages > 1)
-        return f"using layers {label} (the model's last stages, as {staged} reads them; give --layer more than once)"
-    if layers_given or not chosen:
-        return None
-    return f"using layer {label} ({default_layer_reason(explainer.adapter, bool(explainer.model.default_layers))})"
+    chosen, label = explainer.chosen.layers, explainer.layer_label
+    staged = ", ".join(name for name in explainer.chosen.methods if METHODS[name].stages > 1)
+    if staged and len(chosen) > max(1, len(explainer.options.layers)) and not explainer.model.default_layers:
+        return [f"using layers {label} (the model's last stages, as {staged} reads them; give --layer more than once)"]
+    notes = []
+    if chosen and not layers_given:
+        notes.append(
+            f"using layer {label} ({default_layer_reason(explainer.adapter, bool(explainer.model.default_layers))})"
+        )
+    if staged and len(chosen) == 1:
+        notes.append(
+            f"{staged} reads layer {label} alone, as the other methods do: its map is that layer's Grad-CAM++ "
+            "(run it alone for the model's last stages, or give --layer more than once)"
+        )
+    return notes

@@ -17,7 +17,7 @@ import typer
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, GradcamError, describe, path_error
 from ..io.display import displayable
-from .layer_notes import layers_note
+from .layer_notes import layers_notes
 
 if TYPE_CHECKING:
     from ..cam.explainer import Explainer
@@ -136,7 +136,7 @@ def run_reported(reporter: Reporter, run: Callable[[], int]) -> None:
 def explainer_notes(reporter: Reporter, explainer: Explainer, layers_given: bool) -> None:
     """What ``gradcam`` and ``gradcam eval`` say once the explainer is built: RISE or occlusion settings that take
     long, the methods left out for this model (or for lack of a target), and the layers chosen and why
-    (:func:`~gradcam_cli.cli.layer_notes.layers_note`)."""
+    (:func:`~gradcam_cli.cli.layer_notes.layers_notes`)."""
     if (warning := passes_warning(explainer)) is not None:
         reporter.info(warning)
     if explainer.chosen.left_out:
@@ -145,7 +145,7 @@ def explainer_notes(reporter: Reporter, explainer: Explainer, layers_given: bool
         from ..cam.untargeted import left_out_for_target
 
         reporter.info(left_out_for_target(explainer.model, explainer.chosen.need_target))
-    if (note := layers_note(explainer, layers_given)) is not None:
+    for note in layers_notes(explainer, layers_given):
         reporter.info(note)
 
 

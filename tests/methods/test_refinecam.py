@@ -28,6 +28,7 @@ from typer.testing import CliRunner
 from gradcam_cli import Explainer
 from gradcam_cli.cam.methods import METHODS
 from gradcam_cli.cli import app
+from gradcam_cli.cli.layer_notes import layers_notes
 from gradcam_cli.io.images import IMAGENET_MEAN, IMAGENET_STD
 
 REQUIRED = 0.999
@@ -154,6 +155,14 @@ def test_other_methods_keep_their_layer_beside_refinecam() -> None:
     maps = {e.method: e.saliency for e in explainer.explain_batch(x)[0].explanations}
     alone = Explainer(net, "6", ["gradcam++"], target=0).explain_batch(x)[0].explanations[0].saliency
     assert torch.allclose(maps["refinecam"], alone)
+    assert layers_notes(explainer, layers_given=False) == [
+        "using layer 6 (last spatial layer; choose with --layer)",
+        "refinecam reads layer 6 alone, as the other methods do: its map is that layer's Grad-CAM++ (run it alone for "
+        "the model's last stages, or give --layer more than once)",
+    ]
+    assert layers_notes(Explainer(net, None, ["refinecam"]), layers_given=False) == [
+        "using layers 2+4+6 (the model's last stages, as refinecam reads them; give --layer more than once)"
+    ]
 
 
 def _weights_and_image(tmp_path: Path) -> tuple[nn.Module, Path, Path, torch.Tensor]:
