@@ -155,6 +155,8 @@ def test_other_methods_keep_their_layer_beside_refinecam() -> None:
     maps = {e.method: e.saliency for e in explainer.explain_batch(x)[0].explanations}
     alone = Explainer(net, "6", ["gradcam++"], target=0).explain_batch(x)[0].explanations[0].saliency
     assert torch.allclose(maps["refinecam"], alone)
+    part = explainer.with_options(methods=("refinecam",))  # as gradcam eval explains a pass group: the run's layer
+    assert part.chosen.layers == ("6",) and torch.allclose(part.explain_batch(x)[0].explanations[0].saliency, alone)
     assert layers_notes(explainer, layers_given=False) == [
         "using layer 6 (last spatial layer; choose with --layer)",
         "refinecam reads layer 6 alone, as the other methods do: its map is that layer's Grad-CAM++ (run it alone for "
