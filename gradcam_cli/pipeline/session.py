@@ -215,16 +215,9 @@ class Session:
                 for record in runner.run(images, on_image=tick, on_skipped=lambda: tick(skipped=True)):
                     yield self._keep(record)
         if videos:
-            from ..io.discovery import frame_files
-            from ..io.video import probe
-
             runner_of_videos = video_runner(explainer, self.output, self.run)
             for video in videos:
-                try:
-                    frames = len(frame_files(video.path)) if video.frames else probe(video.path).frames
-                except GradcamError:
-                    frames = 0
-                with progress(f"{video.path.name}: frames", frames) as tick:
+                with progress(f"{video.path.name}: frames", _frame_count(video)) as tick:
                     records = runner_of_videos.run(video, on_frame=tick)
                     if self._rows_lost(runner_of_videos, video, records):  # explained again, as images are
                         again = replace(self.output, skip_existing=False)
@@ -234,23 +227,32 @@ class Session:
                             yield self._keep(row)
 
     def _prompted(
-        self, explainer: Explainer, images: Inputs, _videos: Inputs, progress: ProgressFactory
+        self, explainer: Explainer, inputs: Inputs, _videos: Inputs, progress: ProgressFactory
     ) -> Iterator[Record]:
-        """Every prompted image's answer and maps, through the :class:`~gradcam_cli.pipeline.answers.AnswerRunner`
-        (a prompted run has no videos)."""
+        """Every prompted image's answer and maps, through the :class:`~gradcam_cli.pipeline.answers.AnswerRunner`,
+        then every prompted video's, through the :class:`~gradcam_cli.pipeline.clips.AnswerClipRunner` (refused
+        first, in one line, for a model that answers no video)."""
         from .answers import RAY_ANSWERS, AnswerRunner
+        from .clips import AnswerClipRunner
 
         if self.run.engine == "ray":
             raise UsageError(RAY_ANSWERS)
+        images = [item for item in inputs if not item.video]
+        videos = [item for item in inputs if item.video]
         runner = AnswerRunner(explainer, self.output, self.run, self.earlier)
+        clips = AnswerClipRunner(explainer, self.output, self.run) if videos else None
         if not self._started:
             self._begin(runner.run_record(), runner.provenance())
         if self.shard is not None:
-            images, _ = self._select_shard(images, ())
-        self._order += [row_key({"input": str(item.path)}) for item in images]
+            images, videos = self._select_shard(images, videos)
+        self._order += [row_key({"input": str(item.path)}) for item in [*images, *videos]]
         with progress("answering", len(images)) as tick:
             for record in runner.run_images(images, on_image=tick, on_skipped=lambda: tick(skipped=True)):
                 yield self._keep(record)
+        for video in videos if clips is not None else ():
+            with progress(f"{video.path.name}: frames", _frame_count(video)) as tick:
+                for record in clips.run(video, on_frame=tick):
+                    yield self._keep(record)
 
     def _volumes(
         self, explainer: Explainer, others: Sequence[InputImage], scans: Sequence[InputImage], progress: ProgressFactory
@@ -385,6 +387,17 @@ KIND_RUNS: dict[InputKind, KindRun] = {
 }
 """Each input kind's run (:meth:`Session.explain`); a kind without an entry is decoded as an image. A new input kind
 is one entry here and its runner (docs/internals.md, "How to add an input kind")."""
+
+
+def _frame_count(video: InputImage) -> int:
+    """A video's frames as its progress bar counts them (0: unknown)."""
+    from ..io.discovery import frame_files
+    from ..io.video import probe
+
+    try:
+        return len(frame_files(video.path)) if video.frames else probe(video.path).frames
+    except GradcamError:
+        return 0
 
 
 def shard_manifest_base(output: OutputOptions) -> Path:
