@@ -308,8 +308,10 @@ class Prompter:
         (span, H, W), resized trilinearly from the (t, h, w) grid (linearly in time: each temporal patch centred on
         its sampled frames), not normalised."""
         grid = self.video_grid(values, inputs, layer)
-        merge = int(getattr(self.model.module.config.vision_config, "spatial_merge_size", 1))
-        patch = int(getattr(self.model.module.config.vision_config, "patch_size", 1))
+        module: Any = self.model.module
+        vision = module.config.vision_config
+        merge = int(getattr(vision, "spatial_merge_size", 1))
+        patch = int(getattr(vision, "patch_size", 1))
         size = (span, grid.shape[1] * merge * patch, grid.shape[2] * merge * patch)
         return upsample(grid[None].float(), size)[0]
 

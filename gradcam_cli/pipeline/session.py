@@ -249,7 +249,8 @@ class Session:
         with progress("answering", len(images)) as tick:
             for record in runner.run_images(images, on_image=tick, on_skipped=lambda: tick(skipped=True)):
                 yield self._keep(record)
-        for video in videos if clips is not None else ():
+        for video in videos:
+            assert clips is not None
             with progress(f"{video.path.name}: frames", _frame_count(video)) as tick:
                 for record in clips.run(video, on_frame=tick):
                     yield self._keep(record)

@@ -64,7 +64,7 @@ def reference_maps(folder: Path, video: Path, answers: list[str], terms: list[tu
     frames = np.stack([read_frames(video)[k] for k in SAMPLED])
     messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": PROMPT}]}]
     prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
-    score, grads, activations, grid = 0.0, None, None, None
+    grads, activations, grid = None, None, None
     for k, answer in enumerate(answers):
         inputs = processor(
             videos=[frames],
@@ -73,8 +73,8 @@ def reference_maps(folder: Path, video: Path, answers: list[str], terms: list[tu
             do_sample_frames=False,
             cap_pixels_per_frame=True,
         )
-        kept = {}
-        handle = model.model.visual.merger.register_forward_hook(lambda _m, _i, out: kept.setdefault("out", out))
+        kept: dict[str, torch.Tensor] = {}
+        handle = model.model.visual.merger.register_forward_hook(lambda _m, _i, out, kept=kept: kept.update(out=out))
         logits = model(**inputs).logits
         handle.remove()
         ids = inputs["input_ids"][0]
