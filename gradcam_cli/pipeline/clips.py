@@ -24,12 +24,11 @@ score) and its map's fingerprint.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,16 +37,14 @@ import torch
 import torch.nn.functional as F
 
 from ..cam.explainer import Explainer
-from ..cam.prompted import explain_clip_prompt
-from ..cam.records import Answer, ClipInfo, Record, answer_prediction
+from ..cam.records import Answer, ClipInfo, Record
 from ..cam.results import Explanation, Prediction
-from ..cam.tasks.answer import EMPTY_ANSWER, answer_score
 from ..drift.fingerprint import map_fingerprint
-from ..errors import GradcamError, ImageError, UsageError, describe
+from ..errors import GradcamError, ImageError, describe
 from ..io.atomic import TEMP_MARKER
 from ..io.discovery import InputImage
-from ..io.frames import network_frame, opened_video, rgb_frame
-from ..io.naming import answer_video_path, clip_curve_path, clip_raw_path, thumbnail_path, video_output_path
+from ..io.frames import network_frame, opened_video
+from ..io.naming import clip_curve_path, clip_raw_path, thumbnail_path, video_output_path
 from ..io.video import FOURCC, NO_FRAMES, opencv_name, read_ahead
 from ..models.clip_spec import ClipSpec, sample_offsets
 from ..options import OutputOptions, RunOptions
@@ -55,7 +52,6 @@ from ..render.colour import blend, colormap_table
 from ..render.curves import write_curve
 from ..render.encode import save_array
 from ..render.gallery import save_thumbnail
-from .answers import token_rows
 
 
 @dataclass
@@ -71,19 +67,20 @@ class _Frame:
 
 
 @dataclass
-class _ClipDone:
+class ClipDone:
     """One explained clip: its predictions and, per output video, its target, its :class:`ClipInfo`, its map's
     fingerprint and its raw map's path (with ``--save-raw``)."""
 
     predictions: list[Prediction]
     maps: list[tuple[Prediction, ClipInfo, dict[str, Any], Path | None]]
     answer: Answer | None = None
-    """A vision-language model's answer about the clip (:class:`AnswerClipRunner`), and the method of each map."""
+    """A vision-language model's answer about the clip
+    (:class:`~gradcam_cli.pipeline.answer_clips.AnswerClipRunner`), and the method of each map."""
     methods: list[str] = field(default_factory=list)
 
 
 @dataclass
-class _Video:
+class VideoState:
     """Running state of one video."""
 
     fps: float
@@ -92,7 +89,7 @@ class _Video:
     temporaries: list[Path] = field(default_factory=list)  # where each overlay video is written until it is done
     writers: list[Any] = field(default_factory=list)
     waiting: deque[_Frame] = field(default_factory=deque)
-    clips: list[_ClipDone] = field(default_factory=list)
+    clips: list[ClipDone] = field(default_factory=list)
     held: list[torch.Tensor | None] = field(default_factory=list)
     first_overlays: list[torch.Tensor] = field(default_factory=list)
     raws: list[Path] = field(default_factory=list)
@@ -148,7 +145,7 @@ class ClipRunner:
         raws: list[Path] = []  # the raw maps written so far, removed unless the video is done
         done = False
         try:
-            state = self._explain_video(video, _Video(0.0, 0, paths, temporaries, raws=raws), on_frame)
+            state = self._explain_video(video, VideoState(0.0, 0, paths, temporaries, raws=raws), on_frame)
             if state.written == 0:
                 raise ImageError(f"{video.path}: {NO_FRAMES}")
             self._finish(state, outputs, temporaries)
@@ -164,7 +161,7 @@ class ClipRunner:
                 path.unlink(missing_ok=True)
         return self._rows(video, state, outputs, round(time.perf_counter() - started, 4))
 
-    def _finish(self, state: _Video, outputs: Sequence[tuple[str, Path]], temporaries: Sequence[Path]) -> None:
+    def _finish(self, state: VideoState, outputs: Sequence[tuple[str, Path]], temporaries: Sequence[Path]) -> None:
         """Put the overlay videos in place, write their temporal importance plots and the gallery's thumbnails."""
         for temporary, (_, path) in zip(temporaries, outputs, strict=True):
             os.replace(temporary, path)
@@ -177,7 +174,7 @@ class ClipRunner:
 
     # --- reading and scheduling -------------------------------------------------------------------------------------
 
-    def _explain_video(self, video: InputImage, state: _Video, on_frame: Callable[[], Any] | None) -> _Video:
+    def _explain_video(self, video: InputImage, state: VideoState, on_frame: Callable[[], Any] | None) -> VideoState:
         """Read, explain and write ``video`` into ``state`` (its outputs, temporaries and raw maps so far)."""
         with opened_video(video.path, self.fps) as (capture, fps):
             state.fps, state.span, state.held = fps, self._span(fps), [None] * len(state.outputs)
@@ -195,7 +192,7 @@ class ClipRunner:
 
     def _stream(
         self,
-        state: _Video,
+        state: VideoState,
         decoded: Iterator[tuple[np.ndarray, torch.Tensor]],
         on_frame: Callable[[], Any] | None,
     ) -> None:
@@ -220,7 +217,7 @@ class ClipRunner:
             self._explain_clips(state, [max(0, state.seen - state.span)])
         self._release(state, state.seen, on_frame)
 
-    def _preparer(self, state: _Video) -> Callable[[np.ndarray], tuple[np.ndarray, torch.Tensor]]:
+    def _preparer(self, state: VideoState) -> Callable[[np.ndarray], tuple[np.ndarray, torch.Tensor]]:
         """What the decoding thread does to each BGR frame: its RGB pixels (at the first frame's size) and its
         network input."""
         spec = self.explainer.model.input_spec
@@ -232,7 +229,7 @@ class ClipRunner:
 
         return prepare
 
-    def _open_writers(self, state: _Video) -> None:
+    def _open_writers(self, state: VideoState) -> None:
         """Open each overlay video's writer at its temporary path (before the first frame is written: the outputs
         are known once the first clip is explained)."""
         import cv2
@@ -247,7 +244,7 @@ class ClipRunner:
 
     # --- explaining ---------------------------------------------------------------------------------------------------
 
-    def _explain_clips(self, state: _Video, starts: Sequence[int]) -> None:
+    def _explain_clips(self, state: VideoState, starts: Sequence[int]) -> None:
         """Explain the clips starting at ``starts`` in one batch; add their maps to the frames they cover."""
         by_index = {frame.index: frame for frame in state.waiting}
         last = state.seen - 1
@@ -264,11 +261,11 @@ class ClipRunner:
             maps = [self._clip_map(state, start, end, place, explanation) for place, (explanation, _) in pairs]
             for frame in state.waiting:
                 frame.count += start <= frame.index < end
-            state.clips.append(_ClipDone(result.predictions, maps))
+            state.clips.append(ClipDone(result.predictions, maps))
             state.covered = max(state.covered, end)
 
     def _clip_map(
-        self, state: _Video, start: int, end: int, output: int, explanation: Explanation
+        self, state: VideoState, start: int, end: int, output: int, explanation: Explanation
     ) -> tuple[Prediction, ClipInfo, dict[str, Any], Path | None]:
         """The ``output``-th map of the clip of video frames ``start`` to ``end``: added to its frames; its shares,
         fingerprint and raw file."""
@@ -293,7 +290,7 @@ class ClipRunner:
 
     # --- writing ------------------------------------------------------------------------------------------------------
 
-    def _release(self, state: _Video, until: int, on_frame: Callable[[], Any] | None) -> None:
+    def _release(self, state: VideoState, until: int, on_frame: Callable[[], Any] | None) -> None:
         """Write every waiting frame before ``until`` (no clip yet to come covers them) to each overlay video."""
         while state.waiting and state.waiting[0].index < until:
             if state.written == 0 and not state.writers:
@@ -317,7 +314,7 @@ class ClipRunner:
                 on_frame()
 
     def _rows(
-        self, video: InputImage, state: _Video, outputs: Sequence[tuple[str, Path]], seconds: float
+        self, video: InputImage, state: VideoState, outputs: Sequence[tuple[str, Path]], seconds: float
     ) -> list[Record]:
         """One row per clip, target and method: the clip's predictions, the map's target, its overlay video, plot
         and raw map, its :class:`ClipInfo` and fingerprint (``seconds``: the whole video's, reading to writing)."""
@@ -347,122 +344,12 @@ class ClipRunner:
         return self._record(video, "error", error=message)
 
 
-WHOLE_VIDEO = sys.maxsize
-"""The span of a clip that is the whole video: no clip is explained before its last frame is read."""
-CLIP_STRIDE = (
-    "--clip-stride is for video models; a vision-language model is asked about a whole video as one clip (its "
-    "processor's sampling): cut the video to ask about a part"
-)
-"""Why a run of prompted videos refuses ``--clip-stride``."""
+def frame_count(video: InputImage) -> int:
+    """A video's frames as its progress bar counts them (0: unknown)."""
+    from ..io.discovery import frame_files
+    from ..io.video import probe
 
-
-class AnswerClipRunner(ClipRunner):
-    """A vision-language model's answer about each prompted video (docs/video.md, "A vision-language model's
-    answer"): the video is one clip, all of it, sampled at the video processor's rate
-    (:meth:`~gradcam_cli.cam.answers.Prompter.video_frames`, :func:`~gradcam_cli.models.clip_spec.sample_offsets`)
-    and put through its video path with the video's prompt (:func:`~gradcam_cli.cam.prompted.explain_clip_prompt`).
-    Its overlay videos, one per answer target and method, are known once the answer is; the rest is
-    :class:`ClipRunner`'s: the maps (span, h, w) over the video's frames, the plots, ``--save-raw``, the rows (with
-    the answer)."""
-
-    def __init__(
-        self, explainer: Explainer, output: OutputOptions | None = None, run: RunOptions | None = None
-    ) -> None:
-        score = answer_score(explainer)
-        refusal = score.video_refusal()
-        if refusal is not None:
-            raise UsageError(refusal)
-        if run is not None and run.clip_stride is not None:
-            raise UsageError(CLIP_STRIDE)
-        super().__init__(explainer, ClipSpec(1), output, run)
-        self.score = score
-        self.video = InputImage(Path(), Path())  # the video being answered
-
-    def outputs(self, video: InputImage) -> list[tuple[str, Path]]:
-        """None before the answer: its targets name the overlay videos."""
-        return []
-
-    def run(self, video: InputImage, on_frame: Callable[[], Any] | None = None) -> list[Record]:
-        """Answer ``video``'s prompt about it and map the answer; its rows (the first with the answer's tokens), or
-        one error row (a video that fails leaves no output behind)."""
-        started = time.perf_counter()
-        self.video = video
-        state = _Video(0.0, 0, [])
-        done = False
-        try:
-            self._explain_video(video, state, on_frame)
-            if state.written == 0:
-                raise ImageError(f"{video.path}: {NO_FRAMES}")
-            self._finish(state, self._labelled(state), state.temporaries)
-            done = True
-        except GradcamError as error:  # a word the answer does not hold: this video's failure
-            message = str(error)
-            return [self._error(video, message if message.startswith(f"{video.path}:") else f"{video.path}: {message}")]
-        except Exception as error:  # one unexplainable video must not end the run
-            return [self._error(video, f"{video.path}: {describe(error, video.path)}")]
-        finally:
-            for path in state.temporaries if done else [*state.temporaries, *state.raws]:
-                path.unlink(missing_ok=True)
-        return self._rows(video, state, self._labelled(state), round(time.perf_counter() - started, 4))
-
-    def _labelled(self, state: _Video) -> list[tuple[str, Path]]:
-        """(method, overlay video) of each map of the video's answer."""
-        if not state.clips:
-            return []
-        return list(zip(state.clips[0].methods, state.outputs, strict=True))
-
-    def _span(self, fps: float) -> int:
-        return WHOLE_VIDEO
-
-    def _preparer(self, state: _Video) -> Callable[[np.ndarray], tuple[np.ndarray, torch.Tensor]]:
-        """Each BGR frame's RGB pixels (at the first frame's size), also as the processor's input (H, W, 3)."""
-
-        def prepare(frame: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
-            if state.size is None:
-                state.size = (frame.shape[1], frame.shape[0])
-            rgb = rgb_frame(frame, state.size)
-            return rgb, torch.from_numpy(rgb)
-
-        return prepare
-
-    def _explain_clips(self, state: _Video, starts: Sequence[int]) -> None:
-        """Answer the one clip, the whole video (``starts``: its first frame, 0); its maps added to every frame."""
-        state.span = state.seen
-        frames = list(state.waiting)
-        offsets = sample_offsets(self.score.video_frames(state.seen, state.fps), state.span)
-        sampled = torch.stack([frames[offset].tensor for offset in offsets])
-        prompt = self.video.prompt or ""
-        result = explain_clip_prompt(self.explainer, sampled, state.span, prompt, self.score.question.answer)
-        answer = Answer(result.prompt, result.answer, result.generated, token_rows(result))
-        if not result.tokens:
-            answer.tokens, answer.note = [], EMPTY_ANSWER
-        output_dir = self.output.output_dir
-        explained = [
-            Explanation(m.method, answer_prediction(m.target.label, m.target.token, m.score), m.saliency)
-            for m in result.maps
-        ]
-        state.outputs = [answer_video_path(output_dir, self.video, e.method, e.target.name) for e in explained]
-        pid = os.getpid()
-        state.temporaries = [p.with_name(opencv_name(f".{p.name}{TEMP_MARKER}{pid}.mp4")) for p in state.outputs]
-        state.held = [None] * len(state.outputs)
-        for frame in state.waiting:
-            frame.sums = [None] * len(state.outputs)
-            frame.count += 1
-        maps = [self._clip_map(state, 0, state.seen, place, e) for place, e in enumerate(explained)]
-        state.clips.append(_ClipDone([], maps, answer, [e.method for e in explained]))
-        state.covered = state.seen
-
-    def _rows(
-        self, video: InputImage, state: _Video, outputs: Sequence[tuple[str, Path]], seconds: float
-    ) -> list[Record]:
-        """:class:`ClipRunner`'s rows, each with the answer (its tokens on the first); an empty answer: one row
-        without outputs whose ``note`` says so."""
-        rows = super()._rows(video, state, outputs, seconds)
-        answer = state.clips[0].answer if state.clips else None
-        if answer is None:
-            return rows
-        if not rows:
-            return [self._record(video, "ok", answer=answer, seconds=seconds)]
-        for index, row in enumerate(rows):
-            row.answer = answer if index == 0 else replace(answer, tokens=None)
-        return rows
+    try:
+        return len(frame_files(video.path)) if video.frames else probe(video.path).frames
+    except GradcamError:
+        return 0

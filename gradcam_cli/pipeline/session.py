@@ -48,7 +48,7 @@ from ..io.naming import INDEX_NAME, LOCK_NAME, MANIFEST_NAME, shard_lock_name, s
 from ..options import OutputOptions, RunOptions
 from ..render.colour import colormap_table
 from .batch import BatchRunner
-from .clips import ClipRunner
+from .clips import ClipRunner, frame_count
 from .resume import EarlierRows, check_run_record, run_record, write_run_record
 from .shards import ShardRecord, inputs_digest, select_shard, stored_path
 from .video import VideoRunner, check_video_model, video_runner
@@ -217,7 +217,7 @@ class Session:
         if videos:
             runner_of_videos = video_runner(explainer, self.output, self.run)
             for video in videos:
-                with progress(f"{video.path.name}: frames", _frame_count(video)) as tick:
+                with progress(f"{video.path.name}: frames", frame_count(video)) as tick:
                     records = runner_of_videos.run(video, on_frame=tick)
                     if self._rows_lost(runner_of_videos, video, records):  # explained again, as images are
                         again = replace(self.output, skip_existing=False)
@@ -232,15 +232,15 @@ class Session:
         """Every prompted image's answer and maps, through the :class:`~gradcam_cli.pipeline.answers.AnswerRunner`,
         then every prompted video's, through the :class:`~gradcam_cli.pipeline.clips.AnswerClipRunner` (refused
         first, in one line, for a model that answers no video)."""
+        from .answer_clips import AnswerClipRunner
         from .answers import RAY_ANSWERS, AnswerRunner
-        from .clips import AnswerClipRunner
 
         if self.run.engine == "ray":
             raise UsageError(RAY_ANSWERS)
         images = [item for item in inputs if not item.video]
         videos = [item for item in inputs if item.video]
         runner = AnswerRunner(explainer, self.output, self.run, self.earlier)
-        clips = AnswerClipRunner(explainer, self.output, self.run) if videos else None
+        clips = AnswerClipRunner(explainer, self.output, self.run, self.earlier) if videos else None
         if not self._started:
             self._begin(runner.run_record(), runner.provenance())
         if self.shard is not None:
@@ -251,7 +251,7 @@ class Session:
                 yield self._keep(record)
         for video in videos:
             assert clips is not None
-            with progress(f"{video.path.name}: frames", _frame_count(video)) as tick:
+            with progress(f"{video.path.name}: frames", frame_count(video)) as tick:
                 for record in clips.run(video, on_frame=tick):
                     yield self._keep(record)
 
@@ -388,17 +388,6 @@ KIND_RUNS: dict[InputKind, KindRun] = {
 }
 """Each input kind's run (:meth:`Session.explain`); a kind without an entry is decoded as an image. A new input kind
 is one entry here and its runner (docs/internals.md, "How to add an input kind")."""
-
-
-def _frame_count(video: InputImage) -> int:
-    """A video's frames as its progress bar counts them (0: unknown)."""
-    from ..io.discovery import frame_files
-    from ..io.video import probe
-
-    try:
-        return len(frame_files(video.path)) if video.frames else probe(video.path).frames
-    except GradcamError:
-        return 0
 
 
 def shard_manifest_base(output: OutputOptions) -> Path:

@@ -157,15 +157,25 @@ def test_answer_per_token_and_contrast_maps_of_a_clip_match_autograd(qwen, clip,
     assert pearson(saved, reference["gradcam"]) >= 0.999
 
 
-def test_a_generated_answer_about_a_clip_through_the_command_line(qwen, clip, tmp_path):
+def test_a_generated_answer_about_a_clip_through_the_command_line_and_resumed(qwen, clip, tmp_path):
     out = tmp_path / "out"
-    result = invoke(clip, "--model", f"hf:{qwen}", "--prompt", PROMPT, "--max-new-tokens", "2", "-o", out, "--json")
+    args = [clip, "--model", f"hf:{qwen}", "--prompt", PROMPT, "--max-new-tokens", "2", "-o", out, "--json"]
+    args += ["--manifest", out / "rows.jsonl", "--skip-existing"]
+    result = invoke(*args)
     assert result.exit_code == EXIT_OK, result.output
     rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert rows and rows[0]["generated"] is True and rows[0]["prompt"] == PROMPT
     assert len(rows[0]["tokens"]) <= 2 and rows[0]["provenance"]["task"] == "answer"
     assert Path(rows[0]["outputs"][0]).name == "clip_gradcam_answer.mp4"
     assert len(read_frames(Path(rows[0]["outputs"][0]))) == FRAMES
+
+    again = invoke(*args)
+    assert again.exit_code == EXIT_OK, again.output
+    kept = [json.loads(line) for line in again.stdout.splitlines() if line.startswith("{")]
+    assert [row["status"] for row in kept] == ["skipped"] * len(rows)
+    assert [(row["answer"], row["outputs"]) for row in kept] == [(row["answer"], row["outputs"]) for row in rows]
+    manifest = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert len(manifest) == len(rows)
 
 
 def test_a_clip_option_or_a_family_without_a_video_path_is_refused_in_one_line(qwen, llava, clip, tmp_path):
