@@ -10,7 +10,9 @@ token's log-probability, ``answer:WORD`` the sum over the answer tokens that spe
 ``contrast:answer:A,answer:B`` log p(A) - log p(B) (two passes, since the answers differ; the image tokens are the
 same in both). The explained layer's output is flattened to its tokens (L, C) and a method sees them as one
 (1, C, 1, L) map, so a channel weight is pooled over all image tokens (every tile), and the per-token map is put back
-on the photo through the family's geometry (:mod:`gradcam_cli.models.token_layouts`).
+on the photo through the family's geometry (:mod:`gradcam_cli.models.token_layouts`). A video clip
+(:class:`SampledClip`) goes through the processor's video path instead, and its tokens are laid out time first from
+the family's :data:`~gradcam_cli.models.token_layouts.VideoGrid` (docs/video.md).
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ class AnswerTarget:
 @dataclass
 class AnswerMap:
     """One method's map of one target: the score explained, the coarse per-token values (L,) before placing and
-    normalising, and the map on the photo, (H, W) in [0, 1]."""
+    normalising, and the map on the photo, (H, W) in [0, 1] (a video clip's: (T, H, W) over its frames)."""
 
     target: AnswerTarget
     method: str
@@ -124,6 +126,18 @@ class _Prompted(nn.Module):
         output = self.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **extra)
         logits: torch.Tensor = output.logits
         return logits
+
+
+@dataclass(frozen=True)
+class SampledClip:
+    """A video clip as a vision-language model is asked about it: ``frames`` (T, H, W, 3) uint8, sampled at
+    ``offsets`` of its ``span`` video frames (:func:`~gradcam_cli.models.clip_spec.sample_offsets`) of a video of
+    ``fps`` frames per second."""
+
+    frames: torch.Tensor
+    offsets: tuple[int, ...]
+    span: int
+    fps: float
 
 
 @dataclass(frozen=True)
@@ -266,9 +280,13 @@ class Prompter:
         wanted = math.ceil(max(1, round(frames / step)) / patch) * patch
         return min(most, wanted)
 
-    def video_inputs(self, frames: torch.Tensor, prompt: str) -> dict[str, torch.Tensor]:
-        """The processor's tensors for the sampled ``frames`` (T, H, W, 3) uint8 and the prompt in the chat template
-        (a ``video`` part in place of the image), on the model's device; the processor samples no frames again."""
+    def video_inputs(self, clip: SampledClip, prompt: str) -> dict[str, torch.Tensor]:
+        """The processor's tensors for the ``clip``'s sampled frames and the prompt in the chat template (a
+        ``video`` part in place of the image), on the model's device; the processor samples no frames again, and
+        is told which frames of the clip at which rate they are (its ``video_metadata``: Qwen2.5-VL's time
+        positions)."""
+        from transformers.video_utils import VideoMetadata
+
         self.check_text("--prompt", prompt)
         processor = self.model.processor
         messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": prompt}]}]
@@ -276,7 +294,10 @@ class Prompter:
         options: dict[str, Any] = {"do_sample_frames": False}
         if hasattr(processor.video_processor, "cap_pixels_per_frame"):
             options["cap_pixels_per_frame"] = True  # the reference's per-frame pixel budget
-        encoded = processor(videos=[frames.cpu().numpy()], text=[text], return_tensors="pt", **options)
+        height, width = (int(side) for side in clip.frames.shape[1:3])
+        metadata = VideoMetadata(clip.span, clip.fps, width, height, frames_indices=list(clip.offsets))
+        frames = clip.frames.cpu().numpy()
+        encoded = processor(videos=[frames], video_metadata=[metadata], text=[text], return_tensors="pt", **options)
         dtype = next(self.model.module.parameters()).dtype
         return {
             key: value.to(self.device, dtype if value.is_floating_point() else value.dtype)

@@ -23,7 +23,7 @@ from torch import nn
 from ..models.profile import LoadedModel
 from ..options import ExplainOptions
 from ..targets import TargetSpec
-from .answers import AnswerExplanation, AnswerMap, AnswerTarget, AnswerToken
+from .answers import AnswerExplanation, AnswerMap, AnswerTarget, AnswerToken, SampledClip
 from .explainer_input import Chosen
 from .maps import normalise
 from .methods import METHODS
@@ -62,28 +62,20 @@ def explain_prompt(
 
 def explain_clip_prompt(
     explainer: PromptedExplainer,
-    frames: torch.Tensor,
-    span: int,
+    clip: SampledClip,
     prompt: str,
     answer: str | None = None,
     per_token: bool | None = None,
     specs: Sequence[TargetSpec] | None = None,
 ) -> AnswerExplanation:
-    """Answer ``prompt`` about a video clip (or take ``answer``): ``frames`` (T, H, W, 3) uint8, the frames sampled
-    from its ``span`` video frames (:func:`~gradcam_cli.models.clip_spec.sample_offsets`), through the processor's
+    """Answer ``prompt`` about a video ``clip`` (or take ``answer``): its sampled frames through the processor's
     video path; then map the answer as :func:`explain_prompt` does, each map (span, h, w) over the clip's video
     frames at the processor's pixels (docs/video.md)."""
     score = answer_score(explainer)
-    inputs = score.video_inputs(frames, prompt)
+    inputs = score.video_inputs(clip, prompt)
     layer = explainer.chosen.layer_label
-    return _explained(
-        explainer,
-        inputs,
-        lambda values: score.place_video(values, inputs, span, layer),
-        prompt,
-        answer,
-        (per_token, specs),
-    )
+    placer = lambda values: score.place_video(values, inputs, clip.span, layer)  # noqa: E731
+    return _explained(explainer, inputs, placer, prompt, answer, (per_token, specs))
 
 
 Placer = Callable[[torch.Tensor], torch.Tensor]

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..cam.answers import SampledClip
 from ..cam.explainer import Explainer
 from ..cam.prompted import explain_clip_prompt
 from ..cam.records import Answer, Record, answer_prediction
@@ -127,7 +128,8 @@ class AnswerClipRunner(ClipRunner):
         offsets = sample_offsets(self.score.video_frames(state.seen, state.fps), state.span)
         sampled = torch.stack([frames[offset].tensor for offset in offsets])
         prompt = self.video.prompt or ""
-        result = explain_clip_prompt(self.explainer, sampled, state.span, prompt, self.score.question.answer)
+        clip = SampledClip(sampled, tuple(offsets), state.span, state.fps)
+        result = explain_clip_prompt(self.explainer, clip, prompt, self.score.question.answer)
         answer = Answer(result.prompt, result.answer, result.generated, token_rows(result))
         if not result.tokens:
             answer.tokens, answer.note = [], EMPTY_ANSWER
