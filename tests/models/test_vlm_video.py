@@ -52,12 +52,17 @@ def invoke(*args: object):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-def reference_maps(folder: Path, video: Path, answers: list[str], terms: list[tuple[int, list[int], float]]):
+def reference_maps(
+    folder: Path, video: Path, answers: list[str], terms: list[tuple[int, list[int], float]], windows: bool = False
+):
     """An independent reference: the sampled frames through the processor's video path with each answer appended,
     the merger's output hooked, the sum of ``terms`` (answer, its token positions, sign) of teacher-forced
     log-probabilities differentiated with ``torch.autograd.grad``; Grad-CAM's and LayerCAM's (t, h, w) maps
-    resized trilinearly to the clip's frames at the processor's pixels and min-max normalised."""
+    resized trilinearly to the clip's frames at the processor's pixels and min-max normalised. ``windows``: a
+    Qwen2.5-VL, whose merger outputs its tokens window by window (transformers' own window index puts them back)."""
     import transformers
+    from transformers.video_utils import VideoMetadata
+    from transformers.vision_utils import get_vision_window_index
 
     model = transformers.AutoModelForImageTextToText.from_pretrained(folder).eval()
     processor = transformers.AutoProcessor.from_pretrained(folder)
@@ -66,8 +71,10 @@ def reference_maps(folder: Path, video: Path, answers: list[str], terms: list[tu
     prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
     grads, activations, grid = None, None, None
     for k, answer in enumerate(answers):
+        metadata = VideoMetadata(FRAMES, FPS, SIZE[0], SIZE[1], frames_indices=SAMPLED)
         inputs = processor(
             videos=[frames],
+            video_metadata=[metadata],
             text=[prompt + answer],
             return_tensors="pt",
             do_sample_frames=False,
@@ -85,6 +92,9 @@ def reference_maps(folder: Path, video: Path, answers: list[str], terms: list[tu
         grads = grad if grads is None else grads + grad
         activations, grid = kept["out"].detach(), inputs["video_grid_thw"][0].tolist()
     t, h, w = grid[0], grid[1] // 2, grid[2] // 2
+    if windows:
+        order = torch.argsort(get_vision_window_index(torch.tensor([grid]), 2, 56, 14)[0])
+        activations, grads = activations[order], grads[order]
     cams = {
         "gradcam": F.relu((activations * grads.mean(0)).sum(-1)),
         "layercam": F.relu((activations * F.relu(grads)).sum(-1)),
@@ -189,3 +199,22 @@ def test_a_clip_option_or_a_family_without_a_video_path_is_refused_in_one_line(q
         len(lines) == 1 and "llava vision-language model: its processor takes images only (no video path)" in lines[0]
     )
     assert not list((tmp_path / "b").glob("*.mp4"))
+
+
+def test_a_qwen2_5_vl_clip_in_window_order_and_its_time_positions(clip, tmp_path):
+    import vlm_models
+
+    from gradcam_cli.cam.answers import SampledClip
+    from gradcam_cli.cam.prompted import explain_clip_prompt
+
+    folder = vlm_models.qwen2_5_vl(tmp_path / "qwen2.5")
+    explainer = vlm_models.answerer(vlm_models.load_vlm(f"hf:{folder}", torch.device("cpu")), methods=("layercam",))
+    frames = torch.from_numpy(np.stack([read_frames(clip)[k] for k in SAMPLED]))
+    sampled = SampledClip(frames, tuple(SAMPLED), FRAMES, FPS)
+    inputs = explainer.score.video_inputs(sampled, PROMPT)
+    assert inputs["second_per_grid_ts"].tolist() == [1.0]  # a temporal patch of 2 frames sampled at 2 fps
+    result = explain_clip_prompt(explainer, sampled, PROMPT, answer="red cat")
+    (answer,) = result.maps
+    reference = reference_maps(folder, clip, ["red cat"], [(0, [0, 1], 1.0)], windows=True)
+    assert answer.saliency.shape == (FRAMES, 84, 112)
+    assert pearson(answer.saliency, reference["layercam"]) >= 0.999
