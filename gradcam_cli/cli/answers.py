@@ -174,6 +174,9 @@ def evaluate_answers(command: EvalCommand) -> int:
         raise UsageError(f"{not_here[0]} does not apply to a --prompt's answer (docs/vlm.md: deletion and insertion)")
     adapter.check_question(explain)
     images = _questioned(command.inputs, question, None)
+    videos = [image for image in images if image.video]
+    if videos:
+        raise UsageError(f"gradcam eval --prompt measures an answer about an image; {videos[0].path} is a video")
     answerer = answer_explainer(command.model_options, explain)
     if not explain.layers:
         reporter.info(adapter.layer_note(answerer.model, answerer.layer_label))

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from video_models import read_frames, write_video
 
 from gradcam_cli.cli import app
+from gradcam_cli.cli.eval import app as eval_app
 from gradcam_cli.errors import EXIT_OK, EXIT_USAGE
 
 pytest.importorskip("transformers")
@@ -106,7 +107,6 @@ def reference_maps(
     return placed
 
 
-@pytest.mark.quick
 def test_answer_per_token_and_contrast_maps_of_a_clip_match_autograd(qwen, clip, tmp_path):
     out = tmp_path / "out"
     given = invoke(
@@ -188,6 +188,7 @@ def test_a_generated_answer_about_a_clip_through_the_command_line_and_resumed(qw
     assert len(manifest) == len(rows)
 
 
+@pytest.mark.quick
 def test_a_clip_option_or_a_family_without_a_video_path_is_refused_in_one_line(qwen, llava, clip, tmp_path):
     stride = invoke(clip, "--model", f"hf:{qwen}", "--prompt", PROMPT, "--clip-stride", "4", "-o", tmp_path / "a")
     assert stride.exit_code == EXIT_USAGE
@@ -199,6 +200,9 @@ def test_a_clip_option_or_a_family_without_a_video_path_is_refused_in_one_line(q
         len(lines) == 1 and "llava vision-language model: its processor takes images only (no video path)" in lines[0]
     )
     assert not list((tmp_path / "b").glob("*.mp4"))
+    measured = CliRunner().invoke(eval_app, [str(clip), "--model", f"hf:{qwen}", "--prompt", PROMPT])
+    assert measured.exit_code == EXIT_USAGE
+    assert f"error: gradcam eval --prompt measures an answer about an image; {clip} is a video" in measured.output
 
 
 def test_a_qwen2_5_vl_clip_in_window_order_and_its_time_positions(clip, tmp_path):
