@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 PromptOpt = Annotated[
     str | None,
     typer.Option(
-        metavar="TEXT", help="Ask a vision-language model (hf:DIR) this about each image; map its answer (docs/vlm.md)."
+        metavar="TEXT",
+        help="Ask a vision-language model (hf:DIR) this about each image or video; map its answer (docs/vlm.md).",
     ),
 ]
 AnswerOpt = Annotated[
