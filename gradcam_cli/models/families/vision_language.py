@@ -39,9 +39,16 @@ LLAVA_NEXT = TokenLayout(
     _PROJECTOR + "each frame's patch tokens (the whole photo, then its tiles) as the language model receives them",
     layouts.llava_next_tiles,
 )
-QWEN2_VL = TokenLayout("qwen2-vl", "model.visual.merger", _MERGER, layouts.qwen2_vl_tiles)
+QWEN2_VL = TokenLayout(
+    "qwen2-vl", "model.visual.merger", _MERGER, layouts.qwen2_vl_tiles, video=layouts.qwen2_vl_video_grid
+)
 QWEN2_5_VL = TokenLayout(
-    "qwen2.5-vl", "model.visual.merger", _MERGER + ", in window order", layouts.qwen2_vl_tiles, layouts.qwen2_5_vl_order
+    "qwen2.5-vl",
+    "model.visual.merger",
+    _MERGER + ", in window order",
+    layouts.qwen2_vl_tiles,
+    layouts.qwen2_5_vl_order,
+    layouts.qwen2_vl_video_grid,
 )
 IDEFICS3 = TokenLayout(
     "idefics3",
