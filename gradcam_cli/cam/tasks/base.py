@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ...io.boxes import GroundTruthBox
     from ...models.loading import LoadedModel
     from ...targets import TargetSpec
+    from ..methods.registry import CamMethod
     from ..results import Explanation, ImageExplanation, Prediction
     from ..scores import Score
 
@@ -275,6 +276,13 @@ class TaskAdapter:
     def pass_settings(self, score: Score) -> AbstractContextManager[None]:
         """What the explained pass and its extra passes run under (default: nothing)."""
         return nullcontext()
+
+    def method(self, name: str) -> CamMethod[Any]:
+        """The method ``--method name`` runs on this task's models: the registry's (default), or the task's own of
+        that name (a DETR's ``attention``: its queries' cross-attention)."""
+        from ..methods import METHODS
+
+        return METHODS[name]
 
     def serve_target(self) -> bool:
         """Whether ``gradcam serve`` resolves a class to explain for a request (a ranked task explains them all)."""
