@@ -94,7 +94,11 @@ class DetrTargets(DetectionTargets):
 
 
 def query_attention(
-    activations: torch.Tensor | None, gradients: torch.Tensor | None, attention: torch.Tensor, *, eigen_smooth: bool = False
+    activations: torch.Tensor | None,
+    gradients: torch.Tensor | None,
+    attention: torch.Tensor,
+    *,
+    eigen_smooth: bool = False,
 ) -> torch.Tensor:
     """The DETR paper's map: the explained query's last-layer cross-attention, heads averaged (module docstring)."""
     return attention

@@ -36,7 +36,8 @@ it."""
 SOFTMAX_TYPES = ("detr",)
 """Model types whose classes are a softmax with a "no object" class (every query one detection)."""
 SIGMOID_TYPES = {"conditional_detr": 100, "deformable_detr": 100, "rt_detr": 0, "rt_detr_v2": 0}
-"""Model types whose classes are sigmoids, and how many (query, class) pairs their processor keeps (0: one per query)."""
+"""Model types whose classes are sigmoids, and how many (query, class) pairs their processor keeps (0: one per
+query)."""
 DENSE_TYPES = ("detr", "conditional_detr")
 """Model types whose decoder cross-attention has dense weights over the encoder's tokens (``--method attention``)."""
 DETR_TYPES = (*SOFTMAX_TYPES, *SIGMOID_TYPES)
@@ -91,9 +92,10 @@ class DetrNet(nn.Module):
             last = output.cross_attentions[-1].mean(dim=1).detach()  # (N, Q, h * w), heads averaged
             attention = last.reshape(*last.shape[:2], height, width)
         size = (int(pixel_values.shape[-1]), int(pixel_values.shape[-2]))
+        attended = [None] * int(pixel_values.shape[0]) if attention is None else list(attention)
         return [
-            self._detections(output.logits[n], output.pred_boxes[n], size, attention[n] if attention is not None else None)
-            for n in range(int(pixel_values.shape[0]))
+            self._detections(logits, boxes, size, maps)
+            for logits, boxes, maps in zip(output.logits, output.pred_boxes, attended, strict=True)
         ]
 
     def _detections(

@@ -71,19 +71,18 @@ class HuggingFaceDetector(Family):
         if options.task not in (None, "detect", DETR_TASK):
             raise UsageError(f"{options.model} is a {model_type} detector; --task {options.task} does not apply")
         try:
-            from transformers import AutoConfig, AutoImageProcessor, AutoModelForObjectDetection
+            import transformers
         except ImportError as error:
             raise missing_extra(options.model, "hf") from error
+        auto: Any = transformers  # its Auto classes are untyped
         own = options.weights.upper() == "DEFAULT" and not architecture_only
         folder = hf_folder(options.model, own)
         with quiet_transformers():
-            config = _loaded(options.model, lambda: AutoConfig.from_pretrained(folder))
-            build = AutoModelForObjectDetection
-            detr = _loaded(
-                options.model, lambda: build.from_pretrained(folder) if own else build.from_config(config)
-            )
+            config = _loaded(options.model, lambda: auto.AutoConfig.from_pretrained(folder))
+            build = auto.AutoModelForObjectDetection
+            detr = _loaded(options.model, lambda: build.from_pretrained(folder) if own else build.from_config(config))
             try:
-                processor = AutoImageProcessor.from_pretrained(folder)
+                processor = auto.AutoImageProcessor.from_pretrained(folder)
             except Exception:  # no preprocessor_config.json: DETR's defaults (docs/tasks.md)
                 processor = None
         if options.weights.lower() not in ("default", "none") and not architecture_only:
