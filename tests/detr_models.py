@@ -1,10 +1,12 @@
-"""Tiny DETR-family detectors saved as Hugging Face folders (``--model hf:DIR``): a DETR and an RT-DETR with a tiny
-transformers ResNet backbone (no timm, nothing downloaded), random weights seeded, their class and box heads drawn
-again wider so that the queries' boxes and scores differ, saved with their image processors."""
+"""Tiny DETR-family detectors saved as Hugging Face folders (``--model hf:DIR``): a DETR, a Conditional DETR, a
+Deformable DETR and an RT-DETR with a tiny transformers ResNet backbone (no timm, nothing downloaded), random weights
+seeded, their object queries, cross-attention and heads drawn again wider so that the queries differ, saved with
+their image processors."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -29,8 +31,15 @@ def _spread_heads(model: torch.nn.Module, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
-            heads = ("class_labels_classifier.", "bbox_predictor.layers.2.", "model.query_position_embeddings.")
-            attends = "encoder_attn." in name and name.endswith(("q_proj.weight", "k_proj.weight"))
+            heads = ("class_labels_classifier.", "bbox_predictor.layers.2.", "class_embed.", "model.query_position")
+            projections = (
+                "q_proj.weight",
+                "k_proj.weight",
+                "_content_proj.weight",
+                "pos_proj.weight",
+                "sine_proj.weight",
+            )
+            attends = "encoder_attn." in name and name.endswith(projections)
             if name.startswith(heads) or attends:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
 
@@ -59,6 +68,58 @@ def save_detr(folder: Path) -> Path:
     _spread_heads(model, 1)
     model.save_pretrained(folder)
     DetrImageProcessor(size={"shortest_edge": SIZE, "longest_edge": 192}).save_pretrained(folder)
+    return folder
+
+
+def save_conditional_detr(folder: Path) -> Path:
+    """A Conditional DETR (sigmoid classes, 10 queries, 3 classes) in ``folder``."""
+    from transformers import ConditionalDetrConfig, ConditionalDetrForObjectDetection, ConditionalDetrImageProcessor
+
+    return _save_detr_like(
+        folder, ConditionalDetrConfig, ConditionalDetrForObjectDetection, ConditionalDetrImageProcessor, ["stage4"]
+    )
+
+
+def save_deformable_detr(folder: Path) -> Path:
+    """A Deformable DETR (three feature levels, two sampling points, 10 queries, 3 classes) in ``folder``."""
+    from transformers import DeformableDetrConfig, DeformableDetrForObjectDetection, DeformableDetrImageProcessor
+
+    stages = ["stage2", "stage3", "stage4"]
+    return _save_detr_like(
+        folder,
+        DeformableDetrConfig,
+        DeformableDetrForObjectDetection,
+        DeformableDetrImageProcessor,
+        stages,
+        d_model=32,  # its group norms take 32 groups
+        num_feature_levels=3,
+        encoder_n_points=2,
+        decoder_n_points=2,
+    )
+
+
+def _save_detr_like(folder: Path, config: Any, detector: Any, processor: Any, stages: list[str], **more: Any) -> Path:
+    torch.manual_seed(0)
+    shape = {"d_model": 16, **more}
+    built = config(
+        use_timm_backbone=False,
+        backbone_config=_backbone("detr", stages),
+        use_pretrained_backbone=False,
+        encoder_layers=1,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        num_queries=10,
+        id2label=dict(enumerate(CLASSES)),
+        label2id={name: i for i, name in enumerate(CLASSES)},
+        **shape,
+    )
+    model = detector(built).eval()
+    _spread_heads(model, 1)
+    model.save_pretrained(folder)
+    processor(size={"shortest_edge": SIZE, "longest_edge": 192}).save_pretrained(folder)
     return folder
 
 
