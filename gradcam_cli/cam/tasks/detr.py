@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from ...errors import UsageError
 from ...models.detr_net import DETR_TASK, DetrNet, attending
 from ...options import MAX_DETECTIONS, SCORE_THRESHOLD
 from ..detr import DETR_ATTENTION, DetrScore
@@ -38,13 +37,7 @@ class DetrTask(DetectTask):
     def score(self, model: LoadedModel, request: ScoreRequest) -> Score:
         self.check_options(request.options)
         options = request.options
-        attention = DETR_ATTENTION.name in request.methods
-        net: Any = model.module
-        if attention and not net.dense:
-            raise UsageError(
-                f"--method attention needs dense cross-attention weights; {model.name} is a {net.model_type} "
-                "detector, whose deformable attention samples a few points per query (use gradcam or drise)"
-            )
+        attention = DETR_ATTENTION.name in request.methods  # taken only where dense (takes)
         threshold = SCORE_THRESHOLD if options.score_threshold is None else options.score_threshold
         most = MAX_DETECTIONS if options.max_detections is None else options.max_detections
         return DetrScore(threshold, most, attention)
