@@ -165,7 +165,8 @@ def test_rt_detrs_deformable_attention_is_refused_in_one_line_and_left_out_of_al
     model = f"hf:{rt_detr_folder}"
     refused = CliRunner().invoke(app, [str(path), "--model", model, "--method", "attention", "-o", str(tmp_path)])
     assert refused.exit_code == EXIT_USAGE
-    assert refused.output.startswith("error: --method attention is for ") and len(refused.output.splitlines()) == 1
+    assert refused.output.startswith("error: --method attention is for classifiers; a detector takes gradcam, ")
+    assert len(refused.output.splitlines()) == 1 and "drise" in refused.output
     explainer = Explainer(load_model(model), None, "all")
     assert "attention" not in explainer.chosen.methods and "drise" in explainer.chosen.methods
 
