@@ -25,6 +25,7 @@ from gradcam_cli.errors import EXIT_OK, EXIT_USAGE
 from gradcam_cli.io.images import to_input_tensor
 from gradcam_cli.models.loading import LoadedModel
 from gradcam_cli.options import PerturbationOptions
+from gradcam_cli.serve.model import ModelService
 
 REQUIRED = 0.999
 MOST = 3
@@ -169,6 +170,7 @@ def test_rt_detrs_deformable_attention_is_refused_in_one_line_and_left_out_of_al
     assert len(refused.output.splitlines()) == 1 and "drise" in refused.output
     explainer = Explainer(load_model(model), None, "all")
     assert "attention" not in explainer.chosen.methods and "drise" in explainer.chosen.methods
+    assert "attention" not in ModelService(explainer.model).methods  # nor does gradcam serve offer it
 
 
 def detections(output: Any, softmax: bool, size: tuple[int, int]) -> list[tuple[list[float], list[float]]]:
@@ -240,3 +242,5 @@ def test_the_cli_writes_a_row_and_overlay_per_query_and_gradcam_eval_scores_each
     assert evaluated.exit_code == EXIT_OK, evaluated.output
     summary = json.loads(evaluated.stdout)["methods"]["gradcam"]["detections"]
     assert summary["count"] == 2
+    offered = ModelService(load_model(f"hf:{detr_folder}")).methods  # gradcam serve's methods: the query attention
+    assert {"gradcam", "attention", "drise"} <= set(offered) and "rollout" not in offered
