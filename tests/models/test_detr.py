@@ -228,6 +228,8 @@ def test_the_cli_writes_a_row_and_overlay_per_query_and_gradcam_eval_scores_each
         app, [str(images / "scene.png"), *model, "--method", "gradcam,attention", "-o", str(out), "--json"]
     )
     assert result.exit_code == EXIT_OK, result.output
+    stage = "detr.model.backbone.model.encoder.stages.3"
+    assert f"using layer {stage} (last stage of the backbone, the feature map the transformer reads;" in result.stderr
     rows = [json.loads(line) for line in result.stdout.splitlines()]  # a row per method and detection
     assert sorted(row["method"] for row in rows) == ["attention", "attention", "gradcam", "gradcam"]
     assert all(len(row["target"]["box"]) == 4 and row["target"]["name"] in CLASSES for row in rows)

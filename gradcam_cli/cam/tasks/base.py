@@ -90,6 +90,9 @@ class TaskAdapter:
     """The built-in task whose method list this one takes (:attr:`CamMethod.tasks`), unless :meth:`takes` says."""
     default_layer = "last spatial layer"
     """Which layer is explained when none is chosen, as the 'using layer' message says it."""
+    declared_layer = "the feature maps entering the head"
+    """What the layers a model declares its default (``ModelProfile.default_layers``: a YOLO detector's head inputs)
+    are, as the 'using layer' message says it."""
     layer_scopes: tuple[str, ...] = ()
     """Where its model's default layer is looked for first, in turn (a detector's or segmenter's backbone:
     :data:`gradcam_cli.models.tasks.LAYER_SCOPES`); empty: the whole model

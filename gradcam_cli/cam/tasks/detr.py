@@ -29,7 +29,7 @@ class DetrTask(DetectTask):
     name = DETR_TASK
     shown = "detect"
     by_name = False
-    default_layer = "last stage of the backbone (the feature map the transformer reads)"
+    declared_layer = "last stage of the backbone, the feature map the transformer reads"
 
     def claims(self, model: LoadedModel) -> bool:
         return model.task == self.name and isinstance(model.module, DetrNet)
