@@ -145,14 +145,15 @@ class EvalCommand(Protocol):
 def evaluate_answers(command: EvalCommand) -> int:
     """``gradcam eval --prompt`` (or each image its own, ``--prompts FILE.csv``): deletion and insertion of the
     answer's per-token probability along each method's map, per image (and their means), measured by the answer
-    task's evaluator (:func:`~gradcam_cli.evaluation.choose.evaluator_for`), reported here; the exit code."""
+    task's evaluator (:class:`~gradcam_cli.evaluation.answers.AnswerEvaluator`, which
+    :func:`~gradcam_cli.evaluation.choose.evaluator_for` gives the answer task), its rows reported as they come; the
+    exit code."""
     reporter, explain, options = command.reporter, command.explain_options, command.options
     question = explain.question
     if not question.asked:
         raise UsageError(f"{question.given()[0]} is for a --prompt; add --prompt TEXT")
     from ..cam.tasks.answer import ANSWER as adapter
     from ..evaluation.answers import AnswerEvaluator
-    from ..evaluation.choose import evaluator_for
     from ..pipeline.answers import answer_explainer
 
     measures = {"--rank": command.ranking.rank, "--boxes": options.boxes is not None, "--road": options.road}
@@ -167,8 +168,7 @@ def evaluate_answers(command: EvalCommand) -> int:
     answerer = answer_explainer(command.model_options, explain)
     if not explain.layers:
         reporter.info(adapter.layer_note(answerer.model, answerer.layer_label))
-    evaluator = evaluator_for(answerer, options)
-    assert isinstance(evaluator, AnswerEvaluator)  # the answer task's (AnswerTask.evaluation)
+    evaluator = AnswerEvaluator(answerer, options)
     started, failed = time.perf_counter(), 0
     scores: dict[str, list[tuple[float, float]]] = {}
     for row in evaluator.rows(images):

@@ -253,18 +253,22 @@ def choose(
     """Keep :data:`KEPT`, then each method in the order of ``costs`` (``--method``'s: the classic methods first)
     whose cost still fits ``budget`` (None: all), counted from the start of the timing: the images each method is
     still to run on (``done``: method -> images finished, by ``--skip-existing`` or the sample) and the seed
-    spread's re-runs of ``seed_images``. Where only the baseline fits, the seed spread re-runs one image; where
-    still only it fits, the cheapest other method is kept over the budget (:attr:`Plan.forced`)."""
+    spread's re-runs of ``seed_images``. Where a method is left out, the seed spread re-runs fewer images (down to
+    one) if that keeps more methods: methods ranked come before a finer spread. Where only the baseline fits, the
+    spread re-runs one image and the cheapest other method is kept over the budget (:attr:`Plan.forced`)."""
     done = done or {}
     runs = {m: max(images - done.get(m, 0), 0) for m in costs.seconds}
     plan = _chosen(costs, runs, images, budget, seed_images, named)
+    for fewer in range(seed_images - 1, 0, -1):
+        if not plan.left_out:
+            break
+        smaller = _chosen(costs, runs, images, budget, fewer, named)
+        if len(smaller.kept) > len(plan.kept):
+            plan = smaller
     others = [m for m in costs.seconds if m not in KEPT]
     if budget is None or not others or any(m not in KEPT for m in plan.kept):
         return plan
-    if seed_images > 1:
-        plan = _chosen(costs, runs, images, budget, 1, named)
-        if any(m not in KEPT for m in plan.kept):
-            return plan
+    plan = _chosen(costs, runs, images, budget, min(seed_images, 1), named)  # the baseline alone: the least spread
     cheapest = min(others, key=plan.cost)
     kept = [m for m in costs.seconds if m in plan.kept or m == cheapest]
     left = [m for m in costs.seconds if m not in kept]

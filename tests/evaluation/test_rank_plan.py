@@ -127,6 +127,24 @@ def test_choose_cuts_the_seed_spread_before_forcing_a_method() -> None:
     assert done.total() == pytest.approx(50 + SEED_RERUNS * 3 * 50)  # only the pairs left
 
 
+@pytest.mark.quick
+def test_choose_cuts_the_seed_spread_to_keep_more_methods() -> None:
+    """A method left out at the full spread is kept where re-running fewer images makes room (issue 41: the
+    Grad-CAM family on 3 photos in the default budget); with nothing left out the spread stays whole."""
+    seconds = {"gradcam": 10.0, "layercam": 10.0, "hirescam": 10.0, "randomcam": 40.0}
+    costs = Costs(seconds, dict(seconds))
+    # 3 images and a spread of s images: each method costs its seconds x (3 + 2 s); all four: 70 x (3 + 2 s)
+    full = choose(costs, 3, 480.0, seed_images=3)  # s = 3 keeps gradcam (450), s = 2 layercam too (420), s = 1 all
+    assert full.seed_images == 1 and full.kept == ["gradcam", "layercam", "hirescam", "randomcam"]
+    assert full.total() == pytest.approx(5 * 70) and not full.left_out
+    two = choose(costs, 3, 500.0, seed_images=3)  # s = 2 fits all four (490): the finest spread that does
+    assert two.seed_images == 2 and not two.left_out and two.total() == pytest.approx(7 * 70)
+    roomy = choose(costs, 3, 630.0, seed_images=3)  # 9 x 70: everything at the full spread
+    assert roomy.seed_images == 3 and not roomy.left_out
+    tight = choose(costs, 3, 299.0, seed_images=3)  # s = 1: 200 + 50 = 250 keeps gradcam, not layercam (300)
+    assert tight.seed_images == 1 and tight.kept == ["gradcam", "randomcam"] and tight.forced is None
+
+
 def test_skip_existing_plans_only_what_is_left_and_the_warning_counts_as_the_table(
     squares: Path, tmp_path: Path, clock: list[float], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -154,7 +154,7 @@ def test_cross_site_requests_and_what_does_not_apply_are_refused(client):
     refused(client.post("/api/ask", json={"image": "../x", "prompt": PROMPT}), 400, "not an image id")
     refused(client.post("/api/ask", json={"image": "i0", "prompt": PROMPT, "method": "scorecam"}), 400, "scorecam")
     info = client.get("/api/info").json()["model"]
-    assert info["answers"] and info["faithfulness"] and "scorecam" not in info["methods"]
+    assert info["answers"] and info["curves"] and "scorecam" not in info["methods"]
 
 
 def test_an_empty_answer_says_so(client, monkeypatch):

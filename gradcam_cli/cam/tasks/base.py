@@ -238,8 +238,9 @@ class TaskAdapter:
 
     def serve_facts(self) -> dict[str, Any]:
         """What ``gradcam serve``'s page is told of the task: its name, its maps' layout (``ranked``: per detection,
-        with the combined map), the title of its predictions and whether deletion and insertion measure it."""
-        return {"task": self.label, "ranked": self.ranked, "listed": self.listed, "faithfulness": self.faithfulness}
+        with the combined map: ``per_detection``), the title of its predictions and whether deletion and insertion
+        measure it (``curves``)."""
+        return {"task": self.label, "per_detection": self.ranked, "listed": self.listed, "curves": self.faithfulness}
 
     def check_curves(self) -> None:
         """A one-line UsageError where deletion, insertion and ROAD do not measure this task's maps (as in

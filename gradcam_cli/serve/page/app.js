@@ -114,7 +114,7 @@ async function showMap(answer) {  // a map the server computed (or kept): fetche
     (answer.forward ? "" : " (no forward pass)");
   $("faith-out").textContent = "";
   const m = state.info.model;  // a class's map is measured, or a vision-language model's whole answer's
-  const measured = m.faithfulness && (m.answers ? answer.spec === "answer" : answer.spec === null);
+  const measured = m.curves && (m.answers ? answer.spec === "answer" : answer.spec === null);
   $("faith").hidden = !measured;
   $("faith-road").parentNode.hidden = !measured || Boolean(m.answers);
   redraw();
@@ -172,7 +172,7 @@ async function wordMap(word) {  // null: the whole answer
 }
 
 function showPredictions(answer, model) {
-  const ranked = model.ranked;  // a detector's: per detection, and every detection combined
+  const ranked = model.per_detection;  // a detector's: per detection, and every detection combined
   const list = $("predictions");
   list.replaceChildren();
   const kind = state.info.model.kind;  // classify, embed (no classes: no list) or clip (its prompts ranked)
@@ -362,7 +362,7 @@ async function start() {
     setSelect($("method"), m.methods.map((n) => [n, n]), m.default_method);
     const again = (a) => (a.spec !== null ? a.spec : String(a.target.index));  // the same target, at another layer
     $("layer").onchange = () => (m.answers ? wordMap(state.word) :
-      explain({ target: state.answer && !m.ranked ? again(state.answer) : "" }));
+      explain({ target: state.answer && !m.per_detection ? again(state.answer) : "" }));
     $("method").onchange = $("layer").onchange;
     $("inputs").onchange = () => $("inputs").value && chooseImage($("inputs").value);
     $("input-q").oninput = () => { state.inputOffset = 0; loadInputs().catch((e) => say("error: " + e.message)); };
@@ -383,7 +383,7 @@ async function start() {
     if (m.targets.length) $("target").value = m.targets[0];
     $("compare-add").onclick = addCompare;
     $("faith").onclick = faithfulness;
-    $("faith").hidden = $("faith-road").parentNode.hidden = !m.faithfulness || Boolean(m.answers);
+    $("faith").hidden = $("faith-road").parentNode.hidden = !m.curves || Boolean(m.answers);
     if (m.answers) {  // a question box in place of classes and targets
       $("answer-box").hidden = false;
       $("pred-title").hidden = $("predictions").hidden = $("target-label").hidden = $("target-go").hidden = true;
