@@ -123,12 +123,15 @@ def _save_detr_like(folder: Path, config: Any, detector: Any, processor: Any, st
     return folder
 
 
-def save_rt_detr(folder: Path) -> Path:
-    """An RT-DETR (sigmoid classes, 10 queries, 3 classes, a 128 x 128 input) in ``folder``."""
-    from transformers import RTDetrConfig, RTDetrForObjectDetection, RTDetrImageProcessor
+def save_rt_detr(folder: Path, version: int = 1) -> Path:
+    """An RT-DETR (``version`` 1 or 2; sigmoid classes, 10 queries, 3 classes, a 128 x 128 input) in ``folder``."""
+    import transformers
+    from transformers import RTDetrImageProcessor
 
+    build: Any = transformers.RTDetrConfig if version == 1 else transformers.RTDetrV2Config
+    detector: Any = transformers.RTDetrForObjectDetection if version == 1 else transformers.RTDetrV2ForObjectDetection
     torch.manual_seed(0)
-    config = RTDetrConfig(
+    config = build(
         backbone_config=_backbone("rt_detr", ["stage2", "stage3", "stage4"]),
         use_pretrained_backbone=False,
         encoder_hidden_dim=16,
@@ -146,7 +149,7 @@ def save_rt_detr(folder: Path) -> Path:
         id2label=dict(enumerate(CLASSES)),
         label2id={name: i for i, name in enumerate(CLASSES)},
     )
-    model = RTDetrForObjectDetection(config).eval()
+    model = detector(config).eval()
     model.save_pretrained(folder)
     RTDetrImageProcessor(size={"height": SIZE, "width": SIZE}).save_pretrained(folder)
     return folder

@@ -47,6 +47,11 @@ def deformable_detr_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def rt_detr_v2_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_rt_detr(tmp_path_factory.mktemp("rt_detr_v2") / "rt_detr_v2", version=2)
+
+
+@pytest.fixture(scope="module")
 def rt_detr_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_rt_detr(tmp_path_factory.mktemp("rt_detr") / "rt_detr")
 
@@ -100,6 +105,7 @@ def gradcam_reference(activations: torch.Tensor, logit: torch.Tensor) -> torch.T
     [
         pytest.param("detr", marks=pytest.mark.quick),
         "rt_detr",
+        pytest.param("rt_detr_v2", marks=pytest.mark.slow),
         pytest.param("conditional_detr", marks=pytest.mark.slow),
         pytest.param("deformable_detr", marks=pytest.mark.slow),
     ],
@@ -113,7 +119,7 @@ def test_each_querys_gradcam_equals_autograd_of_its_class_logit_and_rows_are_the
     assert model.default_layers == ("detr.model.backbone.model.encoder.stages.3",)
     picture = scene()
     x = to_input_tensor(picture, model.input_spec)[None]
-    assert tuple(x.shape[-2:]) == ((128, 128) if kind == "rt_detr" else (128, 192))
+    assert tuple(x.shape[-2:]) == ((128, 128) if kind.startswith("rt_detr") else (128, 192))
     explainer = Explainer(model, None, ["gradcam"], score_threshold=0.0, max_detections=MOST)
     targets, cams = explainer.compute_targets(x)
     output, activations = reference_pass(model, x)
