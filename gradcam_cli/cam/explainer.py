@@ -132,7 +132,9 @@ class Explainer:
                 "other pixels and boxes; run without it"
             )
         choose = partial(self.adapter.chosen_layers, model, infos, names, self.tokens)
-        self.chosen = replace(chosen, layers=layer_names(choose, model.module, infos, names, chosen.methods))
+        self.chosen = replace(
+            chosen, layers=layer_names(choose, model.module, infos, names, chosen.methods, self.adapter.method)
+        )
         check_ranks(self.chosen.methods, infos, self.chosen.layers, model.input_spec, options.aug_smooth)
         layers = {name: resolved.get(name) or resolve_layer(model.module, name) for name in self.chosen.layers}
         self.network: tuple[nn.Module, Mapping[str, nn.Module]] = (model.module, layers)
@@ -145,7 +147,7 @@ class Explainer:
         model, adapter = self.model, self.adapter
         taken = [name for name, method in METHODS.items() if adapter.takes(name, method.tasks, model.module)]
         methods = resolve_methods(list(options.methods), adapter.methods_of, taken, adapter.noun)
-        wanted = [name for name in methods if METHODS[name].needs in ATTENTION_NEEDS]
+        wanted = [name for name in methods if adapter.method(name).needs in ATTENTION_NEEDS]
         attention, methods, left_out = attention_for(model, methods, wanted, options.methods)
         methods, need_target = untargeted_methods(model, options, methods, adapter.takes_targets)
         attention = with_heads(attention, options.attention_heads, methods)
@@ -221,7 +223,7 @@ class Explainer:
         same maps to float32 rounding; where a method reads every layer (FullGrad) or the model does not trace, this
         explainer itself. This one and its model are left as they are."""
         copied = None
-        if not any(METHODS[method].reads_every_layer for method in self.chosen.methods):
+        if not any(self.adapter.method(method).reads_every_layer for method in self.chosen.methods):
             copied = fold_batch_norms(self.model.module, list(self.chosen.layers))
         try:
             layers = {name: copied.get_submodule(name) for name in self.chosen.layers} if copied is not None else None
@@ -331,8 +333,8 @@ class Explainer:
             extras = MethodInputs(
                 view, self.options.score_batch_size, context.progress, self.options.perturbation, seed
             )
-            need_gradients = any(METHODS[method].uses_gradients for method in methods)
-            keep_graph = any(METHODS[method].keeps_graph for method in methods)
+            need_gradients = any(self.adapter.method(method).uses_gradients for method in methods)
+            keep_graph = any(self.adapter.method(method).keeps_graph for method in methods)
             cams: Cams = {method: [] for method in methods}
             for k in range(targets.count):
                 gradients: dict[str, torch.Tensor | None] = dict.fromkeys(names)
@@ -344,7 +346,7 @@ class Explainer:
                         raw_gradients = capture.gradients(score, retain_graph=keep_graph or k < targets.count - 1)
                         gradients = {n: layout(n, g) for n, g in raw_gradients.items()}
                 for name in methods:
-                    method = METHODS[name]
+                    method = self.adapter.method(name)
                     if method.class_agnostic and k > 0:
                         cams[name].append(cams[name][0])
                         continue

@@ -12,8 +12,8 @@ if TYPE_CHECKING:
 
 def default_layer_reason(adapter: TaskAdapter, declared: bool = False) -> str:
     """Why the default layer was chosen, as the 'using layer' message says it (``declared``: the model's own, a YOLO
-    detector's head inputs)."""
-    kind = "the feature maps entering the head" if declared else adapter.default_layer
+    detector's head inputs, a DETR's backbone stage: :attr:`~gradcam_cli.cam.tasks.TaskAdapter.declared_layer`)."""
+    kind = adapter.declared_layer if declared else adapter.default_layer
     return f"{kind}; choose with --layer"
 
 

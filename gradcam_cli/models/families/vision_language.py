@@ -75,11 +75,11 @@ def vlm_model_type(model: str) -> str | None:
     """The ``model_type`` of ``hf:DIR`` (or of a hub id in the local cache) when its configuration is a
     vision-language model's (a ``text_config`` and a ``vision_config`` and no CLIP-style ``projection_dim``), else
     ``None``; read from ``config.json`` alone, never downloaded."""
-    config_file = _config_file(model)
-    if config_file is None:
+    found = config_file(model)
+    if found is None:
         return None
     try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
+        config = json.loads(found.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(config, dict) or "text_config" not in config or "vision_config" not in config:
@@ -89,7 +89,7 @@ def vlm_model_type(model: str) -> str | None:
     return str(config.get("model_type", "unknown"))
 
 
-def _config_file(model: str) -> Path | None:
+def config_file(model: str) -> Path | None:
     """``hf:DIR``'s ``config.json``, or a hub id's in the local cache (no look-up on the network); else ``None``."""
     if not model.startswith(HF_PREFIX):
         return None
