@@ -36,6 +36,7 @@ METHOD_NAMES = (
     "kpcacam",
     "shapleycam",
     "fem",
+    "refinecam",
     "segeigencam",
     "randomcam",
     "rise",

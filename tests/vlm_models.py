@@ -13,7 +13,8 @@ WORDS = ["<pad>", "<unk>", "<s>", "</s>", "USER:", "ASSISTANT:", "a", "cat", "do
 WORDS += ["the", "?", "left", "right", "green", "sits", "on", "mat", "big", "small", "two"]
 TEMPLATE = (
     "{% for m in messages %}{{ m['role'].upper() }}: {% for c in m['content'] %}{% if c['type'] == 'image' %}"
-    "{{ image_text }} {% else %}{{ c['text'] }} {% endif %}{% endfor %}{% endfor %}"
+    "{{ image_text }} {% elif c['type'] == 'video' %}{{ video_text }} {% else %}{{ c['text'] }} {% endif %}"
+    "{% endfor %}{% endfor %}"
     "{% if add_generation_prompt %}ASSISTANT: {% endif %}"
 )
 
@@ -197,10 +198,11 @@ def qwen2_vl(folder: Path, vision_layers: int = 1, seed: int = 0, version: str =
         min_pixels=28 * 28, max_pixels=112 * 112, patch_size=14, merge_size=2, temporal_patch_size=2
     )
     template = TEMPLATE.replace("{{ image_text }}", "<|vision_start|><|image_pad|><|vision_end|>")
+    template = template.replace("{{ video_text }}", "<|vision_start|><|video_pad|><|vision_end|>")
     processor = getattr(transformers, f"{prefix}Processor")(
         image_processor=images,
         tokenizer=tokenizer(QWEN_SPECIAL),
-        video_processor=Qwen2VLVideoProcessor(),
+        video_processor=Qwen2VLVideoProcessor(size={"shortest_edge": 28 * 28, "longest_edge": 84 * 112}),
         chat_template=template,
     )
     return _save(model, processor, folder)

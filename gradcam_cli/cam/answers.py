@@ -10,11 +10,14 @@ token's log-probability, ``answer:WORD`` the sum over the answer tokens that spe
 ``contrast:answer:A,answer:B`` log p(A) - log p(B) (two passes, since the answers differ; the image tokens are the
 same in both). The explained layer's output is flattened to its tokens (L, C) and a method sees them as one
 (1, C, 1, L) map, so a channel weight is pooled over all image tokens (every tile), and the per-token map is put back
-on the photo through the family's geometry (:mod:`gradcam_cli.models.token_layouts`).
+on the photo through the family's geometry (:mod:`gradcam_cli.models.token_layouts`). A video clip
+(:class:`SampledClip`) goes through the processor's video path instead, and its tokens are laid out time first from
+the family's :data:`~gradcam_cli.models.token_layouts.VideoGrid` (docs/video.md).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,10 +27,12 @@ from PIL import Image
 from torch import nn
 
 from ..errors import UsageError
+from ..models.clip_spec import ClipSpec
 from ..models.profile import LoadedModel
 from ..models.tiles import Tile, place
 from ..targets import TargetSpec
 from .answer_model import placeholder_ids, stop_ids
+from .maps import upsample
 from .methods import METHODS
 
 TEXT_KEYS = ("input_ids", "attention_mask", "rows", "cols")
@@ -39,6 +44,9 @@ PROBE_PROMPT = "what is in the image?"
 depend on it)."""
 PROBE_SIDE = 224
 """The side of the grey photo those passes see when no image is given."""
+VIDEO_FPS = 2.0
+"""The rate a video is sampled at for a video processor that names none (``fps``): Qwen2-VL's reference
+(qwen-vl-utils' ``FPS``)."""
 
 
 def grey_photo() -> Image.Image:
@@ -74,7 +82,7 @@ class AnswerTarget:
 @dataclass
 class AnswerMap:
     """One method's map of one target: the score explained, the coarse per-token values (L,) before placing and
-    normalising, and the map on the photo, (H, W) in [0, 1]."""
+    normalising, and the map on the photo, (H, W) in [0, 1] (a video clip's: (T, H, W) over its frames)."""
 
     target: AnswerTarget
     method: str
@@ -118,6 +126,18 @@ class _Prompted(nn.Module):
         output = self.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **extra)
         logits: torch.Tensor = output.logits
         return logits
+
+
+@dataclass(frozen=True)
+class SampledClip:
+    """A video clip as a vision-language model is asked about it: ``frames`` (T, H, W, 3) uint8, sampled at
+    ``offsets`` of its ``span`` video frames (:func:`~gradcam_cli.models.clip_spec.sample_offsets`) of a video of
+    ``fps`` frames per second."""
+
+    frames: torch.Tensor
+    offsets: tuple[int, ...]
+    span: int
+    fps: float
 
 
 @dataclass(frozen=True)
@@ -229,6 +249,92 @@ class Prompter:
                 f"{self.layout.default_layer}"
             )
         return place(values, tiles, (image.height, image.width))
+
+    # --- a video (docs/video.md, "A vision-language model's answer") ---------------------------------------------
+
+    def video_refusal(self) -> str | None:
+        """Why the model answers no video, in one line (its family has no video path, its processor no video
+        processor); ``None`` where it does."""
+        if self.layout.video is None:
+            return (
+                f"{self.model.name} is a {self.layout.name} vision-language model: its processor takes images only "
+                f"(no video path), so it answers no question about a video; ask it about the video's frames as images"
+            )
+        if getattr(self.model.processor, "video_processor", None) is None:
+            return (
+                f"{self.model.name} has no video processor (video_preprocessor_config.json): it answers no question "
+                f"about a video; save the model's processor there with processor.save_pretrained(FOLDER)"
+            )
+        return None
+
+    def video_frames(self, frames: int, fps: float) -> int:
+        """How many frames the model sees of a video of ``frames`` frames at ``fps``, asked about as one clip: the
+        whole video sampled at the video processor's rate (``fps``, else :data:`VIDEO_FPS`), a multiple of its
+        ``temporal_patch_size`` frames (at least one patch, at most its ``max_frames``); which frames:
+        :func:`~gradcam_cli.models.clip_spec.sample_offsets`."""
+        video = self.model.processor.video_processor
+        rate = float(getattr(video, "fps", None) or VIDEO_FPS)
+        patch = int(getattr(video, "temporal_patch_size", None) or 1)
+        most = max(patch, int(getattr(video, "max_frames", None) or frames) // patch * patch)
+        step = ClipSpec(1, rate).step(fps)
+        wanted = math.ceil(max(1, round(frames / step)) / patch) * patch
+        return min(most, wanted)
+
+    def video_inputs(self, clip: SampledClip, prompt: str) -> dict[str, torch.Tensor]:
+        """The processor's tensors for the ``clip``'s sampled frames and the prompt in the chat template (a
+        ``video`` part in place of the image), on the model's device; the processor samples no frames again, and
+        is told which frames of the clip at which rate they are (its ``video_metadata``: Qwen2.5-VL's time
+        positions)."""
+        from transformers.video_utils import VideoMetadata
+
+        self.check_text("--prompt", prompt)
+        processor = self.model.processor
+        messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": prompt}]}]
+        text = processor.apply_chat_template(messages, add_generation_prompt=True)
+        options: dict[str, Any] = {"do_sample_frames": False}
+        if hasattr(processor.video_processor, "cap_pixels_per_frame"):
+            options["cap_pixels_per_frame"] = True  # the reference's per-frame pixel budget
+        height, width = (int(side) for side in clip.frames.shape[1:3])
+        metadata = VideoMetadata(clip.span, clip.fps, width, height, frames_indices=list(clip.offsets))
+        frames = clip.frames.cpu().numpy()
+        encoded = processor(videos=[frames], video_metadata=[metadata], text=[text], return_tensors="pt", **options)
+        dtype = next(self.model.module.parameters()).dtype
+        return {
+            key: value.to(self.device, dtype if value.is_floating_point() else value.dtype)
+            for key, value in encoded.items()
+            if isinstance(value, torch.Tensor)
+        }
+
+    def video_grid(self, values: torch.Tensor, inputs: Mapping[str, torch.Tensor], layer: str) -> torch.Tensor:
+        """``layer``'s per-token ``values`` (L,) of a video, in the layer's order, as the (t, h, w) grid of its
+        tokens (time first, :data:`~gradcam_cli.models.token_layouts.VideoGrid`)."""
+        config = self.model.module.config
+        assert self.layout.video is not None
+        if self.layout.order is not None:
+            row_major = torch.empty_like(values)
+            row_major[self.layout.order(config, inputs).to(values.device)] = values
+            values = row_major
+        grid = self.layout.video(config, inputs)
+        if math.prod(grid) != values.shape[0]:
+            raise UsageError(
+                f"--layer {layer} outputs {values.shape[0]} tokens, not the {math.prod(grid)} of the video's token "
+                f"grid ({self.layout.name}); choose a layer with that layout, such as {self.layout.default_layer}"
+            )
+        return values.reshape(grid)
+
+    def place_video(
+        self, values: torch.Tensor, inputs: Mapping[str, torch.Tensor], span: int, layer: str
+    ) -> torch.Tensor:
+        """``layer``'s per-token ``values`` of a video on its ``span`` video frames at the processor's pixels:
+        (span, H, W), resized trilinearly from the (t, h, w) grid (linearly in time: each temporal patch centred on
+        its sampled frames), not normalised."""
+        grid = self.video_grid(values, inputs, layer)
+        module: Any = self.model.module
+        vision = module.config.vision_config
+        merge = int(getattr(vision, "spatial_merge_size", 1))
+        patch = int(getattr(vision, "patch_size", 1))
+        size = (span, grid.shape[1] * merge * patch, grid.shape[2] * merge * patch)
+        return upsample(grid[None].float(), size)[0]
 
     def answer_logprob(self, image: Image.Image, prompt: str, answer: Sequence[int]) -> float:
         """The answer's teacher-forced log-probability for ``image`` (no gradient, no hook)."""

@@ -16,6 +16,7 @@ import copy
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,13 +31,12 @@ from ..models.labels import resolve_target
 from ..models.loading import LoadedModel, load_for_run
 from ..options import SCORE_NAMES, TOP_K, ExplainOptions, ModelOptions
 from .attention.discovery import AttentionModel, attention_for, head_settings, with_heads
-from .explainer_input import CallContext, Chosen, ExplainKeywords, explain_options, explained_model
-from .layers import DryPasses, LayerInfo, forget_tokens, reads_tokens, resolve_layer
+from .explainer_input import CallContext, Chosen, ExplainKeywords, explain_options, explained_model, layer_names
+from .layers import DryPasses, forget_tokens, reads_tokens, resolve_layer
 from .maps import pad_to_region
 from .masked_scores import ProgressCallback
-from .methods import METHODS, resolve_methods
 from .methods.needs import ATTENTION_NEEDS
-from .methods.registry import check_maps
+from .methods.registry import METHODS, check_maps, resolve_methods
 from .passes import MethodInputs, ViewPass
 from .perturbation import check_perturbation, perturbation_settings
 from .precision import autocast, check_precision, full_precision, to_float32
@@ -62,8 +62,8 @@ class Explainer:
     :class:`ExplainOptions` (:mod:`gradcam_cli.cam.explainer_input`; ``options`` holds it either way). An explainer
     is not changed once built: ``with_options`` and ``folded`` make others; what differs per call is its argument.
     ``dry_passes``: where the dry pass below is kept and found (:class:`~gradcam_cli.cam.layers.DryPasses`).
-    ``layers``: dotted module names; ``None`` picks the last spatial layer. Several layers fuse into one map per
-    method: the mean of the per-layer maps, each normalised to [0, 1], normalised again.
+    ``layers``: dotted module names; ``None`` picks the last spatial layer (RefineCAM alone: :func:`layer_names`).
+    Several layers fuse into one map per method: the mean (RefineCAM: product) of the normalised maps, normalised.
     ``methods``: names from ``METHODS``, or ``all`` (every method that serves the model's task); they share one
     forward pass and one backward pass per target. Methods that read no layer (RISE, occlusion) need none: with only
     them, no layer is chosen, and a model without spatial layers is explained too. ``perturbation``: their settings
@@ -131,9 +131,12 @@ class Explainer:
                 f"--aug-smooth is for classifiers: a {self.adapter.noun}'s targets in a flipped or rescaled view are "
                 "other pixels and boxes; run without it"
             )
-        self.chosen = replace(chosen, layers=self._layer_names(infos, names, chosen.methods))  # what options came to
+        choose = partial(self.adapter.chosen_layers, model, infos, names, self.tokens)
+        self.chosen = replace(
+            chosen, layers=layer_names(choose, model.module, infos, names, chosen.methods, self.adapter.method)
+        )
         check_ranks(self.chosen.methods, infos, self.chosen.layers, model.input_spec, options.aug_smooth)
-        layers = resolved or {name: resolve_layer(model.module, name) for name in self.chosen.layers}
+        layers = {name: resolved.get(name) or resolve_layer(model.module, name) for name in self.chosen.layers}
         self.network: tuple[nn.Module, Mapping[str, nn.Module]] = (model.module, layers)
         """The module each pass runs and its explained layers (:meth:`folded`: a copy with batch norms folded)."""
         self.context = CallContext(progress=progress)  # what a call passes with when it is given none
@@ -144,7 +147,7 @@ class Explainer:
         model, adapter = self.model, self.adapter
         taken = [name for name, method in METHODS.items() if adapter.takes(name, method.tasks, model.module)]
         methods = resolve_methods(list(options.methods), adapter.methods_of, taken, adapter.noun)
-        wanted = [name for name in methods if METHODS[name].needs in ATTENTION_NEEDS]
+        wanted = [name for name in methods if adapter.method(name).needs in ATTENTION_NEEDS]
         attention, methods, left_out = attention_for(model, methods, wanted, options.methods)
         methods, need_target = untargeted_methods(model, options, methods, adapter.takes_targets)
         attention = with_heads(attention, options.attention_heads, methods)
@@ -157,12 +160,6 @@ class Explainer:
         target = resolve_target(model, target) if isinstance(target, str) else target
         top_k = TOP_K if options.top_k is None else options.top_k
         return Chosen(tuple(methods), tuple(left_out), tuple(need_target), (), target, top_k, precision), attention
-
-    def _layer_names(self, infos: list[LayerInfo], names: list[str], methods: Sequence[str]) -> tuple[str, ...]:
-        """The layers explained: ``names``, else the default layer; none where no method reads a layer."""
-        if not names and not any(METHODS[method].uses_layer for method in methods):
-            return ()
-        return tuple(self.adapter.chosen_layers(self.model, infos, names, self.tokens))
 
     @classmethod
     def from_options(
@@ -196,9 +193,11 @@ class Explainer:
         those chosen here unless ``layers`` is among them."""
         options = replace(self.options, **({"layers": self.chosen.layers} | changes))
         progress, precision = progress or self.context.progress, self.chosen.precision
-        if module is None:  # the same model: its dry pass is kept
-            return Explainer(self.model, options, precision=precision, progress=progress, dry_passes=self.dry_passes)
-        return Explainer(replace(self.model, module=module), options, precision=precision, progress=progress)
+        model, passes = (self.model, self.dry_passes) if module is None else (replace(self.model, module=module), None)
+        twin = Explainer(model, options, precision=precision, progress=progress, dry_passes=passes)
+        kept = options.layers if "layers" not in changes and options.layers else twin.chosen.layers  # not widened
+        network = (twin.network[0], {name: twin.network[1][name] for name in kept})
+        return twin._copy(chosen=replace(twin.chosen, layers=kept), network=network)
 
     @property
     def settings(self) -> dict[str, object]:
@@ -224,7 +223,7 @@ class Explainer:
         same maps to float32 rounding; where a method reads every layer (FullGrad) or the model does not trace, this
         explainer itself. This one and its model are left as they are."""
         copied = None
-        if not any(METHODS[method].reads_every_layer for method in self.chosen.methods):
+        if not any(self.adapter.method(method).reads_every_layer for method in self.chosen.methods):
             copied = fold_batch_norms(self.model.module, list(self.chosen.layers))
         try:
             layers = {name: copied.get_submodule(name) for name in self.chosen.layers} if copied is not None else None
@@ -334,8 +333,8 @@ class Explainer:
             extras = MethodInputs(
                 view, self.options.score_batch_size, context.progress, self.options.perturbation, seed
             )
-            need_gradients = any(METHODS[method].uses_gradients for method in methods)
-            keep_graph = any(METHODS[method].keeps_graph for method in methods)
+            need_gradients = any(self.adapter.method(method).uses_gradients for method in methods)
+            keep_graph = any(self.adapter.method(method).keeps_graph for method in methods)
             cams: Cams = {method: [] for method in methods}
             for k in range(targets.count):
                 gradients: dict[str, torch.Tensor | None] = dict.fromkeys(names)
@@ -347,7 +346,7 @@ class Explainer:
                         raw_gradients = capture.gradients(score, retain_graph=keep_graph or k < targets.count - 1)
                         gradients = {n: layout(n, g) for n, g in raw_gradients.items()}
                 for name in methods:
-                    method = METHODS[name]
+                    method = self.adapter.method(name)
                     if method.class_agnostic and k > 0:
                         cams[name].append(cams[name][0])
                         continue

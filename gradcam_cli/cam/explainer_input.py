@@ -17,7 +17,9 @@ from ..models.tasks import parse_task, task_facts
 from ..options import DEFAULT_METHOD, TASK_NAMES, ExplainOptions, PerturbationOptions
 from ..targets import TargetSpec
 from .engine import LayerCapture
+from .layers import LayerInfo, stage_layers
 from .masked_scores import ProgressCallback
+from .methods.registry import CamMethod, stages_of
 
 CaptureFactory = Callable[[nn.Module, Mapping[str, nn.Module]], LayerCapture]
 """What hooks the layers for one pass: :class:`LayerCapture` itself, or another kind of capture."""
@@ -123,3 +125,21 @@ def explained_model(
     if bare:
         model = model.with_detector_input()
     return model, unshown and not model.profile.detector
+
+
+def layer_names(
+    choose: Callable[[], list[str]],
+    module: nn.Module,
+    infos: list[LayerInfo],
+    names: list[str],
+    methods: Sequence[str],
+    method_of: Callable[[str], CamMethod[Any]],
+) -> tuple[str, ...]:
+    """The layers an explainer explains: ``names``, else the default layer (both as ``choose`` gives them: its task
+    adapter's ``chosen_layers``); from one, the model's last stages ending at it where the methods reading layers
+    read those (RefineCAM alone: :func:`~gradcam_cli.cam.methods.registry.stages_of`,
+    :func:`~gradcam_cli.cam.layers.stage_layers`); none where no method reads a layer (``method_of``: the task
+    adapter's registration of each method name)."""
+    if not names and not any(method_of(method).uses_layer for method in methods):
+        return ()
+    return stage_layers(module, infos, choose(), stages_of(methods))

@@ -164,6 +164,50 @@ def default_layer(model: nn.Module, infos: list[LayerInfo], scopes: Sequence[str
     return chosen.name
 
 
+def stage_layers(model: nn.Module, infos: list[LayerInfo], chosen: Sequence[str], count: int) -> tuple[str, ...]:
+    """The ``chosen`` layers; where that is one layer, ``last``, and ``count`` more than 1 (RefineCAM's:
+    :func:`~gradcam_cli.cam.methods.registry.stages_of`), up to ``count`` layers ending at it, the output of each of
+    the model's last stages, earliest first.
+    Walking back from ``last``, a stage ends where the grid is next finer: the layer with the shortest dotted name
+    (the outermost: ``layer3``, not ``layer4.0.bn1`` inside the next stage's first block) among those at the finer
+    grid that finish before any layer at the coarser grid does, the last of them where names are as short
+    (``features.29`` of a VGG). ResNets give ``layer1`` to ``layer4``; a model whose grid never changes (a ViT's
+    tokens) gives ``last`` alone. Pooling heads and axis permutations never count, as for :func:`default_layer`, nor
+    modules called more than once in a pass (a ReLU shared by a block's convolutions)."""
+    if len(chosen) != 1 or count < 2:
+        return tuple(chosen)
+    last = chosen[0]
+    modules = dict(model.named_modules())
+    pool = [
+        i
+        for i in infos
+        if i.is_candidate
+        and i.calls == 1
+        and not isinstance(modules[i.name], _HEAD_POOLING)
+        and type(modules[i.name]).__name__ not in _LAYOUT_ONLY
+    ]
+    stage = next((i for i in pool if i.name == last), None)
+    stages = [last]
+    while stage is not None and len(stages) < count:
+        positions = _positions(stage)
+        first = min(i.finished_at for i in pool if _positions(i) <= positions)
+        finer = [i for i in pool if i.finished_at < first and _positions(i) > positions]
+        if not finer:
+            break
+        grid = _grid(max(finer, key=lambda info: info.finished_at))
+        stage = min((i for i in finer if _grid(i) == grid), key=lambda info: (info.name.count("."), -info.finished_at))
+        stages.insert(0, stage.name)
+    return tuple(stages)
+
+
+def _grid(info: LayerInfo) -> tuple[int, ...]:
+    return info.layout.grid if info.layout is not None else ()
+
+
+def _positions(info: LayerInfo) -> int:
+    return info.layout.positions if info.layout is not None else 0
+
+
 def model_default_layer(model: LoadedModel, infos: list[LayerInfo], scopes: Sequence[str] = ()) -> str:
     """:func:`default_layer` for a loaded model, looking in ``scopes`` first (its task adapter's
     :attr:`~gradcam_cli.cam.tasks.TaskAdapter.layer_scopes`: a detector's or segmenter's backbone), and some of

@@ -7,6 +7,7 @@ bilinear or trilinear by that rank, normalisation is per sample over all of them
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -80,16 +81,32 @@ def upsample_region(maps: torch.Tensor, size: Sequence[int], region: Region = (1
     return sampled[:, 0]
 
 
-def to_image_maps(cams: Sequence[torch.Tensor], size: Sequence[int], region: Region = (1.0, 1.0)) -> torch.Tensor:
-    """Upsample and normalise one (N, h, w) CAM per layer (or (N, l), (N, t, h, w): any rank :func:`upsample`
-    takes); several layers fuse as the mean of normalised maps.
+Fusion = Literal["mean", "product"]
+"""How a method's maps of several layers make one map (:attr:`~gradcam_cli.cam.methods.registry.CamMethod.fusion`):
+``mean``, the mean of the per-layer maps (every method's); ``product``, their elementwise product (RefineCAM's).
+Either way each layer's map is first upsampled to the same size and normalised to [0, 1], and the fused map is
+normalised again (:func:`fuse`)."""
+FUSIONS: tuple[Fusion, ...] = ("mean", "product")
 
-    The fused map is normalised once more so that it, too, spans [0, 1]. ``region``: see :func:`upsample_region`.
-    """
-    per_layer = [normalise(upsample_region(cam, size, region)) for cam in cams]
+
+def fuse(per_layer: Sequence[torch.Tensor], fusion: Fusion = "mean") -> torch.Tensor:
+    """One map from (N, ...) maps of several layers, each already at the same size and normalised to [0, 1]: their
+    mean or product (:data:`Fusion`), normalised again; a single layer's map as it is."""
     if len(per_layer) == 1:
         return per_layer[0]
-    return normalise(torch.stack(per_layer).mean(dim=0))
+    stacked = torch.stack(list(per_layer))
+    return normalise(stacked.prod(dim=0) if fusion == "product" else stacked.mean(dim=0))
+
+
+def to_image_maps(
+    cams: Sequence[torch.Tensor], size: Sequence[int], region: Region = (1.0, 1.0), fusion: Fusion = "mean"
+) -> torch.Tensor:
+    """Upsample and normalise one (N, h, w) CAM per layer (or (N, l), (N, t, h, w): any rank :func:`upsample`
+    takes); several layers fuse at ``size`` as ``fusion`` says (:func:`fuse`: the mean of the normalised maps, or
+    their product), normalised once more so that the fused map, too, spans [0, 1]. ``region``: see
+    :func:`upsample_region`.
+    """
+    return fuse([normalise(upsample_region(cam, size, region)) for cam in cams], fusion)
 
 
 def pad_to_region(maps: torch.Tensor, region: Region = (1.0, 1.0)) -> torch.Tensor:

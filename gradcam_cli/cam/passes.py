@@ -17,6 +17,8 @@ a batch while its :class:`~gradcam_cli.cam.engine.LayerCapture` is open:
   masks' seed;
 - D-RISE: one :class:`~gradcam_cli.cam.drise.DetectionPasses` per view (masked inputs, no autograd) for every
   target, each target given its own :class:`~gradcam_cli.cam.drise.WeightedMasks`;
+- a DETR's ``attention``: each target's queries' cross-attention, recorded in the explained pass
+  (:class:`~gradcam_cli.cam.detr.Attended`);
 - the attention methods: the explained pass's :class:`~gradcam_cli.cam.attention.tokens.AttentionMaps`, with the
   target's gradients with respect to the probabilities for attn-grad (one more backward pass per target).
 
@@ -39,6 +41,7 @@ from ..options import PerturbationOptions
 from .ablation import AblatedScores
 from .attention.legrad import LEGRAD_LAYERS
 from .attention.tokens import AttentionMaps
+from .detr import Attended
 from .drise import DetectionPasses, Proposed, WeightedMasks
 from .engine import LayerCapture
 from .fullgrad import FullGradients, FullGradPass
@@ -56,6 +59,7 @@ from .methods.needs import (
     LAYER_SCORES,
     MASKED_PASSES,
     MASKED_SCORES,
+    QUERY_ATTENTION,
     SEED,
     Need,
 )
@@ -118,6 +122,7 @@ class MethodInputs:
             SEED: self._seed,
             MASKED_PASSES: self._masked_passes,
             DETECTION_PASSES: self._detection_passes,
+            QUERY_ATTENTION: self._query_attention,
             HESSIAN_PRODUCT: self._hessian_product,
             MASKED_SCORES: self._masked_scores,
             ABLATED_SCORES: self._ablated_scores,
@@ -171,6 +176,11 @@ class MethodInputs:
             self.batch_size,
             self.progress,
         )
+
+    def _query_attention(self, layer: str | None, k: int) -> torch.Tensor:
+        if not isinstance(self.targets, Attended):
+            raise UsageError("this method explains DETR-family detectors only")
+        return self.targets.attention(k)
 
     def _hessian_product(self, layer: str | None, k: int) -> torch.Tensor:
         assert layer is not None

@@ -13,7 +13,7 @@ geometry.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import torch
@@ -23,7 +23,7 @@ from torch import nn
 from ..models.profile import LoadedModel
 from ..options import ExplainOptions
 from ..targets import TargetSpec
-from .answers import AnswerExplanation, AnswerMap, AnswerTarget, AnswerToken
+from .answers import AnswerExplanation, AnswerMap, AnswerTarget, AnswerToken, SampledClip
 from .explainer_input import Chosen
 from .maps import normalise
 from .methods import METHODS
@@ -53,15 +53,53 @@ def explain_prompt(
     """Answer ``prompt`` about ``image`` (or take ``answer``), then map the answer, its tokens with ``per_token``
     and ``specs`` (``None``: the explainer's question's)."""
     score = answer_score(explainer)
-    question = score.question
-    per_token = question.per_token if per_token is None else per_token
-    specs = question.specs if specs is None else specs
     inputs = score.inputs(image, prompt)
+    layer = explainer.chosen.layer_label
+    return _explained(
+        explainer, inputs, lambda values: score.place(values, inputs, image, layer), prompt, answer, (per_token, specs)
+    )
+
+
+def explain_clip_prompt(
+    explainer: PromptedExplainer,
+    clip: SampledClip,
+    prompt: str,
+    answer: str | None = None,
+    per_token: bool | None = None,
+    specs: Sequence[TargetSpec] | None = None,
+) -> AnswerExplanation:
+    """Answer ``prompt`` about a video ``clip`` (or take ``answer``): its sampled frames through the processor's
+    video path; then map the answer as :func:`explain_prompt` does, each map (span, h, w) over the clip's video
+    frames at the processor's pixels (docs/video.md)."""
+    score = answer_score(explainer)
+    inputs = score.video_inputs(clip, prompt)
+    layer = explainer.chosen.layer_label
+    placer = lambda values: score.place_video(values, inputs, clip.span, layer)  # noqa: E731
+    return _explained(explainer, inputs, placer, prompt, answer, (per_token, specs))
+
+
+Placer = Callable[[torch.Tensor], torch.Tensor]
+"""The layer's per-token values (L,), in its order, placed on the input: an image's (H, W), a clip's (T, H, W)."""
+
+
+def _explained(
+    explainer: PromptedExplainer,
+    inputs: Mapping[str, torch.Tensor],
+    placer: Placer,
+    prompt: str,
+    answer: str | None,
+    asked: tuple[bool | None, Sequence[TargetSpec] | None],
+) -> AnswerExplanation:
+    """The answer (generated, or ``answer``) to the processor's ``inputs`` and its maps placed by ``placer``;
+    ``asked``: ``per_token`` and ``specs`` (``None``: the explainer's question's)."""
+    score = answer_score(explainer)
+    per_token = score.question.per_token if asked[0] is None else asked[0]
+    specs = score.question.specs if asked[1] is None else asked[1]
     ids = score.generate(inputs) if answer is None else score.encode(answer)
     if not ids:  # the model ended at once: an empty answer, nothing to map
         return AnswerExplanation(prompt, "", True, [], explainer.chosen.layer_label)
     targets = score.answer_targets(ids, per_token, specs)
-    return explain_answer(explainer, image, prompt, ids, answer is None, targets, inputs)
+    return _mapped(explainer, inputs, placer, prompt, (ids, answer is None), targets)
 
 
 def explain_answer(
@@ -76,20 +114,36 @@ def explain_answer(
     """Map ``targets`` of the answer ``ids`` (generated or given before: nothing is generated here)."""
     score = answer_score(explainer)
     inputs = score.inputs(image, prompt) if inputs is None else inputs
-    ids = [int(token) for token in ids]
+    layer = explainer.chosen.layer_label
+    placer = lambda values: score.place(values, inputs, image, layer)  # noqa: E731
+    return _mapped(explainer, inputs, placer, prompt, (ids, generated), targets)
+
+
+def _mapped(
+    explainer: PromptedExplainer,
+    inputs: Mapping[str, torch.Tensor],
+    placer: Placer,
+    prompt: str,
+    answer: tuple[Sequence[int], bool],
+    targets: Sequence[AnswerTarget],
+) -> AnswerExplanation:
+    """Map ``targets`` of the ``answer`` (its ids, whether generated) with the explainer's methods, each placed by
+    ``placer`` and normalised."""
+    score = answer_score(explainer)
+    ids = [int(token) for token in answer[0]]
     activations, gradients, logprobs = answer_gradients(explainer, inputs, ids, targets)
     decode = score.tokenizer.decode
     tokens = [AnswerToken(decode([t]), t, float(lp)) for t, lp in zip(ids, logprobs, strict=True)]
     text = decode(ids, skip_special_tokens=True).strip() or decode(ids).strip()  # special alone: shown
     layer = explainer.chosen.layer_label
-    result = AnswerExplanation(prompt, text, generated, tokens, layer)
+    result = AnswerExplanation(prompt, text, answer[1], tokens, layer)
     methods, flat = explainer.chosen.methods, _as_map(activations)
     cams = {m: [[_coarse(explainer, m, flat, _as_map(gradient))] for _, gradient in gradients] for m in methods}
     check_maps(cams, {layer: flat}, [layer], flat)  # a plugin's NaN or misshapen map: the image fails
     for k, (target, (value, _)) in enumerate(zip(targets, gradients, strict=True)):
         for method in methods:
             values = cams[method][k][0].reshape(-1)
-            placed = score.place(values, inputs, image, layer)
+            placed = placer(values)
             result.maps.append(AnswerMap(target, method, value, values, normalise(placed[None])[0]))
     return result
 

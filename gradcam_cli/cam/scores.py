@@ -32,6 +32,7 @@ from ..errors import UsageError
 from .finer import finer_scores
 from .logits import as_logits
 from .maps import Region, to_image_maps
+from .methods import METHODS
 from .results import TOP_PREDICTIONS, Explanation, ImageExplanation, Prediction
 
 if TYPE_CHECKING:
@@ -216,17 +217,26 @@ def explanations_of(
     mask: torch.Tensor | None = None,
 ) -> list[Explanation]:
     """Sample ``n``'s explanations of target ``k``, one per method of ``cams`` (in its order): the sample's maps of
-    every layer stretched over an image of ``size`` = (H, W) and fused (:func:`~gradcam_cli.cam.maps.to_image_maps`;
+    every layer stretched over an image of ``size`` = (H, W) and fused as the method fuses them (:func:`method_maps`;
     ``region``: the part of the maps that shows the image), each explaining ``target`` (a detection's ``rank``, a
     segmenter's ``mask``: the :class:`~gradcam_cli.cam.results.Explanation`'s ``rank`` and ``region``)."""
     return [
-        Explanation(method, target, _fused(per_k[k], n, size, region), rank=rank, region=mask)
+        Explanation(method, target, _fused(method, per_k[k], n, size, region), rank=rank, region=mask)
         for method, per_k in cams.items()
     ]
 
 
-def _fused(layers: Sequence[torch.Tensor], n: int, size: Sequence[int], region: Region) -> torch.Tensor:
-    return to_image_maps([cam[n : n + 1] for cam in layers], size, region)[0]
+def _fused(method: str, layers: Sequence[torch.Tensor], n: int, size: Sequence[int], region: Region) -> torch.Tensor:
+    return method_maps(method, [cam[n : n + 1] for cam in layers], size, region)[0]
+
+
+def method_maps(
+    method: str, layers: Sequence[torch.Tensor], size: Sequence[int], region: Region = (1.0, 1.0)
+) -> torch.Tensor:
+    """``method``'s coarse maps of each layer (``cams[method][k]``) as one map per sample at ``size``:
+    :func:`~gradcam_cli.cam.maps.to_image_maps` with the method's own fusion of several layers (its
+    :attr:`~gradcam_cli.cam.methods.registry.CamMethod.fusion`: RefineCAM's product, every other's mean)."""
+    return to_image_maps(layers, size, region, METHODS[method].fusion)
 
 
 class ChannelTargets:

@@ -32,7 +32,8 @@ from ..errors import UsageError
 from ..models.modes import model_state_preserved
 from ..models.tasks import describe_output
 from .explainer import Explainer
-from .maps import normalise, upsample
+from .maps import fuse, normalise, upsample
+from .methods import METHODS
 from .results import ImageExplanation, Prediction
 from .scores import Cams, ClassName, MaskedProbability, explanations_of, sum_or_none
 from .segmentation import BACKGROUND
@@ -314,12 +315,8 @@ def explain_volume(
     maps = {}
     for method in explainer.chosen.methods:
         per_layer = [normalise(means.pop((method, layer))) for layer in layers] if classes else []
-        maps[method] = _fused(per_layer) if per_layer else torch.zeros((0, *volume.shape[1:]))
+        maps[method] = fuse(per_layer, METHODS[method].fusion) if per_layer else torch.zeros((0, *volume.shape[1:]))
     return VolumeExplanation(classes, maps, shares, len(stitcher.slices), explainer.chosen.layers)
-
-
-def _fused(per_layer: list[torch.Tensor]) -> torch.Tensor:
-    return per_layer[0] if len(per_layer) == 1 else normalise(torch.stack(per_layer).mean(dim=0))
 
 
 def _window_regions(region: torch.Tensor | None, batch: list[Slices]) -> torch.Tensor | None:

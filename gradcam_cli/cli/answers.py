@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 PromptOpt = Annotated[
     str | None,
     typer.Option(
-        metavar="TEXT", help="Ask a vision-language model (hf:DIR) this about each image; map its answer (docs/vlm.md)."
+        metavar="TEXT",
+        help="Ask a vision-language model (hf:DIR) this about each image or video; map its answer (docs/vlm.md).",
     ),
 ]
 AnswerOpt = Annotated[
@@ -92,6 +93,13 @@ def check_question(question: AnswerOptions, explain: ExplainOptions, output: Out
         raise UsageError(f"{not_here[0]} does not apply to a --prompt's answer (docs/vlm.md lists what does)")
     if run.engine == "ray":
         raise UsageError(RAY_ANSWERS)
+    clips = {"--clip-stride": run.clip_stride is not None, "--fps": run.fps is not None, "--every": run.every != 1}
+    refused = [name for name, given in clips.items() if given]
+    if refused:
+        raise UsageError(
+            f"{refused[0]} does not apply to a --prompt's answer: a video is asked about whole, as one clip sampled at "
+            f"the model's processor's rate (docs/video.md)"
+        )
     if output.skip_existing and output.manifest is None and run.shard is None:
         raise UsageError("--skip-existing with --prompt needs --manifest: a kept answer and its maps are its rows")
 
@@ -107,8 +115,10 @@ def ask(command: Command) -> int:
     from ..cam.tasks.answer import ANSWER as adapter
     from ..pipeline.answers import answer_explainer
     from ..pipeline.session import Session
+    from ..pipeline.video import check_video_options
 
     images = _questioned(inputs, question, output.output_dir)
+    check_video_options(output, [image for image in images if image.video], clips=True)  # --save-raw: the clip's maps
     with Session(output, run, notify=reporter.info) as session:
         answerer = answer_explainer(model, explain)
         if not explain.layers:
@@ -166,6 +176,9 @@ def evaluate_answers(command: EvalCommand) -> int:
         raise UsageError(f"{not_here[0]} does not apply to a --prompt's answer (docs/vlm.md: deletion and insertion)")
     adapter.check_question(explain)
     images = _questioned(command.inputs, question, None)
+    videos = [image for image in images if image.video]
+    if videos:
+        raise UsageError(f"gradcam eval --prompt measures an answer about an image; {videos[0].path} is a video")
     answerer = answer_explainer(command.model_options, explain)
     if not explain.layers:
         reporter.info(adapter.layer_note(answerer.model, answerer.layer_label))

@@ -17,11 +17,11 @@ import typer
 
 from ..errors import EXIT_IMAGE_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, GradcamError, describe, path_error
 from ..io.display import displayable
+from .layer_notes import layers_notes
 
 if TYPE_CHECKING:
     from ..cam.explainer import Explainer
     from ..cam.records import Record
-    from ..cam.tasks import TaskAdapter
     from ..pipeline.session import Counts
 
 
@@ -133,17 +133,10 @@ def run_reported(reporter: Reporter, run: Callable[[], int]) -> None:
     raise typer.Exit(code)
 
 
-def default_layer_reason(adapter: TaskAdapter, declared: bool = False) -> str:
-    """Why the default layer was chosen, as the 'using layer' message says it (``declared``: the model's own, a YOLO
-    detector's head inputs)."""
-    kind = "the feature maps entering the head" if declared else adapter.default_layer
-    return f"{kind}; choose with --layer"
-
-
 def explainer_notes(reporter: Reporter, explainer: Explainer, layers_given: bool) -> None:
     """What ``gradcam`` and ``gradcam eval`` say once the explainer is built: RISE or occlusion settings that take
-    long, the methods left out for this model (or for lack of a target), and (``layers_given`` false) the layer
-    chosen and why."""
+    long, the methods left out for this model (or for lack of a target), and the layers chosen and why
+    (:func:`~gradcam_cli.cli.layer_notes.layers_notes`)."""
     if (warning := passes_warning(explainer)) is not None:
         reporter.info(warning)
     if explainer.chosen.left_out:
@@ -152,9 +145,8 @@ def explainer_notes(reporter: Reporter, explainer: Explainer, layers_given: bool
         from ..cam.untargeted import left_out_for_target
 
         reporter.info(left_out_for_target(explainer.model, explainer.chosen.need_target))
-    if not layers_given and explainer.chosen.layers:  # RISE, occlusion alone: no layer
-        reason = default_layer_reason(explainer.adapter, bool(explainer.model.default_layers))
-        reporter.info(f"using layer {explainer.layer_label} ({reason})")
+    for note in layers_notes(explainer, layers_given):
+        reporter.info(note)
 
 
 def left_out_note(methods: Sequence[str]) -> str:

@@ -18,7 +18,8 @@ from ..errors import EXIT_OK, UsageError, describe
 from ..options import DEFAULT_METHOD, AnswerOptions, ExplainOptions, ModelOptions, ServeOptions
 from . import answers, params
 from .input_size import InputSizeOpt
-from .reporting import Reporter, default_layer_reason, run_reported
+from .layer_notes import default_layer_reason
+from .reporting import Reporter, run_reported
 
 if TYPE_CHECKING:
     from ..io.discovery import InputImage

@@ -28,9 +28,9 @@ from typing import Any
 import torch
 
 from ..cam.explainer import Explainer
-from ..cam.maps import Region, to_image_maps
+from ..cam.maps import Region
 from ..cam.results import ImageExplanation
-from ..cam.scores import Cams, Refound
+from ..cam.scores import Cams, Refound, method_maps
 from ..models.modes import model_state_preserved
 from ..options import EvalOptions
 from . import metrics
@@ -57,7 +57,7 @@ def detection_figures(
         return {method: [] for method in cams}
     size = (int(inputs.shape[-2]), int(inputs.shape[-1]))
     maps = {
-        (method, k): to_image_maps([cam[:1] for cam in cams[method][k]], size, region)[0]
+        (method, k): method_maps(method, [cam[:1] for cam in cams[method][k]], size, region)[0]
         for method in cams
         for k in range(len(result.predictions))
     }

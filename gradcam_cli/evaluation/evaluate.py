@@ -15,9 +15,8 @@ from typing import Any
 import torch
 
 from ..cam.explainer import Explainer
-from ..cam.maps import to_image_maps
 from ..cam.results import Prediction
-from ..cam.scores import Cams, Measured
+from ..cam.scores import Cams, Measured, method_maps
 from ..cam.untargeted import NoTargetScore, ask_for_target
 from ..errors import UsageError
 from ..io.boxes import GroundTruthBox
@@ -183,10 +182,10 @@ class Evaluator:
         """One method's figures on one image: faithfulness (randomcam's averaged over its draws), faithfulness
         correlation, sparseness, stability, and its maps' agreement through the cascade."""
         input_size = tuple(inputs.shape[2:])  # (H, W) of an image, (T, H, W) of a clip
-        maps = {method: to_image_maps(cams[method][0], input_size)[0]}
+        maps = {method: method_maps(method, cams[method][0], input_size)[0]}
         if method == "randomcam":  # the floor: its figures averaged over several draws
             for d, cam in enumerate(random_draws(cams, inputs, self.seed), 1):
-                maps[f"randomcam#{d}"] = to_image_maps(cam, input_size)[0]
+                maps[f"randomcam#{d}"] = method_maps(method, cam, input_size)[0]
         scores = self._perturbation_scores(inputs[0], target, maps, read)
         scored = partial(self._probabilities, read=read)
         drops = partial(correlation_drops, inputs[0], target.probability, self.options, scored)
@@ -202,10 +201,10 @@ class Evaluator:
         if self.redraw is not None and method in self.redraw.chosen.methods:  # a random method's agreement with itself
             random = tuple(m for m in group if m in self.redraw.chosen.methods)
             redrawn = self._cams(self.explainer, random, inputs, target.index, sanity_seed(self.seed, 0))
-            result.sanity_redraw = metrics.spearman(saliency, to_image_maps(redrawn[method][0], input_size)[0])
+            result.sanity_redraw = metrics.spearman(saliency, method_maps(method, redrawn[method][0], input_size)[0])
         for stage, randomised in enumerate(self.randomised, 1):  # fresh masks and noise: never the trained model's
             random_cams = self._cams(randomised, group, inputs, target.index, sanity_seed(self.seed, stage))
-            result.sanity.append(metrics.spearman(saliency, to_image_maps(random_cams[method][0], input_size)[0]))
+            result.sanity.append(metrics.spearman(saliency, method_maps(method, random_cams[method][0], input_size)[0]))
         result.extra = self._extras.measure(inputs, target, (method, group), saliency, scores[method])
         return result
 
@@ -232,7 +231,7 @@ class Evaluator:
             ("stability", self._groups[method]), partial(group.compute, noisy, target, 1)
         )
         kept = (probabilities.argmax(dim=1) == target).nonzero().flatten().tolist()
-        noisy_maps = to_image_maps(cams[method][0], tuple(inputs.shape[2:]))
+        noisy_maps = method_maps(method, cams[method][0], tuple(inputs.shape[2:]))
         return [metrics.relative_change(saliency, noisy_maps[i]) for i in kept]
 
     def _perturbation_scores(
@@ -335,7 +334,7 @@ class Evaluator:
                     ("class", self._groups[method], class_index), partial(part.compute, inputs, class_index, 1)
                 )
                 explained = self.explainer.prediction(class_index, float(probabilities[0, class_index]))
-            saliency = to_image_maps(group_cams[method][0], size)[0]
+            saliency = method_maps(method, group_cams[method][0], size)[0]
             scores.boxes.append(
                 BoxScore(
                     label,

@@ -9,9 +9,8 @@ from collections.abc import Callable
 import torch
 
 from ..cam.explainer import Explainer
-from ..cam.maps import to_image_maps
 from ..cam.results import Prediction
-from ..cam.scores import Cams
+from ..cam.scores import Cams, method_maps
 from ..errors import UsageError
 from ..options import EvalOptions
 from . import metrics, road
@@ -86,7 +85,7 @@ class ExtraFigures:
         if self.randomised is not None:
             size = tuple(inputs.shape[2:])
             cams = self._cams(self.randomised, group, inputs, target.index, sanity_seed(self.seed, MPRT_STAGE))
-            out["emprt"] = metrics.efficient_mprt(saliency, to_image_maps(cams[method][0], size)[0])
+            out["emprt"] = metrics.efficient_mprt(saliency, method_maps(method, cams[method][0], size)[0])
             trained = self._smoothed(self.explainer, group, inputs, target.index, self.seed)[method]
             noise = self._smoothed(self.randomised, group, inputs, target.index, sanity_seed(self.seed, MPRT_STAGE))
             out["smprt"] = metrics.smooth_mprt(trained, noise[method])
@@ -101,7 +100,7 @@ class ExtraFigures:
         part = self._part(self.explainer, (method,))
         seed = sanity_seed(self.seed, 0)  # a random method's fresh draw, as the sanity check's redraw
         cams = self._once(("arcc", method), lambda: part.compute_targets(masked, target.index, 1, seed=seed)[1])
-        remapped = to_image_maps(cams[method][0], tuple(inputs.shape[2:]))[0]
+        remapped = method_maps(method, cams[method][0], tuple(inputs.shape[2:]))[0]
         at = [road.ROAD_FRACTIONS.index(fraction) for fraction in metrics.ARCC_FRACTIONS]
         road_score = road.combined([scores.road_morf[i] for i in at], [scores.road_lerf[i] for i in at])
         complexity = float(saliency.detach().double().abs().mean())
@@ -121,7 +120,7 @@ class ExtraFigures:
         other = other_class(target.index, self._classes, self.options.seed + target.index)
         part = self._part(self.explainer, group)
         _, _, cams = self._once(("class", group, other), lambda: part.compute(inputs, other, 1))
-        return metrics.ssim(saliency, to_image_maps(cams[method][0], tuple(inputs.shape[2:]))[0])
+        return metrics.ssim(saliency, method_maps(method, cams[method][0], tuple(inputs.shape[2:]))[0])
 
     def _smoothed(
         self, explainer: Explainer, group: tuple[str, ...], inputs: torch.Tensor, target: int, seed: int
@@ -136,7 +135,7 @@ class ExtraFigures:
             for start in range(0, len(copies), step):
                 _, _, cams = part.compute(copies[start : start + step], target, 1, seed=seed)
                 for method in group:
-                    maps[method].append(to_image_maps(cams[method][0], size))
+                    maps[method].append(method_maps(method, cams[method][0], size))
             return {method: torch.cat(stack) for method, stack in maps.items()}
 
         return self._once(("smoothed", id(explainer), group, target), work)

@@ -42,15 +42,20 @@ class InputImage:
 
     @property
     def kind(self) -> InputKind:
-        """A prompted image, a video (a file, by its suffix, or a folder of frames), a scan (channel files, or a
-        NIfTI, ``.npy`` or DICOM folder path), or an image."""
+        """A prompted image (or video: a vision-language model's), a video (a file, by its suffix, or a folder of
+        frames), a scan (channel files, or a NIfTI, ``.npy`` or DICOM folder path), or an image."""
         if self.prompt is not None:
             return InputKind.PROMPTED
         if self.frames:
             return InputKind.VIDEO
         if self.channels or self.path.is_dir() or self.path.name.lower().endswith(VOLUME_SUFFIXES):
             return InputKind.VOLUME
-        return InputKind.VIDEO if self.path.suffix.lower() in VIDEO_SUFFIXES else InputKind.IMAGE
+        return InputKind.VIDEO if self.video else InputKind.IMAGE
+
+    @property
+    def video(self) -> bool:
+        """A video: a folder of frames, or a file with a video suffix."""
+        return self.frames or self.path.suffix.lower() in VIDEO_SUFFIXES
 
 
 def discover(

@@ -64,9 +64,14 @@ def opened_video(path: Path, fps: float | None = None) -> Iterator[tuple[Any, fl
 def network_frame(frame: np.ndarray, size: tuple[int, int], spec: InputSpec) -> tuple[np.ndarray, torch.Tensor]:
     """A decoded BGR frame's RGB pixels at ``size`` (width, height: the video's first frame's; a frame of another
     size is resized to it) and its network input, as ``spec`` says (resized whole and normalised)."""
+    rgb = rgb_frame(frame, size)
+    return rgb, to_input_tensor(Image.fromarray(rgb), spec)
+
+
+def rgb_frame(frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """A decoded BGR frame's RGB pixels at ``size`` (width, height; a frame of another size is resized to it)."""
     import cv2
 
     if (frame.shape[1], frame.shape[0]) != size:
         frame = cv2.resize(frame, size, interpolation=cv2.INTER_AREA)
-    rgb = np.ascontiguousarray(frame[:, :, ::-1])
-    return rgb, to_input_tensor(Image.fromarray(rgb), spec)
+    return np.ascontiguousarray(frame[:, :, ::-1])

@@ -129,6 +129,13 @@ def video_output_path(output_dir: Path, video: InputImage, method: str, label: s
     return output_dir / stem.parent / f"{stem.name}_{slug(method)}_{label}.mp4"
 
 
+def answer_video_path(output_dir: Path, video: InputImage, method: str, label: str) -> Path:
+    """A vision-language answer's overlay video about ``video``: ``<stem>_<method>_<label slug>.mp4``, labelled as
+    :func:`answer_path` labels an image's (``answer``, ``token2-cat``...)."""
+    stem = video.output_stem
+    return output_dir / stem.parent / f"{answer_name(stem.name, method, label)}.mp4"
+
+
 CURVE_TAIL = "_curve.png"
 """How a video model's temporal importance plot's name ends."""
 

@@ -14,7 +14,9 @@ settings and what it returned for the photo:
   aspect, padded evenly), row-major; the language model then drops the padding's tokens, which the map never shows.
 - Qwen2-VL and Qwen2.5-VL (``qwen2_vl``, ``qwen2_5_vl``): the vision merger's output, one token per 2 x 2 patches
   of the photo resized whole to multiples of 28 (dynamic resolution): a (h / 2) x (w / 2) grid over the whole photo
-  for an ``image_grid_thw`` of (1, h, w).
+  for an ``image_grid_thw`` of (1, h, w). A video (the processor's video path) is t x (h / 2) x (w / 2) tokens,
+  time first, for a ``video_grid_thw`` of (t, h, w): each of the t a temporal patch of ``temporal_patch_size``
+  sampled frames (:func:`qwen2_vl_video_grid`).
   Qwen2.5-VL's merger sees the tokens window by window (``window_size`` pixels square), and its output is put
   back in row-major order only after it: :func:`qwen2_5_vl_order`.
 - Idefics3 and SmolVLM (``idefics3``, ``smolvlm``): the connector's output, one grid per tile (pixel-shuffled
@@ -39,18 +41,23 @@ Tiler = Callable[[Any, Any, Mapping[str, torch.Tensor], tuple[int, int], int], l
 Order = Callable[[Any, Mapping[str, torch.Tensor]], torch.Tensor]
 """``order(config, inputs)``: for the layer's tokens in another order than the tiles' (Qwen2.5-VL's windows), the
 row-major token each of them is."""
+VideoGrid = Callable[[Any, Mapping[str, torch.Tensor]], tuple[int, int, int]]
+"""``grid(config, inputs)``: the (t, h, w) grid of a video's tokens at the layer, time first, for the processor's
+video tensors in ``inputs`` (a family with a video path: Qwen2-VL's ``video_grid_thw``)."""
 
 
 @dataclass(frozen=True)
 class TokenLayout:
     """One family's layout: its name, its default layer (a module name) and what that layer is, its
-    :data:`Tiler` and, where the layer's tokens come in another order than the tiles', its :data:`Order`."""
+    :data:`Tiler`, where the layer's tokens come in another order than the tiles', its :data:`Order`, and for a
+    family whose processor takes videos, its :data:`VideoGrid` (``None``: it answers about images only)."""
 
     name: str
     default_layer: str
     layer_description: str
     tiles: Tiler
     order: Order | None = None
+    video: VideoGrid | None = None
 
 
 def _resized(size: Mapping[str, int], height: float, width: float) -> tuple[float, float]:
@@ -137,13 +144,23 @@ def qwen2_vl_tiles(
     return [Tile(0, rows // merge, cols // merge, (0.0, 0.0, float(size[1]), float(size[0])))]
 
 
+def qwen2_vl_video_grid(config: Any, inputs: Mapping[str, torch.Tensor]) -> tuple[int, int, int]:
+    """Qwen2-VL's video tokens at the merger: (t, h / m, w / m) for a ``video_grid_thw`` of (t, h, w), time first
+    (m: the merge size, 2; each of the t a temporal patch of ``temporal_patch_size`` frames)."""
+    merge = int(getattr(config.vision_config, "spatial_merge_size", 2))
+    frames, rows, cols = (int(v) for v in inputs["video_grid_thw"][0])
+    return frames, rows // merge, cols // merge
+
+
 def qwen2_5_vl_order(config: Any, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """Qwen2.5-VL's window order: the row-major merged token that each merger output is (the merged grid cut into
-    windows of ``window_size // patch_size // merge`` tokens a side, row-major, each window row-major)."""
+    windows of ``window_size // patch_size // merge`` tokens a side, row-major, each window row-major; a video's
+    frames one after the other)."""
     vision = config.vision_config
     merge = int(vision.spatial_merge_size)
     side = int(vision.window_size) // merge // int(vision.patch_size)
-    frames, rows, cols = (int(v) for v in inputs["image_grid_thw"][0])
+    grid = inputs["image_grid_thw"] if "image_grid_thw" in inputs else inputs["video_grid_thw"]
+    frames, rows, cols = (int(v) for v in grid[0])
     rows, cols = rows // merge, cols // merge
     index = torch.arange(frames * rows * cols).reshape(frames, rows, cols)
     padded = torch.nn.functional.pad(index, (0, -cols % side, 0, -rows % side), value=-1)

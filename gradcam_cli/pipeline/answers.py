@@ -112,28 +112,8 @@ class AnswerRunner:
         for this question (and this ``--answer``) and every output this run would list exists; else ``None``."""
         if not self.output.skip_existing:
             return None
-        rows = [Record.from_dict(row) for row in self.earlier.get(str(image.path))]
-        if not rows or any(row.status not in ("ok", "skipped") or row.answer is None for row in rows):
-            return None
-        mapped = {row.method for row in rows if row.method is not None}
-        if mapped and mapped != set(self.explainer.chosen.methods):  # made with other --method: explained again
-            return None
-        given = self.question.answer
-        for row in rows:
-            assert row.answer is not None
-            if row.answer.prompt != image.prompt or row.answer.generated != (given is None):
-                return None
-            if given is not None and row.answer.text != given.strip():
-                return None
-            if row.method is not None and row.target is not None:
-                wanted = [os.path.abspath(path) for _, path in self._paths(image, row.method, row.target.name)]
-                if [os.path.abspath(path) for path in row.outputs] != wanted:
-                    return None
-            if not all(Path(path).is_file() for path in row.outputs):
-                return None
-        for row in rows:
-            row.status, row.error = "skipped", None
-        return rows
+        wanted = lambda method, label: [path for _, path in self._paths(image, method, label)]  # noqa: E731
+        return kept_answer(self.earlier, image, (self.explainer.chosen.methods, self.question.answer), wanted)
 
     def _paths(self, image: InputImage, method: str, label: str) -> list[tuple[str, Path]]:
         """(kind, path) of each file one map's row lists: its overlay, ``.npy``, heatmap, and the image's panel."""
@@ -204,6 +184,40 @@ class AnswerRunner:
     def _record(self, image: InputImage, status: str, **fields: Any) -> Record:
         model = self.explainer.model.name
         return Record(str(image.path), status, model, self.explainer.layer_label, **fields)
+
+
+def kept_answer(
+    earlier: EarlierRows,
+    item: InputImage,
+    asked: tuple[Sequence[str], str | None],
+    wanted: Callable[[str, str], list[Path]] | None = None,
+) -> list[Record] | None:
+    """The earlier rows of a prompted ``item`` (an image, a video) as ``skipped`` ones, when the manifest holds them
+    for its prompt, ``asked``'s methods and given answer (``None``: generated), and every output they list exists
+    (``wanted(method, label)``: the outputs this run would list for one map, where known before the answer); else
+    ``None``: it is answered again."""
+    methods, given = asked
+    rows = [Record.from_dict(row) for row in earlier.get(str(item.path))]
+    if not rows or any(row.status not in ("ok", "skipped") or row.answer is None for row in rows):
+        return None
+    mapped = {row.method for row in rows if row.method is not None}
+    if mapped and mapped != set(methods):  # made with other --method: explained again
+        return None
+    for row in rows:
+        assert row.answer is not None
+        if row.answer.prompt != item.prompt or row.answer.generated != (given is None):
+            return None
+        if given is not None and row.answer.text != given.strip():
+            return None
+        if wanted is not None and row.method is not None and row.target is not None:
+            expected = [os.path.abspath(path) for path in wanted(row.method, row.target.name)]
+            if [os.path.abspath(path) for path in row.outputs] != expected:
+                return None
+        if not all(Path(path).is_file() for path in row.outputs):
+            return None
+    for row in rows:
+        row.status, row.error = "skipped", None
+    return rows
 
 
 def named(image: InputImage, message: str) -> str:

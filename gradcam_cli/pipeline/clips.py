@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from ..cam.explainer import Explainer
-from ..cam.records import ClipInfo, Record
+from ..cam.records import Answer, ClipInfo, Record
 from ..cam.results import Explanation, Prediction
 from ..drift.fingerprint import map_fingerprint
 from ..errors import GradcamError, ImageError, describe
@@ -67,24 +67,29 @@ class _Frame:
 
 
 @dataclass
-class _ClipDone:
+class ClipDone:
     """One explained clip: its predictions and, per output video, its target, its :class:`ClipInfo`, its map's
     fingerprint and its raw map's path (with ``--save-raw``)."""
 
     predictions: list[Prediction]
     maps: list[tuple[Prediction, ClipInfo, dict[str, Any], Path | None]]
+    answer: Answer | None = None
+    """A vision-language model's answer about the clip
+    (:class:`~gradcam_cli.pipeline.answer_clips.AnswerClipRunner`), and the method of each map."""
+    methods: list[str] = field(default_factory=list)
 
 
 @dataclass
-class _Video:
+class VideoState:
     """Running state of one video."""
 
     fps: float
     span: int
     outputs: list[Path]
+    temporaries: list[Path] = field(default_factory=list)  # where each overlay video is written until it is done
     writers: list[Any] = field(default_factory=list)
     waiting: deque[_Frame] = field(default_factory=deque)
-    clips: list[_ClipDone] = field(default_factory=list)
+    clips: list[ClipDone] = field(default_factory=list)
     held: list[torch.Tensor | None] = field(default_factory=list)
     first_overlays: list[torch.Tensor] = field(default_factory=list)
     raws: list[Path] = field(default_factory=list)
@@ -137,13 +142,13 @@ class ClipRunner:
             return [self._record(video, "skipped")]
         pid = os.getpid()  # the temporary names are UTF-8, which OpenCV needs, whatever the output's name
         temporaries = [path.with_name(opencv_name(f".{path.name}{TEMP_MARKER}{pid}.mp4")) for path in paths]
-        written: list[Path] = []  # the raw maps and gallery files written so far, removed unless the video is done
+        raws: list[Path] = []  # the raw maps (and gallery files) written so far, removed unless the video is done
         done = False
         try:
-            state = self._explain_video(video, paths, temporaries, on_frame, written)
+            state = self._explain_video(video, VideoState(0.0, 0, paths, temporaries, raws=raws), on_frame)
             if state.written == 0:
                 raise ImageError(f"{video.path}: {NO_FRAMES}")
-            self._finish(state, outputs, temporaries, written)
+            self._finish(state, outputs, temporaries)
             done = True
         except ImageError as error:
             return [self._error(video, str(error))]
@@ -152,15 +157,13 @@ class ClipRunner:
         except Exception as error:  # one unexplainable video (a failing writer, a full disk) must not end the run
             return [self._error(video, f"{video.path}: {describe(error, video.path)}")]
         finally:
-            for path in temporaries if done else [*temporaries, *written]:
+            for path in temporaries if done else [*temporaries, *raws]:
                 path.unlink(missing_ok=True)
         return self._rows(video, state, outputs, round(time.perf_counter() - started, 4))
 
-    def _finish(
-        self, state: _Video, outputs: Sequence[tuple[str, Path]], temporaries: Sequence[Path], written: list[Path]
-    ) -> None:
+    def _finish(self, state: VideoState, outputs: Sequence[tuple[str, Path]], temporaries: Sequence[Path]) -> None:
         """Put the overlay videos in place, write their temporal importance plots and the gallery's files of each
-        (:func:`~gradcam_cli.render.gallery.save_video_card`, added to ``written``)."""
+        (:func:`~gradcam_cli.render.gallery.save_video_card`, added to ``state.raws``: removed if the video fails)."""
         for temporary, (_, path) in zip(temporaries, outputs, strict=True):
             os.replace(temporary, path)
         for place, (method, path) in enumerate(outputs):
@@ -168,33 +171,30 @@ class ClipRunner:
             write_curve(infos, state.fps, f"{path.stem}: {method}", clip_curve_path(path))
         if self.output.report:
             for overlay, (_, path) in zip(state.first_overlays, outputs, strict=True):
-                save_video_card(overlay, path, self.output.output_dir, written)
+                save_video_card(overlay, path, self.output.output_dir, state.raws)
 
     # --- reading and scheduling -------------------------------------------------------------------------------------
 
-    def _explain_video(
-        self,
-        video: InputImage,
-        outputs: list[Path],
-        temporaries: list[Path],
-        on_frame: Callable[[], Any] | None,
-        raws: list[Path],
-    ) -> _Video:
+    def _explain_video(self, video: InputImage, state: VideoState, on_frame: Callable[[], Any] | None) -> VideoState:
+        """Read, explain and write ``video`` into ``state`` (its outputs, temporaries and raw maps so far)."""
         with opened_video(video.path, self.fps) as (capture, fps):
-            state = _Video(fps, self.clip.span(fps), outputs, held=[None] * len(outputs), raws=raws)
+            state.fps, state.span, state.held = fps, self._span(fps), [None] * len(state.outputs)
             try:
                 with closing(read_ahead(capture, self._preparer(state))) as decoded:  # its thread ends before release
-                    self._stream(state, decoded, temporaries, on_frame)
+                    self._stream(state, decoded, on_frame)
             finally:
                 for writer in state.writers:
                     writer.release()
         return state
 
+    def _span(self, fps: float) -> int:
+        """The video frames one clip covers, for a video of ``fps`` frames per second."""
+        return self.clip.span(fps)
+
     def _stream(
         self,
-        state: _Video,
+        state: VideoState,
         decoded: Iterator[tuple[np.ndarray, torch.Tensor]],
-        temporaries: list[Path],
         on_frame: Callable[[], Any] | None,
     ) -> None:
         """Explain each clip as soon as its frames are in (a batch of them at a time), and write each frame once no
@@ -205,8 +205,6 @@ class ClipRunner:
         for rgb, tensor in decoded:
             state.waiting.append(_Frame(state.seen, rgb, tensor, [None] * len(state.outputs)))
             state.seen += 1
-            if state.seen == 1:
-                self._open_writers(state, temporaries)
             while next_start + state.span <= state.seen:
                 pending.append(next_start)
                 next_start += stride
@@ -220,7 +218,7 @@ class ClipRunner:
             self._explain_clips(state, [max(0, state.seen - state.span)])
         self._release(state, state.seen, on_frame)
 
-    def _preparer(self, state: _Video) -> Callable[[np.ndarray], tuple[np.ndarray, torch.Tensor]]:
+    def _preparer(self, state: VideoState) -> Callable[[np.ndarray], tuple[np.ndarray, torch.Tensor]]:
         """What the decoding thread does to each BGR frame: its RGB pixels (at the first frame's size) and its
         network input."""
         spec = self.explainer.model.input_spec
@@ -232,11 +230,13 @@ class ClipRunner:
 
         return prepare
 
-    def _open_writers(self, state: _Video, temporaries: Sequence[Path]) -> None:
+    def _open_writers(self, state: VideoState) -> None:
+        """Open each overlay video's writer at its temporary path (before the first frame is written: the outputs
+        are known once the first clip is explained)."""
         import cv2
 
         assert state.size is not None
-        for temporary in temporaries:
+        for temporary in state.temporaries:
             temporary.parent.mkdir(parents=True, exist_ok=True)
             writer = cv2.VideoWriter(str(temporary), cv2.VideoWriter.fourcc(*FOURCC), state.fps, state.size)
             state.writers.append(writer)
@@ -245,7 +245,7 @@ class ClipRunner:
 
     # --- explaining ---------------------------------------------------------------------------------------------------
 
-    def _explain_clips(self, state: _Video, starts: Sequence[int]) -> None:
+    def _explain_clips(self, state: VideoState, starts: Sequence[int]) -> None:
         """Explain the clips starting at ``starts`` in one batch; add their maps to the frames they cover."""
         by_index = {frame.index: frame for frame in state.waiting}
         last = state.seen - 1
@@ -262,11 +262,11 @@ class ClipRunner:
             maps = [self._clip_map(state, start, end, place, explanation) for place, (explanation, _) in pairs]
             for frame in state.waiting:
                 frame.count += start <= frame.index < end
-            state.clips.append(_ClipDone(result.predictions, maps))
+            state.clips.append(ClipDone(result.predictions, maps))
             state.covered = max(state.covered, end)
 
     def _clip_map(
-        self, state: _Video, start: int, end: int, output: int, explanation: Explanation
+        self, state: VideoState, start: int, end: int, output: int, explanation: Explanation
     ) -> tuple[Prediction, ClipInfo, dict[str, Any], Path | None]:
         """The ``output``-th map of the clip of video frames ``start`` to ``end``: added to its frames; its shares,
         fingerprint and raw file."""
@@ -291,9 +291,11 @@ class ClipRunner:
 
     # --- writing ------------------------------------------------------------------------------------------------------
 
-    def _release(self, state: _Video, until: int, on_frame: Callable[[], Any] | None) -> None:
+    def _release(self, state: VideoState, until: int, on_frame: Callable[[], Any] | None) -> None:
         """Write every waiting frame before ``until`` (no clip yet to come covers them) to each overlay video."""
         while state.waiting and state.waiting[0].index < until:
+            if state.written == 0 and not state.writers:
+                self._open_writers(state)
             frame = state.waiting.popleft()
             pixels = torch.from_numpy(frame.rgb)
             height, width = frame.rgb.shape[:2]
@@ -313,7 +315,7 @@ class ClipRunner:
                 on_frame()
 
     def _rows(
-        self, video: InputImage, state: _Video, outputs: Sequence[tuple[str, Path]], seconds: float
+        self, video: InputImage, state: VideoState, outputs: Sequence[tuple[str, Path]], seconds: float
     ) -> list[Record]:
         """One row per clip, target and method: the clip's predictions, the map's target, its overlay video, plot
         and raw map, its :class:`ClipInfo` and fingerprint (``seconds``: the whole video's, reading to writing)."""
@@ -341,3 +343,14 @@ class ClipRunner:
 
     def _error(self, video: InputImage, message: str) -> Record:
         return self._record(video, "error", error=message)
+
+
+def frame_count(video: InputImage) -> int:
+    """A video's frames as its progress bar counts them (0: unknown)."""
+    from ..io.discovery import frame_files
+    from ..io.video import probe
+
+    try:
+        return len(frame_files(video.path)) if video.frames else probe(video.path).frames
+    except GradcamError:
+        return 0

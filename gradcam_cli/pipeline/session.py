@@ -48,7 +48,7 @@ from ..io.naming import INDEX_NAME, LOCK_NAME, MANIFEST_NAME, shard_lock_name, s
 from ..options import OutputOptions, RunOptions
 from ..render.colour import colormap_table
 from .batch import BatchRunner
-from .clips import ClipRunner
+from .clips import ClipRunner, frame_count
 from .resume import EarlierRows, check_run_record, run_record, write_run_record
 from .shards import ShardRecord, inputs_digest, select_shard, stored_path
 from .video import VideoRunner, check_video_model, video_runner
@@ -215,16 +215,9 @@ class Session:
                 for record in runner.run(images, on_image=tick, on_skipped=lambda: tick(skipped=True)):
                     yield self._keep(record)
         if videos:
-            from ..io.discovery import frame_files
-            from ..io.video import probe
-
             runner_of_videos = video_runner(explainer, self.output, self.run)
             for video in videos:
-                try:
-                    frames = len(frame_files(video.path)) if video.frames else probe(video.path).frames
-                except GradcamError:
-                    frames = 0
-                with progress(f"{video.path.name}: frames", frames) as tick:
+                with progress(f"{video.path.name}: frames", frame_count(video)) as tick:
                     records = runner_of_videos.run(video, on_frame=tick)
                     if self._rows_lost(runner_of_videos, video, records):  # explained again, as images are
                         again = replace(self.output, skip_existing=False)
@@ -234,23 +227,33 @@ class Session:
                             yield self._keep(row)
 
     def _prompted(
-        self, explainer: Explainer, images: Inputs, _videos: Inputs, progress: ProgressFactory
+        self, explainer: Explainer, inputs: Inputs, _videos: Inputs, progress: ProgressFactory
     ) -> Iterator[Record]:
-        """Every prompted image's answer and maps, through the :class:`~gradcam_cli.pipeline.answers.AnswerRunner`
-        (a prompted run has no videos)."""
+        """Every prompted image's answer and maps, through the :class:`~gradcam_cli.pipeline.answers.AnswerRunner`,
+        then every prompted video's, through the :class:`~gradcam_cli.pipeline.clips.AnswerClipRunner` (refused
+        first, in one line, for a model that answers no video)."""
+        from .answer_clips import AnswerClipRunner
         from .answers import RAY_ANSWERS, AnswerRunner
 
         if self.run.engine == "ray":
             raise UsageError(RAY_ANSWERS)
+        images = [item for item in inputs if not item.video]
+        videos = [item for item in inputs if item.video]
         runner = AnswerRunner(explainer, self.output, self.run, self.earlier)
+        clips = AnswerClipRunner(explainer, self.output, self.run, self.earlier) if videos else None
         if not self._started:
             self._begin(runner.run_record(), runner.provenance())
         if self.shard is not None:
-            images, _ = self._select_shard(images, ())
-        self._order += [row_key({"input": str(item.path)}) for item in images]
+            images, videos = self._select_shard(images, videos)
+        self._order += [row_key({"input": str(item.path)}) for item in [*images, *videos]]
         with progress("answering", len(images)) as tick:
             for record in runner.run_images(images, on_image=tick, on_skipped=lambda: tick(skipped=True)):
                 yield self._keep(record)
+        for video in videos:
+            assert clips is not None
+            with progress(f"{video.path.name}: frames", frame_count(video)) as tick:
+                for record in clips.run(video, on_frame=tick):
+                    yield self._keep(record)
 
     def _volumes(
         self, explainer: Explainer, others: Sequence[InputImage], scans: Sequence[InputImage], progress: ProgressFactory

@@ -96,7 +96,8 @@ class ModelService:
         self.methods = [
             name
             for name, m in METHODS.items()
-            if self.adapter.takes(name, m.tasks, self.model.module) and (attends or m.needs not in ATTENTION_NEEDS)
+            if self.adapter.takes(name, m.tasks, self.model.module)
+            and (attends or self.adapter.method(name).needs not in ATTENTION_NEEDS)  # a task's own: a DETR's attention
         ]
         self.answers = Answers.of(self, base)
         """A vision-language model's answers (:mod:`gradcam_cli.serve.answers`); ``None``: an image model's."""

@@ -33,8 +33,12 @@ HERE = Path(__file__).parents[1]
 PLUGIN_TASKS = {"keypoints": "task_plugins.keypoints"}
 """Tasks the tests' own plugins add (registered for their cases only)."""
 LIGHT = ["--rise-masks", "16", "--occlusion-window", "16", "--occlusion-stride", "16"]
+LIGHTER = {"detr": ["--rise-masks", "8", "--occlusion-window", "64", "--occlusion-stride", "64"]}
+"""Lighter settings where each masked pass is costly (a DETR decodes 100 queries per pass)."""
 SIZED = ["--input-size", "64"]
 """The image models' input size (a vision-language model's processor sizes the image: --input-size is refused)."""
+UNSIZED = {"answer", "detr"}
+"""Tasks whose models' processors size the image (--input-size is refused or not needed)."""
 SIZE = (80, 64)
 """The image's (W, H): the saved maps must have its shape."""
 
@@ -81,6 +85,14 @@ def _llava(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
     return ["-m", f"hf:{_MADE['llava']}", "--prompt", "what is the cat ?", "--answer", "a cat"]
 
 
+def _detr(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
+    if "detr" not in _MADE:  # the tiny random DETR of tests/detr_models.py, saved once
+        import detr_models
+
+        _MADE["detr"] = detr_models.save_detr(request.getfixturevalue("tmp_path_factory").mktemp("detr"))
+    return ["-m", f"hf:{_MADE['detr']}"]
+
+
 def _keypoints(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
     return ["-m", f"{HERE / 'task_plugins' / 'keypoints.py'}:build", "--task", "keypoints"]
 
@@ -98,6 +110,7 @@ EXAMPLES: dict[str, dict[str, Example]] = {
     "keypoints": {"heatmaps": _keypoints},
     "count": {"counter": _count},
     "answer": {"llava": _llava},
+    "detr": {"detr": _detr},
 }
 """Each task's examples: the command-line arguments that load a tiny model of it (and its targets)."""
 TRANSFORMER_EXAMPLES: dict[str, dict[str, Example]] = {"classify": {"vit": _vit}}
@@ -154,8 +167,8 @@ def test_each_method_explains_each_task_it_applies_to_on_the_command_line(
         square_image(SIZE, (20, 16, 52, 48)).save(image)
         out = tmp_path / "out"
         build = {**EXAMPLES[task], **TRANSFORMER_EXAMPLES.get(task, {})}[example]
-        sized = [] if task == "answer" else SIZED
-        args = [str(image), *build(tmp_path, request), *LIGHT, *sized, "--method", method]
+        sized = [] if task in UNSIZED else SIZED
+        args = [str(image), *build(tmp_path, request), *LIGHTER.get(task, LIGHT), *sized, "--method", method]
         args += ["-o", str(out), "--save-raw", "--manifest", str(out / "m.jsonl"), "--workers", "0"]
         result = CliRunner().invoke(app, args)
     finally:

@@ -125,6 +125,7 @@ def test_every_method_is_registered_with_formula_and_paper() -> None:
     newer += ("rollout", "attn-grad", "attention", "legrad")  # tests/methods/test_attention_methods.py
     newer += ("drise",)  # tests/methods/test_drise.py
     newer += ("segeigencam",)  # tests/methods/test_segeigencam.py
+    newer += ("refinecam",)  # tests/methods/test_refinecam.py
     own = {method.name: method for method in BUILTIN_METHODS}  # plugins' (tests/plugins) come after them in METHODS
     methods = {
         name: method for name, method in own.items() if name not in newer

@@ -1,15 +1,15 @@
 """The Grad-CAM family: methods that weigh a layer's activations A by the gradient g = dS/dA of the target's
 score, from the one backward pass per target they share (Grad-CAM, Grad-CAM++, XGrad-CAM, HiResCAM, LayerCAM,
-Eigen-Grad-CAM, Grad-CAM element-wise, and Seg-Eigen-CAM for segmenters). Each is a pure function (N, C, h, w) ->
-(N, h, w), formula and paper in its docstring, and takes a grid of any rank alike ((N, C, l), (N, C, t, h, w)):
-sums and means over i, j are over every position of the grid."""
+Eigen-Grad-CAM, Grad-CAM element-wise, RefineCAM over several layers, and Seg-Eigen-CAM for segmenters). Each is a
+pure function (N, C, h, w) -> (N, h, w), formula and paper in its docstring, and takes a grid of any rank alike
+((N, C, l), (N, C, t, h, w)): sums and means over i, j are over every position of the grid."""
 
 from __future__ import annotations
 
 import torch
 
 from ..smoothing import combine, first_component, spatial_dims
-from .registry import ANY_RANK, SEGMENT, CamMethod
+from .registry import ANY_RANK, CLASSIFY, SEGMENT, CamMethod
 
 
 def _spatial_sum(tensor: torch.Tensor) -> torch.Tensor:
@@ -104,6 +104,24 @@ def gradcam_elementwise(
     return combine(torch.relu(gradients * activations), eigen_smooth)
 
 
+def refinecam(activations: torch.Tensor, gradients: torch.Tensor, *, eigen_smooth: bool = False) -> torch.Tensor:
+    """RefineCAM (Domeniconi et al., "How to Evaluate and Refine your CAM", ICPR 2026, arXiv:2605.14641): one
+    layer's part, Grad-CAM++ (:func:`gradcam_plus_plus`, Eq. 19 as there); the layers' maps fuse by their product.
+
+    M_l = Grad-CAM++ map of layer l;  L = N(prod_l N(Up(N(M_l)))), N: min-max normalisation to [0, 1], Up: bilinear
+    upsampling to the input's pixels; l: the layers given, or (one or none given) the model's last 4 stages
+    (:func:`~gradcam_cli.cam.layers.stage_layers`). A position counts only where every layer's map is high: the
+    coarse last stage says where, the finer stages sharpen it, and the noise of an early layer's map is cut away
+    where the later stages are low.
+
+    The product is the registration's ``fusion`` (:func:`gradcam_cli.cam.maps.fuse`), done where every method's
+    maps of several layers fuse. Grad-CAM++ is the base method of the authors' code and of pytorch-grad-cam's and
+    torchcam's ``RefineCAM`` (which take any other as ``base_method``; here it is Grad-CAM++ alone). The choices and
+    where the peers differ are in docs/methods.md (RefineCAM).
+    """
+    return gradcam_plus_plus(activations, gradients, eigen_smooth=eigen_smooth)
+
+
 def segeigencam(activations: torch.Tensor, gradients: torch.Tensor, *, eigen_smooth: bool = False) -> torch.Tensor:
     """Seg-Eigen-CAM (Chung & Ying, "Seg-Eigen-CAM: Eigen-Value-Based Visual Explanations for Semantic Segmentation
     Models", Applied Sciences 15(13), 7562, 2025), for segmenters: Eigen-CAM of the gradient-weighted activations.
@@ -188,6 +206,17 @@ GRADCAM_ELEMENTWISE = CamMethod(
     formula="ReLU(sum_k ReLU(g^k ⊙ A^k))",
     paper="pytorch-grad-cam's GradCAMElementWise, after Selvaraju et al. 2017",
     cost="one backward pass",
+)
+
+REFINECAM = CamMethod(
+    "refinecam",
+    refinecam,
+    tasks=CLASSIFY,
+    fusion="product",
+    stages=4,
+    formula="prod_l Up(Grad-CAM++ of layer l), each normalised; l: the last 4 stages ([RefineCAM](#refinecam))",
+    paper="Domeniconi et al., ICPR 2026",
+    cost="one backward pass, to the earliest of its layers",
 )
 
 SEGEIGENCAM = CamMethod(

@@ -67,6 +67,9 @@ MASKED_PASSES: Need[MaskedPasses] = Need("masked passes", uses_model=True, shows
 DETECTION_PASSES: Need[WeightedMasks] = Need("detection passes", uses_model=True, shows_progress=True)
 """D-RISE: a target's masks weighted by how similar each masked input's detections are to it (:class:`WeightedMasks`;
 one set of passes for every detection of the batch, :class:`~gradcam_cli.cam.drise.DetectionPasses`)."""
+QUERY_ATTENTION: Need[torch.Tensor] = Need("query attention")
+"""A DETR-family detector's ``attention``: each target's (N, h, w) cross-attention over the image, recorded in the
+explained pass (:class:`~gradcam_cli.cam.detr.Attended`)."""
 
 ATTENTION_MAPS: Need[AttentionMaps] = Need("attention maps", reads_every_layer=True)
 """rollout and attention: the explained pass's attention probabilities, every layer's
@@ -90,6 +93,7 @@ NEEDS: tuple[Need[object], ...] = (
     SEED,
     MASKED_PASSES,
     DETECTION_PASSES,
+    QUERY_ATTENTION,
     *ATTENTION_NEEDS,
 )
 """Every kind of extra input, each built by :mod:`gradcam_cli.cam.passes`."""

@@ -20,6 +20,7 @@ from ...errors import UsageError, suggest
 from ...models.tasks import NOUNS
 from ...options import ALL_METHODS, TASK_NAMES
 from ...registry import METHODS_GROUP, Registry
+from ..maps import Fusion
 from .needs import Need
 
 if TYPE_CHECKING:
@@ -58,12 +59,17 @@ class LayerMapWith(Protocol[E_contra]):
 
 class MethodRow(TypedDict, total=False):
     """A method's row of the table in docs/methods.md: its formula, its paper and its cost (each text), and the
-    spatial ranks of the maps its formula is defined for (its ``grids`` column; default :data:`IMAGE_MAPS`)."""
+    spatial ranks of the maps its formula is defined for (its ``grids`` column; default :data:`IMAGE_MAPS`); and
+    what its formula says of several layers: how their maps make one (``fusion``, default ``mean``:
+    :data:`~gradcam_cli.cam.maps.Fusion`) and how many of the model's last stages it reads where it is given one
+    layer or none (``stages``, default 1: that layer alone; :func:`~gradcam_cli.cam.layers.stage_layers`)."""
 
     formula: str
     paper: str
     cost: str
     ranks: tuple[int, ...]
+    fusion: Fusion
+    stages: int
 
 
 class CamMethod(Generic[E]):
@@ -79,7 +85,10 @@ class CamMethod(Generic[E]):
     table in docs/methods.md (:func:`gradcam_cli.cam.methods.table.methods_table`); ``ranks``: the numbers of spatial
     dimensions of the maps its formula is defined for (:data:`IMAGE_MAPS`, the default: 2-D only; :data:`ANY_RANK`),
     the table's ``grids``; a layer (or, for a method that reads none, an input) of another rank is refused before any
-    work (:func:`gradcam_cli.cam.ranks.check_ranks`)."""
+    work (:func:`gradcam_cli.cam.ranks.check_ranks`). ``fusion``: how its maps of several layers make one
+    (:data:`~gradcam_cli.cam.maps.Fusion`: ``mean``, every method's but RefineCAM's ``product``); ``stages``: how
+    many of the model's last stages it reads where it is given one layer or none and is the only method reading
+    layers in the run (:meth:`Explainer <gradcam_cli.cam.explainer.Explainer>`; 1, the default: that layer alone)."""
 
     @overload
     def __init__(
@@ -134,6 +143,8 @@ class CamMethod(Generic[E]):
         self.needs_target = needs_target
         self.formula, self.paper, self.cost = row.get("formula", ""), row.get("paper", ""), row.get("cost", "")
         self.ranks = row.get("ranks", IMAGE_MAPS)
+        self.fusion: Fusion = row.get("fusion", "mean")
+        self.stages = row.get("stages", 1)
 
     def __repr__(self) -> str:
         return f"CamMethod({self.name!r}, needs={self.needs!r})"
@@ -220,6 +231,13 @@ def _check_map(name: str, layer: str | None, cam: torch.Tensor, reference: torch
     if not bool(torch.isfinite(cam).all()):
         kind = "NaN" if bool(torch.isnan(cam).any()) else "infinite"
         raise MapError(f"--method {name} returned {kind} values{where}, not a map")
+
+
+def stages_of(methods: Collection[str]) -> int:
+    """How many of the model's last stages ``methods`` read from one layer: the :attr:`CamMethod.stages` of those
+    reading layers where they all say the same (RefineCAM's 4 where it is alone), else 1 (that layer alone)."""
+    stages = {METHODS[name].stages for name in methods if METHODS[name].uses_layer}
+    return stages.pop() if len(stages) == 1 else 1
 
 
 def resolve_methods(names: Sequence[str], task: str, also: Collection[str] = (), noun: str | None = None) -> list[str]:

@@ -1,7 +1,7 @@
 """Task adapters (:mod:`.base`): one module per task, registered in :data:`TASKS` in this order (the first adapter
 that claims a model explains it)."""
 
-from . import answer, classify, detect, segment, yolo  # noqa: F401  (each registers its adapter)
+from . import answer, classify, detect, detr, segment, yolo  # noqa: F401  (each registers its adapter)
 from .base import (
     TASKS,
     Explained,

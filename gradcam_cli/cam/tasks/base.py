@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ...io.boxes import GroundTruthBox
     from ...models.loading import LoadedModel
     from ...targets import TargetSpec
+    from ..methods.registry import CamMethod
     from ..results import Explanation, ImageExplanation, Prediction
     from ..scores import Score
 
@@ -89,6 +90,9 @@ class TaskAdapter:
     """The built-in task whose method list this one takes (:attr:`CamMethod.tasks`), unless :meth:`takes` says."""
     default_layer = "last spatial layer"
     """Which layer is explained when none is chosen, as the 'using layer' message says it."""
+    declared_layer = "the feature maps entering the head"
+    """What the layers a model declares its default (``ModelProfile.default_layers``: a YOLO detector's head inputs)
+    are, as the 'using layer' message says it."""
     layer_scopes: tuple[str, ...] = ()
     """Where its model's default layer is looked for first, in turn (a detector's or segmenter's backbone:
     :data:`gradcam_cli.models.tasks.LAYER_SCOPES`); empty: the whole model
@@ -279,6 +283,13 @@ class TaskAdapter:
     def pass_settings(self, score: Score) -> AbstractContextManager[None]:
         """What the explained pass and its extra passes run under (default: nothing)."""
         return nullcontext()
+
+    def method(self, name: str) -> CamMethod[Any]:
+        """The method ``--method name`` runs on this task's models: the registry's (default), or the task's own of
+        that name (a DETR's ``attention``: its queries' cross-attention)."""
+        from ..methods import METHODS
+
+        return METHODS[name]
 
     def serve_target(self) -> bool:
         """Whether ``gradcam serve`` resolves a class to explain for a request (a ranked task explains them all)."""

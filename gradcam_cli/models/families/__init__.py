@@ -14,6 +14,7 @@ family          ``--model``                             module
 ``nnunet``      ``nnunet:DIR``, an nnU-Net v2 model folder :mod:`~gradcam_cli.models.families.nnunet`
 ``monai-bundle`` ``bundle:DIR``, a MONAI bundle folder  :mod:`~gradcam_cli.models.families.monai_bundle`
 ``monai``       ``monai:UNet?in_channels=1&...``        :mod:`~gradcam_cli.models.families.monai_net`
+``hf-detr``     ``hf:DIR`` of a DETR-family detector    :mod:`~gradcam_cli.models.families.hf_detr`
 =============== ======================================= =================================================
 
 Third-party packages add families through the ``gradcam_cli.families`` entry-point group: an entry point names a
@@ -30,6 +31,7 @@ from ...registry import FAMILIES_GROUP, Registry
 from .base import Family
 from .custom import Custom
 from .hf import HuggingFace
+from .hf_detr import HuggingFaceDetector
 from .lite0 import Lite0
 from .monai_bundle import MonaiBundle
 from .monai_net import MonaiNetwork
@@ -65,6 +67,7 @@ for _family in (
     NnUNet(),
     MonaiBundle(),
     MonaiNetwork(),
+    HuggingFaceDetector(),
 ):
     FAMILIES.register(_family.name, _family)
 

@@ -39,9 +39,16 @@ LLAVA_NEXT = TokenLayout(
     _PROJECTOR + "each frame's patch tokens (the whole photo, then its tiles) as the language model receives them",
     layouts.llava_next_tiles,
 )
-QWEN2_VL = TokenLayout("qwen2-vl", "model.visual.merger", _MERGER, layouts.qwen2_vl_tiles)
+QWEN2_VL = TokenLayout(
+    "qwen2-vl", "model.visual.merger", _MERGER, layouts.qwen2_vl_tiles, video=layouts.qwen2_vl_video_grid
+)
 QWEN2_5_VL = TokenLayout(
-    "qwen2.5-vl", "model.visual.merger", _MERGER + ", in window order", layouts.qwen2_vl_tiles, layouts.qwen2_5_vl_order
+    "qwen2.5-vl",
+    "model.visual.merger",
+    _MERGER + ", in window order",
+    layouts.qwen2_vl_tiles,
+    layouts.qwen2_5_vl_order,
+    layouts.qwen2_vl_video_grid,
 )
 IDEFICS3 = TokenLayout(
     "idefics3",
@@ -68,11 +75,11 @@ def vlm_model_type(model: str) -> str | None:
     """The ``model_type`` of ``hf:DIR`` (or of a hub id in the local cache) when its configuration is a
     vision-language model's (a ``text_config`` and a ``vision_config`` and no CLIP-style ``projection_dim``), else
     ``None``; read from ``config.json`` alone, never downloaded."""
-    config_file = _config_file(model)
-    if config_file is None:
+    found = config_file(model)
+    if found is None:
         return None
     try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
+        config = json.loads(found.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(config, dict) or "text_config" not in config or "vision_config" not in config:
@@ -82,7 +89,7 @@ def vlm_model_type(model: str) -> str | None:
     return str(config.get("model_type", "unknown"))
 
 
-def _config_file(model: str) -> Path | None:
+def config_file(model: str) -> Path | None:
     """``hf:DIR``'s ``config.json``, or a hub id's in the local cache (no look-up on the network); else ``None``."""
     if not model.startswith(HF_PREFIX):
         return None
