@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -68,12 +69,19 @@ def test_every_problem_of_an_hf_folder_is_named_with_prompt_as_without(image, tm
         (text, 2, "is a llama model"),
         ("someone/text-model", 2, "is a llama model"),
     ]
-    for folder, code, prompted in cases:
-        plain = run(image, "--model", f"hf:{folder}", "-o", tmp_path / "out", env=offline)
-        asked = run(image, "--model", f"hf:{folder}", "--prompt", "what is it?", "-o", tmp_path / "out", env=offline)
+    # Two runs at a time (the test only waits on them), each with an output folder of its own (a run holds its
+    # folder's lock). Without --prompt only the folders refused whatever is asked: the two that load answer.
+    asked_args = [[image, "--model", f"hf:{folder}", "--prompt", "what is it?"] for folder, *_ in cases]
+    plain_args = [[image, "--model", f"hf:{folder}"] for folder, _, p in cases if p is None]
+    every = [[*args, "-o", tmp_path / f"out{i}"] for i, args in enumerate(asked_args + plain_args)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda args: run(*args, env=offline), every))
+    plains = iter(results[len(cases) :])
+    for (folder, code, prompted), asked in zip(cases, results, strict=False):
         assert asked.returncode == code, asked.stderr
         assert "is a hf model" not in asked.stderr and len(asked.stderr.splitlines()) == 1
         if prompted is None:
+            plain = next(plains)
             assert (plain.returncode, asked.stderr) == (code, plain.stderr)
         else:
             assert asked.stderr == (
