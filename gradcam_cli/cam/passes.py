@@ -255,11 +255,11 @@ class MethodInputs:
             raise ValueError("the attention methods need the model's attention watched")
         probabilities = self._self_attention(self.capture.attention_maps())
         length = probabilities[0].shape[-1]
-        layout = infer_layout((1, length, 1), tuple(self.inputs.shape[-2:]), attention.prefix)
+        layout = infer_layout((1, length, 1), tuple(self.inputs.shape[2:]), attention.prefix)
         if layout is None or layout.prefix != attention.prefix:
             raise UsageError(f"the attention's {length} tokens make no patch grid on this input")
         grads = None if k is None else self._attention_gradients(self.capture, self.targets, k)
-        grid = (layout.height, layout.width)
+        grid = layout.grid
         return AttentionMaps(probabilities, grads, attention.prefix, attention.class_token, grid, attention.heads)
 
     @staticmethod

@@ -18,7 +18,9 @@ A site's ``kind`` says how its probabilities (N, heads, L, L) are read as the mo
 
 Windowed attention (Swin: timm's ``WindowAttention``, torchvision's ``ShiftedWindowAttention``, Hugging Face's
 ``SwinAttention``) attends within windows, never over the one token sequence the methods need: such a model is
-refused with one line. So is a model with no attention module at all (a CNN).
+refused with one line. So is a model with no attention module at all (a CNN), and TimeSformer's divided space-time
+attention (a config's ``attention_type`` ``divided_space_time``): each block attends over time, then over space, and
+rollout's product of one L x L matrix per layer, the formula for joint attention, does not hold for it.
 
 Prefix tokens (class, distillation, register tokens) come from the model, never a guess: the loaded model's own
 count (timm's ``num_prefix_tokens``, a Hugging Face model's token parameters, a CLIP tower's class embedding:
@@ -160,6 +162,12 @@ def attention_model(model: nn.Module, name: str, known_prefix: int | None, metho
         raise UsageError(
             f"--method {method} needs global self-attention over one token sequence; {name} attends within windows "
             "(Swin); use a layer method such as gradcam"
+        )
+    if getattr(getattr(model, "config", None), "attention_type", None) == "divided_space_time":
+        raise UsageError(
+            f"--method {method} needs joint attention over one token sequence; {name} divides each block's "
+            "attention into time then space (TimeSformer), for which the rollout formula does not hold; "
+            "use a layer method such as gradcam"
         )
     sites = attention_sites(model)
     if not sites:

@@ -12,18 +12,19 @@ import torch
 class AttentionMaps:
     """One pass's attention, as the methods take it.
 
-    ``probabilities``: each layer's A_l (N, heads, L, L), first layer first (row i: how token i attends);
-    ``gradients``: dS/dA_l for the target's score S, where a method needs them (else ``None``); ``prefix``: the P
-    tokens before the patches (class, distillation, register tokens); ``class_token``: whether token 0 is a class
-    token; ``grid``: the (h, w) patches, token ``P + r * w + c`` at row r, column c; ``heads``: how rollout and
-    the ``attention`` method fuse a layer's heads (:data:`HEAD_FUSIONS`, ``--attention-heads``).
+        ``probabilities``: each layer's A_l (N, heads, L, L), first layer first (row i: how token i attends);
+        ``gradients``: dS/dA_l for the target's score S, where a method needs them (else ``None``); ``prefix``: the P
+        tokens before the patches (class, distillation, register tokens); ``class_token``: whether token 0 is a class
+        token; ``grid``: the (h, w) patches, token ``P + r * w + c`` at row r, column c, or a clip's (t, h, w) tubelets,
+    time slowest (token ``P + (f * h + r) * w + c``); ``heads``: how rollout and
+        the ``attention`` method fuse a layer's heads (:data:`HEAD_FUSIONS`, ``--attention-heads``).
     """
 
     probabilities: Sequence[torch.Tensor]
     gradients: Sequence[torch.Tensor] | None
     prefix: int
     class_token: bool
-    grid: tuple[int, int]
+    grid: tuple[int, ...]
     heads: str = "mean"
 
 
@@ -44,13 +45,12 @@ def fuse_heads(attention: torch.Tensor, fusion: str) -> torch.Tensor:
 
 
 def patch_map(relevance: torch.Tensor, maps: AttentionMaps) -> torch.Tensor:
-    """(N, L, L) token relevance -> (N, h, w): the class token's row over the patch columns, R[0, P:]; without a
-    class token (global average pooling), the mean over the patch rows, mean_{i >= P} R[i, P:]. Prefix columns
-    (distillation and register tokens) are dropped, never shown."""
-    height, width = maps.grid
+    """(N, L, L) token relevance -> (N, h, w), or (N, t, h, w) on a clip's grid: the class token's row over the patch
+    columns, R[0, P:]; without a class token (global average pooling), the mean over the patch rows,
+    mean_{i >= P} R[i, P:]. Prefix columns (distillation and register tokens) are dropped, never shown."""
     columns = relevance[:, :, maps.prefix :]
     rows = columns[:, 0] if maps.class_token else columns[:, maps.prefix :].mean(dim=1)
-    return rows.reshape(relevance.shape[0], height, width)
+    return rows.reshape(relevance.shape[0], *maps.grid)
 
 
 def identity_like(attention: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,10 @@ from ..attention.tokens import AttentionMaps
 from .needs import ATTENTION_GRADIENTS, ATTENTION_MAPS, LAYER_SCORES
 from .registry import CLASSIFY, CamMethod
 
+IMAGES_AND_CLIPS: tuple[int, ...] = (2, 3)
+"""The ranks of rollout and attn-grad: an image ViT's (h, w) patches and a video transformer's joint space-time
+(t, h, w) tubelets (docs/video.md); their formulas never look at the grid, only at the token sequence."""
+
 
 def attention_rollout(
     activations: torch.Tensor | None,
@@ -76,6 +80,7 @@ ROLLOUT = CamMethod(
     formula="R[0, P:], R = Ã_L ... Ã_1, Ã_l = 0.5 mean_heads(A_l) + 0.5 I ([Attention methods](#attention-methods))",
     paper="Abnar & Zuidema, ACL 2020",
     cost="none (class-agnostic), transformers only",
+    ranks=IMAGES_AND_CLIPS,
 )
 ATTN_GRAD = CamMethod(
     "attn-grad",
@@ -87,6 +92,7 @@ ATTN_GRAD = CamMethod(
     formula="R[0, P:], R <- R + mean_heads(ReLU(∂S/∂A_l ⊙ A_l)) R from R = I",
     paper="Chefer, Gur & Wolf, ICCV 2021",
     cost="one backward pass to the first attention layer, transformers only",
+    ranks=IMAGES_AND_CLIPS,
 )
 ATTENTION = CamMethod(
     "attention",
