@@ -48,27 +48,7 @@ def save_detr(folder: Path) -> Path:
     """A DETR (softmax classes, 10 queries, 3 classes) in ``folder``."""
     from transformers import DetrConfig, DetrForObjectDetection, DetrImageProcessor
 
-    torch.manual_seed(0)
-    config = DetrConfig(
-        use_timm_backbone=False,
-        backbone_config=_backbone("detr", ["stage4"]),
-        use_pretrained_backbone=False,
-        d_model=16,
-        encoder_layers=1,
-        decoder_layers=2,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-        num_queries=10,
-        id2label=dict(enumerate(CLASSES)),
-        label2id={name: i for i, name in enumerate(CLASSES)},
-    )
-    model = DetrForObjectDetection(config).eval()
-    _spread_heads(model, 1)
-    model.save_pretrained(folder)
-    DetrImageProcessor(size={"shortest_edge": SIZE, "longest_edge": 192}).save_pretrained(folder)
-    return folder
+    return _save_detr_like(folder, DetrConfig, DetrForObjectDetection, DetrImageProcessor, ["stage4"])
 
 
 def save_conditional_detr(folder: Path) -> Path:
