@@ -53,3 +53,17 @@ def square_image(
     image = Image.new("RGB", size, (128, 128, 128))
     image.paste(rgb, box)
     return image
+
+
+class OneChannel(nn.Module):
+    """A tiny 1-channel classifier of 8 x 8 inputs (3 classes): with one channel, Quantus' features are our pixels
+    (tests/evaluation's metrics against Quantus)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.fc = nn.Linear(4 * 8 * 8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.conv(x)).flatten(1))

@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 import torch
 from method_reference import gradcam, probability
-from square_model import square_image
-from torch import nn
+from square_model import OneChannel, square_image
 
 from gradcam_cli.cam.explainer import Explainer
 from gradcam_cli.errors import UsageError
@@ -260,19 +259,6 @@ def test_detectors_refuse_faithfulness_correlation_in_one_line() -> None:
 
 
 # ----------------------------------------------------------------------------- against Quantus
-
-
-class OneChannel(nn.Module):
-    """A tiny 1-channel classifier: with one channel, Quantus' features are our pixels."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.conv = nn.Conv2d(1, 4, 3, padding=1)
-        self.fc = nn.Linear(4 * 8 * 8, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.relu(self.conv(x)).flatten(1))
 
 
 @pytest.mark.quick

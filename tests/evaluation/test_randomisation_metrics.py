@@ -20,7 +20,7 @@ import pytest
 import torch
 from method_reference import gradcam
 from model_state import hook_counts, snapshot
-from square_model import square_image
+from square_model import OneChannel, square_image
 from torch import nn
 
 from gradcam_cli.cam.explainer import Explainer
@@ -160,19 +160,6 @@ def test_noisy_copies_and_the_other_class_are_drawn_as_documented() -> None:
 
 
 # ----------------------------------------------------------------------------- against Quantus
-
-
-class OneChannel(nn.Module):
-    """A tiny 1-channel classifier: with one channel, Quantus' features are our pixels."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.conv = nn.Conv2d(1, 4, 3, padding=1)
-        self.fc = nn.Linear(4 * 8 * 8, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.relu(self.conv(x)).flatten(1))
 
 
 class Recorder:
