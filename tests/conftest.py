@@ -176,6 +176,15 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return trained_checkpoint(tmp_path_factory.mktemp("yolo") / "squares.pt")
 
 
+@pytest.fixture(scope="session")
+def squares_detr(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Conditional DETR of tests/detr_trained.py trained on coloured squares (single-threaded, seeded), as
+    a Hugging Face folder for ``--model hf:DIR`` (tests/models/test_detr_known.py)."""
+    from detr_trained import save_trained
+
+    return save_trained(tmp_path_factory.mktemp("squares_detr") / "squares_detr")
+
+
 @pytest.fixture(scope="module")
 def chromium() -> str:
     """Headless Chromium's path; the test is skipped where it is not installed (tests/headless_browser.py)."""
