@@ -72,6 +72,7 @@ PANELS: dict[str, tuple[str, ...]] = {
     MEASURES: (
         "steps",
         "boxes",
+        "masks",
         "tolerance",
         "sanity",
         "sanity_layers",

@@ -24,6 +24,15 @@ BoxesOpt = Annotated[
         help="Ground truth: CSV image,x1,y1,x2,y2[,class], or a folder of Pascal VOC XML files.",
     ),
 ]
+MasksOpt = Annotated[
+    Path | None,
+    typer.Option(
+        parser=params.parse_path,
+        metavar="DIR",
+        help="Scans: label masks named as nnU-Net's labelsTr (CASE.nii.gz for CASE_0000.nii.gz): pointing, energy "
+        "and Dice in the explained class's voxels.",
+    ),
+]
 ToleranceOpt = Annotated[float, typer.Option(min=0.0, metavar="PIXELS", help="Pointing-game tolerance in pixels.")]
 SanityOpt = Annotated[
     bool, typer.Option("--sanity", help="Run the model-parameter randomisation test (Adebayo et al. 2018).")

@@ -114,7 +114,8 @@ def rank_report(
 
     failed = {image.image for image in report.failed}
     shown = [image for image in images if str(image.path) not in failed][:EXAMPLES]
-    shown = shown if explainer.model.profile.clips is None else []  # a video model's clips: no example maps
+    profile = explainer.model.profile
+    shown = shown if profile.clips is None and profile.volume is None else []  # clips and scans: no example maps
     examples = [(image.path.name, explainer.explain(image.path)) for image in shown]  # its --target(-class)
     try:
         page = write_rank_report(folder, report, rows, examples)

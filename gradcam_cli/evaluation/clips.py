@@ -78,8 +78,11 @@ def evaluated_inputs(
 
 def rank_options(explainer: Explainer, options: EvalOptions) -> EvalOptions:
     """What ``gradcam eval --rank`` measures: the task's options
-    (:meth:`~gradcam_cli.cam.tasks.base.TaskAdapter.rank_options`), without ROAD on a video model's clips."""
+    (:meth:`~gradcam_cli.cam.tasks.base.TaskAdapter.rank_options`), without ROAD on a video model's clips; a
+    volume model's scans by their curves (and ``--masks``) alone (:mod:`~gradcam_cli.evaluation.scans`)."""
     options = explainer.adapter.rank_options(options)
+    if explainer.model.profile.volume is not None:
+        return replace(options, sanity=False, road=False, stability=False, correlation=False)
     return replace(options, road=False) if explainer.model.profile.clips is not None else options
 
 

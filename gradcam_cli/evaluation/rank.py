@@ -104,6 +104,7 @@ RANKED: dict[str, tuple[str, str, Value]] = {
     "emprt": ("eMPRT (complexity rise)", "higher", _extra("emprt")),
     "pointing": ("pointing %", "higher", _boxes(lambda s: 100.0 * sum(b.hit for b in s.boxes) / len(s.boxes))),
     "energy": ("energy in box", "higher", _boxes(lambda s: sum(b.energy for b in s.boxes) / len(s.boxes))),
+    "dice": ("Dice (top voxels, a scan's mask)", "higher", _extra("dice")),
     "box_deletion_auc": ("box deletion AUC (per detection)", "lower", _per_detection(lambda d: d.deletion_auc)),
     "box_insertion_auc": ("box insertion AUC (per detection)", "higher", _per_detection(lambda d: d.insertion_auc)),
     "box_pointing": ("box pointing % (own box)", "higher", _per_detection(lambda d: 100.0 * d.hit)),

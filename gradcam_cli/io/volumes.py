@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UsageError
+from ..errors import GradcamError, UsageError
 
 VOLUME_SUFFIXES = (".nii.gz", ".nii", ".npy")
 DICOM_SUFFIX = ".dcm"
@@ -151,17 +151,26 @@ def channel_files(paths: Sequence[Path], option: str = "--channels") -> int:
 def read_region(path: Path, scan: Volume) -> np.ndarray[Any, np.dtype[np.bool_]]:
     """The region mask at ``path`` (``--target region:MASK``) for ``scan``: its non-zero voxels, (I, J, K) bool; a
     usage error in one line where it is not one channel on the scan's grid (shape and affine) or has no voxel."""
+    region: np.ndarray[Any, np.dtype[np.bool_]] = np.asarray(read_labels(path, scan) != 0)
+    if not region.any():
+        raise UsageError(f"region mask {path} has no voxel (every voxel is 0)")
+    return region
+
+
+def read_labels(
+    path: Path, scan: Volume, what: str = "region mask", error: type[GradcamError] = UsageError
+) -> np.ndarray[Any, Any]:
+    """The mask at ``path`` for ``scan``: its (I, J, K) values; ``error`` in one line, naming it as ``what``, where
+    it is not one channel on the scan's grid (shape and affine)."""
     mask = read_volume([path])
     if mask.channels != 1 or mask.grid != scan.grid or not np.allclose(mask.affine, scan.affine, atol=1e-4):
         shapes = _shape(mask.data), _shape(scan.data)
         differs = f"{shapes[0]} vs {shapes[1]}" if mask.data.shape[1:] != scan.data.shape[1:] else "another affine"
         differs = f"{mask.channels} channels" if mask.channels != 1 else differs
         source = scan.sources[0] if scan.sources else "the scan"
-        raise UsageError(f"region mask {path} is not on the grid of {source} ({differs}); give a mask of the scan")
-    region: np.ndarray[Any, np.dtype[np.bool_]] = np.asarray(mask.data[0] != 0)
-    if not region.any():
-        raise UsageError(f"region mask {path} has no voxel (every voxel is 0)")
-    return region
+        raise error(f"{what} {path} is not on the grid of {source} ({differs}); give a mask of the scan")
+    labels: np.ndarray[Any, Any] = mask.data[0]
+    return labels
 
 
 def _header(path: Path) -> tuple[tuple[int, ...], np.ndarray[Any, Any]]:
