@@ -256,7 +256,12 @@ def test_what_gradcam_eval_does_not_measure_on_scans_is_refused(unet, tmp_path: 
     weights, scan = unet
     for option, message in (
         (["--road"], "error: --road is not measured on scans; a scan's maps are measured by deletion and insertion"),
-        (["--rank"], "error: --rank is not measured on scans; run gradcam eval on them without it"),
+        (["--rank", "--budget", "60"], "error: --budget plans --rank on images; on scans every method named is run"),
+        (
+            ["--masks", tmp_path / "none"],
+            f"error: --masks {tmp_path / 'none'}: no such folder (give the folder of label masks, as nnU-Net's "
+            "labelsTr)",
+        ),
     ):
         result = run(scan, "-m", UNET, "--weights", weights, *option)
         assert result.exit_code == EXIT_USAGE and result.stderr.strip().splitlines()[-1] == message
@@ -267,6 +272,34 @@ def test_what_gradcam_eval_does_not_measure_on_scans_is_refused(unet, tmp_path: 
     assert result.exit_code == EXIT_USAGE and result.stderr.strip().endswith(
         "takes scans; none found in " + str(tmp_path / "photo.png")
     )
+
+
+@pytest.mark.quick
+def test_gradcam_eval_ranks_scans_with_their_masks_and_resumes(unet, tmp_path: Path):
+    weights, scan = unet
+    scans, labels, report = tmp_path / "imagesTr", tmp_path / "labelsTr", tmp_path / "report"
+    scans.mkdir()
+    labels.mkdir()
+    mask = np.zeros((SIDE, SIDE, SIDE), dtype=np.uint8)
+    mask[2:10, 4:12, 3:9], mask[11:15, 1:6, 8:14] = 1, 2
+    for n, name in enumerate(("a_0000", "b")):
+        np.save(scans / f"{name}.npy", np.load(scan) * (1.0 + n))
+        np.save(labels / f"{name.removesuffix('_0000')}.npy", mask)
+    command = [scans, "-m", UNET, "--weights", weights, "-t", "1", "--steps", "3", "--masks", labels, "--rank"]
+    result = run(*command, "--report", report, "--json")
+    assert result.exit_code == EXIT_OK, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    metrics_ranked = {row["metric"] for row in rows}
+    assert {"deletion_auc", "insertion_auc", "pointing", "energy", "dice"} <= metrics_ranked
+    assert not metrics_ranked & {"road", "sanity", "stability", "faithfulness_correlation"}
+    assert {row["method"] for row in rows} == {"gradcam", "randomcam"}
+    assert all(row["images"] == 2 for row in rows)
+    written = (report / "rows.jsonl").read_text().splitlines()
+    assert len(written) == 1 + 2 * 2  # the settings, then one row per (scan, method)
+    again = run(*command, "--report", report, "--json", "--skip-existing")
+    assert again.exit_code == EXIT_OK, again.output
+    assert (report / "rows.jsonl").read_text().splitlines() == written  # nothing evaluated again
+    assert [json.loads(line) for line in again.stdout.splitlines()] == rows
 
 
 def test_gradcam_eval_takes_a_scans_channel_files(unet, tmp_path: Path):
