@@ -17,7 +17,8 @@ mean, for a z-scored one) in ``--steps`` equal steps, every channel; **insertion
 the scan blurred by a 3-D Gaussian (:data:`~gradcam_cli.evaluation.report.BLUR_KERNEL` voxels,
 :data:`~gradcam_cli.evaluation.report.BLUR_SIGMA`). A faithful map's deletion curve falls fast (a low area), its
 insertion curve rises fast (a high area). The masked probability (the scan times its map), sparseness and complexity
-are an image's. ROAD, the sanity check, stability, faithfulness correlation, boxes and ``--rank`` are refused.
+are an image's; with ``--masks``, pointing, energy and Dice against each scan's label mask (:mod:`.scan_masks`).
+ROAD, the sanity check, stability, faithfulness correlation and boxes are refused; ``--rank`` ranks what is measured.
 """
 
 from __future__ import annotations
