@@ -23,6 +23,7 @@ from gradcam_cli.errors import EXIT_OK, EXIT_USAGE
 from gradcam_cli.evaluation import metrics
 from gradcam_cli.evaluation.choose import evaluator_for
 from gradcam_cli.evaluation.rank import rank
+from gradcam_cli.evaluation.report import ImageScores
 from gradcam_cli.evaluation.scans import ScanEvaluator, blurred, stitched_probabilities
 from gradcam_cli.io.images import InputSpec
 from gradcam_cli.models.profile import LoadedModel
@@ -157,6 +158,29 @@ def test_pointing_energy_and_dice_against_a_label_mask_match_numpy(tmp_path: Pat
 
 
 @pytest.mark.quick
+def test_a_scans_finished_methods_are_kept_and_the_others_run(tmp_path: Path):
+    model = LoadedModel(
+        segmenter(seed=2),
+        "tiny",
+        "random",
+        list(CLASSES),
+        InputSpec(shape=(1, SIDE, SIDE, SIDE)),
+        task="segment",
+        volume=VolumeSpec((SIDE, SIDE, SIDE)),
+    )
+    x, _ = blobs(1, torch.Generator().manual_seed(5))
+    np.save(tmp_path / "scan.npy", x[0].numpy())
+    both = ScanEvaluator(Explainer(model, methods=["gradcam", "gradcam++"], target=1), EvalOptions(steps=3))
+    (first,) = both.run([tmp_path / "scan.npy"]).images
+    kept = ImageScores(first.image, first.target, {"gradcam": first.methods["gradcam"]})  # as --skip-existing reads
+    told: list[ImageScores] = []
+    (resumed,) = both.run([tmp_path / "scan.npy"], on_result=told.append, done={first.image: kept}).images
+    assert resumed.methods["gradcam"] is kept.methods["gradcam"]  # not computed again
+    assert resumed.methods["gradcam++"].deletion == pytest.approx(first.methods["gradcam++"].deletion, abs=1e-6)
+    assert [list(row.methods) for row in told] == [["gradcam++"]]  # the rows file gets the new method's row alone
+
+
+@pytest.mark.quick
 def test_one_window_over_the_volume_gives_the_networks_own_softmax():
     torch.manual_seed(0)
     network = TinySegmenter().eval()
@@ -274,7 +298,6 @@ def test_what_gradcam_eval_does_not_measure_on_scans_is_refused(unet, tmp_path: 
     )
 
 
-@pytest.mark.quick
 def test_gradcam_eval_ranks_scans_with_their_masks_and_resumes(unet, tmp_path: Path):
     weights, scan = unet
     scans, labels, report = tmp_path / "imagesTr", tmp_path / "labelsTr", tmp_path / "report"
