@@ -1,8 +1,10 @@
 """``gradcam eval`` on scans (evaluation/scans.py, docs/volumes.md "Evaluating maps on scans"): voxel deletion and
 insertion along a scan's map, scored through the model's sliding windows. A known answer: a tiny 3-D segmenter
 trained here (seeded, 80 steps) to find a bright blob in noise; Grad-CAM's deletion AUC on new scans clearly below
-randomcam's, and the segmenter's Dice against the blobs reported. The stitched probabilities against the network's
-own softmax where one window covers the volume; the command line on a tiny MONAI UNet, and what it refuses."""
+randomcam's, the segmenter's Dice against the blobs reported, Grad-CAM's peak on the blob, its energy and the Dice of
+its top voxels against the blobs' masks (``--masks``), and the ranking. Pointing, energy and Dice against numpy; the
+stitched probabilities against the network's own softmax where one window covers the volume; the command line on a
+tiny MONAI UNet (``--rank --masks``, resumed), and what it refuses."""
 
 from __future__ import annotations
 
