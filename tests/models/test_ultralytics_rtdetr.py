@@ -192,3 +192,17 @@ def test_the_cli_writes_a_row_and_overlay_per_query_and_refuses_attention_in_one
     assert len(refused.output.splitlines()) == 1
     explainer = Explainer(load_model(f"yolo:{rtdetr_checkpoint}"), None, "all")
     assert "attention" not in explainer.chosen.methods and "drise" in explainer.chosen.methods
+
+
+@pytest.mark.slow
+def test_gradcam_eval_scores_each_box_of_an_rtdetr(rtdetr_checkpoint, tmp_path) -> None:
+    from gradcam_cli.cli.eval import app as eval_app
+
+    images = tmp_path / "in"
+    images.mkdir()
+    scene().save(images / "scene.png")
+    model = ["--model", f"yolo:{rtdetr_checkpoint}", "--max-detections", "2"]
+    evaluated = CliRunner().invoke(eval_app, [str(images), *model, "--method", "gradcam", "--steps", "4", "--json"])
+    assert evaluated.exit_code == EXIT_OK, evaluated.output
+    summary = json.loads(evaluated.stdout)["methods"]["gradcam"]["detections"]
+    assert summary["count"] == 2
