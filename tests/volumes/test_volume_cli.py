@@ -156,10 +156,13 @@ def test_a_folder_of_scans_and_npy_volumes(nnunet, scan, tmp_path: Path):
     gallery = (out / "index.html").read_text()  # each scan shown by its montage's thumbnail, linking its NIfTI
     assert (out / "_thumbs" / "sub" / "cube_gradcam_1-liver.nii.jpg").is_file()
     assert "cube_gradcam_1-liver.nii.gz" in gallery
-    strip = out / "_thumbs" / "sub" / "cube_gradcam_1-liver.nii_slices.jpg"  # the card's slider: a square per slice
-    with Image.open(strip) as image:
-        assert image.size == (192, 18 * 192)  # all 18 axial slices of the cube (its third axis runs along S)
-    assert '"slices":{"src":"_thumbs/sub/cube_gradcam_1-liver.nii_slices.jpg","count":18}' in gallery
+    # the card's sliders: a square per slice of each plane, all 18 axial slices of the cube (its third axis runs
+    # along S), its 17 coronal and 16 sagittal ones
+    for plane, count in (("axial", 18), ("coronal", 17), ("sagittal", 16)):
+        strip = f"_thumbs/sub/cube_gradcam_1-liver.nii_{plane}_slices.jpg"
+        with Image.open(out / strip) as image:
+            assert image.size == (192, count * 192)
+        assert f'{{"plane":"{plane}","src":"{strip}","count":{count}}}' in gallery
     cube = nibabel.load(out / "sub" / "cube_gradcam_1-liver.nii.gz")
     assert cube.shape == (16, 17, 18) and np.allclose(cube.affine, np.eye(4))
 
