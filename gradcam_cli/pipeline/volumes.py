@@ -291,7 +291,7 @@ class VolumeRunner:
                 values = maps[method][k].permute(*back).detach().float().cpu()
                 outputs = self._write(scan, volume, method, target, values.numpy(), window, written)
                 voxel, mm = peak(values.numpy(), volume.affine)
-                info = VolumeInfo(volume.grid, volume.spacing, voxel, mm, count)
+                info = VolumeInfo(volume.grid, volume.spacing, voxel, mm, count, (window.low, window.high))
                 fields = {"target": target, "predictions": predictions, "volume": info}
                 rows.append(self._record(scan, "ok", method=method, outputs=outputs, **fields))
                 rows[-1].fingerprint = map_fingerprint(values)
