@@ -40,6 +40,8 @@ from .runindex import RunIndex
 
 SCAN_BYTES = 1 << 30
 """The scans and maps kept in memory at most (least recently used dropped first)."""
+DERIVED_KEPT = 256
+"""The maps whose peak and window are kept (all forgotten past that)."""
 NIFTI = (".nii.gz", ".nii")
 
 
@@ -64,6 +66,8 @@ class ScanViews:
         self.run, self.root, self.base = run, root, base
         self.colormap, self.alpha = colormap, alpha
         self._kept: OrderedDict[tuple[Any, ...], tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = OrderedDict()
+        self._derived: dict[tuple[Any, ...], tuple[tuple[int, ...], Window]] = {}
+        """Each map's peak and window (over its scan), by the files' keys and the row's window."""
         self._lock = threading.Lock()
 
     def facts(self, number: int) -> dict[str, Any]:
@@ -111,22 +115,32 @@ class ScanViews:
         if row["status"] == "error" or k is None:
             raise HttpError(404, "this row has no scan's map")
         map_path = row_output(self.root, self.base, self.run.manifest, outputs, k)
-        values, affine = self._read(map_path)
+        map_key, values, affine = self._read(map_path)
         scan_path = self.base / row["path"]
-        missing = ""
+        missing, scan_key = "", None
         try:
-            scan, _ = self._read(scan_path)
+            scan_key, scan, _ = self._read(scan_path)
         except GradcamError as error:
             scan, missing = np.zeros_like(values), f"the scan cannot be read ({error}); the map is shown alone"
         if scan.shape != values.shape:
             shapes = "x".join(map(str, scan.shape)), "x".join(map(str, values.shape))
             scan, missing = np.zeros_like(values), f"the scan's grid {shapes[0]} is not the map's {shapes[1]}"
         given = intensity_window(row.get("volume"))
-        window = Window(*given) if given is not None else Window.of(scan) if not missing else Window(0.0, 1.0)
-        return Shown(scan, values, affine, peak(values, affine)[0], window, missing)
+        key = (map_key, scan_key if not missing else None, given)
+        with self._lock:
+            derived = self._derived.get(key)
+        if derived is None:  # the peak and the scan's percentiles: once per map and scan
+            window = Window(*given) if given is not None else Window.of(scan) if not missing else Window(0.0, 1.0)
+            derived = peak(values, affine)[0], window
+            with self._lock:
+                if len(self._derived) >= DERIVED_KEPT:
+                    self._derived.clear()
+                self._derived[key] = derived
+        return Shown(scan, values, affine, derived[0], derived[1], missing)
 
-    def _read(self, path: Path) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-        """A scan's (or map's) first channel and affine, kept while they fit in :data:`SCAN_BYTES`."""
+    def _read(self, path: Path) -> tuple[tuple[Any, ...], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """A scan's (or map's) file's key (its path, modification time and size), its first channel and its affine;
+        kept while they fit in :data:`SCAN_BYTES`."""
         try:
             stat = path.stat()
         except OSError as error:
@@ -135,14 +149,14 @@ class ScanViews:
         with self._lock:
             if key in self._kept:
                 self._kept.move_to_end(key)
-                return self._kept[key]
+                return (key, *self._kept[key])
         volume = read_volume([path])
         found = (np.ascontiguousarray(volume.data[0]), volume.affine)
         with self._lock:
             self._kept[key] = found
             while sum(data.nbytes for data, _ in self._kept.values()) > SCAN_BYTES and len(self._kept) > 1:
                 self._kept.popitem(last=False)
-        return found
+        return (key, *found)
 
 
 def scan_routes(views: ScanViews | None) -> list[Route]:
