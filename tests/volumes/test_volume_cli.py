@@ -165,6 +165,26 @@ def test_a_folder_of_scans_and_npy_volumes(nnunet, scan, tmp_path: Path):
         assert f'{{"plane":"{plane}","src":"{strip}","count":{count}}}' in gallery
     cube = nibabel.load(out / "sub" / "cube_gradcam_1-liver.nii.gz")
     assert cube.shape == (16, 17, 18) and np.allclose(cube.affine, np.eye(4))
+    # the window the montages drew each scan in (--window-level 40,400), which gradcam serve draws its slices in
+    windows = [r["volume"]["intensity_window"] for r in rows(out / "m.jsonl") if r["status"] == "ok"]
+    assert windows == [[-160.0, 240.0]] * 2
+    _served_scan(out, 2, {"axial": 18, "coronal": 17, "sagittal": 16})
+
+
+def _served_scan(out: Path, row: int, counts: dict[str, int]) -> None:
+    """``gradcam serve out/``: row ``row``'s scan (read where the manifest names it) with its planes' slices."""
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from gradcam_cli.serve import create_app
+
+    app = create_app(None, run_dir=out, manifest=out / "m.jsonl", work_dir=out.parent / "serve")
+    with TestClient(app, base_url="http://127.0.0.1:8765") as client:
+        facts = client.get(f"/api/run/rows/{row}/scan").json()
+        assert facts["missing"] == "" and {p["plane"]: p["count"] for p in facts["planes"]} == counts
+        assert [c["name"] for c in facts["classes"]] == ["liver"]
+        last = client.get(f"/api/run/rows/{row}/scan/axial/{counts['axial'] - 1}.png")
+        assert last.status_code == 200 and last.content.startswith(b"\x89PNG")
 
 
 @pytest.mark.quick

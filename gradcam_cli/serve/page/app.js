@@ -401,7 +401,7 @@ function showRow(row) {
   row.outputs.forEach((out, k) => {
     if (/\.(png|jpe?g|webp)$/i.test(out)) detail.append(el("img", null, { src: `/api/run/rows/${row.row}/outputs/${k}`, alt: shownName(out) }));
   });
-  if (state.info.model && row.status !== "error") {
+  if (state.info.model && row.status !== "error" && !row.outputs.some((out) => NIFTI.test(out))) {  // scans: not live
     const live = el("button", "explain live", { type: "button" });
     live.onclick = async () => { showView("image"); await chooseImage("r" + row.row); };
     detail.append(live);
