@@ -188,17 +188,21 @@ def strips(
     found = {}
     for plane in PLANES:
         axis, depth, backwards = plane_order(scan.shape, affine, plane[0])
-        chosen = sorted({round(float(k)) for k in np.linspace(0, depth - 1, min(depth, most))})
-        if backwards:
-            chosen.reverse()
         frames = []
-        for k in chosen:
+        for k in strip_slices(depth, backwards, most):
             voxel = [0, 0, 0]
             voxel[axis] = k
             _, pixels, _ = _plane(scan, values, affine, tuple(voxel), plane, table, alpha, window)
             frames.append(_fitted(pixels, side))
         found[plane[0]] = torch.cat(frames)
     return found
+
+
+def strip_slices(depth: int, backwards: bool, most: int = STRIP_SLICES) -> list[int]:
+    """The voxel indices of a plane's slices in its strip (:func:`strips`), in the strip's order, of the ``depth``
+    slices of a plane whose index runs ``backwards`` (:func:`plane_order`)."""
+    chosen = sorted({round(float(k)) for k in np.linspace(0, depth - 1, min(depth, most))})
+    return chosen[::-1] if backwards else chosen
 
 
 def _fitted(pixels: torch.Tensor, side: int) -> torch.Tensor:

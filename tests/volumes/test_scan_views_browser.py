@@ -52,9 +52,11 @@ def test_the_gallery_card_slides_each_plane_through_its_slices(browser, tmp_path
         figure = card.locator("figure").first
         planes = figure.locator(".slices")
         assert [planes.nth(k).get_attribute("data-plane") for k in range(3)] == ["axial", "coronal", "sagittal"]
+        # each plane from its slice through the peak (sagittal: counted from the left, against CT_AFFINE's x)
+        starts = (HOT[1][2], HOT[1][1], CT_SHAPE[0] - 1 - HOT[1][0])
         for k, (plane, count) in enumerate((("axial", CT_SHAPE[2]), ("coronal", CT_SHAPE[1]), ("sagittal", 18))):
             box = planes.nth(k)
-            assert box.get_attribute("data-slice") == str((count - 1) // 2)  # the middle slice first
+            assert box.get_attribute("data-slice") == str(starts[k])
             with Image.open(out / "_thumbs" / f"head_gradcam_1-bright.nii_{plane}_slices.jpg") as strip:
                 squares = np.asarray(strip.convert("RGB")).reshape(count, 192, 192, 3).astype(np.float64)
             for target in (2, count - 3):

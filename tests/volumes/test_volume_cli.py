@@ -157,12 +157,13 @@ def test_a_folder_of_scans_and_npy_volumes(nnunet, scan, tmp_path: Path):
     assert (out / "_thumbs" / "sub" / "cube_gradcam_1-liver.nii.jpg").is_file()
     assert "cube_gradcam_1-liver.nii.gz" in gallery
     # the card's sliders: a square per slice of each plane, all 18 axial slices of the cube (its third axis runs
-    # along S), its 17 coronal and 16 sagittal ones
-    for plane, count in (("axial", 18), ("coronal", 17), ("sagittal", 16)):
+    # along S), its 17 coronal and 16 sagittal ones, each from the slice through the map's peak
+    peak = next(r["volume"]["peak"] for r in rows(out / "m.jsonl") if Path(r["input"]).name == "cube.npy")
+    for axis, plane, count in ((2, "axial", 18), (1, "coronal", 17), (0, "sagittal", 16)):
         strip = f"_thumbs/sub/cube_gradcam_1-liver.nii_{plane}_slices.jpg"
         with Image.open(out / strip) as image:
             assert image.size == (192, count * 192)
-        assert f'{{"plane":"{plane}","src":"{strip}","count":{count}}}' in gallery
+        assert f'{{"plane":"{plane}","src":"{strip}","count":{count},"start":{peak[axis]}}}' in gallery
     cube = nibabel.load(out / "sub" / "cube_gradcam_1-liver.nii.gz")
     assert cube.shape == (16, 17, 18) and np.allclose(cube.affine, np.eye(4))
     # the window the montages drew each scan in (--window-level 40,400), which gradcam serve draws its slices in

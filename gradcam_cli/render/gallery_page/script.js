@@ -40,7 +40,7 @@
   }
 
   // A scan's map: each plane's strip of slices (one square each: inferior to superior, posterior to anterior, left
-  // to right) seen through a square window that the plane's own slider moves, from the middle slice.
+  // to right) seen through a square window that the plane's own slider moves, from the slice through the map's peak.
   function plane(shown, view, alt) {
     const box = el("div", {class: "slices", "data-plane": shown.plane});
     const count = shown.count;
@@ -49,7 +49,7 @@
       alt: alt + " " + shown.plane});
     frame.append(strip);
     const range = el("input", {type: "range", min: "0", max: String(count - 1), step: "1",
-      value: String(Math.floor((count - 1) / 2)), "aria-label": shown.plane + " slice"});
+      value: String(shown.start), "aria-label": shown.plane + " slice"});
     const label = el("span", {class: "p"});
     function move() {
       const i = Number(range.value);
