@@ -134,7 +134,7 @@ def channel_files(paths: Sequence[Path], option: str = "--channels") -> int:
             raise UsageError(f"{option}: {path} does not exist")
         if not is_volume_path(path):
             raise UsageError(f"{option}: {path} is not a scan (.nii, .nii.gz, .npy or a DICOM folder)")
-        grid, affine = _header(path)
+        grid, affine = read_header(path)
         channels += grid[0]
         if first is None:
             first = (path, grid[1:], affine)
@@ -173,8 +173,9 @@ def read_labels(
     return labels
 
 
-def _header(path: Path) -> tuple[tuple[int, ...], np.ndarray[Any, Any]]:
-    """A scan file's (C, I, J, K) and affine from its header (a DICOM folder: read whole)."""
+def read_header(path: Path) -> tuple[tuple[int, ...], np.ndarray[Any, Any]]:
+    """A scan file's (C, I, J, K) and affine from its header (a DICOM folder: read whole); a file that cannot be
+    read is a :class:`~gradcam_cli.errors.UsageError`."""
     name = path.name.lower()
     affine: np.ndarray[Any, Any] = np.eye(4)
     if path.is_dir() or not name.endswith((".nii", ".nii.gz", ".npy")):

@@ -34,15 +34,15 @@ from ..cam.windows import VolumeExplanation, Windows, explain_volume, window_sli
 from ..drift.fingerprint import map_fingerprint
 from ..errors import GradcamError, UsageError, describe
 from ..io.discovery import InputImage, discover_clips
-from ..io.naming import MONTAGE_TAIL, NIFTI_SUFFIX, slices_path, slug, thumbnail_path, volume_paths
+from ..io.naming import MONTAGE_TAIL, NIFTI_SUFFIX, slug, volume_paths
 from ..io.volumes import Volume, channel_files, peak, read_region, read_volume, spacing_note, write_nifti
 from ..models.tasks import CLASSIFY, SEGMENT
 from ..models.volume_spec import VolumeSpec
 from ..options import ExplainOptions, ImageFormat, ModelOptions, OutputOptions, RunOptions, WindowLevel
 from ..render.colour import colormap_table
-from ..render.encode import save_array, save_image
-from ..render.gallery import save_thumbnail
-from ..render.montage import Window, axial_strip, montage, write_montage
+from ..render.encode import save_array
+from ..render.gallery import save_scan_card
+from ..render.montage import Window, montage, strips, write_montage
 from .resume import EarlierRows, FoundExplanation, OutputIndex, resumed_rows
 
 VOLUME_MODELS = "nnunet:DIR, bundle:DIR or monai:NAME"
@@ -291,7 +291,7 @@ class VolumeRunner:
                 values = maps[method][k].permute(*back).detach().float().cpu()
                 outputs = self._write(scan, volume, method, target, values.numpy(), window, written)
                 voxel, mm = peak(values.numpy(), volume.affine)
-                info = VolumeInfo(volume.grid, volume.spacing, voxel, mm, count)
+                info = VolumeInfo(volume.grid, volume.spacing, voxel, mm, count, (window.low, window.high))
                 fields = {"target": target, "predictions": predictions, "volume": info}
                 rows.append(self._record(scan, "ok", method=method, outputs=outputs, **fields))
                 rows[-1].fingerprint = map_fingerprint(values)
@@ -308,8 +308,8 @@ class VolumeRunner:
         written: list[Path],
     ) -> list[str]:
         """The map's files (NIfTI, montage, ``--save-raw``'s ``.npy``), each written atomically, and with
-        ``--report`` the montage's thumbnail, which the gallery shows for the NIfTI, and the strip of axial slices
-        its slider moves through."""
+        ``--report`` the montage's thumbnail, which the gallery shows for the NIfTI, and each plane's strip of slices
+        its sliders move through."""
         nifti, montage_path, raw = volume_paths(self.output.output_dir, scan, method, target.index, target.name)
         nifti.parent.mkdir(parents=True, exist_ok=True)
         files = [nifti, montage_path, *([raw] if self.output.save_raw else [])]
@@ -321,12 +321,8 @@ class VolumeRunner:
         if self.output.save_raw:
             save_array(torch.from_numpy(values), raw)
         if self.output.report:
-            thumbnail = thumbnail_path(self.output.output_dir, nifti)
-            written.append(thumbnail)
-            save_thumbnail(image, thumbnail)
-            strip = slices_path(self.output.output_dir, nifti)
-            written.append(strip)
-            save_image(axial_strip(volume.data[0], values, volume.affine, self.table, self.output.alpha, window), strip)
+            shown = strips(volume.data[0], values, volume.affine, self.table, self.output.alpha, window)
+            save_scan_card(image, shown, nifti, self.output.output_dir, written)
         return [str(path) for path in files]
 
     def _prediction(self, c: int, result: VolumeExplanation, voxels: int) -> Prediction:
