@@ -100,6 +100,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
     random_logit: measures.RandomLogitOpt = False,
     mprt: measures.MprtOpt = False,
     mprt_samples: measures.MprtSamplesOpt = 50,
+    meta: measures.MetaOpt = False,
     plot: measures.PlotOpt = None,
     stability: measures.StabilityOpt = False,
     rank: RankOpt = False,
@@ -170,6 +171,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
             mprt=mprt,
             mprt_samples=mprt_samples,
             fps=fps,
+            meta=meta,
         ),
         RankOptions(rank, report_dir, skip_existing, budget),
         tuple(channels) if channels is not None else None,
@@ -202,15 +204,13 @@ class EvalCommand:
         from ..evaluation.boxes import read_boxes
         from ..evaluation.choose import evaluator_for
         from ..evaluation.clips import evaluated_inputs, rank_options
+        from ..evaluation.evaluate import Evaluator
         from ..io.discovery import discover, discover_volumes
         from ..io.volumes import channel_files
         from ..pipeline.volumes import check_channels
 
         options = self.options
-        if self.ranking.report is not None and not self.ranking.rank:
-            raise UsageError("--report is for --rank: add --rank (gradcam eval writes no page otherwise)")
-        if self.ranking.budget is not None and not self.ranking.rank:
-            raise UsageError("--budget is for --rank: add --rank (gradcam eval plans nothing otherwise)")
+        self._check_rank_options()
         if self.explain_options.question.asked or self.explain_options.question.given():
             return answers.evaluate_answers(self)
         if options.plot is not None and options.plot.suffix.lower() not in PLOT_FORMATS:
@@ -242,6 +242,10 @@ class EvalCommand:
                 explainer, self.plan_seconds, self.plan_total = planned.explainer, planned.seconds, planned.total
                 self.sampled, self.ranking = planned.sampled, replace(self.ranking, seed_images=planned.seed_images)
         evaluator = evaluator_for(explainer, options)
+        if options.meta and not isinstance(evaluator, Evaluator):
+            raise UsageError(
+                f"--meta is measured on a classifier's images; {explainer.model.name} is measured by boxes"
+            )
         report = self._evaluate(evaluator, options, images, boxes)
         tell(self.reporter, report, evaluator, images, options, bool(boxes), self.ranking)
         elapsed = time.perf_counter() - started  # the plan's timing and the seed spread included
@@ -254,6 +258,15 @@ class EvalCommand:
             f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {duration(elapsed)}{said}"
         )
         return EXIT_IMAGE_FAILED if report.failed else EXIT_OK
+
+    def _check_rank_options(self) -> None:
+        """Refuse ``--rank``'s options without it."""
+        if self.ranking.report is not None and not self.ranking.rank:
+            raise UsageError("--report is for --rank: add --rank (gradcam eval writes no page otherwise)")
+        if self.ranking.budget is not None and not self.ranking.rank:
+            raise UsageError("--budget is for --rank: add --rank (gradcam eval plans nothing otherwise)")
+        if self.options.meta and not self.ranking.rank:
+            raise UsageError("--meta is for --rank: add --rank (it tests the ranking's metrics)")
 
     def _scans(self, explainer: Explainer, scans: list[InputImage]) -> list[InputImage]:
         """A volume model's scans; ``--rank`` refused on them, and a run without any."""
