@@ -27,6 +27,7 @@ not above chance: one-sided sign test, p >= :data:`REACT_P`). Fewer than 2 image
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
@@ -52,7 +53,9 @@ def iac(q: Sequence[float], q_hat: Sequence[float], adversary: bool) -> float:
     of the paired ``q`` and ``q_hat`` (``zero_method="zsplit"``); 1 - p for the adversary test. NaN below 2 pairs."""
     if len(q) < MIN_COUNTED:
         return math.nan
-    p = float(stats.wilcoxon(q, q_hat, alternative="two-sided", zero_method="zsplit")[1])
+    with warnings.catch_warnings():  # scipy's note that ties or zeros make it switch to the normal approximation
+        warnings.simplefilter("ignore")
+        p = float(stats.wilcoxon(q, q_hat, alternative="two-sided", zero_method="zsplit")[1])
     return 1.0 - p if adversary else p
 
 

@@ -18,6 +18,7 @@ from gradcam_cli.cli.eval import app
 from gradcam_cli.cli.ranking import MethodSteps
 from gradcam_cli.evaluation import evaluate
 from gradcam_cli.evaluation.evaluate import Evaluator
+from gradcam_cli.evaluation.meta import META_PERTURBATIONS
 from gradcam_cli.evaluation.plan import SEED_RERUNS, Costs, choose
 
 SQUARE_MODEL = f"{Path(__file__).resolve().parents[1] / 'square_model.py'}:build"
@@ -205,3 +206,21 @@ def test_ctrl_c_in_the_seed_spread_prints_the_table_and_keeps_its_rows(
     assert resumed.exit_code == 0, resumed.output
     assert reruns == ["square1.png", "square2.png", "square0.png", "square1.png", "square2.png"]  # not square0 again
     assert any(json.loads(line)["seed_sd"] for line in resumed.stdout.splitlines() if line.startswith("{"))
+
+
+@pytest.mark.quick
+def test_the_plan_counts_the_meta_evaluations_scorings(squares: Path, clock: list[float]) -> None:
+    result = run(*common(squares, "--method", "gradcam,layercam", "--meta"))
+    assert result.exit_code == 0, result.output
+    total, measured, _ = planned_and_taken(result.stderr)
+    # per image: gradcam, layercam and randomcam's 4 draws, 6 maps, each scored once and again on every noisy copy
+    # that keeps the class (all of them, here) and on the randomised model where it changes the class; the seed
+    # spread re-runs without the meta-evaluation: 6 maps x 2 x 3
+    rerun = 6 * SEED_RERUNS * 3 * IMPUTATION
+    assert 6 * (1 + META_PERTURBATIONS) * 3 * IMPUTATION + rerun <= measured
+    assert measured <= 6 * (2 + META_PERTURBATIONS) * 3 * IMPUTATION + rerun
+    assert total == pytest.approx(measured, rel=0.05)
+    # of the total, the meta-evaluation's share on the images still to run after the plan's sample (the first
+    # image's gradcam and randomcam): 2 x (1 + 4) + 3 maps, scored again 5 or 6 times
+    checks = float(re.search(r"--meta take ~(\d+)s of it", result.stderr)[1])  # type: ignore[index]
+    assert 13 * META_PERTURBATIONS * IMPUTATION <= checks <= 13 * (1 + META_PERTURBATIONS) * IMPUTATION
