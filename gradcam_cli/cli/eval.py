@@ -64,7 +64,8 @@ and complexity (entropy). With --road: ROAD; --faithfulness-correlation: faithfu
 --sanity: the randomisation test; --stability: the maps' change under input noise; --arcc, --random-logit, --mprt:
 ARCC, the random-logit test, sMPRT and eMPRT (costly: off unless asked, also with --rank). A detector: each detection's
 score's deletion and insertion (re-found by IoU and class, 0 once gone), pointing and energy in its box. --rank: all
-of them, every method ranked per metric, 95% bootstrap intervals (--method all ranks every method; randomcam added).
+of them, every method ranked per metric, 95% bootstrap intervals (--method all ranks every method; randomcam added);
+--meta: which metrics to trust (MetaQuantus' noise and randomised-model tests).
 
 Exit codes: 0 all images evaluated; 1 some image failed; 2 usage error; 3 model/weights unavailable; 130
 interrupted."""

@@ -283,6 +283,8 @@ def test_the_schema_file_is_current_and_the_validator_catches_mistakes() -> None
 
 @pytest.mark.slow
 def test_cli_rank_meta_json_validates_against_the_schema(coloured_squares: Path) -> None:
+    for extra in ("square3.png", "square4.png", "square5.png"):  # 3 images, one per colour: enough for the lines
+        (coloured_squares / extra).unlink()
     common = ["--model", SQUARE_MODEL, "--layer", "features", "--steps", "4", "--sanity-layers", "1", "--input-size"]
     args = [str(coloured_squares), *common, "48", "--method", "gradcam", "--rank", "--meta"]
     result = CliRunner().invoke(app, [*args, "--json"], catch_exceptions=False)
@@ -306,3 +308,16 @@ def test_cli_rank_meta_json_validates_against_the_schema(coloured_squares: Path)
     plain = CliRunner().invoke(app, [str(coloured_squares), *common, "48", "--meta"], catch_exceptions=False)
     assert plain.exit_code == 2
     assert plain.stderr.splitlines() == ["error: --meta is for --rank: add --rank (it tests the ranking's metrics)"]
+
+
+def test_the_report_page_shows_the_verdicts(tmp_path: Path) -> None:
+    from gradcam_cli.evaluation.rank_page import write_rank_report
+
+    report = _hand_report()
+    rows = rank(report, seed=0)
+    meta = meta_rows(report, rows)
+    page = write_rank_report(tmp_path, report, rows, [], meta).read_text(encoding="utf-8")
+    assert "<h2>Meta-evaluation: which metrics to trust</h2>" in page
+    assert "data-metric='arcc' data-trusted='trusted'" in page
+    assert "data-metric='emprt' data-trusted='not trusted'" in page
+    assert "reorders under noise beyond its intervals (a &gt; b)" in page
