@@ -64,7 +64,8 @@ and complexity (entropy). With --road: ROAD; --faithfulness-correlation: faithfu
 --sanity: the randomisation test; --stability: the maps' change under input noise; --arcc, --random-logit, --mprt:
 ARCC, the random-logit test, sMPRT and eMPRT (costly: off unless asked, also with --rank). A detector: each detection's
 score's deletion and insertion (re-found by IoU and class, 0 once gone), pointing and energy in its box. --rank: all
-of them, every method ranked per metric, 95% bootstrap intervals (--method all ranks every method; randomcam added).
+of them, every method ranked per metric, 95% bootstrap intervals (--method all ranks every method; randomcam added);
+--meta: which metrics to trust (MetaQuantus' noise and randomised-model tests).
 
 Exit codes: 0 all images evaluated; 1 some image failed; 2 usage error; 3 model/weights unavailable; 130
 interrupted."""
@@ -101,6 +102,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
     random_logit: measures.RandomLogitOpt = False,
     mprt: measures.MprtOpt = False,
     mprt_samples: measures.MprtSamplesOpt = 50,
+    meta: measures.MetaOpt = False,
     plot: measures.PlotOpt = None,
     stability: measures.StabilityOpt = False,
     rank: RankOpt = False,
@@ -172,6 +174,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
             mprt_samples=mprt_samples,
             fps=fps,
             masks=masks,
+            meta=meta,
         ),
         RankOptions(rank, report_dir, skip_existing, budget),
         tuple(channels) if channels is not None else None,
@@ -204,15 +207,13 @@ class EvalCommand:
         from ..evaluation.boxes import read_boxes
         from ..evaluation.choose import evaluator_for
         from ..evaluation.clips import evaluated_inputs, rank_options
+        from ..evaluation.evaluate import Evaluator
         from ..io.discovery import discover, discover_volumes
         from ..io.volumes import channel_files
         from ..pipeline.volumes import check_channels
 
         options = self.options
-        if self.ranking.report is not None and not self.ranking.rank:
-            raise UsageError("--report is for --rank: add --rank (gradcam eval writes no page otherwise)")
-        if self.ranking.budget is not None and not self.ranking.rank:
-            raise UsageError("--budget is for --rank: add --rank (gradcam eval plans nothing otherwise)")
+        self._check_rank_options()
         if self.explain_options.question.asked or self.explain_options.question.given():
             return answers.evaluate_answers(self)
         if options.plot is not None and options.plot.suffix.lower() not in PLOT_FORMATS:
@@ -248,6 +249,10 @@ class EvalCommand:
                 explainer, self.plan_seconds, self.plan_total = planned.explainer, planned.seconds, planned.total
                 self.sampled, self.ranking = planned.sampled, replace(self.ranking, seed_images=planned.seed_images)
         evaluator = evaluator_for(explainer, options)
+        if options.meta and not isinstance(evaluator, Evaluator):
+            raise UsageError(
+                f"--meta is measured on a classifier's images; {explainer.model.name} is measured by boxes"
+            )
         report = self._evaluate(evaluator, options, images, boxes)
         tell(self.reporter, report, evaluator, images, options, bool(boxes) or options.masks is not None, self.ranking)
         elapsed = time.perf_counter() - started  # the plan's timing and the seed spread included
@@ -260,6 +265,15 @@ class EvalCommand:
             f"evaluated {len(report.ok)} image(s), {len(report.failed)} failed, in {duration(elapsed)}{said}"
         )
         return EXIT_IMAGE_FAILED if report.failed else EXIT_OK
+
+    def _check_rank_options(self) -> None:
+        """Refuse ``--rank``'s options without it."""
+        if self.ranking.report is not None and not self.ranking.rank:
+            raise UsageError("--report is for --rank: add --rank (gradcam eval writes no page otherwise)")
+        if self.ranking.budget is not None and not self.ranking.rank:
+            raise UsageError("--budget is for --rank: add --rank (gradcam eval plans nothing otherwise)")
+        if self.options.meta and not self.ranking.rank:
+            raise UsageError("--meta is for --rank: add --rank (it tests the ranking's metrics)")
 
     def _scans(self, explainer: Explainer, scans: list[InputImage]) -> list[InputImage]:
         """A volume model's scans; ``--budget`` refused on them, a ``--masks`` that is not a folder, and a run

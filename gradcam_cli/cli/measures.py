@@ -72,6 +72,14 @@ MprtOpt = Annotated[
         help="Also run sMPRT and eMPRT (Hedstrom et al. 2023) against a fully randomised copy of the model.",
     ),
 ]
+MetaOpt = Annotated[
+    bool,
+    typer.Option(
+        "--meta",
+        help="With --rank: test each metric as MetaQuantus does (Hedstrom et al. 2023): its ranking under input "
+        "noise and on a randomised model, and say which metrics to trust.",
+    ),
+]
 MprtSamplesOpt = Annotated[
     int, typer.Option(min=1, metavar="N", help="With --mprt: sMPRT's noisy copies of each image.")
 ]

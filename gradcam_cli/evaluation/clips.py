@@ -56,7 +56,12 @@ def refuse_for_clips(options: EvalOptions, boxes: Sequence[object] | None = None
         raise UsageError("--road imputes an image's pixels; a video model's clips are measured without it")
     if boxes or options.boxes is not None:
         raise UsageError("--boxes name images; a video model's clips are measured by their curves only")
-    for flag, on in (("--arcc", options.arcc), ("--random-logit", options.random_logit), ("--mprt", options.mprt)):
+    for flag, on in (
+        ("--arcc", options.arcc),
+        ("--random-logit", options.random_logit),
+        ("--mprt", options.mprt),
+        ("--meta", options.meta),
+    ):
         if on:
             raise UsageError(f"{flag} is measured on images; a video model's clips are measured without it")
 

@@ -24,7 +24,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -130,6 +130,8 @@ class RankRow:
     ``vs_best``/``vs_random``: the mean per-image difference to the best method / to randomcam and its paired BCa
     interval (NaN where not measured); ``per_image``: the values ranked, by image path."""
 
+    kind: ClassVar[str] = "rank"
+    """``--json``'s discriminator (docs/rank.schema.json)."""
     metric: str
     label: str
     better: str
@@ -156,7 +158,8 @@ class RankRow:
     (:mod:`gradcam_cli.evaluation.seeds`; NaN where not measured)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {key: (None if isinstance(v, float) and math.isnan(v) else v) for key, v in asdict(self).items()}
+        nulled = {key: (None if isinstance(v, float) and math.isnan(v) else v) for key, v in asdict(self).items()}
+        return {"kind": self.kind, **nulled}
 
 
 def values(report: EvalReport, metric: str) -> dict[str, list[float]]:
