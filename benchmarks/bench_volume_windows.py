@@ -220,7 +220,6 @@ def scan(shape: tuple[int, ...], patch: int, library: Path) -> int:
 
     import nibabel
     import numpy as np
-
     import torch
     from monai.networks.nets import UNet
 
