@@ -17,7 +17,7 @@ there 512 x 512 x 300, int16 NIfTI in a temporary folder) explained by ``gradcam
 unet.pt --top-k 1``: a MONAI 3-D ``UNet`` (4, 8 and 16 channels, strides 2, no residual units, 3 classes, random
 weights; narrow, so that 196 windows finish on a shared 2-core machine) whose profile (``unet.json``) says its patch,
 ``--patch`` (default there 128), step 0.5 and a CT normalisation, the class-counting pass included. The child's peak
-resident set (sampled every 10 ms, and the kernel's high-water mark) is set against the sum of what it is documented
+resident set (sampled every 10 ms) is set against the sum of what it is documented
 to hold, counted from the shapes.
 """
 
