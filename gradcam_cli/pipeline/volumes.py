@@ -264,6 +264,7 @@ class VolumeRunner:
             with (progress or _no_bars)(f"{scan.path.name}: windows", total) as tick:
                 counter = _WindowCounter(tick)
                 result = explain_volume(self.explainer, x, self.windows, classes, chosen.top_k, region, counter)
+            del x  # the normalised scan: not held while the maps are written
             maps, count = result.maps, result.windows
             targets = [self._prediction(c, result, voxels) for c in result.classes]
             predictions = self._predictions(result, voxels)
