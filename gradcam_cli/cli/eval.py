@@ -207,7 +207,6 @@ class EvalCommand:
         from ..evaluation.boxes import read_boxes
         from ..evaluation.choose import evaluator_for
         from ..evaluation.clips import evaluated_inputs, rank_options
-        from ..evaluation.evaluate import Evaluator
         from ..io.discovery import discover, discover_volumes
         from ..io.volumes import channel_files
         from ..pipeline.volumes import check_channels
@@ -249,10 +248,6 @@ class EvalCommand:
                 explainer, self.plan_seconds, self.plan_total = planned.explainer, planned.seconds, planned.total
                 self.sampled, self.ranking = planned.sampled, replace(self.ranking, seed_images=planned.seed_images)
         evaluator = evaluator_for(explainer, options)
-        if options.meta and not isinstance(evaluator, Evaluator):
-            raise UsageError(
-                f"--meta is measured on a classifier's images; {explainer.model.name} is measured by boxes"
-            )
         report = self._evaluate(evaluator, options, images, boxes)
         tell(self.reporter, report, evaluator, images, options, bool(boxes) or options.masks is not None, self.ranking)
         elapsed = time.perf_counter() - started  # the plan's timing and the seed spread included

@@ -61,6 +61,7 @@ def refuse_for_scans(options: EvalOptions, boxes: Sequence[object] | None = None
         "--faithfulness-correlation": options.correlation,
         "--boxes": bool(boxes) or options.boxes is not None,
         "--fps": options.fps is not None,
+        "--meta": options.meta,
     }
     refused = next((name for name, value in given.items() if value), None)
     if refused is not None:

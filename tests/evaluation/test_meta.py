@@ -321,3 +321,16 @@ def test_the_report_page_shows_the_verdicts(tmp_path: Path) -> None:
     assert "data-metric='arcc' data-trusted='trusted'" in page
     assert "data-metric='emprt' data-trusted='not trusted'" in page
     assert "reorders under noise beyond its intervals (a &gt; b)" in page
+
+
+@pytest.mark.quick
+def test_meta_on_a_detectors_images_is_refused_in_one_line(tmp_path: Path) -> None:
+    from test_box_eval import DETECTOR
+
+    image = tmp_path / "two.png"
+    image.write_bytes((Path(__file__).resolve().parents[2] / "docs" / "examples" / "two.png").read_bytes())
+    result = CliRunner().invoke(app, [str(image), "--model", DETECTOR, "--rank", "--meta", "--method", "gradcam"])
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: --meta is for classifiers; a detector's maps are evaluated per detection, in its own box"]
+    assert "Traceback" not in result.output
