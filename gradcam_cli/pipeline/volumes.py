@@ -248,30 +248,17 @@ class VolumeRunner:
         except GradcamError as error:
             return [self._record(scan, "error", error=str(error))]
         self._note(volume, axes)
-        chosen = self.explainer.chosen
-        classes = [chosen.target] if isinstance(chosen.target, int) else None
-        x = x.to(self.explainer.device)
-        voxels = volume.data[0].size
-        if self.classifier:
-            self._note_resize(tuple(x.shape[1:]))
-            with (progress or _no_bars)(f"{scan.path.name}: volume", 1) as tick:
-                whole = explain_classified(self.explainer, x, self.spec.patch, classes, chosen.top_k)
-                tick()
-            maps, targets, predictions, count = whole.maps, whole.targets, whole.predictions[:5], 1
-        else:
-            shape = [max(side, tile) for side, tile in zip(x.shape[1:], self.windows.patch, strict=True)]
-            total = len(window_slices(shape, self.windows.patch, self.windows.step)) * (1 if classes else 2)
-            with (progress or _no_bars)(f"{scan.path.name}: windows", total) as tick:
-                counter = _WindowCounter(tick)
-                result = explain_volume(self.explainer, x, self.windows, classes, chosen.top_k, region, counter)
-            del x  # the normalised scan: not held while the maps are written
-            maps, count = result.maps, result.windows
-            targets = [self._prediction(c, result, voxels) for c in result.classes]
-            predictions = self._predictions(result, voxels)
+        try:
+            explained = self._explain(scan, x.to(self.explainer.device), region, volume.data[0].size, progress)
+        except GradcamError:
+            raise
+        except Exception as error:  # one scan the model cannot take (too small for its pooling) must not end the run
+            return [self._record(scan, "error", error=f"{scan.path}: {describe(error)}")]
+        del x  # the normalised scan: not held while the maps are written
         back = [axes.index(axis) for axis in range(3)]  # the model's axes back to the scan's
         written: list[Path] = []
         try:
-            rows = self._write_all(scan, volume, (maps, targets, predictions, count), back, written)
+            rows = self._write_all(scan, volume, explained, back, written)
         except OSError as error:
             for path in written:
                 path.unlink(missing_ok=True)
@@ -279,7 +266,29 @@ class VolumeRunner:
         seconds = round(time.perf_counter() - started, 4)
         for row in rows:
             row.seconds = seconds
-        return rows or [self._record(scan, "ok", predictions=predictions)]
+        return rows or [self._record(scan, "ok", predictions=explained[2])]
+
+    def _explain(
+        self, scan: InputImage, x: torch.Tensor, region: torch.Tensor | None, voxels: int, progress: Bars | None
+    ) -> Found:
+        """One scan's maps, explained classes, predictions and window count: a classifier's whole volume, a
+        segmenter's windows (``progress``: a bar of windows)."""
+        chosen = self.explainer.chosen
+        classes = [chosen.target] if isinstance(chosen.target, int) else None
+        if self.classifier:
+            self._note_resize(tuple(x.shape[1:]))
+            with (progress or _no_bars)(f"{scan.path.name}: volume", 1) as tick:
+                whole = explain_classified(self.explainer, x, self.spec.patch, classes, chosen.top_k)
+                tick()
+            return whole.maps, whole.targets, whole.predictions[:5], 1
+        shape = [max(side, tile) for side, tile in zip(x.shape[1:], self.windows.patch, strict=True)]
+        total = len(window_slices(shape, self.windows.patch, self.windows.step)) * (1 if classes else 2)
+        with (progress or _no_bars)(f"{scan.path.name}: windows", total) as tick:
+            result = explain_volume(
+                self.explainer, x, self.windows, classes, chosen.top_k, region, _WindowCounter(tick)
+            )
+        targets = [self._prediction(c, result, voxels) for c in result.classes]
+        return result.maps, targets, self._predictions(result, voxels), result.windows
 
     def _write_all(
         self, scan: InputImage, volume: Volume, found: Found, back: list[int], written: list[Path]
