@@ -89,7 +89,10 @@ def explained_of(found: list[Detection], scores: list[float], threshold: float, 
     return [found[i] for i in order if scores[i] >= threshold][:most]
 
 
-def check_against_reference(model, x, options: PerturbationOptions, run, explained: list[Detection], **keywords):
+def check_against_reference(
+    model, x, options: PerturbationOptions, run, explained: list[Detection], **keywords
+) -> dict[int, torch.Tensor]:
+    """gradcam's D-RISE maps of ``x`` held to :func:`drise_reference`'s; returns them (by rank)."""
     mine = drise_maps(model, x, options, **keywords)
     masks = rise_masks(
         options.rise_masks, options.rise_grid, options.rise_probability, tuple(x.shape[-2:]), options.seed
@@ -100,6 +103,7 @@ def check_against_reference(model, x, options: PerturbationOptions, run, explain
         assert float(reference.max()) > 0
         assert pearson(mine[rank], minmax(reference)) >= REQUIRED, rank
     assert pearson(mine[0], minmax(sum(expected))) >= REQUIRED  # the combined map: the sum of the detections'
+    return mine
 
 
 # --- models ------------------------------------------------------------------------------------------------------
@@ -210,9 +214,8 @@ def test_drise_matches_the_papers_formula_on_the_tiny_yolo(checkpoint) -> None:
     with torch.no_grad(), confidence(threshold):
         found = model.module(x)[0]
     explained = explained_of(detections(found), found["scores"].tolist(), threshold, 10)
-    check_against_reference(model, x, options, run, explained)
+    mine = check_against_reference(model, x, options, run, explained)
     # a known answer: each square's map is brightest on its own square
-    mine = drise_maps(model, x, options)
     for rank, (x1, y1, x2, y2) in enumerate(box for box, _, _ in explained):
         saliency = mine[rank + 1]
         inside = saliency[round(y1) : round(y2), round(x1) : round(x2)].mean()
