@@ -58,10 +58,11 @@ def trained_segmenter() -> TinySegmenter:
     return network.eval()
 
 
-def as_scan_model(network: torch.nn.Module) -> LoadedModel:
+def as_scan_model(network: torch.nn.Module, classes: list[str] | None = None) -> LoadedModel:
     spec = VolumeSpec((SIDE, SIDE, SIDE))
     shape = InputSpec(shape=(1, SIDE, SIDE, SIDE))
-    return LoadedModel(network, "blob", "trained", ["background", "blob"], shape, task="segment", volume=spec)
+    names = classes or ["background", "blob"]
+    return LoadedModel(network, "blob", "trained", names, shape, task="segment", volume=spec)
 
 
 @pytest.mark.slow
@@ -122,15 +123,7 @@ def numpy_figures(saliency: np.ndarray, inside: np.ndarray) -> tuple[bool, float
 @pytest.mark.quick
 def test_pointing_energy_and_dice_against_a_label_mask_match_numpy(tmp_path: Path):
     network = segmenter(seed=2)
-    model = LoadedModel(
-        network,
-        "tiny",
-        "random",
-        list(CLASSES),
-        InputSpec(shape=(1, SIDE, SIDE, SIDE)),
-        task="segment",
-        volume=VolumeSpec((SIDE, SIDE, SIDE)),
-    )
+    model = as_scan_model(network, list(CLASSES))
     x, _ = blobs(1, torch.Generator().manual_seed(5))
     labels = np.zeros((SIDE, SIDE, SIDE), dtype=np.uint8)
     labels[2:9, 3:12, 5:11], labels[10:14, 2:8, 1:6] = 1, 2  # nnU-Net's labels: 0 background, 1 bright, 2 dark
@@ -161,15 +154,7 @@ def test_pointing_energy_and_dice_against_a_label_mask_match_numpy(tmp_path: Pat
 
 @pytest.mark.quick
 def test_a_scans_finished_methods_are_kept_and_the_others_run(tmp_path: Path):
-    model = LoadedModel(
-        segmenter(seed=2),
-        "tiny",
-        "random",
-        list(CLASSES),
-        InputSpec(shape=(1, SIDE, SIDE, SIDE)),
-        task="segment",
-        volume=VolumeSpec((SIDE, SIDE, SIDE)),
-    )
+    model = as_scan_model(segmenter(seed=2), list(CLASSES))
     x, _ = blobs(1, torch.Generator().manual_seed(5))
     np.save(tmp_path / "scan.npy", x[0].numpy())
     both = ScanEvaluator(Explainer(model, methods=["gradcam", "gradcam++"], target=1), EvalOptions(steps=3))
