@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 from cam_reference import pearson
-from method_reference import minmax, rise_masks
+from method_reference import Detection, drise_maps, drise_reference, minmax, rise_masks
 from PIL import Image
 from rtdetr_model import BACKBONE_LAST, CLASSES, SIZE, save_rtdetr, tiny_rtdetr_config
 from typer.testing import CliRunner
@@ -135,33 +135,22 @@ def test_drise_on_an_rtdetr_matches_the_papers_formula(rtdetr_checkpoint) -> Non
     model = load_model(f"yolo:{rtdetr_checkpoint}")
     x = to_input_tensor(scene(), model.input_spec)[None]
     options = PerturbationOptions(rise_masks=16, rise_grid=4, rise_probability=0.5, seed=1)
-    explainer = Explainer(model, None, ["drise"], perturbation=options, score_threshold=0.0, max_detections=2)
-    mine = {e.rank: e.saliency for e in explainer.explain_batch(x)[0].explanations}
+    mine = drise_maps(model, x, options, score_threshold=0.0, max_detections=2)
     net = ultralytics_model(rtdetr_checkpoint)
 
-    def detections(inputs: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Every (query, class) pair of a pass: (box in input pixels, the query's class probabilities)."""
+    def detections(inputs: torch.Tensor) -> list[Detection]:
+        """Every (query, class) pair of a pass: (box in input pixels, the query's class probabilities, 1)."""
         with torch.no_grad():
             _, raw = net(inputs)
         boxes, logits = raw[0][-1][0], raw[1][-1][0]
         found = []
         for query, _ in top_pairs(logits, logits.shape[0]):
             cx, cy, w, h = (boxes[query] * SIZE).tolist()
-            found.append((torch.tensor([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2]), logits[query].sigmoid()))
+            found.append(([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], logits[query].sigmoid().tolist(), 1.0))
         return found
 
-    def similarity(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> float:
-        top_left, bottom_right = torch.maximum(a[0][:2], b[0][:2]), torch.minimum(a[0][2:], b[0][2:])
-        inter = float((bottom_right - top_left).clamp(min=0).prod())
-        union = float((a[0][2:] - a[0][:2]).prod() + (b[0][2:] - b[0][:2]).prod()) - inter
-        return inter / union * float(a[1] @ b[1] / (a[1].norm() * b[1].norm()))
-
     explained = detections(x)[:2]
-    totals = [torch.zeros(SIZE, SIZE, dtype=torch.float64) for _ in explained]
-    for mask in rise_masks(16, 4, 0.5, (SIZE, SIZE), 1):
-        found = detections(x * mask)
-        for t, target in enumerate(explained):
-            totals[t] += max(similarity(target, other) for other in found) * mask.double()
+    totals = drise_reference(detections, x, explained, rise_masks(16, 4, 0.5, (SIZE, SIZE), 1), 0.5)
     for rank, total in enumerate(totals, 1):
         assert pearson(mine[rank], minmax(total)) >= REQUIRED, rank
     assert pearson(mine[0], minmax(sum(totals))) >= REQUIRED
