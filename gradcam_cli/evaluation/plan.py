@@ -95,11 +95,13 @@ def _timed(explainer: Explainer, methods: tuple[str, ...], inputs: torch.Tensor)
 
 def _sampled(sample: Sample, methods: tuple[str, ...]) -> tuple[dict[str, float], float]:
     """Each of ``methods``' seconds in one real evaluation of the first image (the first method's holding the passes
-    they share), and the whole evaluation's."""
+    they share), and the whole evaluation's; none where ``--skip-existing`` had finished them all there."""
     marks: list[tuple[str, float]] = []
     started = time.perf_counter()
     sample(methods, lambda name: marks.append((name, time.perf_counter())))
     ended = time.perf_counter()
+    if not marks:
+        return {}, 0.0
     ends = [at for _, at in marks[1:]] + [ended]
     return {name: end - at for (name, at), end in zip(marks, ends, strict=True)}, ended - started
 

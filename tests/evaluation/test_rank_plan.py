@@ -173,6 +173,32 @@ def test_skip_existing_plans_only_what_is_left_and_the_warning_counts_as_the_tab
     assert total == pytest.approx(measured, abs=1)
 
 
+def test_resuming_where_the_plans_sample_is_already_done_plans_from_the_passes(
+    squares: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Interrupted twice on image 3's layercam: the second run's sample (gradcam and randomcam) finished image 3's
+    randomcam, so the third run's sample has nothing left to time on that image: it plans the scoring from the
+    forward passes instead (it failed with a traceback)."""
+    page = tmp_path / "page"
+    begun = MethodSteps.method
+
+    def interrupted(self: MethodSteps, name: str) -> None:
+        if self.image_number == 3 and name == "layercam":
+            raise KeyboardInterrupt
+        begun(self, name)
+
+    monkeypatch.setattr(MethodSteps, "method", interrupted)
+    args = common(squares, "--method", "gradcam,layercam", "--report", str(page), "--budget", "100000")
+    assert run(*args).exit_code == 130
+    assert run(*args, "--skip-existing").exit_code == 130
+    rows = [json.loads(line) for line in (page / "rows.jsonl").read_text().splitlines()[1:]]
+    assert [list(r["methods"]) for r in rows if r["image"].endswith("square2.png")] == [["gradcam"], ["randomcam"]]
+    monkeypatch.setattr(MethodSteps, "method", begun)
+    resumed = run(*args, "--skip-existing")
+    assert resumed.exit_code == 0, resumed.output
+    assert re.search(r"plan: 3 method\(s\) on 3 image\(s\), about \d+s in all", resumed.stderr)
+
+
 def test_ctrl_c_in_the_seed_spread_prints_the_table_and_keeps_its_rows(
     squares: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
