@@ -11,6 +11,14 @@ tensor of 64 kB or more on its own, so that freed tensors leave the resident set
 time the best of ``--repeat`` runs.
 
 Usage: ``python benchmarks/bench_volume_windows.py [--shape D,H,W] [--patch N] [--repeat N] [--device cpu]``.
+
+``--scan`` measures the command line instead (issue 37 point 6): a synthetic CT-like scan of ``--shape`` (default
+there 512 x 512 x 300, int16 NIfTI in a temporary folder) explained by ``gradcam SCAN -m monai:UNet --weights
+unet.pt --top-k 1``: a MONAI 3-D ``UNet`` (4, 8 and 16 channels, strides 2, no residual units, 3 classes, random
+weights; narrow, so that 196 windows finish on a shared 2-core machine) whose profile (``unet.json``) says its patch,
+``--patch`` (default there 128), step 0.5 and a CT normalisation, the class-counting pass included. The child's peak
+resident set (sampled every 10 ms) is set against the sum of what it is documented
+to hold, counted from the shapes.
 """
 
 from __future__ import annotations
@@ -125,10 +133,153 @@ def side(name: str, shape: tuple[int, ...], patch: int, batch: int, device: str,
     return {"seconds": best, "bytes": growth}
 
 
+def ct_like(shape: tuple[int, ...]):
+    """An int16 CT-like (x, y, z) volume in HU: air, an elliptic body of soft tissue with noise, a bright ring of bone
+    and a darker organ."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = np.linspace(-1, 1, shape[0], dtype=np.float32)[:, None]
+    y = np.linspace(-1, 1, shape[1], dtype=np.float32)[None, :]
+    radius = (x / 0.8) ** 2 + (y / 0.6) ** 2
+    plane = np.where(radius < 1, 40, -1000).astype(np.int16)
+    plane[(radius > 0.85) & (radius < 1)] = 700
+    plane[((x - 0.3) / 0.25) ** 2 + ((y + 0.1) / 0.2) ** 2 < 1] = 90
+    volume = np.empty(shape, dtype=np.int16)
+    for k in range(shape[2]):
+        volume[:, :, k] = plane + rng.integers(-20, 21, size=plane.shape, dtype=np.int16)
+    return volume
+
+
+def saved_bytes(model, layer: str, patch: int) -> tuple[int, int]:
+    """(bytes the network keeps for the backward pass from its logits to ``layer``, the logits' bytes) for one
+    window, counted with ``torch.autograd.graph.saved_tensors_hooks`` (each storage once)."""
+    import torch
+
+    network = model.module
+    storages: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    handle = network.get_submodule(layer).register_forward_hook(lambda m, i, o: o.detach().requires_grad_(True))
+    try:
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            logits = network(torch.zeros(1, 1, patch, patch, patch))
+    finally:
+        handle.remove()
+    return sum(storages.values()), logits.numel() * logits.element_size()
+
+
+class ChildPeak:
+    """A child process's resident set sampled every 10 ms: its peak."""
+
+    def __init__(self, pid: int) -> None:
+        import psutil
+
+        self.process, self.peak = psutil.Process(pid), 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.sample, daemon=True)
+        self.thread.start()
+
+    def sample(self) -> None:
+        import psutil
+
+        while not self.done.is_set():
+            try:
+                self.peak = max(self.peak, self.process.memory_info().rss)
+            except psutil.Error:
+                return
+            time.sleep(0.01)
+
+    def stop(self) -> int:
+        self.done.set()
+        self.thread.join()
+        return self.peak
+
+
+def run_scan(command: list[str], library: Path) -> tuple[float, int, str]:
+    """(seconds, peak resident bytes, its output's last lines) of the command line ``command``, run with the
+    gradcam_cli of ``library``."""
+    env = {**os.environ, "PYTHONPATH": str(library)}
+    started = time.perf_counter()
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    sampler = ChildPeak(child.pid)
+    out, err = child.communicate()
+    peak, seconds = sampler.stop(), time.perf_counter() - started
+    if child.returncode:
+        raise SystemExit(f"{' '.join(command)} failed ({child.returncode}):\n{out}{err}")
+    return seconds, peak, (out + err)[-3000:]
+
+
+def scan(shape: tuple[int, ...], patch: int, library: Path) -> int:
+    """The command line on a synthetic CT: peak resident set against the documented sum."""
+    import tempfile
+
+    import nibabel
+    import numpy as np
+    import torch
+    from monai.networks.nets import UNet
+
+    from gradcam_cli import load_model
+    from gradcam_cli.cam.windows import window_slices
+
+    network = {"in_channels": 1, "out_channels": 3, "channels": [4, 8, 16], "strides": [2, 2], "num_res_units": 0}
+    profile = {
+        "network": network,
+        "patch": [patch] * 3,
+        "step": 0.5,
+        "intensity": {"scheme": "ct", "low": -900, "high": 1200, "mean": 80, "std": 150},
+        "labels": ["background", "liver", "tumour"],
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        torch.manual_seed(0)
+        unet = UNet(3, 1, 3, channels=(4, 8, 16), strides=(2, 2), num_res_units=0)
+        torch.save(unet.state_dict(), root / "unet.pt")
+        (root / "unet.json").write_text(json.dumps(profile))
+        affine = np.diag([-0.8, 0.8, 2.0, 1.0])
+        big, small = root / "ct.nii.gz", root / "one_window.nii.gz"
+        nibabel.save(nibabel.Nifti1Image(ct_like(shape), affine), big)
+        nibabel.save(nibabel.Nifti1Image(ct_like((patch,) * 3), affine), small)
+        model = load_model("monai:UNet", str(root / "unet.pt"))
+        layer = model.profile.default_layers[0]
+        kept, logits = saved_bytes(model, layer, patch)
+        weights = sum(p.numel() * p.element_size() for p in model.module.parameters())
+        voxels = int(np.prod(shape))
+        windows = len(window_slices(shape, (patch,) * 3))
+        base = [sys.executable, "-m", "gradcam_cli", "-m", "monai:UNet", "--weights", str(root / "unet.pt")]
+        base += ["--top-k", "1", "-o"]
+        fixed = run_scan([*base, str(root / "small"), str(small)], library)
+        seconds, peak, tail = run_scan([*base, str(root / "out"), str(big)], library)
+        written = sorted(path.name for path in (root / "out").iterdir())
+    counted = {
+        "the scan as read (float32)": voxels * 4,
+        "the map of one class (float32)": voxels * 4,
+        "the summed weights (float32)": voxels * 4,
+        "one window's logits": logits,
+        "what the network keeps for the backward pass, one window": kept,
+        "the weights": weights,
+    }
+    print(f"scan {'x'.join(map(str, shape))} voxels (int16 NIfTI), patch {patch}^3 at step 0.5: {windows} windows")
+    print(f"  the command line, one window per batch, --top-k 1: {seconds:.0f} s, peak resident set {peak / MB:.0f} MB")
+    print(f"  the same on a scan of one window (imports, model, one window): peak {fixed[1] / MB:.0f} MB")
+    print(f"  peak over the one-window run: {(peak - fixed[1]) / MB:.0f} MB")
+    for name, size in counted.items():
+        print(f"  counted: {name:<58} {size / MB:8.1f} MB")
+    print(f"  counted, in all: {sum(counted.values()) / MB:.0f} MB; written: {', '.join(written)}")
+    print("  " + tail.strip().splitlines()[-1][-200:] if tail.strip() else "")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", default="128,128,96")
-    parser.add_argument("--patch", type=int, default=64)
+    parser.add_argument("--shape", default=None, help="D,H,W (default 128,128,96; with --scan 512,512,300)")
+    parser.add_argument("--patch", type=int, default=None, help="the window's side (default 64; with --scan 128)")
+    parser.add_argument("--scan", action="store_true", help="the command line's peak memory on a large scan")
+    parser.add_argument("--library", default=str(ROOT), help="with --scan: the checkout whose gradcam_cli runs")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument(
@@ -137,7 +288,11 @@ def main() -> int:
     parser.add_argument("--side", choices=("ours", "monai"), help=argparse.SUPPRESS)
     parser.add_argument("--side-batch", type=int, default=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.shape = args.shape or ("512,512,300" if args.scan else "128,128,96")
+    args.patch = args.patch or (128 if args.scan else 64)
     shape = tuple(int(side) for side in args.shape.split(","))
+    if args.scan:
+        return scan(shape, args.patch, Path(args.library))
     if args.side:
         print(json.dumps(side(args.side, shape, args.patch, args.side_batch, args.device, args.repeat)))
         return 0

@@ -343,7 +343,9 @@ class EvalOptions:
     of each image) and faithfulness correlation (``correlation``: ``correlation_runs`` random subsets of
     ``correlation_subset`` pixels each, drawn from ``seed``), ARCC (``arcc``, with ROAD), the random-logit test
     (``random_logit``) and sMPRT/eMPRT (``mprt``: sMPRT with ``mprt_samples`` copies); ``fps``: the frame rate of a
-    folder of frames given to a video model (``None``: 25)."""
+    folder of frames given to a video model (``None``: 25); ``masks``: a folder of scans' label masks (nnU-Net's
+    ``labelsTr``: pointing, energy and Dice on scans); ``meta``: the ranking's meta-evaluation (MetaQuantus'
+    input and model perturbation tests, :mod:`gradcam_cli.evaluation.meta`; with the sanity cascade)."""
 
     steps: int = 50
     batch_size: int = 16
@@ -364,6 +366,8 @@ class EvalOptions:
     mprt: bool = False
     mprt_samples: int = 50
     fps: float | None = None
+    masks: Path | None = None
+    meta: bool = False
 
 
 @dataclass(frozen=True)

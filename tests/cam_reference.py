@@ -16,7 +16,8 @@ min-max normalisation and multi-layer fusion stay pytorch-grad-cam's):
   the result to correlate positively with the channel sum (gradcam-cli's documented convention).
 * Score-CAM: pytorch-grad-cam weights channels by a softmax *across channels* of the masked inputs' target logits;
   the authors' code (github.com/haofanwang/Score-CAM) uses each masked input's softmax probability of the target
-  class. :func:`paper_scorecam` re-implements the authors' loop: one unbatched forward pass per channel.
+  class. :func:`paper_scorecam` re-implements the authors' loop (one masked input per channel; the masked inputs
+  go through the network a chunk of channels at a time, written apart from gradcam-cli's own batching).
 """
 
 from __future__ import annotations
@@ -160,22 +161,33 @@ def _layer_output(model: nn.Module, layer: nn.Module, inputs: torch.Tensor) -> t
 
 
 def paper_scorecam(model: nn.Module, layer: nn.Module, inputs: torch.Tensor, target: int) -> torch.Tensor:
-    """Score-CAM as the authors' code computes it, one channel at a time: an (H, W) map in [0, 1]."""
+    """Score-CAM as the authors' code computes it, one masked input per channel: an (H, W) map in [0, 1]."""
     weights = paper_scorecam_weights(model, layer, inputs, target).double()
     upsampled = F.interpolate(_layer_output(model, layer, inputs), size=inputs.shape[-2:], mode="bilinear")[0]
     result = torch.relu((weights[:, None, None] * upsampled.double()).sum(dim=0))
     return (result - result.min()) / (result.max() - result.min())
 
 
-def paper_scorecam_weights(model: nn.Module, layer: nn.Module, inputs: torch.Tensor, target: int) -> torch.Tensor:
-    """The per-channel Score-CAM weights of the authors' loop (0 for a constant channel): shape (C,)."""
+def paper_scorecam_weights(
+    model: nn.Module, layer: nn.Module, inputs: torch.Tensor, target: int, chunk: int = 32
+) -> torch.Tensor:
+    """The per-channel Score-CAM weights of the authors' loop (0 for a constant channel): shape (C,).
+
+    The authors' per-channel masking and softmax, with the masked inputs of ``chunk`` channels stacked into one
+    forward pass (an eval-mode network scores each row of a batch on its own, so the weights are the loop's).
+    """
     activations = _layer_output(model, layer, inputs)
     weights = torch.zeros(activations.shape[1])
     with torch.no_grad():
-        for k in range(activations.shape[1]):
-            upsampled = F.interpolate(activations[:, k : k + 1], size=inputs.shape[-2:], mode="bilinear")
-            if upsampled.max() == upsampled.min():
-                continue
-            mask = (upsampled - upsampled.min()) / (upsampled.max() - upsampled.min())
-            weights[k] = F.softmax(model(inputs * mask), dim=1)[0, target]
+        for start in range(0, activations.shape[1], chunk):
+            kept, masked = [], []
+            for k in range(start, min(start + chunk, activations.shape[1])):
+                upsampled = F.interpolate(activations[:, k : k + 1], size=inputs.shape[-2:], mode="bilinear")
+                if upsampled.max() == upsampled.min():
+                    continue
+                mask = (upsampled - upsampled.min()) / (upsampled.max() - upsampled.min())
+                kept.append(k)
+                masked.append(inputs * mask)
+            if kept:
+                weights[kept] = F.softmax(model(torch.cat(masked)), dim=1)[:, target]
     return weights

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -191,3 +193,11 @@ def chromium() -> str:
     from headless_browser import find_chromium
 
     return find_chromium()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Playwright driving headless Chromium (tests/headless_browser.py); skipped where either is missing."""
+    from headless_browser import playwright_chromium
+
+    yield from playwright_chromium()

@@ -21,6 +21,7 @@ Where pytorch-grad-cam departs (the tests show each):
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -29,6 +30,9 @@ import torch
 import torch.nn.functional as F
 from cam_reference import signed_projection
 from torch import nn
+
+from gradcam_cli import Explainer
+from gradcam_cli.options import PerturbationOptions
 
 DISPLAY_QUANTILE = 0.99
 
@@ -371,3 +375,45 @@ def rise(model: nn.Module, x: torch.Tensor, target: int, count: int, grid: int, 
     for mask in masks:
         total += probability(model, x * mask, target) * mask.double()
     return minmax(total / (count * p))
+
+
+# --- D-RISE (Petsiuk et al. 2021), the paper's formula written out ------------------------------------------------
+
+
+def iou(a: list[float], b: list[float]) -> float:
+    width = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    height = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = width * height
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
+
+
+Detection = tuple[list[float], list[float], float]
+"""(box, class vector, objectness)."""
+
+
+def drise_reference(run, x: torch.Tensor, explained: list[Detection], masks: torch.Tensor, p: float) -> list:
+    """D-RISE (Petsiuk et al. 2021, Eq. 2-4), one mask at a time: for each explained detection t, the sum over masks
+    of max_j IoU(L_t, L_j) cos(P_t, P_j) O_j (0 without detections) times the mask, over N p; min-max: (H, W) each.
+    ``run(masked input)`` gives the masked image's detections."""
+    totals = [torch.zeros(x.shape[-2:], dtype=torch.float64) for _ in explained]
+    for mask in masks:
+        found = run(x * mask)
+        for t, (box, vector, _) in enumerate(explained):
+            best = 0.0
+            for other, other_vector, objectness in found:
+                best = max(best, iou(box, other) * cosine(vector, other_vector) * objectness)
+            totals[t] += best * mask.double()
+    return [total / (len(masks) * p) for total in totals]
+
+
+def drise_maps(model, x: torch.Tensor, options: PerturbationOptions, **keywords) -> dict[int, torch.Tensor]:
+    """gradcam's D-RISE maps of ``x`` at its own size, by rank (0: the combined map)."""
+    explainer = Explainer(model, None, ["drise"], perturbation=options, score_batch_size=7, **keywords)
+    result = explainer.explain_batch(x)[0]
+    return {e.rank: e.saliency for e in result.explanations}

@@ -1,5 +1,5 @@
-"""Explaining DETR-family detectors (``--model hf:DIR``: :mod:`gradcam_cli.models.detr_net`): each detection is a
-decoder query.
+"""Explaining DETR-family detectors (``--model hf:DIR``: :mod:`gradcam_cli.models.detr_net`; an ultralytics RT-DETR,
+``--model yolo:PATH``: :mod:`gradcam_cli.models.rtdetr_net`): each detection is a decoder query.
 
 **What is differentiated.** A detection from query q of class c is scored by that query's raw class logit
 ``logits[q, c]`` (before the softmax or sigmoid that makes the score shown); the combined target is the sum over the
@@ -18,8 +18,8 @@ dense weights; the deformable attention of Deformable DETR and RT-DETR samples a
 in one line.
 
 **Geometry.** The input is the image resized as the image processor resizes it (DETR: shorter side, aspect kept;
-RT-DETR: a fixed square, stretched), never padded: the feature maps cover the whole input, the boxes come in its
-pixels and are scaled to the original image's.
+RT-DETR, ultralytics' too: a square, stretched), never padded: the feature maps cover the whole input, the boxes
+come in its pixels and are scaled to the original image's.
 """
 
 from __future__ import annotations

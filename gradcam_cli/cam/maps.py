@@ -37,6 +37,17 @@ def normalise(maps: torch.Tensor, eps: float = NORMALISE_EPS) -> torch.Tensor:
     return scaled.masked_fill_(constant, 0.0).clamp_(0.0, 1.0)
 
 
+def normalise_(maps: torch.Tensor, eps: float = NORMALISE_EPS) -> torch.Tensor:
+    """:func:`normalise` in place, with no copy of ``maps`` (a view, such as a volume's maps cut out of their padded
+    sums, included): the same values, for maps too large to hold twice."""
+    dims = tuple(range(1, maps.dim()))
+    low, high = maps.amin(dim=dims, keepdim=True), maps.amax(dim=dims, keepdim=True)
+    span = high - low
+    constant = span <= eps + CONSTANT_RTOL * torch.maximum(high.abs(), low.abs())
+    maps.sub_(low).div_(torch.where(constant, torch.ones_like(span), span))
+    return maps.masked_fill_(constant, 0.0).clamp_(0.0, 1.0)
+
+
 def upsample(maps: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
     """Resize (N, h, w) maps to ``size`` = (H, W) bilinearly with ``align_corners=False``; (N, l) maps to (L,)
     linearly and (N, t, h, w) maps to (T, H, W) trilinearly, alike (:data:`INTERPOLATION`).

@@ -140,22 +140,28 @@ class ClipInfo:
 @dataclass
 class VolumeInfo:
     """Where a scan's map lies: the scan's voxel ``grid`` (I, J, K) and ``spacing`` (mm), the map's ``peak`` voxel
-    (the first in C order on ties) and its RAS position ``peak_mm``, and the ``windows`` it was stitched from."""
+    (the first in C order on ties) and its RAS position ``peak_mm``, the ``windows`` it was stitched from, and the
+    ``intensity_window`` its montage drew the scan in (the intensities drawn black and white; ``None``: not
+    recorded, an older row's)."""
 
     grid: tuple[int, ...]
     spacing: tuple[float, ...]
     peak: tuple[int, ...]
     peak_mm: tuple[float, ...]
     windows: int
+    intensity_window: tuple[float, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        shown = {
             "grid": list(self.grid),
             "spacing": [round(side, 6) for side in self.spacing],
             "peak": list(self.peak),
             "peak_mm": [round(value, 4) for value in self.peak_mm],
             "windows": self.windows,
         }
+        if self.intensity_window is not None:
+            shown["intensity_window"] = [round(value, 6) for value in self.intensity_window]
+        return shown
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> VolumeInfo | None:
@@ -171,7 +177,19 @@ class VolumeInfo:
             tuple(int(side) for side in value["peak"]),
             tuple(float(side) for side in value["peak_mm"]),
             windows if isinstance(windows, int) else 0,
+            intensity_window(value),
         )
+
+
+def intensity_window(volume: Any) -> tuple[float, float] | None:
+    """A manifest row's ``volume``'s ``intensity_window`` (low, high), ``None`` where it has none (or a malformed
+    one)."""
+    shown = volume.get("intensity_window") if isinstance(volume, dict) else None
+    if not isinstance(shown, list) or len(shown) != 2:
+        return None
+    if not all(isinstance(value, int | float) and not isinstance(value, bool) for value in shown):
+        return None
+    return float(shown[0]), float(shown[1])
 
 
 ANSWER_FIELDS = ("prompt", "answer", "generated", "tokens", "note")

@@ -32,7 +32,7 @@ from ..errors import UsageError
 from ..models.modes import model_state_preserved
 from ..models.tasks import describe_output
 from .explainer import Explainer
-from .maps import fuse, normalise, upsample
+from .maps import fuse, normalise_, upsample
 from .methods import METHODS
 from .results import ImageExplanation, Prediction
 from .scores import Cams, ClassName, MaskedProbability, explanations_of, sum_or_none
@@ -314,7 +314,7 @@ def explain_volume(
     del sums
     maps = {}
     for method in explainer.chosen.methods:
-        per_layer = [normalise(means.pop((method, layer))) for layer in layers] if classes else []
+        per_layer = [normalise_(means.pop((method, layer))).contiguous() for layer in layers] if classes else []
         maps[method] = fuse(per_layer, METHODS[method].fusion) if per_layer else torch.zeros((0, *volume.shape[1:]))
     return VolumeExplanation(classes, maps, shares, len(stitcher.slices), explainer.chosen.layers)
 

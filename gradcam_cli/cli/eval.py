@@ -64,7 +64,8 @@ and complexity (entropy). With --road: ROAD; --faithfulness-correlation: faithfu
 --sanity: the randomisation test; --stability: the maps' change under input noise; --arcc, --random-logit, --mprt:
 ARCC, the random-logit test, sMPRT and eMPRT (costly: off unless asked, also with --rank). A detector: each detection's
 score's deletion and insertion (re-found by IoU and class, 0 once gone), pointing and energy in its box. --rank: all
-of them, every method ranked per metric, 95% bootstrap intervals (--method all ranks every method; randomcam added).
+of them, every method ranked per metric, 95% bootstrap intervals (--method all ranks every method; randomcam added);
+--meta: which metrics to trust (MetaQuantus' noise and randomised-model tests).
 
 Exit codes: 0 all images evaluated; 1 some image failed; 2 usage error; 3 model/weights unavailable; 130
 interrupted."""
@@ -91,6 +92,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
     steps: measures.StepsOpt = 50,
     batch_size: measures.BatchSizeOpt = 16,
     boxes: measures.BoxesOpt = None,
+    masks: measures.MasksOpt = None,
     tolerance: measures.ToleranceOpt = POINTING_TOLERANCE,
     sanity: measures.SanityOpt = False,
     sanity_layers: measures.SanityLayersOpt = 3,
@@ -100,6 +102,7 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
     random_logit: measures.RandomLogitOpt = False,
     mprt: measures.MprtOpt = False,
     mprt_samples: measures.MprtSamplesOpt = 50,
+    meta: measures.MetaOpt = False,
     plot: measures.PlotOpt = None,
     stability: measures.StabilityOpt = False,
     rank: RankOpt = False,
@@ -170,6 +173,8 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
             mprt=mprt,
             mprt_samples=mprt_samples,
             fps=fps,
+            masks=masks,
+            meta=meta,
         ),
         RankOptions(rank, report_dir, skip_existing, budget),
         tuple(channels) if channels is not None else None,
@@ -207,10 +212,7 @@ class EvalCommand:
         from ..pipeline.volumes import check_channels
 
         options = self.options
-        if self.ranking.report is not None and not self.ranking.rank:
-            raise UsageError("--report is for --rank: add --rank (gradcam eval writes no page otherwise)")
-        if self.ranking.budget is not None and not self.ranking.rank:
-            raise UsageError("--budget is for --rank: add --rank (gradcam eval plans nothing otherwise)")
+        self._check_rank_options()
         if self.explain_options.question.asked or self.explain_options.question.given():
             return answers.evaluate_answers(self)
         if options.plot is not None and options.plot.suffix.lower() not in PLOT_FORMATS:
@@ -228,8 +230,8 @@ class EvalCommand:
         if explainer.model.profile.volume is not None:  # a volume model's: its scans (docs/volumes.md)
             images = self._scans(explainer, scans)
             check_channels(explainer, channels, counted)
-        elif self.explain_options.region is not None or channels:
-            option = "--channels" if channels else "--target region:"
+        elif self.explain_options.region is not None or channels or options.masks is not None:
+            option = "--channels" if channels else "--masks" if options.masks is not None else "--target region:"
             raise UsageError(f"{option} is for a volume model's scans; {explainer.model.name} takes images")
         else:
             images = evaluated_inputs(explainer, self.inputs, images, options)  # a video model's: its videos
@@ -237,13 +239,17 @@ class EvalCommand:
         if self.ranking.rank:
             options = rank_options(explainer, options)
             named = ALL_METHODS not in self.explain_options.methods
-            planned = plan_rank(self.reporter, self.ranking, named, explainer, images, options, boxes is None)
+            planned = (  # a volume model's scans: every method named is run, no plan
+                plan_rank(self.reporter, self.ranking, named, explainer, images, options, boxes is None)
+                if explainer.model.profile.volume is None
+                else None
+            )
             if planned is not None:
                 explainer, self.plan_seconds, self.plan_total = planned.explainer, planned.seconds, planned.total
                 self.sampled, self.ranking = planned.sampled, replace(self.ranking, seed_images=planned.seed_images)
         evaluator = evaluator_for(explainer, options)
         report = self._evaluate(evaluator, options, images, boxes)
-        tell(self.reporter, report, evaluator, images, options, bool(boxes), self.ranking)
+        tell(self.reporter, report, evaluator, images, options, bool(boxes) or options.masks is not None, self.ranking)
         elapsed = time.perf_counter() - started  # the plan's timing and the seed spread included
         said = (
             f" (the plan said about {duration(self.plan_total)}: {elapsed / self.plan_total:.2f}x)"
@@ -255,10 +261,23 @@ class EvalCommand:
         )
         return EXIT_IMAGE_FAILED if report.failed else EXIT_OK
 
+    def _check_rank_options(self) -> None:
+        """Refuse ``--rank``'s options without it."""
+        if self.ranking.report is not None and not self.ranking.rank:
+            raise UsageError("--report is for --rank: add --rank (gradcam eval writes no page otherwise)")
+        if self.ranking.budget is not None and not self.ranking.rank:
+            raise UsageError("--budget is for --rank: add --rank (gradcam eval plans nothing otherwise)")
+        if self.options.meta and not self.ranking.rank:
+            raise UsageError("--meta is for --rank: add --rank (it tests the ranking's metrics)")
+
     def _scans(self, explainer: Explainer, scans: list[InputImage]) -> list[InputImage]:
-        """A volume model's scans; ``--rank`` refused on them, and a run without any."""
-        if self.ranking.rank:
-            raise UsageError("--rank is not measured on scans; run gradcam eval on them without it")
+        """A volume model's scans; ``--budget`` refused on them, a ``--masks`` that is not a folder, and a run
+        without any."""
+        if self.ranking.budget is not None:
+            raise UsageError("--budget plans --rank on images; on scans every method named is run")
+        masks = self.options.masks
+        if masks is not None and not masks.is_dir():
+            raise UsageError(f"--masks {masks}: no such folder (give the folder of label masks, as nnU-Net's labelsTr)")
         if not scans:
             raise UsageError(f"{explainer.model.name} takes scans; none found in {' '.join(self.inputs)}")
         return scans

@@ -39,7 +39,8 @@ def tell(
         reporter.info(f"{report.undetected_boxes} box(es) match no explained detection or class: not scored")
     unboxed = [image for image in report.ok if not any(s.boxes for s in image.methods.values())]
     if boxes and unboxed:
-        reporter.info(f"{len(unboxed)} image(s) have no boxes: scored for faithfulness only")
+        kind = "label mask" if options.masks is not None else "boxes"
+        reporter.info(f"{len(unboxed)} image(s) have no {kind}: scored for faithfulness only")
     if ranking.rank:
         rank_report(
             reporter, evaluator.explainer, report, images, ranking.report, options.seed, evaluator, ranking.seed_images

@@ -72,6 +72,7 @@ PANELS: dict[str, tuple[str, ...]] = {
     MEASURES: (
         "steps",
         "boxes",
+        "masks",
         "tolerance",
         "sanity",
         "sanity_layers",
@@ -83,7 +84,7 @@ PANELS: dict[str, tuple[str, ...]] = {
         "mprt_samples",
         "stability",
     ),
-    RANKING: ("rank", "report_dir", "budget"),
+    RANKING: ("rank", "report_dir", "budget", "meta"),
     OUTPUT: (
         "output_dir",
         "image_format",

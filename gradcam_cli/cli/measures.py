@@ -24,6 +24,15 @@ BoxesOpt = Annotated[
         help="Ground truth: CSV image,x1,y1,x2,y2[,class], or a folder of Pascal VOC XML files.",
     ),
 ]
+MasksOpt = Annotated[
+    Path | None,
+    typer.Option(
+        parser=params.parse_path,
+        metavar="DIR",
+        help="Scans: label masks named as nnU-Net's labelsTr (CASE.nii.gz for CASE_0000.nii.gz): pointing, energy "
+        "and Dice in the explained class's voxels.",
+    ),
+]
 ToleranceOpt = Annotated[float, typer.Option(min=0.0, metavar="PIXELS", help="Pointing-game tolerance in pixels.")]
 SanityOpt = Annotated[
     bool, typer.Option("--sanity", help="Run the model-parameter randomisation test (Adebayo et al. 2018).")
@@ -61,6 +70,14 @@ MprtOpt = Annotated[
     typer.Option(
         "--mprt",
         help="Also run sMPRT and eMPRT (Hedstrom et al. 2023) against a fully randomised copy of the model.",
+    ),
+]
+MetaOpt = Annotated[
+    bool,
+    typer.Option(
+        "--meta",
+        help="With --rank: test each metric as MetaQuantus does (Hedstrom et al. 2023): its ranking under input "
+        "noise and on a randomised model, and say which metrics to trust.",
     ),
 ]
 MprtSamplesOpt = Annotated[

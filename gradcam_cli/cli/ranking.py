@@ -17,6 +17,7 @@ from .reporting import ProgressBar, Reporter
 if TYPE_CHECKING:
     from ..cam.explainer import Explainer
     from ..evaluation.evaluate import AnyEvaluator, Evaluator
+    from ..evaluation.meta import MetaRow
     from ..evaluation.rank import RankRow
     from ..evaluation.report import EvalReport
     from ..io.discovery import InputImage
@@ -104,20 +105,21 @@ def rank_report(
         except KeyboardInterrupt:
             kept = f"; its finished re-runs are in {folder}, add --skip-existing to resume" if folder else ""
             reporter.info(f"interrupted during the seed spread: the ranking without it{kept}")
-            _print_ranking(reporter, rank(report, seed))
+            _print_ranking(reporter, rank(report, seed), report)
             raise
     rows = rank(report, seed, spread=spread)
-    _print_ranking(reporter, rows)
+    meta = _print_ranking(reporter, rows, report)
     if folder is None:
         return
     from ..evaluation.rank_page import write_rank_report
 
     failed = {image.image for image in report.failed}
     shown = [image for image in images if str(image.path) not in failed][:EXAMPLES]
-    shown = shown if explainer.model.profile.clips is None else []  # a video model's clips: no example maps
+    profile = explainer.model.profile
+    shown = shown if profile.clips is None and profile.volume is None else []  # clips and scans: no example maps
     examples = [(image.path.name, explainer.explain(image.path)) for image in shown]  # its --target(-class)
     try:
-        page = write_rank_report(folder, report, rows, examples)
+        page = write_rank_report(folder, report, rows, examples, meta)
     except OSError as error:
         raise UsageError(f"cannot write --report {folder}: {describe(error, folder)}") from error
     reporter.info(f"ranking report written to {page}")
@@ -141,14 +143,21 @@ def _seed_spread(
         rows.close()
 
 
-def _print_ranking(reporter: Reporter, rows: list[RankRow]) -> None:
+def _print_ranking(reporter: Reporter, rows: list[RankRow], report: EvalReport) -> list[MetaRow]:
+    """Print the ranking and, with ``--meta``, its meta-evaluation (``--json``: one object per row, each ranking row
+    then each metric's meta-evaluation; docs/rank.schema.json); the meta-evaluation's rows."""
+    from ..evaluation.meta import format_meta, meta_rows
     from ..evaluation.rank import format_ranking
 
+    meta = meta_rows(report, rows)
     if reporter.as_json:
         for row in rows:
             reporter.emit(json.dumps(row.to_dict()))
-    for line in format_ranking(rows):
+        for checked in meta:
+            reporter.emit(json.dumps(checked.to_dict()))
+    for line in [*format_ranking(rows), *format_meta(meta)]:
         reporter.result(line)
+    return meta
 
 
 class MethodSteps:

@@ -43,7 +43,7 @@ def map_fingerprint(saliency: torch.Tensor) -> dict[str, Any]:
     rows = [digits[start : start + width_digits] for start in range(0, GRID * width_digits, width_digits)]
     fingerprint: dict[str, Any] = {"size": sides, "grid": rows}
     if saliency.dim() == 3:
-        profile = saliency.detach().float().flatten(1).mean(dim=1)
+        profile = saliency.detach().float().mean(dim=(1, 2))  # no flattened copy of a transposed volume
         fingerprint["depth"] = _hex(F.adaptive_avg_pool1d(profile.view(1, 1, -1), GRID)[0, 0])
     return fingerprint
 

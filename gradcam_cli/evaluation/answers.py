@@ -92,6 +92,8 @@ class AnswerEvaluator:
         self.score = answer_score(explainer)
         if self.options.steps < 2:
             raise UsageError("--steps must be at least 2")
+        if self.options.meta:
+            raise UsageError("--meta is measured on a classifier's images; an answer is measured by its curves only")
 
     def rows(self, images: Sequence[InputImage]) -> Iterator[dict[str, Any]]:
         """Each image's rows, one per method (an empty answer: one with its ``note``); an image that fails gives an

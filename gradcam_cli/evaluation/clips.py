@@ -56,7 +56,12 @@ def refuse_for_clips(options: EvalOptions, boxes: Sequence[object] | None = None
         raise UsageError("--road imputes an image's pixels; a video model's clips are measured without it")
     if boxes or options.boxes is not None:
         raise UsageError("--boxes name images; a video model's clips are measured by their curves only")
-    for flag, on in (("--arcc", options.arcc), ("--random-logit", options.random_logit), ("--mprt", options.mprt)):
+    for flag, on in (
+        ("--arcc", options.arcc),
+        ("--random-logit", options.random_logit),
+        ("--mprt", options.mprt),
+        ("--meta", options.meta),
+    ):
         if on:
             raise UsageError(f"{flag} is measured on images; a video model's clips are measured without it")
 
@@ -78,8 +83,11 @@ def evaluated_inputs(
 
 def rank_options(explainer: Explainer, options: EvalOptions) -> EvalOptions:
     """What ``gradcam eval --rank`` measures: the task's options
-    (:meth:`~gradcam_cli.cam.tasks.base.TaskAdapter.rank_options`), without ROAD on a video model's clips."""
+    (:meth:`~gradcam_cli.cam.tasks.base.TaskAdapter.rank_options`), without ROAD on a video model's clips; a
+    volume model's scans by their curves (and ``--masks``) alone (:mod:`~gradcam_cli.evaluation.scans`)."""
     options = explainer.adapter.rank_options(options)
+    if explainer.model.profile.volume is not None:
+        return replace(options, sanity=False, road=False, stability=False, correlation=False)
     return replace(options, road=False) if explainer.model.profile.clips is not None else options
 
 

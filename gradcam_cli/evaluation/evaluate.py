@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..cam.explainer import Explainer
 from ..cam.results import Prediction
@@ -31,6 +32,7 @@ from .correlation import correlation_drops
 from .draws import RANDOM_METHODS, averaged, random_draws, sanity_seed
 from .extras import ExtraFigures
 from .images import evaluate_images, report_of, scored_safely
+from .perturbed import MetaFigures
 from .plan import with_methods
 from .report import BLUR_KERNEL, BLUR_SIGMA, STABILITY_SIGMA, BoxScore, EvalReport, ImageScores, MethodScores
 from .road import ROAD_FRACTIONS, impute, road_masks
@@ -79,6 +81,12 @@ class Evaluator:
             raise UsageError("--random-logit compares a class's map with another class's; run it without --target")
         if self.options.arcc and not self.options.road:
             self.options = replace(self.options, road=True)  # ARCC reads ROAD
+        if self.options.meta and explainer.options.targets:
+            raise UsageError(
+                "--meta compares a class's figures under noise and model randomisation; run it without --target"
+            )
+        if self.options.meta and not self.options.sanity:
+            self.options = replace(self.options, sanity=True)  # its model test reads the cascade's last model
         self.sanity_modules: list[str] = []
         self.randomised: list[Explainer] = []
         self.redraw: Explainer | None = None
@@ -90,6 +98,10 @@ class Evaluator:
         self._parts: dict[tuple[int, tuple[str, ...]], Explainer] = {}
         self._once = Once()
         self._extras = ExtraFigures(explainer, self.options, self._cams, self._part, self._once)
+        self._module: nn.Module | None = None  # the model the scores are read with, where not the explainer's
+        self._meta = (
+            MetaFigures(explainer, self.options.seed, self._scored_maps, self._once) if self.options.meta else None
+        )
         if self.options.sanity:
             self._build_randomised()
 
@@ -182,18 +194,8 @@ class Evaluator:
         """One method's figures on one image: faithfulness (randomcam's averaged over its draws), faithfulness
         correlation, sparseness, stability, and its maps' agreement through the cascade."""
         input_size = tuple(inputs.shape[2:])  # (H, W) of an image, (T, H, W) of a clip
-        maps = {method: method_maps(method, cams[method][0], input_size)[0]}
-        if method == "randomcam":  # the floor: its figures averaged over several draws
-            for d, cam in enumerate(random_draws(cams, inputs, self.seed), 1):
-                maps[f"randomcam#{d}"] = method_maps(method, cam, input_size)[0]
-        scores = self._perturbation_scores(inputs[0], target, maps, read)
-        scored = partial(self._probabilities, read=read)
-        drops = partial(correlation_drops, inputs[0], target.probability, self.options, scored)
-        correlation = self._once(("correlation",), drops)  # the same subsets for every method: once per image
-        for name, saliency in maps.items():
-            scores[name].gini, scores[name].entropy = metrics.gini(saliency), metrics.entropy(saliency)
-            if correlation is not None:
-                scores[name].faithfulness_correlation = metrics.faithfulness_correlation(saliency, *correlation)
+        maps = self._maps(method, cams, inputs)
+        scores = self._scored_maps(inputs[0], target, maps, read)
         result = averaged([scores[name] for name in maps]) if len(maps) > 1 else scores[method]
         saliency, group = maps[method], self._groups[method]
         if self.options.stability:
@@ -205,8 +207,49 @@ class Evaluator:
         for stage, randomised in enumerate(self.randomised, 1):  # fresh masks and noise: never the trained model's
             random_cams = self._cams(randomised, group, inputs, target.index, sanity_seed(self.seed, stage))
             result.sanity.append(metrics.spearman(saliency, method_maps(method, random_cams[method][0], input_size)[0]))
+        if self._meta is not None:  # the cascade's last model: its maps computed above
+            stage = len(self.randomised)
+            cams = self._cams(self.randomised[-1], group, inputs, target.index, sanity_seed(self.seed, stage))
+            last = (self.randomised[-1].model.module, self._maps(method, cams, inputs))
+            result.meta_input, result.meta_model = self._meta.measure(inputs, target, (method, maps), read, last)
         result.extra = self._extras.measure(inputs, target, (method, group), saliency, scores[method])
         return result
+
+    def _maps(self, method: str, cams: Cams, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The method's map of the (1, C, ...) ``inputs``; randomcam's, with its other draws (the floor: its figures
+        averaged over several draws)."""
+        size = tuple(inputs.shape[2:])
+        maps = {method: method_maps(method, cams[method][0], size)[0]}
+        if method == "randomcam":
+            for d, cam in enumerate(random_draws(cams, inputs, self.seed), 1):
+                maps[f"randomcam#{d}"] = method_maps(method, cam, size)[0]
+        return maps
+
+    def _scored_maps(
+        self,
+        image: torch.Tensor,
+        target: Prediction,
+        maps: dict[str, torch.Tensor],
+        read: Callable[[object], torch.Tensor],
+        module: nn.Module | None = None,
+        key: tuple[object, ...] = (),
+    ) -> dict[str, MethodScores]:
+        """Each map's figures on the (C, ...) ``image``: its curves, ROAD, faithfulness correlation (its subsets drawn
+        once per image and ``key``), sparseness and complexity, the scores read with ``module`` (None: the
+        explainer's model)."""
+        self._module = module
+        try:
+            scores = self._perturbation_scores(image, target, maps, read)
+            scored = partial(self._probabilities, read=read)
+            drops = partial(correlation_drops, image, target.probability, self.options, scored)
+            correlation = self._once(("correlation", *key), drops)  # the same subsets for every method
+        finally:
+            self._module = None
+        for name, saliency in maps.items():
+            scores[name].gini, scores[name].entropy = metrics.gini(saliency), metrics.entropy(saliency)
+            if correlation is not None:
+                scores[name].faithfulness_correlation = metrics.faithfulness_correlation(saliency, *correlation)
+        return scores
 
     def _explained(
         self, inputs: torch.Tensor, explainer: Explainer
@@ -304,7 +347,7 @@ class Evaluator:
     ) -> Iterator[float]:
         """The target's score for each job's image (:meth:`_explained`), forwarded ``batch_size`` images at a
         time."""
-        module = self.explainer.model.module
+        module = self._module or self.explainer.model.module
         size = self.options.batch_size
         with model_state_preserved(module), torch.inference_mode():
             for start in range(0, len(jobs), size):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -29,6 +29,7 @@ from ..cam.methods import METHODS
 from ..models.modes import model_state_preserved
 from ..options import EvalOptions, PerturbationOptions
 from .draws import RANDOM_DRAWS, RANDOM_METHODS
+from .meta import META_PERTURBATIONS
 from .road import ROAD_FRACTIONS
 from .shared import pass_groups
 
@@ -65,6 +66,8 @@ class Costs:
     rerun: dict[str, float]
     spent: float = 0.0
     sampled: tuple[str, ...] = ()
+    checks: dict[str, float] = field(default_factory=dict)
+    """Of ``seconds``: what ``--arcc``, ``--random-logit``, ``--mprt`` and ``--meta`` add per image."""
 
 
 def _timed(explainer: Explainer, methods: tuple[str, ...], inputs: torch.Tensor) -> float:
@@ -92,11 +95,13 @@ def _timed(explainer: Explainer, methods: tuple[str, ...], inputs: torch.Tensor)
 
 def _sampled(sample: Sample, methods: tuple[str, ...]) -> tuple[dict[str, float], float]:
     """Each of ``methods``' seconds in one real evaluation of the first image (the first method's holding the passes
-    they share), and the whole evaluation's."""
+    they share), and the whole evaluation's; none where ``--skip-existing`` had finished them all there."""
     marks: list[tuple[str, float]] = []
     started = time.perf_counter()
     sample(methods, lambda name: marks.append((name, time.perf_counter())))
     ended = time.perf_counter()
+    if not marks:
+        return {}, 0.0
     ends = [at for _, at in marks[1:]] + [ended]
     return {name: end - at for (name, at), end in zip(marks, ends, strict=True)}, ended - started
 
@@ -172,6 +177,9 @@ class Plan:
             f"plan: {len(self.kept)} method(s) on {self.images} image(s), about {self.total():.0f}s in all (timing "
             f"included, {self.costs.spent:.0f}s): {cost} per image"
         ]
+        checks = sum(self.costs.checks.get(m, 0.0) * self.runs[m] for m in self.kept)
+        if checks:
+            out.append(f"plan: --arcc, --random-logit, --mprt and --meta take ~{checks:.0f}s of it (included above)")
         if self.seed_images:
             spread = sum(self.costs.rerun[m] for m in self.kept) * SEED_RERUNS * self.seed_images
             out.append(
@@ -202,9 +210,9 @@ def estimate(
     with the methods sharing a pass, which gives their costs and one map's scoring cost (ROAD's imputation
     included); without it, the scoring is estimated from the forward passes alone."""
     started = time.perf_counter()
-    repeats = (
-        1 + (options.sanity_layers if options.sanity else 0) + (options.stability_samples if options.stability else 0)
-    )
+    cascade = options.sanity_layers if options.sanity or options.meta else 0
+    repeats = 1 + cascade + (options.stability_samples if options.stability else 0) + _shared_checks(options)
+    scorings = 1 + (META_PERTURBATIONS + 1 if options.meta else 0)  # --meta: each map scored again
     groups, explained = pass_groups(explainer.chosen.methods), {}
     for method in explainer.chosen.methods:
         if on_method:
@@ -215,17 +223,26 @@ def estimate(
     shared = tuple(m for m in explainer.chosen.methods if not METHODS[m].shows_progress)
     sampled = _sample_of(shared)
     measured, whole = _sampled(sample, sampled) if sample is not None and sampled else ({}, 0.0)
-    passes = _timed(explainer, sampled, inputs) * repeats if measured else 0.0  # the sample's explanations
+    alone = {m: explained[groups[m]] * len(groups[m]) if options.arcc else 0.0 for m in sampled}  # ARCC's own pass
+    passes = _timed(explainer, sampled, inputs) * repeats + sum(alone.values()) if measured else 0.0
     maps = sum(RANDOM_DRAWS if m == "randomcam" else 1 for m in measured)
-    scoring = max(whole - passes, 0.0) / maps if maps else _forward_scoring(explainer, inputs, options)
-    seconds, rerun = {}, {}
+    scoring = max(whole - passes, 0.0) / maps / scorings if maps else _forward_scoring(explainer, inputs, options)
+    seconds, rerun, checks = {}, {}, {}
     for method in explainer.chosen.methods:
         explain = explained[groups[method]]
         redraw = 1 if options.sanity and method in RANDOM_METHODS else 0
-        seconds[method] = explain * (repeats + redraw) + scoring * (RANDOM_DRAWS if method == "randomcam" else 1)
-        cascade = options.sanity_layers if options.sanity else 0
-        rerun[method] = max(seconds[method] - explain * (cascade + redraw), 0.0)
-    return Costs(seconds, rerun, time.perf_counter() - started, tuple(measured))
+        draws = RANDOM_DRAWS if method == "randomcam" else 1
+        arcc = explain * len(groups[method]) if options.arcc else 0.0
+        seconds[method] = explain * (repeats + redraw) + arcc + scoring * scorings * draws
+        checks[method] = explain * _shared_checks(options) + arcc + scoring * (scorings - 1) * draws
+        rerun[method] = max(seconds[method] - explain * (cascade + redraw) - scoring * (scorings - 1) * draws, 0.0)
+    return Costs(seconds, rerun, time.perf_counter() - started, tuple(measured), checks)
+
+
+def _shared_checks(options: EvalOptions) -> int:
+    """The explanations per image that ``--random-logit`` (the other class's) and ``--mprt`` (sMPRT's copies on the
+    trained and the randomised model, eMPRT's map there) add to a shared pass."""
+    return (1 if options.random_logit else 0) + (1 + 2 * options.mprt_samples if options.mprt else 0)
 
 
 def draws_noise(methods: Sequence[str], options: EvalOptions) -> bool:

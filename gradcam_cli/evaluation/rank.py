@@ -24,7 +24,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -104,6 +104,7 @@ RANKED: dict[str, tuple[str, str, Value]] = {
     "emprt": ("eMPRT (complexity rise)", "higher", _extra("emprt")),
     "pointing": ("pointing %", "higher", _boxes(lambda s: 100.0 * sum(b.hit for b in s.boxes) / len(s.boxes))),
     "energy": ("energy in box", "higher", _boxes(lambda s: sum(b.energy for b in s.boxes) / len(s.boxes))),
+    "dice": ("Dice (top voxels, a scan's mask)", "higher", _extra("dice")),
     "box_deletion_auc": ("box deletion AUC (per detection)", "lower", _per_detection(lambda d: d.deletion_auc)),
     "box_insertion_auc": ("box insertion AUC (per detection)", "higher", _per_detection(lambda d: d.insertion_auc)),
     "box_pointing": ("box pointing % (own box)", "higher", _per_detection(lambda d: 100.0 * d.hit)),
@@ -129,6 +130,8 @@ class RankRow:
     ``vs_best``/``vs_random``: the mean per-image difference to the best method / to randomcam and its paired BCa
     interval (NaN where not measured); ``per_image``: the values ranked, by image path."""
 
+    kind: ClassVar[str] = "rank"
+    """``--json``'s discriminator (docs/rank.schema.json)."""
     metric: str
     label: str
     better: str
@@ -155,7 +158,8 @@ class RankRow:
     (:mod:`gradcam_cli.evaluation.seeds`; NaN where not measured)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {key: (None if isinstance(v, float) and math.isnan(v) else v) for key, v in asdict(self).items()}
+        nulled = {key: (None if isinstance(v, float) and math.isnan(v) else v) for key, v in asdict(self).items()}
+        return {"kind": self.kind, **nulled}
 
 
 def values(report: EvalReport, metric: str) -> dict[str, list[float]]:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import html
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..cam.results import ImageExplanation
 from ..io.atomic import write_atomic
 from ..io.display import displayable
+from .meta import MetaRow
 from .plot import write_plot
 from .rank import RANKED, RankRow, format_interval, group_cell, marks, seed_cell, values, warnings
 from .report import EvalReport
@@ -28,9 +29,14 @@ STYLE = (
 
 
 def write_rank_report(
-    folder: Path, report: EvalReport, rows: Sequence[RankRow], examples: Sequence[tuple[str, ImageExplanation]]
+    folder: Path,
+    report: EvalReport,
+    rows: Sequence[RankRow],
+    examples: Sequence[tuple[str, ImageExplanation]],
+    meta: Sequence[MetaRow] = (),
 ) -> Path:
-    """Write the page and its figures into ``folder`` (created); returns the page's path."""
+    """Write the page and its figures into ``folder`` (created); returns the page's path. ``meta``: the metrics'
+    meta-evaluation (``--meta``), a table after the ranking's."""
     from ..render.panels import render_panel
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -47,7 +53,7 @@ def write_rank_report(
         write_atomic(folder / f"example-{number}.png", render_panel(explained.pixels, explained.explanations))
         target = explained.explanations[0].target
         shown.append((f"example-{number}.png", f"{name}: {target.name} ({target.probability:.3f})"))
-    page = _page(report, rows, figures, shown)
+    page = _page(report, rows, figures, shown, meta)
     write_atomic(folder / "index.html", page.encode("utf-8"))
     return folder / "index.html"
 
@@ -57,6 +63,7 @@ def _page(
     rows: Sequence[RankRow],
     figures: Sequence[tuple[str, str]],
     examples: Sequence[tuple[str, str]],
+    meta: Sequence[MetaRow] = (),
 ) -> str:
     def e(text: str) -> str:
         return html.escape(displayable(text))
@@ -94,6 +101,7 @@ def _page(
                 f"<td class='m bad'>{e(', '.join(marks(row)))}</td></tr>"
             )
         parts.append("</table>")
+    parts += _meta_table(meta, e)
     for file, caption in figures:
         parts.append(f"<h2>{e(caption)}</h2><img src='{e(file)}' alt='{e(caption)}'>")
     if examples:
@@ -103,6 +111,24 @@ def _page(
         parts.append("</figcaption></figure>")
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _meta_table(meta: Sequence[MetaRow], e: Callable[[str], str]) -> list[str]:
+    """The meta-evaluation's table (:func:`~gradcam_cli.evaluation.meta.format_meta`'s), where measured."""
+    if not meta:
+        return []
+    parts = ["<h2>Meta-evaluation: which metrics to trust</h2><table class='meta'><tr><th class='m'>metric</th>"]
+    parts.append("<th>IAC_NR</th><th>IEC_NR</th><th>IAC_AR</th><th>IEC_AR</th><th>MC</th><th class='m'>verdict</th>")
+    for row in meta:
+        said = {True: "trusted", False: "not trusted", None: "not measured"}[row.trusted]
+        marked = "m" if row.trusted is not False else "m bad"
+        cells = "".join(f"<td>{_fmt(v)}</td>" for v in (row.iac_nr, row.iec_nr, row.iac_ar, row.iec_ar, row.mc))
+        parts.append(
+            f"<tr data-metric='{e(row.metric)}' data-trusted='{said}'><td class='m'>{e(row.label)}</td>{cells}"
+            f"<td class='{marked}'>{e(said + ': ' + '; '.join(row.reasons))}</td></tr>"
+        )
+    parts.append("</table>")
+    return parts
 
 
 def _box_plots(report: EvalReport, rows: Sequence[RankRow]) -> bytes:

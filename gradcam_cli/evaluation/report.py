@@ -104,6 +104,9 @@ class MethodScores:
     temporal_insertion: list[float] = field(default_factory=list)
     detections: list[DetectionFigures] = field(default_factory=list)
     """Detectors: each explained detection's own figures (:class:`DetectionFigures`), in rank order."""
+    meta_input: list[dict[str, float]] = field(default_factory=list)
+    """``--meta``: per noisy copy, metric -> value (NaN: class changed); ``meta_model``: the randomised model's."""
+    meta_model: dict[str, float] = field(default_factory=dict)
 
     @property
     def deletion_auc(self) -> float:

@@ -17,7 +17,8 @@ mean, for a z-scored one) in ``--steps`` equal steps, every channel; **insertion
 the scan blurred by a 3-D Gaussian (:data:`~gradcam_cli.evaluation.report.BLUR_KERNEL` voxels,
 :data:`~gradcam_cli.evaluation.report.BLUR_SIGMA`). A faithful map's deletion curve falls fast (a low area), its
 insertion curve rises fast (a high area). The masked probability (the scan times its map), sparseness and complexity
-are an image's. ROAD, the sanity check, stability, faithfulness correlation, boxes and ``--rank`` are refused.
+are an image's; with ``--masks``, pointing, energy and Dice against each scan's label mask (:mod:`.scan_masks`).
+ROAD, the sanity check, stability, faithfulness correlation and boxes are refused; ``--rank`` ranks what is measured.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from ..cam.whole_volume import explain_classified, model_input
 from ..cam.windows import Windows, explain_volume, gaussian_weights, padding, volume_logits, window_slices
 from ..errors import ImageError, UsageError
 from ..io.discovery import InputImage
-from ..io.volumes import read_region, read_volume
+from ..io.volumes import Volume, read_region, read_volume
 from ..models.modes import model_state_preserved
 from ..models.tasks import CLASSIFY
 from ..models.volume_spec import VolumeSpec
@@ -44,6 +45,8 @@ from ..options import EvalOptions
 from . import metrics
 from .images import report_of, scored_safely
 from .report import BLUR_KERNEL, BLUR_SIGMA, EvalReport, ImageScores, MethodScores
+from .scan_masks import class_voxels, mask_file, mask_scores
+from .shared import methods_to_run
 
 Score = Callable[[list[torch.Tensor]], list[float]]
 """The explained class's score of each (C, D, H, W) copy of a scan."""
@@ -58,6 +61,7 @@ def refuse_for_scans(options: EvalOptions, boxes: Sequence[object] | None = None
         "--faithfulness-correlation": options.correlation,
         "--boxes": bool(boxes) or options.boxes is not None,
         "--fps": options.fps is not None,
+        "--meta": options.meta,
     }
     refused = next((name for name, value in given.items() if value), None)
     if refused is not None:
@@ -127,6 +131,9 @@ class ScanEvaluator:
         patch = spec.patch if spec.patch and not self.classifier else (1, 1, 1)
         self.windows = Windows(patch, spec.step)  # explained one window at a time, as gradcam does by default
         self.sanity_modules: list[str] = []
+        self.on_result: Callable[[ImageScores], Any] | None = None
+        self.done: Mapping[str, ImageScores] = {}
+        self.undetected = 0  # scans whose label mask has no voxel of the explained class
 
     def run(
         self,
@@ -137,55 +144,85 @@ class ScanEvaluator:
         on_method: Callable[[str], Any] | None = None,
         done: Mapping[str, ImageScores] | None = None,
     ) -> EvalReport:
-        """Every scan's figures, in order (``done`` is not used: ``--skip-existing`` resumes ``--rank``, refused)."""
+        """Every scan's figures, in order; ``on_result`` with each (scan, method)'s figures as they are ready and with
+        each failed scan (``--rank --report``'s rows file); ``done``: scan path -> the methods already finished on
+        it (``--skip-existing``), kept, not computed again."""
         refuse_for_scans(self.options, boxes)
+        self.on_result, self.done, self.undetected = on_result, done or {}, 0
         results = []
         for scan in images:
             item = scan if isinstance(scan, InputImage) else InputImage(Path(scan), Path(Path(scan).name))
             results.append(scored_safely(item.path, partial(self.evaluate_scan, item, on_method)))
-            if on_result is not None:
+            if on_result is not None and results[-1].error is not None:
                 on_result(results[-1])
             if on_image is not None:
                 on_image()
-        return report_of(self.explainer, self.options, results, 0)
+        return report_of(self.explainer, self.options, results, 0, undetected=self.undetected)
 
     def evaluate_scan(self, scan: InputImage, on_method: Callable[[str], Any] | None = None) -> ImageScores:
-        """One scan's figures per method (the module docstring)."""
+        """One scan's figures per method (the module docstring), the methods :meth:`run`'s ``done`` holds kept."""
+        name, methods = str(scan.path), self.explainer.chosen.methods
+        done = self.done.get(name)
+        todo = tuple(m for m in methods if done is None or m not in done.methods)
+        if done is not None and not todo:
+            return ImageScores(name, done.target, dict(done.methods))
+        explainer = self.explainer if len(todo) == len(methods) else self.explainer.with_options(methods=todo)
         volume = read_volume(scan.channels or (scan.path,))
         axes = self.spec.axes(scan.path.name.lower().endswith((".nii", ".nii.gz")))
-        device = self.explainer.device
-        x = self.spec.normalise(torch.from_numpy(volume.data).permute(0, *(a + 1 for a in axes))).to(device)
-        target = self.explainer.chosen.target
+        x = self.spec.normalise(torch.from_numpy(volume.data).permute(0, *(a + 1 for a in axes)))
+        x = x.to(self.explainer.device)
+        explained, maps, score = self._explained(explainer, scan, volume, axes, x)
+        explained.probability = full = score([x])[0]
+        inside = self._labelled(scan, volume, axes, explained.index)
+        figures: dict[str, MethodScores] = {}
+        for method in methods_to_run(methods, done, figures, on_method):
+            saliency = maps[method].to(self.explainer.device)
+            figures[method] = self._curves(x, saliency, full, score)
+            if inside is not None:
+                box, dice = mask_scores(saliency, inside, explained)
+                figures[method].boxes, figures[method].extra["dice"] = [box], dice
+            if self.on_result is not None:
+                self.on_result(ImageScores(name, explained, {method: figures[method]}))
+        return ImageScores(name, explained, figures)
+
+    def _explained(
+        self, explainer: Explainer, scan: InputImage, volume: Volume, axes: tuple[int, ...], x: torch.Tensor
+    ) -> tuple[Prediction, dict[str, torch.Tensor], Score]:
+        """The class explained on the normalised scan ``x``, each method's map, and the score of a copy of it."""
+        target = explainer.chosen.target
         classes = [target] if isinstance(target, int) else None
+        device = explainer.device
         if self.classifier:
-            whole = explain_classified(self.explainer, x, self.spec.patch, classes, 1)
+            whole = explain_classified(explainer, x, self.spec.patch, classes, 1)
             if not whole.targets:
                 raise ImageError(f"{scan.path}: nothing to explain")
-            explained, maps = whole.targets[0], {m: each[0] for m, each in whole.maps.items()}
-            score: Score = partial(self._classified, explained.index)
-        else:
-            mask = self.explainer.options.region
-            region = None if mask is None else torch.from_numpy(read_region(mask, volume)).permute(axes).to(device)
-            result = explain_volume(self.explainer, x, self.windows, classes, 1, region)
-            if not result.classes:
-                raise ImageError(f"{scan.path}: the model predicts nothing but the background; no class to evaluate")
-            c = result.classes[0]
-            maps = {m: each[0] for m, each in result.maps.items()}
-            with model_state_preserved(self.explainer.model.module), torch.inference_mode():
-                inside = region if region is not None else self._probabilities(x[None])[0].argmax(dim=0) == c
-            if not inside.any():
-                raise ImageError(f"{scan.path}: no voxel is predicted as {self.explainer.model.class_name(c)}")
-            score = partial(self._segmented, c, inside)
-            share = float(result.shares[c]) if c < len(result.shares) else 0.0
-            explained = Prediction(c, self.explainer.model.class_name(c), 0.0, share=share)
-        full = score([x])[0]
-        explained.probability = full
-        figures = {}
-        for method in self.explainer.chosen.methods:
-            if on_method is not None:
-                on_method(method)
-            figures[method] = self._curves(x, maps[method].to(device), full, score)
-        return ImageScores(str(scan.path), explained, figures)
+            explained = whole.targets[0]
+            return explained, {m: each[0] for m, each in whole.maps.items()}, partial(self._classified, explained.index)
+        mask = explainer.options.region
+        region = None if mask is None else torch.from_numpy(read_region(mask, volume)).permute(axes).to(device)
+        result = explain_volume(explainer, x, self.windows, classes, 1, region)
+        if not result.classes:
+            raise ImageError(f"{scan.path}: the model predicts nothing but the background; no class to evaluate")
+        c = result.classes[0]
+        with model_state_preserved(explainer.model.module), torch.inference_mode():
+            inside = region if region is not None else self._probabilities(x[None])[0].argmax(dim=0) == c
+        if not inside.any():
+            raise ImageError(f"{scan.path}: no voxel is predicted as {explainer.model.class_name(c)}")
+        share = float(result.shares[c]) if c < len(result.shares) else 0.0
+        explained = Prediction(c, explainer.model.class_name(c), 0.0, share=share)
+        return explained, {m: each[0] for m, each in result.maps.items()}, partial(self._segmented, c, inside)
+
+    def _labelled(self, scan: InputImage, volume: Volume, axes: tuple[int, ...], index: int) -> torch.Tensor | None:
+        """With ``--masks``: the scan's voxels of class ``index`` in its label mask, as the model takes the scan
+        (:mod:`.scan_masks`); ``None``: no mask, or none of the class's voxels in it (counted)."""
+        path = mask_file(self.options.masks, scan) if self.options.masks is not None else None
+        if path is None:
+            return None
+        inside = torch.from_numpy(class_voxels(path, volume, index)).permute(axes).to(self.explainer.device)
+        if not inside.any():
+            self.undetected += 1
+            return None
+        return inside
 
     def _curves(self, x: torch.Tensor, saliency: torch.Tensor, full: float, score: Score) -> MethodScores:
         steps = self.options.steps

@@ -46,7 +46,7 @@ def seed_spread(
         perturbation = replace(explainer.options.perturbation, seed=explainer.options.perturbation.seed + shift)
         reseeded = type(evaluator)(  # a video model's clip evaluator re-runs its clips
             with_methods(explainer, explainer.chosen.methods, perturbation=perturbation),
-            replace(options, seed=options.seed + shift, sanity=False),
+            replace(options, seed=options.seed + shift, sanity=False, meta=False),
         )
         finished = done.get(k, Finished(explainer.chosen.methods))
         reseeded.done = finished.pending()

@@ -9,8 +9,8 @@ from typing import Any
 
 from .report import EvalReport
 
-EXTRA_COLUMNS = {"arcc": "ARCC", "random_logit": "random logit", "smprt": "sMPRT", "emprt": "eMPRT"}
-"""The columns of ``--arcc``, ``--random-logit`` and ``--mprt``, by their summary key."""
+EXTRA_COLUMNS = {"arcc": "ARCC", "random_logit": "random logit", "smprt": "sMPRT", "emprt": "eMPRT", "dice": "Dice"}
+"""The columns of ``--arcc``, ``--random-logit``, ``--mprt`` and scans' ``--masks`` (Dice), by their summary key."""
 
 
 def _fmt(value: float | None, pattern: str = "{:.3f}") -> str:

@@ -51,6 +51,7 @@ class TaskEvaluator:
         options = self.options
         more = [flag for flag, on in (("--arcc", options.arcc), ("--random-logit", options.random_logit)) if on]
         more += ["--mprt"] if options.mprt else []
+        more += ["--meta"] if options.meta else []
         plot = options.plot is not None
         explainer.adapter.eval_checks(options.sanity, plot, options.road, options.correlation, *more)
         self.undetected = 0

@@ -13,7 +13,7 @@ from pathlib import Path
 TEMP_MARKER = ".gradcam-tmp-"
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes | bytearray) -> None:
     """Write ``data`` so that ``path`` only ever names the complete file, whenever the process is killed.
 
     On Linux a new file is written unnamed (``O_TMPFILE``) in its directory and then linked in under ``path``:
@@ -53,7 +53,7 @@ _PATH_REFUSED = frozenset({errno.ENAMETOOLONG, errno.ENOSPC, errno.EDQUOT, errno
 _unnamed_files = [sys.platform.startswith("linux") and hasattr(os, "O_TMPFILE")]
 
 
-def _write_unnamed(path: Path, data: bytes) -> bool:
+def _write_unnamed(path: Path, data: bytes | bytearray) -> bool:
     """Write ``data`` to an unnamed file in ``path``'s directory and link it in as ``path``, if ``path`` does not
     exist yet and the system supports it; False (nothing written) otherwise."""
     if not _unnamed_files[0] or os.path.lexists(path):

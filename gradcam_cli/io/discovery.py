@@ -327,15 +327,15 @@ def discover_volumes(
     found = [(path, stem) for path, stem in found if os.path.abspath(path) not in named]  # the channels' scan once
     scans = []
     if channels:
-        scans.append(InputImage(channels[0], Path(_case(channels[0])), channels=tuple(channels)))
+        scans.append(InputImage(channels[0], Path(case_name(channels[0])), channels=tuple(channels)))
     by_path = dict(found)
     for group in group_channels([path for path, _ in found]):
-        stem = by_path[group[0]].with_name(_case(group[0]) if len(group) > 1 else volume_stem(group[0]))
+        stem = by_path[group[0]].with_name(case_name(group[0]) if len(group) > 1 else volume_stem(group[0]))
         scans.append(InputImage(group[0], stem, channels=group if len(group) > 1 else ()))
     return _disambiguate(scans)
 
 
-def _case(path: Path) -> str:
+def case_name(path: Path) -> str:
     """``CASE`` of ``CASE_0000.nii.gz`` (the stem without the channel number), or the scan's stem."""
     stem = volume_stem(path)
     return stem[:-5] if len(stem) > 5 and stem[-5] == "_" and stem[-4:].isdigit() else stem

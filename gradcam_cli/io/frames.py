@@ -65,7 +65,12 @@ def network_frame(frame: np.ndarray, size: tuple[int, int], spec: InputSpec) -> 
     """A decoded BGR frame's RGB pixels at ``size`` (width, height: the video's first frame's; a frame of another
     size is resized to it) and its network input, as ``spec`` says (resized whole and normalised)."""
     rgb = rgb_frame(frame, size)
-    return rgb, to_input_tensor(Image.fromarray(rgb), spec)
+    return rgb, network_input(rgb, spec)
+
+
+def network_input(rgb: np.ndarray, spec: InputSpec) -> torch.Tensor:
+    """A frame's (H, W, 3) RGB pixels as the network's input, as ``spec`` says (resized whole and normalised)."""
+    return to_input_tensor(Image.fromarray(rgb), spec)
 
 
 def rgb_frame(frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:

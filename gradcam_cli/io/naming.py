@@ -186,18 +186,20 @@ def thumbnail_relative(output: str, root: str) -> str:
 
 
 SLICES_TAIL = "_slices.jpg"
-"""How the gallery's strip of a scan map's axial slices is named: its thumbnail's name ending in this."""
+"""How the gallery's strip of one plane's slices of a scan's map is named: its thumbnail's name, then ``_<plane>``
+and this."""
 
 
-def slices_path(output_dir: Path, output: Path | str) -> Path:
-    """Where the gallery's strip of axial slices of a scan's map (:func:`~gradcam_cli.render.montage.axial_strip`)
-    goes: beside its thumbnail, ``_thumbs/<map's name>_slices.jpg``."""
-    return output_dir / slices_relative(str(output), os.path.abspath(output_dir))
+def slices_path(output_dir: Path, output: Path | str, plane: str) -> Path:
+    """Where the gallery's strip of ``plane``'s slices (axial, coronal, sagittal) of a scan's map
+    (:func:`~gradcam_cli.render.montage.strips`) goes: beside its thumbnail,
+    ``_thumbs/<map's name>_<plane>_slices.jpg``."""
+    return output_dir / slices_relative(str(output), os.path.abspath(output_dir), plane)
 
 
-def slices_relative(output: str, root: str) -> str:
+def slices_relative(output: str, root: str, plane: str) -> str:
     """:func:`slices_path` relative to the absolute output directory ``root``, with forward slashes."""
-    return thumbnail_relative(output, root).removesuffix(".jpg") + SLICES_TAIL
+    return thumbnail_relative(output, root).removesuffix(".jpg") + f"_{plane}" + SLICES_TAIL
 
 
 PREVIEW_SUFFIX = ".webm"

@@ -19,7 +19,7 @@ from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -234,3 +234,64 @@ def read_ahead(capture: Any, prepare: Callable[[np.ndarray], T], ahead: int = RE
     finally:
         stop.set()
         worker.join()
+
+
+WRITE_BEHIND = 64
+"""Items :class:`WriteBehind` holds before its producer waits for its thread."""
+
+
+class WriteBehind(Generic[T]):
+    """``work(item)`` of each item :meth:`put`, in order, in a background thread, at most ``behind`` items behind
+    the producer: a video's overlay frames blended and encoded while its next clip is explained. ``first`` runs in
+    the thread before any item (what the end of the video needs imported, while its first clip is explained). An
+    error in the thread is raised by the next :meth:`put` or by :meth:`close`; use it as a context manager, whose
+    exit waits for every item (or, leaving on an error, only for the item in hand)."""
+
+    def __init__(
+        self, work: Callable[[T], object], behind: int = WRITE_BEHIND, first: Callable[[], object] | None = None
+    ):
+        self._work, self._first = work, first
+        self._items: queue.Queue[Any] = queue.Queue(maxsize=max(1, behind))
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="gradcam-video-write", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            if self._first is not None:
+                self._first()
+            while (item := self._items.get()) is not _DONE:
+                if not self._stop.is_set():
+                    self._work(item)
+        except BaseException as error:  # raised in the producer; what is still queued is dropped
+            self._error = error
+            self._stop.set()
+            while self._items.get() is not _DONE:
+                pass
+
+    def put(self, item: T) -> None:
+        """Hand ``item`` to the thread (waiting while it is ``behind`` items behind); raise its error, if any."""
+        if self._error is not None:
+            raise self._error
+        self._items.put(item)
+
+    def close(self) -> None:
+        """Wait for every item put to be done; raise the thread's error, if any."""
+        if self._thread.is_alive():
+            self._items.put(_DONE)
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def __enter__(self) -> WriteBehind[T]:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is None:
+            self.close()
+            return
+        self._stop.set()  # leaving on an error: the items in the queue are dropped, the thread ends
+        if self._thread.is_alive():
+            self._items.put(_DONE)
+            self._thread.join()

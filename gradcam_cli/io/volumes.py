@@ -19,10 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UsageError
+from ..errors import GradcamError, UsageError
 
 VOLUME_SUFFIXES = (".nii.gz", ".nii", ".npy")
 DICOM_SUFFIX = ".dcm"
+NIFTI_OFFSET = 352
+"""Where a single-file NIfTI-1's voxels start: its 348-byte header and 4 bytes saying no extensions follow."""
 _CHANNEL = re.compile(r"^(?P<case>.+)_(?P<index>\d{4})(?P<suffix>\.nii\.gz|\.nii|\.npy)$", re.IGNORECASE)
 _LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
 
@@ -118,7 +120,8 @@ def read_volume(paths: Sequence[Path]) -> Volume:
                 f"channel {path} is not on the grid of {paths[0]} ({_shape(data)} vs {_shape(first_data)}, or "
                 "another affine); resample it first (gradcam never resamples a scan)"
             )
-    data = np.concatenate([data for data, _ in parts]).astype(np.float32, copy=False)
+    arrays = [data for data, _ in parts]  # float32 already; one file's data is not copied
+    data = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
     return Volume(data, first_affine, tuple(Path(p) for p in paths))
 
 
@@ -134,7 +137,7 @@ def channel_files(paths: Sequence[Path], option: str = "--channels") -> int:
             raise UsageError(f"{option}: {path} does not exist")
         if not is_volume_path(path):
             raise UsageError(f"{option}: {path} is not a scan (.nii, .nii.gz, .npy or a DICOM folder)")
-        grid, affine = _header(path)
+        grid, affine = read_header(path)
         channels += grid[0]
         if first is None:
             first = (path, grid[1:], affine)
@@ -151,21 +154,31 @@ def channel_files(paths: Sequence[Path], option: str = "--channels") -> int:
 def read_region(path: Path, scan: Volume) -> np.ndarray[Any, np.dtype[np.bool_]]:
     """The region mask at ``path`` (``--target region:MASK``) for ``scan``: its non-zero voxels, (I, J, K) bool; a
     usage error in one line where it is not one channel on the scan's grid (shape and affine) or has no voxel."""
+    region: np.ndarray[Any, np.dtype[np.bool_]] = np.asarray(read_labels(path, scan) != 0)
+    if not region.any():
+        raise UsageError(f"region mask {path} has no voxel (every voxel is 0)")
+    return region
+
+
+def read_labels(
+    path: Path, scan: Volume, what: str = "region mask", error: type[GradcamError] = UsageError
+) -> np.ndarray[Any, Any]:
+    """The mask at ``path`` for ``scan``: its (I, J, K) values; ``error`` in one line, naming it as ``what``, where
+    it is not one channel on the scan's grid (shape and affine)."""
     mask = read_volume([path])
     if mask.channels != 1 or mask.grid != scan.grid or not np.allclose(mask.affine, scan.affine, atol=1e-4):
         shapes = _shape(mask.data), _shape(scan.data)
         differs = f"{shapes[0]} vs {shapes[1]}" if mask.data.shape[1:] != scan.data.shape[1:] else "another affine"
         differs = f"{mask.channels} channels" if mask.channels != 1 else differs
         source = scan.sources[0] if scan.sources else "the scan"
-        raise UsageError(f"region mask {path} is not on the grid of {source} ({differs}); give a mask of the scan")
-    region: np.ndarray[Any, np.dtype[np.bool_]] = np.asarray(mask.data[0] != 0)
-    if not region.any():
-        raise UsageError(f"region mask {path} has no voxel (every voxel is 0)")
-    return region
+        raise error(f"{what} {path} is not on the grid of {source} ({differs}); give a mask of the scan")
+    labels: np.ndarray[Any, Any] = mask.data[0]
+    return labels
 
 
-def _header(path: Path) -> tuple[tuple[int, ...], np.ndarray[Any, Any]]:
-    """A scan file's (C, I, J, K) and affine from its header (a DICOM folder: read whole)."""
+def read_header(path: Path) -> tuple[tuple[int, ...], np.ndarray[Any, Any]]:
+    """A scan file's (C, I, J, K) and affine from its header (a DICOM folder: read whole); a file that cannot be
+    read is a :class:`~gradcam_cli.errors.UsageError`."""
     name = path.name.lower()
     affine: np.ndarray[Any, Any] = np.eye(4)
     if path.is_dir() or not name.endswith((".nii", ".nii.gz", ".npy")):
@@ -302,23 +315,51 @@ def spacing_note(volume: Volume, expected: Sequence[float] | None) -> str | None
 
 
 def write_nifti(path: Path, values: np.ndarray[Any, Any], affine: np.ndarray[Any, Any]) -> None:
-    """A map on a scan's grid as NIfTI float32 (gzipped for ``.nii.gz``) with the scan's affine, written atomically
-    (:func:`~gradcam_cli.io.atomic.write_atomic`): ``path`` only ever names the whole file."""
+    """A map on a scan's grid as NIfTI float32 (gzipped for ``.nii.gz``, as ``gzip.compress`` at level 9) with the
+    scan's affine, written atomically (:func:`~gradcam_cli.io.atomic.write_atomic`): ``path`` only ever names the
+    whole file. The file's bytes are nibabel's ``to_bytes()``'s, made without its copies of the map: a ``.nii.gz``'s
+    compressed one slice at a time (only the compressed file is held), a ``.nii``'s one copy of the map."""
     from .atomic import write_atomic
 
     nibabel = _extra("nibabel")
-    image = nibabel.Nifti1Image(np.asarray(values, dtype=np.float32), np.asarray(affine, dtype=np.float64))
+    data = np.asarray(values, dtype=np.float32)  # a view of a float32 map, transposed or not
+    image = nibabel.Nifti1Image(data, np.asarray(affine, dtype=np.float64))
     image.header.set_data_dtype(np.float32)
-    data = image.to_bytes()
+    image.update_header()
+    header = image.header.copy()
+    header.set_data_offset(NIFTI_OFFSET)
+    header.set_slope_inter(1.0, 0.0)  # as nibabel writes float32 unscaled
+    head = header.binaryblock + bytes(NIFTI_OFFSET - len(header.binaryblock))  # no extensions
     if path.name.lower().endswith(".gz"):
-        import gzip
+        import zlib
 
-        data = gzip.compress(data, mtime=0)
-    write_atomic(path, data)
+        compressor = zlib.compressobj(9, zlib.DEFLATED, 31)  # a gzip stream, mtime 0
+        parts = [compressor.compress(head)]
+        parts += [compressor.compress(data[..., k].tobytes(order="F")) for k in range(data.shape[-1])]
+        write_atomic(path, b"".join([*parts, compressor.flush()]))
+        return
+    whole = bytearray(NIFTI_OFFSET + data.nbytes)
+    whole[:NIFTI_OFFSET] = head
+    np.frombuffer(whole, np.float32, offset=NIFTI_OFFSET).reshape(data.shape, order="F")[...] = data
+    write_atomic(path, whole)
+
+
+def _first_highest(values: np.ndarray[Any, Any]) -> tuple[int, ...]:
+    """The index of ``values``' highest element, the first in C order on ties (``np.argmax``'s), one slice of the
+    first axis at a time."""
+    top = values.max()
+    if values.ndim > 1 and not np.isnan(top):
+        for first, plane in enumerate(values):
+            hits = plane == top
+            if hits.any():
+                rest = np.unravel_index(int(np.argmax(hits)), hits.shape)
+                return (first, *(int(i) for i in rest))
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(values)), values.shape))
 
 
 def peak(values: np.ndarray[Any, Any], affine: np.ndarray[Any, Any]) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """A map's highest voxel (the first in C order on ties) and its RAS position in millimetres, for a row."""
-    voxel = tuple(int(i) for i in np.unravel_index(int(np.argmax(values)), values.shape))
+    """A map's highest voxel (the first in C order on ties) and its RAS position in millimetres, for a row; ``values``
+    may be a transposed view of a map in another axis order, read without a copy (``np.argmax`` would make one)."""
+    voxel = _first_highest(values)
     world = (np.asarray(affine, dtype=np.float64) @ np.array([*voxel, 1.0]))[:3]
     return voxel, tuple(float(v) for v in world)

@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..options import SCORE_THRESHOLD
+
 DETR_TASK = "detr"
 """The task adapter that explains a DETR-family detector (:mod:`gradcam_cli.cam.tasks.detr`), as its profile names
 it."""
@@ -59,7 +61,18 @@ def attending(wanted: bool = True) -> Iterator[None]:
         _ATTENDING.reset(token)
 
 
-class DetrNet(nn.Module):
+class QueryDetector(nn.Module):
+    """A detector whose every detection is a decoder query, returning :func:`query_detections`' dicts, explained by the
+    ``detr`` task adapter: :class:`DetrNet` and ultralytics' RT-DETR
+    (:class:`~gradcam_cli.models.rtdetr_net.RtDetrNet`). ``dense``: its cross-attention has dense weights (``--method
+    attention``); ``default_threshold``: the least score explained when no ``--score-threshold`` is given (its own
+    post-processing's default)."""
+
+    dense: bool = False
+    default_threshold: float = SCORE_THRESHOLD
+
+
+class DetrNet(QueryDetector):
     """A transformers ``...ForObjectDetection`` of the DETR family as a detector (module docstring); ``detr``: the
     model, ``model_type`` its configuration's."""
 
@@ -94,40 +107,47 @@ class DetrNet(nn.Module):
         size = (int(pixel_values.shape[-1]), int(pixel_values.shape[-2]))
         attended = [None] * int(pixel_values.shape[0]) if attention is None else list(attention)
         return [
-            self._detections(logits, boxes, size, maps)
+            query_detections(logits, boxes, size, self.softmax, self.top, maps)
             for logits, boxes, maps in zip(output.logits, output.pred_boxes, attended, strict=True)
         ]
 
-    def _detections(
-        self, logits: torch.Tensor, centred: torch.Tensor, size: tuple[int, int], attention: torch.Tensor | None
-    ) -> dict[str, torch.Tensor]:
-        """One image's detections (module docstring) from its (Q, classes) logits and (Q, 4) centred boxes;
-        ``size``: the input's (width, height)."""
-        if self.softmax:
-            class_scores = logits.detach().softmax(dim=-1)[:, :-1]
-            scores, labels = class_scores.max(dim=-1)
-            queries = torch.arange(logits.shape[0], device=logits.device)
-        else:
-            class_scores = logits.detach().sigmoid()
-            classes = int(class_scores.shape[1])
-            top = min(self.top or int(logits.shape[0]), class_scores.numel())
-            scores, index = class_scores.flatten().topk(top)
-            labels, queries = index % classes, torch.div(index, classes, rounding_mode="floor")
-        width, height = size
-        cx, cy, w, h = centred.detach().float().unbind(dim=-1)
-        corners = torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], dim=-1)
-        scale = torch.tensor([width, height, width, height], device=corners.device, dtype=corners.dtype)
-        found = {
-            "boxes": corners[queries] * scale,
-            "labels": labels,
-            "scores": scores,
-            "queries": queries,
-            "logits": logits,
-            "class_scores": class_scores,
-        }
-        if attention is not None:
-            found["attention"] = attention
-        return found
+
+def query_detections(
+    logits: torch.Tensor,
+    centred: torch.Tensor,
+    size: tuple[int, int],
+    softmax: bool,
+    top: int = 0,
+    attention: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """One image's detections (module docstring) from its (Q, classes) logits and (Q, 4) centred boxes (fractions of
+    the input); ``size``: the input's (width, height); ``softmax``: DETR's classes (else sigmoids, the best ``top``
+    (query, class) pairs, 0: as many as queries)."""
+    if softmax:
+        class_scores = logits.detach().softmax(dim=-1)[:, :-1]
+        scores, labels = class_scores.max(dim=-1)
+        queries = torch.arange(logits.shape[0], device=logits.device)
+    else:
+        class_scores = logits.detach().sigmoid()
+        classes = int(class_scores.shape[1])
+        count = min(top or int(logits.shape[0]), class_scores.numel())
+        scores, index = class_scores.flatten().topk(count)
+        labels, queries = index % classes, torch.div(index, classes, rounding_mode="floor")
+    width, height = size
+    cx, cy, w, h = centred.detach().float().unbind(dim=-1)
+    corners = torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], dim=-1)
+    scale = torch.tensor([width, height, width, height], device=corners.device, dtype=corners.dtype)
+    found = {
+        "boxes": corners[queries] * scale,
+        "labels": labels,
+        "scores": scores,
+        "queries": queries,
+        "logits": logits,
+        "class_scores": class_scores,
+    }
+    if attention is not None:
+        found["attention"] = attention
+    return found
 
 
 def last_stage(detr: nn.Module) -> str:

@@ -104,6 +104,8 @@ def _input_spec(family: Family, loaded: LoadedModel, size: int | tuple[int, int]
         return shaped_spec(loaded, size)
     if size is not None:
         own = (detection_spec(loaded.module, None) if detector else None) or loaded.input_spec
+        if detector and loaded.profile.any_shape:  # an RT-DETR's square: its size, not its only one
+            own = replace(own, fixed_size=None)
         check_input_size(loaded.name, own, size, known=loaded.profile.size_known or own is not loaded.input_spec)
     spec = detection_spec(loaded.module, size) if detector else None
     if spec is not None:

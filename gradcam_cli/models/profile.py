@@ -76,7 +76,8 @@ class ModelProfile:
     ``file.py:factory`` models."""
     any_shape: bool = False
     """It takes any height and width (``--input-size H,W``: a multiple of its patch size) though its ``input_spec``
-    names a fixed size: a timm ViT built with ``dynamic_img_size``."""
+    names a fixed size: a timm ViT built with ``dynamic_img_size``. A detector's: it takes any square (``--input-size
+    N``, an ultralytics RT-DETR's: a multiple of its stride)."""
     processor: Any = None
     """A vision-language model's processor (image processor, tokenizer, chat template): task ``answer``."""
     layout: TokenLayout | None = None

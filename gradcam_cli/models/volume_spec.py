@@ -63,13 +63,16 @@ class Intensity:
             return torch.where(mask, scaled, x) if self.nonzero and mask is not None else scaled
         if self.scheme == "ct":
             assert self.mean is not None and self.std is not None and self.low is not None and self.high is not None
-            return (x.clamp(self.low, self.high) - self.mean) / max(self.std, STD_FLOOR)
+            return x.clamp(self.low, self.high).sub_(self.mean).div_(max(self.std, STD_FLOOR))  # one new tensor
         if self.scheme in ("range", "minmax"):
             low = float(x.min()) if self.low is None else self.low
             high = float(x.max()) if self.high is None else self.high
             span = high - low
-            scaled = (x - low) / span * (self.upper - self.lower) + self.lower if span else x - low + self.lower
-            return scaled.clamp(self.lower, self.upper) if self.clip and self.scheme == "range" else scaled
+            scaled = x - low  # one new tensor, scaled in place
+            if span:
+                scaled.div_(span).mul_(self.upper - self.lower)
+            scaled.add_(self.lower)
+            return scaled.clamp_(self.lower, self.upper) if self.clip and self.scheme == "range" else scaled
         if self.scheme == "rgb":
             return x / 255.0
         return x
@@ -116,7 +119,9 @@ class VolumeSpec:
         if volume.dim() != 4 or volume.shape[0] != self.channels:
             shape = "x".join(map(str, volume.shape))
             raise UsageError(f"the model takes {self.channels}-channel (C, D, H, W) volumes, not {shape}")
-        mask = (volume != 0).any(dim=0)
+        mask = (volume != 0).any(dim=0) if any(i.nonzero for i in self.intensities) else None
+        if len(volume) == 1:  # no stacked copy of a large scan
+            return self.intensities[0].apply(volume[0], mask)[None]
         return torch.stack(
             [intensity.apply(channel, mask) for intensity, channel in zip(self.intensities, volume, strict=True)]
         )

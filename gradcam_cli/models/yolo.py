@@ -13,6 +13,9 @@ off (no pip installs) and ``YOLO_VERBOSE`` off (nothing on stdout, which ``--jso
   ultralytics itself looks; it is never downloaded.
 - ``yolo:yolo11n.yaml`` (ultralytics' own model files, by name) or ``yolo:path/to/model.yaml``: the architecture,
   with ``--weights none`` (random weights) or ``--weights FILE`` (a state dict).
+- An RT-DETR (a checkpoint whose model is an ``RTDETRDetectionModel``, or a model file whose head is an
+  ``RTDETRDecoder``, such as ``yolo:rtdetr-l.yaml``): told by its head, loaded the same ways, and run as a DETR-family
+  detector (:mod:`gradcam_cli.models.rtdetr_net`; its kind :data:`~gradcam_cli.models.rtdetr_net.RTDETR_KIND`).
 
 Models are fused as ``model.predict`` fuses them (batch norms into convolutions). The task comes from the model; the
 input is the model's own letterbox at its training size (``--input-size``: another multiple of its stride), see
@@ -34,6 +37,7 @@ from torch import nn
 
 from ..errors import ModelLoadError, UsageError, describe, suggest
 from ..io.images import OPENCV_LINEAR, InputSpec
+from .rtdetr_net import RTDETR_KIND, is_rtdetr, rtdetr_spec
 from .tasks import NOUNS
 from .weights import apply_state_dict, load_state_dict_file
 from .yolo_net import model_stride
@@ -42,7 +46,7 @@ YOLO_PREFIX = "yolo:"
 YOLO_TASK = "yolo"
 """The task adapter that explains a YOLO detector, instance segmenter or pose model (:mod:`gradcam_cli.cam.tasks.yolo`),
 as its profile names it (:attr:`~gradcam_cli.models.profile.ModelProfile.task`)."""
-TASKS = {"detect": "detect", "segment": "detect", "pose": "detect", "classify": "classify"}
+TASKS = {"detect": "detect", "segment": "detect", "pose": "detect", "classify": "classify", RTDETR_KIND: "detect"}
 """The ultralytics tasks gradcam explains, and how it explains each (instances and poses are detections)."""
 ENVIRONMENT = {"YOLO_OFFLINE": "1", "YOLO_AUTOINSTALL": "false", "YOLO_VERBOSE": "false"}
 """What :func:`offline_ultralytics` sets before ultralytics is imported."""
@@ -54,8 +58,8 @@ DEFAULT_SIZE = 640
 @dataclass
 class YoloModel:
     """A YOLO model as :func:`load_yolo` builds it: the module to explain, its class names, its input and its task
-    (``kind``: ultralytics' own name of it, ``detect``, ``segment``, ``pose`` or ``classify``; ``detector``: its
-    output is detections, as for every kind but ``classify``)."""
+    (``kind``: ultralytics' own name of it, ``detect``, ``segment``, ``pose`` or ``classify``, or ``rtdetr``: an
+    RT-DETR; ``detector``: its output is detections, as for every kind but ``classify``)."""
 
     module: nn.Module
     categories: list[str] | None
@@ -109,6 +113,10 @@ def load_yolo(name: str, weights: str, architecture_only: bool = False, task: st
     categories = _names(net)
     stride = model_stride(net)
     size = -(-int(imgsz) // stride) * stride
+    if kind == RTDETR_KIND:
+        from .rtdetr_net import RtDetrNet
+
+        return YoloModel(RtDetrNet(net), categories, rtdetr_spec(size), True, kind)
     if kind == "classify":
         from .yolo_net import YoloClassifier
 
@@ -125,9 +133,11 @@ def _check_task(name: str, kind: str, task: str | None) -> None:
     if task is None:
         return
     fits = {"detect": ("detect",), "segment": ("detect", "segment"), "pose": ("detect",), "classify": ("classify",)}
+    fits[RTDETR_KIND] = ("detect",)
     if task.lower() not in fits[kind]:
+        described = "an RT-DETR" if kind == RTDETR_KIND else f"a YOLO {kind} model"
         raise UsageError(
-            f"--task {task} does not fit {name}, a YOLO {kind} model (explained as a {NOUNS[TASKS[kind]]}); use --task "
+            f"--task {task} does not fit {name}, {described} (explained as a {NOUNS[TASKS[kind]]}); use --task "
             f"{fits[kind][0]} or leave --task out"
         )
 
@@ -139,7 +149,8 @@ def letterbox_spec(size: int) -> InputSpec:
 
 
 def with_input_size(module: nn.Module, spec: InputSpec, name: str, size: int) -> InputSpec:
-    """``spec`` at ``--input-size size``, which must be a multiple of the model's stride (32 for most YOLO models)."""
+    """``spec`` at ``--input-size size``, which must be a multiple of the model's stride (32 for most YOLO models; an
+    RT-DETR's square is ``size`` on each side)."""
     net: Any = getattr(module, "net")  # noqa: B009  (YoloNet and YoloClassifier hold the ultralytics model there)
     stride = model_stride(net)
     if size % stride:
@@ -148,6 +159,8 @@ def with_input_size(module: nn.Module, spec: InputSpec, name: str, size: int) ->
             f"--input-size {size} does not fit {name}: YOLO inputs are multiples of its stride {stride}; use "
             f"{lower} or {upper}"
         )
+    if spec.fixed_size is not None:
+        return rtdetr_spec(size)
     return letterbox_spec(size) if spec.keep_aspect else replace(spec, size=size)
 
 
@@ -164,7 +177,7 @@ def _from_yaml(target: str, unweighted: bool, task: str | None) -> Any:
         if Path(target).is_file():
             raise UsageError(f"--model yolo:{target}: not an ultralytics model file ({describe(error)})") from error
         raise UsageError(f"--model yolo:{target}: no such file, nor one of ultralytics' model files.{hint}") from error
-    kind = guess_model_task(config)
+    kind = RTDETR_KIND if is_rtdetr(config) else guess_model_task(config)
     builder = _builder(kind, f"yolo:{target}")
     _check_task(f"yolo:{target}", str(kind), task)
     if unweighted:
@@ -186,9 +199,12 @@ def _builder(task: str | None, name: str) -> Any:
         "segment": tasks.SegmentationModel,
         "pose": tasks.PoseModel,
         "classify": tasks.ClassificationModel,
+        RTDETR_KIND: tasks.RTDETRDetectionModel,
     }
     if task not in builders:
-        raise UsageError(f"{name} is a YOLO {task} model; gradcam explains detect, segment, pose and classify models")
+        raise UsageError(
+            f"{name} is a YOLO {task} model; gradcam explains detect, segment, pose and classify models and RT-DETR"
+        )
     return builders[task]
 
 
@@ -217,7 +233,7 @@ def _from_checkpoint(path: Path, random: bool) -> tuple[Any, int]:
     """The model of an ultralytics checkpoint (``ema`` if it has one, else ``model``) and its training size;
     ``random``: its architecture with random weights."""
     from ultralytics.nn import tasks
-    from ultralytics.nn.tasks import guess_model_task, torch_safe_load
+    from ultralytics.nn.tasks import torch_safe_load
 
     if not getattr(getattr(tasks, "_SafeLoad", None), "SUPPORTED", False):  # it would unpickle in full instead
         raise ModelLoadError(
@@ -242,7 +258,7 @@ def _from_checkpoint(path: Path, random: bool) -> tuple[Any, int]:
     imgsz = max(imgsz) if isinstance(imgsz, list | tuple) else imgsz
     if random:
         names = getattr(net, "names", None)
-        net = _builder(guess_model_task(net), f"yolo:{path}")(net.yaml, verbose=False)
+        net = _builder(_kind(net), f"yolo:{path}")(net.yaml, verbose=False)
         net.names = names
     return net, int(imgsz) if isinstance(imgsz, int | float) else DEFAULT_SIZE
 
@@ -259,11 +275,17 @@ def _reason(error: BaseException, path: Path) -> str:
 
 
 def _task_of(net: nn.Module, name: str) -> str:
-    from ultralytics.nn.tasks import guess_model_task
-
-    task = guess_model_task(net)
+    task = _kind(net)
     _builder(task, name)  # refuses the tasks gradcam does not explain
     return str(task)
+
+
+def _kind(net: nn.Module) -> str | None:
+    """The model's kind: ``rtdetr`` for an RT-DETR (ultralytics guesses no task for one built from its file), else
+    ultralytics' guess of its task."""
+    from ultralytics.nn.tasks import guess_model_task
+
+    return RTDETR_KIND if is_rtdetr(net) else guess_model_task(net)
 
 
 def _names(net: nn.Module) -> list[str] | None:

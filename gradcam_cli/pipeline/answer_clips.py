@@ -126,7 +126,7 @@ class AnswerClipRunner(ClipRunner):
         state.span = state.seen
         frames = list(state.waiting)
         offsets = sample_offsets(self.score.video_frames(state.seen, state.fps), state.span)
-        sampled = torch.stack([frames[offset].tensor for offset in offsets])
+        sampled = torch.stack([self._input(frames[offset]) for offset in offsets])
         prompt = self.video.prompt or ""
         clip = SampledClip(sampled, tuple(offsets), state.span, state.fps)
         result = explain_clip_prompt(self.explainer, clip, prompt, self.score.question.answer)

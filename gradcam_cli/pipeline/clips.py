@@ -7,9 +7,9 @@ takes the frame at the centre of each of ``frames`` equal parts (:func:`~gradcam
 each resized (its shorter side to the model's size, nothing cropped) and normalised as the model's weights say.
 Clips start every ``--clip-stride`` video frames (default: ``span``, side by side); one more clip, ending on the last
 frame, covers the end of a video that the others leave uncovered (a video shorter than a clip repeats its last
-frame). Frames are decoded and prepared in a background thread (:func:`~gradcam_cli.io.video.read_ahead`). A
-folder of frames is a video too (:class:`~gradcam_cli.io.video.FrameFolder`: its images in natural order, at
-``--fps``).
+frame). Frames are decoded (the sampled ones prepared) in a thread (:func:`~gradcam_cli.io.video.read_ahead`), overlays
+blended and encoded in another during the next clip (:class:`~gradcam_cli.io.video.WriteBehind`). A folder of frames is
+a video too (:class:`~gradcam_cli.io.video.FrameFolder`: its images in natural order, at ``--fps``).
 
 Each clip is one prediction and one map per target and method, (span, h, w) at the network input's pixels (the
 layer's T' x H' x W' map resized trilinearly: linearly in time over the clip's video frames). Every video frame's
@@ -43,25 +43,25 @@ from ..drift.fingerprint import map_fingerprint
 from ..errors import GradcamError, ImageError, describe
 from ..io.atomic import TEMP_MARKER
 from ..io.discovery import InputImage
-from ..io.frames import network_frame, opened_video
+from ..io.frames import network_frame, network_input, opened_video, rgb_frame
 from ..io.naming import clip_curve_path, clip_raw_path, video_output_path
-from ..io.video import FOURCC, NO_FRAMES, opencv_name, read_ahead
+from ..io.video import FOURCC, NO_FRAMES, WriteBehind, opencv_name, read_ahead
 from ..models.clip_spec import ClipSpec, sample_offsets
 from ..options import OutputOptions, RunOptions
-from ..render.colour import blend, colormap_table
-from ..render.curves import write_curve
+from ..render.colour import Blender, colormap_table
+from ..render.curves import preload, write_curve
 from ..render.encode import save_array
 from ..render.gallery import save_video_card
 
 
 @dataclass
 class _Frame:
-    """A decoded frame waiting for its clips: its RGB pixels, its network input, and per output video the sum of
-    the maps of the clips that covered it so far (at the network input's size) and their count."""
+    """A decoded frame waiting for its clips: its RGB pixels, its network input (None: not yet prepared), and per
+    output video the sum of the maps of the clips that covered it so far (at the network input's size), their count."""
 
     index: int
     rgb: np.ndarray
-    tensor: torch.Tensor
+    tensor: torch.Tensor | None
     sums: list[torch.Tensor | None]
     count: int = 0
 
@@ -117,7 +117,7 @@ class ClipRunner:
         self.stride = run.clip_stride
         self.fps = run.fps
         self.batch_size = run.batch_size or 1
-        self.table = colormap_table(self.output.colormap, explainer.device)
+        self.blender = Blender(colormap_table(self.output.colormap), self.output.alpha)  # maps reach it on the CPU
 
     def outputs(self, video: InputImage) -> list[tuple[str, Path]]:
         """(method, overlay video path) for each overlay video this input produces, in the order of its maps."""
@@ -180,8 +180,11 @@ class ClipRunner:
         with opened_video(video.path, self.fps) as (capture, fps):
             state.fps, state.span, state.held = fps, self._span(fps), [None] * len(state.outputs)
             try:
-                with closing(read_ahead(capture, self._preparer(state))) as decoded:  # its thread ends before release
-                    self._stream(state, decoded, on_frame)
+                with (
+                    closing(read_ahead(capture, self._preparer(state))) as decoded,  # its thread ends before release
+                    WriteBehind(self._write_frame(state), first=_start_writing) as writing,  # so does this one
+                ):
+                    self._stream(state, decoded, writing, on_frame)
             finally:
                 for writer in state.writers:
                     writer.release()
@@ -194,7 +197,8 @@ class ClipRunner:
     def _stream(
         self,
         state: VideoState,
-        decoded: Iterator[tuple[np.ndarray, torch.Tensor]],
+        decoded: Iterator[tuple[np.ndarray, torch.Tensor | None]],
+        writing: WriteBehind[tuple[np.ndarray, list[torch.Tensor]]],
         on_frame: Callable[[], Any] | None,
     ) -> None:
         """Explain each clip as soon as its frames are in (a batch of them at a time), and write each frame once no
@@ -211,24 +215,37 @@ class ClipRunner:
             if len(pending) >= self.batch_size:
                 self._explain_clips(state, pending)
                 pending = []
-            self._release(state, min(pending[0] if pending else next_start, state.seen - state.span), on_frame)
+            self._release(state, min(pending[0] if pending else next_start, state.seen - state.span), writing, on_frame)
         if pending:
             self._explain_clips(state, pending)
         if state.seen and state.covered < state.seen:  # the end, which no clip covered: one clip ending on it
             self._explain_clips(state, [max(0, state.seen - state.span)])
-        self._release(state, state.seen, on_frame)
+        self._release(state, state.seen, writing, on_frame)
 
-    def _preparer(self, state: VideoState) -> Callable[[np.ndarray], tuple[np.ndarray, torch.Tensor]]:
-        """What the decoding thread does to each BGR frame: its RGB pixels (at the first frame's size) and its
-        network input."""
+    def _preparer(self, state: VideoState) -> Callable[[np.ndarray], tuple[np.ndarray, torch.Tensor | None]]:
+        """What the decoding thread does to each BGR frame: its RGB pixels (at the first frame's size) and, if a
+        clip every stride frames samples it, its network input (the clip that ends on the last frame prepares the
+        others it samples itself, :meth:`_input`)."""
         spec = self.explainer.model.input_spec
+        stride, offsets = self.stride or state.span, sample_offsets(self.clip.frames, state.span)
+        index = -1
 
-        def prepare(frame: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
+        def prepare(frame: np.ndarray) -> tuple[np.ndarray, torch.Tensor | None]:
+            nonlocal index
+            index += 1
             if state.size is None:
                 state.size = (frame.shape[1], frame.shape[0])
-            return network_frame(frame, state.size, spec)
+            if any(index >= offset and (index - offset) % stride == 0 for offset in offsets):
+                return network_frame(frame, state.size, spec)
+            return rgb_frame(frame, state.size), None
 
         return prepare
+
+    def _input(self, frame: _Frame) -> torch.Tensor:
+        """``frame``'s network input, prepared now if the decoding thread did not."""
+        if frame.tensor is None:
+            frame.tensor = network_input(frame.rgb, self.explainer.model.input_spec)
+        return frame.tensor
 
     def _open_writers(self, state: VideoState) -> None:
         """Open each overlay video's writer at its temporary path (before the first frame is written: the outputs
@@ -251,7 +268,7 @@ class ClipRunner:
         last = state.seen - 1
         offsets = sample_offsets(self.clip.frames, state.span)
         batch = torch.stack(
-            [torch.stack([by_index[min(start + o, last)].tensor for o in offsets], dim=1) for start in starts]
+            [torch.stack([self._input(by_index[min(start + o, last)]) for o in offsets], dim=1) for start in starts]
         )
         height, width = batch.shape[-2:]
         results = self.explainer.explain_batch(batch, [(state.span, height, width)] * len(starts))
@@ -291,28 +308,49 @@ class ClipRunner:
 
     # --- writing ------------------------------------------------------------------------------------------------------
 
-    def _release(self, state: VideoState, until: int, on_frame: Callable[[], Any] | None) -> None:
-        """Write every waiting frame before ``until`` (no clip yet to come covers them) to each overlay video."""
+    def _release(
+        self,
+        state: VideoState,
+        until: int,
+        writing: WriteBehind[tuple[np.ndarray, list[torch.Tensor]]],
+        on_frame: Callable[[], Any] | None,
+    ) -> None:
+        """Hand every waiting frame before ``until`` (no clip to come covers it) to ``writing`` with its maps."""
         while state.waiting and state.waiting[0].index < until:
             if state.written == 0 and not state.writers:
                 self._open_writers(state)
             frame = state.waiting.popleft()
-            pixels = torch.from_numpy(frame.rgb)
-            height, width = frame.rgb.shape[:2]
-            for output, writer in enumerate(state.writers):
+            coarse = []
+            for output in range(len(state.writers)):
                 summed = frame.sums[output]
-                coarse = summed / frame.count if summed is not None else state.held[output]
-                state.held[output] = coarse
-                if coarse is None:  # no clip yet (cannot happen: the first clip starts at the first frame)
-                    coarse = torch.zeros(frame.tensor.shape[-2:])
-                saliency = F.interpolate(coarse[None, None], (height, width), mode="bilinear", align_corners=False)
-                overlay = blend(pixels, saliency[0, 0].clamp(0, 1), self.table, self.output.alpha).cpu()
-                if state.written == 0 and self.output.report:
-                    state.first_overlays.append(overlay)
-                writer.write(np.ascontiguousarray(overlay.numpy()[:, :, ::-1]))
+                held = summed / frame.count if summed is not None else state.held[output]
+                state.held[output] = held
+                # no clip yet: cannot happen (the first clip starts at the first frame)
+                coarse.append(held if held is not None else torch.zeros(1, 1))
+            writing.put((frame.rgb, coarse))
             state.written += 1
             if on_frame:
                 on_frame()
+
+    def _write_frame(self, state: VideoState) -> Callable[[tuple[np.ndarray, list[torch.Tensor]]], None]:
+        """What the writing thread does with each frame: its maps resized to its pixels, blended over them and
+        appended to the overlay videos (the first frame's overlays kept for the gallery)."""
+        first = True
+
+        def write(item: tuple[np.ndarray, list[torch.Tensor]]) -> None:
+            nonlocal first
+            rgb, coarse = item
+            pixels = torch.from_numpy(rgb)
+            height, width = rgb.shape[:2]
+            for writer, held in zip(state.writers, coarse, strict=True):
+                saliency = F.interpolate(held[None, None], (height, width), mode="bilinear", align_corners=False)
+                overlay = self.blender(pixels, saliency[0, 0].clamp(0, 1))
+                if first and self.output.report:
+                    state.first_overlays.append(overlay)
+                writer.write(np.ascontiguousarray(overlay.numpy()[:, :, ::-1]))
+            first = False
+
+        return write
 
     def _rows(
         self, video: InputImage, state: VideoState, outputs: Sequence[tuple[str, Path]], seconds: float
@@ -343,6 +381,12 @@ class ClipRunner:
 
     def _error(self, video: InputImage, message: str) -> Record:
         return self._record(video, "error", error=message)
+
+
+def _start_writing() -> None:
+    """The writing thread's start: PyTorch on one core there (the model has the others), the plot's imports."""
+    torch.set_num_threads(1)
+    preload()
 
 
 def frame_count(video: InputImage) -> int:

@@ -34,15 +34,15 @@ from ..cam.windows import VolumeExplanation, Windows, explain_volume, window_sli
 from ..drift.fingerprint import map_fingerprint
 from ..errors import GradcamError, UsageError, describe
 from ..io.discovery import InputImage, discover_clips
-from ..io.naming import MONTAGE_TAIL, NIFTI_SUFFIX, slices_path, slug, thumbnail_path, volume_paths
+from ..io.naming import MONTAGE_TAIL, NIFTI_SUFFIX, slug, volume_paths
 from ..io.volumes import Volume, channel_files, peak, read_region, read_volume, spacing_note, write_nifti
 from ..models.tasks import CLASSIFY, SEGMENT
 from ..models.volume_spec import VolumeSpec
 from ..options import ExplainOptions, ImageFormat, ModelOptions, OutputOptions, RunOptions, WindowLevel
 from ..render.colour import colormap_table
-from ..render.encode import save_array, save_image
-from ..render.gallery import save_thumbnail
-from ..render.montage import Window, axial_strip, montage, write_montage
+from ..render.encode import save_array
+from ..render.gallery import save_scan_card
+from ..render.montage import Window, montage, strips, write_montage
 from .resume import EarlierRows, FoundExplanation, OutputIndex, resumed_rows
 
 VOLUME_MODELS = "nnunet:DIR, bundle:DIR or monai:NAME"
@@ -248,29 +248,17 @@ class VolumeRunner:
         except GradcamError as error:
             return [self._record(scan, "error", error=str(error))]
         self._note(volume, axes)
-        chosen = self.explainer.chosen
-        classes = [chosen.target] if isinstance(chosen.target, int) else None
-        x = x.to(self.explainer.device)
-        voxels = volume.data[0].size
-        if self.classifier:
-            self._note_resize(tuple(x.shape[1:]))
-            with (progress or _no_bars)(f"{scan.path.name}: volume", 1) as tick:
-                whole = explain_classified(self.explainer, x, self.spec.patch, classes, chosen.top_k)
-                tick()
-            maps, targets, predictions, count = whole.maps, whole.targets, whole.predictions[:5], 1
-        else:
-            shape = [max(side, tile) for side, tile in zip(x.shape[1:], self.windows.patch, strict=True)]
-            total = len(window_slices(shape, self.windows.patch, self.windows.step)) * (1 if classes else 2)
-            with (progress or _no_bars)(f"{scan.path.name}: windows", total) as tick:
-                counter = _WindowCounter(tick)
-                result = explain_volume(self.explainer, x, self.windows, classes, chosen.top_k, region, counter)
-            maps, count = result.maps, result.windows
-            targets = [self._prediction(c, result, voxels) for c in result.classes]
-            predictions = self._predictions(result, voxels)
+        try:
+            explained = self._explain(scan, x.to(self.explainer.device), region, volume.data[0].size, progress)
+        except GradcamError:
+            raise
+        except Exception as error:  # one scan the model cannot take (too small for its pooling) must not end the run
+            return [self._record(scan, "error", error=f"{scan.path}: {describe(error)}")]
+        del x  # the normalised scan: not held while the maps are written
         back = [axes.index(axis) for axis in range(3)]  # the model's axes back to the scan's
         written: list[Path] = []
         try:
-            rows = self._write_all(scan, volume, (maps, targets, predictions, count), back, written)
+            rows = self._write_all(scan, volume, explained, back, written)
         except OSError as error:
             for path in written:
                 path.unlink(missing_ok=True)
@@ -278,7 +266,29 @@ class VolumeRunner:
         seconds = round(time.perf_counter() - started, 4)
         for row in rows:
             row.seconds = seconds
-        return rows or [self._record(scan, "ok", predictions=predictions)]
+        return rows or [self._record(scan, "ok", predictions=explained[2])]
+
+    def _explain(
+        self, scan: InputImage, x: torch.Tensor, region: torch.Tensor | None, voxels: int, progress: Bars | None
+    ) -> Found:
+        """One scan's maps, explained classes, predictions and window count: a classifier's whole volume, a
+        segmenter's windows (``progress``: a bar of windows)."""
+        chosen = self.explainer.chosen
+        classes = [chosen.target] if isinstance(chosen.target, int) else None
+        if self.classifier:
+            self._note_resize(tuple(x.shape[1:]))
+            with (progress or _no_bars)(f"{scan.path.name}: volume", 1) as tick:
+                whole = explain_classified(self.explainer, x, self.spec.patch, classes, chosen.top_k)
+                tick()
+            return whole.maps, whole.targets, whole.predictions[:5], 1
+        shape = [max(side, tile) for side, tile in zip(x.shape[1:], self.windows.patch, strict=True)]
+        total = len(window_slices(shape, self.windows.patch, self.windows.step)) * (1 if classes else 2)
+        with (progress or _no_bars)(f"{scan.path.name}: windows", total) as tick:
+            result = explain_volume(
+                self.explainer, x, self.windows, classes, chosen.top_k, region, _WindowCounter(tick)
+            )
+        targets = [self._prediction(c, result, voxels) for c in result.classes]
+        return result.maps, targets, self._predictions(result, voxels), result.windows
 
     def _write_all(
         self, scan: InputImage, volume: Volume, found: Found, back: list[int], written: list[Path]
@@ -291,7 +301,7 @@ class VolumeRunner:
                 values = maps[method][k].permute(*back).detach().float().cpu()
                 outputs = self._write(scan, volume, method, target, values.numpy(), window, written)
                 voxel, mm = peak(values.numpy(), volume.affine)
-                info = VolumeInfo(volume.grid, volume.spacing, voxel, mm, count)
+                info = VolumeInfo(volume.grid, volume.spacing, voxel, mm, count, (window.low, window.high))
                 fields = {"target": target, "predictions": predictions, "volume": info}
                 rows.append(self._record(scan, "ok", method=method, outputs=outputs, **fields))
                 rows[-1].fingerprint = map_fingerprint(values)
@@ -308,8 +318,8 @@ class VolumeRunner:
         written: list[Path],
     ) -> list[str]:
         """The map's files (NIfTI, montage, ``--save-raw``'s ``.npy``), each written atomically, and with
-        ``--report`` the montage's thumbnail, which the gallery shows for the NIfTI, and the strip of axial slices
-        its slider moves through."""
+        ``--report`` the montage's thumbnail, which the gallery shows for the NIfTI, and each plane's strip of slices
+        its sliders move through."""
         nifti, montage_path, raw = volume_paths(self.output.output_dir, scan, method, target.index, target.name)
         nifti.parent.mkdir(parents=True, exist_ok=True)
         files = [nifti, montage_path, *([raw] if self.output.save_raw else [])]
@@ -321,12 +331,8 @@ class VolumeRunner:
         if self.output.save_raw:
             save_array(torch.from_numpy(values), raw)
         if self.output.report:
-            thumbnail = thumbnail_path(self.output.output_dir, nifti)
-            written.append(thumbnail)
-            save_thumbnail(image, thumbnail)
-            strip = slices_path(self.output.output_dir, nifti)
-            written.append(strip)
-            save_image(axial_strip(volume.data[0], values, volume.affine, self.table, self.output.alpha, window), strip)
+            shown = strips(volume.data[0], values, volume.affine, self.table, self.output.alpha, window)
+            save_scan_card(image, shown, nifti, self.output.output_dir, written)
         return [str(path) for path in files]
 
     def _prediction(self, c: int, result: VolumeExplanation, voxels: int) -> Prediction:

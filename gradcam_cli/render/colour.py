@@ -67,7 +67,7 @@ class Blender:
         exact = bool((self._index(levels) == torch.arange(size, dtype=torch.int32).view(size, 1)).all())
         lut = blend(values, levels, table.cpu(), alpha).numpy()  # (colour index, pixel value, channel)
         self.lut = np.ascontiguousarray(lut.transpose(0, 2, 1)).reshape(-1) if exact else None
-        self.offsets = np.arange(3, dtype=np.int32) * 256
+        self.offsets = torch.arange(3, dtype=torch.int32) * 256
 
     def _index(self, saliency: torch.Tensor) -> torch.Tensor:
         """The colour index exactly as :func:`colorize` computes it."""
@@ -85,6 +85,6 @@ class Blender:
     def _blend(self, pixels: torch.Tensor, saliency: torch.Tensor) -> torch.Tensor:
         if self.lut is None or saliency.device.type != "cpu" or pixels.dtype != torch.uint8:
             return blend(pixels, saliency, self.table, self.alpha).cpu()
-        index = self._index(saliency.detach()).numpy()
-        flat = index[..., None] * (3 * 256) + self.offsets + pixels.numpy()
-        return torch.from_numpy(np.take(self.lut, flat))
+        index = self._index(saliency.detach()).mul_(3 * 256).unsqueeze(-1)
+        flat = pixels.to(torch.int32).add_(self.offsets).add_(index)  # in place, in int32: the fastest measured
+        return torch.from_numpy(np.take(self.lut, flat.numpy()))

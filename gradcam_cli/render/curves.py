@@ -11,6 +11,14 @@ from ..cam.records import ClipInfo
 from ..io.atomic import write_atomic
 
 
+def preload() -> None:
+    """Import what :func:`write_curve` draws with (matplotlib's figure and Agg canvas: a few tenths of a second),
+    ahead of it: :class:`~gradcam_cli.pipeline.clips.ClipRunner` does it in its writing thread during a video's first
+    clip."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
+    from matplotlib.figure import Figure  # noqa: F401
+
+
 def write_curve(clips: Sequence[ClipInfo], fps: float, title: str, path: Path) -> None:
     """Plot the clips' temporal importance (Agg canvas, no pyplot) and write the PNG atomically: the share of each
     frame in its clip's map (left axis, one line per clip, overlapping clips overlapping) and each clip's score

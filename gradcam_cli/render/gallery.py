@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..errors import GradcamError
 from ..io.atomic import write_atomic
 from ..io.display import displayable, href
 from ..io.naming import (
@@ -29,10 +30,12 @@ from ..io.naming import (
     output_kind,
     preview_path,
     preview_relative,
+    slices_path,
     slices_relative,
     thumbnail_path,
     thumbnail_relative,
 )
+from .montage import PLANE_NAMES, plane_order, strip_slices
 
 if TYPE_CHECKING:
     from ..cam.records import Record
@@ -109,8 +112,8 @@ def _prediction(prediction: Any) -> list[Any]:
 def gallery_entries(records: Iterable[Record], output_dir: Path) -> list[dict[str, Any]]:
     """One JSON-ready entry per input, sorted by path, merging that input's rows (targets x methods; a video model's
     clips share their overlay video's view, which links every clip's files and names its importance plot as
-    ``curve``; a video's view names its WebM preview as ``preview``; a scan's map's view names its strip of slices as
-    ``slices``).
+    ``curve``; a video's view names its WebM preview as ``preview``; a scan's map's view names its planes' strips of
+    slices as ``planes``).
 
     Skipped rows that carry outputs (a resumed run's images, explained by an earlier run) make full entries too,
     with status ``skipped``: the page marks them as from an earlier run."""
@@ -148,7 +151,7 @@ def gallery_entries(records: Iterable[Record], output_dir: Path) -> list[dict[st
             "thumb": href(thumb, root) if thumb else None,
             "files": [],
         }
-        _moving(view, main, root)
+        _moving(view, main, root, record.volume.peak if record.volume is not None else None)
         shown = next((v for v in entry["views"] if v["href"] == view["href"]), None)
         if shown is not None:  # a video model's later clips: one overlay video, its files gathered on one view
             view = shown
@@ -173,10 +176,12 @@ def _link(entry: dict[str, Any], view: dict[str, Any], others: list[str], root: 
             view["curve"] = link[1]
 
 
-def _moving(view: dict[str, Any], main: str, root: str) -> None:
+def _moving(view: dict[str, Any], main: str, root: str, peak: tuple[int, ...] | None = None) -> None:
     """A video gets ``preview``, its WebM preview (:func:`save_video_card`) that the card plays, where the run wrote
-    one; a scan's map gets ``slices``, its strip of axial slices (:func:`~gradcam_cli.render.montage.axial_strip`,
-    which the run wrote with ``--report``) and their number, which the card's slider moves through."""
+    one; a scan's map gets ``planes``: for each plane (axial, coronal, sagittal) whose strip of slices the run wrote
+    with ``--report`` (:func:`save_scan_card`), its name, the strip, its number of slices, which the plane's slider
+    moves through, and ``start``, the slice nearest the map's ``peak`` voxel (the middle one where it is not
+    known)."""
     if view["kind"] == "video":
         preview = os.path.join(root, preview_relative(main, root))
         if os.path.isfile(preview):
@@ -184,16 +189,62 @@ def _moving(view: dict[str, Any], main: str, root: str) -> None:
         return
     if view["kind"] != "NIfTI map":
         return
-    strip = os.path.join(root, slices_relative(main, root))
-    try:
-        from PIL import Image
+    from PIL import Image
 
-        with Image.open(strip) as image:  # the header only
-            width, height = image.size
-    except (OSError, ValueError):
-        return
-    if width > 0 and height >= width:
-        view["slices"] = {"src": href(strip, root), "count": height // width}
+    starts = _peak_slices(main, peak)
+    shown = []
+    for plane in PLANE_NAMES:
+        strip = os.path.join(root, slices_relative(main, root, plane))
+        try:
+            with Image.open(strip) as image:  # the header only
+                width, height = image.size
+        except (OSError, ValueError):
+            continue
+        if width > 0 and height >= width:
+            count = height // width
+            chosen = starts.get(plane)
+            start = chosen[1] if chosen is not None and chosen[0] == count else (count - 1) // 2
+            shown.append({"plane": plane, "src": href(strip, root), "count": count, "start": start})
+    if shown:
+        view["planes"] = shown
+
+
+def _peak_slices(nifti: str, peak: tuple[int, ...] | None) -> dict[str, tuple[int, int]]:
+    """For each plane, its strip's number of slices and the one nearest ``peak``, from the map's NIfTI header (its
+    grid and affine: no voxel is read); none where it cannot be read."""
+    if peak is None or len(peak) != 3:
+        return {}
+    from ..io.volumes import read_header
+
+    try:
+        grid, affine = read_header(Path(nifti))
+    except GradcamError:  # no nibabel, a file moved or damaged: the middle slices
+        return {}
+    shape = grid[1:]
+    found = {}
+    for plane in PLANE_NAMES:
+        axis, depth, backwards = plane_order(shape, affine, plane)
+        chosen = strip_slices(depth, backwards)
+        nearest = min(range(len(chosen)), key=lambda k: abs(chosen[k] - peak[axis]))
+        found[plane] = (len(chosen), nearest)
+    return found
+
+
+def save_scan_card(
+    montage: torch.Tensor, strips: dict[str, torch.Tensor], nifti: Path, output_dir: Path, written: list[Path]
+) -> None:
+    """The files a scan's card shows of its map ``nifti``: the thumbnail of its ``montage`` and each plane's strip of
+    slices (:func:`~gradcam_cli.render.montage.strips`), each added to ``written`` (removed if the scan fails) before
+    it is written atomically."""
+    from .encode import save_image
+
+    thumbnail = thumbnail_path(output_dir, nifti)
+    written.append(thumbnail)
+    save_thumbnail(montage, thumbnail)
+    for plane, pixels in strips.items():
+        strip = slices_path(output_dir, nifti, plane)
+        written.append(strip)
+        save_image(pixels, strip)
 
 
 def write_gallery(

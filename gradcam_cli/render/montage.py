@@ -31,12 +31,13 @@ MIN_WIDTH = 112
 """A panel's width at least (its label's), the plane centred in it."""
 LABEL_HEIGHT = 16
 STRIP_SIDE = 192
-"""Each slice of :func:`axial_strip` is fitted into a square this many pixels wide (the gallery's thumbnail side)."""
+"""Each slice of :func:`strips` is fitted into a square this many pixels wide (the gallery's thumbnail side)."""
 STRIP_SLICES = 64
-"""At most this many slices in :func:`axial_strip` (evenly spaced through the scan)."""
+"""At most this many slices of each plane in :func:`strips` (evenly spaced through the scan)."""
 PLANES = (("axial", 2, 1, 0), ("coronal", 1, 2, 0), ("sagittal", 0, 2, 1))
 """Each plane: its name, the RAS axis across it (S, A, R), the RAS axis shown upwards, and the one across the
 columns (shown decreasing to the right: the patient's right, or anterior, on the left)."""
+PLANE_NAMES = tuple(name for name, *_ in PLANES)
 
 
 @dataclass(frozen=True)
@@ -100,13 +101,36 @@ def planes(
     """The axial, coronal and sagittal planes through ``voxel`` (the module docstring), each as its label
     (``axial k=24``) and (H, W, 3) uint8 pixels."""
     window = window or Window.of(scan)
+    return [plane_view(scan, values, affine, voxel, name, table, alpha, window) for name, *_ in PLANES]
+
+
+def plane_view(
+    scan: np.ndarray[Any, Any],
+    values: np.ndarray[Any, Any],
+    affine: np.ndarray[Any, Any],
+    voxel: tuple[int, ...],
+    plane: str,
+    table: torch.Tensor,
+    alpha: float,
+    window: Window,
+) -> tuple[str, torch.Tensor]:
+    """One plane (``axial``, ``coronal`` or ``sagittal``) through ``voxel``, a cross on it, as :func:`planes` draws
+    each: its label and (H, W, 3) uint8 pixels."""
+    chosen = next(entry for entry in PLANES if entry[0] == plane)
+    label, overlay, (mark, shape) = _plane(
+        scan, values, np.asarray(affine, dtype=np.float64), voxel, chosen, table, alpha, window
+    )
+    _cross(overlay, mark, shape)
+    return label, overlay
+
+
+def plane_order(shape: tuple[int, ...], affine: np.ndarray[Any, Any], plane: str) -> tuple[int, int, bool]:
+    """The voxel axis across ``plane``, its number of slices, and whether its index runs against the RAS axis
+    (inferior to superior, posterior to anterior, left to right: slice 0 then is the last voxel index)."""
+    _, across, _, _ = next(entry for entry in PLANES if entry[0] == plane)
     affine = np.asarray(affine, dtype=np.float64)
-    panels = []
-    for plane in PLANES:
-        label, overlay, (mark, shape) = _plane(scan, values, affine, voxel, plane, table, alpha, window)
-        _cross(overlay, mark, shape)
-        panels.append((label, overlay))
-    return panels
+    axis = plane_axes(affine)[across]
+    return axis, int(shape[axis]), bool(affine[across, axis] < 0)
 
 
 def _plane(
@@ -145,7 +169,7 @@ def _plane(
     return f"{name} {'ijk'[fixed]}={voxel[fixed]}", overlay, (_marked(voxel[rows], voxel[columns], shape, flips), shape)
 
 
-def axial_strip(
+def strips(
     scan: np.ndarray[Any, Any],
     values: np.ndarray[Any, Any],
     affine: np.ndarray[Any, Any],
@@ -154,31 +178,43 @@ def axial_strip(
     window: Window | None = None,
     side: int = STRIP_SIDE,
     most: int = STRIP_SLICES,
-) -> torch.Tensor:
-    """The gallery's slice slider: axial slices of the map over the scan (at most ``most``, evenly spaced, from
-    inferior to superior, all of them when there are fewer), each fitted into a ``side`` x ``side`` black square,
-    stacked from top to bottom as one (n * side, side, 3) uint8 image."""
+) -> dict[str, torch.Tensor]:
+    """The gallery's slice sliders: for each plane (axial, coronal, sagittal), its slices of the map over the scan,
+    drawn as the montage draws that plane (at most ``most``, evenly spaced, in :func:`plane_order`: inferior to
+    superior, posterior to anterior, left to right; all of them when there are fewer), each fitted into a ``side`` x
+    ``side`` black square, stacked from top to bottom as one (n * side, side, 3) uint8 image."""
     window = window or Window.of(scan)
     affine = np.asarray(affine, dtype=np.float64)
-    axis = plane_axes(affine)[2]
-    depth = scan.shape[axis]
+    found = {}
+    for plane in PLANES:
+        axis, depth, backwards = plane_order(scan.shape, affine, plane[0])
+        frames = []
+        for k in strip_slices(depth, backwards, most):
+            voxel = [0, 0, 0]
+            voxel[axis] = k
+            _, pixels, _ = _plane(scan, values, affine, tuple(voxel), plane, table, alpha, window)
+            frames.append(_fitted(pixels, side))
+        found[plane[0]] = torch.cat(frames)
+    return found
+
+
+def strip_slices(depth: int, backwards: bool, most: int = STRIP_SLICES) -> list[int]:
+    """The voxel indices of a plane's slices in its strip (:func:`strips`), in the strip's order, of the ``depth``
+    slices of a plane whose index runs ``backwards`` (:func:`plane_order`)."""
     chosen = sorted({round(float(k)) for k in np.linspace(0, depth - 1, min(depth, most))})
-    if affine[2, axis] < 0:  # the voxel axis runs downwards: inferior is its last slice
-        chosen.reverse()
-    frames = []
-    for k in chosen:
-        voxel = [0, 0, 0]
-        voxel[axis] = k
-        _, pixels, _ = _plane(scan, values, affine, tuple(voxel), PLANES[0], table, alpha, window)
-        height, width = pixels.shape[:2]
-        scale = side / max(height, width)
-        size = (max(1, round(height * scale)), max(1, round(width * scale)))
-        fitted = F.interpolate(pixels.permute(2, 0, 1)[None].float(), size=size, mode="bilinear", align_corners=False)
-        square = torch.zeros(3, side, side)
-        top, left = (side - size[0]) // 2, (side - size[1]) // 2
-        square[:, top : top + size[0], left : left + size[1]] = fitted[0]
-        frames.append(square.round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0))
-    return torch.cat(frames)
+    return chosen[::-1] if backwards else chosen
+
+
+def _fitted(pixels: torch.Tensor, side: int) -> torch.Tensor:
+    """(H, W, 3) uint8 pixels fitted into a ``side`` x ``side`` black square (bilinear), centred."""
+    height, width = pixels.shape[:2]
+    scale = side / max(height, width)
+    size = (max(1, round(height * scale)), max(1, round(width * scale)))
+    fitted = F.interpolate(pixels.permute(2, 0, 1)[None].float(), size=size, mode="bilinear", align_corners=False)
+    square = torch.zeros(3, side, side)
+    top, left = (side - size[0]) // 2, (side - size[1]) // 2
+    square[:, top : top + size[0], left : left + size[1]] = fitted[0]
+    return square.round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0)
 
 
 def write_montage(path: Path, image: torch.Tensor) -> None:

@@ -18,6 +18,8 @@ Routes (every answer JSON or a file; every failure ``{"error": "<one line>"}`` w
   file; ``GET /files/<path>``: a file inside the run folder.
 - ``GET /api/run/rows/<n>/frames``: a clip row's overlay video's frame count and rate; ``.../frames/<f>.jpg``: its
   frame ``f`` (:mod:`gradcam_cli.serve.frames`).
+- ``GET /api/run/rows/<n>/scan``: a scan's row's planes, peak and classes; ``.../scan/<plane>/<k>.png``: slice ``k``
+  of a plane, the map over the scan (:mod:`gradcam_cli.serve.scans`).
 
 Safety: files are served only from inside the run folder (after resolving symbolic links) and the given inputs;
 every request but the page itself must come from the page's own origin (another site's ``Sec-Fetch-Site`` or
@@ -68,6 +70,7 @@ from .model import ModelService
 from .origin import SameOrigin
 from .runindex import RowFilter, RunIndex
 from .runs import run_base
+from .scans import ScanViews, scan_routes
 from .server import is_loopback
 from .targets import page_target
 
@@ -120,6 +123,8 @@ def create_app(
     if service is not None:
         images.forgotten.append(service.passes.drop)
     explorer = Explorer(options, images, service, run, run_dir.resolve() if run_dir else None, record, base)
+    look = _look(explorer)
+    views = ScanViews(run, explorer.run_dir, base, *look) if run is not None and explorer.run_dir is not None else None
     routes = [
         Route("/", _page(explorer)),
         Route("/static/{name}", _static),
@@ -138,6 +143,7 @@ def create_app(
         Route("/api/run/rows/{row:int}/outputs/{k:int}", guarded(_row_file(explorer))),
         Route("/api/run/rows/{row:int}/frames", guarded(_frames(explorer))),
         Route("/api/run/rows/{row:int}/frames/{frame:int}.jpg", guarded(_frame(explorer))),
+        *scan_routes(views),
         Route("/files/{path:path}", guarded(_file(explorer))),
     ]
     app = Starlette(routes=routes, middleware=[Middleware(SameOrigin, local=is_loopback(options.host))])
@@ -175,9 +181,7 @@ def _info(explorer: Explorer) -> Any:
             facets = await blocking(explorer.run.facets)
             run = {**facets, "manifest": str(explorer.run.manifest), "record": explorer.record}
         model = explorer.service.info() if explorer.service is not None else None
-        options = explorer.options
-        colormap = str(explorer.record.get("colormap") or options.colormap)
-        alpha = explorer.record.get("alpha")
+        colormap, alpha = _look(explorer)
         return json_response(
             {
                 "model": model,
@@ -185,11 +189,18 @@ def _info(explorer: Explorer) -> Any:
                 "inputs": len(explorer.images.inputs),
                 "colormaps": {name: _table(name) for name in dict.fromkeys((*PAGE_COLORMAPS, colormap))},
                 "colormap": colormap,
-                "alpha": float(alpha) if isinstance(alpha, (int, float)) else options.alpha,
+                "alpha": alpha,
             }
         )
 
     return info
+
+
+def _look(explorer: Explorer) -> tuple[str, float]:
+    """The colormap and opacity the page starts with: the run's (its record's), else the options'."""
+    colormap = str(explorer.record.get("colormap") or explorer.options.colormap)
+    alpha = explorer.record.get("alpha")
+    return colormap, float(alpha) if isinstance(alpha, (int, float)) else explorer.options.alpha
 
 
 def _images(explorer: Explorer) -> Any:

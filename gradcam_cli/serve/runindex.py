@@ -42,7 +42,7 @@ COLUMNS = (
     "drift",
 )
 """What a page of rows gives per row (also the columns it sorts by), besides ``outputs``."""
-SCHEMA = 5
+SCHEMA = 6
 PAGE_MAX = 200
 COUNTS_KEPT = 256
 
@@ -159,13 +159,13 @@ class RunIndex:
             "CREATE TABLE rows (row INTEGER PRIMARY KEY, input TEXT, status TEXT, error TEXT, method TEXT, "
             "layer TEXT, target_index INTEGER, target_name TEXT, probability REAL, predicted_index INTEGER, "
             "predicted_name TEXT, predicted_probability REAL, drift TEXT, outputs TEXT, input_key TEXT, "
-            "path TEXT)"
+            "path TEXT, volume TEXT)"
         )
         records: list[tuple[Any, ...]] = []
         for rows_of_input in latest_row_sets(rows).values():
             for row in rows_of_input:
                 records.append(_record(len(records), row, self._drift))
-        db.executemany(f"INSERT INTO rows VALUES ({', '.join('?' * 16)})", records)
+        db.executemany(f"INSERT INTO rows VALUES ({', '.join('?' * 17)})", records)
         for column in COLUMNS[1:]:
             db.execute(f"CREATE INDEX by_{column} ON rows ({column}, row)")
         for column in ("target", "predicted"):  # a class by name or index, often with a probability range
@@ -203,17 +203,36 @@ class RunIndex:
 
     def row(self, number: int) -> dict[str, Any] | None:
         """Row ``number`` (as the index numbers rows), or ``None``; its ``input`` as shown, ``path`` the input's
-        own name and ``outputs`` their own names (which may hold the surrogates of names that are not UTF-8)."""
+        own name, ``outputs`` their own names (which may hold the surrogates of names that are not UTF-8) and
+        ``volume`` a scan's row's (``None`` for any other)."""
         self.refresh()
         db = self._reader()
-        found = db.execute(f"SELECT {', '.join(COLUMNS)}, outputs, path FROM rows WHERE row = ?", (number,)).fetchone()
+        found = db.execute(
+            f"SELECT {', '.join(COLUMNS)}, outputs, path, volume FROM rows WHERE row = ?", (number,)
+        ).fetchone()
         if found is None:
             return None
         return {
-            **dict(zip(COLUMNS, found[:-2], strict=True)),
-            "outputs": json.loads(found[-2]),
-            "path": json.loads(found[-1]),
+            **dict(zip(COLUMNS, found[:-3], strict=True)),
+            "outputs": json.loads(found[-3]),
+            "path": json.loads(found[-2]),
+            "volume": json.loads(found[-1]) if found[-1] is not None else None,
         }
+
+    def siblings(self, number: int) -> list[dict[str, Any]]:
+        """The rows of row ``number``'s input and method that were not errors, in order (a scan's classes): each
+        one's ``row``, ``target_index`` and ``target_name``; none where there is no such row."""
+        self.refresh()
+        db = self._reader()
+        found = db.execute("SELECT input, path, method FROM rows WHERE row = ?", (number,)).fetchone()
+        if found is None:
+            return []
+        cursor = db.execute(
+            "SELECT row, target_index, target_name FROM rows WHERE input = ? AND path = ? AND method IS ? "
+            "AND status != 'error' ORDER BY row",
+            found,
+        )
+        return [{"row": row, "target_index": index, "target_name": name} for row, index, name in cursor]
 
     def facets(self) -> dict[str, Any]:
         """The values filters offer: statuses, drift statuses and how many rows there are."""
@@ -283,6 +302,7 @@ def _record(number: int, row: dict[str, Any], drift: Drift) -> tuple[Any, ...]:
         json.dumps(outputs),  # ASCII: a name's surrogates kept as escapes
         shown.lower(),
         json.dumps(name),
+        json.dumps(row["volume"]) if isinstance(row.get("volume"), dict) else None,
     )
 
 

@@ -16,7 +16,7 @@ from cam_reference import pearson
 from torch import nn
 
 from gradcam_cli import Explainer
-from gradcam_cli.cam.maps import normalise, upsample
+from gradcam_cli.cam.maps import normalise, normalise_, upsample
 from gradcam_cli.cam.methods import METHODS
 from gradcam_cli.cam.reshape import Layout, infer_layout, to_spatial
 from gradcam_cli.drift.fingerprint import GRID, decode_fingerprint, map_fingerprint
@@ -427,3 +427,17 @@ def test_a_bare_module_takes_inputs_of_its_convolutions_rank():
     assert bare_input(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Conv1d(4, 4, 3))) == InputSpec()  # an image model
     assert bare_input(nn.Sequential(nn.Conv1d(3, 4, 3), nn.Conv2d(3, 4, 3))) == InputSpec()  # ECA-style: images
     assert bare_input(nn.Linear(3, 4)) == InputSpec()
+
+
+@pytest.mark.quick
+def test_normalising_in_place_gives_normalise_s_values_on_views_without_copying():
+    """A volume's stitched maps are normalised in place, cut out of their padded sums (a view): the values are
+    :func:`normalise`'s exactly, a constant map included, and the result is the view itself."""
+    sums = torch.randn(3, 10, 12, 14, generator=torch.Generator().manual_seed(0), dtype=torch.float32)
+    sums[1] = 2.5  # constant: all zeros
+    for view in (sums[:, 1:9, 2:11, 3:13], sums.permute(0, 3, 2, 1), sums.clone()):
+        expected = normalise(view)
+        done = normalise_(view)
+        assert done.data_ptr() == view.data_ptr()
+        assert torch.equal(done, expected)
+    assert torch.equal(normalise_(torch.zeros(2, 4, 4, 4)), torch.zeros(2, 4, 4, 4))

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from square_model import square_image
 from typer.testing import CliRunner
 
@@ -18,7 +19,9 @@ from gradcam_cli.cli.eval import app
 from gradcam_cli.cli.ranking import MethodSteps
 from gradcam_cli.evaluation import evaluate
 from gradcam_cli.evaluation.evaluate import Evaluator
+from gradcam_cli.evaluation.meta import META_PERTURBATIONS
 from gradcam_cli.evaluation.plan import SEED_RERUNS, Costs, choose
+from gradcam_cli.options import EvalOptions
 
 SQUARE_MODEL = f"{Path(__file__).resolve().parents[1] / 'square_model.py'}:build"
 PLACES = [(8, 8, 28, 28), (30, 30, 50, 50), (10, 36, 30, 56)]
@@ -170,6 +173,32 @@ def test_skip_existing_plans_only_what_is_left_and_the_warning_counts_as_the_tab
     assert total == pytest.approx(measured, abs=1)
 
 
+def test_resuming_where_the_plans_sample_is_already_done_plans_from_the_passes(
+    squares: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Interrupted twice on image 3's layercam: the second run's sample (gradcam and randomcam) finished image 3's
+    randomcam, so the third run's sample has nothing left to time on that image: it plans the scoring from the
+    forward passes instead (it failed with a traceback)."""
+    page = tmp_path / "page"
+    begun = MethodSteps.method
+
+    def interrupted(self: MethodSteps, name: str) -> None:
+        if self.image_number == 3 and name == "layercam":
+            raise KeyboardInterrupt
+        begun(self, name)
+
+    monkeypatch.setattr(MethodSteps, "method", interrupted)
+    args = common(squares, "--method", "gradcam,layercam", "--report", str(page), "--budget", "100000")
+    assert run(*args).exit_code == 130
+    assert run(*args, "--skip-existing").exit_code == 130
+    rows = [json.loads(line) for line in (page / "rows.jsonl").read_text().splitlines()[1:]]
+    assert [list(r["methods"]) for r in rows if r["image"].endswith("square2.png")] == [["gradcam"], ["randomcam"]]
+    monkeypatch.setattr(MethodSteps, "method", begun)
+    resumed = run(*args, "--skip-existing")
+    assert resumed.exit_code == 0, resumed.output
+    assert re.search(r"plan: 3 method\(s\) on 3 image\(s\), about \d+s in all", resumed.stderr)
+
+
 def test_ctrl_c_in_the_seed_spread_prints_the_table_and_keeps_its_rows(
     squares: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -205,3 +234,45 @@ def test_ctrl_c_in_the_seed_spread_prints_the_table_and_keeps_its_rows(
     assert resumed.exit_code == 0, resumed.output
     assert reruns == ["square1.png", "square2.png", "square0.png", "square1.png", "square2.png"]  # not square0 again
     assert any(json.loads(line)["seed_sd"] for line in resumed.stdout.splitlines() if line.startswith("{"))
+
+
+@pytest.mark.quick
+def test_the_plan_counts_the_meta_evaluations_scorings(squares: Path, clock: list[float]) -> None:
+    result = run(*common(squares, "--method", "gradcam,layercam", "--meta"))
+    assert result.exit_code == 0, result.output
+    total, measured, _ = planned_and_taken(result.stderr)
+    # per image: gradcam, layercam and randomcam's 4 draws, 6 maps, each scored once and again on every noisy copy
+    # that keeps the class (all of them, here) and on the randomised model where it changes the class; the seed
+    # spread re-runs without the meta-evaluation: 6 maps x 2 x 3
+    rerun = 6 * SEED_RERUNS * 3 * IMPUTATION
+    assert 6 * (1 + META_PERTURBATIONS) * 3 * IMPUTATION + rerun <= measured
+    assert measured <= 6 * (2 + META_PERTURBATIONS) * 3 * IMPUTATION + rerun
+    assert total == pytest.approx(measured, rel=0.05)
+    # of the total, the meta-evaluation's share on the images still to run after the plan's sample (the first
+    # image's gradcam and randomcam): 2 x (1 + 4) + 3 maps, scored again 5 or 6 times
+    checks = float(re.search(r"--meta take ~(\d+)s of it", result.stderr)[1])  # type: ignore[index]
+    assert 13 * META_PERTURBATIONS * IMPUTATION <= checks <= 13 * (1 + META_PERTURBATIONS) * IMPUTATION
+
+
+@pytest.mark.quick
+def test_the_plan_costs_arcc_random_logit_and_mprt_by_their_explanations(
+    square_model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gradcam_cli import Explainer
+    from gradcam_cli.evaluation import plan
+    from gradcam_cli.evaluation.shared import pass_groups
+
+    monkeypatch.setattr(plan, "_timed", lambda explainer, methods, inputs: 1.0)  # one pass: 1 s
+    monkeypatch.setattr(plan, "_forward_scoring", lambda explainer, inputs, options: 0.0)
+    explainer = Explainer(square_model, "features", ["gradcam", "layercam"])
+    group = len(pass_groups(("gradcam", "layercam"))["gradcam"])
+    inputs = torch.zeros(1, 3, 16, 16)
+    bare = EvalOptions(sanity=True, sanity_layers=2)
+    assert plan.estimate(explainer, inputs, bare).seconds["gradcam"] == pytest.approx(3 / group)  # image + 2 stages
+    options = EvalOptions(sanity=True, sanity_layers=2, arcc=True, random_logit=True, mprt=True, mprt_samples=3)
+    costs = plan.estimate(explainer, inputs, options)
+    share = 1 / group
+    # --random-logit: 1 explanation; --mprt: 1 + 2 x 3 (shared pass); --arcc: 1 of its own pass
+    assert costs.checks["gradcam"] == pytest.approx(share * (1 + 1 + 2 * 3) + 1.0)
+    assert costs.seconds["gradcam"] == pytest.approx(share * 3 + costs.checks["gradcam"])
+    assert costs.rerun["gradcam"] == pytest.approx(costs.seconds["gradcam"] - share * 2)  # no cascade in the spread

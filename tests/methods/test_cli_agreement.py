@@ -142,39 +142,82 @@ def subjects(tmp_path_factory) -> Callable[[str], Subject]:
     return subject
 
 
-def reference_maps(model: nn.Module, layer: nn.Module, inputs: torch.Tensor, targets: list[int]) -> dict:
-    """Each method's (N, H, W) map of ``targets[n]`` for every input, from the layer's own output (its last call)
-    and ``torch.autograd.grad``, in float64 after the gradient."""
-    with stashing([layer]) as stash, torch.enable_grad():
+def reference_maps(model: nn.Module, layers: list[nn.Module], inputs: torch.Tensor, targets: list[int]) -> list[dict]:
+    """For each layer, each method's (N, H, W) map of ``targets[n]`` for every input, from the layer's own output
+    (its last call) and ``torch.autograd.grad``, in float64 after the gradient. One forward and one backward pass
+    serve every layer (the hooks hand the network clones: each layer's output and gradient are those of a pass that
+    keeps that layer alone)."""
+    with stashing(layers) as stash, torch.enable_grad():
         logits = model(inputs.clone().requires_grad_(True))
         score = logits[torch.arange(len(targets)), torch.tensor(targets)].sum()
-        (gradients,) = torch.autograd.grad(score, stash[0][-1])
-    a, g = stash[0][-1].detach().double(), gradients.double()
-    maps = formula_maps(a, g, inputs.shape[-2:])
-    noise = torch.Generator().manual_seed(1)
-    wobble = [1 + PERTURBATION * torch.randn(t.shape, generator=noise, dtype=torch.float64) for t in (a, g)]
-    perturbed = formula_maps(a * wobble[0], g * wobble[1], inputs.shape[-2:])
-    conditioned = {
-        method: torch.tensor([pearson(x, y) >= STABLE for x, y in zip(maps[method], perturbed[method], strict=True)])
-        for method in maps
-    }
-    return {"maps": maps, "logits": logits.detach(), "conditioned": conditioned}
+        gradients = torch.autograd.grad(score, [kept[-1] for kept in stash])
+    references = []
+    for kept, gradient in zip(stash, gradients, strict=True):
+        a, g = kept[-1].detach().double(), gradient.double()
+        maps = formula_maps(a, g, inputs.shape[-2:])
+        noise = torch.Generator().manual_seed(1)
+        wobble = [1 + PERTURBATION * torch.randn(t.shape, generator=noise, dtype=torch.float64) for t in (a, g)]
+        perturbed = formula_maps(a * wobble[0], g * wobble[1], inputs.shape[-2:])
+        conditioned = {
+            method: torch.tensor(
+                [pearson(x, y) >= STABLE for x, y in zip(maps[method], perturbed[method], strict=True)]
+            )
+            for method in maps
+        }
+        references.append({"maps": maps, "logits": logits.detach(), "conditioned": conditioned})
+    return references
 
 
-def float32_maps(model: nn.Module, layer: str, inputs: torch.Tensor, targets: list[int], batch: int) -> dict:
-    """:func:`reference_maps`' maps of ``inputs`` run in batches of ``batch``, joined."""
+def float32_maps(model: nn.Module, layers: list[str], inputs: torch.Tensor, targets: list[int], batch: int) -> list:
+    """:func:`reference_maps`' maps of ``inputs`` run in batches of ``batch``, joined: one dict per layer."""
+    modules = [model.get_submodule(layer) for layer in layers]
     parts = [
-        reference_maps(model, model.get_submodule(layer), inputs[i : i + batch], targets[i : i + batch])["maps"]
+        [layer["maps"] for layer in reference_maps(model, modules, inputs[i : i + batch], targets[i : i + batch])]
         for i in range(0, len(targets), batch)
     ]
-    return {method: torch.cat([part[method] for part in parts]) for method in parts[0]}
+    return [
+        {method: torch.cat([part[n][method] for part in parts]) for method in parts[0][n]} for n in range(len(layers))
+    ]
 
 
-def exact_maps(model: nn.Module, layer: str, inputs: torch.Tensor, targets: list[int]) -> dict[str, torch.Tensor]:
+def exact_maps(model: nn.Module, layers: list[str], inputs: torch.Tensor, targets: list[int]) -> list[dict]:
     """:func:`reference_maps`' maps computed in float64 throughout (a float64 copy of the model): the exact maps,
-    up to float64's rounding (u = 1.1e-16, nine orders of magnitude below float32's)."""
+    up to float64's rounding (u = 1.1e-16, nine orders of magnitude below float32's). One dict per layer."""
     exact = copy.deepcopy(model).double()
-    return reference_maps(exact, exact.get_submodule(layer), inputs.double(), targets)["maps"]
+    modules = [exact.get_submodule(layer) for layer in layers]
+    return [layer["maps"] for layer in reference_maps(exact, modules, inputs.double(), targets)]
+
+
+@dataclass
+class References:
+    """A layer's references for the inputs a run explained: float32 in one batch (its logits and which maps are
+    well conditioned), the exact (float64) maps, and the float32 maps of every rounding order."""
+
+    reference: dict
+    exact: dict[str, torch.Tensor]
+    rounded: list[dict[str, torch.Tensor]]
+
+
+_references: dict[tuple, dict[str, References]] = {}
+"""The references of the last (architecture, inputs, targets) checked, for all its :data:`LAYERS` at once: its four
+kinds' runs explain the same images for the same (top-1) classes, so one set of passes serves the four."""
+
+
+def layer_references(subject: Subject, order: list[int], targets: list[int]) -> dict[str, References]:
+    key = (subject.name, str(subject.weights), tuple(order), tuple(targets))
+    if key not in _references:
+        _references.clear()  # one architecture's at a time: the maps of 33 images are ~10 MB a method and layer
+        layers = list(LAYERS[subject.name])
+        inputs = subject.inputs[order]
+        modules = [subject.model.get_submodule(layer) for layer in layers]
+        reference = reference_maps(subject.model, modules, inputs, targets)
+        exact = exact_maps(subject.model, layers, inputs, targets)
+        batched = [float32_maps(subject.model, layers, inputs, targets, b) for b in ROUNDING_BATCHES if b < len(order)]
+        _references[key] = {
+            layer: References(reference[n], exact[n], [reference[n]["maps"]] + [maps[n] for maps in batched])
+            for n, layer in enumerate(layers)
+        }
+    return _references[key]
 
 
 def formula_maps(a: torch.Tensor, g: torch.Tensor, size: torch.Size) -> dict[str, torch.Tensor]:
@@ -250,13 +293,8 @@ def check_rows(subject: Subject, layer: str, rows: list[dict], count: int) -> No
     assert sorted(chosen) == list(range(count)) and len(rows) == count * len(METHODS)
     order = sorted(chosen)
     targets = [chosen[i] for i in order]
-    reference = reference_maps(subject.model, subject.model.get_submodule(layer), subject.inputs[order], targets)
-    exact = exact_maps(subject.model, layer, subject.inputs[order], targets)
-    rounded = [reference["maps"]] + [
-        float32_maps(subject.model, layer, subject.inputs[order], targets, batch)
-        for batch in ROUNDING_BATCHES
-        if batch < count
-    ]
+    references = layer_references(subject, order, targets)[layer]
+    reference, exact, rounded = references.reference, references.exact, references.rounded
     logits = reference["logits"]
     top = logits.max(dim=1).values
     picked = logits[torch.arange(len(order)), torch.tensor(targets)]

@@ -93,6 +93,15 @@ def _detr(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
     return ["-m", f"hf:{_MADE['detr']}"]
 
 
+def _rtdetr(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
+    if "rtdetr" not in _MADE:  # the tiny random ultralytics RT-DETR of tests/rtdetr_model.py, saved once
+        import rtdetr_model
+
+        folder = request.getfixturevalue("tmp_path_factory").mktemp("rtdetr")
+        _MADE["rtdetr"] = rtdetr_model.save_rtdetr(folder / "tiny-rtdetr.pt")
+    return ["-m", f"yolo:{_MADE['rtdetr']}"]
+
+
 def _keypoints(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
     return ["-m", f"{HERE / 'task_plugins' / 'keypoints.py'}:build", "--task", "keypoints"]
 
@@ -110,7 +119,7 @@ EXAMPLES: dict[str, dict[str, Example]] = {
     "keypoints": {"heatmaps": _keypoints},
     "count": {"counter": _count},
     "answer": {"llava": _llava},
-    "detr": {"detr": _detr},
+    "detr": {"detr": _detr, "rtdetr": _rtdetr},
 }
 """Each task's examples: the command-line arguments that load a tiny model of it (and its targets)."""
 TRANSFORMER_EXAMPLES: dict[str, dict[str, Example]] = {"classify": {"vit": _vit}}

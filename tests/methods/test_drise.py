@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from cam_reference import pearson
-from method_reference import minmax, rise_masks
+from method_reference import Detection, drise_maps, drise_reference, minmax, rise_masks
 from square_model import square_image
 from task_models import DETECTION_CLASSES, SquareDetector
 from typer.testing import CliRunner
@@ -33,48 +33,9 @@ REQUIRED = 0.999
 # --- the paper's formula, written out ----------------------------------------------------------------------------
 
 
-def iou(a: list[float], b: list[float]) -> float:
-    width = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    height = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    inter = width * height
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union if union > 0 else 0.0
-
-
-def cosine(a: list[float], b: list[float]) -> float:
-    dot = sum(x * y for x, y in zip(a, b, strict=True))
-    return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
-
-
 def top_score_vector(label: int, score: float, classes: int) -> list[float]:
     """A torchvision detection's class vector: its score at its label, the rest spread over the other classes."""
     return [score if c == label else (1 - score) / (classes - 1) for c in range(classes)]
-
-
-Detection = tuple[list[float], list[float], float]
-"""(box, class vector, objectness)."""
-
-
-def drise_reference(run, x: torch.Tensor, explained: list[Detection], masks: torch.Tensor, p: float) -> list:
-    """D-RISE (Petsiuk et al. 2021, Eq. 2-4), one mask at a time: for each explained detection t, the sum over masks
-    of max_j IoU(L_t, L_j) cos(P_t, P_j) O_j (0 without detections) times the mask, over N p; min-max: (H, W) each.
-    ``run(masked input)`` gives the masked image's detections."""
-    totals = [torch.zeros(x.shape[-2:], dtype=torch.float64) for _ in explained]
-    for mask in masks:
-        found = run(x * mask)
-        for t, (box, vector, _) in enumerate(explained):
-            best = 0.0
-            for other, other_vector, objectness in found:
-                best = max(best, iou(box, other) * cosine(vector, other_vector) * objectness)
-            totals[t] += best * mask.double()
-    return [total / (len(masks) * p) for total in totals]
-
-
-def drise_maps(model, x: torch.Tensor, options: PerturbationOptions, **keywords) -> dict[int, torch.Tensor]:
-    """gradcam's D-RISE maps of ``x`` at its own size, by rank (0: the combined map)."""
-    explainer = Explainer(model, None, ["drise"], perturbation=options, score_batch_size=7, **keywords)
-    result = explainer.explain_batch(x)[0]
-    return {e.rank: e.saliency for e in result.explanations}
 
 
 def torchvision_detections(output: dict[str, torch.Tensor], classes: int) -> list[Detection]:
@@ -89,7 +50,10 @@ def explained_of(found: list[Detection], scores: list[float], threshold: float, 
     return [found[i] for i in order if scores[i] >= threshold][:most]
 
 
-def check_against_reference(model, x, options: PerturbationOptions, run, explained: list[Detection], **keywords):
+def check_against_reference(
+    model, x, options: PerturbationOptions, run, explained: list[Detection], **keywords
+) -> dict[int, torch.Tensor]:
+    """gradcam's D-RISE maps of ``x`` held to :func:`drise_reference`'s; returns them (by rank)."""
     mine = drise_maps(model, x, options, **keywords)
     masks = rise_masks(
         options.rise_masks, options.rise_grid, options.rise_probability, tuple(x.shape[-2:]), options.seed
@@ -100,6 +64,7 @@ def check_against_reference(model, x, options: PerturbationOptions, run, explain
         assert float(reference.max()) > 0
         assert pearson(mine[rank], minmax(reference)) >= REQUIRED, rank
     assert pearson(mine[0], minmax(sum(expected))) >= REQUIRED  # the combined map: the sum of the detections'
+    return mine
 
 
 # --- models ------------------------------------------------------------------------------------------------------
@@ -210,9 +175,8 @@ def test_drise_matches_the_papers_formula_on_the_tiny_yolo(checkpoint) -> None:
     with torch.no_grad(), confidence(threshold):
         found = model.module(x)[0]
     explained = explained_of(detections(found), found["scores"].tolist(), threshold, 10)
-    check_against_reference(model, x, options, run, explained)
+    mine = check_against_reference(model, x, options, run, explained)
     # a known answer: each square's map is brightest on its own square
-    mine = drise_maps(model, x, options)
     for rank, (x1, y1, x2, y2) in enumerate(box for box, _, _ in explained):
         saliency = mine[rank + 1]
         inside = saliency[round(y1) : round(y2), round(x1) : round(x2)].mean()

@@ -63,7 +63,7 @@ SCORECAM_ARCHITECTURES = [
     ("alexnet", "features"),
     ("mnasnet0_5", "layers"),
 ]
-"""Score-CAM costs one forward pass per channel, twice (ours, then the reference's unbatched loop): light networks
+"""Score-CAM costs one forward pass per channel, twice (ours, then the reference's loop): light networks
 (ResNet-18 alone takes minutes on two CPU cores), whose layers' channel sums are positive (on random-weight
 MobileNetV3-Small they are all negative, so with near-uniform weights every Score-CAM map is ReLU(negative) = 0).
 One network per family: SqueezeNet 1.1 (the same Fire modules and 512-channel 13 x 13 layer as 1.0) was the

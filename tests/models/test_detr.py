@@ -14,7 +14,7 @@ import pytest
 import torch
 from cam_reference import pearson
 from detr_models import CLASSES, save_conditional_detr, save_deformable_detr, save_detr, save_rt_detr
-from method_reference import minmax, rise_masks
+from method_reference import Detection, drise_maps, drise_reference, minmax, rise_masks
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -193,31 +193,21 @@ def detections(output: Any, softmax: bool, size: tuple[int, int]) -> list[tuple[
     return found
 
 
-def similarity(a: tuple[list[float], list[float]], b: tuple[list[float], list[float]]) -> float:
-    (ax1, ay1, ax2, ay2), (bx1, by1, bx2, by2) = a[0], b[0]
-    inter = max(0.0, min(ax2, bx2) - max(ax1, bx1)) * max(0.0, min(ay2, by2) - max(ay1, by1))
-    union = (ax2 - ax1) * (ay2 - ay1) + (bx2 - bx1) * (by2 - by1) - inter
-    u, v = torch.tensor(a[1]), torch.tensor(b[1])
-    return inter / union * float(u @ v / (u.norm() * v.norm()))
-
-
 @pytest.mark.slow
 def test_drise_on_detr_matches_the_papers_formula(detr_folder) -> None:
     model = load_model(f"hf:{detr_folder}")
     x = to_input_tensor(scene(), model.input_spec)[None]
     options = PerturbationOptions(rise_masks=16, rise_grid=4, rise_probability=0.5, seed=1)
-    explainer = Explainer(model, None, ["drise"], perturbation=options, score_threshold=0.0, max_detections=2)
-    mine = {e.rank: e.saliency for e in explainer.explain_batch(x)[0].explanations}
+    mine = drise_maps(model, x, options, score_threshold=0.0, max_detections=2)
     size = (int(x.shape[-2]), int(x.shape[-1]))
     detr: Any = model.module.detr  # type: ignore[union-attr]
-    with torch.no_grad():
-        explained = detections(detr(pixel_values=x), True, size)[:2]
-    totals = [torch.zeros(size, dtype=torch.float64) for _ in explained]
-    for mask in rise_masks(16, 4, 0.5, size, 1):
+
+    def run(inputs: torch.Tensor) -> list[Detection]:
         with torch.no_grad():
-            found = detections(detr(pixel_values=x * mask), True, size)
-        for t, target in enumerate(explained):
-            totals[t] += max(similarity(target, other) for other in found) * mask.double()
+            return [(box, vector, 1.0) for box, vector in detections(detr(pixel_values=inputs), True, size)]
+
+    explained = run(x)[:2]
+    totals = drise_reference(run, x, explained, rise_masks(16, 4, 0.5, size, 1), 0.5)
     for rank, total in enumerate(totals, 1):
         assert pearson(mine[rank], minmax(total)) >= REQUIRED, rank
     assert pearson(mine[0], minmax(sum(totals))) >= REQUIRED

@@ -427,11 +427,11 @@ def test_a_video_that_fails_half_way_leaves_nothing_behind(video, tmp_path, monk
     calls = []
     release = ClipRunner._release
 
-    def failing(self, state, until, on_frame):
+    def failing(self, state, until, *rest):
         if state.clips and len(calls) > 20:
             raise OSError(28, "No space left on device")
         calls.append(until)
-        return release(self, state, until, on_frame)
+        return release(self, state, until, *rest)
 
     monkeypatch.setattr(ClipRunner, "_release", failing)
     records = runner.run(InputImage(video, Path("walk")))
@@ -441,6 +441,29 @@ def test_a_video_that_fails_half_way_leaves_nothing_behind(video, tmp_path, monk
     text = tmp_path / "text.mp4"
     text.write_text("not a video")
     assert [r.error for r in runner.run(InputImage(text, Path("text")))] == [f"{text}: not a video OpenCV can read"]
+
+
+def test_a_video_whose_writing_thread_fails_half_way_leaves_nothing_behind(video, tmp_path, monkeypatch):
+    """The overlay frames are blended and encoded in a thread of their own: its error is the video's error row."""
+    runner = _bare_runner(tmp_path)
+    written = []
+    write_frame = ClipRunner._write_frame
+
+    def failing(self, state):
+        write = write_frame(self, state)
+
+        def writing(item):
+            if len(written) == 10:
+                raise OSError(28, "No space left on device")
+            written.append(write(item))
+
+        return writing
+
+    monkeypatch.setattr(ClipRunner, "_write_frame", failing)
+    records = runner.run(InputImage(video, Path("walk")))
+    assert [record.status for record in records] == ["error"] and len(written) == 10
+    assert records[0].error == f"{video}: no space left on device"
+    assert list(tmp_path.iterdir()) == []  # no raw map, overlay, plot or temporary left
 
 
 @pytest.mark.quick

@@ -202,3 +202,35 @@ def test_the_readme_yolo_example_runs_on_what_make_yolo_example_makes(tmp_path, 
     for got, expected in zip(printed, shown, strict=True):
         for a, b in zip(map(float, NUMBER.findall(got)), map(float, NUMBER.findall(expected)), strict=True):
             assert abs(a - b) <= (10.0 if "%" in expected else 3.0), (got, expected)
+
+
+@pytest.mark.slow  # imports MONAI and explains a scan (about 10 s alone; minutes on a loaded machine)
+def test_the_volumes_worked_example_command_writes_the_montage_shown(tmp_path, monkeypatch) -> None:
+    """docs/volumes.md's worked example runs as written on nibabel's anatomical.nii (``$DATA`` its test data folder)
+    and writes the montage whose picture the page shows (docs/volume_montage.png: another run's of the same command;
+    not compared byte for byte)."""
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from gradcam_cli.cli import app
+
+    pytest.importorskip("monai")
+    testing = pytest.importorskip("nibabel.testing")
+    page = (ROOT / "docs" / "volumes.md").read_text(encoding="utf-8")
+    section = page.split("## Worked example", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"^```console\n(.*?)^```", section, re.M | re.S)
+    assert block is not None
+    setting, command = block[1].splitlines()
+    assert setting == "$ DATA=$(python -c 'from nibabel.testing import data_path; print(data_path)')"
+    picture = re.search(r"!\[[^\]]*\]\(([^)]+\.png)\)", section)
+    assert picture is not None and (ROOT / "docs" / picture[1]).is_file()
+    assert (ROOT / "docs" / picture[1]).stat().st_size < 200_000
+    words = shlex.split(command.removeprefix("$ ").replace("$DATA", str(testing.data_path)))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, words[1:])
+    assert result.exit_code == 0, result.output
+    montages = sorted((tmp_path / "out").glob("anatomical_gradcam_*_montage.png"))
+    niftis = sorted((tmp_path / "out").glob("anatomical_gradcam_*.nii.gz"))
+    assert len(montages) == len(niftis) >= 1, result.output
+    assert f"-> out/{niftis[0].name}" in result.stdout

@@ -258,9 +258,12 @@ def test_the_gallery_of_an_attention_run_shows_each_methods_map(tmp_path: Path) 
         assert all((out / href).is_file() for href in hrefs)
 
 
+PLANE_COUNTS = {"axial": 5, "coronal": 7, "sagittal": 3}
+
+
 def _clip_and_scan_run(out: Path) -> list[Record]:
-    """A run with a video model's two clip rows and a scan's row, their names needing escapes; the scan's strip of
-    five axial slices written where the run writes it."""
+    """A run with a video model's two clip rows and a scan's row, their names needing escapes; the scan's strips of
+    five axial, seven coronal and three sagittal slices written where the run writes them."""
     from clip_outputs import clip_records
 
     from gradcam_cli.io.naming import slices_path
@@ -272,9 +275,10 @@ def _clip_and_scan_run(out: Path) -> list[Record]:
     montage.parent.mkdir(parents=True)
     for path in (nifti, montage):
         path.write_bytes(b"")
-    strip = slices_path(out, nifti)
-    strip.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(np.zeros((5 * 16, 16, 3), np.uint8)).save(strip)
+    for plane, count in PLANE_COUNTS.items():
+        strip = slices_path(out, nifti, plane)
+        strip.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.zeros((count * 16, 16, 3), np.uint8)).save(strip)
     liver = Prediction(1, "liver", 0.1)
     records.append(Record("scans/head.nii.gz", "ok", "m", "net", "gradcam", liver, [liver], [str(nifti), str(montage)]))
     return records
@@ -289,8 +293,16 @@ def test_a_clips_card_plays_its_video_beside_its_curve_and_a_scans_card_slides_t
     assert video["kind"] == "video" and video["href"] == "w%3Cb%3E%22%26%231_gradcam_top1.mp4"
     assert video["curve"] == "w%3Cb%3E%22%26%231_gradcam_top1_curve.png"
     (volume,) = scan["views"]
-    assert volume["slices"] == {"src": "_thumbs/scans/head_gradcam_1-liver.nii_slices.jpg", "count": 5}
-    for link in (video["href"], video["curve"], volume["href"], volume["slices"]["src"]):
+    assert volume["planes"] == [
+        {  # no peak known (the row has no volume, its NIfTI no header): from the middle slice
+            "plane": plane,
+            "src": f"_thumbs/scans/head_gradcam_1-liver.nii_{plane}_slices.jpg",
+            "count": count,
+            "start": (count - 1) // 2,
+        }
+        for plane, count in PLANE_COUNTS.items()
+    ]
+    for link in (video["href"], video["curve"], volume["href"], *(shown["src"] for shown in volume["planes"])):
         assert ".." not in link and ":" not in link and not link.startswith("/")
         assert (out / unquote(link)).resolve().is_relative_to(out.resolve()) and (out / unquote(link)).is_file()
     assert 'w<b>"' not in page and "w\\u003cb>" in page  # the name only inside the JSON, its "<" escaped

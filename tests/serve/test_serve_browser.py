@@ -4,13 +4,11 @@ download), against the app on uvicorn on 127.0.0.1. Skipped, with the reason, wh
 from __future__ import annotations
 
 import json
-import shutil
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from headless_browser import Running
 from PIL import Image
 
 from gradcam_cli.io.discovery import discover
@@ -21,38 +19,6 @@ ROOT = Path(__file__).resolve().parents[2]
 TWO = ROOT / "docs" / "examples" / "two.png"
 LABELS = ROOT / "docs" / "examples" / "squares.txt"
 HOSTILE = '<img src=x onerror="document.body.dataset.pwned=1">.png'
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (the [serve] extra) is not installed")
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        pytest.skip("headless Chromium is not installed: run `make install` as root on Debian (it installs chromium)")
-    with sync_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=path, headless=True, args=["--no-sandbox"])
-        yield launched
-        launched.close()
-
-
-class Running:
-    """An app on uvicorn in a thread, on a free port of 127.0.0.1."""
-
-    def __init__(self, app: Any) -> None:
-        import uvicorn
-
-        from gradcam_cli.serve.server import bind, url_of
-
-        self.sock = bind("127.0.0.1", 0)
-        self.url = url_of(self.sock)
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-        self.sock.close()
 
 
 def canvas_sum(page: Any) -> list[int]:

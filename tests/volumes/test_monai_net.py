@@ -21,7 +21,7 @@ from gradcam_cli import Explainer, load_model
 from gradcam_cli.cam.whole_volume import explain_classified
 from gradcam_cli.cam.windows import Windows, explain_volume
 from gradcam_cli.cli import app
-from gradcam_cli.errors import EXIT_OK, EXIT_USAGE, UsageError
+from gradcam_cli.errors import EXIT_IMAGE_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 from gradcam_cli.models.families import monai_net
 
 monai = pytest.importorskip("monai")
@@ -159,6 +159,26 @@ def test_a_classifier_explains_the_scan_resized_to_its_profiles_size(scan: Path,
         np.testing.assert_array_equal(np.load(row["outputs"][2]), written)
         peak = np.unravel_index(int(np.argmax(written)), SHAPE)
         assert row["volume"]["peak"] == [int(i) for i in peak] and row["volume"]["windows"] == 1
+
+
+def test_a_scan_too_small_for_the_network_is_its_own_error_row_and_the_run_goes_on(tmp_path: Path):
+    scans = tmp_path / "scans"
+    scans.mkdir()
+    generator = np.random.default_rng(0)
+    np.save(scans / "a_small.npy", generator.normal(size=(6, 6, 6)).astype(np.float32))  # below the pooling's size
+    np.save(scans / "b_whole.npy", generator.normal(size=(40, 40, 40)).astype(np.float32))
+    out = tmp_path / "out"
+    result = run(scans, "--model", DENSENET, "--weights", "none", "--layer", DENSENET_LAYER, "-o", out,
+                 "--manifest", out / "m.jsonl")  # fmt: skip
+    assert result.exit_code == EXIT_IMAGE_FAILED, result.output
+    assert "Traceback" not in result.output
+    found = rows(out / "m.jsonl")
+    assert [(Path(row["input"]).name, row["status"]) for row in found] == [
+        ("a_small.npy", "error"),
+        ("b_whole.npy", "ok"),
+    ]
+    assert "smaller than kernel size" in found[0]["error"] and "\n" not in found[0]["error"]
+    assert sorted(path.name for path in out.glob("a_small*")) == []
 
 
 @pytest.mark.slow

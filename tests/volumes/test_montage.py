@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gradcam_cli.render.colour import colormap_table
-from gradcam_cli.render.montage import LABEL_HEIGHT, Window, axial_strip, montage, plane_axes, planes
+from gradcam_cli.render.montage import LABEL_HEIGHT, Window, montage, plane_axes, planes, strips
 
 SHAPE = (6, 8, 10)
 
@@ -92,16 +92,56 @@ def test_the_galleries_strip_holds_each_axial_slice_inferior_first_whatever_the_
     values = np.zeros(SHAPE, dtype=np.float32)
     values[:, :, 3] = 1.0
     affine = np.diag([2.0, 3.0, 4.0, 1.0])
-    strip = axial_strip(scan, values, affine, colormap_table("jet"), 0.5, Window(-1.0, 1.0), side=32)
+    strip = strips(scan, values, affine, colormap_table("jet"), 0.5, Window(-1.0, 1.0), side=32)["axial"]
     assert strip.shape == (SHAPE[2] * 32, 32, 3)
     squares = strip.reshape(SHAPE[2], 32, 32, 3).float()
     red = (squares[..., 0] - squares[..., 2]).flatten(1).amax(dim=1)  # jet: the map's 1 red, its 0 blue
     assert torch.nonzero(red > 50).flatten().tolist() == [3]
     upside_down = affine.copy()
     upside_down[2, 2] = -4.0
-    again = axial_strip(
+    again = strips(
         scan[:, :, ::-1], values[:, :, ::-1], upside_down, colormap_table("jet"), 0.5, Window(-1.0, 1.0), side=32
-    )
+    )["axial"]
     torch.testing.assert_close(again, strip)
-    fewer = axial_strip(scan, values, affine, colormap_table("jet"), 0.5, Window(-1.0, 1.0), side=16, most=4)
+    fewer = strips(scan, values, affine, colormap_table("jet"), 0.5, Window(-1.0, 1.0), side=16, most=4)["axial"]
     assert fewer.shape == (4 * 16, 16, 3)
+
+
+def _red_centre(pixels: torch.Tensor) -> tuple[float, float]:
+    """Where jet's red (the map's 1) lies in (H, W, 3) pixels, as fractions of the height and width."""
+    red = (pixels[..., 0].float() - pixels[..., 2].float()) > 50
+    rows, columns = torch.nonzero(red, as_tuple=True)
+    assert len(rows), "no red in the panel"
+    return float(rows.float().mean() + 0.5) / pixels.shape[0], float(columns.float().mean() + 0.5) / pixels.shape[1]
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("plane", ["axial", "coronal", "sagittal"])
+def test_each_planes_strip_is_drawn_as_the_montage_draws_that_plane_in_world_order(plane: str) -> None:
+    """A map hot on one voxel colours one square of each plane's strip: the square of its slice counted along the
+    world axis (the strip the same whatever the storage), the hot spot where the montage's panel of that plane has
+    it."""
+    from gradcam_cli.render.montage import plane_order, plane_view
+
+    scan, _, affine, hot = scene()
+    values = np.zeros(SHAPE, dtype=np.float32)
+    values[hot] = 1.0
+    table, window = colormap_table("jet"), Window(-2.0, 2.0)
+    strip = strips(scan, values, affine, table, 0.5, window, side=64)[plane]
+    axis, count, backwards = plane_order(SHAPE, affine, plane)
+    assert not backwards and strip.shape == (count * 64, 64, 3)
+    squares = strip.reshape(count, 64, 64, 3)
+    coloured = [k for k in range(count) if ((squares[k, ..., 0].float() - squares[k, ..., 2].float()) > 50).any()]
+    assert coloured == [hot[axis]]
+    _, panel = plane_view(scan, values, affine, hot, plane, table, 0.5, window)
+    square = squares[hot[axis]]
+    content = torch.nonzero(square.float().sum(dim=2) > 0, as_tuple=True)  # the plane inside its black square
+    top, left = int(content[0].min()), int(content[1].min())
+    inner = square[top : int(content[0].max()) + 1, left : int(content[1].max()) + 1]
+    np.testing.assert_allclose(_red_centre(inner), _red_centre(panel), atol=0.08)
+    # the x axis stored the other way round: the same strips
+    flipped = affine.copy()
+    flipped[:3, 0] *= -1
+    flipped[:3, 3] = affine[:3, :3] @ np.array([SHAPE[0] - 1, 0, 0]) + affine[:3, 3]
+    again = strips(scan[::-1], values[::-1], flipped, table, 0.5, window, side=64)[plane]
+    torch.testing.assert_close(again, strip)

@@ -1,8 +1,10 @@
 """``gradcam eval`` on scans (evaluation/scans.py, docs/volumes.md "Evaluating maps on scans"): voxel deletion and
 insertion along a scan's map, scored through the model's sliding windows. A known answer: a tiny 3-D segmenter
 trained here (seeded, 80 steps) to find a bright blob in noise; Grad-CAM's deletion AUC on new scans clearly below
-randomcam's, and the segmenter's Dice against the blobs reported. The stitched probabilities against the network's
-own softmax where one window covers the volume; the command line on a tiny MONAI UNet, and what it refuses."""
+randomcam's, the segmenter's Dice against the blobs reported, Grad-CAM's peak on the blob, its energy and the Dice of
+its top voxels against the blobs' masks (``--masks``), and the ranking. Pointing, energy and Dice against numpy; the
+stitched probabilities against the network's own softmax where one window covers the volume; the command line on a
+tiny MONAI UNet (``--rank --masks``, resumed), and what it refuses."""
 
 from __future__ import annotations
 
@@ -14,14 +16,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
-from volume_models import TinySegmenter, classifier
+from volume_models import CLASSES, TinySegmenter, classifier, segmenter
 
 from gradcam_cli import Explainer
-from gradcam_cli.cam.windows import Windows
+from gradcam_cli.cam.windows import Windows, explain_volume
 from gradcam_cli.cli.eval import app
 from gradcam_cli.errors import EXIT_OK, EXIT_USAGE
 from gradcam_cli.evaluation import metrics
 from gradcam_cli.evaluation.choose import evaluator_for
+from gradcam_cli.evaluation.rank import rank
+from gradcam_cli.evaluation.report import ImageScores
 from gradcam_cli.evaluation.scans import ScanEvaluator, blurred, stitched_probabilities
 from gradcam_cli.io.images import InputSpec
 from gradcam_cli.models.profile import LoadedModel
@@ -54,10 +58,11 @@ def trained_segmenter() -> TinySegmenter:
     return network.eval()
 
 
-def as_scan_model(network: torch.nn.Module) -> LoadedModel:
+def as_scan_model(network: torch.nn.Module, classes: list[str] | None = None) -> LoadedModel:
     spec = VolumeSpec((SIDE, SIDE, SIDE))
     shape = InputSpec(shape=(1, SIDE, SIDE, SIDE))
-    return LoadedModel(network, "blob", "trained", ["background", "blob"], shape, task="segment", volume=spec)
+    names = classes or ["background", "blob"]
+    return LoadedModel(network, "blob", "trained", names, shape, task="segment", volume=spec)
 
 
 @pytest.mark.slow
@@ -69,12 +74,14 @@ def test_known_answer_grad_cams_deletion_falls_far_faster_than_randomcams(tmp_pa
     dice = [float(2 * (p & t).sum() / (p.sum() + t.sum())) for p, t in zip(predicted == 1, y == 1, strict=True)]
     print(f"the trained segmenter's Dice against the blobs: {', '.join(f'{d:.2f}' for d in dice)}")
     assert min(dice) > 0.5
-    paths = []
+    paths, labels = [], tmp_path / "labelsTr"
+    labels.mkdir()
     for n, scan in enumerate(x):
-        paths.append(tmp_path / f"scan{n}.npy")
+        paths.append(tmp_path / f"scan{n}_0000.npy")  # nnU-Net's names: the mask of scanN_0000 is labelsTr/scanN
         np.save(paths[-1], scan.numpy())
+        np.save(labels / f"scan{n}.npy", y[n].numpy().astype(np.uint8))
     explainer = Explainer(as_scan_model(network), methods=["gradcam", "randomcam"], layers=["bottleneck"])
-    evaluator = evaluator_for(explainer, EvalOptions(steps=10))
+    evaluator = evaluator_for(explainer, EvalOptions(steps=10, masks=labels))
     assert isinstance(evaluator, ScanEvaluator)
     report = evaluator.run(paths)
     assert [image.error for image in report.images] == [None] * 3
@@ -84,6 +91,80 @@ def test_known_answer_grad_cams_deletion_falls_far_faster_than_randomcams(tmp_pa
         assert deletion["gradcam"] < 0.5 * deletion["randomcam"], deletion
         assert len(image.methods["gradcam"].deletion) == len(image.methods["gradcam"].insertion) == 11
         assert image.methods["gradcam"].deletion[0] == pytest.approx(image.target.probability)
+    figures = [image.methods["gradcam"] for image in report.images]
+    print(
+        "Grad-CAM against the blobs' masks: "
+        + "; ".join(f"energy {f.boxes[0].energy:.2f}, Dice {f.extra['dice']:.2f}" for f in figures)
+    )
+    for n, (image, f) in enumerate(zip(report.images, figures, strict=True)):  # peak, mass, top voxels on the blob
+        (box,), (floor,) = f.boxes, image.methods["randomcam"].boxes
+        share = float(y[n].float().mean())  # the blob's share of the voxels (about 0.8 %): a uniform map's energy
+        assert box.hit and box.label == "blob" and f.extra["dice"] > 0.5, (box, f.extra)
+        assert box.energy > 0.2 and box.energy > 20 * share and box.energy > 10 * floor.energy, (box, floor, share)
+    summary = report.summary("gradcam")
+    assert summary["pointing"]["overall"]["accuracy"] == 100.0 and summary["dice"] > 0.5
+    rows = {(row.metric, row.method): row for row in rank(report)}  # what --rank prints, over the three scans
+    assert rows["deletion_auc", "gradcam"].rank == 1 and rows["deletion_auc", "randomcam"].rank == 2
+    assert rows["deletion_auc", "gradcam"].vs_random < 0 and rows["dice", "gradcam"].rank == 1
+    assert {"pointing", "energy", "dice", "insertion_auc"} <= {metric for metric, _ in rows}
+
+
+def numpy_figures(saliency: np.ndarray, inside: np.ndarray) -> tuple[bool, float, float]:
+    """Pointing, energy and Dice of a map against a mask, in plain numpy: the peak (first of equal maxima in C
+    order) in the mask; the map's non-negative mass in it over all of it; the map's top voxels, as many as the mask's
+    (a stable sort: ties in C order), against the mask."""
+    flat, mask = saliency.ravel(), inside.ravel()
+    mass = np.clip(flat, 0, None)
+    top = np.zeros_like(mask)
+    top[np.argsort(-flat, kind="stable")[: mask.sum()]] = True
+    return bool(mask[np.argmax(flat)]), float(mass[mask].sum() / mass.sum()), 2 * (top & mask).sum() / (2 * mask.sum())
+
+
+@pytest.mark.quick
+def test_pointing_energy_and_dice_against_a_label_mask_match_numpy(tmp_path: Path):
+    network = segmenter(seed=2)
+    model = as_scan_model(network, list(CLASSES))
+    x, _ = blobs(1, torch.Generator().manual_seed(5))
+    labels = np.zeros((SIDE, SIDE, SIDE), dtype=np.uint8)
+    labels[2:9, 3:12, 5:11], labels[10:14, 2:8, 1:6] = 1, 2  # nnU-Net's labels: 0 background, 1 bright, 2 dark
+    for name in ("case_0000", "binary_0000", "shifted", "alone"):
+        np.save(tmp_path / f"{name}.npy", x[0].numpy())
+    (tmp_path / "labelsTr").mkdir()
+    np.save(tmp_path / "labelsTr" / "case.npy", labels)
+    np.save(tmp_path / "labelsTr" / "binary.npy", (labels == 2).astype(np.float32))  # binary: the target whatever
+    np.save(tmp_path / "labelsTr" / "shifted.npy", labels[:, :, :-1])  # not on the scan's grid: that scan's error
+    explainer = Explainer(model, methods=["gradcam"], target=1)
+    options = EvalOptions(steps=4, masks=tmp_path / "labelsTr")
+    scans = [tmp_path / f"{name}.npy" for name in ("case_0000", "binary_0000", "shifted", "alone")]
+    case, binary, shifted, alone = ScanEvaluator(explainer, options).run(scans).images
+    saliency = explain_volume(explainer, x[0], Windows((SIDE,) * 3), [1]).maps["gradcam"][0].numpy()
+    for image, inside in ((case, labels == 1), (binary, labels == 2)):
+        (box,) = image.methods["gradcam"].boxes
+        hit, energy, dice = numpy_figures(saliency, inside)
+        assert box.hit == hit and box.label == "bright"
+        assert box.energy == pytest.approx(energy, abs=1e-5)
+        assert image.methods["gradcam"].extra["dice"] == pytest.approx(dice, abs=1e-9)
+    assert 0.0 < energy < 1.0 and 0.0 < dice < 1.0  # neither trivial
+    assert shifted.error == (
+        f"label mask {tmp_path / 'labelsTr' / 'shifted.npy'} is not on the grid of {scans[2]} (16x16x15 vs 16x16x16); "
+        "give a mask of the scan"
+    )
+    assert alone.error is None and not alone.methods["gradcam"].boxes and "dice" not in alone.methods["gradcam"].extra
+
+
+@pytest.mark.quick
+def test_a_scans_finished_methods_are_kept_and_the_others_run(tmp_path: Path):
+    model = as_scan_model(segmenter(seed=2), list(CLASSES))
+    x, _ = blobs(1, torch.Generator().manual_seed(5))
+    np.save(tmp_path / "scan.npy", x[0].numpy())
+    both = ScanEvaluator(Explainer(model, methods=["gradcam", "gradcam++"], target=1), EvalOptions(steps=3))
+    (first,) = both.run([tmp_path / "scan.npy"]).images
+    kept = ImageScores(first.image, first.target, {"gradcam": first.methods["gradcam"]})  # as --skip-existing reads
+    told: list[ImageScores] = []
+    (resumed,) = both.run([tmp_path / "scan.npy"], on_result=told.append, done={first.image: kept}).images
+    assert resumed.methods["gradcam"] is kept.methods["gradcam"]  # not computed again
+    assert resumed.methods["gradcam++"].deletion == pytest.approx(first.methods["gradcam++"].deletion, abs=1e-6)
+    assert [list(row.methods) for row in told] == [["gradcam++"]]  # the rows file gets the new method's row alone
 
 
 @pytest.mark.quick
@@ -186,7 +267,12 @@ def test_what_gradcam_eval_does_not_measure_on_scans_is_refused(unet, tmp_path: 
     weights, scan = unet
     for option, message in (
         (["--road"], "error: --road is not measured on scans; a scan's maps are measured by deletion and insertion"),
-        (["--rank"], "error: --rank is not measured on scans; run gradcam eval on them without it"),
+        (["--rank", "--budget", "60"], "error: --budget plans --rank on images; on scans every method named is run"),
+        (
+            ["--masks", tmp_path / "none"],
+            f"error: --masks {tmp_path / 'none'}: no such folder (give the folder of label masks, as nnU-Net's "
+            "labelsTr)",
+        ),
     ):
         result = run(scan, "-m", UNET, "--weights", weights, *option)
         assert result.exit_code == EXIT_USAGE and result.stderr.strip().splitlines()[-1] == message
@@ -197,6 +283,33 @@ def test_what_gradcam_eval_does_not_measure_on_scans_is_refused(unet, tmp_path: 
     assert result.exit_code == EXIT_USAGE and result.stderr.strip().endswith(
         "takes scans; none found in " + str(tmp_path / "photo.png")
     )
+
+
+def test_gradcam_eval_ranks_scans_with_their_masks_and_resumes(unet, tmp_path: Path):
+    weights, scan = unet
+    scans, labels, report = tmp_path / "imagesTr", tmp_path / "labelsTr", tmp_path / "report"
+    scans.mkdir()
+    labels.mkdir()
+    mask = np.zeros((SIDE, SIDE, SIDE), dtype=np.uint8)
+    mask[2:10, 4:12, 3:9], mask[11:15, 1:6, 8:14] = 1, 2
+    for n, name in enumerate(("a_0000", "b")):
+        np.save(scans / f"{name}.npy", np.load(scan) * (1.0 + n))
+        np.save(labels / f"{name.removesuffix('_0000')}.npy", mask)
+    command = [scans, "-m", UNET, "--weights", weights, "-t", "1", "--steps", "3", "--masks", labels, "--rank"]
+    result = run(*command, "--report", report, "--json")
+    assert result.exit_code == EXIT_OK, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    metrics_ranked = {row["metric"] for row in rows}
+    assert {"deletion_auc", "insertion_auc", "pointing", "energy", "dice"} <= metrics_ranked
+    assert not metrics_ranked & {"road", "sanity", "stability", "faithfulness_correlation"}
+    assert {row["method"] for row in rows} == {"gradcam", "randomcam"}
+    assert all(row["images"] == 2 for row in rows)
+    written = (report / "rows.jsonl").read_text().splitlines()
+    assert len(written) == 1 + 2 * 2  # the settings, then one row per (scan, method)
+    again = run(*command, "--report", report, "--json", "--skip-existing")
+    assert again.exit_code == EXIT_OK, again.output
+    assert (report / "rows.jsonl").read_text().splitlines() == written  # nothing evaluated again
+    assert [json.loads(line) for line in again.stdout.splitlines()] == rows
 
 
 def test_gradcam_eval_takes_a_scans_channel_files(unet, tmp_path: Path):

@@ -156,12 +156,36 @@ def test_a_folder_of_scans_and_npy_volumes(nnunet, scan, tmp_path: Path):
     gallery = (out / "index.html").read_text()  # each scan shown by its montage's thumbnail, linking its NIfTI
     assert (out / "_thumbs" / "sub" / "cube_gradcam_1-liver.nii.jpg").is_file()
     assert "cube_gradcam_1-liver.nii.gz" in gallery
-    strip = out / "_thumbs" / "sub" / "cube_gradcam_1-liver.nii_slices.jpg"  # the card's slider: a square per slice
-    with Image.open(strip) as image:
-        assert image.size == (192, 18 * 192)  # all 18 axial slices of the cube (its third axis runs along S)
-    assert '"slices":{"src":"_thumbs/sub/cube_gradcam_1-liver.nii_slices.jpg","count":18}' in gallery
+    # the card's sliders: a square per slice of each plane, all 18 axial slices of the cube (its third axis runs
+    # along S), its 17 coronal and 16 sagittal ones, each from the slice through the map's peak
+    peak = next(r["volume"]["peak"] for r in rows(out / "m.jsonl") if Path(r["input"]).name == "cube.npy")
+    for axis, plane, count in ((2, "axial", 18), (1, "coronal", 17), (0, "sagittal", 16)):
+        strip = f"_thumbs/sub/cube_gradcam_1-liver.nii_{plane}_slices.jpg"
+        with Image.open(out / strip) as image:
+            assert image.size == (192, count * 192)
+        assert f'{{"plane":"{plane}","src":"{strip}","count":{count},"start":{peak[axis]}}}' in gallery
     cube = nibabel.load(out / "sub" / "cube_gradcam_1-liver.nii.gz")
     assert cube.shape == (16, 17, 18) and np.allclose(cube.affine, np.eye(4))
+    # the window the montages drew each scan in (--window-level 40,400), which gradcam serve draws its slices in
+    windows = [r["volume"]["intensity_window"] for r in rows(out / "m.jsonl") if r["status"] == "ok"]
+    assert windows == [[-160.0, 240.0]] * 2
+    _served_scan(out, 2, {"axial": 18, "coronal": 17, "sagittal": 16})
+
+
+def _served_scan(out: Path, row: int, counts: dict[str, int]) -> None:
+    """``gradcam serve out/``: row ``row``'s scan (read where the manifest names it) with its planes' slices."""
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from gradcam_cli.serve import create_app
+
+    app = create_app(None, run_dir=out, manifest=out / "m.jsonl", work_dir=out.parent / "serve")
+    with TestClient(app, base_url="http://127.0.0.1:8765") as client:
+        facts = client.get(f"/api/run/rows/{row}/scan").json()
+        assert facts["missing"] == "" and {p["plane"]: p["count"] for p in facts["planes"]} == counts
+        assert [c["name"] for c in facts["classes"]] == ["liver"]
+        last = client.get(f"/api/run/rows/{row}/scan/axial/{counts['axial'] - 1}.png")
+        assert last.status_code == 200 and last.content.startswith(b"\x89PNG")
 
 
 @pytest.mark.quick

@@ -158,6 +158,36 @@ def test_map_written_as_nifti_on_the_scans_grid(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["map.nii", "map.nii.gz"]  # no temporary left
 
 
+@pytest.mark.parametrize("name", ["map.nii", "map.nii.gz"])
+def test_a_nifti_map_holds_nibabel_s_own_bytes_from_a_transposed_view(tmp_path: Path, name: str) -> None:
+    """A map in the model's axis order is written through a transposed view, without nibabel's copies: the file's
+    bytes (decompressed for ``.nii.gz``) are nibabel's ``to_bytes()`` of the same map."""
+    import gzip
+
+    from gradcam_cli.io.volumes import write_nifti
+
+    scan = read_volume([DATA / "anatomical.nii"])
+    model_order = np.random.default_rng(3).random(scan.grid[::-1]).astype(np.float32)
+    for cam in (model_order.transpose(2, 1, 0), np.ascontiguousarray(model_order.transpose(2, 1, 0))):
+        write_nifti(tmp_path / name, cam, scan.affine)
+        written = (tmp_path / name).read_bytes()
+        image = nibabel.Nifti1Image(np.ascontiguousarray(cam), scan.affine)
+        image.header.set_data_dtype(np.float32)
+        assert (gzip.decompress(written) if name.endswith(".gz") else written) == image.to_bytes()
+        (tmp_path / name).unlink()
+
+
+def test_the_peak_of_a_transposed_view_is_argmax_s_first_in_c_order() -> None:
+    from gradcam_cli.io.volumes import peak
+
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        model_order = rng.integers(0, 4, size=(5, 6, 7)).astype(np.float32)  # many ties
+        cam = model_order.transpose(2, 1, 0)
+        voxel, _ = peak(cam, np.eye(4))
+        assert voxel == tuple(int(i) for i in np.unravel_index(np.argmax(np.ascontiguousarray(cam)), cam.shape))
+
+
 def test_peak_in_voxels_and_millimetres() -> None:
     from gradcam_cli.io.volumes import peak
 

@@ -1,6 +1,7 @@
-"""DETR-family detectors (``--model hf:DIR`` of a DETR, Conditional DETR, Deformable DETR or RT-DETR folder): each
-detection a decoder query scored by its class logit (:mod:`gradcam_cli.cam.detr`), shown as a detector's are; their
-own ``--method attention``, the queries' cross-attention."""
+"""DETR-family detectors (``--model hf:DIR`` of a DETR, Conditional DETR, Deformable DETR or RT-DETR folder, and
+ultralytics RT-DETR, ``--model yolo:PATH``): each detection a decoder query scored by its class logit
+(:mod:`gradcam_cli.cam.detr`), shown as a detector's are; their own ``--method attention``, the queries'
+cross-attention."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from ...models.detr_net import DETR_TASK, DetrNet, attending
+from ...models.detr_net import DETR_TASK, QueryDetector, attending
 from ...options import MAX_DETECTIONS, SCORE_THRESHOLD
 from ..detr import DETR_ATTENTION, DetrScore
 from ..methods import METHODS
@@ -32,13 +33,14 @@ class DetrTask(DetectTask):
     declared_layer = "last stage of the backbone, the feature map the transformer reads"
 
     def claims(self, model: LoadedModel) -> bool:
-        return model.task == self.name and isinstance(model.module, DetrNet)
+        return model.task == self.name and isinstance(model.module, QueryDetector)
 
     def score(self, model: LoadedModel, request: ScoreRequest) -> Score:
         self.check_options(request.options)
         options = request.options
         attention = DETR_ATTENTION.name in request.methods  # taken only where dense (takes)
-        threshold = SCORE_THRESHOLD if options.score_threshold is None else options.score_threshold
+        own = float(getattr(model.module, "default_threshold", SCORE_THRESHOLD))  # its post-processing's default
+        threshold = own if options.score_threshold is None else options.score_threshold
         most = MAX_DETECTIONS if options.max_detections is None else options.max_detections
         return DetrScore(threshold, most, attention)
 

@@ -39,21 +39,22 @@
     return box;
   }
 
-  // A scan's map: its strip of axial slices (one square each, inferior first) seen through a square window that a
-  // slider moves, from the middle slice.
-  function slices(view, alt) {
-    const box = el("div", {class: "slices"});
-    const count = view.slices.count;
+  // A scan's map: each plane's strip of slices (one square each: inferior to superior, posterior to anterior, left
+  // to right) seen through a square window that the plane's own slider moves, from the slice through the map's peak.
+  function plane(shown, view, alt) {
+    const box = el("div", {class: "slices", "data-plane": shown.plane});
+    const count = shown.count;
     const frame = el("a", {class: "thumb window", href: view.href});
-    const strip = el("img", {class: "strip", src: view.slices.src, loading: "lazy", decoding: "async", alt: alt});
+    const strip = el("img", {class: "strip", src: shown.src, loading: "lazy", decoding: "async",
+      alt: alt + " " + shown.plane});
     frame.append(strip);
     const range = el("input", {type: "range", min: "0", max: String(count - 1), step: "1",
-      value: String(Math.floor((count - 1) / 2)), "aria-label": "axial slice"});
+      value: String(shown.start), "aria-label": shown.plane + " slice"});
     const label = el("span", {class: "p"});
     function move() {
       const i = Number(range.value);
       strip.style.transform = "translateY(" + (-100 * i / count) + "%)";
-      label.textContent = "axial slice " + (i + 1) + " of " + count;
+      label.textContent = shown.plane + " slice " + (i + 1) + " of " + count;
       box.dataset.slice = String(i);
     }
     range.addEventListener("input", move);
@@ -61,10 +62,16 @@
     box.append(frame, range, label);
     return box;
   }
+  function planes(view, alt) {
+    const box = el("div", {class: "planes"});
+    for (const shown of view.planes) box.append(plane(shown, view, alt));
+    return box;
+  }
 
   function card(entry) {
     const node = el("article", {class: "card " + entry.status, "data-status": entry.status});
     if (entry.views.some(v => v.kind === "video")) node.classList.add("wide");  // the video beside its curve
+    if (entry.views.some(v => v.planes)) node.classList.add("scan");  // three planes side by side
     const head = el("h2");
     head.append(el("a", {href: entry.src}, entry.name));
     node.append(head);
@@ -75,8 +82,9 @@
       if (view.kind === "video") {
         figure.classList.add("wide");
         figure.append(clip(view, alt));
-      } else if (view.slices) {
-        figure.append(slices(view, alt));
+      } else if (view.planes) {
+        figure.classList.add("wide");
+        figure.append(planes(view, alt));
       } else {
         const link = el("a", {href: view.href});
         if (view.thumb) {

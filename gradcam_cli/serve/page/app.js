@@ -352,15 +352,56 @@ function scrubber(row) {
   return box;
 }
 
+// A scan's row: its map over the scan in three planes through the map's peak, drawn on the server a slice at a time,
+// a slider per plane (slices in world order: inferior to superior, posterior to anterior, left to right) and the
+// classes the run mapped for the scan (their rows), one chosen at a time.
+const NIFTI = /\.nii(\.gz)?$/i;
+function scanViewer(row) {
+  const box = el("div", null, { id: "scan-view" });
+  const choice = el("select", null, { id: "scan-class", "aria-label": "class" });
+  const planes = el("div", null, { class: "planes" });
+  box.append(el("label", "Class "), choice, planes);
+  let shown = row.row;
+  const draws = [];
+  api(`/api/run/rows/${row.row}/scan`).then((facts) => {
+    if (facts.missing) say(facts.missing);
+    setSelect(choice, facts.classes.map((c) => [String(c.row), c.index === null ? c.name : `${c.name} (#${c.index})`]),
+      String(row.row));
+    for (const p of facts.planes) {
+      const figure = el("figure", null, { "data-plane": p.plane });
+      const img = el("img", null, { id: `scan-${p.plane}`, alt: `${p.plane} slice` });
+      const range = el("input", null, { id: `scan-${p.plane}-slice`, type: "range", min: "0", max: String(p.count - 1),
+        step: "1", value: String(p.backwards ? p.count - 1 - p.peak : p.peak), "aria-label": `${p.plane} slice` });
+      const label = el("figcaption", "", { id: `scan-${p.plane}-label` });
+      const draw = () => {
+        const v = Number(range.value);
+        const k = p.backwards ? p.count - 1 - v : v;
+        img.src = `/api/run/rows/${shown}/scan/${p.plane}/${k}.png`;
+        img.dataset.slice = String(k);
+        img.dataset.row = String(shown);
+        label.textContent = `${p.plane} ${p.axis}=${k} (${v + 1} of ${p.count})` + (k === p.peak ? ", the peak" : "");
+      };
+      range.oninput = draw;
+      draws.push(draw);
+      figure.append(img, range, label);
+      planes.append(figure);
+      draw();
+    }
+    choice.onchange = () => { shown = Number(choice.value); for (const draw of draws) draw(); };
+  }).catch((error) => say("error: " + error.message));
+  return box;
+}
+
 function showRow(row) {
   const detail = $("row-detail");
   detail.replaceChildren(el("h3", shownName(row.input)));
   if (row.error) detail.append(el("p", row.error));
   if (row.status !== "error" && row.outputs.some((out) => VIDEO.test(out))) detail.append(scrubber(row));
+  if (row.status !== "error" && row.outputs.some((out) => NIFTI.test(out))) detail.append(scanViewer(row));
   row.outputs.forEach((out, k) => {
     if (/\.(png|jpe?g|webp)$/i.test(out)) detail.append(el("img", null, { src: `/api/run/rows/${row.row}/outputs/${k}`, alt: shownName(out) }));
   });
-  if (state.info.model && row.status !== "error") {
+  if (state.info.model && row.status !== "error" && !row.outputs.some((out) => NIFTI.test(out))) {  // scans: not live
     const live = el("button", "explain live", { type: "button" });
     live.onclick = async () => { showView("image"); await chooseImage("r" + row.row); };
     detail.append(live);
