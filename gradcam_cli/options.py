@@ -18,35 +18,14 @@ DEFAULT_MAX_SIDE = 4096
 """Images whose longer side is larger are shrunk by a whole factor to fit first (``--max-side``; 0: never)."""
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 """The devices ``--device`` accepts: auto, cpu, mps, cuda or cuda:N."""
+# fmt: off
 METHOD_NAMES = (
-    "gradcam",
-    "gradcam++",
-    "xgradcam",
-    "hirescam",
-    "layercam",
-    "scorecam",
-    "eigencam",
-    "eigengradcam",
-    "ablationcam",
-    "fullgrad",
-    "guided-backprop",
-    "guided-gradcam",
-    "finercam",
-    "gradcam-elementwise",
-    "kpcacam",
-    "shapleycam",
-    "fem",
-    "refinecam",
-    "segeigencam",
-    "randomcam",
-    "rise",
-    "drise",
-    "occlusion",
-    "rollout",
-    "attn-grad",
-    "attention",
-    "legrad",
+    "gradcam", "gradcam++", "xgradcam", "hirescam", "layercam", "scorecam", "eigencam", "eigengradcam",
+    "ablationcam", "fullgrad", "guided-backprop", "guided-gradcam", "finercam", "gradcam-elementwise", "kpcacam",
+    "shapleycam", "fem", "refinecam", "segeigencam", "randomcam", "rise", "drise", "occlusion", "rollout",
+    "attn-grad", "attention", "legrad",
 )
+# fmt: on
 """The package's own CAM methods, as :data:`gradcam_cli.cam.methods.BUILTIN_METHODS` registers them
 (tests/methods/test_methods.py holds them equal): what ``--method`` accepts and ``--help`` lists before torch is
 imported.
@@ -229,7 +208,7 @@ class OutputOptions:
     """What to write, and where."""
 
     output_dir: Path = Path("gradcam_out")
-    image_format: ImageFormat = ImageFormat.AUTO
+    image_format: ImageFormat | None = None
     quality: int = 90
     alpha: float = 0.5
     colormap: str = "jet"
@@ -244,9 +223,15 @@ class OutputOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output_dir", Path(self.output_dir))
-        object.__setattr__(self, "image_format", ImageFormat.parse(self.image_format))
+        image_format = self.image_format and ImageFormat.parse(self.image_format)
+        object.__setattr__(self, "image_format", image_format)
         if self.manifest is not None:
             object.__setattr__(self, "manifest", Path(self.manifest))
+
+    @property
+    def chosen_format(self) -> ImageFormat:
+        """``image_format`` (``--format``; ``None``: not given), else ``auto``."""
+        return self.image_format or ImageFormat.AUTO
 
 
 @dataclass(frozen=True)
@@ -316,7 +301,8 @@ class RunOptions:
     only that part of the inputs (docs/scale.md). ``engine``: ``local``, or ``ray`` to run on a Ray cluster
     (``ray_address``; ``None``: the ``RAY_ADDRESS`` environment variable, else a local instance) with ``actors``
     explaining actors (``None``: one per GPU, else one per two CPUs), each with ``gpus_per_worker`` GPUs
-    (``None``: 1 where the cluster has GPUs, else 0). ``clip_stride``: video frames between the starts of a video
+    (``None``: 1 where the cluster has GPUs, else 0). ``every``: explain every Nth frame of a video given to an image
+    model (``None``: not given, every frame). ``clip_stride``: video frames between the starts of a video
     model's clips (``None``: a clip's span, clips side by side; docs/video.md); ``fps``: the frame rate of a folder
     of frames given to a video model (``None``: 25).
     """
@@ -325,7 +311,7 @@ class RunOptions:
     workers: int | None = None
     writers: int = 2
     max_side: int | None = DEFAULT_MAX_SIDE
-    every: int = 1
+    every: int | None = None
     clip_stride: int | None = None
     fps: float | None = None
     deterministic: bool = False

@@ -93,7 +93,8 @@ def check_question(question: AnswerOptions, explain: ExplainOptions, output: Out
         raise UsageError(f"{not_here[0]} does not apply to a --prompt's answer (docs/vlm.md lists what does)")
     if run.engine == "ray":
         raise UsageError(RAY_ANSWERS)
-    clips = {"--clip-stride": run.clip_stride is not None, "--fps": run.fps is not None, "--every": run.every != 1}
+    given = (run.clip_stride, run.fps, run.every)
+    clips = {name: value is not None for name, value in zip(("--clip-stride", "--fps", "--every"), given, strict=True)}
     refused = [name for name, given in clips.items() if given]
     if refused:
         raise UsageError(

@@ -17,7 +17,6 @@ from ..options import (
     DEFAULT_METHOD,
     AnswerOptions,
     ExplainOptions,
-    ImageFormat,
     ModelOptions,
     OutputOptions,
     PerturbationOptions,
@@ -103,15 +102,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
         float, typer.Option(min=0.0, max=1.0, metavar="A", help="Heatmap opacity in the overlay, 0 to 1.")
     ] = 0.5,
     colormap: Annotated[str, typer.Option(metavar="NAME", help="Any matplotlib colormap name.")] = "jet",
-    image_format: Annotated[
-        ImageFormat,
-        typer.Option(
-            "--format",
-            parser=params.parse_format,
-            metavar="auto|png|jpg|webp",
-            help="Overlay, heatmap and panel format; auto: JPEG for JPEG inputs, PNG for the others.",
-        ),
-    ] = ImageFormat.AUTO,
+    image_format: params.FormatOpt = None,
     quality: Annotated[
         int, typer.Option(min=1, max=100, metavar="Q", help="JPEG/WebP quality of overlays, heatmaps and panels.")
     ] = 90,
@@ -132,9 +123,7 @@ def explain(  # noqa: PLR0913  (a typer command: one parameter per option)
     report: Annotated[
         bool, typer.Option("--report", help="Write an HTML gallery of the run, OUTPUT_DIR/index.html.")
     ] = False,
-    every: Annotated[
-        int, typer.Option(min=1, metavar="N", help="Videos: explain every Nth frame and hold its map in between.")
-    ] = 1,
+    every: params.EveryOpt = None,
     window_level: params.WindowLevelOpt = None,
     channels: scan_options.ChannelsOpt = None,
     clip_stride: Annotated[

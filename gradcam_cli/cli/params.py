@@ -326,6 +326,19 @@ RiseMasksOpt = Annotated[
 ]
 OcclusionWindowOpt = Annotated[int, typer.Option(min=1, metavar="PIXELS", help="Occlusion: the square window's side.")]
 OcclusionStrideOpt = Annotated[int, typer.Option(min=1, metavar="PIXELS", help="Occlusion: the window's step.")]
+FormatOpt = Annotated[
+    ImageFormat | None,
+    typer.Option(
+        "--format",
+        parser=parse_format,
+        metavar="auto|png|jpg|webp",
+        help="Overlay, heatmap and panel format; auto (the default): JPEG for JPEG inputs, PNG for the others.",
+    ),
+]
+EveryOpt = Annotated[
+    int | None,
+    typer.Option(min=1, metavar="N", help="Videos: explain every Nth frame and hold its map in between (default 1)."),
+]
 FpsOpt = Annotated[
     float | None,
     typer.Option(min=0.0, metavar="FPS", help="Video models: the frame rate of a folder of frames (default 25)."),

@@ -117,7 +117,7 @@ class AnswerRunner:
 
     def _paths(self, image: InputImage, method: str, label: str) -> list[tuple[str, Path]]:
         """(kind, path) of each file one map's row lists: its overlay, ``.npy``, heatmap, and the image's panel."""
-        suffix = self.output.image_format.suffix_for(image.path)
+        suffix = self.output.chosen_format.suffix_for(image.path)
         output_dir = self.output.output_dir
         overlay = answer_path(output_dir, image, method, label, suffix)
         paths = [("overlay", overlay)]
@@ -157,7 +157,7 @@ class AnswerRunner:
         if self.output.panel:
             from ..render.panels import save_panel
 
-            path = panel_path(self.output.output_dir, image, self.output.image_format.suffix_for(image.path))
+            path = panel_path(self.output.output_dir, image, self.output.chosen_format.suffix_for(image.path))
             o = self.output
             save_panel(path, pixels, maps, o.colormap, o.alpha, image.path.name, o.quality)
         return records

@@ -80,7 +80,7 @@ def _explained(explanation: Explanation | None) -> Explanation:
 def _named(options: OutputOptions, image: InputImage, explanation: Explanation | None, prefix: str = "") -> Path:
     """An explanation's file, named by class (or, a detection, by rank and class); ``prefix`` before the method."""
     e = _explained(explanation)
-    method, suffix = f"{prefix}{e.method}", options.image_format.suffix_for(image.path)
+    method, suffix = f"{prefix}{e.method}", options.chosen_format.suffix_for(image.path)
     if e.rank is not None:
         return detection_path(options.output_dir, image, method, e.rank, e.target.index, e.target.name, suffix)
     return output_path(options.output_dir, image, method, e.target.index, e.target.name, suffix)
@@ -98,7 +98,7 @@ def _heatmap_path(options: OutputOptions, image: InputImage, explanation: Explan
     e = _explained(explanation)
     if e.rank is not None:
         return _named(options, image, explanation, "heatmap-")
-    suffix = options.image_format.suffix_for(image.path)
+    suffix = options.chosen_format.suffix_for(image.path)
     return heatmap_path(options.output_dir, image, e.method, e.target.index, e.target.name, suffix)
 
 
@@ -107,7 +107,7 @@ def _thumbnail_path(options: OutputOptions, image: InputImage, explanation: Expl
 
 
 def _panel_path(options: OutputOptions, image: InputImage, _explanation: Explanation | None) -> Path:
-    return panel_path(options.output_dir, image, options.image_format.suffix_for(image.path))
+    return panel_path(options.output_dir, image, options.chosen_format.suffix_for(image.path))
 
 
 def _write_overlay(job: WriteJob, path: Path) -> None:

@@ -248,7 +248,7 @@ def run_record(
 ) -> dict[str, Any]:
     """What made a run's outputs, as the run record stores it (quality only for the lossy formats; the installed
     plugins' distributions and versions, which ``--skip-existing`` does not hold a resumed run to)."""
-    lossy = output.image_format is not ImageFormat.PNG
+    lossy = output.chosen_format is not ImageFormat.PNG
     return {
         "model": model,
         "weights": weights,
@@ -258,7 +258,7 @@ def run_record(
         "eigen_smooth": smoothing[1],
         "colormap": output.colormap,
         "alpha": output.alpha,
-        "format": output.image_format.value,
+        "format": output.chosen_format.value,
         "quality": output.quality if lossy else None,
         "max_side": max_side,
         "plugins": plugin_versions(),

@@ -112,7 +112,7 @@ def check_video_model(
     check_video_options(output, videos, clips)
     if run.clip_stride is not None and not clips:
         raise UsageError(f"--clip-stride is for video models; {name} takes images, explained frame by frame (--every)")
-    if run.every != 1 and clips:
+    if run.every is not None and clips:
         raise UsageError(f"--every is for image models; {name} takes clips: space them with --clip-stride")
 
 
@@ -145,11 +145,11 @@ class VideoRunner:
         self, explainer: Explainer, output: OutputOptions | None = None, run: RunOptions | None = None
     ) -> None:
         run = run or RunOptions()
-        if run.every < 1:
+        if run.every is not None and run.every < 1:
             raise GradcamError("--every must be at least 1")
         self.explainer = explainer
         self.output = output or OutputOptions()
-        self.every = run.every
+        self.every = run.every or 1
         self.batch_size = run.batch_size or default_batch_size(explainer.device)
         self.table = colormap_table(self.output.colormap, explainer.device)
 

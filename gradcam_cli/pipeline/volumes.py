@@ -38,7 +38,7 @@ from ..io.naming import MONTAGE_TAIL, NIFTI_SUFFIX, slug, volume_paths
 from ..io.volumes import Volume, channel_files, peak, read_region, read_volume, spacing_note, write_nifti
 from ..models.tasks import CLASSIFY, SEGMENT
 from ..models.volume_spec import VolumeSpec
-from ..options import ExplainOptions, ImageFormat, ModelOptions, OutputOptions, RunOptions, WindowLevel
+from ..options import ExplainOptions, ModelOptions, OutputOptions, RunOptions, WindowLevel
 from ..render.colour import colormap_table
 from ..render.encode import save_array
 from ..render.gallery import save_scan_card
@@ -76,8 +76,8 @@ def refused_for_volumes(model: ModelOptions, explain: ExplainOptions, output: Ou
     given = {
         "--save-heatmap": output.save_heatmap,
         "--panel": output.panel,
-        "--format": output.image_format is not ImageFormat.AUTO,
-        "--every": run.every != 1,
+        "--format": output.image_format is not None,
+        "--every": run.every is not None,
         "--clip-stride": run.clip_stride is not None,
         "--engine ray": run.engine == "ray",
         "--shard": run.shard is not None,

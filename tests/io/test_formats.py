@@ -67,7 +67,7 @@ def test_the_suffix_follows_the_input_under_auto_only(image_format, source, suff
 
 
 def test_auto_is_the_default_and_parses():
-    assert OutputOptions().image_format is ImageFormat.AUTO
+    assert OutputOptions().image_format is None and OutputOptions().chosen_format is ImageFormat.AUTO
     assert ImageFormat.parse(" AUTO ") is ImageFormat.AUTO
 
 

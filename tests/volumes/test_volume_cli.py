@@ -194,6 +194,8 @@ def _served_scan(out: Path, row: int, counts: dict[str, int]) -> None:
     [
         (["--panel"], "--panel"),
         (["--every", "2"], "--every"),
+        (["--every", "1"], "--every"),  # given, though it is the frames' default: refused as any other value
+        (["--format", "auto"], "--format"),
         (["--engine", "ray"], "--engine ray"),
         (["--shard", "0/2"], "--shard"),
     ],
