@@ -160,14 +160,14 @@ def evaluate(  # noqa: PLR0913  (a typer command: one parameter per option)
             steps,
             batch_size,
             tolerance,
-            sanity or rank,
+            sanity,
             sanity_layers,
             seed,
             boxes=boxes,
             plot=plot,
-            road=road or rank,
-            stability=stability or (rank and not specs),  # stability measures a class's map
-            correlation=correlation or rank,
+            road=road,
+            stability=stability,
+            correlation=correlation,
             arcc=arcc,
             random_logit=random_logit,
             mprt=mprt,
@@ -236,8 +236,9 @@ class EvalCommand:
         else:
             images = evaluated_inputs(explainer, self.inputs, images, options)  # a video model's: its videos
         started = time.perf_counter()
+        options = rank_options(explainer, options) if self.ranking.rank else options
+        evaluator = evaluator_for(explainer, options)  # its checks refuse what it does not measure, before a plan
         if self.ranking.rank:
-            options = rank_options(explainer, options)
             named = ALL_METHODS not in self.explain_options.methods
             planned = (  # a volume model's scans: every method named is run, no plan
                 plan_rank(self.reporter, self.ranking, named, explainer, images, options, boxes is None)
@@ -247,7 +248,7 @@ class EvalCommand:
             if planned is not None:
                 explainer, self.plan_seconds, self.plan_total = planned.explainer, planned.seconds, planned.total
                 self.sampled, self.ranking = planned.sampled, replace(self.ranking, seed_images=planned.seed_images)
-        evaluator = evaluator_for(explainer, options)
+                evaluator = evaluator_for(explainer, options)
         report = self._evaluate(evaluator, options, images, boxes)
         tell(self.reporter, report, evaluator, images, options, bool(boxes) or options.masks is not None, self.ranking)
         elapsed = time.perf_counter() - started  # the plan's timing and the seed spread included

@@ -82,13 +82,14 @@ def evaluated_inputs(
 
 
 def rank_options(explainer: Explainer, options: EvalOptions) -> EvalOptions:
-    """What ``gradcam eval --rank`` measures: the task's options
-    (:meth:`~gradcam_cli.cam.tasks.base.TaskAdapter.rank_options`), without ROAD on a video model's clips; a
-    volume model's scans by their curves (and ``--masks``) alone (:mod:`~gradcam_cli.evaluation.scans`)."""
-    options = explainer.adapter.rank_options(options)
+    """What ``gradcam eval --rank`` measures: the options given and the task's own
+    (:meth:`~gradcam_cli.cam.tasks.base.TaskAdapter.rank_options`), but ROAD on a video model's clips only where
+    given (and then refused); a volume model's scans by their curves (and ``--masks``), what else was given refused
+    (:mod:`~gradcam_cli.evaluation.scans`)."""
     if explainer.model.profile.volume is not None:
-        return replace(options, sanity=False, road=False, stability=False, correlation=False)
-    return replace(options, road=False) if explainer.model.profile.clips is not None else options
+        return options
+    ranked = explainer.adapter.rank_options(options, bool(explainer.options.targets))
+    return replace(ranked, road=options.road) if explainer.model.profile.clips is not None else ranked
 
 
 def read_clips(path: Path, clip: ClipSpec, spec: InputSpec, fps: float | None = None) -> list[Clip]:

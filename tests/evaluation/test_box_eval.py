@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from gradcam_cli import EvalOptions, Explainer, load_model
 from gradcam_cli.cam.maps import to_image_maps
 from gradcam_cli.cli.eval import app as eval_app
-from gradcam_cli.errors import EXIT_OK
+from gradcam_cli.errors import EXIT_OK, EXIT_USAGE
 from gradcam_cli.evaluation.choose import evaluate
 from gradcam_cli.evaluation.intervals import paired_interval
 from gradcam_cli.evaluation.rank import rank
@@ -216,6 +216,9 @@ def test_gradcam_eval_on_a_detector_end_to_end(two_squares: Path, tmp_path: Path
     assert ranked.exit_code == EXIT_OK, ranked.output
     metrics = {json.loads(line)["metric"] for line in ranked.stdout.splitlines()}
     assert {"box_deletion_auc", "box_insertion_auc", "box_pointing", "box_energy"} <= metrics
+    given = CliRunner().invoke(eval_app, [*base, "--rank", "--road"])  # the user's own --road: refused, not dropped
+    assert given.exit_code == EXIT_USAGE and "plan:" not in given.stderr  # refused before the plan
+    assert given.stderr.strip().splitlines()[-1].startswith("error: --road is for classifiers; ")
 
 
 def _boxes(tmp_path: Path) -> Path:

@@ -267,6 +267,10 @@ def test_what_gradcam_eval_does_not_measure_on_scans_is_refused(unet, tmp_path: 
     weights, scan = unet
     for option, message in (
         (["--road"], "error: --road is not measured on scans; a scan's maps are measured by deletion and insertion"),
+        (  # given by the user beside --rank, which does not turn it on for scans: refused, not dropped
+            ["--rank", "--sanity"],
+            "error: --sanity is not measured on scans; a scan's maps are measured by deletion and insertion",
+        ),
         (["--rank", "--budget", "60"], "error: --budget plans --rank on images; on scans every method named is run"),
         (
             ["--masks", tmp_path / "none"],

@@ -262,14 +262,15 @@ class TaskAdapter:
         own)."""
         return protocol() if self.faithfulness else boxes()
 
-    def rank_options(self, options: EvalOptions) -> EvalOptions:
-        """The options ``gradcam eval --rank`` measures this task with: a task measured by its boxes drops the
-        sanity checks, ROAD and the stability measure."""
-        return (
-            options
-            if self.faithfulness
-            else replace(options, sanity=False, road=False, stability=False, correlation=False)
-        )
+    def rank_options(self, options: EvalOptions, targeted: bool = False) -> EvalOptions:
+        """The options ``gradcam eval --rank`` measures this task with: those given, and for a task with
+        :attr:`faithfulness` the sanity checks, ROAD, faithfulness correlation and, unless ``targeted`` (a
+        ``--target``: stability measures a class's map), stability; a task measured by its boxes adds none (what
+        was given stays, for :meth:`eval_checks` to refuse)."""
+        if not self.faithfulness:
+            return options
+        stability = options.stability or not targeted
+        return replace(options, sanity=True, road=True, correlation=True, stability=stability)
 
     def pick(self, explanations: list[Explanation], rank: int) -> Explanation:
         """The explanation ``gradcam serve`` shows for a request of ``rank`` (a ranked task's detection)."""
