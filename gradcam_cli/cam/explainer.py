@@ -333,6 +333,7 @@ class Explainer:
             extras = MethodInputs(
                 view, self.options.score_batch_size, context.progress, self.options.perturbation, seed
             )
+            passes.callback(extras.close)
             need_gradients = any(self.adapter.method(method).uses_gradients for method in methods)
             keep_graph = any(self.adapter.method(method).keeps_graph for method in methods)
             cams: Cams = {method: [] for method in methods}

@@ -135,6 +135,15 @@ class MethodInputs:
         }
         """What builds each need's value for ``(layer, target k)``."""
 
+    def close(self) -> None:
+        """Drop the builders and what they made: the builders are this object's own bound methods, a reference
+        cycle that would otherwise keep the view's inputs, targets and logits (a window batch's, tens of MB) until
+        Python's cycle collector next runs, after several more batches."""
+        self._builders.clear()
+        self._cache.clear()
+        self._layer_passes.clear()
+        self._guided = self._full = None
+
     def arguments(self, method: CamMethod[Any], layer: str | None, k: int) -> tuple[object, ...]:
         """The arguments ``method`` takes after the activations and gradients of ``layer`` (``None`` for a method
         that reads no layer), for target ``k``: none, or what its need's builder makes."""

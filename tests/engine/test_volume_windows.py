@@ -5,6 +5,8 @@ same network and layer."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -174,3 +176,24 @@ def test_classes_predicted_inside_a_region_are_counted_inside_it():
     assert inside.classes and inside.classes == [
         c for c in inside.shares.argsort(descending=True).tolist() if c and inside.shares[c] > 0
     ]
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("methods", [["gradcam"], ["gradcam", "scorecam"]])
+def test_a_window_batch_leaves_no_reference_cycle_behind(methods):
+    """Each window batch's inputs, targets and logits are freed when the batch is done, not at the next run of
+    Python's cycle collector (which, on a CT, let some ten batches' logits pile up: 0.6 GB)."""
+    model, x = segmenter(), volume(SHAPE)
+    explainer = Explainer(loaded(model, PATCH), "bottleneck", methods)
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        explain_volume(explainer, x, Windows(PATCH, batch_size=2), classes=[1])
+        gc.collect()
+        left = [type(thing).__name__ for thing in gc.garbage]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert "Tensor" not in left and "MethodInputs" not in left, sorted(set(left))
