@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import importlib
 import json
 import os
 import sys
@@ -131,7 +132,7 @@ def main() -> int:
     log("torch imported")
     from gradcam_cli.cam import windows
     from gradcam_cli.cli import entry_point
-    from gradcam_cli.pipeline import volumes
+    volumes = importlib.import_module("gradcam_cli.pipeline.volumes")  # a submodule the package does not import
 
     log("gradcam_cli imported")
     for module, name in ((volumes, "read_volume"), (volumes, "write_nifti"), (volumes, "montage")):
