@@ -132,6 +132,7 @@ def main() -> int:
     log("torch imported")
     from gradcam_cli.cam import windows
     from gradcam_cli.cli import entry_point
+
     volumes = importlib.import_module("gradcam_cli.pipeline.volumes")  # a submodule the package does not import
 
     log("gradcam_cli imported")
