@@ -200,6 +200,18 @@ class ChildPeak:
         return self.peak
 
 
+def scan_profile(patch: int) -> dict[str, object]:
+    """The ``monai:UNet`` profile (4, 8, 16 channels) the synthetic CT is explained with, at ``patch``^3 windows."""
+    network = {"in_channels": 1, "out_channels": 3, "channels": [4, 8, 16], "strides": [2, 2], "num_res_units": 0}
+    return {
+        "network": network,
+        "patch": [patch] * 3,
+        "step": 0.5,
+        "intensity": {"scheme": "ct", "low": -900, "high": 1200, "mean": 80, "std": 150},
+        "labels": ["background", "liver", "tumour"],
+    }
+
+
 def run_scan(command: list[str], library: Path) -> tuple[float, int, str]:
     """(seconds, peak resident bytes, its output's last lines) of the command line ``command``, run with the
     gradcam_cli of ``library``."""
@@ -226,14 +238,7 @@ def scan(shape: tuple[int, ...], patch: int, library: Path) -> int:
     from gradcam_cli import load_model
     from gradcam_cli.cam.windows import window_slices
 
-    network = {"in_channels": 1, "out_channels": 3, "channels": [4, 8, 16], "strides": [2, 2], "num_res_units": 0}
-    profile = {
-        "network": network,
-        "patch": [patch] * 3,
-        "step": 0.5,
-        "intensity": {"scheme": "ct", "low": -900, "high": 1200, "mean": 80, "std": 150},
-        "labels": ["background", "liver", "tumour"],
-    }
+    profile = scan_profile(patch)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         torch.manual_seed(0)

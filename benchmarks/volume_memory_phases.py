@@ -90,7 +90,7 @@ def prepare(data: Path, shape: tuple[int, ...], patch: int) -> None:
     import nibabel
     import numpy as np
     import torch
-    from bench_volume_windows import ct_like
+    from bench_volume_windows import ct_like, scan_profile
     from monai.networks.nets import UNet
 
     data.mkdir(parents=True, exist_ok=True)
@@ -100,14 +100,7 @@ def prepare(data: Path, shape: tuple[int, ...], patch: int) -> None:
     torch.manual_seed(0)
     unet = UNet(3, 1, 3, channels=(4, 8, 16), strides=(2, 2), num_res_units=0)
     torch.save(unet.state_dict(), data / "unet.pt")
-    network = {"in_channels": 1, "out_channels": 3, "channels": [4, 8, 16], "strides": [2, 2], "num_res_units": 0}
-    profile = {
-        "network": network,
-        "patch": [patch] * 3,
-        "step": 0.5,
-        "intensity": {"scheme": "ct", "low": -900, "high": 1200, "mean": 80, "std": 150},
-        "labels": ["background", "liver", "tumour"],
-    }
+    profile = scan_profile(patch)
     (data / "unet.json").write_text(json.dumps(profile))
 
 

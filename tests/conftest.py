@@ -88,12 +88,10 @@ def llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def one_thread():
     """One intra-op thread while the module runs, the count restored after: for modules of many small passes, where
     on busy cores OpenMP's spin-waiting threads cost more than they bring (tests/methods/test_references.py)."""
-    import torch
+    from threads import one_thread
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with one_thread():
+        yield
 
 
 @pytest.fixture

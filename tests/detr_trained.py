@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
+from threads import one_thread
 
 CLASSES = ["red", "green", "blue"]
 COLOURS = [(220, 30, 30), (30, 200, 30), (30, 30, 220)]
@@ -132,12 +133,8 @@ def anchor_queries(model: Any) -> None:
 def train_squares(steps: int = STEPS, seed: int = 0) -> tuple[Any, Any]:
     """The model trained ``steps`` AdamW steps on batches of BATCH random scenes (seeded, single-threaded: the same
     model at any thread count, and fast on busy cores), and its processor."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         return _trained(steps, seed)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _trained(steps: int, seed: int) -> tuple[Any, Any]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from PIL import Image
+from threads import one_thread
 
 CLASSES = ["red", "blue"]
 COLOURS = [(220, 30, 30), (30, 30, 220)]
@@ -72,12 +73,8 @@ def train_squares(steps: int = 200, seed: int = 0) -> torch.nn.Module:
 
     Measured on the tests' scenes (64 x 64, 128 x 64, seeds 0-4): each square is found with confidence >= 0.76, its
     box within 1.5 px, and every other detection scores <= 0.04 (far under the default threshold, 0.25)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         return _trained(steps, seed)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _trained(steps: int, seed: int) -> torch.nn.Module:
