@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,10 +92,36 @@ def inspect_layers(
 ) -> list[LayerInfo]:
     """Every module with its output shape, from one dry forward pass with a forward hook on each module.
 
-    Modules that run several times per forward report the shape of their last call and the number of calls.
+    Modules that run several times per forward report the shape of their last call and the number of calls. The
+    pass runs on a shape-only copy of the model (:func:`_shapes_only`) where every operation allows it, else on the
+    model itself.
     ``prefix_tokens``: the model's own count of non-spatial leading tokens; ``tokens``: whether 3-D outputs may be
     token sequences (see :mod:`gradcam_cli.cam.reshape`).
     """
+    shapes_only = _shapes_only(model)
+    if shapes_only is not None:
+        try:
+            return _inspect(shapes_only, example.to("meta"), prefix_tokens, tokens)
+        except Exception:  # an operation with no shape-only kernel, or one that reads values: the real pass below
+            pass
+    return _inspect(model, example, prefix_tokens, tokens)
+
+
+def _shapes_only(model: nn.Module) -> nn.Module | None:
+    """A copy of ``model`` whose parameters and buffers are shapes on PyTorch's meta device (no data copied): a pass
+    through it gives every module's output shape at no computation, where each operation has a shape-only kernel and
+    reads no value. ``None`` where the model cannot be copied."""
+    memo: dict[int, object] = {}
+    for tensor in itertools.chain(model.parameters(), model.buffers()):
+        shape = torch.empty_like(tensor, device="meta")
+        memo[id(tensor)] = nn.Parameter(shape, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else shape
+    try:
+        return copy.deepcopy(model, memo)
+    except Exception:
+        return None
+
+
+def _inspect(model: nn.Module, example: torch.Tensor, prefix_tokens: int | None, tokens: bool) -> list[LayerInfo]:
     infos = {name: LayerInfo(name, type(m).__name__, None, 0, -1) for name, m in model.named_modules()}
     counter = iter(range(1 << 62))
     handles = []

@@ -345,16 +345,30 @@ def test_batched_top_k_maps_equal_unbatched_on_resnet18(resnet18):
 # --- layers that cannot give a map, and input sizes the model cannot run, are refused when the explainer is built --
 
 
+class Tally:
+    """A count shared with every copy of what holds it (the dry pass runs on a shape-only copy of the model)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __deepcopy__(self, memo: dict[int, object]) -> Tally:
+        return self
+
+
 class Counting(nn.Module):
-    """Wraps a model and counts its forward passes."""
+    """Wraps a model and counts its forward passes, its copies' included."""
 
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
         self.inner = inner
-        self.passes = 0
+        self.tally = Tally()
+
+    @property
+    def passes(self) -> int:
+        return self.tally.count
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.passes += 1
+        self.tally.count += 1
         return self.inner(x)
 
 
