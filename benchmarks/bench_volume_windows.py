@@ -10,9 +10,7 @@ state with the model and the volume built (sampled every 5 ms; glibc's fixed ``M
 tensor of 64 kB or more on its own, so that freed tensors leave the resident set and it follows what is held), its
 time the best of ``--repeat`` runs.
 
-Usage: ``python benchmarks/bench_volume_windows.py [--shape D,H,W] [--patch N] [--repeat N] [--batch N]
-[--network nnunet|narrow] [--device cpu]``; ``--network narrow``: the side-by-side on ``--scan``'s narrow MONAI ``UNet``
-(at its bottleneck), small enough to compare on a CT-sized volume.
+Usage: ``python benchmarks/bench_volume_windows.py [--shape D,H,W] [--patch N] [--repeat N] [--device cpu]``.
 
 ``--scan`` measures the command line instead (issue 37 point 6): a synthetic CT-like scan of ``--shape`` (default
 there 512 x 512 x 300, int16 NIfTI in a temporary folder) explained by ``gradcam SCAN -m monai:UNet --weights
@@ -93,17 +91,7 @@ class PeakRss:
         self.peak = max(self.peak, self.rss())
 
 
-def narrow_unet(device: str):
-    """The MONAI ``UNet`` of ``--scan`` (:func:`scan_profile`'s network, random weights): 3 classes."""
-    import torch
-    from monai.networks.nets import UNet
-
-    torch.manual_seed(0)
-    net = UNet(3, 1, 3, channels=(4, 8, 16), strides=(2, 2), num_res_units=0)
-    return net.eval().requires_grad_(False).to(device)
-
-
-def side(args: argparse.Namespace, name: str, shape: tuple[int, ...], batch: int) -> dict[str, float]:
+def side(name: str, shape: tuple[int, ...], patch: int, batch: int, device: str, repeat: int) -> dict[str, float]:
     """One side's best time and its memory growth, in this process."""
     import torch
 
@@ -112,8 +100,7 @@ def side(args: argparse.Namespace, name: str, shape: tuple[int, ...], batch: int
     from gradcam_cli.io.images import InputSpec
     from gradcam_cli.models.profile import LoadedModel
 
-    device, patch, repeat = args.device, args.patch, args.repeat
-    net = narrow_unet(device) if args.network == "narrow" else network(device)
+    net = network(device)
     volume = torch.randn(1, *shape, generator=torch.Generator().manual_seed(0)).to(device)
     windows = Windows((patch,) * 3, batch_size=batch)
     if name == "monai":
@@ -129,8 +116,7 @@ def side(args: argparse.Namespace, name: str, shape: tuple[int, ...], batch: int
             net(volume[None, :, :patch, :patch, :patch])
     else:
         model = LoadedModel(net, "unet", "random", None, InputSpec(shape=(1, *windows.patch)), task="segment")
-        bottleneck = "model.1.submodule.1.submodule" if args.network == "narrow" else "encoder.stages.4"
-        explainer = Explainer(model, bottleneck, ["gradcam"])
+        explainer = Explainer(model, "encoder.stages.4", ["gradcam"])
 
         def run() -> None:
             explain_volume(explainer, volume, windows, classes=[1])
@@ -304,12 +290,6 @@ def main() -> int:
     parser.add_argument(
         "--batch", type=int, default=2, help="windows per batch of MONAI's and of the first Grad-CAM run"
     )
-    parser.add_argument(
-        "--network",
-        choices=("nnunet", "narrow"),
-        default="nnunet",
-        help="nnU-Net's PlainConvUNet (16 to 128 features), or --scan's narrow MONAI UNet (4, 8, 16)",
-    )
     parser.add_argument("--side", choices=("ours", "monai"), help=argparse.SUPPRESS)
     parser.add_argument("--side-batch", type=int, default=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -319,7 +299,7 @@ def main() -> int:
     if args.scan:
         return scan(shape, args.patch, Path(args.library))
     if args.side:
-        print(json.dumps(side(args, args.side, shape, args.side_batch)))
+        print(json.dumps(side(args.side, shape, args.patch, args.side_batch, args.device, args.repeat)))
         return 0
     try:
         import dynamic_network_architectures  # noqa: F401
@@ -327,7 +307,6 @@ def main() -> int:
     except ImportError as error:
         print(f"skipped: needs the medical extra ({error})")
         return 0
-    load = os.getloadavg()[0]
     results: dict[tuple[str, int], dict[str, float]] = {}
     runs = [("monai", args.batch), ("ours", args.batch), ("ours", 1)] if args.batch > 1 else [("monai", 1), ("ours", 1)]
     for name, batch in runs:
@@ -336,10 +315,7 @@ def main() -> int:
         output = subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout
         results[name, batch] = json.loads(output.strip().splitlines()[-1])
     theirs = results["monai", args.batch]
-    print(
-        f"volume {args.shape} voxels, patch {args.patch}^3 at step 0.5 (Gaussian), {args.network} U-Net, {args.device}"
-    )
-    print(f"  load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
+    print(f"volume {args.shape} voxels, patch {args.patch}^3 at step 0.5 (Gaussian), {args.device}")
     print(f"  {'':<48} {'seconds':>8} {'memory':>10} {'time':>6} {'memory':>7}")
     for (name, batch), result in results.items():
         label = "MONAI sliding_window_inference" if name == "monai" else "Grad-CAM at the bottleneck, windows"
