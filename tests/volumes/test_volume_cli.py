@@ -220,6 +220,15 @@ def test_scans_and_images_go_to_their_own_models(nnunet, scan, tmp_path: Path):
     assert result.exit_code == EXIT_USAGE and result.stderr.startswith("error: --window-level is for scans")
 
 
+@pytest.mark.quick
+def test_a_volume_model_of_a_task_that_explains_no_scans_is_refused(nnunet, scan, tmp_path: Path):
+    """The task adapter says whether its scans are explained (``TaskAdapter.scans``): a detector's are not."""
+    result = run(scan, "--model", nnunet[0], "--task", "detect", "-o", tmp_path / "out")
+    assert result.exit_code == EXIT_USAGE
+    expected = f"error: {nnunet[0]} is a volume detector: only segmenters' and classifiers' scans are explained"
+    assert result.stderr.strip() == expected
+
+
 def test_the_session_explains_scans_with_a_bar_of_windows(nnunet, scan, tmp_path: Path):
     """The library's path (docs/internals.md): ``Session.explain(..., scans=...)``, one tick per window of each pass
     (the classes counted first, then explained: 3 x 2 x 2 windows of 16 voxels each time)."""
