@@ -79,7 +79,6 @@ def refused_for_volumes(model: ModelOptions, explain: ExplainOptions, output: Ou
         "--every": run.every is not None,
         "--clip-stride": run.clip_stride is not None,
         "--engine ray": run.engine == "ray",
-        "--shard": run.shard is not None,
         "--input-size": model.input_size is not None,
         "--aug-smooth": explain.aug_smooth,
         "--score": explain.score is not None,

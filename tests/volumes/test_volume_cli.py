@@ -2,7 +2,7 @@
 explained by a tiny nnU-Net folder and a tiny MONAI bundle (tests/volume_models.py); the NIfTI map back on the scan's
 grid and affine, voxel for voxel the library's ``explain_volume`` map of the scan as the model reads it (an nnU-Net
 model through SimpleITK, whose axes are nibabel's reversed), and so the autograd reference's; the row's peak; two
-runs without drift; --skip-existing; the options refused."""
+runs without drift; --skip-existing; the options refused (--shard: tests/volumes/test_scan_shards.py)."""
 
 from __future__ import annotations
 
@@ -197,7 +197,6 @@ def _served_scan(out: Path, row: int, counts: dict[str, int]) -> None:
         (["--every", "1"], "--every"),  # given, though it is the frames' default: refused as any other value
         (["--format", "auto"], "--format"),
         (["--engine", "ray"], "--engine ray"),
-        (["--shard", "0/2"], "--shard"),
     ],
 )
 def test_options_that_do_not_apply_are_refused_before_the_model_loads(scan, tmp_path: Path, option, refused):
