@@ -39,7 +39,6 @@ from ..errors import ImageError, UsageError
 from ..io.discovery import InputImage
 from ..io.volumes import Volume, read_region, read_volume
 from ..models.modes import model_state_preserved
-from ..models.tasks import CLASSIFY
 from ..models.volume_spec import VolumeSpec
 from ..options import EvalOptions
 from . import metrics
@@ -125,7 +124,7 @@ class ScanEvaluator:
             raise UsageError(f"{explainer.model.name} takes no scans")
         refuse_for_scans(self.options)
         self.spec: VolumeSpec = spec
-        self.classifier = explainer.adapter.name == CLASSIFY
+        self.classifier = explainer.adapter.whole_scans
         if explainer.options.region is not None and self.classifier:
             raise UsageError(f"--target region: is for segmenters; {explainer.model.name} classifies scans")
         patch = spec.patch if spec.patch and not self.classifier else (1, 1, 1)

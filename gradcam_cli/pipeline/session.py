@@ -258,12 +258,15 @@ class Session:
     def _volumes(
         self, explainer: Explainer, others: Sequence[InputImage], scans: Sequence[InputImage], progress: ProgressFactory
     ) -> Iterator[Record]:
-        """Every scan's maps and rows, through the :class:`~gradcam_cli.pipeline.volumes.VolumeRunner`."""
+        """Every scan's maps and rows (this shard's, as images are split), through the
+        :class:`~gradcam_cli.pipeline.volumes.VolumeRunner`."""
         from .volumes import VolumeRunner, check_scans
 
         check_scans(explainer, others, scans, self.output, self.run)
         runner = VolumeRunner(explainer, self.output, self.run, self.earlier, self.notify)
         self.start(explainer)
+        if self.shard is not None:
+            scans, _ = self._select_shard(scans, ())
         self._order += [row_key({"input": str(item.path)}) for item in scans]
         for record in runner.run_volumes(scans, progress):  # a bar of windows per scan
             yield self._keep(record)

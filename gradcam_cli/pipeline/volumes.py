@@ -36,7 +36,6 @@ from ..errors import GradcamError, UsageError, describe
 from ..io.discovery import InputImage, discover_clips
 from ..io.naming import MONTAGE_TAIL, NIFTI_SUFFIX, slug, volume_paths
 from ..io.volumes import Volume, channel_files, peak, read_region, read_volume, spacing_note, write_nifti
-from ..models.tasks import CLASSIFY, SEGMENT
 from ..models.volume_spec import VolumeSpec
 from ..options import ExplainOptions, ModelOptions, OutputOptions, RunOptions, WindowLevel
 from ..render.colour import colormap_table
@@ -80,7 +79,6 @@ def refused_for_volumes(model: ModelOptions, explain: ExplainOptions, output: Ou
         "--every": run.every is not None,
         "--clip-stride": run.clip_stride is not None,
         "--engine ray": run.engine == "ray",
-        "--shard": run.shard is not None,
         "--input-size": model.input_size is not None,
         "--aug-smooth": explain.aug_smooth,
         "--score": explain.score is not None,
@@ -152,7 +150,7 @@ def volume_inputs(
     named_other = next((item for item in [*images, *videos] if item.path in given), None)
     if named_other is not None:
         raise UsageError(f"{model.name} takes scans; {named_other.path} is not one (.nii, .nii.gz, .npy, DICOM)")
-    if scans and explainer.adapter.name not in (SEGMENT, CLASSIFY):
+    if scans and not explainer.adapter.scans:
         raise UsageError(
             f"{model.name} is a volume {explainer.adapter.noun}: only segmenters' and classifiers' scans are explained"
         )
@@ -217,7 +215,7 @@ class VolumeRunner:
         if spec is None:
             raise UsageError(f"{explainer.model.name} takes no scans; they need {VOLUME_MODELS}")
         self.explainer, self.spec, self.output = explainer, spec, output
-        self.classifier = explainer.adapter.name == CLASSIFY
+        self.classifier = explainer.adapter.whole_scans
         self.region = explainer.options.region
         if self.region is not None and self.classifier:
             raise UsageError(f"--target region: is for segmenters; {explainer.model.name} classifies scans")

@@ -2,7 +2,7 @@
 explained by a tiny nnU-Net folder and a tiny MONAI bundle (tests/volume_models.py); the NIfTI map back on the scan's
 grid and affine, voxel for voxel the library's ``explain_volume`` map of the scan as the model reads it (an nnU-Net
 model through SimpleITK, whose axes are nibabel's reversed), and so the autograd reference's; the row's peak; two
-runs without drift; --skip-existing; the options refused."""
+runs without drift; --skip-existing; the options refused (--shard: tests/volumes/test_scan_shards.py)."""
 
 from __future__ import annotations
 
@@ -197,7 +197,6 @@ def _served_scan(out: Path, row: int, counts: dict[str, int]) -> None:
         (["--every", "1"], "--every"),  # given, though it is the frames' default: refused as any other value
         (["--format", "auto"], "--format"),
         (["--engine", "ray"], "--engine ray"),
-        (["--shard", "0/2"], "--shard"),
     ],
 )
 def test_options_that_do_not_apply_are_refused_before_the_model_loads(scan, tmp_path: Path, option, refused):
@@ -218,6 +217,15 @@ def test_scans_and_images_go_to_their_own_models(nnunet, scan, tmp_path: Path):
     assert result.exit_code == EXIT_USAGE and "takes scans" in result.stderr
     result = run(photo, "--window-level", "40,400", "-o", tmp_path / "c")
     assert result.exit_code == EXIT_USAGE and result.stderr.startswith("error: --window-level is for scans")
+
+
+@pytest.mark.quick
+def test_a_volume_model_of_a_task_that_explains_no_scans_is_refused(nnunet, scan, tmp_path: Path):
+    """The task adapter says whether its scans are explained (``TaskAdapter.scans``): a detector's are not."""
+    result = run(scan, "--model", nnunet[0], "--task", "detect", "-o", tmp_path / "out")
+    assert result.exit_code == EXIT_USAGE
+    expected = f"error: {nnunet[0]} is a volume detector: only segmenters' and classifiers' scans are explained"
+    assert result.stderr.strip() == expected
 
 
 def test_the_session_explains_scans_with_a_bar_of_windows(nnunet, scan, tmp_path: Path):

@@ -102,6 +102,13 @@ class TaskAdapter:
     (:func:`~gradcam_cli.cam.layers.reads_tokens`); a detector head's (N, anchors, classes) have no grid."""
     nothing = "no target"
     """What ``gradcam diff`` says of a map that became empty (``no detection``, ``only the background``)."""
+    scans = False
+    """It explains scans (:mod:`gradcam_cli.pipeline.volumes`, docs/volumes.md); a volume model of another task is
+    refused in one line."""
+    whole_scans = False
+    """Its scans are explained as whole volumes, resized as the model's profile says
+    (:func:`~gradcam_cli.cam.whole_volume.explain_classified`: a classifier's), not window by window with a class's
+    region (``--target region:``) allowed (a segmenter's)."""
     combined_tail: str | None = None
     """Where its explanations of an image are one per detection with a map combining them (``rank`` 0), written
     after them: that map's name tail (``boxes``: ``<stem>_<method>_boxes``), by which ``--skip-existing`` finds an

@@ -28,6 +28,8 @@ class ClassifyTask(TaskAdapter):
     takes_targets = True
     aug_smooth = True
     methods_of = "classify"
+    scans = True
+    whole_scans = True
 
     def check_options(self, options: ExplainOptions) -> None:
         check_class_score(options)

@@ -26,6 +26,7 @@ class SegmentTask(TaskAdapter):
     videos = False
     listed = "Classes"
     methods_of = "segment"
+    scans = True
     default_layer = "last stage of the backbone"
     layer_scopes = LAYER_SCOPES
     tokens = False
