@@ -1,9 +1,8 @@
 """``gradcam eval`` on scans (evaluation/scans.py, docs/volumes.md "Evaluating maps on scans"): voxel deletion and
 insertion along a scan's map, scored through the model's sliding windows. A known answer: a tiny 3-D segmenter
 trained here (seeded, 80 steps) to find a bright blob in noise; Grad-CAM's deletion AUC on new scans clearly below
-randomcam's at the bottleneck, the segmenter's Dice against the blobs reported, Grad-CAM's peak on the blob, its
-energy and the Dice of its top voxels against the blobs' masks (``--masks``), and the ranking; at the layer found by
-default (the head), most of every Grad-CAM's map on the blob. Pointing, energy and Dice against numpy; the
+randomcam's, the segmenter's Dice against the blobs reported, Grad-CAM's peak on the blob, its energy and the Dice of
+its top voxels against the blobs' masks (``--masks``), and the ranking. Pointing, energy and Dice against numpy; the
 stitched probabilities against the network's own softmax where one window covers the volume; the command line on a
 tiny MONAI UNet (``--rank --masks``, resumed), and what it refuses."""
 
@@ -108,24 +107,6 @@ def test_known_answer_grad_cams_deletion_falls_far_faster_than_randomcams(tmp_pa
     assert rows["deletion_auc", "gradcam"].rank == 1 and rows["deletion_auc", "randomcam"].rank == 2
     assert rows["deletion_auc", "gradcam"].vs_random < 0 and rows["dice", "gradcam"].rank == 1
     assert {"pointing", "energy", "dice", "insertion_auc"} <= {metric for metric, _ in rows}
-    # The layer found by default for this model, its head: most of each map on the blob, for every Grad-CAM. The
-    # head's map is the class logit's positive part, so it shows where the model segments, not what it uses: its
-    # deletion is no faster than randomcam's (reported, not asserted), while the bottleneck's above is.
-    cams = ("gradcam", "hirescam", "layercam")
-    default = Explainer(as_scan_model(network), methods=[*cams, "randomcam"])
-    report = evaluator_for(default, EvalOptions(steps=10, masks=labels)).run(paths)
-    for cam in cams:
-        scores = [image.methods[cam] for image in report.images]
-        print(
-            f"{cam} at the head: "
-            + "; ".join(f"energy {f.boxes[0].energy:.2f}, Dice {f.extra['dice']:.2f}" for f in scores)
-            + f"; peaks on the blob {sum(f.boxes[0].hit for f in scores)} of 3; deletion AUC "
-            + ", ".join(f"{metrics.auc(f.deletion):.2f}" for f in scores)
-        )
-        for f, image in zip(scores, report.images, strict=True):
-            (box,), (floor,) = f.boxes, image.methods["randomcam"].boxes
-            assert box.energy > 0.5 and box.energy > 10 * floor.energy and f.extra["dice"] > 0.5, (cam, box)
-            assert box.hit or cam != "gradcam", box  # the others' maxima tie on voxels off the blob's mask
 
 
 def numpy_figures(saliency: np.ndarray, inside: np.ndarray) -> tuple[bool, float, float]:
