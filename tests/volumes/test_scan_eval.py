@@ -3,9 +3,9 @@ insertion along a scan's map, scored through the model's sliding windows. A know
 trained here (seeded, 80 steps) to find a bright blob in noise; at its bottleneck, Grad-CAM's deletion AUC on new
 scans clearly below randomcam's, its peak on the blob, its energy and the Dice of its top voxels against the blobs'
 masks (``--masks``), and the ranking; at the default layer (the head), most of the Grad-CAM, HiResCAM and LayerCAM
-maps on the blob (the blob's positive logits); the segmenter's Dice against the blobs reported. Pointing, energy and Dice against numpy; the
-stitched probabilities against the network's own softmax where one window covers the volume; the command line on a
-tiny MONAI UNet (``--rank --masks``, resumed), and what it refuses."""
+maps on the blob (the blob's positive logits); the segmenter's Dice against the blobs reported. Pointing, energy
+and Dice against numpy; the stitched probabilities against the network's own softmax where one window covers the
+volume; the command line on a tiny MONAI UNet (``--rank --masks``, resumed), and what it refuses."""
 
 from __future__ import annotations
 
@@ -101,7 +101,8 @@ def test_known_answer_grad_cams_deletion_falls_far_faster_than_randomcams(tmp_pa
             print(
                 f"{method} at the {layer} against the blobs' masks: "
                 + "; ".join(
-                    f"energy {f.boxes[0].energy:.2f}, Dice {f.extra['dice']:.2f}, deletion {metrics.auc(f.deletion):.2f}"
+                    f"energy {f.boxes[0].energy:.2f}, Dice {f.extra['dice']:.2f}, "
+                    f"deletion {metrics.auc(f.deletion):.2f}"
                     for f in figures
                 )
             )
