@@ -1,10 +1,11 @@
 """``gradcam eval`` on scans (evaluation/scans.py, docs/volumes.md "Evaluating maps on scans"): voxel deletion and
 insertion along a scan's map, scored through the model's sliding windows. A known answer: a tiny 3-D segmenter
-trained here (seeded, 80 steps) to find a bright blob in noise; Grad-CAM's deletion AUC on new scans clearly below
-randomcam's, the segmenter's Dice against the blobs reported, Grad-CAM's peak on the blob, its energy and the Dice of
-its top voxels against the blobs' masks (``--masks``), and the ranking. Pointing, energy and Dice against numpy; the
-stitched probabilities against the network's own softmax where one window covers the volume; the command line on a
-tiny MONAI UNet (``--rank --masks``, resumed), and what it refuses."""
+trained here (seeded, 80 steps) to find a bright blob in noise; at its bottleneck, Grad-CAM's deletion AUC on new
+scans clearly below randomcam's, its peak on the blob, its energy and the Dice of its top voxels against the blobs'
+masks (``--masks``), and the ranking; at the default layer (the head), most of the Grad-CAM, HiResCAM and LayerCAM
+maps on the blob (the blob's positive logits); the segmenter's Dice against the blobs reported. Pointing, energy
+and Dice against numpy; the stitched probabilities against the network's own softmax where one window covers the
+volume; the command line on a tiny MONAI UNet (``--rank --masks``, resumed), and what it refuses."""
 
 from __future__ import annotations
 
@@ -80,27 +81,50 @@ def test_known_answer_grad_cams_deletion_falls_far_faster_than_randomcams(tmp_pa
         paths.append(tmp_path / f"scan{n}_0000.npy")  # nnU-Net's names: the mask of scanN_0000 is labelsTr/scanN
         np.save(paths[-1], scan.numpy())
         np.save(labels / f"scan{n}.npy", y[n].numpy().astype(np.uint8))
-    explainer = Explainer(as_scan_model(network), methods=["gradcam", "randomcam"], layers=["bottleneck"])
-    evaluator = evaluator_for(explainer, EvalOptions(steps=10, masks=labels))
+    model, options = as_scan_model(network), EvalOptions(steps=10, masks=labels)
+    default = Explainer(model, methods=["gradcam", "hirescam", "layercam", "randomcam"])
+    assert default.layer_label == "head"  # the last spatial layer, as for any model: the segmenter's class logits
+    bottleneck = Explainer(model, methods=["gradcam", "randomcam"], layers=["bottleneck"])
+    evaluator = evaluator_for(bottleneck, options)
     assert isinstance(evaluator, ScanEvaluator)
-    report = evaluator.run(paths)
-    assert [image.error for image in report.images] == [None] * 3
+    report, at_head = evaluator.run(paths), evaluator_for(default, options).run(paths)
+    assert [image.error for image in (*report.images, *at_head.images)] == [None] * 6
     for image in report.images:
         assert image.target is not None and image.target.name == "blob"
         deletion = {method: metrics.auc(scores.deletion) for method, scores in image.methods.items()}
         assert deletion["gradcam"] < 0.5 * deletion["randomcam"], deletion
         assert len(image.methods["gradcam"].deletion) == len(image.methods["gradcam"].insertion) == 11
         assert image.methods["gradcam"].deletion[0] == pytest.approx(image.target.probability)
-    figures = [image.methods["gradcam"] for image in report.images]
-    print(
-        "Grad-CAM against the blobs' masks: "
-        + "; ".join(f"energy {f.boxes[0].energy:.2f}, Dice {f.extra['dice']:.2f}" for f in figures)
-    )
-    for n, (image, f) in enumerate(zip(report.images, figures, strict=True)):  # peak, mass, top voxels on the blob
-        (box,), (floor,) = f.boxes, image.methods["randomcam"].boxes
+    for layer, scans in (("bottleneck", report), ("head", at_head)):
+        for method in scans.images[0].methods:
+            figures = [image.methods[method] for image in scans.images]
+            print(
+                f"{method} at the {layer} against the blobs' masks: "
+                + "; ".join(
+                    f"energy {f.boxes[0].energy:.2f}, Dice {f.extra['dice']:.2f}, "
+                    f"deletion {metrics.auc(f.deletion):.2f}"
+                    for f in figures
+                )
+            )
+    for n, (image, head) in enumerate(zip(report.images, at_head.images, strict=True)):  # peak, mass, top voxels
+        f, (box,), (floor,) = image.methods["gradcam"], image.methods["gradcam"].boxes, image.methods["randomcam"].boxes
         share = float(y[n].float().mean())  # the blob's share of the voxels (about 0.8 %): a uniform map's energy
         assert box.hit and box.label == "blob" and f.extra["dice"] > 0.5, (box, f.extra)
         assert box.energy > 0.2 and box.energy > 20 * share and box.energy > 10 * floor.energy, (box, floor, share)
+        (floor,) = head.methods["randomcam"].boxes
+        for method in ("gradcam", "hirescam", "layercam"):  # at the default layer, most of the map is on the blob
+            (box,), extra = head.methods[method].boxes, head.methods[method].extra
+            assert box.energy > 0.5 and box.energy > 10 * floor.energy and extra["dice"] > 0.5, (method, box, extra)
+        assert head.methods["gradcam"].boxes[0].hit
+    at_bottleneck = Explainer(model, methods=["hirescam", "layercam"], layers=["bottleneck"], target=1)
+    at_logits = Explainer(model, methods=["gradcam"], target=1)
+    for scan in x:  # no bottleneck voxel where a feature is on and raises the blob's logits: nothing positive
+        maps = explain_volume(at_bottleneck, scan, Windows((SIDE,) * 3), [1]).maps
+        assert all(float(maps[method].abs().max()) == 0.0 for method in ("hirescam", "layercam"))
+        ours = explain_volume(at_logits, scan, Windows((SIDE,) * 3), [1]).maps["gradcam"][0].double().flatten()
+        with torch.no_grad():  # at the head, Grad-CAM is the blob's positive logits: the segmentation itself
+            logits = network(scan[None])[0, 1].clamp_min(0).double().flatten()
+        assert float(torch.corrcoef(torch.stack([ours, logits]))[0, 1]) > 0.999
     summary = report.summary("gradcam")
     assert summary["pointing"]["overall"]["accuracy"] == 100.0 and summary["dice"] > 0.5
     rows = {(row.metric, row.method): row for row in rank(report)}  # what --rank prints, over the three scans
