@@ -187,8 +187,10 @@ class ClipRunner:
                 ):
                     self._stream(state, decoded, writing, on_frame)
                     if state.clips:  # the plots drawn while the writing thread encodes the last frames
-                        labels = enumerate(self._labels(video, state))
-                        state.curves = [self._curve(state, place, *label) for place, label in labels]
+                        state.curves = [
+                            draw_curve([d.maps[place][1] for d in state.clips], state.fps, f"{path.stem}: {method}")
+                            for place, (method, path) in enumerate(self._labels(video, state))
+                        ]
             finally:
                 for writer in state.writers:
                     writer.release()
@@ -197,11 +199,6 @@ class ClipRunner:
     def _labels(self, video: InputImage, state: VideoState) -> list[tuple[str, Path]]:
         """(method, overlay video path) of each of ``video``'s maps, once its clips are explained."""
         return self.outputs(video)
-
-    def _curve(self, state: VideoState, place: int, method: str, path: Path) -> bytes:
-        """The temporal importance plot of the ``place``-th overlay video (``path``), as PNG bytes."""
-        infos = [done.maps[place][1] for done in state.clips]
-        return draw_curve(infos, state.fps, f"{path.stem}: {method}")
 
     def _span(self, fps: float) -> int:
         """The video frames one clip covers, for a video of ``fps`` frames per second."""
@@ -400,14 +397,3 @@ def _start_writing() -> None:
     """The writing thread's start: PyTorch on one core there (the model has the others), the plot's imports."""
     torch.set_num_threads(1)
     preload()
-
-
-def frame_count(video: InputImage) -> int:
-    """A video's frames as its progress bar counts them (0: unknown)."""
-    from ..io.discovery import frame_files
-    from ..io.video import probe
-
-    try:
-        return len(frame_files(video.path)) if video.frames else probe(video.path).frames
-    except GradcamError:
-        return 0
