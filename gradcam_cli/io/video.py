@@ -23,9 +23,9 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from ..errors import ImageError
+from ..errors import GradcamError, ImageError
 from .atomic import TEMP_MARKER
-from .discovery import VIDEO_SUFFIXES
+from .discovery import VIDEO_SUFFIXES, InputImage
 
 T = TypeVar("T")
 
@@ -295,3 +295,13 @@ class WriteBehind(Generic[T]):
         if self._thread.is_alive():
             self._items.put(_DONE)
             self._thread.join()
+
+
+def frame_count(video: InputImage) -> int:
+    """A video's frames as its progress bar counts them (0: unknown)."""
+    from .discovery import frame_files
+
+    try:
+        return len(frame_files(video.path)) if video.frames else probe(video.path).frames
+    except GradcamError:
+        return 0

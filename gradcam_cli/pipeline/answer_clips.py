@@ -107,6 +107,9 @@ class AnswerClipRunner(ClipRunner):
             return []
         return list(zip(state.clips[0].methods, state.outputs, strict=True))
 
+    def _labels(self, video: InputImage, state: VideoState) -> list[tuple[str, Path]]:
+        return self._labelled(state)
+
     def _span(self, fps: float) -> int:
         return WHOLE_VIDEO
 

@@ -16,9 +16,9 @@ layer's T' x H' x W' map resized trilinearly: linearly in time over the clip's v
 overlay shows the mean of the maps of the clips covering it (overlapping clips blend), resized to the video's own
 size; a frame no clip covers (a stride longer than a clip) keeps the map before it. The outputs: the overlay video per
 target rank and method (as :class:`~gradcam_cli.pipeline.video.VideoRunner`'s, at the video's size and rate), its
-temporal importance plot (:func:`~gradcam_cli.render.curves.write_curve`), with ``--save-raw`` each clip's map as
-``.npy``, and one row per clip, target and method with the clip's predictions, its ``clip`` (frames, shares of the map,
-score) and its map's fingerprint.
+temporal importance plot (:func:`~gradcam_cli.render.curves.draw_curve`, drawn while the writing thread encodes the
+last frames), with ``--save-raw`` each clip's map as ``.npy``, and one row per clip, target and method with the clip's
+predictions, its ``clip`` (frames, shares of the map, score) and its map's fingerprint.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from ..cam.records import Answer, ClipInfo, Record
 from ..cam.results import Explanation, Prediction
 from ..drift.fingerprint import map_fingerprint
 from ..errors import GradcamError, ImageError, describe
-from ..io.atomic import TEMP_MARKER
+from ..io.atomic import TEMP_MARKER, write_atomic
 from ..io.discovery import InputImage
 from ..io.frames import network_frame, network_input, opened_video, rgb_frame
 from ..io.naming import clip_curve_path, clip_raw_path, video_output_path
@@ -49,7 +49,7 @@ from ..io.video import FOURCC, NO_FRAMES, WriteBehind, opencv_name, read_ahead
 from ..models.clip_spec import ClipSpec, sample_offsets
 from ..options import OutputOptions, RunOptions
 from ..render.colour import Blender, colormap_table
-from ..render.curves import preload, write_curve
+from ..render.curves import draw_curve, preload
 from ..render.encode import save_array
 from ..render.gallery import save_video_card
 
@@ -93,6 +93,7 @@ class VideoState:
     held: list[torch.Tensor | None] = field(default_factory=list)
     first_overlays: list[torch.Tensor] = field(default_factory=list)
     raws: list[Path] = field(default_factory=list)
+    curves: list[bytes] = field(default_factory=list)  # each overlay video's plot (PNG), drawn as its end is written
     seen: int = 0  # frames decoded
     written: int = 0  # frames written
     covered: int = 0  # frames covered by the clips explained so far (their ends)
@@ -166,9 +167,8 @@ class ClipRunner:
         (:func:`~gradcam_cli.render.gallery.save_video_card`, added to ``state.raws``: removed if the video fails)."""
         for temporary, (_, path) in zip(temporaries, outputs, strict=True):
             os.replace(temporary, path)
-        for place, (method, path) in enumerate(outputs):
-            infos = [done.maps[place][1] for done in state.clips]
-            write_curve(infos, state.fps, f"{path.stem}: {method}", clip_curve_path(path))
+        for curve, (_, path) in zip(state.curves, outputs, strict=True):
+            write_atomic(clip_curve_path(path), curve)
         if self.output.report:
             for overlay, (_, path) in zip(state.first_overlays, outputs, strict=True):
                 save_video_card(overlay, path, self.output.output_dir, state.raws)
@@ -176,7 +176,8 @@ class ClipRunner:
     # --- reading and scheduling -------------------------------------------------------------------------------------
 
     def _explain_video(self, video: InputImage, state: VideoState, on_frame: Callable[[], Any] | None) -> VideoState:
-        """Read, explain and write ``video`` into ``state`` (its outputs, temporaries and raw maps so far)."""
+        """Read, explain and write ``video`` into ``state`` (its outputs, temporaries and raw maps so far), its plots
+        drawn (``state.curves``)."""
         with opened_video(video.path, self.fps) as (capture, fps):
             state.fps, state.span, state.held = fps, self._span(fps), [None] * len(state.outputs)
             try:
@@ -185,10 +186,19 @@ class ClipRunner:
                     WriteBehind(self._write_frame(state), first=_start_writing) as writing,  # so does this one
                 ):
                     self._stream(state, decoded, writing, on_frame)
+                    if state.clips:  # the plots drawn while the writing thread encodes the last frames
+                        state.curves = [
+                            draw_curve([d.maps[place][1] for d in state.clips], state.fps, f"{path.stem}: {method}")
+                            for place, (method, path) in enumerate(self._labels(video, state))
+                        ]
             finally:
                 for writer in state.writers:
                     writer.release()
         return state
+
+    def _labels(self, video: InputImage, state: VideoState) -> list[tuple[str, Path]]:
+        """(method, overlay video path) of each of ``video``'s maps, once its clips are explained."""
+        return self.outputs(video)
 
     def _span(self, fps: float) -> int:
         """The video frames one clip covers, for a video of ``fps`` frames per second."""
@@ -387,14 +397,3 @@ def _start_writing() -> None:
     """The writing thread's start: PyTorch on one core there (the model has the others), the plot's imports."""
     torch.set_num_threads(1)
     preload()
-
-
-def frame_count(video: InputImage) -> int:
-    """A video's frames as its progress bar counts them (0: unknown)."""
-    from ..io.discovery import frame_files
-    from ..io.video import probe
-
-    try:
-        return len(frame_files(video.path)) if video.frames else probe(video.path).frames
-    except GradcamError:
-        return 0

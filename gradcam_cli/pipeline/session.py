@@ -45,10 +45,11 @@ from ..io.manifest import (
     row_key,
 )
 from ..io.naming import INDEX_NAME, LOCK_NAME, MANIFEST_NAME, shard_lock_name, shard_manifest_path
+from ..io.video import frame_count
 from ..options import OutputOptions, RunOptions
 from ..render.colour import colormap_table
 from .batch import BatchRunner
-from .clips import ClipRunner, frame_count
+from .clips import ClipRunner
 from .resume import EarlierRows, check_run_record, run_record, write_run_record
 from .shards import ShardRecord, inputs_digest, select_shard, stored_path
 from .video import VideoRunner, check_video_model, video_runner

@@ -5,24 +5,22 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from pathlib import Path
 
 from ..cam.records import ClipInfo
-from ..io.atomic import write_atomic
 
 
 def preload() -> None:
-    """Import what :func:`write_curve` draws with (matplotlib's figure and Agg canvas: a few tenths of a second),
+    """Import what :func:`draw_curve` draws with (matplotlib's figure and Agg canvas: a few tenths of a second),
     ahead of it: :class:`~gradcam_cli.pipeline.clips.ClipRunner` does it in its writing thread during a video's first
     clip."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
     from matplotlib.figure import Figure  # noqa: F401
 
 
-def write_curve(clips: Sequence[ClipInfo], fps: float, title: str, path: Path) -> None:
-    """Plot the clips' temporal importance (Agg canvas, no pyplot) and write the PNG atomically: the share of each
-    frame in its clip's map (left axis, one line per clip, overlapping clips overlapping) and each clip's score
-    (right axis, a step over the clip's frames), against the video's time in seconds."""
+def draw_curve(clips: Sequence[ClipInfo], fps: float, title: str) -> bytes:
+    """The clips' temporal importance plotted (Agg canvas, no pyplot), as PNG bytes: the share of each frame in its
+    clip's map (left axis, one line per clip, overlapping clips overlapping) and each clip's score (right axis, a
+    step over the clip's frames), against the video's time in seconds."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -43,4 +41,4 @@ def write_curve(clips: Sequence[ClipInfo], fps: float, title: str, path: Path) -
     figure.suptitle(title)
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100)
-    write_atomic(path, buffer.getvalue())
+    return buffer.getvalue()

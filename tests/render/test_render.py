@@ -74,6 +74,20 @@ def test_any_matplotlib_colormap_by_name_and_a_helpful_error() -> None:
         colormap_table("viridiss")
 
 
+@pytest.mark.quick
+def test_the_default_jet_is_matplotlibs_bit_for_bit_without_importing_it() -> None:
+    import subprocess
+    import sys
+
+    import matplotlib
+
+    reference = matplotlib.colormaps["jet"](np.linspace(0.0, 1.0, 256))[:, :3].astype(np.float32)
+    assert torch.equal(colormap_table("jet"), torch.from_numpy(reference))
+    code = "import sys; from gradcam_cli.render.colour import colormap_table; colormap_table('jet'); "
+    code += "print('matplotlib' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
 @pytest.mark.parametrize(("suffix", "fmt"), [(".png", "PNG"), (".jpg", "JPEG"), (".webp", "WEBP")])
 def test_formats_and_quality(tmp_path: Path, suffix: str, fmt: str) -> None:
     generator = torch.Generator().manual_seed(1)
