@@ -10,7 +10,14 @@ state with the model and the volume built (sampled every 5 ms; glibc's fixed ``M
 tensor of 64 kB or more on its own, so that freed tensors leave the resident set and it follows what is held), its
 time the best of ``--repeat`` runs.
 
-Usage: ``python benchmarks/bench_volume_windows.py [--shape D,H,W] [--patch N] [--repeat N] [--device cpu]``.
+Usage: ``python benchmarks/bench_volume_windows.py [--shape D,H,W] [--patch N] [--repeat N] [--rounds N]
+[--net plain|narrow] [--batch N] [--device cpu]``. ``--rounds N`` alternates the sides' processes N times (best
+time, median memory), so that a busy machine slows both alike.
+
+``--large`` runs the comparison at the CT's scale (issue 37's case): 512 x 512 x 300 (or ``--shape``), 128^3
+windows, 1 per batch, one run per process, with the narrow MONAI ``UNet`` of ``--scan`` (``--net narrow``,
+explained at its innermost ``submodule``), where MONAI's own output buffers ((classes, D, H, W) logits and a count
+map) weigh as the windows' map and summed weights do.
 
 ``--scan`` measures the command line instead (issue 37 point 6): a synthetic CT-like scan of ``--shape`` (default
 there 512 x 512 x 300, int16 NIfTI in a temporary folder) explained by ``gradcam SCAN -m monai:UNet --weights
@@ -37,8 +44,19 @@ sys.path.insert(0, str(ROOT))
 MB = 1e6
 
 
-def network(device: str):
+def network(device: str, kind: str = "plain"):
+    """(the network, the layer explained): nnU-Net's ``PlainConvUNet`` at ``encoder.stages.4``, or (``narrow``) the
+    synthetic CT's MONAI ``UNet`` (:func:`scan_profile`) at its innermost ``submodule``."""
     import torch
+
+    if kind == "narrow":
+        from monai.networks.nets import UNet
+
+        from gradcam_cli.models.families.monai_net import bottleneck
+
+        torch.manual_seed(0)
+        unet = UNet(3, 1, 3, channels=(4, 8, 16), strides=(2, 2), num_res_units=0)
+        return unet.eval().requires_grad_(False).to(device), bottleneck("UNet", unet)[0]
     from dynamic_network_architectures.architectures.unet import PlainConvUNet
     from torch import nn
 
@@ -60,7 +78,7 @@ def network(device: str):
         nonlin=nn.LeakyReLU,
         nonlin_kwargs={"inplace": True},
     )
-    return net.eval().requires_grad_(False).to(device)
+    return net.eval().requires_grad_(False).to(device), "encoder.stages.4"
 
 
 class PeakRss:
@@ -91,7 +109,7 @@ class PeakRss:
         self.peak = max(self.peak, self.rss())
 
 
-def side(name: str, shape: tuple[int, ...], patch: int, batch: int, device: str, repeat: int) -> dict[str, float]:
+def side(name: str, shape: tuple[int, ...], patch: int, batch: int, args: argparse.Namespace) -> dict[str, float]:
     """One side's best time and its memory growth, in this process."""
     import torch
 
@@ -100,7 +118,8 @@ def side(name: str, shape: tuple[int, ...], patch: int, batch: int, device: str,
     from gradcam_cli.io.images import InputSpec
     from gradcam_cli.models.profile import LoadedModel
 
-    net = network(device)
+    device, repeat = args.device, args.repeat
+    net, layer = network(device, args.net)
     volume = torch.randn(1, *shape, generator=torch.Generator().manual_seed(0)).to(device)
     windows = Windows((patch,) * 3, batch_size=batch)
     if name == "monai":
@@ -116,7 +135,7 @@ def side(name: str, shape: tuple[int, ...], patch: int, batch: int, device: str,
             net(volume[None, :, :patch, :patch, :patch])
     else:
         model = LoadedModel(net, "unet", "random", None, InputSpec(shape=(1, *windows.patch)), task="segment")
-        explainer = Explainer(model, "encoder.stages.4", ["gradcam"])
+        explainer = Explainer(model, layer, ["gradcam"])
 
         def run() -> None:
             explain_volume(explainer, volume, windows, classes=[1])
@@ -279,43 +298,29 @@ def scan(shape: tuple[int, ...], patch: int, library: Path) -> int:
     return 0
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", default=None, help="D,H,W (default 128,128,96; with --scan 512,512,300)")
-    parser.add_argument("--patch", type=int, default=None, help="the window's side (default 64; with --scan 128)")
-    parser.add_argument("--scan", action="store_true", help="the command line's peak memory on a large scan")
-    parser.add_argument("--library", default=str(ROOT), help="with --scan: the checkout whose gradcam_cli runs")
-    parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument(
-        "--batch", type=int, default=2, help="windows per batch of MONAI's and of the first Grad-CAM run"
-    )
-    parser.add_argument("--side", choices=("ours", "monai"), help=argparse.SUPPRESS)
-    parser.add_argument("--side-batch", type=int, default=2, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    args.shape = args.shape or ("512,512,300" if args.scan else "128,128,96")
-    args.patch = args.patch or (128 if args.scan else 64)
-    shape = tuple(int(side) for side in args.shape.split(","))
-    if args.scan:
-        return scan(shape, args.patch, Path(args.library))
-    if args.side:
-        print(json.dumps(side(args.side, shape, args.patch, args.side_batch, args.device, args.repeat)))
-        return 0
-    try:
-        import dynamic_network_architectures  # noqa: F401
-        import monai  # noqa: F401
-    except ImportError as error:
-        print(f"skipped: needs the medical extra ({error})")
-        return 0
-    results: dict[tuple[str, int], dict[str, float]] = {}
+def compare(args: argparse.Namespace, shape: tuple[int, ...]) -> None:
+    """Each side in processes of its own, the sides alternated ``--rounds`` times: the best time of each, the
+    median of its memory growths, and their ratios to MONAI's."""
+    import statistics
+
     runs = [("monai", args.batch), ("ours", args.batch), ("ours", 1)] if args.batch > 1 else [("monai", 1), ("ours", 1)]
-    for name, batch in runs:
-        command = [sys.executable, __file__, "--side", name, "--side-batch", str(batch), *sys.argv[1:]]
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_MMAP_THRESHOLD_": "65536"}
-        output = subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout
-        results[name, batch] = json.loads(output.strip().splitlines()[-1])
+    measured: dict[tuple[str, int], list[dict[str, float]]] = {run: [] for run in runs}
+    for _ in range(args.rounds):
+        for name, batch in runs:
+            command = [sys.executable, __file__, "--side", name, "--side-batch", str(batch), *sys.argv[1:]]
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_MMAP_THRESHOLD_": "65536"}
+            output = subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout
+            measured[name, batch].append(json.loads(output.strip().splitlines()[-1]))
+    results = {
+        run: {"seconds": min(r["seconds"] for r in rs), "bytes": statistics.median(r["bytes"] for r in rs)}
+        for run, rs in measured.items()
+    }
     theirs = results["monai", args.batch]
-    print(f"volume {args.shape} voxels, patch {args.patch}^3 at step 0.5 (Gaussian), {args.device}")
+    net = "nnU-Net PlainConvUNet 16-128" if args.net == "plain" else "MONAI UNet 4,8,16"
+    print(
+        f"volume {'x'.join(map(str, shape))} voxels, patch {args.patch}^3 at step 0.5 (Gaussian), {net}, "
+        f"{args.device}, {args.rounds} round(s) alternated, load {os.getloadavg()[0]:.1f}"
+    )
     print(f"  {'':<48} {'seconds':>8} {'memory':>10} {'time':>6} {'memory':>7}")
     for (name, batch), result in results.items():
         label = "MONAI sliding_window_inference" if name == "monai" else "Grad-CAM at the bottleneck, windows"
@@ -324,6 +329,46 @@ def main() -> int:
             f"  {label + f', {batch} per batch':<48} {result['seconds']:8.2f} {result['bytes'] / MB:7.1f} MB {ratios}"
         )
     print("  (ratios against MONAI's; goal <= 2x time, <= 1.5x memory)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default=None, help="D,H,W (default 128,128,96; with --scan or --large 512,512,300)")
+    parser.add_argument("--patch", type=int, default=None, help="the window's side (default 64; --scan, --large 128)")
+    parser.add_argument("--scan", action="store_true", help="the command line's peak memory on a large scan")
+    parser.add_argument(
+        "--large", action="store_true", help="the comparison at the CT's scale: --net narrow, 1 window per batch"
+    )
+    parser.add_argument("--net", choices=("plain", "narrow"), default=None, help="the network (default plain)")
+    parser.add_argument("--library", default=str(ROOT), help="with --scan: the checkout whose gradcam_cli runs")
+    parser.add_argument("--repeat", type=int, default=None, help="runs per process, the best timed (default 2)")
+    parser.add_argument("--rounds", type=int, default=1, help="the sides' processes alternated this many times")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--batch", type=int, default=None, help="windows per batch of MONAI's and of the first Grad-CAM run"
+    )
+    parser.add_argument("--side", choices=("ours", "monai"), help=argparse.SUPPRESS)
+    parser.add_argument("--side-batch", type=int, default=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    big = args.scan or args.large
+    args.shape = args.shape or ("512,512,300" if big else "128,128,96")
+    args.patch = args.patch or (128 if big else 64)
+    args.net = args.net or ("narrow" if args.large else "plain")
+    args.batch = args.batch or (1 if args.large else 2)
+    args.repeat = args.repeat or (1 if args.large else 2)
+    shape = tuple(int(side) for side in args.shape.split(","))
+    if args.scan:
+        return scan(shape, args.patch, Path(args.library))
+    if args.side:
+        print(json.dumps(side(args.side, shape, args.patch, args.side_batch, args)))
+        return 0
+    try:
+        import dynamic_network_architectures  # noqa: F401
+        import monai  # noqa: F401
+    except ImportError as error:
+        print(f"skipped: needs the medical extra ({error})")
+        return 0
+    compare(args, shape)
     return 0
 
 

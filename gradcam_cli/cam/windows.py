@@ -122,6 +122,22 @@ def volume_logits(output: object) -> torch.Tensor:
     raise UsageError(f"the model returned {describe_output(output)}; a volume segmenter returns (N, classes, D, H, W)")
 
 
+def predicted_classes(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(dim=1)`` of (N, classes, D, H, W) logits, the same indices (the first of equal maxima), one
+    class at a time: torch's CPU argmax over a short axis that is not the last is strided and several times slower
+    (a second for a 3-class 128^3 window). Logits with a NaN (its argmax: the first NaN) take torch's own."""
+    logits = logits.detach()
+    if logits.device.type != "cpu" or logits.shape[1] > 8 or bool(logits.isnan().any()):
+        return logits.argmax(dim=1)
+    best = logits[:, 0].clone()
+    predicted = torch.zeros(best.shape, dtype=torch.long, device=logits.device)
+    for c in range(1, logits.shape[1]):
+        values = logits[:, c]
+        predicted.masked_fill_(values > best, c)
+        torch.maximum(best, values, out=best)
+    return predicted
+
+
 class WindowScore:
     """The segmentation score of ``classes`` in a batch of windows: each class's logits summed over the voxels
     predicted as it, or over ``regions`` ((B, d, h, w) bool: the region mask's part in each window)."""
@@ -130,13 +146,15 @@ class WindowScore:
         self.classes, self.regions = list(classes), regions
         self.logits: torch.Tensor | None = None
         """The logits of the last batch scored, detached."""
+        self.predicted: torch.Tensor | None = None
+        """Their argmax over the classes, (B, d, h, w)."""
 
     def targets(
         self, output: object, inputs: torch.Tensor, target: int | None, top_k: int, chosen: torch.Tensor | None = None
     ) -> WindowTargets:
         logits = volume_logits(output)
-        self.logits = logits.detach()
-        return WindowTargets(logits, logits.detach().argmax(dim=1), self.classes, self.regions)
+        self.logits, self.predicted = logits.detach(), predicted_classes(logits)
+        return WindowTargets(logits, self.predicted, self.classes, self.regions)
 
 
 class WindowTargets:
@@ -298,8 +316,8 @@ def explain_volume(
         runner = copy.copy(explainer)
         runner.score = score = WindowScore(classes, regions)
         targets, cams = runner.compute_targets(stitcher.inputs(batch))
-        if score.logits is not None:
-            votes = _vote(stitcher, votes, score.logits, batch, padded_region)
+        if score.logits is not None and score.predicted is not None:
+            votes = _vote(stitcher, votes, score.logits.shape[1], score.predicted, batch, padded_region)
         for (method, layer), summed in sums.items():
             index = layers.index(layer)
             per_class = [upsample(cams[method][k][index], stitcher.windows.patch) for k in range(len(classes))]
@@ -326,22 +344,24 @@ def _window_regions(region: torch.Tensor | None, batch: list[Slices]) -> torch.T
 def _vote(
     stitcher: _Stitcher,
     votes: torch.Tensor | None,
-    logits: torch.Tensor,
+    classes: int,
+    predicted: torch.Tensor,
     batch: list[Slices],
     region: torch.Tensor | None,
 ) -> torch.Tensor:
     """(classes,) running sums of each class's weighted votes, ``g_w(v) / sum_w g_w(v)`` per voxel a window predicts
-    it on (inside ``region``): the windows' predicted share of the volume, summed."""
-    classes = logits.shape[1]
+    it on (``predicted``: (B, d, h, w) the windows' argmax; inside ``region``): the windows' predicted share of the
+    volume, summed."""
     votes = votes if votes is not None else torch.zeros(classes, dtype=torch.float64, device=stitcher.total.device)
-    for s, window in zip(batch, logits, strict=True):
+    for s, window in zip(batch, predicted, strict=True):
         weight = (stitcher.weights / stitcher.total[s])[None]
         if region is not None:
             weight = weight * region[s]
         if stitcher.counted is not None:
             weight = weight * stitcher.counted[s]
-        predicted = window.argmax(dim=0).to(weight.device).flatten()
-        votes += torch.bincount(predicted, weights=weight.flatten().double(), minlength=classes)
+        votes += torch.bincount(
+            window.to(weight.device).flatten(), weights=weight.flatten().double(), minlength=classes
+        )
     return votes
 
 
@@ -359,8 +379,9 @@ def _shares(
     done, total = 0, len(stitcher.slices)
     with model_state_preserved(module), torch.no_grad():
         for batch in stitcher.batches():
-            logits = volume_logits(module(stitcher.inputs(batch).to(explainer.device)))
-            votes = _vote(stitcher, votes, logits.float(), batch, region)
+            logits = volume_logits(module(stitcher.inputs(batch).to(explainer.device))).float()
+            votes = _vote(stitcher, votes, logits.shape[1], predicted_classes(logits), batch, region)
+            del logits
             done += len(batch)
             if progress is not None:
                 progress(done, total)

@@ -19,6 +19,7 @@ from gradcam_cli.cam.windows import (
     explain_volume,
     gaussian_weights,
     padding,
+    predicted_classes,
     window_slices,
     window_steps,
 )
@@ -45,6 +46,20 @@ def test_windows_and_weights_are_nnunets(shape, patch, step):
     ours = gaussian_weights(patch)
     assert ours.shape == patch and float(ours.max()) == 1.0 and float(ours.min()) > 0
     torch.testing.assert_close(ours.double(), theirs / theirs.max(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("classes", [1, 2, 3, 5])
+def test_the_predicted_classes_are_torchs_argmax_ties_and_nans_included(classes):
+    generator = torch.Generator().manual_seed(classes)
+    logits = torch.randint(-2, 3, (2, classes, 6, 7, 8), generator=generator).float()  # many equal maxima
+    for values in (logits, logits.bfloat16(), logits[:, :, ::2].transpose(2, 4)):  # and strided
+        assert torch.equal(predicted_classes(values), values.argmax(dim=1))
+    assert (logits.argmax(dim=1) != 0).any() or classes == 1
+    logits[0, -1, 0, 0, :4] = float("nan")
+    logits[1, 0, 1, 1, :3] = float("nan")
+    logits[1, -1, 1, 1, 1:] = float("nan")  # a NaN after an earlier one: the first is the argmax
+    assert torch.equal(predicted_classes(logits), logits.argmax(dim=1))
 
 
 @pytest.mark.quick
