@@ -180,7 +180,7 @@ class DetectionPasses:
             masked = self.inputs[index] * masks[mask.to(masks.device)].unsqueeze(1).to(self.inputs.dtype)
             with torch.no_grad():
                 found = self.targets.proposals(self.forward(masked))
-            for i in sample.unique().tolist():  # every masked copy of input i scored in one similarity
+            for i in sorted(set(sample.tolist())):  # every masked copy of input i scored in one similarity
                 rows = (sample == i).nonzero().view(-1)
                 own = batch_weights(explained[i], [found[row] for row in rows.tolist()]).to(weights.device)
                 weights[i, mask[rows].to(weights.device), : own.shape[1]] = own
