@@ -74,14 +74,17 @@ def yolo(folder: Path, size: int) -> tuple[LoadedModel, float]:
     return load_model(ModelOptions(f"yolo:{checkpoint}", input_size=size)), YOLO_CONF
 
 
-def forwards(loaded: LoadedModel, inputs: torch.Tensor, count: int, batch: int) -> Callable[[], None]:
-    """``count`` plain forward passes of ``inputs`` (1, 3, H, W) under ``torch.no_grad()``, ``batch`` at a time."""
+def forwards(
+    loaded: LoadedModel, inputs: torch.Tensor, count: int, batch: int, explainer: Explainer
+) -> Callable[[], None]:
+    """``count`` plain forward passes of ``inputs`` (1, 3, H, W) under ``torch.no_grad()``, ``batch`` at a time,
+    under ``explainer``'s pass settings (a YOLO model's confidence threshold: its NMS keeps what the case's does)."""
     module = loaded.module.eval()
     full, rest = divmod(count, batch)
     batches = [inputs.expand(batch, -1, -1, -1).contiguous()] * full + [inputs.expand(rest, -1, -1, -1).contiguous()]
 
     def run() -> None:
-        with torch.no_grad():
+        with torch.no_grad(), explainer.adapter.pass_settings(explainer.score):
             for chunk in batches:
                 if chunk.shape[0]:
                     module(chunk)
@@ -160,7 +163,7 @@ def main() -> int:
             label = f"{name} {size}: drise, {args.masks} masks, {explained} det."
             timed = rounds(
                 lambda e=drise: e.explain(photo),
-                forwards(loaded, inputs, args.masks, args.score_batch_size),
+                forwards(loaded, inputs, args.masks, args.score_batch_size, drise),
                 device,
                 args.repeats,
             )
@@ -174,7 +177,7 @@ def main() -> int:
             passes = eval_passes(explained, options.steps)
             timed = rounds(
                 lambda e=explainer, o=options: evaluate(e, [PHOTO], o),
-                forwards(loaded, inputs, passes, options.batch_size),
+                forwards(loaded, inputs, passes, options.batch_size, explainer),
                 device,
                 args.repeats,
             )
