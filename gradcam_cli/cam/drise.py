@@ -94,6 +94,34 @@ def mask_weights(explained: DetectionVectors, proposed: DetectionVectors) -> tor
     return similarity(explained, proposed).amax(dim=1)
 
 
+def batch_weights(explained: DetectionVectors, proposed: list[DetectionVectors]) -> torch.Tensor:
+    """(B, K) :func:`mask_weights` of each of B masked images at once: their detections joined, one
+    :func:`similarity` of every explained detection with all of them, each image's best match taken over its own
+    (0 where it has none)."""
+    count, sizes = explained.boxes.shape[0], [int(found.boxes.shape[0]) for found in proposed]
+    device = explained.boxes.device
+    weights = torch.zeros(len(proposed), count, device=device)
+    if count == 0 or sum(sizes) == 0:
+        return weights
+    width = max(int(found.classes.shape[1]) for found in proposed)
+    has_objectness = any(found.objectness is not None for found in proposed)
+    joined = DetectionVectors(
+        torch.cat([found.boxes.float().to(device) for found in proposed]),
+        torch.cat([F.pad(found.classes.float(), (0, width - found.classes.shape[1])).to(device) for found in proposed]),
+        torch.cat([_objectness(found).to(device) for found in proposed]) if has_objectness else None,
+    )
+    owner = torch.repeat_interleave(torch.arange(len(proposed), device=device), torch.tensor(sizes, device=device))
+    index = owner[:, None].expand(-1, count)
+    return weights.scatter_reduce_(0, index, similarity(explained, joined).T, "amax", include_self=False)
+
+
+def _objectness(found: DetectionVectors) -> torch.Tensor:
+    """``found``'s objectness, 1 for every detection where it has none."""
+    if found.objectness is None:
+        return torch.ones(found.boxes.shape[0], device=found.boxes.device)
+    return found.objectness.float().reshape(-1)
+
+
 @dataclass(frozen=True)
 class WeightedMasks:
     """One target's D-RISE sums: ``total`` (N, H, W) = sum_i w_i M_i over the ``masks`` masks, each cell kept with
@@ -152,10 +180,11 @@ class DetectionPasses:
             masked = self.inputs[index] * masks[mask.to(masks.device)].unsqueeze(1).to(self.inputs.dtype)
             with torch.no_grad():
                 found = self.targets.proposals(self.forward(masked))
-            for row, (i, b) in enumerate(zip(sample.tolist(), mask.tolist(), strict=True)):
-                own = mask_weights(explained[i], found[row]).to(weights.device)
-                weights[i, b, : own.shape[0]] = own
-                weights[i, b, targets - 1] = own.sum()
+            for i in sorted(set(sample.tolist())):  # every masked copy of input i scored in one similarity
+                rows = (sample == i).nonzero().view(-1)
+                own = batch_weights(explained[i], [found[row] for row in rows.tolist()]).to(weights.device)
+                weights[i, mask[rows].to(weights.device), : own.shape[1]] = own
+                weights[i, mask[rows].to(weights.device), targets - 1] = own.sum(dim=1)
         return weights
 
     def _sweep(self) -> torch.Tensor:
