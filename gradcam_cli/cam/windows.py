@@ -180,8 +180,11 @@ class WindowTargets:
         return self.predicted == self.classes[k]
 
     def value(self, k: int) -> torch.Tensor | None:
+        """The logits of class ``classes[k]`` summed over its voxels in each window that has any (``None``: none
+        has), zeros put where the mask is off rather than the voxels gathered: half the time, forward and back."""
         mask, c = self.mask(k), self.classes[k]
-        return sum_or_none([self.logits[n, c].masked_select(mask[n]).sum() for n in range(len(mask)) if mask[n].any()])
+        logits = self.logits[:, c]
+        return sum_or_none([torch.where(mask[n], logits[n], 0).sum() for n in range(len(mask)) if mask[n].any()])
 
     def masked(self, k: int) -> MaskedProbability:
         mask, c = self.mask(k), self.classes[k]
