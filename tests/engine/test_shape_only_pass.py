@@ -1,8 +1,8 @@
 """The dry pass on a shape-only copy of the model (cam/layers.py ``inspect_layers``: parameters and buffers on the
 meta device, nothing computed): every module's name, kind, output shape, layout, calls and order as a real pass on
-the model itself gives them, for CNNs, 3-D CNNs and transformers of each source; the model itself is not run and not
-changed (its hooks run, on shapes, as they ran in a real dry pass); a detector, whose NMS needs values, falls back
-to the real pass with the same result."""
+the model itself gives them, for CNNs, a 3-D U-Net and transformers of each source (video models:
+tests/pipeline/test_video_dry_pass.py); the model itself is not run and not changed (its hooks run, on shapes, as
+they ran in a real dry pass); a detector, whose NMS needs values, falls back to the real pass with the same result."""
 
 from __future__ import annotations
 
@@ -31,10 +31,6 @@ def resnet18() -> tuple[nn.Module, torch.Tensor]:
     return torchvision.models.resnet18(num_classes=5), torch.zeros(1, 3, 64, 64)
 
 
-def r3d_18() -> tuple[nn.Module, torch.Tensor]:
-    return torchvision.models.video.r3d_18(num_classes=5), torch.zeros(1, 3, 4, 32, 32)
-
-
 def torchvision_vit() -> tuple[nn.Module, torch.Tensor]:
     vit = torchvision.models.VisionTransformer(32, 8, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32)
     return vit, torch.zeros(1, 3, 32, 32)
@@ -48,7 +44,7 @@ def monai_unet() -> tuple[nn.Module, torch.Tensor]:
     return UNet(3, 1, 3, channels=(4, 8, 16), strides=(2, 2), num_res_units=1), torch.zeros(1, 1, 32, 32, 32)
 
 
-@pytest.mark.parametrize("build", [resnet18, r3d_18, torchvision_vit, timm_vit, monai_unet])
+@pytest.mark.parametrize("build", [resnet18, torchvision_vit, timm_vit, monai_unet])
 def test_the_shape_only_pass_equals_the_real_one_without_running_the_model(build):
     torch.manual_seed(0)
     model, example = build()
